@@ -1,0 +1,1 @@
+"""Algorithms: policies (actor-critic, recurrent) and trainers (PPO), with shared modules."""

@@ -1,0 +1,346 @@
+"""Typed experiment configuration, validated as a whole before any process starts.
+
+An experiment is a tree of dataclasses: which environment, which policies (each with its trainer),
+how agents map to policies, how many actor / policy / trainer workers, and when to stop.
+``validate`` walks the whole tree and returns every problem it finds (unknown keys, bad values,
+unknown registered names, keyword arguments the component does not take), so a user fixes them in
+one go instead of one per launch.
+
+Experiments are registered by name (``register_experiment``); their entry point is a function
+that returns an :class:`ExperimentConfig`. ``troupe run NAME key=value ...`` applies dotted
+overrides with :func:`apply_overrides`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.errors import ConfigError, RegistryError
+from api.registry import REGISTRIES, Spec, experiments
+
+
+@dataclass
+class ComponentConfig:
+    """A registered component and the keyword arguments to build it with."""
+
+    type: str = ""
+    """Registered name (``troupe list`` shows them all), e.g. ``CartPole-v1`` or ``ppo``."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments; checked against the component's signature before launch."""
+
+
+@dataclass
+class PolicyConfig:
+    """One policy of the experiment and the trainer that improves it."""
+
+    policy: ComponentConfig = field(default_factory=ComponentConfig)
+    """The registered policy and its arguments."""
+    trainer: ComponentConfig = field(default_factory=ComponentConfig)
+    """The registered trainer and its arguments (``type`` empty: a frozen policy, not trained)."""
+    policy_workers: int = 1
+    """Policy worker processes serving this policy's inference."""
+    trainer_workers: int = 1
+    """Trainer worker processes (more than one form a data-parallel group)."""
+    batch_segments: int = 16
+    """Trajectory segments per trainer step."""
+
+
+@dataclass
+class ActorConfig:
+    """A group of actor workers stepping copies of the environment."""
+
+    workers: int = 2
+    """Actor worker processes."""
+    envs_per_worker: int = 8
+    """Environments per process, stepped as a ring so the CPU never waits for inference."""
+    segment_length: int = 64
+    """Steps per trajectory segment sent to the trainer (plus one bootstrap step)."""
+    on_env_error: str = "raise"
+    """``raise``: an env exception fails the worker; ``reset``: log it and reset that env."""
+
+
+@dataclass
+class EvaluationConfig:
+    """Evaluation actors: greedy actions, never trained on."""
+
+    workers: int = 1
+    """Evaluation actor processes (0: no evaluation)."""
+    envs_per_worker: int = 4
+    """Environments per evaluation process."""
+    episodes: int = 20
+    """Episodes averaged into one evaluation return."""
+
+
+@dataclass
+class StopConfig:
+    """When the run ends: the first rule met wins. At least one must be set."""
+
+    eval_return: float | None = None
+    """Stop once the greedy evaluation mean return reaches this."""
+    env_frames: int | None = None
+    """Stop after this many environment steps (summed over actors, evaluation excluded)."""
+    trainer_steps: int | None = None
+    """Stop after this many trainer steps of every policy."""
+    wall_seconds: float | None = None
+    """Stop after this many seconds."""
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole experiment."""
+
+    name: str = ""
+    """The experiment's name (used for the run folder)."""
+    environment: ComponentConfig = field(default_factory=ComponentConfig)
+    """The registered environment and its arguments."""
+    policies: dict[str, PolicyConfig] = field(default_factory=dict)
+    """Policies by name, e.g. ``{"default": PolicyConfig(...)}``."""
+    agent_policies: list[str] = field(default_factory=list)
+    """The policy name of each agent, by agent index; empty: every agent uses the only policy."""
+    actors: ActorConfig = field(default_factory=ActorConfig)
+    """Training actor workers."""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """Evaluation actor workers."""
+    stop: StopConfig = field(default_factory=StopConfig)
+    """Stopping rules."""
+    seed: int = 0
+    """Base seed; each worker and environment derives its own from it."""
+    checkpoint_every: int = 50
+    """Persist a checkpoint every this many published versions (and always at the end)."""
+
+    def policy_of_agent(self, agent: int) -> str:
+        if self.agent_policies:
+            return self.agent_policies[agent]
+        return next(iter(self.policies))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
+        """Build and validate; raises ConfigError listing every problem."""
+        errors: list[str] = []
+        config = _build(cls, data, "", errors)
+        if errors:
+            raise ConfigError(errors)
+        return config
+
+
+# --------------------------------------------------------------------- building from dicts
+def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
+    if not isinstance(data, dict):
+        errors.append(f"{path or 'config'}: expected a mapping for {cls.__name__}, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            errors.append(_unknown_key(path, key, names))
+    kwargs = {}
+    for name in names:
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], _join(path, name), errors)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path, errors)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, path, errors)
+    if origin is dict:
+        if not isinstance(value, dict):
+            errors.append(f"{path}: expected a mapping, got {value!r}")
+            return {}
+        return {k: _convert(args[1], v, _join(path, k), errors) for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            errors.append(f"{path}: expected a list, got {value!r}")
+            return []
+        return [_convert(args[0], v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if (isinstance(hint, type) and not isinstance(value, hint)) or (
+        hint is int and isinstance(value, bool)
+    ):
+        errors.append(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _unknown_key(path: str, key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
+    return f"{_join(path, str(key))}: unknown key{hint}"
+
+
+# --------------------------------------------------------------------- validation
+def validate(config: ExperimentConfig) -> list[str]:
+    """Every problem with ``config``, as messages naming the key; empty when it is fine."""
+    errors: list[str] = []
+    errors += _check_types(config)
+    if not config.name:
+        errors.append("name: must be set")
+    errors += _check_component("environment", "environment", config.environment)
+    if not config.policies:
+        errors.append("policies: at least one policy is needed")
+    for pname, pc in config.policies.items():
+        errors += _check_component("policy", f"policies.{pname}.policy", pc.policy)
+        if pc.trainer.type:
+            errors += _check_component(
+                "trainer", f"policies.{pname}.trainer", pc.trainer, skip=("policy",)
+            )
+        for key in ("policy_workers", "trainer_workers", "batch_segments"):
+            if getattr(pc, key) < 1:
+                errors.append(f"policies.{pname}.{key}: must be at least 1")
+    for i, pname in enumerate(config.agent_policies):
+        if pname not in config.policies:
+            errors.append(
+                f"agent_policies[{i}]: unknown policy '{pname}'; policies are "
+                f"{sorted(config.policies)}"
+            )
+    if not config.agent_policies and len(config.policies) > 1:
+        errors.append("agent_policies: must map every agent to a policy when there are several")
+    errors += _check_positive(
+        config.actors, "actors", ("workers", "envs_per_worker", "segment_length")
+    )
+    errors += _check_positive(config.evaluation, "evaluation", ("envs_per_worker", "episodes"))
+    if config.evaluation.workers < 0:
+        errors.append("evaluation.workers: must be 0 or more")
+    if config.actors.on_env_error not in ("raise", "reset"):
+        errors.append(
+            f"actors.on_env_error: must be 'raise' or 'reset', got '{config.actors.on_env_error}'"
+        )
+    errors += _check_stop(config)
+    return errors
+
+
+def check(config: ExperimentConfig) -> ExperimentConfig:
+    """Raise ConfigError listing every problem, or return the config unchanged."""
+    errors = validate(config)
+    if errors:
+        raise ConfigError(errors)
+    return config
+
+
+def _check_types(config: ExperimentConfig) -> list[str]:
+    errors: list[str] = []
+    try:
+        _build(ExperimentConfig, dataclasses.asdict(config), "", errors)
+    except TypeError as e:
+        errors.append(f"config: {e}")
+    return errors
+
+
+def _check_positive(obj: Any, path: str, keys: tuple[str, ...]) -> list[str]:
+    return [f"{path}.{k}: must be at least 1" for k in keys if getattr(obj, k) < 1]
+
+
+def _check_stop(config: ExperimentConfig) -> list[str]:
+    stop = config.stop
+    rules = [stop.eval_return, stop.env_frames, stop.trainer_steps, stop.wall_seconds]
+    errors = []
+    if all(r is None for r in rules):
+        errors.append(
+            "stop: set at least one of eval_return, env_frames, trainer_steps, wall_seconds"
+        )
+    if stop.eval_return is not None and config.evaluation.workers < 1:
+        errors.append("stop.eval_return: needs evaluation.workers >= 1")
+    return errors
+
+
+def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> list[str]:
+    if not comp.type:
+        return [f"{path}.type: must name a registered {kind}"]
+    try:
+        spec = REGISTRIES[kind].spec(comp.type)
+    except RegistryError as e:
+        return [f"{path}.type: {e}"]
+    return _check_kwargs(spec, comp.args, path, skip)
+
+
+def _check_kwargs(spec: Spec, args: dict[str, Any], path: str, skip=()) -> list[str]:
+    try:
+        sig = inspect.signature(spec.load())
+    except (RegistryError, TypeError, ValueError) as e:
+        return [f"{path}.type: {e}"]
+    params = sig.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return []
+    names = [n for n in params if n not in skip]
+    return [
+        _unknown_key(f"{path}.args", key, names) + f" ({spec.entry_point} takes no '{key}')"
+        for key in args
+        if key not in names
+    ]
+
+
+# --------------------------------------------------------------------- overrides
+def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
+    """Apply ``key.path=value`` strings; values are Python literals or plain strings."""
+    data = config.to_dict()
+    errors = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            errors.append(f"{item}: an override must look like key.path=value")
+            continue
+        err = _set_path(data, key.strip().split("."), _parse_value(raw.strip()))
+        if err:
+            errors.append(f"{key}: {err}")
+    if errors:
+        raise ConfigError(errors)
+    return ExperimentConfig.from_dict(data)
+
+
+def _set_path(data: dict, parts: list[str], value: Any) -> str | None:
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, dict) or part not in node:
+            names = list(node) if isinstance(node, dict) else []
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return f"no key '{'.'.join(parts[: i + 1])}'{hint}"
+        node = node[part]
+    if not isinstance(node, dict):
+        return f"'{'.'.join(parts[:-1])}' is not a mapping"
+    node[parts[-1]] = value  # unknown leaf keys are reported by from_dict, with a suggestion
+    return None
+
+
+def _parse_value(raw: str) -> Any:
+    if raw in ("none", "null", "None"):
+        return None
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
+def make_experiment(name: str, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Build a registered experiment, apply overrides, and check it as a whole."""
+    config = experiments.make(name)
+    if not isinstance(config, ExperimentConfig):
+        raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
+    if overrides:
+        config = apply_overrides(config, overrides)
+    return check(config)

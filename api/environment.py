@@ -1,0 +1,105 @@
+"""The environment contract: what an actor worker steps.
+
+Unlike gymnasium, an Environment may hold several agents: ``reset`` and ``step`` return a list
+with one :class:`StepResult` per agent, and an entry is ``None`` for an agent that does not act on
+this step (it waits for its turn, or it is out of the episode). ``step`` receives one action per
+agent, ``None`` for the agents whose last result was ``None``.
+
+Conventions a checked environment follows (``api.testing.test_environment`` verifies them):
+
+* ``obs`` lies in the agent's observation space: an array of the declared shape and dtype, or, for
+  a ``gymnasium.spaces.Dict`` space, a dict of such arrays keyed like the space.
+* ``reward`` is one number: a Python or numpy scalar, or an array of shape ``()`` or ``(1,)``.
+* ``done`` means the episode terminated (a terminal state: no bootstrapping past it);
+  ``truncated`` means it was cut short (a time limit): the return would have gone on. An episode
+  ends for everyone when every agent's result is done or truncated; then call ``reset``.
+* ``info`` is a dict; numeric entries of the final step's info are reported as episode stats.
+
+Register an environment once, by name, so every process of a run can build it::
+
+    from api.environment import register
+    register("my-env", "my_package.envs:MyEnv", size=8)
+    env = make("my-env", size=16)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from api.registry import Spec, environments, make_spec
+
+
+@dataclass
+class StepResult:
+    """What one agent sees after ``reset`` or one ``step``."""
+
+    obs: Any
+    """The observation: an array, or a dict of arrays for a Dict space."""
+    reward: Any = 0.0
+    """The reward received for the previous action (0 after reset): one number."""
+    done: bool = False
+    """The episode terminated: a terminal state, no value beyond it."""
+    truncated: bool = False
+    """The episode was cut short (e.g. a time limit): value beyond it is bootstrapped."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Extra information; numeric entries at episode end are reported as episode stats."""
+
+
+class Environment(abc.ABC):
+    """Base class of every environment stepped by Troupe's actor workers."""
+
+    @property
+    @abc.abstractmethod
+    def agent_count(self) -> int:
+        """Number of agents; ``reset`` and ``step`` return lists of this length."""
+
+    @property
+    @abc.abstractmethod
+    def observation_spaces(self) -> list[gym.Space]:
+        """One gymnasium space per agent."""
+
+    @property
+    @abc.abstractmethod
+    def action_spaces(self) -> list[gym.Space]:
+        """One gymnasium space per agent."""
+
+    @abc.abstractmethod
+    def reset(self) -> list[StepResult | None]:
+        """Start a new episode; one result per agent (reward 0, not done)."""
+
+    @abc.abstractmethod
+    def step(self, actions: list[Any]) -> list[StepResult | None]:
+        """Apply one action per agent (``None`` for agents that do not act)."""
+
+    def seed(self, seed: int) -> None:  # noqa: B027 - optional hook, default does nothing
+        """Seed the environment's randomness; the next ``reset`` starts a reproducible episode."""
+
+    def set_curriculum_stage(self, stage: Any) -> None:  # noqa: B027 - optional hook
+        """Move to another curriculum stage (for environments with curricula)."""
+
+    def render(self) -> Any:
+        """Return a frame (an RGB array) or None when the environment cannot render."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the environment holds (processes, files, windows)."""
+
+
+def register(name: str, entry_point, *, override: bool = False, **kwargs: Any) -> Spec:
+    """Register an environment under ``name``; ``kwargs`` become its default arguments."""
+    return environments.register(name, entry_point, override=override, **kwargs)
+
+
+def make(name_or_spec: str | Spec, **kwargs: Any) -> Environment:
+    """Build a registered environment (any gymnasium id works too, through the adapter)."""
+    env = make_spec("environment", name_or_spec).make(**kwargs)
+    if not isinstance(env, Environment):
+        raise TypeError(
+            f"environment '{name_or_spec}' built a {type(env).__name__}, which is not an "
+            "api.environment.Environment; subclass Environment (or wrap a gymnasium env)"
+        )
+    return env

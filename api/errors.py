@@ -1,0 +1,77 @@
+"""The error hierarchy every Troupe component raises.
+
+Two families, kept apart on purpose: a ``UserError`` means the user's code or configuration is
+wrong and the message says what to change; an ``OperationalError`` means the system met a
+condition at run time (a peer went silent, a socket timed out, a worker died) and the message says
+what happened and what the runtime or the user can do about it.
+"""
+
+from __future__ import annotations
+
+
+class TroupeError(Exception):
+    """Base class of every error Troupe raises on purpose."""
+
+
+class UserError(TroupeError):
+    """The user's code or configuration is wrong; the message says what to change."""
+
+
+class RegistryError(UserError):
+    """A name is unknown, registered twice, or its entry point cannot be loaded."""
+
+
+class ConfigError(UserError):
+    """An experiment configuration is invalid. ``errors`` lists every problem found."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        lines = "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(f"invalid experiment configuration ({len(self.errors)} errors):\n{lines}")
+
+
+class NamedArrayError(UserError):
+    """A NamedArray was built, assigned or combined in a way its declaration does not allow."""
+
+
+class EnvironmentCheckError(UserError):
+    """An environment broke the Environment contract (found by ``test_environment``).
+
+    ``agent`` and ``field`` name where the problem is, when it is tied to one.
+    """
+
+    def __init__(self, message: str, *, agent: int | None = None, field: str | None = None):
+        self.agent = agent
+        self.field = field
+        where = []
+        if agent is not None:
+            where.append(f"agent {agent}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        prefix = f"[{', '.join(where)}] " if where else ""
+        super().__init__(prefix + message)
+
+
+class PipelineCheckError(UserError):
+    """Environment, policy and trainer do not fit together (found by ``test_pipeline``)."""
+
+
+class OperationalError(TroupeError):
+    """A run-time condition outside the user's code: lost peers, timeouts, dead workers."""
+
+
+class WireError(OperationalError):
+    """A message on a socket could not be decoded: malformed, truncated or foreign."""
+
+
+class PeerTimeoutError(OperationalError):
+    """A peer did not answer within the time allowed."""
+
+
+class WorkerFailure(OperationalError):
+    """A worker raised an exception; ``remote_traceback`` holds the worker's traceback text."""
+
+    def __init__(self, worker: str, message: str, remote_traceback: str = ""):
+        self.worker = worker
+        self.remote_traceback = remote_traceback
+        super().__init__(f"worker {worker} failed: {message}")

@@ -1,0 +1,70 @@
+"""The trainer contract: think of a trainer as the optimiser and the policy as the network.
+
+A trainer worker hands each :class:`~api.policy.SampleBatch` to ``Trainer.step``; the trainer asks
+its policy to ``analyze`` the batch, computes a loss from what comes back, and updates the policy's
+parameters. What it needs from ``analyze`` it declares as a dataclass, ``AnalyzedResult``, so a
+policy author can see exactly which values to return (``test_pipeline`` checks them).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from api.policy import Policy, SampleBatch
+from api.registry import Spec, make_spec, trainers
+
+
+@dataclass
+class TrainerStepResult:
+    """What one trainer step reports."""
+
+    stats: dict[str, float] = field(default_factory=dict)
+    """Scalars to log: losses, entropy, KL, gradient norm, ..."""
+    step: int = 0
+    """How many steps this trainer has taken, this one included."""
+
+
+class Trainer(abc.ABC):
+    """Base class of every trainer."""
+
+    AnalyzedResult: ClassVar[type | None] = None
+    """The dataclass ``policy.analyze(sample, target=...)`` must return for this trainer."""
+
+    analyze_target: ClassVar[str] = ""
+    """The ``target`` this trainer passes to ``analyze``."""
+
+    @property
+    @abc.abstractmethod
+    def policy(self) -> Policy:
+        """The policy this trainer optimises."""
+
+    @abc.abstractmethod
+    def step(self, samples: SampleBatch) -> TrainerStepResult:
+        """One training step on a batch of trajectory segments."""
+
+    def get_checkpoint(self) -> dict[str, Any]:
+        """The trainer's own state (optimiser, schedules) for resuming; torch-savable."""
+        return {}
+
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what ``get_checkpoint`` returned."""
+
+    @classmethod
+    def required_fields(cls) -> list[str]:
+        """Names of the fields the declared AnalyzedResult holds."""
+        if cls.AnalyzedResult is None or not dataclasses.is_dataclass(cls.AnalyzedResult):
+            return []
+        return [f.name for f in dataclasses.fields(cls.AnalyzedResult)]
+
+
+def register(name: str, entry_point, *, override: bool = False, **kwargs: Any) -> Spec:
+    """Register a trainer under ``name``; ``kwargs`` become its default arguments."""
+    return trainers.register(name, entry_point, override=override, **kwargs)
+
+
+def make(name_or_spec: str | Spec, policy: Policy, **kwargs: Any) -> Trainer:
+    """Build a registered trainer for ``policy``."""
+    return make_spec("trainer", name_or_spec).make(policy=policy, **kwargs)

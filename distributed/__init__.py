@@ -1,0 +1,1 @@
+"""How a run is placed: launchers, images, keys and the ``troupe`` command line."""

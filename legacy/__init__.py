@@ -1,0 +1,1 @@
+"""Built-in environments (gymnasium adapter, multi-agent games) and example experiments."""

@@ -1,0 +1,61 @@
+"""The built-in plugin: registers Troupe's own components, as any third-party plugin would.
+
+``pyproject.toml`` names :func:`register_builtins` under the ``troupe.plugins`` entry-point group;
+the registry calls it on the first lookup in every process. Every registration is a lazy
+``module:Attribute`` string, so nothing heavy (torch, gymnasium's environments) is imported here.
+"""
+
+from __future__ import annotations
+
+from api import registry
+
+
+def register_builtins() -> None:
+    _register_environments()
+    _register_policies()
+    _register_trainers()
+    _register_experiments()
+
+
+def _register_environments() -> None:
+    from legacy.environment.gym_adapter import register_gymnasium_ids
+
+    register_gymnasium_ids()
+    registry.register_environment(
+        "GridGather-v0",
+        "legacy.environment.grid_gather:GridGatherEnvironment",
+        description="Built-in multi-agent grid: agents gather coins in turns; dict observations.",
+    )
+    registry.register_environment(
+        "MemoryCue-v0",
+        "legacy.environment.memory_cue:MemoryCueEnvironment",
+        description="Memory task: a cue shown at the start decides the right action at the end.",
+    )
+
+
+def _register_policies() -> None:
+    registry.register_policy(
+        "actor-critic",
+        "algorithm.actor_critic_policies.policy:ActorCriticPolicy",
+        description="Actor-critic policy: separate or shared backbone, optional GRU memory.",
+    )
+
+
+def _register_trainers() -> None:
+    registry.register_trainer(
+        "ppo",
+        "algorithm.ppo.trainer:PPOTrainer",
+        description="Proximal Policy Optimization with GAE, clipping and minibatch epochs.",
+    )
+
+
+def _register_experiments() -> None:
+    for name, attr, description in (
+        ("cartpole-ppo", "cartpole_ppo", "PPO on CartPole-v1, stops at greedy return 475."),
+        ("pendulum-ppo", "pendulum_ppo", "PPO with Gaussian actions on Pendulum-v1."),
+        ("memory-gru-ppo", "memory_gru_ppo", "PPO with a GRU policy on the MemoryCue-v0 task."),
+        ("gather-2p-ppo", "gather_two_policies", "Two PPO policies on GridGather-v0 agents."),
+    ):
+        registry.register_experiment(
+            name, f"legacy.experiments.examples:{attr}", description=description
+        )

@@ -1,0 +1,1 @@
+"""The runtime: everything that runs inside a worker process."""
