@@ -1,0 +1,294 @@
+"""What a run leaves behind: reading `metrics.jsonl`, the learning-curve PNG, `summary.json`.
+
+Everything here reads or writes files in a run folder and nothing else, so the same functions serve
+the controller at the end of a run, a resumed run, and someone inspecting an old run by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+LEARNING_CURVE_FILE = "learning_curve.png"
+SUMMARY_FILE = "summary.json"
+
+_TRAIN_COLOR = "tab:blue"
+_EVAL_COLOR = "tab:orange"
+_TARGET_COLOR = "tab:green"
+
+
+def jsonable(value: Any) -> Any:
+    """Return `value` as something `json.dumps(..., allow_nan=False)` accepts.
+
+    numpy scalars become Python numbers, non-finite floats become None (JSON has no NaN), mappings,
+    sequences and arrays are converted recursively, and anything else unknown becomes its `str`.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalar
+        return jsonable(value.item())
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy / torch arrays
+        return jsonable(value.tolist())
+    return str(value)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Read every record of `run_dir/metrics.jsonl`; an absent file gives [].
+
+    A run killed mid-write leaves a truncated last line: it is skipped quietly. A broken line
+    anywhere else (for instance a truncated line a resumed run appended after) is skipped with a
+    warning naming the line, so one bad line never costs the rest of the run's metrics.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif number == len(lines):
+            logger.debug("%s: ignoring truncated last line %d", path, number)
+        else:
+            logger.warning("%s:%d is not a JSON object; skipping that line", path, number)
+    return records
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_summary(run_dir: str | Path, summary: Mapping[str, Any]) -> Path:
+    """Write `summary` to `run_dir/summary.json` atomically, pretty-printed; return its path."""
+    path = Path(run_dir) / SUMMARY_FILE
+    text = json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n"
+    _atomic_write_bytes(path, text.encode("utf-8"))
+    return path
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a finite float, or None when it is missing, non-numeric or non-finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _last(records: list[dict[str, Any]], key: str) -> float | None:
+    for record in reversed(records):
+        value = _number(record.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def _values(records: Iterable[dict[str, Any]], key: str) -> list[float]:
+    return [v for v in (_number(r.get(key)) for r in records) if v is not None]
+
+
+def _as_int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _last_per_policy(records: list[dict[str, Any]], prefix: str, suffix: str) -> dict[str, float]:
+    """Last value of every `<prefix><name><suffix>` key, by name, e.g. policy/<name>/version."""
+    found: dict[str, float] = {}
+    for record in records:
+        for key, value in record.items():
+            if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix + suffix):
+                number = _number(value)
+                if number is not None:
+                    found[key[len(prefix) : -len(suffix)]] = number
+    return found
+
+
+def _first_reaching(records: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
+    if target is None:
+        return None
+    for record in records:
+        value = _number(record.get("eval_return"))
+        if value is not None and value >= target:
+            return record
+    return None
+
+
+def build_summary(
+    records: list[dict[str, Any]],
+    *,
+    solved: bool,
+    wall_s: float,
+    target: float | None,
+    stop_reason: str,
+) -> dict[str, Any]:
+    """Derive the end-of-run summary from the metrics records.
+
+    `trainer_steps` is the last "trainer_steps" value when the controller logs one, otherwise the
+    sum over policies of the last "trainer/<name>/step" values (None when neither is logged).
+    `frames_to_target` / `wall_s_to_target` come from the first evaluation reaching `target`.
+    """
+    env_frames = _as_int(_last(records, "env_frames"))
+    eval_returns = _values(records, "eval_return")
+    episode_returns = _values(records, "episode_return")
+    versions = _last_per_policy(records, "policy/", "/version")
+    trainer_steps = _last(records, "trainer_steps")
+    if trainer_steps is None:
+        per_policy = _last_per_policy(records, "trainer/", "/step")
+        trainer_steps = sum(per_policy.values()) if per_policy else None
+    reached = _first_reaching(records, target)
+    return {
+        "solved": bool(solved),
+        "stop_reason": stop_reason,
+        "wall_s": round(float(wall_s), 3),
+        "env_frames": env_frames,
+        "fps": round(env_frames / wall_s, 1) if env_frames is not None and wall_s > 0 else None,
+        "target": target,
+        "best_eval_return": max(eval_returns) if eval_returns else None,
+        "final_eval_return": eval_returns[-1] if eval_returns else None,
+        "best_episode_return": max(episode_returns) if episode_returns else None,
+        "final_episode_return": episode_returns[-1] if episode_returns else None,
+        "frames_to_target": _as_int(_number(reached.get("env_frames"))) if reached else None,
+        "wall_s_to_target": _number(reached.get("wall_s")) if reached else None,
+        "policy_versions": {name: int(v) for name, v in versions.items()},
+        "trainer_steps": _as_int(trainer_steps),
+        "num_records": len(records),
+    }
+
+
+def _series(records: list[dict[str, Any]], x_key: str, y_key: str) -> tuple[list, list]:
+    xs, ys = [], []
+    for record in records:
+        x, y = _number(record.get(x_key)), _number(record.get(y_key))
+        if x is not None and y is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+def _time_axis(records: list[dict[str, Any]]) -> tuple[str, float]:
+    """Label and divisor for the wall-clock axis, so long runs read in minutes or hours."""
+    longest = max(_values(records, "wall_s"), default=0.0)
+    if longest >= 3 * 3600:
+        return "wall-clock time (hours)", 3600.0
+    if longest >= 10 * 60:
+        return "wall-clock time (minutes)", 60.0
+    return "wall-clock time (seconds)", 1.0
+
+
+def _plot_panel(
+    ax: Any,
+    records: list[dict[str, Any]],
+    x_key: str,
+    x_label: str,
+    x_divisor: float,
+    target: float | None,
+) -> None:
+    from matplotlib.ticker import EngFormatter
+
+    train_x, train_y = _series(records, x_key, "episode_return")
+    eval_x, eval_y = _series(records, x_key, "eval_return")
+    train_x = [x / x_divisor for x in train_x]
+    eval_x = [x / x_divisor for x in eval_x]
+    if train_x:
+        ax.plot(train_x, train_y, color=_TRAIN_COLOR, lw=1.2, label="episode return (training)")
+    if eval_x:
+        ax.plot(
+            eval_x,
+            eval_y,
+            color=_EVAL_COLOR,
+            lw=1.5,
+            marker="o",
+            ms=3.5,
+            label="eval return (greedy)",
+        )
+    if target is not None and (train_x or eval_x):
+        ax.axhline(target, color=_TARGET_COLOR, ls="--", lw=1, label=f"target {target:g}")
+    if train_x or eval_x:
+        ax.legend(loc="best", fontsize=8)
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            f"no returns with {x_key} yet",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="gray",
+        )
+        ax.set_xticks([])
+        ax.set_yticks([])
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("return")
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.grid(True, alpha=0.3)
+
+
+def write_learning_curve(
+    run_dir: str | Path, title: str = "", *, target: float | None = None
+) -> Path:
+    """Plot returns from `run_dir/metrics.jsonl` into `run_dir/learning_curve.png`; return its path.
+
+    Left: training-actor episode return and greedy eval return against environment frames; right:
+    the same against wall-clock seconds. Missing keys leave a series out; with no data at all the
+    picture says "no data yet". Uses the Agg canvas directly: no pyplot, no display, no global
+    backend switch in the caller's process.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    fig = Figure(figsize=(12, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    has_returns = any(
+        _number(r.get("episode_return")) is not None or _number(r.get("eval_return")) is not None
+        for r in records
+    )
+    if not has_returns:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", fontsize=20, color="gray")
+    else:
+        by_frames, by_time = fig.subplots(1, 2)
+        _plot_panel(by_frames, records, "env_frames", "environment frames", 1.0, target)
+        _plot_panel(by_time, records, "wall_s", *_time_axis(records), target)
+    fig.suptitle(title or run_dir.name)
+    fig.tight_layout()
+    tmp = run_dir / f".{LEARNING_CURVE_FILE}.tmp.png"
+    fig.savefig(tmp, format="png")
+    path = run_dir / LEARNING_CURVE_FILE
+    os.replace(tmp, path)
+    return path
