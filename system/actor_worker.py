@@ -1,0 +1,322 @@
+"""The actor worker: steps a ring of environments, asks policy workers for actions, builds segments.
+
+The environments are split into groups. While one group waits for its actions, the worker steps
+another, so the CPU is not idle during inference round trips (Sample Factory's double buffering).
+Each agent of each environment is a *slot* with its own memory (policy state) and trajectory.
+
+Per agent, every observation goes to the policy, even a final one (done or truncated): its value
+is what bootstraps a truncated episode exactly. Then the environment is reset instead of stepped.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from api.environment import Environment, StepResult
+from api.errors import PipelineCheckError, UserError
+from api.namedarray import NamedArray, stack
+from api.policy import RolloutRequest, RolloutResult
+from system.inference_stream import InferenceClient, InferenceReply
+from system.sample_stream import SampleProducer
+from system.trajectory import AgentTrajectory, make_step
+from system.worker_base import Worker
+
+logger = logging.getLogger(__name__)
+
+
+class EnvironmentFailure(UserError):
+    """An environment raised; the message names the environment slot and the method."""
+
+
+@dataclass
+class Slot:
+    """One agent of one environment."""
+
+    env: int
+    agent: int
+    policy: str
+    trajectory: AgentTrajectory
+    state: NamedArray | None = None
+    """Memory after the last answered observation (None until the first answer)."""
+    result: StepResult | None = None
+    """The latest result, waiting for an action (None: the agent does not act now)."""
+    on_reset: bool = True
+    episode_return: float = 0.0
+
+
+@dataclass
+class Group:
+    """Environments stepped together; one request per policy per step."""
+
+    envs: list[int]
+    seq: int = 0
+    waiting: dict[str, list[Slot]] = field(default_factory=dict)
+    replies: dict[str, InferenceReply] = field(default_factory=dict)
+
+
+class ActorWorker(Worker):
+    role = "actor"
+
+    def __init__(
+        self,
+        worker_id: str,
+        env_factory: Callable[[int], Environment],
+        n_envs: int,
+        agent_policies: Callable[[int], str],
+        inference: InferenceClient,
+        samples: SampleProducer | None,
+        *,
+        segment_length: int = 64,
+        is_evaluation: bool = False,
+        seed: int = 0,
+        on_env_error: str = "raise",
+        groups: int = 2,
+        validate_actions: bool = False,
+    ):
+        super().__init__(worker_id)
+        self.inference = inference
+        self.samples = samples
+        self.is_evaluation = is_evaluation
+        self.on_env_error = on_env_error
+        self.validate_actions = validate_actions
+        self.env_factory = env_factory
+        self.seed = seed
+        self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
+        self.slots: list[list[Slot]] = []
+        for e, env in enumerate(self.envs):
+            self.slots.append(
+                [
+                    Slot(e, a, agent_policies(a), AgentTrajectory(segment_length))
+                    for a in range(env.agent_count)
+                ]
+            )
+        n_groups = max(1, min(groups, n_envs))
+        self.groups = [Group(list(range(g, n_envs, n_groups))) for g in range(n_groups)]
+        self.env_frames = 0
+        self.episodes: list[dict[str, float]] = []
+        self._started = False
+
+    # ----------------------------------------------------------------- the loop
+    def poll(self) -> int:
+        if not self._started:
+            self._start()
+        if self.samples is not None:
+            self.samples.flush()
+            if self.samples.backlogged:
+                return 0
+        work = 0
+        for reply in self.inference.poll(timeout_ms=5):
+            group = self.groups[reply.group]
+            if reply.seq != group.seq or reply.policy not in group.waiting:
+                continue  # stale or duplicate answer
+            group.replies[reply.policy] = reply
+            if len(group.replies) == len(group.waiting):
+                work += self._advance(reply.group)
+        return work
+
+    def _start(self) -> None:
+        self._started = True
+        for e in range(len(self.envs)):
+            self._reset_env(e)
+        for g in range(len(self.groups)):
+            self._request(g)
+
+    def _request(self, g: int) -> None:
+        group = self.groups[g]
+        group.seq += 1
+        group.waiting, group.replies = {}, {}
+        by_policy: dict[str, list[Slot]] = {}
+        for e in group.envs:
+            for slot in self.slots[e]:
+                if slot.result is not None:
+                    by_policy.setdefault(slot.policy, []).append(slot)
+        for policy, slots in by_policy.items():
+            group.waiting[policy] = slots
+            self.inference.post(policy, g, group.seq, self._build_request(slots, group.seq))
+
+    def _build_request(self, slots: list[Slot], seq: int) -> RolloutRequest:
+        n = len(slots)
+        return RolloutRequest(
+            obs=_stack_obs([s.result.obs for s in slots]),
+            policy_state=_stack_states(slots),
+            is_evaluation=np.full((n, 1), self.is_evaluation, dtype=np.bool_),
+            on_reset=np.array([[s.on_reset] for s in slots], dtype=np.bool_),
+            client_id=np.array([[s.env * 1000 + s.agent] for s in slots], dtype=np.int64),
+            request_id=np.full((n, 1), seq, dtype=np.int64),
+        )
+
+    def _advance(self, g: int) -> int:
+        """All answers of group ``g`` are in: record the steps, step or reset, ask again."""
+        group = self.groups[g]
+        actions: dict[int, list[Any]] = {e: [None] * len(self.slots[e]) for e in group.envs}
+        for policy, slots in group.waiting.items():
+            reply = group.replies[policy]
+            for i, slot in enumerate(slots):
+                actions[slot.env][slot.agent] = self._record(slot, reply.result[i], reply.version)
+        for e in group.envs:
+            if self.validate_actions:
+                self._check_actions(e, actions[e])
+            self._step_env(e, actions[e])
+        self._request(g)
+        return len(group.envs)
+
+    def _record(self, slot: Slot, result: RolloutResult, version: int) -> Any:
+        step = slot.result
+        state_before = slot.state
+        if result.policy_state is not None and (slot.on_reset or state_before is None):
+            state_before = result.policy_state.apply(np.zeros_like)  # reset rows are re-zeroed
+        if self.samples is not None and not self.is_evaluation:
+            segment = slot.trajectory.append(
+                make_step(
+                    step.obs if not isinstance(step.obs, dict) else NamedArray(**step.obs),
+                    float(np.asarray(step.reward).reshape(-1)[0]),
+                    bool(step.done),
+                    bool(step.truncated),
+                    slot.on_reset,
+                    result.action,
+                    result.policy_output,
+                    state_before,
+                    version,
+                )
+            )
+            if segment is not None:
+                self.samples.post(slot.policy, segment)
+        slot.state = result.policy_state
+        slot.on_reset = False
+        return result.action
+
+    def _check_actions(self, e: int, actions: list[Any]) -> None:
+        for agent, (action, space) in enumerate(zip(actions, self.envs[e].action_spaces)):
+            if action is None:
+                continue
+            policy = self.slots[e][agent].policy
+            if isinstance(space, gym.spaces.Box):
+                fits = np.shape(action) == space.shape  # Gaussian samples may leave the bounds
+            else:
+                fits = space.contains(action)
+            if not fits:
+                raise PipelineCheckError(
+                    f"policy '{policy}' answered agent {agent} with action {action!r} "
+                    f"(shape {np.shape(action)}, dtype {getattr(action, 'dtype', type(action))}), "
+                    f"which is not in its action space {space}; make rollout() return one row "
+                    "per request with actions shaped like action_space.sample()"
+                )
+
+    # ----------------------------------------------------------------- environments
+    def _step_env(self, e: int, actions: list[Any]) -> None:
+        slots = self.slots[e]
+        live = [s.result for s in slots if s.result is not None]
+        if live and all(r.done or r.truncated for r in live):
+            self._finish_episode(e)
+            self._reset_env(e)
+            return
+        for slot in slots:  # an agent that is done waits out the episode
+            if slot.result is not None and (slot.result.done or slot.result.truncated):
+                actions[slot.agent] = None
+        results = self._call_env(e, "step", actions)
+        if results is None:
+            return
+        self.env_frames += 1
+        self._take_results(e, results)
+
+    def _make_env(self, e: int) -> Environment:
+        env = self.env_factory(e)
+        env.seed(self.seed + e)
+        return env
+
+    def _reset_env(self, e: int) -> None:
+        for slot in self.slots[e]:
+            slot.on_reset = True
+            slot.episode_return = 0.0
+        results = self._call_env(e, "reset")
+        if results is not None:
+            self._take_results(e, results)
+
+    def _take_results(self, e: int, results: list[StepResult | None]) -> None:
+        for slot, result in zip(self.slots[e], results):
+            slot.result = result
+            if result is not None:
+                slot.episode_return += float(np.asarray(result.reward).reshape(-1)[0])
+
+    def _call_env(self, e: int, method: str, *args) -> list[StepResult | None] | None:
+        try:
+            return getattr(self.envs[e], method)(*args)
+        except Exception as err:
+            message = f"environment {e} of {self.worker_id} raised in {method}(): {err!r}"
+            if self.on_env_error != "reset":
+                raise EnvironmentFailure(message) from err
+            logger.warning("%s; resetting it\n%s", message, traceback.format_exc())
+            self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
+            self._recover_env(e)
+            return None
+
+    def _recover_env(self, e: int) -> None:
+        """Rebuild a failed environment; its agents' unfinished steps are dropped."""
+        try:
+            self.envs[e].close()
+        except Exception:  # a broken env may fail to close too; we replace it regardless
+            logger.debug("closing failed environment %d raised", e, exc_info=True)
+        self.envs[e] = self._make_env(e)
+        for slot in self.slots[e]:
+            slot.trajectory.clear()
+            slot.state = None
+        self._reset_env(e)
+
+    def _finish_episode(self, e: int) -> None:
+        slots = self.slots[e]
+        record = {"episode_return": float(np.mean([s.episode_return for s in slots]))}
+        for s in slots:
+            key = f"policy/{s.policy}/episode_return"
+            record[key] = record.get(key, 0.0) + s.episode_return / _count(slots, s.policy)
+        info = next((s.result.info for s in slots if s.result is not None), {})
+        for k, v in (info or {}).items():
+            if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
+                record[f"episode_info/{k}"] = float(v)
+        self.episodes.append(record)
+
+    # ----------------------------------------------------------------- stats
+    def collect_stats(self) -> dict[str, Any]:
+        stats = super().collect_stats()
+        prefix = "eval_" if self.is_evaluation else ""
+        stats[f"{prefix}env_frames"] = self.env_frames
+        stats[f"{prefix}episodes"] = self.episodes
+        self.env_frames = 0
+        self.episodes = []
+        return stats
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # closing is best effort: the worker is going away
+                logger.debug("environment close raised", exc_info=True)
+        self.inference.close()
+        if self.samples is not None:
+            self.samples.close()
+
+
+def _count(slots: list[Slot], policy: str) -> int:
+    return sum(1 for s in slots if s.policy == policy)
+
+
+def _stack_obs(observations: list[Any]) -> Any:
+    if isinstance(observations[0], dict):
+        return stack([NamedArray(**o) for o in observations])
+    return np.stack([np.asarray(o) for o in observations])
+
+
+def _stack_states(slots: list[Slot]) -> NamedArray | None:
+    """Stack the slots' memories; a slot without one (first step) gets zeros, and it is always an
+    ``on_reset`` row, which the policy resets anyway. None until any memory shape is known."""
+    known = next((s.state for s in slots if s.state is not None), None)
+    if known is None:
+        return None
+    zeros = known.apply(np.zeros_like)
+    return stack([s.state if s.state is not None else zeros for s in slots])
