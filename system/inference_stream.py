@@ -27,6 +27,8 @@ from system.ratelimit import BadMessages
 
 logger = logging.getLogger(__name__)
 
+_MALFORMED = (WireError, KeyError, TypeError, AttributeError, ValueError, NamedArrayError)
+
 
 @dataclass
 class InferenceReply:
