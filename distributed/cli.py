@@ -1,0 +1,170 @@
+"""The ``troupe`` command line.
+
+Each subcommand is one small ``_run_*`` function plus one ``_add_*_arguments`` function, listed
+once in :data:`SUBCOMMANDS`; add a subcommand by writing those two and adding a row. Logging is
+configured here and nowhere else (this is an entry point); output goes through rich.
+
+A :class:`~api.errors.UserError` (unknown name, bad argument, a broken environment) is printed in
+red as one message and exits with code 1, never with a traceback: the message already says what
+to change. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+from rich.text import Text
+
+from api.errors import UserError
+from api.registry import Spec
+
+GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``troupe`` subcommand: its name, one-line help, arguments and what it runs."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Console], int]
+    """Does the work and returns the process exit code."""
+
+
+# --------------------------------------------------------------------- troupe list
+def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """``troupe list`` takes no arguments."""
+
+
+def _run_list(args: argparse.Namespace, console: Console) -> int:
+    """Print every registered component, grouped by kind, with its description."""
+    from api import registry
+
+    envs = registry.environments.specs()
+    own = [s for s in envs if s.entry_point != GYM_ADAPTER]
+    gym_ids = [s.name for s in envs if s.entry_point == GYM_ADAPTER]
+    console.print(_spec_table("Environments", own))
+    console.print(Text(f"Gymnasium ids ({len(gym_ids)})", style="bold"))
+    console.print(Text(", ".join(gym_ids)), highlight=False)
+    console.print()
+    console.print(_spec_table("Policies", registry.policies.specs()))
+    console.print(_spec_table("Trainers", registry.trainers.specs()))
+    console.print(_spec_table("Experiments", registry.experiments.specs()))
+    return 0
+
+
+def _spec_table(title: str, specs: Sequence[Spec]) -> Table:
+    table = Table(title=f"{title} ({len(specs)})", title_justify="left", title_style="bold")
+    table.add_column("name", style="cyan", no_wrap=True)
+    table.add_column("description")
+    for spec in specs:
+        table.add_row(Text(spec.name), Text(spec.description))
+    return table
+
+
+# --------------------------------------------------------------------- troupe test-env
+def _add_test_env_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="registered environment name, e.g. CartPole-v1")
+    parser.add_argument(
+        "kwargs",
+        nargs="*",
+        metavar="key=value",
+        help="environment arguments; values are Python literals (3, 0.5, True) or plain strings",
+    )
+    parser.add_argument(
+        "--no-stepping",
+        action="store_true",
+        help="check reset() only (for action spaces that cannot sample random actions)",
+    )
+    parser.add_argument("--steps", type=int, default=200, help="random steps to take")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the determinism check")
+
+
+def _run_test_env(args: argparse.Namespace, console: Console) -> int:
+    """Run ``api.testing.test_environment`` on a registered environment; print the report."""
+    from api import testing
+
+    report = testing.test_environment(
+        args.name,
+        test_stepping=not args.no_stepping,
+        steps=args.steps,
+        seed=args.seed,
+        env_kwargs=parse_kwargs(args.kwargs),
+    )
+    console.print(Text(str(report), style="green"), highlight=False)
+    return 0
+
+
+def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
+    """``["size=8", "mode=hard"]`` -> ``{"size": 8, "mode": "hard"}``."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UserError(f"argument '{item}' must look like key=value, e.g. size=8")
+        kwargs[key.strip()] = _parse_value(raw.strip())
+    return kwargs
+
+
+def _parse_value(raw: str) -> Any:
+    """A Python literal when the text is one, otherwise the text itself."""
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
+# --------------------------------------------------------------------- the table
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("list", "list registered environments, policies, trainers, experiments",
+               _add_list_arguments, _run_list),
+    Subcommand("test-env", "check that an environment keeps the Environment contract",
+               _add_test_env_arguments, _run_test_env),
+]  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="troupe", description="Troupe: decoupled, distributed reinforcement learning."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in SUBCOMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run)
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``troupe`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        return args.run(args, Console())
+    except UserError as e:
+        # soft_wrap: the message stays one line for grep; the terminal wraps it for the eye.
+        Console(stderr=True).print(Text(f"error: {e}", style="red"), soft_wrap=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Any gymnasium environment as a one-agent Troupe :class:`~api.environment.Environment`.
+
+Gymnasium's ``step`` returns ``(obs, reward, terminated, truncated, info)``; the adapter maps
+``terminated`` to ``done`` and keeps ``truncated`` separate, because the trainer bootstraps the
+value past a time limit but not past a terminal state.
+
+Gymnasium leaves stepping past the end of an episode undefined (some environments warn, some go
+on silently). Troupe's contract is stricter: the adapter refuses to step a finished episode, so
+an actor that forgets to reset fails loudly instead of training on garbage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from api import registry
+from api.environment import Environment, StepResult
+from api.errors import UserError
+
+ENTRY_POINT = "legacy.environment.gym_adapter:GymnasiumEnvironment"
+
+
+class GymnasiumEnvironment(Environment):
+    """One gymnasium environment, seen as a Troupe environment with a single agent.
+
+    ``gym_kwargs`` go to ``gymnasium.make`` unchanged (e.g. ``render_mode="rgb_array"``,
+    ``max_episode_steps=100``).
+    """
+
+    def __init__(self, gym_id: str, **gym_kwargs: Any):
+        self.gym_id = gym_id
+        self._env = _make_gym_env(gym_id, gym_kwargs)
+        self._next_seed: int | None = None
+        self._episode_over = True  # nothing to step until the first reset
+
+    @property
+    def agent_count(self) -> int:
+        return 1
+
+    @property
+    def observation_spaces(self) -> list[gym.Space]:
+        return [self._env.observation_space]
+
+    @property
+    def action_spaces(self) -> list[gym.Space]:
+        return [self._env.action_space]
+
+    @property
+    def gym_env(self) -> gym.Env:
+        """The wrapped gymnasium environment, for code that needs its own API."""
+        return self._env
+
+    def seed(self, seed: int) -> None:
+        """Make the next ``reset`` start a reproducible episode; also seed action sampling."""
+        self._next_seed = int(seed)
+        self._env.action_space.seed(int(seed))
+
+    def reset(self) -> list[StepResult | None]:
+        # Gymnasium seeds through reset(seed=...); passing None afterwards continues the same
+        # random stream, so only the first reset after seed() restarts it.
+        obs, info = self._env.reset(seed=self._next_seed)
+        self._next_seed = None
+        self._episode_over = False
+        return [StepResult(obs=obs, reward=0.0, done=False, truncated=False, info=dict(info))]
+
+    def step(self, actions: list[Any]) -> list[StepResult | None]:
+        if len(actions) != 1:
+            raise ValueError(
+                f"{self.gym_id} has one agent, so step() takes a list of one action; "
+                f"got {len(actions)} actions"
+            )
+        if self._episode_over:
+            raise UserError(
+                f"{self.gym_id}: step() called but no episode is running (it ended, or reset() "
+                "was never called); call reset() to start a new episode"
+            )
+        obs, reward, terminated, truncated, info = self._env.step(actions[0])
+        self._episode_over = bool(terminated or truncated)
+        return [
+            StepResult(
+                obs=obs,
+                reward=float(reward),
+                done=bool(terminated),
+                truncated=bool(truncated),
+                info=dict(info),
+            )
+        ]
+
+    def render(self) -> Any:
+        """A frame when the env was made with ``render_mode="rgb_array"``, otherwise None."""
+        if self._env.render_mode is None:
+            return None
+        return self._env.render()
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
+    """``gymnasium.make`` with errors that say which id failed and what to install."""
+    try:
+        return gym.make(gym_id, **gym_kwargs)
+    except gym.error.DependencyNotInstalled as e:
+        raise UserError(
+            f"gymnasium environment '{gym_id}' needs a package that is not installed: {e}"
+        ) from e
+    except gym.error.Error as e:
+        raise UserError(f"gymnasium could not make '{gym_id}': {e}") from e
+
+
+def register_gymnasium_ids() -> None:
+    """Register every gymnasium id (and ALE's Atari ids when ``ale_py`` is installed).
+
+    Ids that are already registered (e.g. a user's own environment of the same name) are kept:
+    an explicit registration wins over the blanket adapter one.
+    """
+    _add_ale_ids_to_gymnasium()
+    for gym_id in sorted(gym.registry):
+        if gym_id in registry.environments:
+            continue
+        registry.register_environment(gym_id, ENTRY_POINT, gym_id=gym_id, description="gymnasium")
+
+
+def _add_ale_ids_to_gymnasium() -> None:
+    """ALE registers its Atari ids only when told to; do so if the package is present."""
+    try:
+        import ale_py
+    except ImportError:
+        return
+    gym.register_envs(ale_py)

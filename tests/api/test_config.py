@@ -1,0 +1,189 @@
+"""Experiment config: building from dicts, whole-config validation, overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from api import registry
+from api.config import (
+    ActorConfig,
+    ComponentConfig,
+    ExperimentConfig,
+    PolicyConfig,
+    StopConfig,
+    apply_overrides,
+    check,
+    validate,
+)
+from api.errors import ConfigError
+
+
+class DummyPolicy:
+    """Stands in for a registered policy; config validation only reads its signature."""
+
+    def __init__(self, hidden: int = 64, lr: float = 3e-4):
+        self.hidden = hidden
+
+
+class DummyTrainer:
+    """Stands in for a registered trainer."""
+
+    def __init__(self, policy, epochs: int = 4):
+        self.policy = policy
+
+
+@pytest.fixture(autouse=True)
+def dummy_components():
+    registry.register_policy("test-dummy-policy", DummyPolicy)
+    registry.register_trainer("test-dummy-trainer", DummyTrainer)
+    yield
+    registry.policies.unregister("test-dummy-policy")
+    registry.trainers.unregister("test-dummy-trainer")
+
+
+def valid_config() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="gather",
+        environment=ComponentConfig("GridGather-v0", {"size": 6}),
+        policies={
+            "default": PolicyConfig(
+                policy=ComponentConfig("test-dummy-policy", {"hidden": 32}),
+                trainer=ComponentConfig("test-dummy-trainer", {"epochs": 2}),
+            )
+        },
+        stop=StopConfig(env_frames=10_000),
+    )
+
+
+def test_a_valid_config_has_no_errors():
+    assert validate(valid_config()) == []
+    assert check(valid_config()).name == "gather"
+
+
+def test_from_dict_builds_nested_dataclasses():
+    config = ExperimentConfig.from_dict(
+        {"name": "x", "actors": {"workers": 3}, "policies": {"p": {"policy": {"type": "a"}}}}
+    )
+    assert isinstance(config.actors, ActorConfig) and config.actors.workers == 3
+    assert isinstance(config.policies["p"], PolicyConfig)
+    assert config.policies["p"].policy.type == "a"
+
+
+def test_from_dict_round_trips_to_dict():
+    config = valid_config()
+    assert ExperimentConfig.from_dict(config.to_dict()) == config
+
+
+def test_unknown_keys_are_reported_with_a_suggestion():
+    with pytest.raises(ConfigError) as e:
+        ExperimentConfig.from_dict({"nmae": "x", "actors": {"worker": 2}})
+    assert e.value.errors == [
+        "nmae: unknown key; did you mean 'name'?",
+        "actors.worker: unknown key; did you mean 'workers'?",
+    ]
+
+
+def test_unknown_key_without_a_close_match_lists_valid_keys():
+    with pytest.raises(ConfigError) as e:
+        ExperimentConfig.from_dict({"stop": {"zzz": 1}})
+    assert e.value.errors == [
+        "stop.zzz: unknown key; valid keys: eval_return, env_frames, trainer_steps, wall_seconds"
+    ]
+
+
+def test_wrong_types_name_the_key_expected_and_actual():
+    with pytest.raises(ConfigError) as e:
+        ExperimentConfig.from_dict(
+            {"seed": "zero", "actors": {"workers": True}, "agent_policies": "p"}
+        )
+    assert e.value.errors == [
+        "agent_policies: expected a list, got 'p'",
+        "actors.workers: expected int, got bool True",
+        "seed: expected int, got str 'zero'",
+    ]
+
+
+def test_an_int_is_accepted_where_a_float_is_declared():
+    config = ExperimentConfig.from_dict({"stop": {"wall_seconds": 60}})
+    assert config.stop.wall_seconds == 60.0 and isinstance(config.stop.wall_seconds, float)
+
+
+def test_config_error_message_lists_every_error():
+    error = ConfigError(["a: bad", "b: worse"])
+    assert str(error) == "invalid experiment configuration (2 errors):\n  - a: bad\n  - b: worse"
+
+
+def test_validate_lists_every_error_at_once():
+    errors = validate(ExperimentConfig(actors=ActorConfig(workers=0, on_env_error="ignore")))
+    assert errors == [
+        "name: must be set",
+        "environment.type: must name a registered environment",
+        "policies: at least one policy is needed",
+        "actors.workers: must be at least 1",
+        "actors.on_env_error: must be 'raise' or 'reset', got 'ignore'",
+        "stop: set at least one of eval_return, env_frames, trainer_steps, wall_seconds",
+    ]
+
+
+def test_validate_checks_names_and_arguments_against_the_registry():
+    config = valid_config()
+    config.environment = ComponentConfig("GridGathr-v0", {})
+    config.policies["default"].policy.args = {"hiden": 8}
+    config.agent_policies = ["default", "other"]
+    errors = validate(config)
+    assert len(errors) == 3
+    assert errors[0].startswith(
+        "environment.type: unknown environment 'GridGathr-v0'. Did you mean 'GridGather-v0'?"
+    )
+    assert errors[1] == (
+        "policies.default.policy.args.hiden: unknown key; did you mean 'hidden'? "
+        "(test_config:DummyPolicy takes no 'hiden')"
+    )
+    assert errors[2] == ("agent_policies[1]: unknown policy 'other'; policies are ['default']")
+
+
+def test_check_raises_with_every_error():
+    with pytest.raises(ConfigError) as e:
+        check(ExperimentConfig())
+    assert "name: must be set" in e.value.errors
+    assert str(e.value).startswith("invalid experiment configuration (4 errors):")
+
+
+def test_apply_overrides_parses_literals_and_strings():
+    config = apply_overrides(
+        valid_config(),
+        [
+            "actors.workers=4",
+            "environment.args.size=7",
+            "stop.wall_seconds=1.5",
+            "stop.env_frames=None",
+            "name=renamed",
+            "actors.on_env_error=reset",
+        ],
+    )
+    assert config.actors.workers == 4
+    assert config.environment.args == {"size": 7}
+    assert config.stop.wall_seconds == 1.5 and config.stop.env_frames is None
+    assert config.name == "renamed" and config.actors.on_env_error == "reset"
+
+
+def test_apply_overrides_reports_bad_paths_with_suggestions():
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(valid_config(), ["actor.workers=3", "novalue"])
+    assert e.value.errors == [
+        "actor.workers: no key 'actor'; did you mean 'actors'?",
+        "novalue: an override must look like key.path=value",
+    ]
+
+
+def test_apply_overrides_reports_unknown_leaf_keys():
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(valid_config(), ["actors.wokers=3"])
+    assert e.value.errors == ["actors.wokers: unknown key; did you mean 'workers'?"]
+
+
+def test_policy_of_agent_uses_the_only_policy_or_the_mapping():
+    config = valid_config()
+    assert config.policy_of_agent(1) == "default"
+    config.agent_policies = ["default", "default"]
+    assert config.policy_of_agent(0) == "default"

@@ -1,0 +1,184 @@
+"""The registry: register/make, lazy entry points, errors, and built-ins loaded by plugin."""
+
+from __future__ import annotations
+
+import sys
+
+import gymnasium as gym
+import pytest
+
+from api import environment, registry
+from api.environment import Environment, StepResult
+from api.errors import RegistryError
+from api.registry import Registry, Spec, load_entry_point
+
+
+class CountingEnv(Environment):
+    """A one-agent environment whose constructor arguments we can inspect."""
+
+    def __init__(self, size: int = 3, mode: str = "easy"):
+        self.size = size
+        self.mode = mode
+
+    @property
+    def agent_count(self) -> int:
+        return 1
+
+    @property
+    def observation_spaces(self) -> list[gym.Space]:
+        return [gym.spaces.Discrete(self.size)]
+
+    @property
+    def action_spaces(self) -> list[gym.Space]:
+        return [gym.spaces.Discrete(2)]
+
+    def reset(self):
+        return [StepResult(0)]
+
+    def step(self, actions):
+        return [StepResult(0, done=True)]
+
+
+def not_an_environment(**kwargs):
+    return object()
+
+
+@pytest.fixture
+def names():
+    """Names registered by a test, removed afterwards so tests do not leak into each other."""
+    registered: list[str] = []
+    yield registered
+    for name in registered:
+        registry.environments.unregister(name)
+
+
+def test_register_object_and_make_with_defaults(names):
+    names.append("test-counting")
+    spec = environment.register("test-counting", CountingEnv, size=5)
+    assert spec.entry_point == "test_registry:CountingEnv"
+    assert spec.description == "A one-agent environment whose constructor arguments we can inspect."
+    env = environment.make("test-counting")
+    assert isinstance(env, CountingEnv) and env.size == 5 and env.mode == "easy"
+
+
+def test_make_kwargs_override_registered_defaults(names):
+    names.append("test-counting")
+    environment.register("test-counting", "test_registry:CountingEnv", size=5, mode="hard")
+    env = environment.make("test-counting", size=9)
+    assert (env.size, env.mode) == (9, "hard")
+
+
+def test_make_accepts_a_spec():
+    spec = Spec("environment", "anonymous", "test_registry:CountingEnv", {"size": 2})
+    assert environment.make(spec).size == 2
+
+
+def test_entry_points_are_imported_on_make_not_on_register(names, tmp_path, monkeypatch):
+    (tmp_path / "troupe_lazy_probe.py").write_text("def build(**kwargs):\n    return kwargs\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names.append("test-lazy")
+    spec = registry.register_environment("test-lazy", "troupe_lazy_probe:build", size=2)
+    assert "troupe_lazy_probe" not in sys.modules
+    assert spec.make() == {"size": 2}
+    assert "troupe_lazy_probe" in sys.modules
+    monkeypatch.delitem(sys.modules, "troupe_lazy_probe")
+
+
+def test_duplicate_name_is_an_error_unless_overridden(names):
+    names.append("test-counting")
+    environment.register("test-counting", CountingEnv)
+    with pytest.raises(RegistryError) as e:
+        environment.register("test-counting", CountingEnv)
+    assert str(e.value) == (
+        "environment 'test-counting' is already registered (by test_registry:CountingEnv); "
+        "pick another name or pass override=True"
+    )
+    environment.register("test-counting", CountingEnv, override=True, size=7)
+    assert environment.make("test-counting").size == 7
+
+
+def test_unknown_name_suggests_close_matches():
+    with pytest.raises(RegistryError) as e:
+        environment.make("CartPol-v1")
+    message = str(e.value)
+    assert message.startswith("unknown environment 'CartPol-v1'. Did you mean 'CartPole-v1'")
+    assert "Run 'troupe list' to see every registered environment" in message
+
+
+def test_unknown_name_without_close_match_has_no_suggestion():
+    with pytest.raises(RegistryError) as e:
+        registry.trainers.spec("zzzzzz")
+    assert "Did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "entry_point, message",
+    [
+        ("no_colon_here", "entry point 'no_colon_here' must look like 'package.module:Attribute'"),
+        ("no_such_module_xyz:Thing", "cannot import module 'no_such_module_xyz'"),
+        ("json:NoSuchThing", "module 'json' has no attribute 'NoSuchThing'"),
+    ],
+)
+def test_bad_entry_points_say_what_is_wrong(entry_point, message):
+    with pytest.raises(RegistryError, match="thing 'x'") as e:
+        load_entry_point(entry_point, what="thing 'x'")
+    assert message in str(e.value)
+
+
+def test_nested_attribute_entry_point():
+    assert load_entry_point("os:path.join") is __import__("os").path.join
+
+
+def test_class_defined_in_a_function_cannot_be_registered():
+    class Local(CountingEnv):
+        pass
+
+    with pytest.raises(
+        RegistryError, match="is defined inside a function; register a module-level"
+    ):
+        Registry("environment").register("local", Local)
+
+
+def test_bad_constructor_arguments_name_the_component(names):
+    names.append("test-counting")
+    environment.register("test-counting", CountingEnv)
+    with pytest.raises(RegistryError) as e:
+        environment.make("test-counting", sise=3)
+    assert str(e.value).startswith(
+        "could not build environment 'test-counting' from test_registry:CountingEnv with "
+        "arguments ['sise']"
+    )
+
+
+def test_make_rejects_something_that_is_not_an_environment(names):
+    names.append("test-not-env")
+    environment.register("test-not-env", not_an_environment)
+    with pytest.raises(TypeError, match=r"built a object, which is not an api\.environment"):
+        environment.make("test-not-env")
+
+
+def test_empty_name_is_rejected():
+    with pytest.raises(RegistryError, match="name must be a non-empty string"):
+        Registry("policy").register("", CountingEnv)
+
+
+def test_plugin_loading_finds_the_builtins():
+    for name in ("CartPole-v1", "Pendulum-v1", "GridGather-v0", "MemoryCue-v0"):
+        assert name in registry.environments
+    assert registry.environments.spec("CartPole-v1").kwargs == {"gym_id": "CartPole-v1"}
+    assert "actor-critic" in registry.policies
+    assert "ppo" in registry.trainers
+    assert "cartpole-ppo" in registry.experiments
+
+
+def test_gymnasium_ids_do_not_replace_existing_registrations():
+    from legacy.environment.gym_adapter import register_gymnasium_ids
+
+    environment.register("CartPole-v1", CountingEnv, override=True)
+    try:
+        register_gymnasium_ids()
+        assert registry.environments.spec("CartPole-v1").entry_point == "test_registry:CountingEnv"
+    finally:
+        registry.environments.unregister("CartPole-v1")
+        register_gymnasium_ids()
+    assert registry.environments.spec("CartPole-v1").kwargs == {"gym_id": "CartPole-v1"}

@@ -1,0 +1,114 @@
+"""The ``troupe`` command line: list and test-env, as a subprocess and in-process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from api import environment, registry
+from distributed.cli import main, parse_kwargs
+
+
+def troupe(*args: str) -> subprocess.CompletedProcess:
+    """Run the CLI the way a user does, in a fresh process, with wide output (no wrapping)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "distributed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def test_list_shows_every_section():
+    result = troupe("list")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for heading in (
+        "Environments (",
+        "Gymnasium ids (",
+        "Policies (",
+        "Trainers (",
+        "Experiments (",
+    ):
+        assert heading in out
+    assert "GridGather-v0" in out and "agents gather coins in turns" in out
+    assert "CartPole-v1, CartPole-v1" not in out and "CartPole-v0, CartPole-v1" in out
+    assert "actor-critic" in out and "ppo" in out and "cartpole-ppo" in out
+
+
+def test_test_env_cartpole_passes():
+    result = troupe("test-env", "CartPole-v1")
+    assert result.returncode == 0, result.stderr
+    assert "CartPole-v1: passed" in result.stdout
+    assert "episodes finished" in result.stdout
+
+
+def test_misspelled_name_gets_a_suggestion_and_no_traceback():
+    result = troupe("test-env", "CartPol-v1")
+    assert result.returncode == 1
+    assert "error: unknown environment 'CartPol-v1'. Did you mean 'CartPole-v1'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_test_env_passes_key_value_arguments(wide, capsys):
+    code = main(["test-env", "GridGather-v0", "n_agents=3", "size=6", "--steps", "60"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "GridGather-v0: passed" in out
+    assert "agents             3" in out and "Box(0.0, 1.0, (6, 6), float32)" in out
+    assert "steps run          60" in out
+
+
+def test_test_env_no_stepping(wide, capsys):
+    assert main(["test-env", "GridGather-v0", "--no-stepping", "--seed", "3"]) == 0
+    assert "not checked (test_stepping=False)" in capsys.readouterr().out
+
+
+def test_broken_environment_fails_with_the_message_in_red(wide, capsys):
+    environment.register("test-cli-broken", "legacy.environment.grid_gather:GridGatherEnvironment")
+    try:
+        code = main(["test-env", "test-cli-broken", "n_agents=0"])
+    finally:
+        registry.environments.unregister("test-cli-broken")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: building environment 'test-cli-broken' raised ValueError: GridGather: " in err
+    assert "n_agents must be at least 1, got 0" in err
+
+
+def test_bad_argument_form_is_a_user_error(wide, capsys):
+    assert main(["test-env", "GridGather-v0", "size"]) == 1
+    assert "argument 'size' must look like key=value, e.g. size=8" in capsys.readouterr().err
+
+
+def test_unknown_constructor_argument_is_reported(wide, capsys):
+    assert main(["test-env", "GridGather-v0", "sise=6"]) == 1
+    assert "got an unexpected keyword argument 'sise'" in capsys.readouterr().err
+
+
+def test_parse_kwargs_reads_literals_else_strings():
+    assert parse_kwargs(["size=8", "rate=0.5", "flag=True", "mode=hard", "shape=(2, 3)"]) == {
+        "size": 8,
+        "rate": 0.5,
+        "flag": True,
+        "mode": "hard",
+        "shape": (2, 3),
+    }
+
+
+def test_missing_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err

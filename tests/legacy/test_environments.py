@@ -1,0 +1,226 @@
+"""Built-in environments: the gymnasium adapter and GridGather."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from api import environment, registry
+from api.errors import UserError
+from legacy.environment.grid_gather import MOVES, GridGatherEnvironment
+from legacy.environment.gym_adapter import GymnasiumEnvironment, register_gymnasium_ids
+
+
+# --------------------------------------------------------------------- gymnasium adapter
+def test_adapter_has_one_agent_and_the_gymnasium_spaces():
+    env = GymnasiumEnvironment("CartPole-v1")
+    assert env.agent_count == 1
+    assert env.observation_spaces == [env.gym_env.observation_space]
+    assert env.action_spaces == [gym.spaces.Discrete(2)]
+
+
+def test_adapter_reset_and_step_return_one_result():
+    env = GymnasiumEnvironment("CartPole-v1")
+    [first] = env.reset()
+    assert first.obs.shape == (4,) and first.reward == 0.0 and not first.done
+    [result] = env.step([0])
+    assert result.reward == 1.0 and isinstance(result.reward, float)
+    assert isinstance(result.done, bool) and isinstance(result.truncated, bool)
+
+
+def test_adapter_keeps_terminated_and_truncated_apart():
+    env = GymnasiumEnvironment("CartPole-v1", max_episode_steps=3)
+    env.reset()
+    results = [env.step([0])[0] for _ in range(3)]
+    assert results[-1].truncated and not results[-1].done
+
+    env = GymnasiumEnvironment("CartPole-v1")
+    env.reset()
+    result = env.step([1])[0]
+    while not (result.done or result.truncated):
+        result = env.step([1])[0]  # always pushing right topples the pole
+    assert result.done and not result.truncated
+
+
+def test_adapter_seed_applies_to_the_next_reset_only():
+    env = GymnasiumEnvironment("CartPole-v1")
+    env.seed(7)
+    a = env.reset()[0].obs
+    b = env.reset()[0].obs
+    env.seed(7)
+    assert np.array_equal(env.reset()[0].obs, a)
+    assert not np.array_equal(a, b)
+
+
+def test_adapter_seed_seeds_action_sampling():
+    env = GymnasiumEnvironment("Pendulum-v1")
+    env.seed(3)
+    first = [env.action_spaces[0].sample() for _ in range(3)]
+    env.seed(3)
+    assert np.array_equal(first, [env.action_spaces[0].sample() for _ in range(3)])
+
+
+def test_adapter_refuses_to_step_without_a_running_episode():
+    env = GymnasiumEnvironment("CartPole-v1", max_episode_steps=1)
+    with pytest.raises(UserError, match="no episode is running"):
+        env.step([0])
+    env.reset()
+    env.step([0])
+    with pytest.raises(UserError, match=r"call reset\(\) to start a new episode"):
+        env.step([0])
+
+
+def test_adapter_wants_exactly_one_action():
+    env = GymnasiumEnvironment("CartPole-v1")
+    env.reset()
+    with pytest.raises(ValueError, match="takes a list of one action; got 2 actions"):
+        env.step([0, 1])
+
+
+def test_adapter_renders_only_with_a_render_mode():
+    assert GymnasiumEnvironment("CartPole-v1").render() is None
+    pytest.importorskip("pygame", reason="gymnasium's classic-control renderer needs pygame")
+    env = GymnasiumEnvironment("Pendulum-v1", render_mode="rgb_array")
+    env.reset()
+    frame = env.render()
+    assert frame.ndim == 3 and frame.shape[2] == 3
+    env.close()
+
+
+def test_adapter_reports_missing_optional_dependencies():
+    if importlib.util.find_spec("Box2D") is not None:
+        pytest.skip("Box2D is installed here")
+    with pytest.raises(UserError, match="'LunarLander-v3' needs a package that is not installed"):
+        GymnasiumEnvironment("LunarLander-v3")
+
+
+def test_every_gymnasium_id_is_registered_through_the_adapter():
+    register_gymnasium_ids()  # a second call is harmless: known ids are skipped
+    for gym_id in gym.registry:
+        spec = registry.environments.spec(gym_id)
+        assert spec.kwargs == {"gym_id": gym_id}
+        assert spec.description == "gymnasium"
+    assert isinstance(environment.make("Acrobot-v1"), GymnasiumEnvironment)
+
+
+# --------------------------------------------------------------------- GridGather
+def acting(results) -> list[int]:
+    return [i for i, r in enumerate(results) if r is not None]
+
+
+def greedy_action(obs: dict) -> int:
+    """Step toward the nearest coin along a legal move (stay when none is left)."""
+    size = obs["coins"].shape[0]
+    me = np.rint(obs["position"] * (size - 1)).astype(int)
+    coins = np.argwhere(obs["coins"] > 0)
+    if len(coins) == 0:
+        return 0
+    target = coins[np.abs(coins - me).sum(axis=1).argmin()]
+    legal = np.flatnonzero(obs["action_mask"])
+    distances = [np.abs(me + MOVES[a] - target).sum() for a in legal]
+    return int(legal[int(np.argmin(distances))])
+
+
+def test_gridgather_is_registered_and_builds():
+    env = environment.make("GridGather-v0", n_agents=3)
+    assert isinstance(env, GridGatherEnvironment) and env.agent_count == 3
+
+
+def test_gridgather_spaces_are_dicts_with_an_action_mask():
+    env = GridGatherEnvironment(size=4)
+    space = env.observation_spaces[0]
+    assert isinstance(space, gym.spaces.Dict)
+    assert set(space.spaces) == {"position", "coins", "others", "action_mask"}
+    assert space["coins"].shape == (4, 4) and space["action_mask"].n == 5
+    assert env.action_spaces[0] == gym.spaces.Discrete(5)
+
+
+def test_gridgather_agents_act_in_turns():
+    env = GridGatherEnvironment(n_agents=3, max_steps=9)
+    env.seed(0)
+    results = env.reset()
+    assert acting(results) == [0]
+    turns = []
+    for _ in range(8):
+        actions = [0 if r is not None else None for r in results]
+        results = env.step(actions)
+        turns.append(acting(results))
+    assert turns == [[1], [2], [0], [1], [2], [0], [1], [2]]
+
+
+def test_gridgather_truncates_every_agent_at_max_steps():
+    env = GridGatherEnvironment(n_agents=2, max_steps=3)
+    results = env.reset()
+    for _ in range(3):
+        results = env.step([0 if r is not None else None for r in results])
+    assert all(r.truncated and not r.done for r in results)
+    assert all("coins_collected" in r.info for r in results)
+    with pytest.raises(UserError, match="no episode is running"):
+        env.step([0, None])
+
+
+def test_gridgather_greedy_agents_collect_every_coin_and_finish():
+    env = GridGatherEnvironment(n_agents=2, size=5, n_coins=5, max_steps=200)
+    env.seed(1)
+    results = env.reset()
+    returns = np.zeros(2)
+    while not all(r is not None and (r.done or r.truncated) for r in results):
+        results = env.step([None if r is None else greedy_action(r.obs) for r in results])
+        returns += [0.0 if r is None else r.reward for r in results]
+    assert all(r.done and not r.truncated for r in results)
+    assert returns.sum() == 5
+    assert sum(r.info["coins_collected"] for r in results) == 5
+
+
+def test_gridgather_mask_forbids_leaving_the_grid_and_illegal_moves_do_nothing():
+    env = GridGatherEnvironment(n_agents=1, size=3, n_coins=1)
+    env.seed(0)
+    obs = env.reset()[0].obs
+    for _ in range(3):  # walk to the top-left corner
+        for action in (1, 3):
+            if obs["action_mask"][action]:
+                obs = env.step([action])[0].obs
+    assert obs["position"].tolist() == [0.0, 0.0]
+    assert obs["action_mask"].tolist() == [1, 0, 1, 0, 1]
+    assert env.step([1])[0].obs["position"].tolist() == [0.0, 0.0]
+
+
+def test_gridgather_needs_an_action_from_the_agent_on_turn():
+    env = GridGatherEnvironment()
+    env.reset()
+    with pytest.raises(ValueError, match="it is agent 0's turn but its action is None"):
+        env.step([None, 0])
+    with pytest.raises(ValueError, match="takes 2 actions"):
+        env.step([0])
+    with pytest.raises(ValueError, match=r"action 9 is not in 0\.\.4"):
+        env.step([9, None])
+
+
+def test_gridgather_seed_makes_boards_reproducible():
+    a, b = GridGatherEnvironment(), GridGatherEnvironment()
+    a.seed(5)
+    b.seed(5)
+    obs_a, obs_b = a.reset()[0].obs, b.reset()[0].obs
+    assert all(np.array_equal(obs_a[k], obs_b[k]) for k in obs_a)
+    a.seed(6)
+    assert not np.array_equal(a.reset()[0].obs["coins"], obs_a["coins"])
+
+
+def test_gridgather_constructor_lists_every_bad_argument():
+    with pytest.raises(ValueError) as e:
+        GridGatherEnvironment(n_agents=0, size=1)
+    assert str(e.value) == (
+        "GridGather: n_agents must be at least 1, got 0; size must be at least 2, got 1"
+    )
+    with pytest.raises(ValueError, match="do not fit on a 2x2 grid"):
+        GridGatherEnvironment(n_agents=2, size=2, n_coins=3)
+
+
+def test_gridgather_renders_an_rgb_board():
+    env = GridGatherEnvironment(size=4)
+    env.reset()
+    frame = env.render()
+    assert frame.shape == (4, 4, 3) and frame.dtype == np.uint8
