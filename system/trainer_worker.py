@@ -105,6 +105,14 @@ class TrainerWorker(Worker):
         if persist:
             self.save_trainer_state()
 
+    def mark_published(self) -> None:
+        """The current version is already in the parameter service (resume, restart)."""
+        self._published = True
+
+    def on_stop(self) -> None:
+        """Persist the final version, so the run folder ends with its last parameters."""
+        self.publish(persist=True)
+
     def save_trainer_state(self) -> None:
         """Write the optimiser state beside the parameter checkpoints (atomically)."""
         if self.checkpoint_dir is None:

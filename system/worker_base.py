@@ -31,5 +31,8 @@ class Worker(abc.ABC):
         stats, self.stats = self.stats, {}
         return stats
 
+    def on_stop(self) -> None:  # noqa: B027 - most workers have nothing to finish
+        """The run is ending: finish what must outlive it (a final checkpoint, say)."""
+
     def close(self) -> None:  # noqa: B027 - workers without resources need nothing
         """Release sockets, environments and files. Called once, also after a failure."""

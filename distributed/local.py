@@ -1,0 +1,55 @@
+"""The local launcher: every worker is its own OS process on this machine, on loopback tcp.
+
+Processes are started with ``spawn`` (never fork: torch and ZeroMQ threads do not survive a fork)
+and are children of the controller process, so a worker notices when its controller is gone and
+exits rather than linger as an orphan.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from multiprocessing.process import BaseProcess
+
+from system import worker_process
+
+logger = logging.getLogger(__name__)
+
+
+class LocalLauncher:
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+        self.processes: dict[str, BaseProcess] = {}
+
+    def start(self, worker_id: str, role: str, controller: str) -> None:
+        process = self._ctx.Process(
+            target=worker_process.main,
+            args=(worker_id, role, controller),
+            name=f"troupe-{worker_id}",
+            daemon=False,
+        )
+        process.start()
+        self.processes[worker_id] = process
+
+    def is_alive(self, worker_id: str) -> bool:
+        process = self.processes.get(worker_id)
+        return process is not None and process.is_alive()
+
+    def pid(self, worker_id: str) -> int | None:
+        process = self.processes.get(worker_id)
+        return process.pid if process is not None else None
+
+    def kill(self, worker_id: str) -> None:
+        process = self.processes.get(worker_id)
+        if process is None:
+            return
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=5)
+
+    def stop_all(self, timeout_s: float) -> None:
+        for worker_id, process in self.processes.items():
+            process.join(timeout=timeout_s)
+            if process.is_alive():
+                logger.warning("%s still running at shutdown; killing it", worker_id)
+                self.kill(worker_id)

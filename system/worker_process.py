@@ -1,0 +1,263 @@
+"""The main function of every worker process: connect, get configured, loop, report, stop.
+
+The loop is the same for every role: poll the worker, send a heartbeat with its stats a few times
+a second, leave when the controller says stop (or disappears), and on any exception send the
+traceback to the controller before exiting with a non-zero code. What differs per role is only
+how the worker is built (:data:`BUILDERS`), from the configuration the controller sends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from api.config import ExperimentConfig
+from system import builders
+from system.actor_worker import ActorWorker
+from system.control import ControlClient
+from system.inference_stream import ZmqInferenceClient, ZmqInferenceServer
+from system.parameter_service import ParameterClient, ParameterServer
+from system.parameter_store import ParameterStore
+from system.policy_worker import PolicyWorker
+from system.sample_stream import ZmqSampleConsumer, ZmqSampleProducer
+from system.trainer_worker import TrainerWorker
+from system.worker_base import Worker
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.5
+EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
+
+
+@dataclass
+class Placement:
+    """Where a worker binds and what address it advertises to its peers."""
+
+    bind_host: str = "127.0.0.1"
+    advertise_host: str = "127.0.0.1"
+
+    def bind(self) -> str:
+        return f"tcp://{self.bind_host}:*"
+
+    def advertise(self, endpoint: str) -> str:
+        port = endpoint.rsplit(":", 1)[1]
+        return f"tcp://{self.advertise_host}:{port}"
+
+
+class ParameterServiceWorker(Worker):
+    """Wraps the parameter server as a worker, so it shares the loop and supervision."""
+
+    role = "parameter_service"
+
+    def __init__(self, worker_id: str, server: ParameterServer):
+        super().__init__(worker_id)
+        self.server = server
+
+    def poll(self) -> int:
+        return self.server.poll(timeout_ms=50)
+
+    def collect_stats(self) -> dict[str, Any]:
+        stats = {k: int(v) for k, v in self.server.stats.items()}
+        return stats
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _build_parameter_service(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
+    run_dir = Path(conf["run_dir"])
+    store = ParameterStore(run_dir, keep=3)
+    restored = store.load_from_disk()
+    if restored:
+        logger.info("parameter service restored versions %s", restored)
+    server = ParameterServer(store, place.bind(), place.bind())
+    ctl.register("params/request", place.advertise(server.request_endpoint))
+    ctl.register("params/push", place.advertise(server.push_endpoint))
+    return ParameterServiceWorker(ctl.worker_id, server)
+
+
+def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
+    name, index = conf["args"]["policy"], conf["args"]["index"]
+    torch.set_num_threads(max(1, int(conf["args"].get("threads", 1))))
+    spaces = builders.probe_spaces(cfg)
+    policy = builders.make_policy(cfg, name, spaces, cfg.seed)
+    trainer = builders.make_trainer(cfg, name, policy)
+    params = ParameterClient(ctl.lookup("params/request"))
+    consumer = ZmqSampleConsumer(place.bind())
+    ctl.register(f"samples/{name}/{index}", place.advertise(consumer.endpoint))
+    worker = TrainerWorker(
+        ctl.worker_id,
+        name,
+        trainer,
+        consumer,
+        params,
+        batch_segments=cfg.policies[name].batch_segments,
+        checkpoint_every=cfg.checkpoint_every,
+        checkpoint_dir=Path(conf["run_dir"]) / "checkpoints",
+    )
+    latest = _latest(params, name)
+    if latest is not None:  # resuming, or restarted after a failure
+        worker.restore(latest[1])
+        worker.mark_published()
+    return worker
+
+
+def _latest(params: ParameterClient, name: str):
+    from system.parameter_store import ParameterNotFoundError
+
+    try:
+        return params.get(name)
+    except ParameterNotFoundError:
+        return None
+
+
+def _build_policy_worker(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
+    name, index = conf["args"]["policy"], conf["args"]["index"]
+    torch.set_num_threads(1)
+    spaces = builders.probe_spaces(cfg)
+    policy = builders.make_policy(cfg, name, spaces, cfg.seed + 1)
+    params = ParameterClient(
+        ctl.lookup("params/request"), ctl.lookup("params/push"), subscribe=[name]
+    )
+    if cfg.policies[name].trainer.type:
+        _, checkpoint = _wait_first_version(params, name)
+        policy.load_checkpoint(checkpoint)
+    server = ZmqInferenceServer(place.bind())
+    ctl.register(f"inference/{name}/{index}", place.advertise(server.endpoint))
+    return PolicyWorker(ctl.worker_id, name, policy, server, params)
+
+
+def _wait_first_version(params: ParameterClient, name: str, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        latest = _latest(params, name)
+        if latest is not None:
+            return latest
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no parameters of policy '{name}' were published in {timeout_s}s")
+        time.sleep(0.1)
+
+
+def _build_actor(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
+    args = conf["args"]
+    index, evaluation = int(args["index"]), bool(args.get("evaluation", False))
+    inference = {}
+    for name, pc in cfg.policies.items():
+        inference[name] = ctl.lookup(f"inference/{name}/{index % pc.policy_workers}")
+    samples = None
+    if not evaluation:
+        samples = ZmqSampleProducer(
+            {
+                name: [ctl.lookup(f"samples/{name}/{i}") for i in range(pc.trainer_workers)]
+                for name, pc in cfg.policies.items()
+                if pc.trainer.type
+            }
+        )
+    group = cfg.evaluation if evaluation else cfg.actors
+    return ActorWorker(
+        ctl.worker_id,
+        builders.env_factory(cfg),
+        group.envs_per_worker,
+        cfg.policy_of_agent,
+        ZmqInferenceClient(inference),
+        samples,
+        segment_length=cfg.actors.segment_length,
+        is_evaluation=evaluation,
+        seed=cfg.seed * 100_003 + (index + (1000 if evaluation else 0)) * 1_009,
+        on_env_error=cfg.actors.on_env_error,
+    )
+
+
+BUILDERS = {
+    "parameter_service": _build_parameter_service,
+    "trainer": _build_trainer,
+    "policy": _build_policy_worker,
+    "actor": _build_actor,
+}
+
+
+def main(worker_id: str, role: str, controller: str, placement: dict | None = None) -> int:
+    """Run one worker until stopped; the process's exit code is the return value."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
+    signal.signal(signal.SIGTERM, _raise_stop)
+    logging.basicConfig(
+        level=os.environ.get("TROUPE_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s {worker_id} %(levelname)s %(name)s: %(message)s",
+    )
+    place = Placement(**(placement or {}))
+    ctl = ControlClient(controller, worker_id)
+    worker: Worker | None = None
+    try:
+        conf = ctl.hello(role)
+        cfg = ExperimentConfig.from_dict(conf["config"])
+        worker = BUILDERS[role](ctl, cfg, conf, place)
+        ctl.send("ready", {})
+        return _loop(ctl, worker)
+    except _Stop:
+        return EXIT_OK
+    except Exception as e:
+        message = f"{type(e).__name__}: {e}"
+        ctl.send("error", {"message": message, "traceback": traceback.format_exc()})
+        return EXIT_FAILED
+    finally:
+        if worker is not None:
+            _close(worker)
+        ctl.close()
+
+
+def _loop(ctl: ControlClient, worker: Worker) -> int:
+    parent = os.getppid()
+    next_beat = 0.0
+    while True:
+        worker.poll()
+        now = time.monotonic()
+        if now < next_beat:
+            continue
+        next_beat = now + HEARTBEAT_S
+        ctl.send("heartbeat", {"stats": worker.collect_stats()})
+        if ctl.stop_requested():
+            worker.on_stop()
+            ctl.send("heartbeat", {"stats": worker.collect_stats()})
+            ctl.send("bye", {})
+            return EXIT_OK
+        if os.getppid() != parent:
+            logger.error("controller process is gone; %s exits", ctl.worker_id)
+            return EXIT_ORPHANED
+
+
+def _close(worker: Worker) -> None:
+    try:
+        worker.close()
+    except Exception:  # closing is best effort at exit
+        logger.debug("closing %s raised", worker.worker_id, exc_info=True)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, frame):
+    raise _Stop()
+
+
+if __name__ == "__main__":  # for launchers that start workers as commands (containers)
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run one Troupe worker process.")
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--role", required=True, choices=sorted(BUILDERS))
+    parser.add_argument("--controller", required=True)
+    parser.add_argument("--bind-host", default="127.0.0.1")
+    parser.add_argument("--advertise-host", default="127.0.0.1")
+    a = parser.parse_args()
+    place = {"bind_host": a.bind_host, "advertise_host": a.advertise_host}
+    sys.exit(main(a.id, a.role, a.controller, place))
