@@ -26,6 +26,7 @@ from rich.text import Text
 
 from api.errors import UserError
 from api.registry import Spec
+from distributed import run_commands as rc
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 
@@ -130,6 +131,12 @@ SUBCOMMANDS: list[Subcommand] = [
                _add_list_arguments, _run_list),
     Subcommand("test-env", "check that an environment keeps the Environment contract",
                _add_test_env_arguments, _run_test_env),
+    Subcommand("test-pipeline", "run an experiment's env, policy and trainer in one process",
+               rc.add_test_pipeline_arguments, rc.run_test_pipeline),
+    Subcommand("run", "run an experiment: every role in its own process",
+               rc.add_run_arguments, rc.run_run),
+    Subcommand("eval", "greedy evaluation of a run folder or checkpoint",
+               rc.add_eval_arguments, rc.run_eval),
 ]  # fmt: skip
 
 

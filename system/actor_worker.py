@@ -11,6 +11,7 @@ is what bootstraps a truncated episode exactly. Then the environment is reset in
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class Group:
 
     envs: list[int]
     seq: int = 0
+    posted_at: float = 0.0
     waiting: dict[str, list[Slot]] = field(default_factory=dict)
     replies: dict[str, InferenceReply] = field(default_factory=dict)
 
@@ -139,7 +141,34 @@ class ActorWorker(Worker):
                     by_policy.setdefault(slot.policy, []).append(slot)
         for policy, slots in by_policy.items():
             group.waiting[policy] = slots
-            self.inference.post(policy, g, group.seq, self._build_request(slots, group.seq))
+        self._post(g, list(by_policy))
+
+    def _post(self, g: int, policies: list[str]) -> None:
+        group = self.groups[g]
+        group.posted_at = time.monotonic()
+        for policy in policies:
+            request = self._build_request(group.waiting[policy], group.seq)
+            self.inference.post(policy, g, group.seq, request)
+
+    def stalled_policies(self, timeout_s: float) -> set[str]:
+        """Policies that have not answered a request for ``timeout_s`` (their worker may be
+        gone: the caller reconnects and calls :meth:`repost`)."""
+        now = time.monotonic()
+        return {
+            policy
+            for group in self.groups
+            if group.waiting and now - group.posted_at > timeout_s
+            for policy in group.waiting
+            if policy not in group.replies
+        }
+
+    def repost(self, policies: set[str]) -> None:
+        """Send the unanswered requests of ``policies`` again (same sequence numbers, so a late
+        original answer and the new one are never both used)."""
+        for g, group in enumerate(self.groups):
+            missing = [p for p in group.waiting if p in policies and p not in group.replies]
+            if missing:
+                self._post(g, missing)
 
     def _build_request(self, slots: list[Slot], seq: int) -> RolloutRequest:
         n = len(slots)

@@ -61,6 +61,7 @@ class WorkerState:
     plan: WorkerPlan
     state: str = "starting"
     restarts: int = 0
+    pid: int | None = None
     last_seen: float = field(default_factory=time.monotonic)
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -210,6 +211,7 @@ class Controller:
         body = message.body
         if message.kind == "hello":
             state.state = "configuring"
+            state.pid = int(body.get("pid", 0)) or None
             self._send(worker_id, "configure", self._configuration(state.plan))
         elif message.kind == "register":
             self.endpoints[str(body["name"])] = str(body["address"])
@@ -326,6 +328,17 @@ class Controller:
                 record[f"trainer/{name}/{k}"] = v
         self.metrics.write(record)
         self.display.update(self._snapshot(elapsed, record))
+        self._write_workers()
+
+    def _write_workers(self) -> None:
+        """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
+        table = {
+            wid: {"role": s.plan.role, "pid": s.pid, "state": s.state, "restarts": s.restarts}
+            for wid, s in self.workers.items()
+        }
+        tmp = self.run_dir / "workers.json.tmp"
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(self.run_dir / "workers.json")
 
     def _snapshot(self, elapsed: float, record: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()

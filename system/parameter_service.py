@@ -213,8 +213,11 @@ class ParameterServer:
         if "params" not in body:
             raise WireError("'publish' request has no 'params'")
         params = body["params"]
+        already = self.store.latest_version(policy) == version  # a final save, not news
         self.store.publish(policy, version, params, persist=persist)
         self.stats["publishes"] += 1
+        if already:
+            return "ack", {"version": version}
         push = {"policy": policy, "version": version, "params": params}
         try:
             wire.send(self._xpub, "params", push, envelope=[policy.encode()], flags=zmq.NOBLOCK)

@@ -123,6 +123,8 @@ class ParameterStore:
         """Add ``version`` of ``policy``; it must be newer than the latest one.
 
         ``persist=True`` also writes the checkpoint file (the caller chooses the cadence).
+        Publishing the latest version again with ``persist=True`` only writes it to disk: that is
+        how a trainer saves its final version when the run stops.
         """
         check_policy_name(policy)
         if type(version) is not int or version < 0:
@@ -131,6 +133,11 @@ class ParameterStore:
             raise UserError("publish(persist=True) needs a ParameterStore with a root_dir")
         with self._lock:
             entry = self._policies.setdefault(policy, _Policy())
+            if persist and version == entry.latest:
+                if version not in entry.on_disk:
+                    self._save(policy, version, params)
+                    entry.on_disk.add(version)
+                return
             if entry.latest is not None and version <= entry.latest:
                 raise VersionError(
                     f"policy '{policy}' is already at version {entry.latest}; version {version} "

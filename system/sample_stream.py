@@ -92,14 +92,22 @@ class ZmqSampleProducer(SampleProducer):
     """One PUSH socket per policy, connected to every trainer worker of that policy."""
 
     def __init__(self, endpoints: dict[str, list[str]], *, hwm: int = 4):
+        self.hwm = hwm
         self.sockets: dict[str, zmq.Socket] = {}
         for policy, addresses in endpoints.items():
-            sock = wire.context().socket(zmq.PUSH)
-            wire.socket_options(sock, hwm=hwm)
-            for address in addresses:
-                sock.connect(address)
-            self.sockets[policy] = sock
+            self.connect(policy, addresses)
         self.outbox: collections.deque[tuple[str, SampleBatch]] = collections.deque()
+
+    def connect(self, policy: str, addresses: list[str]) -> None:
+        """(Re)connect the socket of ``policy`` to these trainer workers (after a restart)."""
+        old = self.sockets.pop(policy, None)
+        if old is not None:
+            old.close(linger=0)
+        sock = wire.context().socket(zmq.PUSH)
+        wire.socket_options(sock, hwm=self.hwm)
+        for address in addresses:
+            sock.connect(address)
+        self.sockets[policy] = sock
 
     def post(self, policy: str, segment: SampleBatch) -> None:
         self.outbox.append((policy, segment))

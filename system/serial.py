@@ -57,16 +57,23 @@ class SerialRun:
     """Builds and polls every worker of ``config`` in this process."""
 
     def __init__(
-        self, config: ExperimentConfig, *, evaluation: bool = False, validate_actions=False
+        self,
+        config: ExperimentConfig,
+        *,
+        evaluation: bool = False,
+        validate_actions: bool = False,
+        store: ParameterStore | None = None,
+        train: bool = True,
     ):
+        """``train=False`` runs evaluation actors only, on the parameters already in ``store``."""
         self.config = check(config)
         self.spaces = builders.probe_spaces(config)
-        self.store = ParameterStore()  # each worker gets its own client over it
+        self.store = store if store is not None else ParameterStore()
         self.inference = InprocInferenceHub()
         self.samples = InprocSampleHub()
-        self.trainers = self._make_trainers()
+        self.trainers = self._make_trainers() if train else {}
         self.policy_workers = self._make_policy_workers()
-        self.actors = self._make_actors(evaluation, validate_actions)
+        self.actors = self._make_actors(train, evaluation or not train, validate_actions)
         self.progress = SerialProgress()
 
     @property
@@ -104,10 +111,10 @@ class SerialRun:
             )
         return workers
 
-    def _make_actors(self, evaluation: bool, validate_actions: bool) -> list[ActorWorker]:
+    def _make_actors(self, train: bool, evaluation: bool, validate_actions: bool):
         cfg = self.config
         actors = []
-        for i in range(cfg.actors.workers):
+        for i in range(cfg.actors.workers if train else 0):
             actors.append(
                 self._actor(f"actor/{i}", cfg.actors.envs_per_worker, False, i, validate_actions)
             )
@@ -161,6 +168,15 @@ class SerialRun:
             stats = trainer.collect_stats()
             if "steps" in stats:
                 p.trainer_stats.setdefault(name, []).append(stats)
+
+    def eval_until(self, episodes: int, max_idle_polls: int = 1000) -> list[dict[str, float]]:
+        """Poll until ``episodes`` evaluation episodes have finished; return them."""
+        idle = 0
+        while len(self.progress.eval_episodes) < episodes:
+            idle = 0 if self.poll() else idle + 1
+            if idle >= max_idle_polls:
+                raise RuntimeError("evaluation made no progress for 1000 polls")
+        return self.progress.eval_episodes[:episodes]
 
     def run(
         self,

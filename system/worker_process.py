@@ -82,7 +82,7 @@ def _build_parameter_service(ctl: ControlClient, cfg: ExperimentConfig, conf: di
     server = ParameterServer(store, place.bind(), place.bind())
     ctl.register("params/request", place.advertise(server.request_endpoint))
     ctl.register("params/push", place.advertise(server.push_endpoint))
-    return ParameterServiceWorker(ctl.worker_id, server)
+    return ParameterServiceWorker(ctl.worker_id, server), None
 
 
 def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
@@ -108,7 +108,7 @@ def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place)
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
-    return worker
+    return worker, None
 
 
 def _latest(params: ParameterClient, name: str):
@@ -133,7 +133,7 @@ def _build_policy_worker(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, 
         policy.load_checkpoint(checkpoint)
     server = ZmqInferenceServer(place.bind())
     ctl.register(f"inference/{name}/{index}", place.advertise(server.endpoint))
-    return PolicyWorker(ctl.worker_id, name, policy, server, params)
+    return PolicyWorker(ctl.worker_id, name, policy, server, params), None
 
 
 def _wait_first_version(params: ParameterClient, name: str, timeout_s: float = 120.0):
@@ -150,31 +150,72 @@ def _wait_first_version(params: ParameterClient, name: str, timeout_s: float = 1
 def _build_actor(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
     args = conf["args"]
     index, evaluation = int(args["index"]), bool(args.get("evaluation", False))
-    inference = {}
-    for name, pc in cfg.policies.items():
-        inference[name] = ctl.lookup(f"inference/{name}/{index % pc.policy_workers}")
+    inference_names = {
+        name: f"inference/{name}/{index % pc.policy_workers}" for name, pc in cfg.policies.items()
+    }
+    sample_names = {
+        name: [f"samples/{name}/{i}" for i in range(pc.trainer_workers)]
+        for name, pc in cfg.policies.items()
+        if pc.trainer.type and not evaluation
+    }
+    inference = ZmqInferenceClient({p: ctl.lookup(n) for p, n in inference_names.items()})
     samples = None
     if not evaluation:
         samples = ZmqSampleProducer(
-            {
-                name: [ctl.lookup(f"samples/{name}/{i}") for i in range(pc.trainer_workers)]
-                for name, pc in cfg.policies.items()
-                if pc.trainer.type
-            }
+            {p: [ctl.lookup(n) for n in names] for p, names in sample_names.items()}
         )
     group = cfg.evaluation if evaluation else cfg.actors
-    return ActorWorker(
+    worker = ActorWorker(
         ctl.worker_id,
         builders.env_factory(cfg),
         group.envs_per_worker,
         cfg.policy_of_agent,
-        ZmqInferenceClient(inference),
+        inference,
         samples,
         segment_length=cfg.actors.segment_length,
         is_evaluation=evaluation,
         seed=cfg.seed * 100_003 + (index + (1000 if evaluation else 0)) * 1_009,
         on_env_error=cfg.actors.on_env_error,
     )
+    return worker, ActorPeerWatchdog(ctl, worker, inference_names, sample_names)
+
+
+class ActorPeerWatchdog:
+    """Reconnects an actor to peers that were restarted elsewhere (new addresses).
+
+    A request that no policy worker answers for ``STALL_S`` seconds, or a sample backlog that
+    does not drain for as long, means the peer may have been restarted: look its name up again,
+    reconnect, and send the unanswered requests again.
+    """
+
+    STALL_S = 5.0
+
+    def __init__(self, ctl: ControlClient, worker: ActorWorker, inference_names, sample_names):
+        self.ctl = ctl
+        self.worker = worker
+        self.inference_names = inference_names
+        self.sample_names = sample_names
+        self.backlogged_since: float | None = None
+
+    def __call__(self) -> None:
+        stalled = self.worker.stalled_policies(self.STALL_S)
+        if stalled:
+            logger.warning("%s: no answer from %s; reconnecting", self.ctl.worker_id, stalled)
+            for policy in stalled:
+                self.worker.inference.connect(policy, self.ctl.lookup(self.inference_names[policy]))
+            self.worker.repost(stalled)
+        samples = self.worker.samples
+        if samples is None or not samples.backlogged:
+            self.backlogged_since = None
+            return
+        now = time.monotonic()
+        if self.backlogged_since is None:
+            self.backlogged_since = now
+        elif now - self.backlogged_since > self.STALL_S:
+            logger.warning("%s: trainers not taking samples; reconnecting", self.ctl.worker_id)
+            for policy, names in self.sample_names.items():
+                samples.connect(policy, [self.ctl.lookup(n) for n in names])
+            self.backlogged_since = None
 
 
 BUILDERS = {
@@ -199,9 +240,9 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
     try:
         conf = ctl.hello(role)
         cfg = ExperimentConfig.from_dict(conf["config"])
-        worker = BUILDERS[role](ctl, cfg, conf, place)
+        worker, watchdog = BUILDERS[role](ctl, cfg, conf, place)
         ctl.send("ready", {})
-        return _loop(ctl, worker)
+        return _loop(ctl, worker, watchdog)
     except _Stop:
         return EXIT_OK
     except Exception as e:
@@ -214,7 +255,7 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
         ctl.close()
 
 
-def _loop(ctl: ControlClient, worker: Worker) -> int:
+def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
     parent = os.getppid()
     next_beat = 0.0
     while True:
@@ -224,6 +265,8 @@ def _loop(ctl: ControlClient, worker: Worker) -> int:
             continue
         next_beat = now + HEARTBEAT_S
         ctl.send("heartbeat", {"stats": worker.collect_stats()})
+        if watchdog is not None:
+            watchdog()
         if ctl.stop_requested():
             worker.on_stop()
             ctl.send("heartbeat", {"stats": worker.collect_stats()})
