@@ -46,6 +46,8 @@ DEFAULT_GPU_TAG = "troupe-worker:latest-gpu"
 IMAGE_PYTHON = (3, 11)
 """The Python of every base image the Dockerfiles accept; the wheelhouse must be built for it."""
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+BUILD_STAGE_LABEL = "org.troupe.stage=build"
+"""Set in the Dockerfiles' build stage, so that stage's leftover image can be found."""
 MAKE_BASE_HINT = "make one with docker/make-base-image.sh or pass --base-image"
 
 
@@ -154,7 +156,7 @@ def wheelhouse_problems(
     if gpu:
         problems += [
             f"{w.filename} is a CPU build of torch: a GPU image needs a CUDA build (pass "
-            "--torch-index https://download.pytorch.org/whl/cu124, or leave PyPI's default torch)"
+            "--torch-index https://download.pytorch.org/whl/cu124 and keep +cpu wheels out of pip's find-links)"
             for w in torch
             if w.local_version == "cpu"
         ]
@@ -322,6 +324,10 @@ def build_image(
             base=base,
         )
     logger.info("built %s (%s)", tag, image_id)
+    # The build stage (a venv plus the wheels, over 1 GB) is left behind as an untagged image;
+    # it is only ever reused for the very same wheels, so it goes.
+    pruned = client.images.prune(filters={"dangling": True, "label": BUILD_STAGE_LABEL})
+    logger.debug("removed build stages: %s", pruned)
     if push:
         push_image(tag, client=client)
     return image_id

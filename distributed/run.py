@@ -74,6 +74,8 @@ def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> in
 
 def run_local(config: ExperimentConfig, run_dir: Path, display: bool | None = None) -> int:
     """Run the controller process to the end; return its exit code."""
+    # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop the run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ctx = mp.get_context("spawn")
     process = ctx.Process(
         target=_controller_entry,
@@ -90,8 +92,13 @@ def run_local(config: ExperimentConfig, run_dir: Path, display: bool | None = No
             continue
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()
+
+
 def _controller_entry(config_dict: dict, run_dir: str, display: bool | None) -> None:
     import sys
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     sys.exit(controller_main(config_dict, run_dir, display))

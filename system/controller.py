@@ -120,8 +120,16 @@ class Controller:
         self.eval_count = 0
         self.trainer_stats: dict[str, dict[str, float]] = {}
         self.started = time.monotonic()
+        self._continue_counts()
         self.stop_reason = ""
         self.failure: WorkerFailure | None = None
+
+    def _continue_counts(self) -> None:
+        """On resume, frames and wall-clock go on from where the stopped run left them."""
+        records = read_metrics(self.run_dir)
+        if records:
+            self.totals["env_frames"] = int(records[-1].get("env_frames") or 0)
+            self.started -= float(records[-1].get("wall_s") or 0.0)
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> dict[str, Any]:
@@ -336,9 +344,8 @@ class Controller:
             wid: {"role": s.plan.role, "pid": s.pid, "state": s.state, "restarts": s.restarts}
             for wid, s in self.workers.items()
         }
-        tmp = self.run_dir / "workers.json.tmp"
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(self.run_dir / "workers.json")
+        _write_json(self.run_dir / "workers.json", table)
+        _write_json(self.run_dir / "endpoints.json", {"controller": self.address, **self.endpoints})
 
     def _snapshot(self, elapsed: float, record: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
@@ -384,3 +391,9 @@ class Controller:
             and all(s.get("steps", 0) >= stop.trainer_steps for s in self.trainer_stats.values())
         ):
             self.stop_reason = "trainer_steps"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
