@@ -1,0 +1,253 @@
+"""End to end: ``troupe run`` as a user runs it, with real processes and sockets.
+
+Every test starts the real command in its own process group, waits on conditions it reads from
+the run folder (workers.json, endpoints.json, metrics.jsonl) with deadlines, and never asserts a
+wall-clock figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+pytestmark = pytest.mark.multiprocess
+
+TROUPE = [sys.executable, "-m", "distributed.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*TROUPE, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal would give it
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"troupe did not finish in {timeout}s:\n{out[-3000:]}")
+    return out
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def frames(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line).get("env_frames") or 0)
+        except json.JSONDecodeError:
+            continue
+    return 0
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float = 120, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"troupe exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def group_alive(pgid: int) -> list[str]:
+    out = subprocess.run(["ps", "-o", "pid=,pgid=,stat=", "-e"], capture_output=True, text=True)
+    return [
+        line
+        for line in out.stdout.splitlines()
+        if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")
+    ]
+
+
+QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
+
+
+def test_run_writes_a_complete_run_folder_and_eval_reads_it(tmp_path):
+    run_dir = tmp_path / "run"
+    out = finish(
+        start(
+            [
+                "run",
+                "cartpole-ppo",
+                *QUICK,
+                "stop.env_frames=6000",
+                "--run-dir",
+                str(run_dir),
+                "--no-display",
+            ]
+        )
+    )
+    for name in ("config.json", "metrics.jsonl", "summary.json", "learning_curve.png"):
+        assert (run_dir / name).exists(), out
+    assert list(run_dir.glob("events.out.tfevents.*")), "no TensorBoard events"
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames"
+    assert summary["env_frames"] >= 6000
+    for key in ("solved", "wall_s", "fps", "best_eval_return"):
+        assert key in summary
+    assert list((run_dir / "checkpoints" / "default").glob("v*.pt"))
+    workers = read_json(run_dir / "workers.json")
+    roles = sorted(w["role"] for w in workers.values())
+    assert roles == ["actor", "actor", "actor", "parameter_service", "policy", "trainer"]
+    assert len({w["pid"] for w in workers.values()}) == 6  # separate OS processes
+
+    result = subprocess.run(
+        [*TROUPE, "eval", str(run_dir), "--episodes", "4", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["episodes"] == 4 and np.isfinite(last["mean_return"])
+
+
+def test_a_killed_actor_is_restarted_and_the_run_completes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(
+        [
+            "run",
+            "cartpole-ppo",
+            *QUICK,
+            "stop.env_frames=15000",
+            "--run-dir",
+            str(run_dir),
+            "--no-display",
+        ]
+    )
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    victim = read_json(run_dir / "workers.json")["actor/0"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    out = finish(proc)
+    assert proc.returncode == 0, out
+    workers = read_json(run_dir / "workers.json")
+    assert workers["actor/0"]["restarts"] == 1
+    assert workers["actor/0"]["pid"] != victim
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "env_frames"
+
+
+def test_ctrl_c_stops_every_process_and_resume_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(
+        [
+            "run",
+            "cartpole-ppo",
+            *QUICK,
+            "stop.env_frames=100000000",
+            "--run-dir",
+            str(run_dir),
+            "--no-display",
+        ]
+    )
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl+C in a terminal does
+    out = finish(proc, timeout=90)
+    assert group_alive(proc.pid) == [], "processes outlived Ctrl+C"
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "interrupted", out
+    checkpoints = sorted((run_dir / "checkpoints" / "default").glob("v*.pt"))
+    stopped_at = int(checkpoints[-1].stem[1:])
+    assert stopped_at == summary["policy_versions"]["default"]
+
+    target = summary["env_frames"] + 3000
+    out = finish(
+        start(["run", "--resume", str(run_dir), f"stop.env_frames={target}", "--no-display"])
+    )
+    resumed = read_json(run_dir / "summary.json")
+    assert resumed["stop_reason"] == "env_frames", out
+    assert resumed["env_frames"] >= target
+    assert resumed["policy_versions"]["default"] > stopped_at
+
+
+def test_garbage_on_every_socket_crashes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(
+        [
+            "run",
+            "cartpole-ppo",
+            *QUICK,
+            "stop.env_frames=12000",
+            "--run-dir",
+            str(run_dir),
+            "--no-display",
+        ]
+    )
+
+    def all_registered() -> bool:
+        return len(read_json(run_dir / "endpoints.json")) >= 5 and frames(run_dir) > 2000
+
+    wait_for(all_registered, proc, what="every endpoint registered")
+    endpoints = read_json(run_dir / "endpoints.json")
+    rng = np.random.default_rng(0)
+    ctx = zmq.Context()
+    for address in endpoints.values():
+        host, port = address.removeprefix("tcp://").rsplit(":", 1)
+        for _ in range(5):  # raw bytes: not even a ZeroMQ handshake
+            with socket.create_connection((host, int(port)), timeout=5) as raw:
+                raw.sendall(rng.bytes(int(rng.integers(1, 2000))))
+        for kind in (zmq.DEALER, zmq.PUSH):  # well-framed ZeroMQ messages with junk inside
+            sock = ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.SNDTIMEO, 1000)
+            try:
+                sock.connect(address)
+                for _ in range(20):
+                    n = int(rng.integers(1, 4))
+                    sock.send_multipart([rng.bytes(int(rng.integers(0, 300))) for _ in range(n)])
+            except zmq.Again:
+                pass
+            finally:
+                sock.close()
+    ctx.term()
+    out = finish(proc)
+    assert proc.returncode == 0, out
+    workers = read_json(run_dir / "workers.json")
+    assert all(w["restarts"] == 0 for w in workers.values()), workers
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "env_frames"
+
+
+def test_cartpole_is_solved_by_the_distributed_run(tmp_path):
+    run_dir = tmp_path / "run"
+    out = finish(
+        start(["run", "cartpole-ppo", "--run-dir", str(run_dir), "--no-display"]), timeout=600
+    )
+    summary = read_json(run_dir / "summary.json")
+    assert summary["solved"] is True, out
+    result = subprocess.run(
+        [*TROUPE, "eval", str(run_dir), "--episodes", "10", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1])["mean_return"] >= 475
