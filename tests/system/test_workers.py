@@ -1,0 +1,291 @@
+"""Each worker against stub peers: in-process streams where the test plays the other side."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from api.environment import Environment, StepResult
+from api.errors import PipelineCheckError
+from api.namedarray import NamedArray
+from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
+from api.trainer import Trainer, TrainerStepResult
+from system.actor_worker import ActorWorker, EnvironmentFailure
+from system.inference_stream import InferenceReply, InprocInferenceHub
+from system.parameter_service import InprocParameterService
+from system.parameter_store import ParameterStore
+from system.policy_worker import PolicyWorker
+from system.sample_stream import InprocSampleHub
+from system.trainer_worker import NonFiniteLossError, TrainerWorker
+from system.trajectory import make_step
+
+
+class CountingEnv(Environment):
+    """One agent; obs is the step count; the episode terminates after ``length`` steps."""
+
+    def __init__(self, length: int = 3, fail_at: int | None = None):
+        self.length, self.fail_at, self.t = length, fail_at, 0
+
+    agent_count = 1
+    observation_spaces = [gym.spaces.Box(0, 100, (1,), np.float32)]
+    action_spaces = [gym.spaces.Discrete(2)]
+
+    def reset(self):
+        self.t = 0
+        return [StepResult(np.array([0.0], np.float32))]
+
+    def step(self, actions):
+        self.t += 1
+        if self.fail_at is not None and self.t == self.fail_at:
+            raise RuntimeError("boom")
+        obs = np.array([float(self.t)], np.float32)
+        return [StepResult(obs, reward=1.0, done=self.t >= self.length)]
+
+
+def answer_all(hub: InprocInferenceHub, policy: str, version: int = 7, action=None) -> int:
+    """Play the policy worker: answer every pending request with action 1."""
+    server, answered = hub.server(policy), 0
+    for pending in server.gather(10_000, 0):
+        n = pending.rows
+        act = np.ones(n, np.int64) if action is None else action(n)
+        out = NamedArray(log_prob=np.zeros((n, 1), np.float32), value=np.zeros((n, 1), np.float32))
+        server.reply(pending, RolloutResult(action=act, policy_output=out), version)
+        answered += 1
+    return answered
+
+
+def test_actor_builds_overlapping_segments_with_bootstrap_step():
+    hub, samples = InprocInferenceHub(), InprocSampleHub()
+    actor = ActorWorker(
+        "a",
+        lambda i: CountingEnv(length=3),
+        1,
+        lambda a: "p",
+        hub.client("a"),
+        samples.producer(),
+        segment_length=4,
+        groups=1,
+    )
+    for _ in range(12):
+        actor.poll()
+        answer_all(hub, "p")
+    segments = list(samples.queues["p"])
+    assert len(segments) >= 2
+    first, second = segments[0], segments[1]
+    assert first.obs.shape == (5, 1)  # segment_length + 1
+    # obs 0,1,2,3(done) then the reset obs 0: the final obs is sent to the policy too
+    assert first.obs[:, 0].tolist() == [0, 1, 2, 3, 0]
+    assert first.done[:, 0].tolist() == [False, False, False, True, False]
+    assert first.on_reset[:, 0].tolist() == [True, False, False, False, True]
+    assert first.reward[:, 0].tolist() == [0, 1, 1, 1, 0]
+    assert (first.policy_version == 7).all()
+    # the last step of a segment is the first of the next
+    np.testing.assert_array_equal(second.obs[0], first.obs[-1])
+    stats = actor.collect_stats()
+    assert stats["episodes"][0]["episode_return"] == 3.0
+
+
+def test_actor_ignores_stale_replies_and_reposts_unanswered_requests():
+    hub = InprocInferenceHub()
+    actor = ActorWorker(
+        "a",
+        lambda i: CountingEnv(),
+        2,
+        lambda a: "p",
+        hub.client("a"),
+        None,
+        is_evaluation=True,
+        groups=2,
+    )
+    actor.poll()
+    assert actor.stalled_policies(timeout_s=-1) == {"p"}
+    hub.requests["p"].clear()  # the policy worker died with the requests
+    actor.repost({"p"})
+    assert len(hub.requests["p"]) == 2
+    stale = InferenceReply("p", 0, 99, RolloutResult(action=np.ones(1, np.int64)), 1)
+    hub.replies["a"].append(stale)
+    assert actor.poll() == 0  # a reply to an old sequence number is not used
+
+
+def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
+    hub = InprocInferenceHub()
+    actor = ActorWorker(
+        "a",
+        lambda i: CountingEnv(fail_at=1),
+        1,
+        lambda a: "p",
+        hub.client("a"),
+        None,
+        is_evaluation=True,
+        groups=1,
+    )
+    actor.poll()
+    answer_all(hub, "p")
+    with pytest.raises(EnvironmentFailure, match=r"environment 0 of a raised in step\(\)"):
+        actor.poll()
+
+    resetting = ActorWorker(
+        "b",
+        lambda i: CountingEnv(fail_at=1),
+        1,
+        lambda a: "p",
+        hub.client("b"),
+        None,
+        is_evaluation=True,
+        groups=1,
+        on_env_error="reset",
+    )
+    resetting.poll()
+    answer_all(hub, "p")
+    resetting.poll()
+    assert resetting.collect_stats()["env_errors"] == 1
+
+
+def test_actor_validates_actions_against_the_action_space():
+    hub = InprocInferenceHub()
+    actor = ActorWorker(
+        "a",
+        lambda i: CountingEnv(),
+        1,
+        lambda a: "p",
+        hub.client("a"),
+        None,
+        is_evaluation=True,
+        groups=1,
+        validate_actions=True,
+    )
+    actor.poll()
+    answer_all(hub, "p", action=lambda n: np.full(n, 5, np.int64))
+    with pytest.raises(PipelineCheckError, match="not in its action space Discrete"):
+        actor.poll()
+
+
+class EchoPolicy(Policy):
+    """Memory counts the steps; action = obs > 0; version set by load_checkpoint."""
+
+    def __init__(self):
+        self._version = 0
+        self.loads = 0
+
+    @property
+    def default_policy_state(self):
+        return NamedArray(count=np.zeros((1, 1), np.float32))
+
+    @property
+    def version(self):
+        return self._version
+
+    def rollout(self, request: RolloutRequest, **kwargs) -> RolloutResult:
+        count = np.where(request.on_reset, 0.0, request.policy_state.count) + 1
+        return RolloutResult(
+            action=(request.obs[:, 0] > 0).astype(np.int64),
+            policy_state=NamedArray(count=count.astype(np.float32)),
+        )
+
+    def analyze(self, sample, target="", **kwargs):
+        raise NotImplementedError
+
+    def get_checkpoint(self):
+        return {"version": self._version}
+
+    def load_checkpoint(self, checkpoint):
+        self._version = int(checkpoint["version"])
+        self.loads += 1
+
+
+def request(rows: int, state: bool) -> RolloutRequest:
+    return RolloutRequest(
+        obs=np.arange(rows, dtype=np.float32).reshape(rows, 1),
+        policy_state=NamedArray(count=np.full((rows, 1), 5, np.float32)) if state else None,
+        is_evaluation=np.zeros((rows, 1), bool),
+        on_reset=np.zeros((rows, 1), bool),
+        client_id=np.zeros((rows, 1), np.int64),
+        request_id=np.zeros((rows, 1), np.int64),
+    )
+
+
+def test_policy_worker_batches_requests_splits_replies_and_fills_missing_state():
+    hub, store = InprocInferenceHub(), ParameterStore()
+    policy = EchoPolicy()
+    worker = PolicyWorker("w", "p", policy, hub.server("p"), InprocParameterService(store))
+    hub.client("a").post("p", 0, 1, request(3, state=True))
+    hub.client("b").post("p", 0, 1, request(2, state=False))
+    assert worker.poll() == 5
+    a, b = hub.replies["a"][0], hub.replies["b"][0]
+    assert a.result.action.tolist() == [0, 1, 1] and b.result.action.tolist() == [0, 1]
+    assert a.result.policy_state.count[:, 0].tolist() == [6, 6, 6]
+    assert b.result.policy_state.count[:, 0].tolist() == [1, 1]  # default state filled in
+    assert worker.collect_stats()["batches"] == 1
+
+
+def test_policy_worker_takes_new_versions_and_never_reloads_an_unchanged_one():
+    hub, store = InprocInferenceHub(), ParameterStore()
+    policy = EchoPolicy()
+    worker = PolicyWorker("w", "p", policy, hub.server("p"), InprocParameterService(store))
+    store.publish("p", 3, {"version": 3})
+    worker.poll()
+    worker.poll()
+    assert policy.version == 3 and policy.loads == 1
+    hub.client("a").post("p", 0, 1, request(1, state=True))
+    worker.poll()
+    assert hub.replies["a"][0].version == 3
+
+
+class StubTrainer(Trainer):
+    def __init__(self, policy, loss=0.5):
+        self._policy, self.loss, self.seen = policy, loss, []
+
+    @property
+    def policy(self):
+        return self._policy
+
+    def step(self, samples: SampleBatch) -> TrainerStepResult:
+        self.seen.append(samples.reward.shape)
+        self._policy._version += 1
+        return TrainerStepResult({"loss": self.loss}, len(self.seen))
+
+
+def segment(version: int = 0) -> SampleBatch:
+    from api.namedarray import stack
+
+    steps = [
+        make_step(
+            np.zeros(1, np.float32), 0.0, False, False, False, np.int64(0), None, None, version
+        )
+        for _ in range(5)
+    ]
+    return stack(steps)
+
+
+def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
+    samples, store = InprocSampleHub(), ParameterStore()
+    trainer = StubTrainer(EchoPolicy())
+    worker = TrainerWorker(
+        "t", "p", trainer, samples.consumer("p"), InprocParameterService(store), batch_segments=3
+    )
+    producer = samples.producer()
+    producer.post("p", segment())
+    producer.post("p", segment())
+    assert worker.poll() == 0 and store.latest_version("p") == 0  # initial weights published
+    producer.post("p", segment())
+    assert worker.poll() == 1
+    assert trainer.seen == [(5, 3, 1)]
+    assert store.latest_version("p") == 1
+    assert worker.collect_stats()["version_lag"] == 0.0
+
+
+def test_trainer_worker_refuses_to_publish_non_finite_losses():
+    samples, store = InprocSampleHub(), ParameterStore()
+    worker = TrainerWorker(
+        "t",
+        "p",
+        StubTrainer(EchoPolicy(), loss=float("nan")),
+        samples.consumer("p"),
+        InprocParameterService(store),
+        batch_segments=1,
+    )
+    samples.producer().post("p", segment())
+    with pytest.raises(NonFiniteLossError, match=r"non-finite \['loss'\]"):
+        worker.poll()
+    assert store.latest_version("p") == 0
