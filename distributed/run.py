@@ -56,6 +56,7 @@ def prepare(
 def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> int:
     """Entry point of the controller process."""
     from distributed.local import LocalLauncher
+    from system import wire
     from system.controller import Controller
 
     logging.basicConfig(
@@ -63,6 +64,7 @@ def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> in
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s",
     )
     config = ExperimentConfig.from_dict(config_dict)
+    wire.secure_from_environment()
     controller = Controller(config, Path(run_dir), LocalLauncher(), display=display)
     summary = controller.run()
     if summary.get("stop_reason") == "failed":
@@ -72,8 +74,21 @@ def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> in
     return EXIT_SOLVED_OR_DONE
 
 
-def run_local(config: ExperimentConfig, run_dir: Path, display: bool | None = None) -> int:
-    """Run the controller process to the end; return its exit code."""
+def run_local(
+    config: ExperimentConfig, run_dir: Path, display: bool | None = None, secure: bool = False
+) -> int:
+    """Run the controller process to the end; return its exit code.
+
+    ``secure``: make CURVE keys for this run (``run_dir/keys``, owner-only) and use them on every
+    socket, as cluster runs always do.
+    """
+    if secure:
+        from system.security import ENV_KEYS_FILE, RunKeys
+
+        keys_file = run_dir / "keys"
+        if not keys_file.exists():
+            RunKeys.generate().save(keys_file)
+        os.environ[ENV_KEYS_FILE] = str(keys_file.resolve())  # inherited by every worker
     # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop the run.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     ctx = mp.get_context("spawn")

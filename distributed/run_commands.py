@@ -52,6 +52,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="CURVE-encrypt and authenticate every socket (keys made per run)",
+    )
 
 
 def run_run(args: argparse.Namespace, console: Console) -> int:
@@ -66,12 +71,15 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         None if args.resume else args.experiment, overrides, args.run_dir, args.resume
     )
     console.print(f"run folder: {run_dir}")
-    code = run_local(config, run_dir, display=False if args.no_display else None)
+    display = False if args.no_display else None
+    code = run_local(config, run_dir, display=display, secure=args.secure)
     summary_file = run_dir / SUMMARY_FILE
     if summary_file.exists():
         summary = json.loads(summary_file.read_text())
         keys = ("solved", "stop_reason", "wall_s", "env_frames", "fps", "best_eval_return")
         console.print({k: summary.get(k) for k in keys})
+        if summary.get("failure"):
+            console.print(Text(f"run failed: {summary['failure']}", style="red"))
     console.print(f"results in {run_dir} (metrics.jsonl, learning_curve.png, summary.json)")
     return code
 

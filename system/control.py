@@ -34,9 +34,8 @@ class ControlClient:
     def __init__(self, controller: str, worker_id: str, *, timeout_s: float = 60.0):
         self.worker_id = worker_id
         self.timeout_s = timeout_s
-        self.socket = wire.context().socket(zmq.DEALER)
+        self.socket = wire.make_socket(zmq.DEALER, server=False)
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
-        wire.socket_options(self.socket, hwm=1000)
         self.socket.connect(controller)
         self.inbox: list[wire.Message] = []
         self.bad_messages = BadMessages(logger, f"control channel of {worker_id}")

@@ -102,8 +102,7 @@ class Controller:
         self.config = config
         self.run_dir = Path(run_dir)
         self.launcher = launcher
-        self.socket = wire.context().socket(zmq.ROUTER)
-        wire.socket_options(self.socket, hwm=10_000)
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=10_000)
         self.socket.bind(bind)
         endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         port = endpoint.rsplit(":", 1)[1]
@@ -213,8 +212,14 @@ class Controller:
 
     def _handle(self, worker_id: str, message: wire.Message) -> None:
         state = self.workers.get(worker_id)
-        if state is None or not isinstance(message.body, dict):
+        if state is None:
+            # An authenticated peer that is not one of this run's workers: say so, then drop it.
+            self._send(
+                worker_id, "refused", {"reason": f"'{worker_id}' is not a worker of this run"}
+            )
             raise ValueError(f"message '{message.kind}' from unknown worker '{worker_id}'")
+        if not isinstance(message.body, dict):
+            raise ValueError(f"message '{message.kind}' from {worker_id} has no mapping body")
         state.last_seen = time.monotonic()
         body = message.body
         if message.kind == "hello":

@@ -142,8 +142,7 @@ class ZmqInferenceServer(InferenceServer):
     """A ROUTER socket; each actor's DEALER is one peer."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:*", *, hwm: int = 10_000):
-        self.socket = wire.context().socket(zmq.ROUTER)
-        wire.socket_options(self.socket, hwm=hwm)
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "inference server")
@@ -216,8 +215,7 @@ class ZmqInferenceClient(InferenceClient):
         if old is not None:
             self.poller.unregister(old)
             old.close(linger=0)
-        sock = wire.context().socket(zmq.DEALER)
-        wire.socket_options(sock, hwm=10_000)
+        sock = wire.make_socket(zmq.DEALER, server=False, hwm=10_000)
         sock.connect(endpoint)
         self.sockets[policy] = sock
         self.poller.register(sock, zmq.POLLIN)

@@ -90,9 +90,8 @@ class ParameterServer:
         self.stats: Counter[str] = Counter()
         self._subscriptions: Counter[bytes] = Counter()
         self._bad_messages = BadMessages(logger, "parameter server")
-        ctx = wire.context()
-        self._router = wire.socket_options(ctx.socket(zmq.ROUTER))
-        self._xpub = wire.socket_options(ctx.socket(zmq.XPUB), hwm=push_hwm)
+        self._router = wire.make_socket(zmq.ROUTER, server=True)
+        self._xpub = wire.make_socket(zmq.XPUB, server=True, hwm=push_hwm)
         try:
             # Verbose both ways: every (un)subscription reaches us, so the counts are exact.
             self._xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
@@ -331,13 +330,13 @@ class ParameterClient(ParameterClientBase):
         self._dealer = self._new_dealer()
         self._sub: zmq.Socket | None = None
         if self._subscribed:
-            self._sub = wire.socket_options(wire.context().socket(zmq.SUB), hwm=push_hwm)
+            self._sub = wire.make_socket(zmq.SUB, server=False, hwm=push_hwm)
             for policy in sorted(self._subscribed):
                 self._sub.setsockopt(zmq.SUBSCRIBE, policy.encode())
             self._sub.connect(push_endpoint)
 
     def _new_dealer(self) -> zmq.Socket:
-        dealer = wire.socket_options(wire.context().socket(zmq.DEALER))
+        dealer = wire.make_socket(zmq.DEALER, server=False)
         dealer.connect(self.request_endpoint)
         return dealer
 

@@ -103,8 +103,7 @@ class ZmqSampleProducer(SampleProducer):
         old = self.sockets.pop(policy, None)
         if old is not None:
             old.close(linger=0)
-        sock = wire.context().socket(zmq.PUSH)
-        wire.socket_options(sock, hwm=self.hwm)
+        sock = wire.make_socket(zmq.PUSH, server=False, hwm=self.hwm)
         for address in addresses:
             sock.connect(address)
         self.sockets[policy] = sock
@@ -135,8 +134,7 @@ class ZmqSampleConsumer(SampleConsumer):
     """A PULL socket; every actor's PUSH for this policy is a peer."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:*", *, hwm: int = 4):
-        self.socket = wire.context().socket(zmq.PULL)
-        wire.socket_options(self.socket, hwm=hwm)
+        self.socket = wire.make_socket(zmq.PULL, server=True, hwm=hwm)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "sample consumer")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from api.config import ExperimentConfig
-from system import builders
+from system import builders, wire
 from system.actor_worker import ActorWorker
 from system.control import ControlClient
 from system.inference_stream import ZmqInferenceClient, ZmqInferenceServer
@@ -235,6 +235,7 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
         format=f"%(asctime)s {worker_id} %(levelname)s %(name)s: %(message)s",
     )
     place = Placement(**(placement or {}))
+    wire.secure_from_environment()  # cluster runs: CURVE on every socket
     ctl = ControlClient(controller, worker_id)
     worker: Worker | None = None
     try:

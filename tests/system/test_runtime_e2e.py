@@ -12,81 +12,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
+from e2e_support import ROOT, TROUPE, finish, frames, group_alive, read_json, start, wait_for
 
 pytestmark = pytest.mark.multiprocess
-
-TROUPE = [sys.executable, "-m", "distributed.cli"]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*TROUPE, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal would give it
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"troupe did not finish in {timeout}s:\n{out[-3000:]}")
-    return out
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def frames(run_dir: Path) -> int:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line).get("env_frames") or 0)
-        except json.JSONDecodeError:
-            continue
-    return 0
-
-
-def wait_for(condition, proc: subprocess.Popen, timeout: float = 120, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"troupe exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def group_alive(pgid: int) -> list[str]:
-    out = subprocess.run(["ps", "-o", "pid=,pgid=,stat=", "-e"], capture_output=True, text=True)
-    return [
-        line
-        for line in out.stdout.splitlines()
-        if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")
-    ]
-
 
 QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
 
