@@ -7,7 +7,8 @@ key, so a stranger with neither secret cannot get a single message through, and 
 
 Keys reach a worker process through the environment: ``TROUPE_CURVE_KEYS`` (the four Z85 keys
 separated by spaces: Z85 uses ``:`` itself) or ``TROUPE_CURVE_KEYS_FILE`` (a file holding that
-text: how Docker Swarm and Kubernetes secrets are mounted). Without either, sockets are plain (the local default: loopback).
+text: how Docker Swarm and Kubernetes secrets are mounted). Without either, sockets are plain
+(the local default: loopback only).
 """
 
 from __future__ import annotations
