@@ -26,6 +26,7 @@ from rich.text import Text
 
 from api.errors import UserError
 from api.registry import Spec
+from distributed import cluster_commands as cc
 from distributed import run_commands as rc
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
@@ -137,6 +138,10 @@ SUBCOMMANDS: list[Subcommand] = [
                rc.add_run_arguments, rc.run_run),
     Subcommand("eval", "greedy evaluation of a run folder or checkpoint",
                rc.add_eval_arguments, rc.run_eval),
+    Subcommand("controller", "run a cluster run's controller (the scheduler starts workers)",
+               cc.add_controller_arguments, cc.run_controller),
+    Subcommand("worker", "run one worker process (what images and schedulers start)",
+               cc.add_worker_arguments, cc.run_worker),
 ]  # fmt: skip
 
 

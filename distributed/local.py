@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 class LocalLauncher:
+    start_grace_s = 120.0
+
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
         self.processes: dict[str, BaseProcess] = {}
@@ -53,3 +55,23 @@ class LocalLauncher:
             if process.is_alive():
                 logger.warning("%s still running at shutdown; killing it", worker_id)
                 self.kill(worker_id)
+
+
+class ExternalLauncher:
+    """For schedulers that start and restart workers themselves (Docker, Swarm, Kubernetes,
+    Slurm): the controller only watches heartbeats. A worker the scheduler restarts says hello
+    again and is configured again; the controller never starts or kills anything."""
+
+    start_grace_s = 600.0
+
+    def start(self, worker_id: str, role: str, controller: str) -> None:
+        """The scheduler starts every worker; nothing to do."""
+
+    def is_alive(self, worker_id: str) -> bool:
+        return True  # only heartbeats tell, and the controller watches those
+
+    def kill(self, worker_id: str) -> None:
+        """The scheduler owns the process; a silent worker is its to restart."""
+
+    def stop_all(self, timeout_s: float) -> None:
+        """Workers exit on the controller's stop message; nothing more to do."""

@@ -41,6 +41,9 @@ RESTARTABLE = ("actor", "policy", "trainer")
 
 
 class Launcher(Protocol):
+    start_grace_s: float
+    """How long a worker may take from start to its first message (image pulls, imports)."""
+
     def start(self, worker_id: str, role: str, controller: str) -> None: ...
     def is_alive(self, worker_id: str) -> bool: ...
     def kill(self, worker_id: str) -> None: ...
@@ -108,6 +111,7 @@ class Controller:
         port = endpoint.rsplit(":", 1)[1]
         self.address = f"tcp://{advertise_host}:{port}" if advertise_host else endpoint
         self.workers = {p.worker_id: WorkerState(p) for p in plan_workers(config)}
+        self.start_grace_s = float(getattr(launcher, "start_grace_s", 120.0))
         self.endpoints: dict[str, str] = {}
         self.lookups: dict[str, list[bytes]] = {}
         self.bad_messages = BadMessages(logger, "controller")
@@ -160,7 +164,11 @@ class Controller:
         self.display.stop()
 
     def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
-        waiting = {w for w in ids if self.launcher.is_alive(w)}
+        waiting = {
+            w
+            for w in ids
+            if self.launcher.is_alive(w) and self.workers[w].state in ("alive", "configuring")
+        }
         for w in waiting:
             wire.send(self.socket, "stop", {}, envelope=[w.encode()])
         deadline = time.monotonic() + timeout_s
@@ -272,7 +280,8 @@ class Controller:
             if state.state == "stopped" or self.stop_reason:
                 continue
             dead = not self.launcher.is_alive(wid)
-            silent = now - state.last_seen > HEARTBEAT_TIMEOUT_S
+            patience = HEARTBEAT_TIMEOUT_S if state.state == "alive" else self.start_grace_s
+            silent = now - state.last_seen > patience
             if not (dead or silent or state.state == "failed"):
                 continue
             if state.plan.role not in RESTARTABLE or state.restarts >= MAX_RESTARTS:
