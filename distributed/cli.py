@@ -28,6 +28,7 @@ from api.errors import UserError
 from api.registry import Spec
 from distributed import cluster_commands as cc
 from distributed import run_commands as rc
+from distributed.images import add_image_arguments, run_image
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 
@@ -142,6 +143,8 @@ SUBCOMMANDS: list[Subcommand] = [
                cc.add_controller_arguments, cc.run_controller),
     Subcommand("worker", "run one worker process (what images and schedulers start)",
                cc.add_worker_arguments, cc.run_worker),
+    Subcommand("image", "build worker images: troupe image build|wheelhouse|push",
+               add_image_arguments, run_image),
 ]  # fmt: skip
 
 

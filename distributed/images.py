@@ -8,7 +8,8 @@ Two steps, each usable alone:
    PyPI for Linux x86_64 is the CUDA build and drags in several GB of ``nvidia-*`` wheels).
 2. :func:`build_image` copies ``docker/Dockerfile`` (or ``Dockerfile.gpu``) and the wheelhouse
    into a fresh build context and builds it through the Docker SDK with the build's network
-   switched off: only the base image comes from outside, and it is never pulled implicitly.
+   switched off: only the base image comes from outside (pulled beforehand when absent; when
+   it cannot be, the error says how to make one locally).
 
 Errors are :class:`ImageError` subclasses (user errors) whose messages say what to do next. The
 ``docker`` SDK is imported only when an image is built, so ``troupe list`` does not pay for it.
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,8 @@ from typing import TYPE_CHECKING, Any
 from api.errors import UserError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     import docker
+    from rich.console import Console
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,8 @@ def wheelhouse_problems(
     if gpu:
         problems += [
             f"{w.filename} is a CPU build of torch: a GPU image needs a CUDA build (pass "
-            "--torch-index https://download.pytorch.org/whl/cu124 and keep +cpu wheels out of pip's find-links)"
+            "--torch-index https://download.pytorch.org/whl/cu124 and keep +cpu wheels out of "
+            "pip's find-links)"
             for w in torch
             if w.local_version == "cpu"
         ]
@@ -292,13 +293,15 @@ def build_image(
     ``base_image`` None means the Dockerfile's default (``python:3.11-slim``, or the CUDA image
     for ``gpu``); it must be present or pullable, and it must have Python 3.11. The wheels come
     from ``wheelhouse`` when given (checked with :func:`wheelhouse_problems`), otherwise
-    :func:`build_wheelhouse` makes them in a temporary directory. The build runs with no network,
-    so nothing but the base image is ever fetched. ``push`` then pushes ``tag``.
+    :func:`build_wheelhouse` makes them in a temporary directory. The CPU build runs with no
+    network, so nothing but the base image is ever fetched. ``push`` then pushes ``tag``. The
+    image ``tag`` named before is removed when nothing else uses it.
     """
     dockerfile = DOCKER_DIR / ("Dockerfile.gpu" if gpu else "Dockerfile")
     client = client or connect()
     base = base_image or default_base_image(dockerfile)
     ensure_base_image(client, base)
+    previous = _image_id(client, tag)
     with tempfile.TemporaryDirectory(prefix="troupe-image-") as tmp:
         context = Path(tmp)
         shutil.copy2(dockerfile, context / dockerfile.name)
@@ -308,29 +311,59 @@ def build_image(
         else:
             _stage_wheelhouse(Path(wheelhouse), context / "wheelhouse", gpu=gpu)
         logger.info("building %s on %s from %s", tag, base, dockerfile.name)
-        image_id = _stream_build(
-            client.api.build(
-                path=str(context),
-                dockerfile=dockerfile.name,
-                buildargs={"BASE_IMAGE": base},
+        try:
+            image_id = _stream_build(
+                lambda: client.api.build(
+                    path=str(context),
+                    dockerfile=dockerfile.name,
+                    buildargs={"BASE_IMAGE": base},
+                    tag=tag,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    # The GPU base may need apt to get Python 3.11 (see Dockerfile.gpu).
+                    network_mode=None if gpu else "none",
+                    decode=True,
+                ),
                 tag=tag,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                network_mode="none",
-                decode=True,
-            ),
-            tag=tag,
-            base=base,
-        )
+                base=base,
+            )
+        finally:
+            # The build stage (a venv plus the wheels, over 1 GB) is left behind as an untagged
+            # image, also by a failed build; it is only ever reused for the very same wheels.
+            pruned = client.images.prune(filters={"dangling": True, "label": BUILD_STAGE_LABEL})
+            logger.debug("removed build stages: %s", pruned)
     logger.info("built %s (%s)", tag, image_id)
-    # The build stage (a venv plus the wheels, over 1 GB) is left behind as an untagged image;
-    # it is only ever reused for the very same wheels, so it goes.
-    pruned = client.images.prune(filters={"dangling": True, "label": BUILD_STAGE_LABEL})
-    logger.debug("removed build stages: %s", pruned)
+    if previous not in (None, image_id):
+        _remove_if_untagged(client, previous)
     if push:
         push_image(tag, client=client)
     return image_id
+
+
+def _image_id(client: docker.DockerClient, name: str) -> str | None:
+    import docker
+
+    try:
+        return client.images.get(name).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
+    """Remove the image a rebuild took the tag from, unless it has other tags or containers.
+
+    Rebuilding in CI would otherwise leave a gigabyte behind per run.
+    """
+    import docker
+
+    try:
+        if client.images.get(image_id).tags:
+            return
+        client.images.remove(image_id)
+        logger.debug("removed the image %s replaced", image_id)
+    except docker.errors.APIError as e:  # a container still uses it: keep it
+        logger.debug("kept the replaced image %s: %s", image_id, e)
 
 
 def _stage_wheelhouse(source: Path, target: Path, *, gpu: bool) -> None:
@@ -354,24 +387,31 @@ def _stage_wheelhouse(source: Path, target: Path, *, gpu: bool) -> None:
             shutil.copy2(wheel, target / wheel.name)
 
 
-def _stream_build(chunks: Iterator[dict[str, Any]], *, tag: str, base: str) -> str:
-    """Log the build's output as it comes (Dockerfile steps at info, the rest at debug)."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BUILDER_CHATTER = (" ---> ", "Removing intermediate container")
+
+
+def _stream_build(start: Callable[[], Iterator[dict[str, Any]]], *, tag: str, base: str) -> str:
+    """Start the build and log its output as it comes (steps at info, everything at debug)."""
     import docker
 
     image_id = None
     tail: deque[str] = deque(maxlen=20)
     try:
-        for chunk in chunks:
+        for chunk in start():
             if "error" in chunk:
                 raise ImageBuildError(
-                    f"building {tag} on {base} failed: {chunk['error'].strip()}\n" + "\n".join(tail)
+                    f"building {tag} on {base} failed: {chunk['error'].strip()}; the last lines "
+                    "of its log:\n" + "\n".join(tail)
                 )
-            for line in chunk.get("stream", "").splitlines():
-                if line.strip():
+            for line in _ANSI.sub("", chunk.get("stream", "")).splitlines():
+                if not line.strip():
+                    continue
+                logger.debug("%s", line)
+                if line.startswith("Step "):
+                    logger.info("%s", line if len(line) <= 100 else line[:97] + "...")
+                if not line.startswith(_BUILDER_CHATTER):
                     tail.append(line)
-                    logger.log(
-                        logging.INFO if line.startswith("Step ") else logging.DEBUG, "%s", line
-                    )
             image_id = chunk.get("aux", {}).get("ID", image_id)
     except docker.errors.DockerException as e:
         raise ImageBuildError(f"building {tag} on {base} failed: {e}") from e

@@ -1,0 +1,133 @@
+"""The worker image itself, in a real Docker engine (``-m docker``; `.ci/docker-setup` makes one).
+
+The image under test is ``$TROUPE_TEST_IMAGE`` (default ``troupe-worker:latest``). When it is
+absent it is built here on the first base image present; with neither, or with no engine, every
+test here is skipped, not failed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from api import registry
+from distributed import images
+
+pytestmark = pytest.mark.docker
+
+IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
+BASE_IMAGES = ("troupe-base:bookworm-py311", "python:3.11-slim")
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        return images.connect()
+    except images.DockerUnavailableError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def image(client):
+    import docker
+
+    try:
+        return client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pass
+    present = [b for b in BASE_IMAGES if client.images.list(name=b)]
+    if not present:
+        bases = ", ".join(BASE_IMAGES)
+        pytest.skip(f"no {IMAGE} and no base image ({bases}): run .ci/docker-setup")
+    images.build_image(present[0], IMAGE, client=client)
+    return client.images.get(IMAGE)
+
+
+def run(client, image, *command: str, entrypoint: str | None = None, user: str = "") -> str:
+    """Run a throw-away container without network; its standard output."""
+    output = client.containers.run(
+        image.id,
+        list(command),
+        entrypoint=entrypoint,
+        environment={"COLUMNS": "200"},
+        network_disabled=True,
+        remove=True,
+        user=user,
+    )
+    return output.decode()
+
+
+def test_troupe_list_sees_builtin_environments_and_experiments(client, image):
+    out = run(client, image, "list")
+    for name in ("CartPole-v1", "GridGather-v0", *(s.name for s in registry.experiments.specs())):
+        assert name in out
+
+
+def test_runs_as_an_unprivileged_user(client, image):
+    assert image.attrs["Config"]["User"] == "troupe"
+    assert run(client, image, "-u", entrypoint="id").strip() == "10001"
+
+
+def test_worker_process_module_runs(client, image):
+    out = run(client, image, "-m", "system.worker_process", "--help", entrypoint="python")
+    assert "--controller CONTROLLER" in out
+    assert "--advertise-host ADVERTISE_HOST" in out
+
+
+def test_worker_command_runs(client, image):
+    out = run(client, image, "worker", "--help")
+    assert "--controller CONTROLLER" in out
+
+
+def test_carries_no_cuda(client, image):
+    check = (
+        "import importlib.metadata as md, torch; "
+        "print(torch.version.cuda, sorted(d.metadata['Name'] for d in md.distributions() "
+        "if d.metadata['Name'].lower().startswith(('nvidia', 'triton'))))"
+    )
+    assert run(client, image, "-c", check, entrypoint="python").strip() == "None []"
+    find = (
+        "find / -xdev \\( -name 'libcudart*' -o -name 'libcublas*' -o -name 'libcudnn*' "
+        "-o -name 'libnccl*' \\) -print"
+    )
+    assert run(client, image, "-c", find, entrypoint="sh", user="root") == ""
+
+
+def test_keeps_no_wheelhouse(client, image):
+    assert run(client, image, "-c", "test -e /wheels || echo absent", entrypoint="sh") == "absent\n"
+
+
+def test_missing_base_image_says_what_to_do(client):
+    with pytest.raises(images.BaseImageMissingError) as e:
+        images.build_image("troupe-test/absent:never", "troupe-test:never", client=client)
+    message = str(e.value)
+    assert message.startswith(
+        "base image troupe-test/absent:never is not present and cannot be pulled ("
+    )
+    assert message.endswith("): make one with docker/make-base-image.sh or pass --base-image")
+
+
+def test_failed_build_says_which_step_and_leaves_no_build_stage(client, tmp_path):
+    # A base image with no shell at all: COPY works, the first RUN cannot start.
+    empty = io.BytesIO()
+    with tarfile.open(fileobj=empty, mode="w") as tar:
+        info = tarfile.TarInfo("tmp")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+    client.api.import_image_from_data(empty.getvalue(), repository="troupe-test/empty", tag="1")
+    (tmp_path / "troupe_rl-0.1.0-py3-none-any.whl").write_bytes(b"")
+    try:
+        with pytest.raises(images.ImageBuildError) as e:
+            images.build_image(
+                "troupe-test/empty:1", "troupe-test:broken", wheelhouse=tmp_path, client=client
+            )
+        assert str(e.value).startswith(
+            "building troupe-test:broken on troupe-test/empty:1 failed: "
+        )
+        assert "Step 6/16 : RUN ${PYTHON} -m venv /opt/venv" in str(e.value)
+        assert client.images.list(filters={"label": images.BUILD_STAGE_LABEL}) == []
+    finally:
+        client.images.remove("troupe-test/empty:1", force=True)
