@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from api import registry
 from api.environment import Environment, StepResult
@@ -76,7 +77,7 @@ class GymnasiumEnvironment(Environment):
                 f"{self.gym_id}: step() called but no episode is running (it ended, or reset() "
                 "was never called); call reset() to start a new episode"
             )
-        obs, reward, terminated, truncated, info = self._env.step(actions[0])
+        obs, reward, terminated, truncated, info = self._env.step(self._fit(actions[0]))
         self._episode_over = bool(terminated or truncated)
         return [
             StepResult(
@@ -87,6 +88,14 @@ class GymnasiumEnvironment(Environment):
                 info=dict(info),
             )
         ]
+
+    def _fit(self, action: Any) -> Any:
+        """Clip continuous actions into the box: Gaussian policies sample past the bounds (and
+        train on the unclipped sample), and not every environment clips for itself."""
+        space = self._env.action_space
+        if isinstance(space, gym.spaces.Box):
+            return np.clip(np.asarray(action, dtype=space.dtype), space.low, space.high)
+        return action
 
     def render(self) -> Any:
         """A frame when the env was made with ``render_mode="rgb_array"``, otherwise None."""

@@ -1,0 +1,1 @@
+"""Actor-critic policies (separate or shared backbone, optional GRU memory)."""

@@ -1,0 +1,301 @@
+"""``ActorCriticPolicy`` (registered as ``actor-critic``): PPO's default policy.
+
+The network is built from the agent's gymnasium spaces, which the runtime passes as
+``observation_space`` and ``action_space``:
+
+* observations go through :class:`~algorithm.modules.encoders.ObservationEncoder` (MLP for
+  vectors, a small CNN for uint8 images, per-key features for Dict spaces);
+* ``shared_backbone=False`` (default): the actor and the critic each have their own encoder (and
+  GRU): no parameter is shared. ``True``: one backbone feeds a policy head and a value head;
+* ``rnn_hidden > 0`` adds a GRU after the encoder; the policy state is
+  ``PolicyState(hx=[B, n * rnn_layers, rnn_hidden])`` where ``n`` is 2 for separate backbones
+  (the actor's layers first, then the critic's) and 1 for a shared one;
+* the action distribution follows the action space: ``Discrete`` -> Categorical, actions int64
+  ``[B]``; ``MultiDiscrete`` -> independent Categoricals, int64 ``[B, k]``; ``Box`` -> diagonal
+  Gaussian with a state-independent log-std, float32 ``[B, *shape]``, the raw sample *unclipped*
+  (the environment adapter clips to bounds). ``policy_output.log_prob`` is the joint log-prob,
+  ``[B, 1]``.
+* a Dict observation with an ``action_mask`` key (True or 1 = legal, laid end to end for
+  MultiDiscrete) restricts the Categorical(s): an illegal action is never chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from algorithm.modules.distributions import (
+    ActionDistribution,
+    Categorical,
+    DiagGaussian,
+    MultiDiscrete,
+)
+from algorithm.modules.encoders import ACTION_MASK_KEY, ObservationEncoder
+from algorithm.modules.init import orthogonal_init
+from algorithm.policy import SingleModelPytorchPolicy
+from algorithm.ppo.trainer import PPOAnalyzedResult
+from api.namedarray import NamedArray, namedarray
+from api.policy import RolloutRequest, RolloutResult, SampleBatch
+
+
+@namedarray
+class ActorCriticOutput:
+    """What PPO keeps from rollout: ``[B, 1]`` each."""
+
+    log_prob: np.ndarray
+    value: np.ndarray
+
+
+@namedarray
+class PolicyState:
+    """A recurrent actor-critic's memory: GRU hidden states ``[B, layers, hidden]``."""
+
+    hx: np.ndarray
+
+
+class _Body(nn.Module):
+    """Encoder, then an optional GRU: observations ``[T, B, ...]`` to features ``[T, B, F]``."""
+
+    def __init__(self, space, hidden_sizes, activation, rnn_hidden, rnn_layers):
+        super().__init__()
+        self.encoder = ObservationEncoder(space, hidden_sizes, activation)
+        self.out_features = self.encoder.out_features
+        self.rnn = None
+        if rnn_hidden > 0:
+            self.rnn = orthogonal_init(
+                nn.GRU(self.out_features, rnn_hidden, num_layers=rnn_layers), gain=1.0
+            )
+            self.out_features = rnn_hidden
+
+    def forward(self, obs, hx, on_reset):
+        x = self.encoder(obs)
+        if self.rnn is None:
+            return x, None
+        # hx: [layers, B, H]; on_reset: [T, B, 1] -> zero memory before the step that starts.
+        keep = (~on_reset.bool()).float()
+        if not bool(on_reset[1:].any()):
+            out, hx = self.rnn(x, hx * keep[0][None])
+            return out, hx
+        outs = []
+        for t in range(x.shape[0]):
+            out, hx = self.rnn(x[t : t + 1], hx * keep[t][None])
+            outs.append(out)
+        return torch.cat(outs), hx
+
+
+class ActorCriticNet(nn.Module):
+    """``forward(obs [T,B,...], hx [B, n*layers, H] | None, on_reset [T,B,1])`` ->
+    ``(distribution parameters [T,B,P], value [T,B,1], hx after)``."""
+
+    def __init__(
+        self,
+        observation_space,
+        action_space,
+        hidden_sizes,
+        shared_backbone,
+        rnn_hidden,
+        rnn_layers,
+        activation,
+    ):
+        super().__init__()
+        self.rnn_layers = rnn_layers
+        self.actor_body = _Body(observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers)
+        self.critic_body = None
+        if not shared_backbone:
+            self.critic_body = _Body(
+                observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers
+            )
+        width = self.actor_body.out_features
+        self.policy_head = orthogonal_init(nn.Linear(width, _param_count(action_space)), 0.01)
+        self.value_head = orthogonal_init(nn.Linear(width, 1), 1.0)
+        self.log_std = None
+        if isinstance(action_space, gym.spaces.Box):
+            self.log_std = nn.Parameter(torch.zeros(int(np.prod(action_space.shape))))
+
+    def forward(self, obs, hx, on_reset):
+        actor_hx = critic_hx = None
+        if hx is not None:
+            hx = hx.transpose(0, 1).contiguous()  # [n*layers, B, H]
+            actor_hx, critic_hx = hx[: self.rnn_layers], hx[self.rnn_layers :]
+        features, actor_hx = self.actor_body(obs, actor_hx, on_reset)
+        if self.critic_body is None:
+            value_features, new_hx = features, actor_hx
+        else:
+            value_features, critic_hx = self.critic_body(obs, critic_hx, on_reset)
+            new_hx = None if actor_hx is None else torch.cat([actor_hx, critic_hx])
+        new_hx = None if new_hx is None else new_hx.transpose(0, 1)
+        return self.policy_head(features), self.value_head(value_features), new_hx
+
+
+def _param_count(space: gym.Space) -> int:
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(np.sum(space.nvec))
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape))
+    raise TypeError(
+        f"actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {space}"
+    )
+
+
+class ActorCriticPolicy(SingleModelPytorchPolicy):
+    """Actor-critic policy for PPO; see the module docstring for the architecture.
+
+    Args:
+        observation_space: the agent's observation space (filled in by the runtime).
+        action_space: the agent's action space (filled in by the runtime).
+        hidden_sizes: widths of the encoder MLP.
+        shared_backbone: one backbone for actor and critic (True) or two separate ones.
+        rnn_hidden: GRU width after the encoder; 0 for a feed-forward policy.
+        rnn_layers: GRU layers.
+        activation: ``tanh``, ``relu``, ``elu`` or ``gelu``.
+        device: ``cpu`` or ``cuda`` (falls back to the CPU when no GPU is available).
+        seed: seeds parameter initialisation and action sampling (None: torch's global RNG).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int] = (64, 64),
+        shared_backbone: bool = False,
+        rnn_hidden: int = 0,
+        rnn_layers: int = 1,
+        activation: str = "tanh",
+        device: str = "cpu",
+        seed: int | None = None,
+    ):
+        self.observation_space, self.action_space = observation_space, action_space
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            net = ActorCriticNet(
+                observation_space,
+                action_space,
+                tuple(hidden_sizes),
+                shared_backbone,
+                rnn_hidden,
+                rnn_layers,
+                activation,
+            )
+        super().__init__(net, device=device)
+        self._generator = None
+        if seed is not None:
+            self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._state_shape = None
+        if rnn_hidden > 0:
+            self._state_shape = ((1 if shared_backbone else 2) * rnn_layers, rnn_hidden)
+
+    @property
+    def default_policy_state(self) -> PolicyState | None:
+        if self._state_shape is None:
+            return None
+        return PolicyState(hx=np.zeros((1, *self._state_shape), dtype=np.float32))
+
+    # ----------------------------------------------------------------- acting
+    def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
+        obs = self.to_tensor(request.obs)
+        batch = len(request.obs)
+        with torch.no_grad():
+            params, value, hx = self.module(
+                _add_time(obs),
+                self._initial_hx(request.policy_state, batch),
+                self._flags(request.on_reset, batch)[None],
+            )
+            dist = self._distribution(params[0], _mask_of(obs))
+            action = dist.sample(self._generator)
+            greedy = self._flags(request.is_evaluation, batch)
+            if bool(greedy.any()):
+                mode = dist.mode()
+                action = torch.where(greedy.reshape(-1, *[1] * (action.dim() - 1)), mode, action)
+            output = ActorCriticOutput(log_prob=dist.log_prob(action), value=value[0])
+        return RolloutResult(
+            action=self._env_action(action),
+            policy_state=None if hx is None else PolicyState(hx=self.to_numpy(hx)),
+            policy_output=self.to_numpy(output),
+            client_id=request.client_id,
+            request_id=request.request_id,
+        )
+
+    # ----------------------------------------------------------------- training
+    def analyze(self, sample: SampleBatch, target: str = "ppo", **kwargs: Any) -> PPOAnalyzedResult:
+        if target != "ppo":
+            raise ValueError(f"ActorCriticPolicy analyzes for target 'ppo' only, got '{target}'")
+        obs = self.to_tensor(sample.obs)
+        steps, batch = sample.reward.shape[:2]
+        hx = None
+        if self._state_shape is not None:
+            hx = self.to_tensor(sample.policy_state.hx)[0].float()
+        on_reset = self._flags(sample.on_reset, (steps, batch))
+        params, value, _ = self.net(obs, hx, on_reset.reshape(steps, batch, 1))
+        mask = _mask_of(obs)
+        dist = self._distribution(
+            params.flatten(0, 1), None if mask is None else mask.flatten(0, 1)
+        )
+        action = self.to_tensor(sample.action).flatten(0, 1)
+        if not isinstance(self.action_space, gym.spaces.Box):
+            action = action - torch.as_tensor(_action_start(self.action_space), device=self.device)
+        policy_output = self.to_tensor(sample.policy_output)
+        return PPOAnalyzedResult(
+            new_log_prob=dist.log_prob(action).reshape(steps, batch, 1),
+            old_log_prob=policy_output.log_prob.float().reshape(steps, batch, 1),
+            entropy=dist.entropy().reshape(steps, batch, 1),
+            value=value,
+            old_value=policy_output.value.float().reshape(steps, batch, 1),
+        )
+
+    # ----------------------------------------------------------------- helpers
+    def _distribution(self, params: torch.Tensor, mask: torch.Tensor | None) -> ActionDistribution:
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return Categorical(params, mask)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return MultiDiscrete(params, [int(n) for n in space.nvec.reshape(-1)], mask)
+        return DiagGaussian(params, self.module.log_std)
+
+    def _env_action(self, action: torch.Tensor) -> np.ndarray:
+        space = self.action_space
+        if isinstance(space, gym.spaces.Box):
+            return self.to_numpy(action).astype(np.float32).reshape(-1, *space.shape)
+        return self.to_numpy(action).astype(np.int64) + _action_start(space)
+
+    def _initial_hx(self, state: NamedArray | None, batch: int) -> torch.Tensor | None:
+        if self._state_shape is None:
+            return None
+        if state is None:
+            return torch.zeros(batch, *self._state_shape, device=self.device)
+        return self.to_tensor(state.hx).float()
+
+    def _flags(self, flags: Any, lead: int | tuple[int, ...]) -> torch.Tensor:
+        """Bool flags ``[*lead, 1]`` as a tensor; all False when absent."""
+        if flags is None:
+            lead = (lead,) if isinstance(lead, int) else lead
+            return torch.zeros(*lead, 1, dtype=torch.bool, device=self.device)
+        return self.to_tensor(flags).bool()
+
+
+def _action_start(space: gym.Space) -> np.ndarray | int:
+    """The smallest action of a (Multi)Discrete space: distributions count from 0."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.start)
+    return np.asarray(space.start, dtype=np.int64).reshape(-1)
+
+
+def _add_time(obs: Any) -> Any:
+    if isinstance(obs, NamedArray):
+        return obs.apply(lambda x: x.unsqueeze(0))
+    return obs.unsqueeze(0)
+
+
+def _mask_of(obs: Any) -> torch.Tensor | None:
+    if isinstance(obs, NamedArray) and ACTION_MASK_KEY in obs:
+        return obs[ACTION_MASK_KEY].bool()
+    if isinstance(obs, dict) and ACTION_MASK_KEY in obs:
+        return obs[ACTION_MASK_KEY].bool()
+    return None

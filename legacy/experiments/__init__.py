@@ -1,0 +1,1 @@
+"""Registered example experiments (see ``examples``)."""
