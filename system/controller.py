@@ -181,7 +181,7 @@ class Controller:
             self.launcher.kill(w)
 
     def _finish(self) -> dict[str, Any]:
-        self._report()
+        self._report(show=False)  # the last counts, for metrics.jsonl; the display has closed
         self.metrics.close()
         wall = time.monotonic() - self.started
         target = self.config.stop.eval_return
@@ -333,7 +333,7 @@ class Controller:
             return None
         return float(np.mean(self.eval_returns))
 
-    def _report(self) -> None:
+    def _report(self, show: bool = True) -> None:
         elapsed = time.monotonic() - self.started
         record: dict[str, Any] = {
             "wall_s": elapsed,
@@ -349,7 +349,8 @@ class Controller:
             for k, v in stats.items():
                 record[f"trainer/{name}/{k}"] = v
         self.metrics.write(record)
-        self.display.update(self._snapshot(elapsed, record))
+        if show:
+            self.display.update(self._snapshot(elapsed, record))
         self._write_workers()
 
     def _write_workers(self) -> None:
