@@ -65,6 +65,7 @@ class WorkerState:
     state: str = "starting"
     restarts: int = 0
     pid: int | None = None
+    peak_rss_mb: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -327,6 +328,7 @@ class Controller:
             if numeric:
                 self.trainer_stats.setdefault(state.plan.args["policy"], {}).update(numeric)
         state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+        state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
 
     def _eval_mean(self) -> float | None:
         if len(self.eval_returns) < self.config.evaluation.episodes:
@@ -356,7 +358,13 @@ class Controller:
     def _write_workers(self) -> None:
         """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
         table = {
-            wid: {"role": s.plan.role, "pid": s.pid, "state": s.state, "restarts": s.restarts}
+            wid: {
+                "role": s.plan.role,
+                "pid": s.pid,
+                "state": s.state,
+                "restarts": s.restarts,
+                "peak_rss_mb": round(s.peak_rss_mb, 1),
+            }
             for wid, s in self.workers.items()
         }
         _write_json(self.run_dir / "workers.json", table)

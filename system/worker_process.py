@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -265,7 +266,7 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
         if now < next_beat:
             continue
         next_beat = now + HEARTBEAT_S
-        ctl.send("heartbeat", {"stats": worker.collect_stats()})
+        ctl.send("heartbeat", {"stats": _with_memory(worker.collect_stats())})
         if watchdog is not None:
             watchdog()
         if ctl.stop_requested():
@@ -276,6 +277,12 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
         if os.getppid() != parent:
             logger.error("controller process is gone; %s exits", ctl.worker_id)
             return EXIT_ORPHANED
+
+
+def _with_memory(stats: dict[str, Any]) -> dict[str, Any]:
+    """Add this process's peak resident memory (MiB), for the run's per-role memory figures."""
+    stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return stats
 
 
 def _close(worker: Worker) -> None:
