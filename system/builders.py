@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
-import torch
 
 from api import environment as env_api
 from api import policy as policy_api
@@ -60,6 +59,8 @@ def probe_spaces(config: ExperimentConfig) -> AgentSpaces:
 
 def make_policy(config: ExperimentConfig, name: str, spaces: AgentSpaces, seed: int) -> Policy:
     """Build policy ``name`` for the spaces of the first agent it controls."""
+    import torch  # not at module level: actor processes never need it
+
     agent = next(a for a in range(spaces.agent_count) if config.policy_of_agent(a) == name)
     torch.manual_seed(seed)
     comp = config.policies[name].policy

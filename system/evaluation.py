@@ -17,7 +17,7 @@ import numpy as np
 
 from api.config import ExperimentConfig
 from api.errors import UserError
-from system.parameter_store import LATEST, ParameterStore
+from system.parameter_store import CHECKPOINT_SUFFIX, LATEST, ParameterStore
 
 
 @dataclass
@@ -39,14 +39,14 @@ def locate(target: str | Path) -> tuple[Path, int | str]:
     path = Path(target)
     if path.is_dir():
         return path, LATEST
-    if path.is_file() and path.suffix == ".pt" and path.stem.startswith("v"):
+    if path.is_file() and path.suffix == CHECKPOINT_SUFFIX and path.stem.startswith("v"):
         try:
             return path.parents[2], int(path.stem[1:])
         except (ValueError, IndexError) as e:
             raise UserError(f"{path} is not a checkpoint written by a Troupe run") from e
     raise UserError(
         f"{path} is neither a run folder nor a checkpoint file (runs/<name>/checkpoints/<policy>/"
-        "vNNNNNNNN.pt)"
+        f"vNNNNNNNN{CHECKPOINT_SUFFIX})"
     )
 
 
@@ -57,7 +57,8 @@ def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
     config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
     store = ParameterStore(run_dir)
     if not store.load_from_disk():
-        raise UserError(f"{run_dir} holds no checkpoint yet (checkpoints/<policy>/v*.pt)")
+        where = f"checkpoints/<policy>/v*{CHECKPOINT_SUFFIX}"
+        raise UserError(f"{run_dir} holds no checkpoint yet ({where})")
     return config, store
 
 

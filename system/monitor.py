@@ -47,11 +47,38 @@ Record = dict[str, float | int | str | None]
 _perf_counter = time.perf_counter
 
 
+class _ScalarEvents:
+    """TensorBoard scalars through tensorboard's own event-file writer.
+
+    Not torch's SummaryWriter: importing torch costs the controller seconds of CPU while the
+    workers it just started need that CPU to boot.
+    """
+
+    def __init__(self, run_dir: Path):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._writer = EventFileWriter(str(run_dir), flush_secs=_TB_FLUSH_SECS)
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
+        self._writer.add_event(
+            self._event(wall_time=time.time(), step=global_step, summary=summary)
+        )
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 def _open_summary_writer(run_dir: Path) -> Any | None:
-    """A TensorBoard SummaryWriter on `run_dir`, or None (warned once per process) without it."""
+    """A TensorBoard scalar writer on `run_dir`, or None (warned once per process) without it."""
     global _tb_unavailable_warned
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        return _ScalarEvents(run_dir)
     except ImportError as e:
         if not _tb_unavailable_warned:
             _tb_unavailable_warned = True
@@ -62,7 +89,6 @@ def _open_summary_writer(run_dir: Path) -> Any | None:
                 METRICS_FILE,
             )
         return None
-    return SummaryWriter(log_dir=str(run_dir), flush_secs=_TB_FLUSH_SECS)
 
 
 def _ends_without_newline(path: Path) -> bool:

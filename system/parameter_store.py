@@ -5,12 +5,13 @@ numpy arrays, scalars or torch tensors, stored as given), the tags ``latest`` (a
 explicit ones such as ``eval``, the newest ``keep`` versions in memory (tagged versions are kept
 too), and, when a publish asks for it, a checkpoint file on disk so a run can resume::
 
-    root_dir/checkpoints/<policy>/v00000042.pt
+    root_dir/checkpoints/<policy>/v00000042.ckpt
     root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
 
 Files are written atomically (temporary file, fsync, ``os.replace``) so a crash never leaves a
-half-written checkpoint under a real name. Loading uses ``torch.load(weights_only=True)`` with
-only numpy's array and scalar constructors allowed, so a checkpoint file cannot run code.
+half-written checkpoint under a real name. A checkpoint file holds the wire codec's frames (a
+msgpack header and raw arrays), so reading one never runs code and needs no torch: the
+parameter service starts and saves without importing it.
 """
 
 from __future__ import annotations
@@ -19,20 +20,20 @@ import json
 import logging
 import os
 import re
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from api.errors import OperationalError, UserError
+from api.errors import OperationalError, UserError, WireError
+from system import wire
 
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
 _POLICY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
-_CHECKPOINT_RE = re.compile(r"v(\d{8,})\.pt")
+_CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
 
 
 class VersionError(OperationalError):
@@ -219,14 +220,12 @@ class ParameterStore:
         return self.root_dir / "checkpoints" / policy
 
     def checkpoint_path(self, policy: str, version: int) -> Path:
-        return self._folder(policy) / f"v{version:08d}.pt"
+        return self._folder(policy) / f"v{version:08d}{CHECKPOINT_SUFFIX}"
 
     def _save(self, policy: str, version: int, params: Any) -> None:
-        import torch
-
         record = {"policy": policy, "version": version, "params": params}
         path = self.checkpoint_path(policy, version)
-        _write_atomically(path, lambda f: torch.save(record, f))
+        _write_atomically(path, lambda f: write_checkpoint(f, record))
 
     def _load(self, policy: str, version: int) -> Any:
         path = self.checkpoint_path(policy, version)
@@ -335,23 +334,36 @@ def _write_atomically(path: Path, write) -> None:
             tmp.unlink()
 
 
-def _numpy_safe_globals() -> list[Any]:
-    """What torch's weights-only unpickler must allow to rebuild numpy arrays and scalars."""
-    core = getattr(np, "_core", None) or np.core
-    allowed: list[Any] = [core.multiarray._reconstruct, core.multiarray.scalar]
-    allowed += [np.ndarray, np.dtype]
-    allowed += [
-        getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType") and n != "ObjectDType"
-    ]
-    return allowed
+CHECKPOINT_SUFFIX = ".ckpt"
+_MAGIC = b"TROUPECK"
+
+
+def write_checkpoint(f, record: dict[str, Any]) -> None:
+    """The wire codec's frames, length-prefixed: no pickle, and no torch needed to read it."""
+    frames = wire.encode("checkpoint", record)
+    f.write(_MAGIC + struct.pack("<I", len(frames)))
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        f.write(struct.pack("<Q", view.nbytes))
+        f.write(view)
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by the store without letting the file run code."""
-    import torch
-
-    with torch.serialization.safe_globals(_numpy_safe_globals()):
-        record = torch.load(path, map_location="cpu", weights_only=True)
+    """Read a checkpoint written by the store; a damaged or foreign file raises ValueError."""
+    data = memoryview(Path(path).read_bytes())
+    if bytes(data[:8]) != _MAGIC:
+        raise ValueError(f"{path} is not a Troupe checkpoint (bad magic)")
+    (count,), offset, frames = struct.unpack_from("<I", data, 8), 12, []
+    for _ in range(count):
+        if offset + 8 > len(data):
+            raise ValueError(f"{path} is truncated")
+        (size,) = struct.unpack_from("<Q", data, offset)
+        frames.append(data[offset + 8 : offset + 8 + size])
+        offset += 8 + size
+    try:
+        record = wire.decode(frames, copy=True).body
+    except WireError as e:
+        raise ValueError(f"{path} is damaged: {e}") from e
     if not isinstance(record, dict) or "params" not in record:
         raise ValueError(f"{path} is not a parameter-store checkpoint")
     return record

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from api.config import ExperimentConfig
 from system import builders, wire
 from system.actor_worker import ActorWorker
@@ -30,7 +28,6 @@ from system.parameter_service import ParameterClient, ParameterServer
 from system.parameter_store import ParameterStore
 from system.policy_worker import PolicyWorker
 from system.sample_stream import ZmqSampleConsumer, ZmqSampleProducer
-from system.trainer_worker import TrainerWorker
 from system.worker_base import Worker
 
 logger = logging.getLogger(__name__)
@@ -87,6 +84,10 @@ def _build_parameter_service(ctl: ControlClient, cfg: ExperimentConfig, conf: di
 
 
 def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
+    import torch  # only trainers and policy workers pay for importing torch
+
+    from system.trainer_worker import TrainerWorker
+
     name, index = conf["args"]["policy"], conf["args"]["index"]
     torch.set_num_threads(max(1, int(conf["args"].get("threads", 1))))
     spaces = builders.probe_spaces(cfg)
@@ -122,6 +123,8 @@ def _latest(params: ParameterClient, name: str):
 
 
 def _build_policy_worker(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
+    import torch
+
     name, index = conf["args"]["policy"], conf["args"]["index"]
     torch.set_num_threads(1)
     spaces = builders.probe_spaces(cfg)

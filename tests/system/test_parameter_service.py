@@ -25,6 +25,7 @@ from system.parameter_store import (
     ParameterStore,
     PolicyNameError,
     VersionError,
+    load_checkpoint_file,
 )
 
 TIMEOUT_S = 5.0
@@ -120,7 +121,8 @@ def test_store_persists_atomically_and_restores(tmp_path):
     store.tag("p", 1, "eval")
     store.publish("q", 10, params(10), persist=True)
     folder = tmp_path / "checkpoints" / "p"
-    assert sorted(f.name for f in folder.iterdir()) == ["tags.json", "v00000001.pt", "v00000003.pt"]
+    names = sorted(f.name for f in folder.iterdir())
+    assert names == ["tags.json", "v00000001.ckpt", "v00000003.ckpt"]
 
     restored = ParameterStore.restore(tmp_path)
     assert restored.policies() == ["p", "q"]
@@ -131,7 +133,8 @@ def test_store_persists_atomically_and_restores(tmp_path):
     version, old = restored.get("p", "eval")
     assert version == 1
     assert_params(old, params(1))
-    assert torch.equal(old["mixed"]["w"], mixed["w"])
+    # on disk as on the wire: tensors come back as numpy arrays (no torch needed to read them)
+    np.testing.assert_array_equal(old["mixed"]["w"], mixed["w"].numpy())
     assert old["mixed"]["n"] == np.int32(4) and type(old["mixed"]["n"]) is np.int32
     np.testing.assert_array_equal(old["mixed"]["a"], mixed["a"])
     with pytest.raises(ParameterNotFoundError, match="policy 'p' has no version 2"):
@@ -144,8 +147,8 @@ def test_store_persists_atomically_and_restores(tmp_path):
 def test_restore_skips_an_unreadable_newest_checkpoint(tmp_path, caplog):
     store = ParameterStore(tmp_path)
     store.publish("p", 1, params(1), persist=True)
-    (tmp_path / "checkpoints" / "p" / "v00000002.pt").write_bytes(b"not a checkpoint")
-    (tmp_path / "checkpoints" / "p" / ".v00000003.pt.tmp-1-1").write_bytes(b"half written")
+    (tmp_path / "checkpoints" / "p" / "v00000002.ckpt").write_bytes(b"not a checkpoint")
+    (tmp_path / "checkpoints" / "p" / ".v00000003.ckpt.tmp-1-1").write_bytes(b"half written")
     with caplog.at_level(logging.WARNING):
         restored = ParameterStore.restore(tmp_path)
     assert restored.latest_version("p") == 1
@@ -159,8 +162,18 @@ def test_restored_checkpoints_cannot_run_code(tmp_path):
 
     folder = tmp_path / "checkpoints" / "p"
     folder.mkdir(parents=True)
-    torch.save({"policy": "p", "version": 1, "params": Trap()}, folder / "v00000001.pt")
+    # a pickle (what torch.save writes) under a checkpoint's name is refused, never unpickled
+    torch.save({"policy": "p", "version": 1, "params": Trap()}, folder / "v00000001.ckpt")
     assert ParameterStore.restore(tmp_path).latest_version("p") is None
+
+
+def test_a_truncated_checkpoint_is_refused_with_its_name(tmp_path):
+    store = ParameterStore(tmp_path)
+    store.publish("p", 1, params(1), persist=True)
+    path = store.checkpoint_path("p", 1)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"v00000001\.ckpt"):
+        load_checkpoint_file(path)
 
 
 def test_store_wait_newer_wakes_on_publish():

@@ -46,7 +46,7 @@ def test_run_writes_a_complete_run_folder_and_eval_reads_it(tmp_path):
     assert summary["env_frames"] >= 6000
     for key in ("solved", "wall_s", "fps", "best_eval_return"):
         assert key in summary
-    assert list((run_dir / "checkpoints" / "default").glob("v*.pt"))
+    assert list((run_dir / "checkpoints" / "default").glob("v*.ckpt"))
     workers = read_json(run_dir / "workers.json")
     roles = sorted(w["role"] for w in workers.values())
     assert roles == ["actor", "actor", "actor", "parameter_service", "policy", "trainer"]
@@ -107,7 +107,7 @@ def test_ctrl_c_stops_every_process_and_resume_continues(tmp_path):
     assert group_alive(proc.pid) == [], "processes outlived Ctrl+C"
     summary = read_json(run_dir / "summary.json")
     assert summary["stop_reason"] == "interrupted", out
-    checkpoints = sorted((run_dir / "checkpoints" / "default").glob("v*.pt"))
+    checkpoints = sorted((run_dir / "checkpoints" / "default").glob("v*.ckpt"))
     stopped_at = int(checkpoints[-1].stem[1:])
     assert stopped_at == summary["policy_versions"]["default"]
 
