@@ -174,7 +174,8 @@ def test_tensorboard_false_writes_no_event_file(tmp_path: Path) -> None:
 def test_missing_tensorboard_warns_once_and_keeps_jsonl(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)  # ImportError
+    # importing the event writer raises ImportError
+    monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
     monkeypatch.setattr(monitor, "_tb_unavailable_warned", False)
     with caplog.at_level(logging.WARNING, logger="system.monitor"):
         for name in ("a", "b"):
