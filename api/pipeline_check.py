@@ -137,10 +137,10 @@ def _config(
 
 def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str, Any]:
     """Fill the trainer's first batch, then check its shapes and what analyze returns."""
-    while len(worker.buffer) < worker.batch_segments:
+    while worker.pending_segments < worker.batch_segments:
         for other in [*run.actors, *run.policy_workers]:
             other.poll()
-        worker.buffer.extend(worker.samples.poll(0, worker.batch_segments - len(worker.buffer)))
+        worker.gather(timeout_ms=0)
         run._collect()
         if run.progress.env_frames > max_env_frames:
             raise PipelineCheckError(
@@ -149,7 +149,7 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
             )
     from system.trajectory import batch_segments
 
-    batch = batch_segments(worker.buffer[: worker.batch_segments])
+    batch = batch_segments(worker.buffer)[:, : worker.batch_segments]
     _check_batch_shapes(batch, run.config.actors.segment_length + 1, worker.batch_segments)
     _check_analyze(worker.trainer, batch, name)
     return batch.shape

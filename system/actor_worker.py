@@ -2,7 +2,8 @@
 
 The environments are split into groups. While one group waits for its actions, the worker steps
 another, so the CPU is not idle during inference round trips (Sample Factory's double buffering).
-Each agent of each environment is a *slot* with its own memory (policy state) and trajectory.
+Each agent of each environment is a *slot*; the slots of one policy in one group form a *lane*
+(:mod:`system.lanes`), whose requests, memories and segments are handled as one batch.
 
 Per agent, every observation goes to the policy, even a final one (done or truncated): its value
 is what bootstraps a truncated episode exactly. Then the environment is reset instead of stepped.
@@ -22,11 +23,10 @@ import numpy as np
 
 from api.environment import Environment, StepResult
 from api.errors import PipelineCheckError, UserError
-from api.namedarray import NamedArray, stack
-from api.policy import RolloutRequest, RolloutResult
 from system.inference_stream import InferenceClient, InferenceReply
+from system.lanes import Lane, Slot
 from system.sample_stream import SampleProducer
-from system.trajectory import AgentTrajectory, make_step
+from system.trajectory import SegmentBuffer
 from system.worker_base import Worker
 
 logger = logging.getLogger(__name__)
@@ -37,29 +37,14 @@ class EnvironmentFailure(UserError):
 
 
 @dataclass
-class Slot:
-    """One agent of one environment."""
-
-    env: int
-    agent: int
-    policy: str
-    trajectory: AgentTrajectory
-    state: NamedArray | None = None
-    """Memory after the last answered observation (None until the first answer)."""
-    result: StepResult | None = None
-    """The latest result, waiting for an action (None: the agent does not act now)."""
-    on_reset: bool = True
-    episode_return: float = 0.0
-
-
-@dataclass
 class Group:
-    """Environments stepped together; one request per policy per step."""
+    """Environments stepped together; one request per policy (lane) per step."""
 
     envs: list[int]
+    lanes: dict[str, Lane] = field(default_factory=dict)
     seq: int = 0
     posted_at: float = 0.0
-    waiting: dict[str, list[Slot]] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)
     replies: dict[str, InferenceReply] = field(default_factory=dict)
 
 
@@ -91,19 +76,30 @@ class ActorWorker(Worker):
         self.env_factory = env_factory
         self.seed = seed
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
-        self.slots: list[list[Slot]] = []
-        for e, env in enumerate(self.envs):
-            self.slots.append(
-                [
-                    Slot(e, a, agent_policies(a), AgentTrajectory(segment_length))
-                    for a in range(env.agent_count)
-                ]
-            )
+        self.slots = [
+            [Slot(e, a, agent_policies(a)) for a in range(env.agent_count)]
+            for e, env in enumerate(self.envs)
+        ]
         n_groups = max(1, min(groups, n_envs))
-        self.groups = [Group(list(range(g, n_envs, n_groups))) for g in range(n_groups)]
+        record = samples is not None and not is_evaluation
+        self.groups = [
+            self._group(list(range(g, n_envs, n_groups)), segment_length, record)
+            for g in range(n_groups)
+        ]
         self.env_frames = 0
         self.episodes: list[dict[str, float]] = []
         self._started = False
+
+    def _group(self, envs: list[int], segment_length: int, record: bool) -> Group:
+        group = Group(envs)
+        for e in envs:
+            for slot in self.slots[e]:
+                if slot.policy not in group.lanes:
+                    group.lanes[slot.policy] = Lane(slot.policy, [], None, self.is_evaluation)
+                group.lanes[slot.policy].slots.append(slot)
+        for lane in group.lanes.values():
+            lane.buffer = SegmentBuffer(len(lane.slots), segment_length) if record else None
+        return group
 
     # ----------------------------------------------------------------- the loop
     def poll(self) -> int:
@@ -133,22 +129,23 @@ class ActorWorker(Worker):
     def _request(self, g: int) -> None:
         group = self.groups[g]
         group.seq += 1
-        group.waiting, group.replies = {}, {}
-        by_policy: dict[str, list[Slot]] = {}
-        for e in group.envs:
-            for slot in self.slots[e]:
-                if slot.result is not None:
-                    by_policy.setdefault(slot.policy, []).append(slot)
-        for policy, slots in by_policy.items():
-            group.waiting[policy] = slots
-        self._post(g, list(by_policy))
+        group.replies = {}
+        group.waiting = set()
+        for policy, lane in group.lanes.items():
+            if lane.build_request(group.seq) is not None:
+                group.waiting.add(policy)
+        if not group.waiting:
+            raise EnvironmentFailure(
+                f"no agent of environments {group.envs} acts: every result is None; an "
+                "environment must give at least one agent a result on every step"
+            )
+        self._post(g, group.waiting)
 
-    def _post(self, g: int, policies: list[str]) -> None:
+    def _post(self, g: int, policies) -> None:
         group = self.groups[g]
         group.posted_at = time.monotonic()
         for policy in policies:
-            request = self._build_request(group.waiting[policy], group.seq)
-            self.inference.post(policy, g, group.seq, request)
+            self.inference.post(policy, g, group.seq, group.lanes[policy].request)
 
     def stalled_policies(self, timeout_s: float) -> set[str]:
         """Policies that have not answered a request for ``timeout_s`` (their worker may be
@@ -170,56 +167,25 @@ class ActorWorker(Worker):
             if missing:
                 self._post(g, missing)
 
-    def _build_request(self, slots: list[Slot], seq: int) -> RolloutRequest:
-        n = len(slots)
-        return RolloutRequest(
-            obs=_stack_obs([s.result.obs for s in slots]),
-            policy_state=_stack_states(slots),
-            is_evaluation=np.full((n, 1), self.is_evaluation, dtype=np.bool_),
-            on_reset=np.array([[s.on_reset] for s in slots], dtype=np.bool_),
-            client_id=np.array([[s.env * 1000 + s.agent] for s in slots], dtype=np.int64),
-            request_id=np.full((n, 1), seq, dtype=np.int64),
-        )
-
     def _advance(self, g: int) -> int:
         """All answers of group ``g`` are in: record the steps, step or reset, ask again."""
         group = self.groups[g]
         actions: dict[int, list[Any]] = {e: [None] * len(self.slots[e]) for e in group.envs}
-        for policy, slots in group.waiting.items():
-            reply = group.replies[policy]
-            for i, slot in enumerate(slots):
-                actions[slot.env][slot.agent] = self._record(slot, reply.result[i], reply.version)
+        for policy in group.waiting:
+            lane, reply = group.lanes[policy], group.replies[policy]
+            segments = lane.take_answer(reply.result, reply.version)
+            if segments is not None:
+                self.samples.post(policy, segments)
+            action = reply.result.action
+            for i, c in enumerate(lane.acting):
+                slot = lane.slots[c]
+                actions[slot.env][slot.agent] = action[i]
         for e in group.envs:
             if self.validate_actions:
                 self._check_actions(e, actions[e])
             self._step_env(e, actions[e])
         self._request(g)
         return len(group.envs)
-
-    def _record(self, slot: Slot, result: RolloutResult, version: int) -> Any:
-        step = slot.result
-        state_before = slot.state
-        if result.policy_state is not None and (slot.on_reset or state_before is None):
-            state_before = result.policy_state.apply(np.zeros_like)  # reset rows are re-zeroed
-        if self.samples is not None and not self.is_evaluation:
-            segment = slot.trajectory.append(
-                make_step(
-                    step.obs if not isinstance(step.obs, dict) else NamedArray(**step.obs),
-                    float(np.asarray(step.reward).reshape(-1)[0]),
-                    bool(step.done),
-                    bool(step.truncated),
-                    slot.on_reset,
-                    result.action,
-                    result.policy_output,
-                    state_before,
-                    version,
-                )
-            )
-            if segment is not None:
-                self.samples.post(slot.policy, segment)
-        slot.state = result.policy_state
-        slot.on_reset = False
-        return result.action
 
     def _check_actions(self, e: int, actions: list[Any]) -> None:
         for agent, (action, space) in enumerate(zip(actions, self.envs[e].action_spaces)):
@@ -293,9 +259,9 @@ class ActorWorker(Worker):
         except Exception:  # a broken env may fail to close too; we replace it regardless
             logger.debug("closing failed environment %d raised", e, exc_info=True)
         self.envs[e] = self._make_env(e)
-        for slot in self.slots[e]:
-            slot.trajectory.clear()
-            slot.state = None
+        for group in self.groups:
+            for lane in group.lanes.values():
+                lane.forget([c for c, s in enumerate(lane.slots) if s.env == e])
         self._reset_env(e)
 
     def _finish_episode(self, e: int) -> None:
@@ -333,19 +299,3 @@ class ActorWorker(Worker):
 
 def _count(slots: list[Slot], policy: str) -> int:
     return sum(1 for s in slots if s.policy == policy)
-
-
-def _stack_obs(observations: list[Any]) -> Any:
-    if isinstance(observations[0], dict):
-        return stack([NamedArray(**o) for o in observations])
-    return np.stack([np.asarray(o) for o in observations])
-
-
-def _stack_states(slots: list[Slot]) -> NamedArray | None:
-    """Stack the slots' memories; a slot without one (first step) gets zeros, and it is always an
-    ``on_reset`` row, which the policy resets anyway. None until any memory shape is known."""
-    known = next((s.state for s in slots if s.state is not None), None)
-    if known is None:
-        return None
-    zeros = known.apply(np.zeros_like)
-    return stack([s.state if s.state is not None else zeros for s in slots])

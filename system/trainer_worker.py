@@ -22,7 +22,7 @@ from api.policy import SampleBatch
 from api.trainer import Trainer
 from system.parameter_service import ParameterClientBase
 from system.sample_stream import SampleConsumer
-from system.trajectory import batch_segments
+from system.trajectory import segment_count, take_columns
 from system.worker_base import Worker
 
 logger = logging.getLogger(__name__)
@@ -63,14 +63,28 @@ class TrainerWorker(Worker):
     def poll(self) -> int:
         if not self._published:
             self.publish(persist=False)  # policy workers start from the trainer's weights
-        wanted = self.batch_segments - len(self.buffer)
-        self.buffer.extend(self.samples.poll(timeout_ms=20, max_items=wanted))
-        if len(self.buffer) < self.batch_segments:
+        batch = self.take_batch(timeout_ms=20)
+        if batch is None:
             return 0
-        batch = batch_segments(self.buffer[: self.batch_segments])
-        self.buffer = self.buffer[self.batch_segments :]
         self.train(batch)
         return 1
+
+    @property
+    def pending_segments(self) -> int:
+        return sum(segment_count(c) for c in self.buffer)
+
+    def gather(self, timeout_ms: int) -> None:
+        """Take what the sample stream holds (chunks of ``[T, k]`` segments)."""
+        if self.pending_segments < self.batch_segments:
+            self.buffer.extend(self.samples.poll(timeout_ms=timeout_ms, max_items=64))
+
+    def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
+        """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in."""
+        self.gather(timeout_ms)
+        if self.pending_segments < self.batch_segments:
+            return None
+        batch, self.buffer = take_columns(self.buffer, self.batch_segments)
+        return batch
 
     def train(self, batch: SampleBatch) -> dict[str, float]:
         started = time.perf_counter()

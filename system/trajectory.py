@@ -1,66 +1,72 @@
-"""Per-agent trajectory building: step records in, fixed-length overlapping segments out.
+"""Trajectory building: batched step records in, fixed-length overlapping segments out.
 
 A segment is ``segment_length + 1`` steps: the last step only bootstraps the return (its value),
 and it is also the first step of the next segment, so no step is lost or trained on twice.
 Segments run across episode boundaries; ``done``/``truncated``/``on_reset`` say where episodes end.
+
+The buffer is allocated once, ``[T + 1, slots, ...]`` per field, and every step of many agents is
+one vectorised write: no Python object per agent and step. Agents that step together (the usual
+case) complete their segments together and leave as one ``[T + 1, k]`` batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from api.namedarray import NamedArray, stack
+from api.namedarray import NamedArray, concatenate
 from api.policy import SampleBatch
 
 
-@dataclass
-class AgentTrajectory:
-    """The steps of one agent since its last emitted segment."""
+class SegmentBuffer:
+    """Preallocated segments for a fixed set of agent slots (columns)."""
 
-    segment_length: int
-    steps: list[SampleBatch] = field(default_factory=list)
+    def __init__(self, slots: int, segment_length: int):
+        self.slots = slots
+        self.length = segment_length + 1
+        self.cursor = np.zeros(slots, dtype=np.int64)
+        self.data: SampleBatch | None = None
 
-    def append(self, step: SampleBatch) -> SampleBatch | None:
-        """Add one step; return a full segment ``[T, ...]`` when one is complete."""
-        self.steps.append(step)
-        if len(self.steps) < self.segment_length + 1:
+    def write(self, columns: np.ndarray, step: SampleBatch) -> SampleBatch | None:
+        """Record one step for ``columns`` (``step`` holds one row per column); return the
+        segments completed by it, ``[T + 1, k, ...]``, or None."""
+        if self.data is None:
+            self.data = step.apply(self._allocate)
+        self.data[(self.cursor[columns], columns)] = step
+        self.cursor[columns] += 1
+        full = np.flatnonzero(self.cursor == self.length)
+        if len(full) == 0:
             return None
-        segment = stack(self.steps)
-        self.steps = [self.steps[-1]]
-        return segment
+        segments = self.data[:, full]  # fancy indexing: a copy, safe to send
+        self.data[0, full] = self.data[self.length - 1, full]  # the bootstrap step opens the next
+        self.cursor[full] = 1
+        return segments
 
-    def clear(self) -> None:
-        """Forget unfinished steps (after an environment failure: they have no valid future)."""
-        self.steps = []
+    def drop(self, columns: np.ndarray) -> None:
+        """Forget the unfinished steps of ``columns`` (their environment failed)."""
+        self.cursor[columns] = 0
 
-
-def make_step(
-    obs,
-    reward: float,
-    done: bool,
-    truncated: bool,
-    on_reset: bool,
-    action,
-    policy_output: NamedArray | None,
-    policy_state: NamedArray | None,
-    version: int,
-) -> SampleBatch:
-    """One unbatched step record, with the dtypes and ``(1,)`` shapes SampleBatch documents."""
-    return SampleBatch(
-        obs=obs,
-        action=action,
-        policy_output=policy_output,
-        policy_state=policy_state,
-        reward=np.array([reward], dtype=np.float32),
-        done=np.array([done], dtype=np.bool_),
-        truncated=np.array([truncated], dtype=np.bool_),
-        on_reset=np.array([on_reset], dtype=np.bool_),
-        policy_version=np.array([version], dtype=np.int64),
-    )
+    def _allocate(self, leaf: np.ndarray) -> np.ndarray:
+        leaf = np.asarray(leaf)
+        return np.zeros((self.length, self.slots, *leaf.shape[1:]), dtype=leaf.dtype)
 
 
-def batch_segments(segments: list[SampleBatch]) -> SampleBatch:
-    """Stack ``[T, ...]`` segments into one time-major ``[T, B, ...]`` batch."""
-    return stack(segments, axis=1)
+def column(value: float | bool | int, rows: int, dtype) -> np.ndarray:
+    """A ``[rows, 1]`` array of one value: the shape SampleBatch's scalar fields have per step."""
+    return np.full((rows, 1), value, dtype=dtype)
+
+
+def batch_segments(chunks: list[SampleBatch]) -> SampleBatch:
+    """Join ``[T, b_i, ...]`` chunks of segments into one time-major ``[T, B, ...]`` batch."""
+    return chunks[0] if len(chunks) == 1 else concatenate(chunks, axis=1)
+
+
+def take_columns(chunks: list[SampleBatch], count: int) -> tuple[SampleBatch, list[SampleBatch]]:
+    """The first ``count`` segments of ``chunks`` as one batch, and what is left over."""
+    batch = batch_segments(chunks)
+    total = batch.reward.shape[1]
+    rest = [batch[:, count:]] if total > count else []
+    return (batch if total == count else batch[:, :count]), rest
+
+
+def segment_count(chunk: NamedArray) -> int:
+    return int(chunk.reward.shape[1])

@@ -18,7 +18,6 @@ from system.parameter_store import ParameterStore
 from system.policy_worker import PolicyWorker
 from system.sample_stream import InprocSampleHub
 from system.trainer_worker import NonFiniteLossError, TrainerWorker
-from system.trajectory import make_step
 
 
 class CountingEnv(Environment):
@@ -70,7 +69,7 @@ def test_actor_builds_overlapping_segments_with_bootstrap_step():
     for _ in range(12):
         actor.poll()
         answer_all(hub, "p")
-    segments = list(samples.queues["p"])
+    segments = [chunk[:, 0] for chunk in samples.queues["p"]]
     assert len(segments) >= 2
     first, second = segments[0], segments[1]
     assert first.obs.shape == (5, 1)  # segment_length + 1
@@ -246,16 +245,18 @@ class StubTrainer(Trainer):
         return TrainerStepResult({"loss": self.loss}, len(self.seen))
 
 
-def segment(version: int = 0) -> SampleBatch:
-    from api.namedarray import stack
-
-    steps = [
-        make_step(
-            np.zeros(1, np.float32), 0.0, False, False, False, np.int64(0), None, None, version
-        )
-        for _ in range(5)
-    ]
-    return stack(steps)
+def segment(version: int = 0, segments: int = 1, t: int = 5) -> SampleBatch:
+    """``segments`` segments of ``t`` steps, as an actor sends them: ``[T, k, ...]``."""
+    flags = np.zeros((t, segments, 1), bool)
+    return SampleBatch(
+        obs=np.zeros((t, segments, 1), np.float32),
+        action=np.zeros((t, segments), np.int64),
+        reward=np.zeros((t, segments, 1), np.float32),
+        done=flags,
+        truncated=flags,
+        on_reset=flags,
+        policy_version=np.full((t, segments, 1), version, np.int64),
+    )
 
 
 def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
@@ -268,9 +269,10 @@ def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
     producer.post("p", segment())
     producer.post("p", segment())
     assert worker.poll() == 0 and store.latest_version("p") == 0  # initial weights published
-    producer.post("p", segment())
+    producer.post("p", segment(segments=2))  # one message may carry several segments
     assert worker.poll() == 1
     assert trainer.seen == [(5, 3, 1)]
+    assert worker.pending_segments == 1  # the extra segment waits for the next batch
     assert store.latest_version("p") == 1
     assert worker.collect_stats()["version_lag"] == 0.0
 
