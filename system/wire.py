@@ -277,7 +277,20 @@ def _marker(node: dict, marker: str, others: tuple[str, ...], expect: type) -> A
     return value
 
 
+_dtype_cache: dict[str, np.dtype] = {}
+
+
 def _wire_dtype(text: Any) -> np.dtype:
+    """The dtype a header names, checked once per distinct string (there are only a few)."""
+    dtype = _dtype_cache.get(text) if type(text) is str else None
+    if dtype is None:
+        dtype = _parse_dtype(text)
+        if len(_dtype_cache) < 256:
+            _dtype_cache[text] = dtype
+    return dtype
+
+
+def _parse_dtype(text: Any) -> np.dtype:
     if type(text) is not str or not _DTYPE_RE.fullmatch(text):
         raise WireError(f"dtype {text!r} is not allowed on the wire")
     try:
@@ -295,8 +308,9 @@ def _unpack_array(node: dict, frames: list[memoryview], used: set[int], copy: bo
     shape = node["shape"]
     if type(shape) is not list or len(shape) > MAX_NDIM:
         raise WireError(f"array shape {shape!r} is not a list of at most {MAX_NDIM} sizes")
-    if any(type(d) is not int or not 0 <= d < 2**62 for d in shape):
-        raise WireError(f"array shape {shape!r} has a size that is not a non-negative int")
+    for d in shape:
+        if type(d) is not int or not 0 <= d < 2**62:
+            raise WireError(f"array shape {shape!r} has a size that is not a non-negative int")
     if not 1 <= index < len(frames):
         raise WireError(f"array refers to frame {index}, message has {len(frames)} frames")
     if index in used:
@@ -310,7 +324,8 @@ def _unpack_array(node: dict, frames: list[memoryview], used: set[int], copy: bo
             f"needs {count * dtype.itemsize}"
         )
     array = np.frombuffer(frame, dtype=dtype, count=count).reshape(shape)
-    _check_values(array)
+    if dtype.kind in "bU":
+        _check_values(array)
     if copy:
         return array.copy()
     array.flags.writeable = False
