@@ -28,6 +28,7 @@ from api.errors import UserError
 from api.registry import Spec
 from distributed import cluster_commands as cc
 from distributed import run_commands as rc
+from distributed.deploy import add_deploy_arguments, run_deploy
 from distributed.images import add_image_arguments, run_image
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
@@ -145,6 +146,8 @@ SUBCOMMANDS: list[Subcommand] = [
                cc.add_worker_arguments, cc.run_worker),
     Subcommand("image", "build worker images: troupe image build|wheelhouse|push",
                add_image_arguments, run_image),
+    Subcommand("deploy", "deploy to a cluster: troupe deploy swarm|k8s|slurm",
+               add_deploy_arguments, run_deploy),
 ]  # fmt: skip
 
 

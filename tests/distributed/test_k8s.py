@@ -1,0 +1,349 @@
+"""``troupe deploy k8s``: the manifests validate against Kubernetes' own schemas and say what a run
+needs; ``--apply`` creates them in order through a fake API client (there is no cluster here).
+
+The schemas come from ``kubernetes-validate``, which bundles the JSON schemas generated from each
+Kubernetes release's OpenAPI document; the ``-strict`` variants forbid unknown fields, so a
+misspelled key fails here rather than being silently dropped by the API server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import types
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+from rich.console import Console
+
+from api.config import make_experiment
+from distributed import k8s
+from distributed.deploy import add_deploy_arguments, run_deploy, run_k8s
+from distributed.manifest_common import DeployError, parse_resource_overrides, to_yaml
+
+KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
+SCHEMA_VERSIONS = ("1.28", latest_version())
+
+
+def manifests(experiment: str, *overrides: str, **options) -> list[dict]:
+    config = make_experiment(experiment, list(overrides))
+    opts = k8s.K8sOptions(run_name="r1", **options)
+    return [*k8s.build_manifests(config, opts, KEYS), k8s.fetch_pod(opts)]
+
+
+def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def containers(obj: dict) -> list[dict]:
+    spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+@pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo"])
+def test_every_object_validates_against_the_kubernetes_schemas(experiment):
+    for obj in manifests(experiment, trainer_gpus=1):
+        written = yaml.safe_load(to_yaml(obj))
+        assert written == obj  # what the files hold is what was validated
+        for version in SCHEMA_VERSIONS:
+            kubernetes_validate.validate(written, version, strict=True)
+
+
+def test_the_schemas_are_strict_about_unknown_fields():
+    job = by_kind(manifests("cartpole-ppo"), "Job")["r1-controller"]
+    job["spec"]["template"]["spec"]["containers"][0]["resource"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="resource"):
+        kubernetes_validate.validate(job, latest_version(), strict=True)
+
+
+def test_two_policies_get_their_own_workloads_with_the_planned_ids():
+    objects = manifests("gather-2p-ppo")
+    sets = by_kind(objects, "StatefulSet")
+    expected = {
+        "r1-params": (1, "params", "parameter_service"),
+        "r1-trainer-red": (1, "trainer/red/{ordinal}", "trainer"),
+        "r1-policy-red": (1, "policy/red/{ordinal}", "policy"),
+        "r1-trainer-blue": (1, "trainer/blue/{ordinal}", "trainer"),
+        "r1-policy-blue": (1, "policy/blue/{ordinal}", "policy"),
+        "r1-actor": (2, "actor/{ordinal}", "actor"),
+        "r1-eval": (1, "eval/{ordinal}", "actor"),
+    }
+    assert sorted(sets) == sorted(expected)
+    services = by_kind(objects, "Service")
+    for name, (replicas, worker_id, role) in expected.items():
+        spec = sets[name]["spec"]
+        assert spec["replicas"] == replicas and spec["serviceName"] == name
+        assert services[name]["spec"]["clusterIP"] == "None"
+        selector = spec["selector"]["matchLabels"]
+        assert selector.items() <= spec["template"]["metadata"]["labels"].items()
+        args = spec["template"]["spec"]["containers"][0]["args"]
+        assert args == [
+            "worker",
+            "--id",
+            worker_id,
+            "--role",
+            role,
+            "--controller",
+            "tcp://r1-controller:5555",
+        ]
+    assert sets["r1-trainer-red"]["metadata"]["labels"]["troupe.policy"] == "red"
+
+
+def test_the_controller_job_copies_the_config_and_ends_the_run():
+    objects = manifests("cartpole-ppo")
+    job = by_kind(objects, "Job")["r1-controller"]
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    (init,) = pod["initContainers"]
+    assert init["command"][-1] == 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
+    assert {"name": "RUN_DIR", "value": "/troupe/run/r1"} in init["env"]
+    assert pod["containers"][0]["args"] == [
+        "controller",
+        "/troupe/run/r1",
+        "--bind",
+        "tcp://0.0.0.0:5555",
+        "--advertise-host",
+        "r1-controller",
+        "--no-display",
+    ]
+    service = by_kind(objects, "Service")["r1-controller"]["spec"]
+    assert service["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert service["ports"][0]["port"] == 5555 and service["publishNotReadyAddresses"] is True
+
+
+def test_writers_share_the_run_folder_and_every_pod_gets_keys_limits_and_non_root():
+    objects = manifests("gather-2p-ppo")
+    (claim,) = by_kind(objects, "PersistentVolumeClaim").values()
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    writers = {"r1-controller", "r1-params", "r1-trainer-red", "r1-trainer-blue", "r1-fetch"}
+    for obj in objects:
+        if obj["kind"] not in ("Job", "StatefulSet", "Pod"):
+            continue
+        name = obj["metadata"]["name"]
+        assert obj["metadata"]["labels"]["troupe.run"] == "r1"
+        pod = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert [v["persistentVolumeClaim"]["claimName"] for v in claims] == (
+            ["r1-run"] if name in writers else []
+        )
+        for c in containers(obj):
+            assert set(c["resources"]) == {"requests", "limits"}, name
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), name
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert ("/troupe/run" in mounts) == (name in writers), name
+            env = {e["name"]: e["value"] for e in c["env"]}
+            assert env["TROUPE_CURVE_KEYS_FILE"] == "/troupe/keys/keys"
+
+
+def test_gpu_trainers_get_gpu_limits_and_the_gpu_image():
+    sets = by_kind(manifests("gather-2p-ppo", trainer_gpus=2), "StatefulSet")
+    for name, sts in sets.items():
+        (c,) = sts["spec"]["template"]["spec"]["containers"]
+        gpus = c["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpus == ("2" if "trainer" in name else None), name
+        assert c["image"] == ("troupe-worker:latest-gpu" if gpus else "troupe-worker:latest")
+    cuda = manifests("cartpole-ppo", "policies.default.policy.args.device=cuda")
+    trainer = by_kind(cuda, "StatefulSet")["r1-trainer-default"]
+    limits = trainer["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1"
+    assert k8s.gpu_image("registry:5000/troupe") == "registry:5000/troupe:latest-gpu"
+
+
+def test_keys_are_only_in_the_secret():
+    objects = manifests("cartpole-ppo")
+    (config_map,) = by_kind(objects, "ConfigMap").values()
+    (secret,) = by_kind(objects, "Secret").values()
+    assert secret["stringData"] == {"keys": KEYS}
+    assert yaml.safe_load(config_map["data"]["config.json"])["name"] == "cartpole-ppo"
+    assert [o["kind"] for o in objects if KEYS in to_yaml(o)] == ["Secret"]
+
+
+def test_resource_overrides_and_their_errors():
+    objects = manifests("cartpole-ppo", resources=parse_resource_overrides(["actor=cpu:3/4"]))
+    (c,) = by_kind(objects, "StatefulSet")["r1-actor"]["spec"]["template"]["spec"]["containers"]
+    assert c["resources"] == {
+        "requests": {"cpu": "3", "memory": "1Gi"},
+        "limits": {"cpu": "4", "memory": "2Gi"},
+    }
+    with pytest.raises(DeployError, match="request 2Gi exceeds limit 1Gi"):
+        parse_resource_overrides(["trainer=memory:2Gi/1Gi"])
+    with pytest.raises(DeployError, match="'4 cores' is not a quantity"):
+        parse_resource_overrides(["trainer=cpu:4 cores"])
+
+
+def test_bad_run_names_are_refused_with_the_fix():
+    config = make_experiment("cartpole-ppo", [])
+    with pytest.raises(DeployError, match="run name 'Run_1' must be at most 40 characters"):
+        k8s.build_manifests(config, k8s.K8sOptions(run_name="Run_1"), KEYS)
+
+
+def deploy(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_deploy_arguments(parser)
+    return run_deploy(parser.parse_args(argv), Console(file=sys.stderr))
+
+
+def test_the_command_writes_numbered_files_a_kustomization_and_a_private_secret(tmp_path):
+    out = tmp_path / "m"
+    assert (
+        deploy(
+            "k8s",
+            "cartpole-ppo",
+            "actors.workers=3",
+            "--out",
+            str(out),
+            "--run-name",
+            "cp",
+            "--namespace",
+            "rl",
+        )
+        == 0
+    )
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    names = kustomization["resources"]
+    assert names[:3] == [
+        "00-namespace-rl.yaml",
+        "01-configmap-cp-config.yaml",
+        "02-secret-cp-keys.yaml",
+    ]
+    assert sorted(p.name for p in out.glob("*.yaml")) == sorted([*names, "kustomization.yaml"])
+    assert stat.S_IMODE((out / "02-secret-cp-keys.yaml").stat().st_mode) == 0o600
+    actor = yaml.safe_load((out / "13-statefulset-cp-actor.yaml").read_text())
+    assert actor["spec"]["replicas"] == 3 and actor["metadata"]["namespace"] == "rl"
+    assert (out / "extras" / "pod-cp-fetch.yaml").exists()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_reads_the_output(tmp_path):
+    deploy("k8s", "gather-2p-ppo", "--out", str(tmp_path), "--run-name", "g")
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert built.returncode == 0, built.stderr
+    assert len([d for d in yaml.safe_load_all(built.stdout) if d]) == 20
+
+
+# --------------------------------------------------------------------- --apply
+class ApiException(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"({status}) Reason: {reason}")
+        self.status, self.reason = status, reason
+
+
+class FakeApi:
+    """Records every create call; answers 409 for the names in ``existing``."""
+
+    def __init__(self, calls: list, existing: set[str] = frozenset()):
+        self.calls, self.existing = calls, existing
+
+    def __getattr__(self, method: str):
+        def create(body: dict, namespace: str | None = None) -> dict:
+            self.calls.append((method, namespace, body["metadata"]["name"]))
+            if body["metadata"]["name"] in self.existing:
+                raise ApiException(409, "AlreadyExists")
+            return body
+
+        return create
+
+
+def fake_apis(calls: list, existing: set[str] = frozenset()) -> dict:
+    return {name: FakeApi(calls, existing) for name in ("CoreV1Api", "AppsV1Api", "BatchV1Api")}
+
+
+def test_apply_creates_every_object_in_order_controller_before_workers(tmp_path):
+    calls: list = []
+    args = _args("k8s", "cartpole-ppo", "--out", str(tmp_path), "--run-name", "a", "--apply")
+    assert run_k8s(args, Console(file=sys.stderr), connect_api=lambda: fake_apis(calls)) == 0
+    assert calls[:6] == [
+        ("create_namespace", None, "troupe"),
+        ("create_namespaced_config_map", "troupe", "a-config"),
+        ("create_namespaced_secret", "troupe", "a-keys"),
+        ("create_namespaced_persistent_volume_claim", "troupe", "a-run"),
+        ("create_namespaced_service", "troupe", "a-controller"),
+        ("create_namespaced_job", "troupe", "a-controller"),
+    ]
+    assert [c[2] for c in calls if c[0] == "create_namespaced_stateful_set"] == [
+        "a-params",
+        "a-trainer-default",
+        "a-policy-default",
+        "a-actor",
+        "a-eval",
+    ]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_deploy_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_apply_tolerates_an_existing_namespace_but_not_an_existing_run():
+    objects = manifests("cartpole-ppo")[:-1]
+    calls: list = []
+    lines = k8s.apply_objects(objects, fake_apis(calls, existing={"troupe"}))
+    assert lines[0] == "namespace troupe exists already" and len(calls) == len(objects)
+    with pytest.raises(k8s.ApplyError, match="ConfigMap r1-config exists already: pick another"):
+        k8s.apply_objects(objects, fake_apis([], existing={"troupe", "r1-config"}))
+
+
+def test_apply_without_the_kubernetes_package_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    with pytest.raises(k8s.KubernetesClientError, match="pip install kubernetes"):
+        k8s.connect()
+
+
+def test_apply_without_a_kubeconfig_says_where_to_put_one(monkeypatch):
+    def missing():
+        raise FileNotFoundError("~/.kube/config")
+
+    config = types.SimpleNamespace(load_kube_config=missing, load_incluster_config=missing)
+    monkeypatch.setitem(sys.modules, "kubernetes", types.SimpleNamespace(config=config))
+    with pytest.raises(
+        k8s.KubernetesClientError, match=re.escape("set KUBECONFIG or write ~/.kube/config")
+    ):
+        k8s.connect()
+
+
+def test_the_creators_name_real_kubernetes_client_methods():
+    client = pytest.importorskip("kubernetes.client")
+    for kind, (api, method, _) in k8s.CREATORS.items():
+        assert callable(getattr(getattr(client, api), method, None)), kind
+
+
+# --------------------------------------------------------------------- the troupe command
+@pytest.fixture
+def troupe_with_deploy(monkeypatch):
+    """``troupe`` with the ``deploy`` row the lead adds to ``cli.SUBCOMMANDS``."""
+    from distributed import cli, deploy
+
+    row = cli.Subcommand(
+        "deploy",
+        "generate a cluster deployment: troupe deploy swarm|k8s|slurm",
+        deploy.add_deploy_arguments,
+        deploy.run_deploy,
+    )
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, row])
+    return cli.main
+
+
+def test_troupe_deploy_k8s_through_the_command_line(troupe_with_deploy, tmp_path, capsys):
+    assert troupe_with_deploy(["deploy", "k8s", "cartpole-ppo", "--out", str(tmp_path)]) == 0
+    assert "create them with: kubectl apply -k" in capsys.readouterr().out
+    code = troupe_with_deploy(
+        ["deploy", "k8s", "cartpole-ppo", "--out", str(tmp_path), "--run-name", "x" * 41]
+    )
+    assert code == 1
+    assert f"error: run name '{'x' * 41}' must be at most 40 characters" in capsys.readouterr().err
+
+
+def test_deploy_swarm_explains_a_missing_swarm_module(troupe_with_deploy, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "distributed.swarm", None)
+    assert troupe_with_deploy(["deploy", "swarm", "cartpole-ppo"]) == 1
+    assert "troupe deploy swarm is not part of this installation" in capsys.readouterr().err
