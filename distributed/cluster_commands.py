@@ -3,8 +3,8 @@
 In a cluster the scheduler (Docker, Swarm, Kubernetes, Slurm) starts every role; the controller
 then only configures, watches and stops them (see ``ExternalLauncher``). Worker ids may hold an
 ``{ordinal}`` placeholder, filled from ``TROUPE_ORDINAL`` (0-based), ``TROUPE_SLOT`` (1-based, as
-Swarm's ``{{.Task.Slot}}`` gives) or the trailing ``-N`` of the host name (a Kubernetes
-StatefulSet pod), so one replicated service yields ``actor/0``, ``actor/1``, ...
+Swarm's ``{{.Task.Slot}}`` gives) or the trailing ``-N`` of the host name (a pod of a
+Kubernetes Indexed Job), so one replicated service yields ``actor/0``, ``actor/1``, ...
 """
 
 from __future__ import annotations

@@ -8,9 +8,17 @@ One object per file, numbered in the order they are created, plus a ``kustomizat
   run folder (unless ``--existing-claim``);
 - the controller: a headless Service (stable DNS for the workers) and a Job whose init container
   copies ``config.json`` into the run folder; the Job's end is the run's end;
-- one StatefulSet (with its headless governing Service) per role group of the controller's plan:
-  ``params``, ``trainer-<policy>``, ``policy-<policy>``, ``actor``, ``eval``. Pod ``<sts>-N`` runs
-  worker ``<group>/N`` (``troupe worker`` reads N from the host name).
+- one Indexed Job per role group of the controller's plan: ``params``, ``trainer-<policy>``,
+  ``policy-<policy>``, ``actor``, ``eval``. Index N runs worker ``<group>/N`` (``TROUPE_ORDINAL``
+  comes from the pod's completion-index annotation). The parameter service also gets a headless
+  Service that is its pods' ``subdomain``, so ``<run>-params-0.<run>-params`` resolves.
+
+Why Jobs and not StatefulSets: at the end of a run the controller stops every worker and they
+exit 0. A StatefulSet restarts them, and the restarted workers, unable to reach the finished
+controller, crash-loop while holding their CPUs and GPUs. In a Job with ``restartPolicy:
+OnFailure`` an exit 0 completes the index and nothing restarts it; a crashed or killed worker
+exits non-zero and the kubelet restarts it in place (same pod, same IP), and it says hello to the
+controller again. Finished Jobs are deleted ``ttlSecondsAfterFinished`` later.
 
 Every pod that writes the run folder (controller, params, trainers) mounts the claim at the same
 path, because workers write to the path the controller hands them.
@@ -42,8 +50,12 @@ from distributed.manifest_common import (
 MOUNT = "/troupe/run"
 KEYS_DIR, CONFIG_DIR = "/troupe/keys", "/troupe/config"
 UID = 10001  # the image's troupe user (docker/Dockerfile)
-MAX_RUN_NAME = 40  # leaves room for "-trainer-<policy>" within a 52-character StatefulSet name
-MAX_STS_NAME = 52  # pods get a controller-revision-hash label of name + 11 characters <= 63
+MAX_RUN_NAME = 40  # leaves room for "-trainer-<policy>" within a 52-character Job name
+MAX_JOB_NAME = 52  # pod host names are "<job>-<index>", a DNS label of at most 63 characters
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+RESTARTS_PER_WORKER = 10
+"""A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
+Job: crashes and kills are retried, a worker that can never start does not loop for ever."""
 
 
 @dataclass
@@ -65,6 +77,9 @@ class K8sOptions:
     resources: dict[str, Resources] = field(default_factory=dict)
     """Per component (``controller``, ``params``, ``trainer``...): overrides of the defaults."""
     image_pull_policy: str = "IfNotPresent"
+    finished_ttl_seconds: int | None = 86400
+    """Worker Jobs are deleted this long after they finish (their logs go with them); ``None``
+    keeps them. The controller Job is kept: its log holds the run's summary."""
 
     @property
     def claim(self) -> str:
@@ -101,9 +116,9 @@ def build_manifests(
         b.controller_job(),
     ]
     for group in groups:
-        name = b.workload_name(group)
-        objects.append(b.service(name, b.select(group.component, group.policy)))
-        objects.append(b.stateful_set(group, _gpus(config, group, options)))
+        if group.component == "params":  # the subdomain of its pods: stable per-pod DNS
+            objects.append(b.service(b.workload_name(group), b.select("params")))
+        objects.append(b.worker_job(group, _gpus(config, group, options)))
     return objects
 
 
@@ -159,9 +174,9 @@ class _Builder:
     def workload_name(self, group: RoleGroup) -> str:
         suffix = group.name.replace("/", "-")
         name = f"{self.o.run_name}-{suffix}"
-        if len(name) > MAX_STS_NAME or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        if len(name) > MAX_JOB_NAME or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
             raise DeployError(
-                f"'{name}' is not a usable StatefulSet name (at most {MAX_STS_NAME} characters of "
+                f"'{name}' is not a usable Job name (at most {MAX_JOB_NAME} characters of "
                 "a-z, 0-9 and '-'): use a shorter --run-name or rename policy "
                 f"'{group.policy}' to lower-case letters, digits and '-'"
             )
@@ -265,7 +280,9 @@ class _Builder:
             "spec": spec,
         }
 
-    def stateful_set(self, group: RoleGroup, gpus: int) -> dict[str, Any]:
+    def worker_job(self, group: RoleGroup, gpus: int) -> dict[str, Any]:
+        """An Indexed Job: index N runs worker ``<group>/N``; a worker that exits 0 (stopped by
+        the controller) completes its index, one that fails is restarted in place."""
         name = self.workload_name(group)
         args = [
             "worker",
@@ -279,22 +296,37 @@ class _Builder:
         writes = group.component in ("params", "trainer")
         image = (self.o.gpu_image or gpu_image(self.o.image)) if gpus else self.o.image
         container = self.container(group.component, image, args, writes_run=writes, gpus=gpus)
-        pod = self.pod_spec([container], writes_run=writes, restart="Always")
+        # The Job controller injects JOB_COMPLETION_INDEX after the template's own variables,
+        # where $(JOB_COMPLETION_INDEX) could not refer to it: read the annotation it comes from.
+        container["env"].append(
+            {"name": "TROUPE_ORDINAL", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}
+        )
+        pod = self.pod_spec([container], writes_run=writes, restart="OnFailure")
+        if group.component == "params":
+            pod["subdomain"] = name  # the headless Service of that name: <name>-0.<name>
         if gpus:
             pod["tolerations"] = [
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
             ]
-        # Parallel: every replica starts at once; the controller, not start order, wires them.
-        spec = {
-            "serviceName": name,
-            "replicas": group.replicas,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": self.select(group.component, group.policy)},
+        # parallelism = completions: every index runs at once; the controller, not start order,
+        # wires them. backoffLimit, not backoffLimitPerIndex: the API server accepts the latter
+        # only with restartPolicy Never, which would replace a crashed pod instead of restarting
+        # its container. With OnFailure, container restarts count against backoffLimit.
+        # podReplacementPolicy Failed: an evicted pod's replacement (same worker id) starts only
+        # once the old pod is gone, so no worker id runs twice (ignored before Kubernetes 1.29).
+        spec: dict[str, Any] = {
+            "completionMode": "Indexed",
+            "completions": group.replicas,
+            "parallelism": group.replicas,
+            "backoffLimit": RESTARTS_PER_WORKER * group.replicas,
+            "podReplacementPolicy": "Failed",
             "template": self.template(group.component, pod, group.policy),
         }
+        if self.o.finished_ttl_seconds is not None:
+            spec["ttlSecondsAfterFinished"] = self.o.finished_ttl_seconds
         return {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
+            "apiVersion": "batch/v1",
+            "kind": "Job",
             "metadata": self.meta(name, group.component, group.policy),
             "spec": spec,
         }
@@ -426,7 +458,6 @@ CREATORS: dict[str, tuple[str, str, bool]] = {
     "PersistentVolumeClaim": ("CoreV1Api", "create_namespaced_persistent_volume_claim", True),
     "Service": ("CoreV1Api", "create_namespaced_service", True),
     "Pod": ("CoreV1Api", "create_namespaced_pod", True),
-    "StatefulSet": ("AppsV1Api", "create_namespaced_stateful_set", True),
     "Job": ("BatchV1Api", "create_namespaced_job", True),
 }
 
@@ -451,7 +482,7 @@ def connect() -> dict[str, Any]:
                 "with kubectl get ns, or leave out --apply and use kubectl apply -k"
             ) from e
     client = kubernetes.client
-    return {name: getattr(client, name)() for name in ("CoreV1Api", "AppsV1Api", "BatchV1Api")}
+    return {name: getattr(client, name)() for name in ("CoreV1Api", "BatchV1Api")}
 
 
 def apply_objects(objects: Sequence[dict], apis: Mapping[str, Any]) -> list[str]:

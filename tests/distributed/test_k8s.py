@@ -3,7 +3,8 @@ needs; ``--apply`` creates them in order through a fake API client (there is no 
 
 The schemas come from ``kubernetes-validate``, which bundles the JSON schemas generated from each
 Kubernetes release's OpenAPI document; the ``-strict`` variants forbid unknown fields, so a
-misspelled key fails here rather than being silently dropped by the API server.
+misspelled key fails here rather than being silently dropped by the API server. What the schemas
+cannot say (rules the API server checks in code) :func:`check_api_server_rules` checks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rich.console import Console
 
 from api.config import make_experiment
 from distributed import k8s
+from distributed.cluster_commands import resolve_worker_id
 from distributed.deploy import add_deploy_arguments, run_deploy, run_k8s
 from distributed.manifest_common import DeployError, parse_resource_overrides, to_yaml
 
@@ -46,6 +48,35 @@ def containers(obj: dict) -> list[dict]:
     return spec.get("initContainers", []) + spec["containers"]
 
 
+def worker_jobs(objects: list[dict]) -> dict[str, dict]:
+    return {n: j for n, j in by_kind(objects, "Job").items() if n != "r1-controller"}
+
+
+def check_api_server_rules(obj: dict) -> None:
+    """Job rules the API server enforces in code, beyond the JSON schemas (see the field
+    descriptions in the schemas and pkg/apis/batch/validation)."""
+    if obj["kind"] != "Job":
+        return
+    spec, pod = obj["spec"], obj["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] in ("OnFailure", "Never")  # Always is refused for Jobs
+    assert "selector" not in spec and "manualSelector" not in spec  # the Job makes its own
+    if spec.get("completionMode") == "Indexed":
+        assert spec["completions"] >= 1 and 1 <= spec["parallelism"] <= 10**5
+    else:
+        assert "backoffLimitPerIndex" not in spec and "maxFailedIndexes" not in spec
+    # "It can only be set when Job's completionMode=Indexed, and the Pod's restart policy is
+    # Never": a schema-valid Job with OnFailure and backoffLimitPerIndex is refused.
+    if "backoffLimitPerIndex" in spec:
+        assert pod["restartPolicy"] == "Never"
+    if "podFailurePolicy" in spec:
+        assert pod["restartPolicy"] == "Never"
+    if spec.get("podReplacementPolicy") == "TerminatingOrFailed":
+        assert "podFailurePolicy" not in spec
+    # pods are named <job>-<index>-<random>, their host name <job>-<index> is a DNS label
+    hostname = f"{obj['metadata']['name']}-{spec.get('completions', 1) - 1}"
+    assert len(hostname) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", hostname)
+
+
 @pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo"])
 def test_every_object_validates_against_the_kubernetes_schemas(experiment):
     for obj in manifests(experiment, trainer_gpus=1):
@@ -53,6 +84,16 @@ def test_every_object_validates_against_the_kubernetes_schemas(experiment):
         assert written == obj  # what the files hold is what was validated
         for version in SCHEMA_VERSIONS:
             kubernetes_validate.validate(written, version, strict=True)
+        check_api_server_rules(written)
+
+
+def test_the_api_server_rules_refuse_backoff_per_index_with_restarts_in_place():
+    job = worker_jobs(manifests("cartpole-ppo"))["r1-actor"]
+    job["spec"]["backoffLimitPerIndex"] = 10
+    for version in SCHEMA_VERSIONS:  # the schemas of 1.28 (alpha) to now accept the field...
+        kubernetes_validate.validate(job, version, strict=True)
+    with pytest.raises(AssertionError):  # ...the API server does not, with OnFailure
+        check_api_server_rules(job)
 
 
 def test_the_schemas_are_strict_about_unknown_fields():
@@ -64,7 +105,7 @@ def test_the_schemas_are_strict_about_unknown_fields():
 
 def test_two_policies_get_their_own_workloads_with_the_planned_ids():
     objects = manifests("gather-2p-ppo")
-    sets = by_kind(objects, "StatefulSet")
+    jobs = worker_jobs(objects)
     expected = {
         "r1-params": (1, "params", "parameter_service"),
         "r1-trainer-red": (1, "trainer/red/{ordinal}", "trainer"),
@@ -74,14 +115,11 @@ def test_two_policies_get_their_own_workloads_with_the_planned_ids():
         "r1-actor": (2, "actor/{ordinal}", "actor"),
         "r1-eval": (1, "eval/{ordinal}", "actor"),
     }
-    assert sorted(sets) == sorted(expected)
-    services = by_kind(objects, "Service")
+    assert sorted(jobs) == sorted(expected)
+    assert not [o for o in objects if o["kind"] in ("StatefulSet", "Deployment", "ReplicaSet")]
     for name, (replicas, worker_id, role) in expected.items():
-        spec = sets[name]["spec"]
-        assert spec["replicas"] == replicas and spec["serviceName"] == name
-        assert services[name]["spec"]["clusterIP"] == "None"
-        selector = spec["selector"]["matchLabels"]
-        assert selector.items() <= spec["template"]["metadata"]["labels"].items()
+        spec = jobs[name]["spec"]
+        assert spec["completions"] == spec["parallelism"] == replicas
         args = spec["template"]["spec"]["containers"][0]["args"]
         assert args == [
             "worker",
@@ -92,7 +130,54 @@ def test_two_policies_get_their_own_workloads_with_the_planned_ids():
             "--controller",
             "tcp://r1-controller:5555",
         ]
-    assert sets["r1-trainer-red"]["metadata"]["labels"]["troupe.policy"] == "red"
+    assert jobs["r1-trainer-red"]["metadata"]["labels"]["troupe.policy"] == "red"
+    labels = jobs["r1-trainer-red"]["spec"]["template"]["metadata"]["labels"]
+    assert labels["troupe.policy"] == "red" and labels["troupe.run"] == "r1"
+
+
+def test_workers_run_as_indexed_jobs_that_finish_when_the_controller_stops_them():
+    objects = manifests("cartpole-ppo", "actors.workers=3")
+    for name, job in worker_jobs(objects).items():
+        spec, pod = job["spec"], job["spec"]["template"]["spec"]
+        assert spec["completionMode"] == "Indexed", name
+        # exit 0 (stopped by the controller) completes the index; a crash restarts in place
+        assert pod["restartPolicy"] == "OnFailure", name
+        assert spec["backoffLimit"] == 10 * spec["completions"], name
+        assert "backoffLimitPerIndex" not in spec, name  # refused with OnFailure
+        assert spec["podReplacementPolicy"] == "Failed", name  # one pod per worker id
+        assert spec["ttlSecondsAfterFinished"] == 86400, name
+        (c,) = pod["containers"]
+        (ordinal,) = [e for e in c["env"] if e["name"] == "TROUPE_ORDINAL"]
+        assert ordinal["valueFrom"]["fieldRef"]["fieldPath"] == (
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        )
+    actor = worker_jobs(objects)["r1-actor"]
+    assert actor["spec"]["completions"] == 3
+    # index 2's pod: the annotation gives TROUPE_ORDINAL=2, its host name is r1-actor-2
+    worker_id = actor["spec"]["template"]["spec"]["containers"][0]["args"][2]
+    assert resolve_worker_id(worker_id, {"TROUPE_ORDINAL": "2"}, "r1-actor-2") == "actor/2"
+    assert resolve_worker_id(worker_id, {}, "r1-actor-2") == "actor/2"
+    # the controller stays a plain Job that is never retried and never deleted by a TTL
+    controller = by_kind(objects, "Job")["r1-controller"]["spec"]
+    assert "completionMode" not in controller and "ttlSecondsAfterFinished" not in controller
+    kept = manifests("cartpole-ppo", finished_ttl_seconds=None)
+    assert all("ttlSecondsAfterFinished" not in j["spec"] for j in worker_jobs(kept).values())
+
+
+def test_the_controller_and_the_parameter_service_keep_stable_dns_names():
+    objects = manifests("gather-2p-ppo")
+    services = by_kind(objects, "Service")
+    assert sorted(services) == ["r1-controller", "r1-params"]
+    jobs = by_kind(objects, "Job")
+    # pod r1-params-0-xxxxx has host name r1-params-0: r1-params-0.r1-params resolves
+    subdomains = {n: j["spec"]["template"]["spec"].get("subdomain") for n, j in jobs.items()}
+    assert {n: d for n, d in subdomains.items() if d} == {"r1-params": "r1-params"}
+    for name, service in services.items():
+        spec = service["spec"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+        for job_name, job in jobs.items():  # a Service selects its own Job's pods only
+            labels = job["spec"]["template"]["metadata"]["labels"]
+            assert (spec["selector"].items() <= labels.items()) == (job_name == name)
 
 
 def test_the_controller_job_copies_the_config_and_ends_the_run():
@@ -123,7 +208,7 @@ def test_writers_share_the_run_folder_and_every_pod_gets_keys_limits_and_non_roo
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     writers = {"r1-controller", "r1-params", "r1-trainer-red", "r1-trainer-blue", "r1-fetch"}
     for obj in objects:
-        if obj["kind"] not in ("Job", "StatefulSet", "Pod"):
+        if obj["kind"] not in ("Job", "Pod"):
             continue
         name = obj["metadata"]["name"]
         assert obj["metadata"]["labels"]["troupe.run"] == "r1"
@@ -138,19 +223,19 @@ def test_writers_share_the_run_folder_and_every_pod_gets_keys_limits_and_non_roo
             assert {"cpu", "memory"} <= set(c["resources"]["limits"]), name
             mounts = {m["mountPath"] for m in c["volumeMounts"]}
             assert ("/troupe/run" in mounts) == (name in writers), name
-            env = {e["name"]: e["value"] for e in c["env"]}
+            env = {e["name"]: e.get("value") for e in c["env"]}
             assert env["TROUPE_CURVE_KEYS_FILE"] == "/troupe/keys/keys"
 
 
 def test_gpu_trainers_get_gpu_limits_and_the_gpu_image():
-    sets = by_kind(manifests("gather-2p-ppo", trainer_gpus=2), "StatefulSet")
-    for name, sts in sets.items():
-        (c,) = sts["spec"]["template"]["spec"]["containers"]
+    jobs = by_kind(manifests("gather-2p-ppo", trainer_gpus=2), "Job")
+    for name, job in jobs.items():
+        (c,) = job["spec"]["template"]["spec"]["containers"]
         gpus = c["resources"]["limits"].get("nvidia.com/gpu")
         assert gpus == ("2" if "trainer" in name else None), name
         assert c["image"] == ("troupe-worker:latest-gpu" if gpus else "troupe-worker:latest")
     cuda = manifests("cartpole-ppo", "policies.default.policy.args.device=cuda")
-    trainer = by_kind(cuda, "StatefulSet")["r1-trainer-default"]
+    trainer = by_kind(cuda, "Job")["r1-trainer-default"]
     limits = trainer["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1"
     assert k8s.gpu_image("registry:5000/troupe") == "registry:5000/troupe:latest-gpu"
@@ -167,7 +252,7 @@ def test_keys_are_only_in_the_secret():
 
 def test_resource_overrides_and_their_errors():
     objects = manifests("cartpole-ppo", resources=parse_resource_overrides(["actor=cpu:3/4"]))
-    (c,) = by_kind(objects, "StatefulSet")["r1-actor"]["spec"]["template"]["spec"]["containers"]
+    (c,) = by_kind(objects, "Job")["r1-actor"]["spec"]["template"]["spec"]["containers"]
     assert c["resources"] == {
         "requests": {"cpu": "3", "memory": "1Gi"},
         "limits": {"cpu": "4", "memory": "2Gi"},
@@ -215,8 +300,14 @@ def test_the_command_writes_numbered_files_a_kustomization_and_a_private_secret(
     ]
     assert sorted(p.name for p in out.glob("*.yaml")) == sorted([*names, "kustomization.yaml"])
     assert stat.S_IMODE((out / "02-secret-cp-keys.yaml").stat().st_mode) == 0o600
-    actor = yaml.safe_load((out / "13-statefulset-cp-actor.yaml").read_text())
-    assert actor["spec"]["replicas"] == 3 and actor["metadata"]["namespace"] == "rl"
+    assert names[4:8] == [
+        "04-service-cp-controller.yaml",
+        "05-job-cp-controller.yaml",
+        "06-service-cp-params.yaml",
+        "07-job-cp-params.yaml",
+    ]
+    actor = yaml.safe_load((out / "10-job-cp-actor.yaml").read_text())
+    assert actor["spec"]["completions"] == 3 and actor["metadata"]["namespace"] == "rl"
     assert (out / "extras" / "pod-cp-fetch.yaml").exists()
 
 
@@ -227,7 +318,8 @@ def test_kubectl_kustomize_reads_the_output(tmp_path):
         ["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert built.returncode == 0, built.stderr
-    assert len([d for d in yaml.safe_load_all(built.stdout) if d]) == 20
+    kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
+    assert len(kinds) == 14 and kinds.count("Job") == 8 and kinds.count("Service") == 2
 
 
 # --------------------------------------------------------------------- --apply
@@ -254,22 +346,25 @@ class FakeApi:
 
 
 def fake_apis(calls: list, existing: set[str] = frozenset()) -> dict:
-    return {name: FakeApi(calls, existing) for name in ("CoreV1Api", "AppsV1Api", "BatchV1Api")}
+    return {name: FakeApi(calls, existing) for name in ("CoreV1Api", "BatchV1Api")}
 
 
 def test_apply_creates_every_object_in_order_controller_before_workers(tmp_path):
     calls: list = []
     args = _args("k8s", "cartpole-ppo", "--out", str(tmp_path), "--run-name", "a", "--apply")
     assert run_k8s(args, Console(file=sys.stderr), connect_api=lambda: fake_apis(calls)) == 0
-    assert calls[:6] == [
+    assert calls[:8] == [
         ("create_namespace", None, "troupe"),
         ("create_namespaced_config_map", "troupe", "a-config"),
         ("create_namespaced_secret", "troupe", "a-keys"),
         ("create_namespaced_persistent_volume_claim", "troupe", "a-run"),
         ("create_namespaced_service", "troupe", "a-controller"),
         ("create_namespaced_job", "troupe", "a-controller"),
+        ("create_namespaced_service", "troupe", "a-params"),
+        ("create_namespaced_job", "troupe", "a-params"),
     ]
-    assert [c[2] for c in calls if c[0] == "create_namespaced_stateful_set"] == [
+    assert [c[2] for c in calls if c[0] == "create_namespaced_job"] == [
+        "a-controller",
         "a-params",
         "a-trainer-default",
         "a-policy-default",
@@ -320,9 +415,11 @@ def test_the_creators_name_real_kubernetes_client_methods():
 # --------------------------------------------------------------------- the troupe command
 @pytest.fixture
 def troupe_with_deploy(monkeypatch):
-    """``troupe`` with the ``deploy`` row the lead adds to ``cli.SUBCOMMANDS``."""
+    """``troupe`` with a ``deploy`` row in ``cli.SUBCOMMANDS`` (added here if missing)."""
     from distributed import cli, deploy
 
+    if any(row.name == "deploy" for row in cli.SUBCOMMANDS):
+        return cli.main
     row = cli.Subcommand(
         "deploy",
         "generate a cluster deployment: troupe deploy swarm|k8s|slurm",
