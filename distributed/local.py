@@ -1,8 +1,12 @@
 """The local launcher: every worker is its own OS process on this machine, on loopback tcp.
 
-Processes are started with ``spawn`` (never fork: torch and ZeroMQ threads do not survive a fork)
-and are children of the controller process, so a worker notices when its controller is gone and
-exits rather than linger as an orphan.
+Processes come from a ``forkserver``: one clean server process imports the heavy modules once
+(torch, numpy, gymnasium, ZeroMQ) before any thread or socket exists, and forks each worker from
+that state, so a worker starts in milliseconds instead of importing torch again (seconds of CPU
+on a small machine, times the number of workers). Nothing that owns threads or sockets is ever
+forked: each worker makes its own ZeroMQ context. Workers are children of the forkserver, which
+dies with the controller, and each worker watches the controller's heartbeat channel and exits
+rather than linger as an orphan.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ logger = logging.getLogger(__name__)
 class LocalLauncher:
     start_grace_s = 120.0
 
+    PRELOAD = ["numpy", "torch", "zmq", "gymnasium", "system.worker_process", "legacy.plugin"]
+
     def __init__(self) -> None:
-        self._ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(self.PRELOAD)
         self.processes: dict[str, BaseProcess] = {}
 
     def start(self, worker_id: str, role: str, controller: str) -> None:

@@ -91,7 +91,9 @@ def run_local(
         os.environ[ENV_KEYS_FILE] = str(keys_file.resolve())  # inherited by every worker
     # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop the run.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    ctx = mp.get_context("spawn")
+    # fork: this process holds no thread or socket yet, and a forked controller skips a fresh
+    # interpreter's imports. The controller's own workers come from a forkserver (local.py).
+    ctx = mp.get_context("fork")
     process = ctx.Process(
         target=_controller_entry,
         args=(config.to_dict(), str(run_dir), display),

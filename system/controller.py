@@ -145,12 +145,12 @@ class Controller:
         next_stats = time.monotonic() + STATS_EVERY_S
         try:
             while not self.stop_reason:
-                self._receive(timeout_ms=100)
+                self._receive(timeout_ms=50)
+                self._check_stop()  # every loop: a solved run ends the moment it is known
                 if time.monotonic() >= next_stats:
                     next_stats += STATS_EVERY_S
                     self._report()
                     self._supervise()
-                    self._check_stop()
         except KeyboardInterrupt:
             self.stop_reason = "interrupted"
         finally:

@@ -143,7 +143,7 @@ class ZmqSampleConsumer(SampleConsumer):
         out: list[SampleBatch] = []
         while len(out) < max_items:
             try:
-                got = wire.recv(self.socket, timeout_ms=timeout_ms if not out else 0)
+                got = wire.recv(self.socket, timeout_ms=timeout_ms if not out else 0, copy=True)
                 if got is None:
                     break
                 out.append(_segment_from(got[1]))

@@ -32,7 +32,7 @@ from system.worker_base import Worker
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_S = 0.5
+HEARTBEAT_S = 0.25
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
 
 
