@@ -106,9 +106,9 @@ class ActorWorker(Worker):
         if not self._started:
             self._start()
         if self.samples is not None:
-            self.samples.flush()
+            self.samples.flush(timeout_ms=10 if self.samples.backlogged else 0)
             if self.samples.backlogged:
-                return 0
+                return 0  # back-pressure: the trainers are behind, so this actor waits
         work = 0
         for reply in self.inference.poll(timeout_ms=5):
             group = self.groups[reply.group]

@@ -30,8 +30,9 @@ class SampleProducer(abc.ABC):
     def post(self, policy: str, segment: SampleBatch) -> None:
         """Queue one ``[T, ...]`` segment for the trainers of ``policy``."""
 
-    def flush(self) -> None:  # noqa: B027 - in-process producers never hold a backlog
-        """Try again to send what back-pressure held back."""
+    def flush(self, timeout_ms: int = 0) -> None:  # noqa: B027 - in-process: never a backlog
+        """Try again to send what back-pressure held back, waiting up to ``timeout_ms`` for the
+        trainers to make room (so a held-back actor sleeps instead of spinning)."""
 
     @property
     def backlog(self) -> int:
@@ -112,9 +113,12 @@ class ZmqSampleProducer(SampleProducer):
         self.outbox.append((policy, segment))
         self.flush()
 
-    def flush(self) -> None:
+    def flush(self, timeout_ms: int = 0) -> None:
         while self.outbox:
             policy, segment = self.outbox[0]
+            sock = self.sockets[policy]
+            if timeout_ms and not sock.poll(timeout_ms, zmq.POLLOUT):
+                return
             try:
                 wire.send(self.sockets[policy], "samples", {"segment": segment}, flags=zmq.NOBLOCK)
             except zmq.Again:
