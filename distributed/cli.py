@@ -28,6 +28,7 @@ from api.errors import UserError
 from api.registry import Spec
 from distributed import cluster_commands as cc
 from distributed import run_commands as rc
+from distributed import swarm
 from distributed.deploy import add_deploy_arguments, run_deploy
 from distributed.images import add_image_arguments, run_image
 
@@ -148,6 +149,12 @@ SUBCOMMANDS: list[Subcommand] = [
                add_image_arguments, run_image),
     Subcommand("deploy", "deploy to a cluster: troupe deploy swarm|k8s|slurm",
                add_deploy_arguments, run_deploy),
+    Subcommand("status", "a deployed Swarm run: services, tasks, workers, last metrics",
+               swarm.add_status_arguments, swarm.run_status),
+    Subcommand("logs", "a deployed Swarm run's log lines, by worker",
+               swarm.add_logs_arguments, swarm.run_logs),
+    Subcommand("stop", "stop a deployed Swarm run and remove its services (keeps the run folder)",
+               swarm.add_stop_arguments, swarm.run_stop),
 ]  # fmt: skip
 
 

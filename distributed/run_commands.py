@@ -57,6 +57,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="CURVE-encrypt and authenticate every socket (keys made per run)",
     )
+    from distributed.docker_launcher import add_docker_arguments
+
+    add_docker_arguments(parser)
 
 
 def run_run(args: argparse.Namespace, console: Console) -> int:
@@ -72,7 +75,13 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     )
     console.print(f"run folder: {run_dir}")
     display = False if args.no_display else None
-    code = run_local(config, run_dir, display=display, secure=args.secure)
+    if args.launcher == "docker":  # every role in its own container; CURVE always on
+        from distributed.docker_launcher import run_docker
+
+        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        code = run_docker(config, run_dir, image=args.image, display=display)
+    else:
+        code = run_local(config, run_dir, display=display, secure=args.secure)
     summary_file = run_dir / SUMMARY_FILE
     if summary_file.exists():
         summary = json.loads(summary_file.read_text())

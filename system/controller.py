@@ -232,6 +232,8 @@ class Controller:
         state.last_seen = time.monotonic()
         body = message.body
         if message.kind == "hello":
+            if state.state in ("alive", "configuring"):
+                self._restarted_elsewhere(state)
             state.state = "configuring"
             state.pid = int(body.get("pid", 0)) or None
             self._send(worker_id, "configure", self._configuration(state.plan))
@@ -299,9 +301,17 @@ class Controller:
         for name in [n for n in self.endpoints if self._owned_by(n, state.plan)]:
             del self.endpoints[name]  # peers must look up the new address
         state.restarts += 1
-        state.state = "restarting"
+        state.state = "restarting"  # its hello then is expected, not a restart by a scheduler
         state.last_seen = time.monotonic()
         self.launcher.start(wid, state.plan.role, self.address)
+
+    def _restarted_elsewhere(self, state: WorkerState) -> None:
+        """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
+        old process's addresses so peers look the new ones up."""
+        logger.warning("%s says hello again: restarted by its scheduler", state.plan.worker_id)
+        state.restarts += 1
+        for name in [n for n in self.endpoints if self._owned_by(n, state.plan)]:
+            del self.endpoints[name]
 
     @staticmethod
     def _owned_by(endpoint_name: str, plan: WorkerPlan) -> bool:

@@ -1,0 +1,188 @@
+"""``troupe run --launcher docker`` in a real engine: every role in its own container.
+
+Needs the worker image built from the code under test (``.ci/docker-setup``); skipped when no
+engine answers or the image is absent. Each test waits on conditions read from the run folder or
+the engine, with deadlines, and checks that no container or network of the run is left.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from distributed import docker_launcher as dl
+from distributed import images
+from distributed.run import prepare
+from system import wire
+from system.security import RunKeys
+
+pytestmark = pytest.mark.docker
+
+IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
+QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
+
+
+@pytest.fixture(scope="module")
+def client():
+    import docker
+
+    try:
+        client = images.connect()
+    except images.DockerUnavailableError as e:
+        pytest.skip(str(e))
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"no image {IMAGE}: build it with .ci/docker-setup")
+    return client
+
+
+class BackgroundRun:
+    """``run_docker`` in a thread, so a test can act on the run while it goes."""
+
+    def __init__(self, client, run_dir: Path, overrides: list[str]):
+        config, self.run_dir = prepare("cartpole-ppo", overrides, str(run_dir), None)
+        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+        self.run = dl.run_name(self.run_dir)
+        self.output = io.StringIO()
+        self.code: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, args=(client, config), daemon=True)
+        self.thread.start()
+
+    def _main(self, client, config) -> None:
+        try:
+            self.code = dl.run_docker(
+                config, self.run_dir, image=IMAGE, client=client, out=self.output
+            )
+        except BaseException as e:  # re-raised by join() in the test's thread
+            self.error = e
+
+    def join(self, timeout: float = 300) -> int:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the run did not end in {timeout}s:\n{self.log()}"
+        if self.error is not None:
+            raise self.error
+        assert self.code is not None
+        return self.code
+
+    def log(self) -> str:
+        return self.output.getvalue()[-4000:]
+
+    def wait_for(self, condition, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            assert self.thread.is_alive(), f"the run ended before {what}:\n{self.log()}"
+            time.sleep(0.2)
+        pytest.fail(f"timed out waiting for {what}:\n{self.log()}")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def frames(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return int(json.loads(lines[-1]).get("env_frames") or 0) if lines else 0
+
+
+def the_container(client, run: str, worker_id: str):
+    filters = {"label": [f"{dl.LABEL_RUN}={run}", f"{dl.LABEL_WORKER}={worker_id}"]}
+    (container,) = client.containers.list(all=True, filters=filters)
+    return container
+
+
+def assert_nothing_left(client, run: str) -> None:
+    label = {"label": f"{dl.LABEL_RUN}={run}"}
+    assert client.containers.list(all=True, filters=label) == []
+    assert client.networks.list(filters=label) == []
+
+
+def test_a_docker_run_writes_the_run_folder_and_leaves_nothing(client, tmp_path):
+    run = BackgroundRun(client, tmp_path / "docker-complete", [*QUICK, "stop.env_frames=8000"])
+    assert run.join() == 0, run.log()
+    for name in ("config.json", "metrics.jsonl", "summary.json", "learning_curve.png"):
+        assert (run.run_dir / name).exists(), run.log()
+    assert list((run.run_dir / "checkpoints" / "default").glob("v*.ckpt"))
+    summary = read_json(run.run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 8000
+    roles = sorted(w["role"] for w in read_json(run.run_dir / "workers.json").values())
+    assert roles == ["actor", "actor", "actor", "parameter_service", "policy", "trainer"]
+    assert (run.run_dir / "metrics.jsonl").stat().st_uid == os.getuid()
+    assert oct((run.run_dir / "keys").stat().st_mode & 0o777) == "0o600"
+    assert "stop_reason" in run.log()  # the controller's lines reach the terminal
+    assert_nothing_left(client, run.run)
+
+
+def test_a_crashed_actor_container_is_restarted_and_the_run_completes(client, tmp_path):
+    run = BackgroundRun(client, tmp_path / "docker-crash", [*QUICK, "stop.env_frames=20000"])
+    run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
+    victim = the_container(client, run.run, "actor/0")
+    # A crash, not `docker kill`: Docker never restarts a container a user stopped or killed.
+    os.kill(victim.attrs["State"]["Pid"], signal.SIGKILL)
+
+    def restarted() -> bool:
+        victim.reload()
+        return victim.attrs["RestartCount"] >= 1 and victim.status == "running"
+
+    run.wait_for(restarted, "actor/0 restarted by Docker")
+    assert run.join() == 0, run.log()
+    assert read_json(run.run_dir / "summary.json")["stop_reason"] == "env_frames"
+    # Only the restarted process can have said bye: the killed one never got the chance.
+    assert read_json(run.run_dir / "workers.json")["actor/0"]["state"] == "stopped"
+    assert_nothing_left(client, run.run)
+
+
+def test_only_a_client_with_the_run_keys_is_answered_by_the_controller(client, tmp_path):
+    run = BackgroundRun(client, tmp_path / "docker-curve", [*QUICK, "stop.env_frames=100000000"])
+    try:
+        run.wait_for(lambda: len(read_json(run.run_dir / "endpoints.json")) >= 5, "endpoints")
+        controller = the_container(client, run.run, dl.CONTROLLER_ID)
+        ip = controller.attrs["NetworkSettings"]["Networks"][f"troupe-{run.run}"]["IPAddress"]
+        address = f"tcp://{ip}:{dl.CONTROLLER_PORT}"
+        keys = RunKeys.from_text((run.run_dir / "keys").read_text())
+        assert ask_controller(address, None) is None
+        assert ask_controller(address, RunKeys.generate()) is None  # another run's keys
+        answer = ask_controller(address, keys)
+        assert answer is not None and answer.kind == "refused"  # known key, not a worker
+    finally:
+        the_container(client, run.run, dl.CONTROLLER_ID).kill(signal="SIGINT")
+    assert run.join() == 0, run.log()
+    assert read_json(run.run_dir / "summary.json")["stop_reason"] == "interrupted"
+    assert_nothing_left(client, run.run)
+
+
+def ask_controller(address: str, keys: RunKeys | None) -> wire.Message | None:
+    """Send a lookup as the stranger ``probe``; the answer, or None after 3 s of silence."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, b"probe")
+    if keys is not None:
+        sock.curve_serverkey = keys.server_public
+        sock.curve_publickey = keys.client_public
+        sock.curve_secretkey = keys.client_secret
+    try:
+        sock.connect(address)
+        wire.send(sock, "lookup", {"name": "params/request"})
+        got = wire.recv(sock, timeout_ms=3000)
+        return None if got is None else got[1]
+    finally:
+        sock.close()
+        ctx.term()

@@ -1,0 +1,133 @@
+"""``troupe deploy swarm`` on a one-node swarm in a real engine.
+
+The fixture makes this engine a swarm manager (``docker swarm init --advertise-addr 127.0.0.1``)
+when it is not one, and leaves the swarm afterwards if it made it. Skipped when no engine answers
+or the worker image is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from distributed import docker_launcher as dl
+from distributed import images, swarm
+
+pytestmark = pytest.mark.docker
+
+IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
+
+
+@pytest.fixture(scope="module")
+def client():
+    import docker
+
+    try:
+        client = images.connect()
+    except images.DockerUnavailableError as e:
+        pytest.skip(str(e))
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"no image {IMAGE}: build it with .ci/docker-setup")
+    made_swarm = (client.info().get("Swarm") or {}).get("LocalNodeState") != "active"
+    if made_swarm:
+        client.swarm.init(advertise_addr="127.0.0.1")
+    yield client
+    if made_swarm:
+        client.swarm.leave(force=True)
+
+
+def deploy_args(run_dir: Path, overrides: list[str], *, wait: bool) -> argparse.Namespace:
+    return argparse.Namespace(
+        experiment="cartpole-ppo",
+        overrides=overrides,
+        image=IMAGE,
+        run_dir=str(run_dir),
+        trainer_constraint=swarm.DEFAULT_TRAINER_CONSTRAINT,
+        wait=wait,
+    )
+
+
+def recording_console() -> Console:
+    return Console(record=True, width=200, force_terminal=False)
+
+
+def assert_nothing_left(client, run: str) -> None:
+    label = {"label": f"{dl.LABEL_RUN}={run}"}
+    assert client.services.list(filters=label) == []
+    assert client.secrets.list(filters=label) == []
+    assert client.networks.list(filters=label) == []
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def test_a_swarm_run_completes_and_its_services_are_removed(client, tmp_path):
+    run_dir = tmp_path / "swarm-complete"
+    command = [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "cartpole-ppo"]
+    command += [*QUICK, "stop.env_frames=8000", "--run-dir", str(run_dir), "--image", IMAGE]
+    result = subprocess.run(
+        [*command, "--wait"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for name in ("config.json", "metrics.jsonl", "summary.json", "learning_curve.png"):
+        assert (run_dir / name).exists(), out
+    assert list((run_dir / "checkpoints" / "default").glob("v*.ckpt"))
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 8000
+    assert "stop_reason" in out  # the controller's lines were followed
+    assert_nothing_left(client, "swarm-complete")
+
+
+def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
+    run_dir = tmp_path / "swarm-status"
+    console = recording_console()
+    args = deploy_args(run_dir, [*QUICK, "stop.env_frames=100000000"], wait=False)
+    assert swarm.run_swarm(args, console) == 0
+    assert "troupe status swarm-status" in console.export_text()
+    try:
+        deadline = time.monotonic() + 120
+        while len(read_json(run_dir / "workers.json")) < 5 or not all(
+            w["state"] == "alive" for w in read_json(run_dir / "workers.json").values()
+        ):
+            assert time.monotonic() < deadline, "the workers did not all come alive"
+            time.sleep(0.5)
+        status = recording_console()
+        assert swarm.run_status(argparse.Namespace(run=str(run_dir)), status) == 0
+        text = status.export_text()
+        assert "troupe-swarm-status-actor" in text and "2/2" in text, text
+        assert "actor/1 alive" in text, text
+        logs = recording_console()
+        logs_args = argparse.Namespace(run="swarm-status", worker="controller", tail=5)
+        assert swarm.run_logs(logs_args, logs) == 0
+        assert "[controller] [" in logs.export_text()
+    finally:
+        assert swarm.run_stop(argparse.Namespace(run="swarm-status"), recording_console()) == 0
+    assert_nothing_left(client, "swarm-status")
+    # stop asks the controller to stop the run in order, so the summary is written
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"
+
+
+def test_an_engine_that_is_not_a_manager_is_told_to_init_a_swarm():
+    class NotInSwarm:
+        def info(self) -> dict:
+            return {"Swarm": {"LocalNodeState": "inactive", "ControlAvailable": False}}
+
+    with pytest.raises(swarm.SwarmError, match=r"run `docker swarm init` here"):
+        swarm.require_manager(NotInSwarm())
