@@ -54,6 +54,20 @@ def answer_all(hub: InprocInferenceHub, policy: str, version: int = 7, action=No
     return answered
 
 
+def eval_actor(hub: InprocInferenceHub, name: str, make_env, n_envs: int, **kwargs):
+    """An evaluation actor (nothing recorded) answered by the test through ``hub``."""
+    return ActorWorker(
+        name,
+        make_env,
+        n_envs,
+        lambda a: "p",
+        hub.client(name),
+        None,
+        is_evaluation=True,
+        **kwargs,
+    )
+
+
 def test_actor_builds_overlapping_segments_with_bootstrap_step():
     hub, samples = InprocInferenceHub(), InprocSampleHub()
     actor = ActorWorker(
@@ -87,16 +101,7 @@ def test_actor_builds_overlapping_segments_with_bootstrap_step():
 
 def test_actor_ignores_stale_replies_and_reposts_unanswered_requests():
     hub = InprocInferenceHub()
-    actor = ActorWorker(
-        "a",
-        lambda i: CountingEnv(),
-        2,
-        lambda a: "p",
-        hub.client("a"),
-        None,
-        is_evaluation=True,
-        groups=2,
-    )
+    actor = eval_actor(hub, "a", lambda i: CountingEnv(), 2, groups=2)
     actor.poll()
     assert actor.stalled_policies(timeout_s=-1) == {"p"}
     hub.requests["p"].clear()  # the policy worker died with the requests
@@ -109,31 +114,14 @@ def test_actor_ignores_stale_replies_and_reposts_unanswered_requests():
 
 def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
     hub = InprocInferenceHub()
-    actor = ActorWorker(
-        "a",
-        lambda i: CountingEnv(fail_at=1),
-        1,
-        lambda a: "p",
-        hub.client("a"),
-        None,
-        is_evaluation=True,
-        groups=1,
-    )
+    actor = eval_actor(hub, "a", lambda i: CountingEnv(fail_at=1), 1, groups=1)
     actor.poll()
     answer_all(hub, "p")
     with pytest.raises(EnvironmentFailure, match=r"environment 0 of a raised in step\(\)"):
         actor.poll()
 
-    resetting = ActorWorker(
-        "b",
-        lambda i: CountingEnv(fail_at=1),
-        1,
-        lambda a: "p",
-        hub.client("b"),
-        None,
-        is_evaluation=True,
-        groups=1,
-        on_env_error="reset",
+    resetting = eval_actor(
+        hub, "b", lambda i: CountingEnv(fail_at=1), 1, groups=1, on_env_error="reset"
     )
     resetting.poll()
     answer_all(hub, "p")
@@ -143,17 +131,7 @@ def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
 
 def test_actor_validates_actions_against_the_action_space():
     hub = InprocInferenceHub()
-    actor = ActorWorker(
-        "a",
-        lambda i: CountingEnv(),
-        1,
-        lambda a: "p",
-        hub.client("a"),
-        None,
-        is_evaluation=True,
-        groups=1,
-        validate_actions=True,
-    )
+    actor = eval_actor(hub, "a", lambda i: CountingEnv(), 1, groups=1, validate_actions=True)
     actor.poll()
     answer_all(hub, "p", action=lambda n: np.full(n, 5, np.int64))
     with pytest.raises(PipelineCheckError, match="not in its action space Discrete"):
