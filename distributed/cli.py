@@ -179,9 +179,22 @@ def _configure_logging(verbose: bool) -> None:
     )
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Like parse_args, but ``key=value`` overrides may also come after options
+    (``troupe run cartpole-ppo --run-dir runs/x seed=3``), which argparse alone refuses."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [e for e in extra if "=" in e and not e.startswith("-")]
+    rest = [e for e in extra if e not in overrides]
+    if rest or (overrides and not isinstance(getattr(args, "overrides", None), list)):
+        parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``troupe`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     _configure_logging(args.verbose)
     try:
         return args.run(args, Console())

@@ -170,7 +170,7 @@ class ParameterServer:
         handled = 0
         while handled < self.max_batch:
             try:
-                got = wire.recv(self._router, timeout_ms=0)
+                got = wire.recv(self._router, timeout_ms=0, zero_copy=True)
             except WireError as e:
                 handled += 1
                 self._bad(e)
@@ -383,7 +383,7 @@ class ParameterClient(ParameterClientBase):
         """Receive every push waiting, keeping only the newest per policy."""
         while True:
             try:
-                got = wire.recv(self._sub, timeout_ms=0, copy=self.writable)
+                got = wire.recv(self._sub, timeout_ms=0, copy=self.writable, zero_copy=True)
             except WireError as e:
                 self._bad(e)
                 continue
@@ -423,7 +423,9 @@ class ParameterClient(ParameterClientBase):
             self._timed_out(kind, timeout_s)
         while True:
             try:
-                got = wire.recv(self._dealer, timeout_ms=_ms_left(deadline), copy=self.writable)
+                got = wire.recv(
+                    self._dealer, timeout_ms=_ms_left(deadline), copy=self.writable, zero_copy=True
+                )
             except WireError as e:
                 self._bad(e)
                 continue

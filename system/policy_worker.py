@@ -33,7 +33,7 @@ class PolicyWorker(Worker):
         params: ParameterClientBase | None,
         *,
         max_batch_rows: int = 1024,
-        max_wait_ms: float = 2.0,
+        max_wait_ms: float = 0.0,
     ):
         super().__init__(worker_id)
         self.policy_name = policy_name

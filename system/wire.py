@@ -370,7 +370,13 @@ def send(
     Large array frames go without a copy (see the module docstring for the rule this imposes).
     """
     frames = [*envelope, b"", *encode(kind, body)]
-    socket.send_multipart(frames, flags=flags, copy=False)
+    # Zero-copy has a fixed cost per frame (a tracked zmq.Frame); it only pays for large ones.
+    large = any(_nbytes(f) >= ZERO_COPY_THRESHOLD for f in frames)
+    socket.send_multipart(frames, flags=flags, copy=not large)
+
+
+def _nbytes(frame: Any) -> int:
+    return frame.nbytes if isinstance(frame, np.ndarray) else len(frame)
 
 
 def split(parts: Sequence[Any], *, copy: bool = False) -> tuple[list[bytes], Message]:
@@ -383,19 +389,21 @@ def split(parts: Sequence[Any], *, copy: bool = False) -> tuple[list[bytes], Mes
 
 
 def recv(
-    socket: zmq.Socket, *, timeout_ms: int, copy: bool = False
+    socket: zmq.Socket, *, timeout_ms: int, copy: bool = False, zero_copy: bool = False
 ) -> tuple[list[bytes], Message] | None:
     """Wait up to ``timeout_ms`` for one message; None if none came, WireError if malformed.
 
     A malformed message has been consumed when WireError is raised, so the caller can count it
-    and go on.
+    and go on. ``copy``: decoded arrays are writable copies. ``zero_copy``: receive frames without
+    copying them out of ZeroMQ (pays for large messages such as weights; small ones are faster
+    copied, which is the default).
     """
     if timeout_ms < 0:
         raise ValueError("every receive needs a timeout: timeout_ms must be >= 0")
     if not socket.poll(timeout_ms, zmq.POLLIN):
         return None
     try:
-        parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        parts = socket.recv_multipart(zmq.NOBLOCK, copy=not zero_copy)
     except zmq.Again:
         return None
     return split(parts, copy=copy)
