@@ -241,6 +241,7 @@ def _check_progress(run, report: PipelineReport) -> None:
             else {}
         )
     for worker in run.policy_workers:
+        worker.poll()  # a policy worker takes new parameters at its next poll: give it one
         latest = report.versions.get(worker.policy_name)
         if latest and worker.policy.version < latest[0]:
             raise PipelineCheckError(

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from api.errors import UserError
 from api.registry import Spec
+from distributed import bench
 from distributed import cluster_commands as cc
 from distributed import run_commands as rc
 from distributed import swarm
@@ -149,6 +150,8 @@ SUBCOMMANDS: list[Subcommand] = [
                add_image_arguments, run_image),
     Subcommand("deploy", "deploy to a cluster: troupe deploy swarm|k8s|slurm",
                add_deploy_arguments, run_deploy),
+    Subcommand("bench", "measure throughput, time-to-solve, latency, push, scaling and memory",
+               bench.add_bench_arguments, bench.run_bench),
     Subcommand("status", "a deployed Swarm run: services, tasks, workers, last metrics",
                swarm.add_status_arguments, swarm.run_status),
     Subcommand("logs", "a deployed Swarm run's log lines, by worker",

@@ -31,6 +31,11 @@ def _register_environments() -> None:
         "legacy.environment.memory_cue:MemoryCueEnvironment",
         description="Memory task: a cue shown at the start decides the right action at the end.",
     )
+    registry.register_environment(
+        "Synthetic-v0",
+        "legacy.environment.synthetic:SyntheticEnvironment",
+        description="Benchmark environment: each step burns a set CPU time (step_cost_us).",
+    )
 
 
 def _register_policies() -> None:
@@ -59,3 +64,8 @@ def _register_experiments() -> None:
         registry.register_experiment(
             name, f"legacy.experiments.examples:{attr}", description=description
         )
+    registry.register_experiment(
+        "synthetic-ppo",
+        "legacy.experiments.synthetic:synthetic_ppo",
+        description="Benchmark: PPO on Synthetic-v0 at 1 ms CPU per step; stops at 100k frames.",
+    )

@@ -1,0 +1,121 @@
+"""``troupe bench``: the pieces that turn measurements into figures, and the command end to end.
+
+No test here asserts a wall-clock figure: benchmarks are not timed tests. The end-to-end test runs
+``--quick`` only to prove the command works and writes every expected key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from api.errors import UserError
+from distributed.bench import (
+    SUITE_NAMES,
+    add_bench_arguments,
+    machine_info,
+    markdown_table,
+    run_bench,
+)
+from distributed.bench_runs import _MetricsTail, steady_fps
+from distributed.bench_suites import SUITES, Row
+
+
+def _records(*pairs: tuple[float, int]) -> list[dict]:
+    return [{"wall_s": w, "env_frames": f} for w, f in pairs]
+
+
+def test_steady_fps_leaves_out_start_up_warmup_and_the_record_written_after_stopping():
+    records = _records(
+        (1, 0), (2, 0), (3, 100), (4, 400), (5, 1400), (6, 2400), (7, 3400), (9, 3400)
+    )
+    figure = steady_fps(records, warmup_s=2.0)
+    # frames began at 3 s; the window opens at 5 s and closes at 7 s (9 s is after the stop)
+    assert figure == {"fps": 1000.0, "window_s": 2.0, "frames": 2000, "window_start_s": 5.0}
+
+
+def test_steady_fps_without_two_records_of_frames_has_no_figure():
+    assert steady_fps(_records((1, 0), (2, 50), (3, 50)), warmup_s=1.0)["fps"] is None
+
+
+def test_metrics_tail_reads_complete_lines_only(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = _MetricsTail(path)
+    assert tail.read_new() == []
+    path.write_text('{"wall_s": 1}\n{"wall_s"')
+    assert tail.read_new() == [{"wall_s": 1}]
+    with path.open("a") as f:
+        f.write(": 2}\n")
+    assert tail.read_new() == [{"wall_s": 2}]
+    assert tail.records == [{"wall_s": 1}, {"wall_s": 2}]
+
+
+def test_markdown_table_names_the_machine_and_each_verdict():
+    rows = [
+        Row("latency", "p50", "0.50 ms", "<= 1 ms", True),
+        Row("push", "p50", "80 ms", "<= 50 ms", False),
+        Row("memory", "a | b", "12"),
+    ]
+    table = markdown_table(rows, machine_info())
+    lines = table.splitlines()
+    assert lines[0].startswith(f"Machine: {len(os.sched_getaffinity(0))} cores, ")
+    assert lines[2:] == [
+        "| suite | figure | measured | target | met |",
+        "|---|---|---|---|---|",
+        "| latency | p50 | 0.50 ms | <= 1 ms | met |",
+        "| push | p50 | 80 ms | <= 50 ms | not met |",
+        "| memory | a / b | 12 |  |  |",
+    ]
+
+
+def test_the_suite_names_the_parser_shows_are_the_suites_that_run():
+    assert tuple(SUITES) == SUITE_NAMES
+
+
+def test_unknown_suite_is_a_user_error_naming_the_choices():
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    args = parser.parse_args(["latnecy"])
+    with pytest.raises(UserError) as info:
+        run_bench(args, Console())
+    assert str(info.value) == (f"unknown suite(s) latnecy; choose from {', '.join(SUITES)}")
+
+
+@pytest.mark.multiprocess
+def test_quick_bench_runs_and_writes_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "bench", "--quick", "--json", str(out),
+         "throughput", "latency", "push", "memory"],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| suite | figure | measured | target | met |" not in done.stdout  # rendered by rich
+    result = json.loads(out.read_text())
+    assert result["errors"] == {}
+    assert result["quick"] is True
+    for key in ("cores", "cpu_model", "python", "torch", "numpy", "pyzmq", "date"):
+        assert result["machine"][key]
+    assert set(result["suites"]) == {"throughput", "latency", "push", "memory"}
+    throughput = result["suites"]["throughput"]
+    assert set(throughput["raw_steps_per_s"]) == {"gymnasium", "api", "synthetic"}
+    for run in ("cartpole-ppo", "synthetic-ppo"):
+        assert throughput[run]["fps"] > 0 and throughput[run]["exit_code"] == 0
+    assert throughput["synthetic-ppo"]["ceiling_fps"] == 1000.0 * result["machine"]["cores"]
+    latency = result["suites"]["latency"]
+    assert set(latency["batches"]) == {"1", "16", "64"}
+    assert all(b["p50_ms"] > 0 and b["p99_ms"] > 0 for b in latency["batches"].values())
+    assert latency["concurrent"]["mean_rows_per_batch"] >= 8
+    push = result["suites"]["push"]
+    assert set(push["sizes"]) == {"1000000", "10000000"}
+    assert all(s["max_ms"] >= s["p50_ms"] > 0 for s in push["sizes"].values())
+    roles = result["suites"]["memory"]["cartpole-ppo"]["peak_rss_mb_by_role"]
+    assert {"actor", "policy", "trainer", "parameter_service", "controller"} <= set(roles)
+    assert "| suite | figure | measured | target | met |" in result["table_markdown"]
