@@ -26,10 +26,9 @@ from rich.text import Text
 
 from api.errors import UserError
 from api.registry import Spec
-from distributed import bench
+from distributed import bench, swarm
 from distributed import cluster_commands as cc
 from distributed import run_commands as rc
-from distributed import swarm
 from distributed.deploy import add_deploy_arguments, run_deploy
 from distributed.images import add_image_arguments, run_image
 
