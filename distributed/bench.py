@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_SUITE_FAILED, EXIT_INTERRUPTED = 0, 1, 130
-SUITE_NAMES = ("throughput", "solve", "latency", "push", "scaling", "memory")
+SUITE_NAMES = ("throughput", "solve", "latency", "push", "scaling", "memory", "profile")
 """The suites in their default order; :data:`distributed.bench_suites.SUITES` runs them. Named
 here so that building the ``troupe`` parser does not import the suites (numpy, multiprocessing)."""
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from distributed import bench_micro
+from distributed.bench_profile import profile
 from distributed.bench_runs import RunResult, steady_fps, watch_run
 
 SYNTHETIC_COST_US = 1000.0
@@ -339,4 +340,5 @@ SUITES = {
     "push": push,
     "scaling": scaling,
     "memory": memory,
+    "profile": profile,
 }
