@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from distributed.bench_runs import troupe_command
+from system.report import read_metrics
 
 CONFIGS = {
     "cartpole-ppo": [],
@@ -93,16 +94,8 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
 
 
 def _frames(run_dir: Path) -> int:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line).get("env_frames") or 0)
-        except json.JSONDecodeError:
-            continue
-    return 0
+    records = read_metrics(run_dir)  # tolerates the line being written right now
+    return int(records[-1].get("env_frames") or 0) if records else 0
 
 
 def _wait(condition, timeout_s: float) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from system.report import read_metrics
+
 TROUPE = [sys.executable, "-m", "distributed.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,16 +47,8 @@ def read_json(path: Path) -> dict:
 
 
 def frames(run_dir: Path) -> int:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line).get("env_frames") or 0)
-        except json.JSONDecodeError:
-            continue
-    return 0
+    records = read_metrics(run_dir)  # tolerates the line being written right now
+    return int(records[-1].get("env_frames") or 0) if records else 0
 
 
 def wait_for(condition, proc: subprocess.Popen, timeout: float = 120, what: str = "") -> None:
