@@ -31,18 +31,8 @@ QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
 
 
 @pytest.fixture(scope="module")
-def client():
-    import docker
-
-    try:
-        client = images.connect()
-    except images.DockerUnavailableError as e:
-        pytest.skip(str(e))
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"no image {IMAGE}: build it with .ci/docker-setup")
-    return client
+def client(docker_client):
+    return docker_client
 
 
 class BackgroundRun:

@@ -29,17 +29,8 @@ QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
 
 
 @pytest.fixture(scope="module")
-def client():
-    import docker
-
-    try:
-        client = images.connect()
-    except images.DockerUnavailableError as e:
-        pytest.skip(str(e))
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"no image {IMAGE}: build it with .ci/docker-setup")
+def client(docker_client):
+    client = docker_client
     made_swarm = (client.info().get("Swarm") or {}).get("LocalNodeState") != "active"
     if made_swarm:
         client.swarm.init(advertise_addr="127.0.0.1")
