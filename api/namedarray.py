@@ -22,15 +22,16 @@ listing annotations)::
     stack([s[0], s[1]])             # many -> one batch
 
 Leaves are numpy arrays (torch tensors work too for ``apply`` and indexing) or ``None``.
-Serialisation is not the class's business: the wire codec in ``system`` flattens NamedArrays with
-:meth:`NamedArray.flatten` and rebuilds them with :func:`from_flat`.
+Serialisation is not the class's business: the wire codec in ``system`` encodes a NamedArray as
+its tree of fields and decodes it into a generic ``NamedArray``. :meth:`NamedArray.flatten` and
+:func:`from_flat` give a flat ``{"a.b": leaf}`` view for code that wants one.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -353,14 +354,3 @@ def from_flat(structure: dict[str, Any], leaves: dict[str, Any], prefix: str = "
         else:
             fields[name] = leaves.get(path)
     return NamedArray(**fields)
-
-
-def iter_leaves(value: NamedArray) -> Iterator[Any]:
-    """Every non-None leaf, in field order."""
-    for _, leaf in value.flatten():
-        yield leaf
-
-
-def recursive_apply(value: NamedArray, fn: Callable[[Any], Any]) -> NamedArray:
-    """Function form of :meth:`NamedArray.apply`, for symmetry with stack and concatenate."""
-    return value.apply(fn)

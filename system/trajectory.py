@@ -50,11 +50,6 @@ class SegmentBuffer:
         return np.zeros((self.length, self.slots, *leaf.shape[1:]), dtype=leaf.dtype)
 
 
-def column(value: float | bool | int, rows: int, dtype) -> np.ndarray:
-    """A ``[rows, 1]`` array of one value: the shape SampleBatch's scalar fields have per step."""
-    return np.full((rows, 1), value, dtype=dtype)
-
-
 def batch_segments(chunks: list[SampleBatch]) -> SampleBatch:
     """Join ``[T, b_i, ...]`` chunks of segments into one time-major ``[T, B, ...]`` batch."""
     return chunks[0] if len(chunks) == 1 else concatenate(chunks, axis=1)
