@@ -139,6 +139,19 @@ def test_decoded_arrays_are_read_only_views_unless_copied():
     assert view[0] == 0.0
 
 
+def test_small_arrays_travel_inside_the_header_within_a_budget():
+    small = {"obs": np.ones((8, 4), np.float32), "done": np.zeros((8, 1), bool)}
+    assert len(wire.encode("test", small)) == 1
+    assert len(wire.encode("test", small, inline_budget=0)) == 3
+    # Past the budget, arrays take frames again, so a header never swells with data.
+    many = {f"a{i}": np.zeros(1024, np.float32) for i in range(10)}
+    per_array = 4096
+    frames = wire.encode("test", many)
+    assert len(frames) == 1 + 10 - wire.INLINE_BUDGET_BYTES // per_array
+    got = wire.decode(frames).body
+    assert all(np.array_equal(got[k], many[k]) for k in many)
+
+
 def test_large_arrays_are_encoded_without_a_copy():
     big = np.ones(1 << 20, np.float32)
     frames = wire.encode("test", {"big": big})
@@ -351,7 +364,12 @@ def _valid_messages() -> list[list[bytes]]:
         NamedArray(a=np.arange(6).reshape(2, 3), b=None, c=NamedArray(d=np.array(["ab"]))),
         {"e": np.zeros((0, 5)), "s": np.array(1.5), "c": np.ones(3, np.complex64)},
     ]
-    return [[bytes(f) for f in wire.encode("kind", b)] for b in bodies]
+    # Each body twice: small arrays inline in the header, and every array in a frame of its own.
+    return [
+        [bytes(f) for f in wire.encode("kind", b, inline_budget=budget)]
+        for b in bodies
+        for budget in (wire.INLINE_BUDGET_BYTES, 0)
+    ]
 
 
 def test_fuzz_random_bytes():
