@@ -74,9 +74,17 @@ class TrainerWorker(Worker):
         return sum(segment_count(c) for c in self.buffer)
 
     def gather(self, timeout_ms: int) -> None:
-        """Take what the sample stream holds (chunks of ``[T, k]`` segments)."""
-        if self.pending_segments < self.batch_segments:
-            self.buffer.extend(self.samples.poll(timeout_ms=timeout_ms, max_items=64))
+        """Take chunks of ``[T, k]`` segments from the sample stream until a batch is in.
+
+        Never more: what stays in the stream holds its actors back (back-pressure), while what
+        this worker buffered beyond one batch would only age, adding policy lag.
+        """
+        while self.pending_segments < self.batch_segments:
+            chunks = self.samples.poll(timeout_ms=timeout_ms, max_items=1)
+            if not chunks:
+                return
+            self.buffer.extend(chunks)
+            timeout_ms = 0
 
     def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
         """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in."""
