@@ -62,6 +62,10 @@ class ActorConfig:
     """Environments per process, stepped as a ring so the CPU never waits for inference."""
     segment_length: int = 64
     """Steps per trajectory segment sent to the trainer (plus one bootstrap step)."""
+    groups: int = 2
+    """Environment groups per process, each asking for its actions in one request. 2 or more:
+    a group steps while another waits for its answer. 1: a single request for all environments,
+    the fewest messages (each costs CPU on both ends), but the process idles during inference."""
     on_env_error: str = "raise"
     """``raise``: an env exception fails the worker; ``reset``: log it and reset that env."""
 
@@ -76,6 +80,9 @@ class EvaluationConfig:
     """Environments per evaluation process."""
     episodes: int = 20
     """Episodes averaged into one evaluation return."""
+    max_fps: float | None = None
+    """Cap on each evaluation process's environment frames per second (None: as fast as it
+    can). Evaluation competes with training for the same CPUs; a cap keeps it a small share."""
 
 
 @dataclass
@@ -219,11 +226,13 @@ def validate(config: ExperimentConfig) -> list[str]:
     if not config.agent_policies and len(config.policies) > 1:
         errors.append("agent_policies: must map every agent to a policy when there are several")
     errors += _check_positive(
-        config.actors, "actors", ("workers", "envs_per_worker", "segment_length")
+        config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
     )
     errors += _check_positive(config.evaluation, "evaluation", ("envs_per_worker", "episodes"))
     if config.evaluation.workers < 0:
         errors.append("evaluation.workers: must be 0 or more")
+    if config.evaluation.max_fps is not None and not config.evaluation.max_fps > 0:
+        errors.append("evaluation.max_fps: must be more than 0, or None for no cap")
     if config.actors.on_env_error not in ("raise", "reset"):
         errors.append(
             f"actors.on_env_error: must be 'raise' or 'reset', got '{config.actors.on_env_error}'"

@@ -25,6 +25,7 @@ from api.environment import Environment, StepResult
 from api.errors import PipelineCheckError, UserError
 from system.inference_stream import InferenceClient, InferenceReply
 from system.lanes import Lane, Slot
+from system.ratelimit import Pace
 from system.sample_stream import SampleProducer
 from system.trajectory import SegmentBuffer
 from system.worker_base import Worker
@@ -66,6 +67,7 @@ class ActorWorker(Worker):
         on_env_error: str = "raise",
         groups: int = 2,
         validate_actions: bool = False,
+        max_fps: float | None = None,
     ):
         super().__init__(worker_id)
         self.inference = inference
@@ -89,6 +91,7 @@ class ActorWorker(Worker):
         self.env_frames = 0
         self.episodes: list[dict[str, float]] = []
         self._started = False
+        self.pace = Pace(max_fps) if max_fps else None
 
     def _group(self, envs: list[int], segment_length: int, record: bool) -> Group:
         group = Group(envs)
@@ -109,6 +112,8 @@ class ActorWorker(Worker):
             self.samples.flush(timeout_ms=10 if self.samples.backlogged else 0)
             if self.samples.backlogged:
                 return 0  # back-pressure: the trainers are behind, so this actor waits
+        if self.pace is not None and self._held_back():
+            return 0
         work = 0
         for reply in self.inference.poll(timeout_ms=5):
             group = self.groups[reply.group]
@@ -117,7 +122,16 @@ class ActorWorker(Worker):
             group.replies[reply.policy] = reply
             if len(group.replies) == len(group.waiting):
                 work += self._advance(reply.group)
+        if self.pace is not None:
+            self.pace.spend(work)
         return work
+
+    def _held_back(self) -> bool:
+        """Sleep a little if this worker is ahead of its pace (``max_fps``); True if it was."""
+        wait_s = self.pace.wait_s()
+        if wait_s > 0:
+            time.sleep(min(wait_s, 0.02))  # short: heartbeats and stop requests go on
+        return wait_s > 0
 
     def _start(self) -> None:
         self._started = True

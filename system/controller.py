@@ -351,6 +351,7 @@ class Controller:
             "wall_s": elapsed,
             "env_frames": self.totals["env_frames"],
             "fps": self.totals["env_frames"] / max(elapsed, 1e-9),
+            "eval_env_frames": self.totals["eval_env_frames"],
             "episode_return": float(np.mean(self.returns)) if self.returns else None,
             "eval_return": self._eval_mean(),
             "worker_health/alive": sum(w.state == "alive" for w in self.workers.values()),

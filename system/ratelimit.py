@@ -1,4 +1,5 @@
-"""Rate-limited logging for hot loops: a flood of bad input must not become a flood of lines."""
+"""Rate limits for hot loops: a flood of bad input must not become a flood of log lines, and a
+worker held to a pace must not take more CPU than its share."""
 
 from __future__ import annotations
 
@@ -31,3 +32,30 @@ class BadMessages:
             )
             self._last_log = now
             self._since_log = 0
+
+
+class Pace:
+    """Holds a loop to ``rate`` events a second on average (a token bucket).
+
+    Unused time earns credit for at most ``burst_s`` seconds, so a worker that was held up (say,
+    waiting for a restarted peer) does not make up for it in one burst.
+    """
+
+    def __init__(self, rate: float, burst_s: float = 0.05):
+        if not rate > 0:
+            raise ValueError(f"rate must be more than 0, got {rate}")
+        self.rate = rate
+        self.capacity = max(1.0, rate * burst_s)
+        self._tokens = self.capacity
+        self._last = time.monotonic()
+
+    def spend(self, events: int) -> None:
+        """Count ``events`` done."""
+        self._tokens -= events
+
+    def wait_s(self) -> float:
+        """Seconds to wait before the next event keeps the pace; 0 when it may go now."""
+        now = time.monotonic()
+        self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate

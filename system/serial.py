@@ -145,6 +145,7 @@ class SerialRun:
             seed=cfg.seed * 100_003 + index * 1_009,
             on_env_error=cfg.actors.on_env_error,
             validate_actions=validate,
+            groups=1 if is_eval else cfg.actors.groups,
         )
 
     # ----------------------------------------------------------------- running

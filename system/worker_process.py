@@ -180,6 +180,9 @@ def _build_actor(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
         is_evaluation=evaluation,
         seed=cfg.seed * 100_003 + (index + (1000 if evaluation else 0)) * 1_009,
         on_env_error=cfg.actors.on_env_error,
+        # Evaluation is not in a hurry: one request a step for all its environments is cheaper.
+        groups=1 if evaluation else cfg.actors.groups,
+        max_fps=cfg.evaluation.max_fps if evaluation else None,
     )
     return worker, ActorPeerWatchdog(ctl, worker, inference_names, sample_names)
 

@@ -1,0 +1,143 @@
+"""The ZeroMQ sample stream's credits, the trainer's bounded gathering, and pacing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+from test_workers import CountingEnv, EchoPolicy, StubTrainer, answer_all, eval_actor, segment
+
+from system import wire
+from system.inference_stream import InprocInferenceHub
+from system.ratelimit import Pace
+from system.sample_stream import InprocSampleHub, ZmqSampleConsumer, ZmqSampleProducer
+from system.trainer_worker import TrainerWorker
+
+
+@pytest.fixture
+def stream():
+    consumer = ZmqSampleConsumer("tcp://127.0.0.1:*")
+    producer = ZmqSampleProducer({"p": [consumer.endpoint]})
+    yield producer, consumer
+    producer.close()
+    consumer.close()
+
+
+def take(consumer: ZmqSampleConsumer, timeout_ms: int = 5000):
+    return consumer.poll(timeout_ms=timeout_ms, max_items=1)
+
+
+def test_a_producer_sends_the_next_chunk_only_once_the_last_was_taken(stream):
+    producer, consumer = stream
+    producer.post("p", segment(version=1))
+    producer.post("p", segment(version=2))
+    assert producer.backlog == 1 and producer.backlogged  # one trainer: one chunk in flight
+    assert take(consumer)[0].policy_version[0, 0, 0] == 1  # taking it acks it
+    producer.flush(timeout_ms=5000)  # the ack arrives; the second chunk goes
+    assert producer.backlog == 0
+    assert take(consumer)[0].policy_version[0, 0, 0] == 2
+
+
+def test_each_trainer_of_a_policy_earns_a_producer_one_credit():
+    consumers = [ZmqSampleConsumer("tcp://127.0.0.1:*") for _ in range(2)]
+    producer = ZmqSampleProducer({"p": [c.endpoint for c in consumers]})
+    try:
+        for v in range(3):
+            producer.post("p", segment(version=v))
+        assert producer.backlog == 1
+        got = [take(c) for c in consumers]
+        assert sorted(int(g[0].policy_version[0, 0, 0]) for g in got) == [0, 1]
+    finally:
+        producer.close()
+        for c in consumers:
+            c.close()
+
+
+def test_reconnecting_forgets_chunks_a_dead_trainer_never_acked(stream):
+    producer, _ = stream
+    producer.post("p", segment(version=1))
+    producer.post("p", segment(version=2))
+    replacement = ZmqSampleConsumer("tcp://127.0.0.1:*")
+    try:
+        producer.connect("p", [replacement.endpoint])
+        producer.flush(timeout_ms=5000)
+        assert producer.backlog == 0
+        assert take(replacement)[0].policy_version[0, 0, 0] == 2
+    finally:
+        replacement.close()
+
+
+def test_foreign_messages_to_the_consumer_are_dropped_and_counted(stream):
+    producer, consumer = stream
+    intruder = wire.make_socket(zmq.DEALER, server=False)
+    intruder.connect(consumer.endpoint)
+    try:
+        intruder.send_multipart([b"", b"\xc1 not msgpack"])
+        wire.send(intruder, "rollout", {"x": 1})
+        producer.post("p", segment(version=3))
+        got = []
+        for _ in range(10):
+            got += take(consumer, timeout_ms=500)
+            if got:
+                break
+        got += take(consumer, timeout_ms=200)  # the junk may be queued behind the chunk
+        assert [int(g.policy_version[0, 0, 0]) for g in got] == [3]
+        assert consumer.bad_messages.count == 2
+    finally:
+        intruder.close(linger=0)
+
+
+def test_the_trainer_takes_only_the_chunks_one_batch_needs():
+    hub = InprocSampleHub()
+    worker = TrainerWorker(
+        "t", "p", StubTrainer(EchoPolicy()), hub.consumer("p"), _NoParams(), batch_segments=2
+    )
+    producer = hub.producer()
+    for v in range(5):
+        producer.post("p", segment(version=v))
+    assert worker.poll() == 1
+    # What the trainer does not need stays in the stream, holding the actors back.
+    assert worker.pending_segments == 0
+    assert len(hub.queues["p"]) == 3
+
+
+class _NoParams:
+    def publish(self, *args, **kwargs) -> None:
+        pass
+
+
+def test_pace_holds_a_loop_to_its_rate(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("system.ratelimit.time.monotonic", lambda: clock[0])
+    pace = Pace(rate=1000.0, burst_s=0.01)  # a burst of 10 events
+    assert pace.wait_s() == 0.0
+    pace.spend(30)
+    assert pace.wait_s() == pytest.approx(0.02)  # 20 events over: 20 ms at 1000/s
+    clock[0] += 0.021
+    assert pace.wait_s() == 0.0
+    clock[0] += 60.0  # a long pause earns no more than the burst
+    assert pace.wait_s() == 0.0
+    pace.spend(11)
+    assert pace.wait_s() == pytest.approx(0.001)
+    with pytest.raises(ValueError, match="rate must be more than 0"):
+        Pace(0.0)
+
+
+def test_segments_survive_the_trip_intact(stream):
+    producer, consumer = stream
+    sent = segment(version=9, segments=3)
+    producer.post("p", sent)
+    (got,) = take(consumer)
+    for name in ("obs", "action", "reward", "done", "policy_version"):
+        assert np.array_equal(getattr(got, name), getattr(sent, name))
+
+
+def test_an_actor_with_max_fps_holds_back_once_over_its_pace(monkeypatch):
+    monkeypatch.setattr("system.ratelimit.time.monotonic", lambda: 100.0)  # time stands still
+    hub = InprocInferenceHub()
+    actor = eval_actor(hub, "e", lambda i: CountingEnv(length=100), 4, max_fps=100.0)
+    stepped = []
+    for _ in range(4):
+        stepped.append(actor.poll())
+        answer_all(hub, "p")
+    assert stepped == [0, 4, 4, 0]  # a burst of 5 frames allowed, then nothing until time passes
