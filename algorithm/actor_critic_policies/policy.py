@@ -59,7 +59,8 @@ class PolicyState:
 
 
 class _Body(nn.Module):
-    """Encoder, then an optional GRU: observations ``[T, B, ...]`` to features ``[T, B, F]``."""
+    """Encoder, then an optional GRU: observations ``[T*B, ...]`` (time and batch flattened) to
+    features ``[T*B, F]``."""
 
     def __init__(self, space, hidden_sizes, activation, rnn_hidden, rnn_layers):
         super().__init__()
@@ -76,16 +77,17 @@ class _Body(nn.Module):
         x = self.encoder(obs)
         if self.rnn is None:
             return x, None
+        x = x.reshape(*on_reset.shape[:2], x.shape[-1])  # the GRU runs along time
         # hx: [layers, B, H]; on_reset: [T, B, 1] -> zero memory before the step that starts.
         keep = (~on_reset.bool()).float()
         if not bool(on_reset[1:].any()):
             out, hx = self.rnn(x, hx * keep[0][None])
-            return out, hx
+            return out.flatten(0, 1), hx
         outs = []
         for t in range(x.shape[0]):
             out, hx = self.rnn(x[t : t + 1], hx * keep[t][None])
             outs.append(out)
-        return torch.cat(outs), hx
+        return torch.cat(outs).flatten(0, 1), hx
 
 
 class ActorCriticNet(nn.Module):
@@ -118,6 +120,10 @@ class ActorCriticNet(nn.Module):
             self.log_std = nn.Parameter(torch.zeros(int(np.prod(action_space.shape))))
 
     def forward(self, obs, hx, on_reset):
+        steps, batch = on_reset.shape[:2]
+        # The layers see [T*B, ...]: a Linear on a 3-D input adds a reshape each way, in the
+        # forward pass and again in the backward pass.
+        obs = _flatten_time(obs)
         actor_hx = critic_hx = None
         if hx is not None:
             hx = hx.transpose(0, 1).contiguous()  # [n*layers, B, H]
@@ -129,7 +135,8 @@ class ActorCriticNet(nn.Module):
             value_features, critic_hx = self.critic_body(obs, critic_hx, on_reset)
             new_hx = None if actor_hx is None else torch.cat([actor_hx, critic_hx])
         new_hx = None if new_hx is None else new_hx.transpose(0, 1)
-        return self.policy_head(features), self.value_head(value_features), new_hx
+        params = self.policy_head(features).reshape(steps, batch, self.policy_head.out_features)
+        return params, self.value_head(value_features).reshape(steps, batch, 1), new_hx
 
 
 def _param_count(space: gym.Space) -> int:
@@ -188,6 +195,9 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         self._generator = None
         if seed is not None:
             self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        # Distributions count actions from 0; a (Multi)Discrete space may start elsewhere.
+        start = 0 if isinstance(action_space, gym.spaces.Box) else _action_start(action_space)
+        self._action_offset = torch.as_tensor(start, device=self.device) if np.any(start) else None
         self._state_shape = None
         if rnn_hidden > 0:
             self._state_shape = ((1 if shared_backbone else 2) * rnn_layers, rnn_hidden)
@@ -210,8 +220,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             )
             dist = self._distribution(params[0], _mask_of(obs))
             action = dist.sample(self._generator)
-            greedy = self._flags(request.is_evaluation, batch)
-            if bool(greedy.any()):
+            if request.is_evaluation is not None and request.is_evaluation.any():
+                greedy = self.to_tensor(request.is_evaluation).bool()
                 mode = dist.mode()
                 action = torch.where(greedy.reshape(-1, *[1] * (action.dim() - 1)), mode, action)
             output = ActorCriticOutput(log_prob=dist.log_prob(action), value=value[0])
@@ -239,8 +249,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             params.flatten(0, 1), None if mask is None else mask.flatten(0, 1)
         )
         action = self.to_tensor(sample.action).flatten(0, 1)
-        if not isinstance(self.action_space, gym.spaces.Box):
-            action = action - torch.as_tensor(_action_start(self.action_space), device=self.device)
+        if self._action_offset is not None:
+            action = action - self._action_offset
         policy_output = self.to_tensor(sample.policy_output)
         return PPOAnalyzedResult(
             new_log_prob=dist.log_prob(action).reshape(steps, batch, 1),
@@ -285,6 +295,13 @@ def _action_start(space: gym.Space) -> np.ndarray | int:
     if isinstance(space, gym.spaces.Discrete):
         return int(space.start)
     return np.asarray(space.start, dtype=np.int64).reshape(-1)
+
+
+def _flatten_time(obs: Any) -> Any:
+    """``[T, B, ...]`` observations (a tensor or a NamedArray of them) to ``[T*B, ...]``."""
+    if isinstance(obs, NamedArray):
+        return obs.apply(lambda x: x.flatten(0, 1))
+    return obs.flatten(0, 1)
 
 
 def _add_time(obs: Any) -> Any:

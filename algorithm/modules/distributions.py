@@ -45,7 +45,7 @@ class Categorical(ActionDistribution):
             mask = mask.bool()
             mask = mask | ~mask.any(dim=-1, keepdim=True)
             logits = logits.masked_fill(~mask, _ILLEGAL_LOGIT)
-        self.logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+        self.logits = torch.log_softmax(logits, dim=-1)  # normalised: log-probabilities
 
     def sample(self, generator=None):
         probs = self.logits.exp()

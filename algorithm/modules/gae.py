@@ -29,20 +29,23 @@ def gae_advantages(
 
     ``reward`` and ``value`` are float tensors, ``done`` and ``truncated`` bool (or 0/1) tensors.
     Rows ``T-1`` and every done or truncated step have advantage 0, return ``V`` and mask 0.
-    The loop runs backwards over time only; each iteration is vectorised over the batch.
+    Everything but the recursion is computed for all steps at once; the loop that remains runs
+    backwards over time, one multiply and one add per step, each vectorised over the batch.
     """
     value = value.float()
-    done_f = done.float()
-    ended = (done.bool() | truncated.bool()).float()
-    steps = reward.shape[0]
-    advantages = torch.zeros_like(value)
+    done, truncated = done.bool(), truncated.bool()
+    mask = (~(done | truncated)).float()
+    mask[-1] = 0.0  # the last step only bootstraps
+    not_done, not_truncated = (~done).float(), (~truncated).float()
+    # All but the recursion, for every t < T - 1 at once. The mask is 0 or 1, so folding it
+    # into both terms gives exactly (delta + carry * A[t+1]) * mask.
+    delta = reward[1:] + gamma * value[1:] * not_done[1:] - value[:-1]
+    carry = gamma * gae_lambda * not_done[1:] * not_truncated[1:]
+    step_delta, step_carry = (delta * mask[:-1]).unbind(0), (carry * mask[:-1]).unbind(0)
     next_advantage = torch.zeros_like(value[0])
-    for t in range(steps - 2, -1, -1):
-        not_done = 1.0 - done_f[t + 1]
-        delta = reward[t + 1] + gamma * value[t + 1] * not_done - value[t]
-        carry = gamma * gae_lambda * not_done * (1.0 - truncated[t + 1].float())
-        next_advantage = (delta + carry * next_advantage) * (1.0 - ended[t])
-        advantages[t] = next_advantage
-    mask = 1.0 - ended
-    mask[-1] = 0.0
+    backwards = []
+    for t in range(reward.shape[0] - 2, -1, -1):
+        next_advantage = step_delta[t] + step_carry[t] * next_advantage
+        backwards.append(next_advantage)
+    advantages = torch.stack([*backwards[::-1], torch.zeros_like(value[0])])
     return advantages, advantages + value, mask

@@ -44,6 +44,59 @@ class PPOAnalyzedResult:
     """``sample.policy_output.value``: the value recorded at rollout time."""
 
 
+UPDATE_STATS = (
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "grad_norm",
+    "loss",
+)
+"""The per-minibatch statistics, averaged over a trainer step, in :meth:`PPOTrainer._update`'s
+order."""
+
+
+def _mean_fn(mask: torch.Tensor | None):
+    """The loss's mean over valid steps. ``mask=None`` means every step is valid (feed-forward
+    minibatches are drawn from valid transitions only), which saves the masking ops."""
+    if mask is None:
+        # an empty minibatch (no valid transition at all) gives 0, as the masked version does
+        return lambda x: x.mean() if x.numel() else x.sum()
+    valid = mask.bool()
+    denom = mask.sum().clamp(min=1.0)
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        # where, not a product: a masked-out step must not leak inf or nan into the loss
+        return torch.where(valid, x, torch.zeros_like(x)).sum() / denom
+
+    return mean
+
+
+def _fastest_adam_impl(params: list[torch.Tensor]) -> dict[str, bool]:
+    """Adam's fastest implementation for ``params``: ``fused`` (one kernel for all parameters)
+    where this torch has it for their device and dtype (CPU since torch 2.4), else ``foreach``.
+    Both compute the same update as the default per-parameter loop, up to float rounding; the
+    default picks that loop on the CPU, which costs more than the update itself for small nets.
+    """
+    for dtype, device in {(p.dtype, p.device) for p in params}:
+        probe = torch.zeros(1, dtype=dtype, device=device, requires_grad=True)
+        probe.grad = torch.zeros_like(probe)
+        try:
+            # older torch refuses in the constructor, newer ones on the first step
+            torch.optim.Adam([probe], fused=True).step()
+        except RuntimeError:
+            return {"fused": False, "foreach": True}
+    return {"fused": True, "foreach": False}
+
+
+def _take(x: NamedArray | torch.Tensor | None, index: torch.Tensor):
+    """Entries ``index`` along dimension 1 of a tensor, or of every leaf of a NamedArray."""
+    if isinstance(x, NamedArray):
+        return x.apply(lambda leaf: leaf.index_select(1, index))
+    return None if x is None else x.index_select(1, index)
+
+
 class PPOTrainer(Trainer):
     """PPO with GAE, clipped surrogate, optional value clipping and an entropy bonus.
 
@@ -107,7 +160,8 @@ class PPOTrainer(Trainer):
         self.normalize_advantages = normalize_advantages
         self.lr_schedule, self.total_steps = lr_schedule, total_steps
         self._params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps)
+        self._adam_impl = _fastest_adam_impl(self._params)
+        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, **self._adam_impl)
         self._steps = 0
         self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
 
@@ -131,35 +185,32 @@ class PPOTrainer(Trainer):
             )
         lr = self._set_lr()
         self._policy.train_mode()
-        totals: dict[str, float] = {}
-        count = 0
+        pool, pool_adv, pool_ret, pool_mask = self._training_pool(batch, advantages, returns, mask)
+        rows = []
         for _ in range(self.epochs):
-            for index in self._minibatch_indices(mask):
-                stats = self._update(batch[index], advantages[index], returns[index], mask[index])
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
-                count += 1
+            for index in self._minibatch_indices(pool_adv.shape[1], pool_adv.device):
+                minibatch = (_take(x, index) for x in (pool, pool_adv, pool_ret, pool_mask))
+                rows.append(self._update(*minibatch))
         self._policy.inc_version()
         self._steps += 1
-        stats = {k: v / max(count, 1) for k, v in totals.items()}
+        stats = self._mean_update_stats(rows)
         stats.update(self._batch_stats(batch, advantages, returns, old_value, mask), lr=lr)
         return TrainerStepResult(stats=stats, step=self._steps)
 
-    def _update(self, mb: NamedArray, adv, ret, mask) -> dict[str, float]:
+    def _update(self, mb: NamedArray, adv, ret, mask) -> torch.Tensor:
+        """One gradient step; returns the :data:`UPDATE_STATS` as one detached tensor, so that
+        the step reads them back once instead of once per statistic and minibatch."""
         out: PPOAnalyzedResult = self._policy.analyze(mb, target=self.analyze_target)
-        valid = mask.bool()
-        denom = mask.sum().clamp(min=1.0)
-
-        def mean(x: torch.Tensor) -> torch.Tensor:
-            # where, not a product: a masked-out step must not leak inf or nan into the loss
-            return torch.where(valid, x, torch.zeros_like(x)).sum() / denom
-
+        mean = _mean_fn(mask)
         if self.normalize_advantages:
             centred = adv - mean(adv)
             adv = centred / (mean(centred.pow(2)).sqrt() + 1e-8)
         log_ratio = out.new_log_prob - out.old_log_prob.detach()
         ratio = log_ratio.exp()
-        surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - self.clip, 1.0 + self.clip))
+        neg_adv = -adv
+        surrogate = torch.max(
+            neg_adv * ratio, neg_adv * ratio.clamp(1.0 - self.clip, 1.0 + self.clip)
+        )
         policy_loss = mean(surrogate)
         value_error = (out.value - ret).pow(2)
         if self.value_clip is not None:
@@ -169,41 +220,42 @@ class PPOTrainer(Trainer):
         value_loss = 0.5 * mean(value_error)
         entropy = mean(out.entropy)
         loss = policy_loss - self.entropy_coef * entropy + self.value_coef * value_loss
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self._params:  # zero_grad(set_to_none=True) without the optimizer's overhead
+            p.grad = None
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
         self.optimizer.step()
         with torch.no_grad():
-            approx_kl = mean((ratio - 1.0) - log_ratio)
-            clip_fraction = mean(((ratio - 1.0).abs() > self.clip).float())
-        return {
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
-            "approx_kl": approx_kl.item(),
-            "clip_fraction": clip_fraction.item(),
-            "grad_norm": float(grad_norm),
-            "loss": loss.item(),
-        }
+            ratio_change = ratio - 1.0
+            approx_kl = mean(ratio_change - log_ratio)
+            clip_fraction = mean((ratio_change.abs() > self.clip).float())
+            row = (policy_loss, value_loss, entropy, approx_kl, clip_fraction, grad_norm, loss)
+            return torch.stack(row)
 
-    def _minibatch_indices(self, mask: torch.Tensor) -> list[Any]:
-        """Index expressions into ``[T, B]``: ``(t_idx, b_idx)`` kept 2-D as ``[1, N]``, or
-        ``(slice, b_idx)`` for whole segments when the policy is recurrent."""
+    @staticmethod
+    def _mean_update_stats(rows: list[torch.Tensor]) -> dict[str, float]:
+        """Average the per-minibatch rows of :meth:`_update` (one device-to-host read)."""
+        if not rows:
+            return {}
+        means = torch.stack(rows).double().mean(dim=0).tolist()
+        return dict(zip(UPDATE_STATS, means, strict=True))
+
+    def _training_pool(self, batch: NamedArray, advantages, returns, mask) -> tuple:
+        """What minibatches are drawn from, along dimension 1, as ``(batch, advantages, returns,
+        mask)``: the whole ``[T, B]`` segments for a recurrent policy (it unrolls its memory
+        through them; the mask marks the steps trained on), or the valid ``(t, b)`` transitions,
+        gathered once as ``[1, N]`` in row-major order, for a feed-forward one (mask None: every
+        one of them is trained on)."""
         if self._policy.default_policy_state is not None:
-            segments = mask.shape[1]
-            order = self._rng.permutation(segments)
-            chunks = np.array_split(order, min(self.minibatches, segments))
-            return [(slice(None), torch.as_tensor(c, device=mask.device)) for c in chunks]
-        valid = mask[..., 0].nonzero().cpu().numpy()
-        order = self._rng.permutation(len(valid))
-        chunks = np.array_split(order, min(self.minibatches, max(len(valid), 1)))
-        out = []
-        for c in chunks:
-            t, b = valid[c, 0][None], valid[c, 1][None]
-            out.append(
-                (torch.as_tensor(t, device=mask.device), torch.as_tensor(b, device=mask.device))
-            )
-        return out
+            return batch, advantages, returns, mask
+        t, b = (i[None] for i in mask[..., 0].nonzero(as_tuple=True))
+        return batch[t, b], advantages[t, b], returns[t, b], None
+
+    def _minibatch_indices(self, count: int, device: torch.device) -> list[torch.Tensor]:
+        """One epoch: a shuffle of the pool's ``count`` entries, split into minibatches."""
+        order = self._rng.permutation(count)
+        chunks = np.array_split(order, min(self.minibatches, max(count, 1)))
+        return [torch.as_tensor(c, device=device) for c in chunks]
 
     def _set_lr(self) -> float:
         lr = self.lr
@@ -234,5 +286,10 @@ class PPOTrainer(Trainer):
         return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        state = checkpoint["optimizer"]
+        # A group's settings come from the checkpoint, implementation flags included; keep the
+        # implementation that works here (the checkpoint may come from another torch or
+        # device). Set before loading: fused Adam needs its step counters cast for it.
+        groups = [{**group, **self._adam_impl} for group in state["param_groups"]]
+        self.optimizer.load_state_dict({**state, "param_groups": groups})
         self._steps = int(checkpoint["steps"])

@@ -6,6 +6,7 @@ from torch import nn
 
 from algorithm.actor_critic_policies.policy import ActorCriticOutput, ActorCriticPolicy
 from algorithm.modules.distributions import Categorical
+from algorithm.modules.gae import gae_advantages
 from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.ppo.trainer import PPOTrainer
 from api import registry, testing
@@ -52,20 +53,28 @@ def test_actions_that_are_never_executed_are_not_trained_on(make_batch):
     PPOTrainer(policy).step(batch)
 
 
+def _gae_inputs(batch):
+    t = lambda x: torch.as_tensor(x)  # noqa: E731
+    advantages, returns, mask = gae_advantages(
+        t(batch.reward), t(batch.policy_output.value), t(batch.done), t(batch.truncated), 0.99, 0.95
+    )
+    return batch.apply(t), advantages, returns, mask
+
+
 def test_minibatches_cover_valid_transitions_once_per_epoch(make_batch):
     policy = _policy()
     trainer = PPOTrainer(policy, minibatches=3)
-    batch = make_batch(policy, OBS, steps=9, segments=4, seed=2)
-    from algorithm.modules.gae import gae_advantages
-
-    t = lambda x: torch.as_tensor(x)  # noqa: E731
-    _, _, mask = gae_advantages(
-        t(batch.reward), t(batch.policy_output.value), t(batch.done), t(batch.truncated), 0.99, 0.95
+    batch, advantages, returns, mask = _gae_inputs(make_batch(policy, OBS, steps=9, segments=4))
+    pool, pool_adv, _, pool_mask = trainer._training_pool(batch, advantages, returns, mask)
+    valid = mask[..., 0].bool()
+    # feed-forward: the valid transitions, [1, N], and no mask (each of them is trained on)
+    assert pool_mask is None and pool_adv.shape == (1, int(valid.sum()), 1)
+    assert torch.equal(pool.obs[0], batch.obs[valid]) and torch.equal(
+        pool_adv[0], advantages[valid]
     )
-    chunks = trainer._minibatch_indices(mask)
-    seen = sorted((int(a), int(b)) for ti, bi in chunks for a, b in zip(ti[0], bi[0]))
+    chunks = trainer._minibatch_indices(pool_adv.shape[1], pool_adv.device)
     assert len(chunks) == 3
-    assert seen == sorted(map(tuple, mask[..., 0].nonzero().tolist()))
+    assert sorted(i for c in chunks for i in c.tolist()) == list(range(int(valid.sum())))
 
 
 def test_linear_schedule_decays_to_zero(make_batch):
@@ -164,7 +173,54 @@ def test_a_user_policy_passes_the_pipeline_check():
 def test_recurrent_policies_train_on_whole_segments(make_batch):
     policy = _policy(rnn_hidden=8)
     trainer = PPOTrainer(policy, minibatches=2)
-    mask = torch.ones(9, 5, 1)
-    chunks = trainer._minibatch_indices(mask)
-    assert all(time_index == slice(None) for time_index, _ in chunks)
-    assert sorted(int(b) for _, segments in chunks for b in segments) == list(range(5))
+    batch, advantages, returns, mask = _gae_inputs(make_batch(policy, OBS, steps=9, segments=5))
+    pool = trainer._training_pool(batch, advantages, returns, mask)
+    assert pool[0] is batch and pool[3] is mask  # [T, B] segments with their mask
+    chunks = trainer._minibatch_indices(mask.shape[1], mask.device)
+    assert sorted(b for segments in chunks for b in segments.tolist()) == list(range(5))
+
+
+def _twin_trainers(**kwargs):
+    """Two trainers on two identical policies."""
+    return [PPOTrainer(_policy(**kwargs), lr=1e-3, seed=0) for _ in range(2)]
+
+
+def _parameters(trainer):
+    return [p.detach().clone() for p in trainer.policy.parameters()]
+
+
+def test_fast_adam_makes_the_same_update_as_the_per_parameter_loop(make_batch):
+    fast, plain = _twin_trainers()
+    group = fast.optimizer.param_groups[0]
+    assert group["fused"] or group["foreach"]
+    for g in plain.optimizer.param_groups:
+        g.update(fused=False, foreach=False)
+    for seed in range(3):
+        batch = make_batch(fast.policy, OBS, steps=9, segments=4, seed=seed)
+        fast_stats, plain_stats = fast.step(batch).stats, plain.step(batch).stats
+        assert fast_stats == pytest.approx(plain_stats, rel=1e-4, abs=1e-6)
+    for a, b in zip(_parameters(fast), _parameters(plain)):
+        torch.testing.assert_close(a, b)
+
+
+def test_feed_forward_minibatches_skip_the_mask_without_changing_the_update(make_batch):
+    unmasked, masked = _twin_trainers()
+    batch, advantages, returns, mask = _gae_inputs(make_batch(unmasked.policy, OBS, 9, 4))
+    pool, adv, ret, _ = unmasked._training_pool(batch, advantages, returns, mask)
+    stats = unmasked._update(pool, adv, ret, None)
+    masked_stats = masked._update(pool, adv, ret, torch.ones_like(adv))
+    torch.testing.assert_close(stats, masked_stats)
+    for a, b in zip(_parameters(unmasked), _parameters(masked)):
+        torch.testing.assert_close(a, b)
+
+
+def test_checkpoint_of_a_per_parameter_adam_loads_into_the_fast_one(make_batch):
+    trainer, other = _twin_trainers()
+    for g in other.optimizer.param_groups:
+        g.update(fused=False, foreach=False)
+    other.step(make_batch(other.policy, OBS, 5, 2))
+    trainer.load_checkpoint(other.get_checkpoint())
+    group = trainer.optimizer.param_groups[0]
+    assert (group["fused"], group["foreach"]) in ((True, False), (False, True))
+    result = trainer.step(make_batch(trainer.policy, OBS, 5, 2))
+    assert result.step == 2 and np.isfinite(result.stats["loss"])
