@@ -7,8 +7,10 @@ Both start the runtime's real classes in separate processes, wired by hand (no c
   and the bench process is the actor, sending :class:`RolloutRequest` batches through
   :class:`ZmqInferenceClient` and timing each round trip.
 - ``push``: one process runs :class:`ParameterServer`, ``k`` processes each hold a subscribed
-  :class:`ParameterClient` and report, on the system-wide monotonic clock, when ``poll_latest``
-  handed them each new version; the bench process publishes and takes the slowest arrival.
+  :class:`ParameterClient` and a torch module and report, on the system-wide monotonic clock,
+  when ``poll_latest`` handed them each new version and when it was loaded into the module; the
+  bench process publishes and takes the slowest arrival. Run once with the service's shared
+  memory (what a local run uses) and once without (the socket, as across hosts or containers).
 
 Child processes are spawned (never forked), are daemons of the bench process, and stop when
 told; every wait has a deadline.
@@ -166,46 +168,75 @@ def _concurrent(
 
 
 # --------------------------------------------------------------------- weight push
-def _parameter_server_main(out: Any, stop: Any, subscribers: int) -> None:
-    """Child: the parameter server, in memory; says when ``subscribers`` have subscribed."""
-    from system.parameter_service import ParameterServer
+PUSH_POLICY = "bench"
+
+
+def _parameter_server_main(out: Any, stop: Any, subscribers: int, shm: bool) -> None:
+    """Child: the parameter server, in memory (``shm``: with its shared memory, else none); says
+    when ``subscribers`` have subscribed to the kind of push they will use."""
+    from system.parameter_service import AUTO, ParameterServer
     from system.parameter_store import ParameterStore
 
-    server = ParameterServer(ParameterStore(keep=2))
-    out.put({"request": server.request_endpoint, "push": server.push_endpoint})
+    server = ParameterServer(ParameterStore(keep=2), shm_dir=AUTO if shm else None)
+    local = server.shm is not None
+    out.put({"request": server.request_endpoint, "push": server.push_endpoint, "shm": local})
     announced = False
     try:
         while not stop.is_set():
             server.poll(timeout_ms=20)
-            if not announced and server.subscriber_count("bench") >= subscribers:
+            # Subscribers add shared-memory notices once hello is answered: wait for that.
+            if not announced and server.subscriber_count(PUSH_POLICY, shm=local) >= subscribers:
                 announced = True
                 out.put("subscribed")
     finally:
         server.close()
 
 
-def _subscriber_main(index: int, request: str, push: str, out: Any, stop: Any) -> None:
-    """Child: a policy worker's parameter client; reports when each version arrives."""
+def _subscriber_main(index: int, request: str, push: str, size: int, out: Any, stop: Any) -> None:
+    """Child: a policy worker's parameter client and a ``size``-parameter torch module; reports
+    when each version was handed out by ``poll_latest`` and when it was loaded into the module
+    (as a policy's ``load_checkpoint`` does: ``load_state_dict`` of the arrays as tensors)."""
+    import torch
+
     from system.parameter_service import ParameterClient
 
-    client = ParameterClient(request, push, subscribe=["bench"])
+    torch.set_num_threads(1)  # as worker_process sets it for policy workers
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(torch.zeros(size))
+    client = ParameterClient(request, push, subscribe=[PUSH_POLICY])
     try:
         while not stop.is_set():
-            latest = client.poll_latest("bench", timeout_s=0.1)
-            if latest is not None:
-                out.put((index, latest[0], time.monotonic()))
+            latest = client.poll_latest(PUSH_POLICY, timeout_s=0.1)
+            if latest is None:
+                continue
+            received = time.monotonic()
+            version, checkpoint = latest
+            weights = checkpoint["model"]["w"]
+            if tuple(module.w.shape) != weights.shape:  # the next model size: once
+                module.w = torch.nn.Parameter(torch.zeros(weights.shape))
+            module.load_state_dict({k: torch.as_tensor(v) for k, v in checkpoint["model"].items()})
+            loaded = time.monotonic()
+            first = float(module.w.detach()[0])
+            if first != version:
+                raise RuntimeError(f"version {version} loaded {first} as its first weight")
+            del latest, checkpoint, weights  # as a policy worker drops the checkpoint it loaded
+            out.put((index, version, received, loaded))
     finally:
         client.close()
 
 
-def push_latency(sizes: tuple[int, ...], publishes: int, subscribers: int) -> dict[str, Any]:
-    """Milliseconds from ``publish`` until every subscriber holds the version, per model size."""
+def push_latency(
+    sizes: tuple[int, ...], publishes: int, subscribers: int, *, shm: bool = True
+) -> dict[str, Any]:
+    """Milliseconds from ``publish`` until every subscriber has the version loaded into its
+    torch module (``p50_ms``...), and until ``poll_latest`` handed it out (``received_*``), per
+    model size. ``shm=False``: the service offers no shared memory, so weights go by socket."""
     from system.parameter_service import ParameterClient
 
     ctx = mp.get_context("spawn")
     server_out, arrivals, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     server = ctx.Process(
-        target=_parameter_server_main, args=(server_out, stop, subscribers), daemon=True
+        target=_parameter_server_main, args=(server_out, stop, subscribers, shm), daemon=True
     )
     server.start()
     with ExitStack() as cleanup:
@@ -215,7 +246,7 @@ def push_latency(sizes: tuple[int, ...], publishes: int, subscribers: int) -> di
         for i in range(subscribers):
             child = ctx.Process(
                 target=_subscriber_main,
-                args=(i, endpoints["request"], endpoints["push"], arrivals, stop),
+                args=(i, endpoints["request"], endpoints["push"], sizes[0], arrivals, stop),
                 daemon=True,
             )
             child.start()
@@ -224,33 +255,48 @@ def push_latency(sizes: tuple[int, ...], publishes: int, subscribers: int) -> di
         _get(server_out, START_TIMEOUT_S, "the subscribers did not subscribe", *children)
         publisher = ParameterClient(endpoints["request"])
         cleanup.callback(publisher.close)
-        result: dict[str, Any] = {"subscribers": subscribers, "sizes": {}}
+        result: dict[str, Any] = {
+            "subscribers": subscribers,
+            "transport": "shared memory" if endpoints["shm"] else "socket",
+            "sizes": {},
+        }
         version = 0
         for size in sizes:
-            every, acks = [], []
+            loaded, received, acks = [], [], []
             weights = np.zeros(size, dtype=np.float32)
-            for i in range(publishes + 1):  # the first one warms up
+            for i in range(publishes + 2):  # the first two warm up (and resize the modules)
                 version += 1
                 weights[0] = version
                 started = time.monotonic()
                 publisher.publish(
-                    "bench", version, {"version": version, "model": {"w": weights}}, timeout_s=30.0
+                    PUSH_POLICY,
+                    version,
+                    {"version": version, "model": {"w": weights}},
+                    timeout_s=30.0,
                 )
                 acked = time.monotonic()
-                arrived = _arrivals(arrivals, version, subscribers, children)
-                if i > 0:
-                    every.append((max(arrived) - started) * 1000.0)
+                got, done = _arrivals(arrivals, version, subscribers, children)
+                if i > 1:
+                    loaded.append((max(done) - started) * 1000.0)
+                    received.append((max(got) - started) * 1000.0)
                     acks.append((acked - started) * 1000.0)
+            figures = _percentiles(received, "ms")
             result["sizes"][str(size)] = {
                 "megabytes": size * 4 / 1e6,
-                **_percentiles(every, "ms"),
+                **_percentiles(loaded, "ms"),
+                "received_p50_ms": figures["p50_ms"],
+                "received_max_ms": figures["max_ms"],
                 "ack_p50_ms": float(np.median(acks)),
             }
+        result["publisher_shm_publishes"] = int(publisher.stats["shm_publishes"])
     return result
 
 
-def _arrivals(arrivals: Any, version: int, subscribers: int, children: list) -> list[float]:
-    got: dict[int, float] = {}
+def _arrivals(
+    arrivals: Any, version: int, subscribers: int, children: list
+) -> tuple[list[float], list[float]]:
+    """When each subscriber received ``version`` and when it had loaded it."""
+    got: dict[int, tuple[float, float]] = {}
     deadline = time.monotonic() + 60.0
     while len(got) < subscribers:
         left = deadline - time.monotonic()
@@ -258,10 +304,12 @@ def _arrivals(arrivals: Any, version: int, subscribers: int, children: list) -> 
             raise PeerTimeoutError(
                 f"version {version} reached {len(got)} of {subscribers} subscribers in 60s"
             )
-        index, arrived_version, at = _get(arrivals, left, "no push arrived", *children)
+        index, arrived_version, received, loaded = _get(
+            arrivals, left, "no push arrived", *children
+        )
         if arrived_version >= version:
-            got.setdefault(index, at)
-    return list(got.values())
+            got.setdefault(index, (received, loaded))
+    return [r for r, _ in got.values()], [d for _, d in got.values()]
 
 
 # --------------------------------------------------------------------- helpers

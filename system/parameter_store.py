@@ -1,9 +1,11 @@
 """The versioned parameter store behind the parameter service.
 
 Per policy name the store holds monotonic integer versions of a checkpoint (a nested dict of
-numpy arrays, scalars or torch tensors, stored as given), the tags ``latest`` (automatic) and any
-explicit ones such as ``eval``, the newest ``keep`` versions in memory (tagged versions are kept
-too), and, when a publish asks for it, a checkpoint file on disk so a run can resume::
+numpy arrays, scalars or torch tensors, stored as given: the parameter service stores read-only
+arrays onto a received message or a mapped shared-memory file), the tags ``latest`` (automatic)
+and any explicit ones such as ``eval``, the newest ``keep`` versions in memory (tagged versions
+are kept too; :meth:`ParameterStore.on_evict` tells when one leaves), and, when a publish asks
+for it, a checkpoint file on disk so a run can resume::
 
     root_dir/checkpoints/<policy>/v00000042.ckpt
     root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
@@ -22,7 +24,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,14 @@ class ParameterStore:
         self._policies: dict[str, _Policy] = {}
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
+        self._evict_listeners: list[Callable[[str, int], None]] = []
+
+    def on_evict(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(policy, version)`` whenever a version leaves memory (the newest
+        ``keep`` and tagged ones stay). It runs under the store's lock: it must be quick and
+        must not call the store. The parameter service unlinks shared-memory files with it."""
+        with self._lock:
+            self._evict_listeners.append(listener)
 
     # -------------------------------------------------------------------------------- queries
     def policies(self) -> list[str]:
@@ -149,7 +159,7 @@ class ParameterStore:
                 entry.on_disk.add(version)
             entry.memory[version] = params
             entry.latest = version
-            self._evict(entry)
+            self._evict(policy, entry)
             self._published.notify_all()
 
     def wait_newer(self, policy: str, version: int | None, timeout_s: float) -> int | None:
@@ -183,7 +193,7 @@ class ParameterStore:
                     f"(latest is {entry.latest})"
                 )
             entry.tags[tag] = version
-            self._evict(entry)
+            self._evict(policy, entry)
             if self.root_dir is not None:
                 self._save_tags(policy, entry)
 
@@ -210,10 +220,17 @@ class ParameterStore:
             f"policy '{policy}' has no tag {version!r}; tags: {[LATEST, *entry.tags]}"
         )
 
-    def _evict(self, entry: _Policy) -> None:
+    def _evict(self, policy: str, entry: _Policy) -> None:
         keep = set(sorted(entry.memory)[-self.keep :]) | set(entry.tags.values())
         for version in [v for v in entry.memory if v not in keep]:
             del entry.memory[version]
+            for listener in self._evict_listeners:
+                try:
+                    listener(policy, version)
+                except Exception:  # a listener's trouble must not undo the publish
+                    logger.exception(
+                        "eviction listener failed for version %d of %s", version, policy
+                    )
 
     def _folder(self, policy: str) -> Path:
         assert self.root_dir is not None
@@ -287,7 +304,7 @@ class ParameterStore:
                     entry.latest = version
                 break
             entry.tags.update(self._read_tags(policy_dir, entry))
-            self._evict(entry)
+            self._evict(policy, entry)
             return entry.latest
 
     def _read_tags(self, policy_dir: Path, entry: _Policy) -> dict[str, int]:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import shutil
+import signal
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +19,9 @@ import torch
 import zmq
 
 from api.errors import OperationalError, PeerTimeoutError, UserError, WireError
-from system import wire
+from system import shm, wire
 from system.parameter_service import (
+    SHM_TOPIC,
     InprocParameterService,
     ParameterClient,
     ParameterClientBase,
@@ -101,6 +108,21 @@ def test_store_keeps_the_newest_k_and_tagged_versions():
         store.get("p", 2)
     store.tag("p", 6, "eval")  # the old eval version is no longer held for the tag
     assert store.versions_in_memory("p") == [4, 5, 6]
+
+
+def test_store_tells_when_a_version_leaves_memory():
+    store = ParameterStore(keep=2)
+    left = []
+    store.on_evict(lambda policy, version: left.append((policy, version)))
+    store.on_evict(lambda policy, version: 1 / 0)  # a failing listener changes nothing
+    for v in (1, 2, 3):
+        store.publish("p", v, params(v))
+    store.tag("p", 2, "eval")
+    store.publish("p", 4, params(4))
+    assert left == [("p", 1)]
+    store.tag("p", 4, "eval")  # version 2 is neither tagged nor among the newest 2 now
+    assert left == [("p", 1), ("p", 2)]
+    assert store.versions_in_memory("p") == [3, 4]
 
 
 def test_store_refuses_bad_policy_names_and_persist_without_disk():
@@ -190,10 +212,14 @@ def test_store_wait_newer_wakes_on_publish():
 class Service:
     """A ParameterServer polled by a background thread, with one subscribed client."""
 
-    def __init__(self, store: ParameterStore, subscribe=("p", "marker")):
-        self.server = ParameterServer(store)
+    def __init__(self, store: ParameterStore, subscribe=("p", "marker"), shm=True, **server):
+        self.server = ParameterServer(store, **server)
         self.client = ParameterClient(
-            self.server.request_endpoint, self.server.push_endpoint, subscribe=list(subscribe)
+            self.server.request_endpoint,
+            self.server.push_endpoint,
+            subscribe=list(subscribe),
+            shm=shm,
+            shm_min_bytes=0,  # every version through shared memory, however small
         )
         # Wait for the subscriptions to arrive (instead of sleeping) before polling elsewhere.
         self.server.wait_subscribers(len(subscribe), timeout_s=TIMEOUT_S)
@@ -213,8 +239,29 @@ class Service:
 
 
 @pytest.fixture
-def service(tmp_path):
+def shm_dir(tmp_path, monkeypatch):
+    """A shared-memory directory of this test's own (in /dev/shm when there is one), made the
+    configured one for this process and the processes it starts."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tmp_path
+    directory = Path(tempfile.mkdtemp(prefix="pytest-shm-", dir=base))
+    monkeypatch.setenv(shm.ENV_DIR, str(directory))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def troupe_files(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith("troupe-"))
+
+
+@pytest.fixture(params=["shm", "socket"])
+def service(request, tmp_path, monkeypatch):
+    """Every service test runs twice: weights through shared memory, and over the socket."""
+    if request.param == "shm":
+        request.getfixturevalue("shm_dir")
+    else:
+        monkeypatch.setenv(shm.ENV_DIR, "off")
     svc = Service(ParameterStore(tmp_path))
+    assert (svc.server.shm is not None) == (request.param == "shm")
     yield svc
     svc.close()
 
@@ -444,3 +491,402 @@ def _reply_error(router: zmq.Socket, error_type: str) -> None:
     envelope, request = wire.recv(router, timeout_ms=int(TIMEOUT_S * 1000))
     body = {"id": request.body["id"], "type": error_type, "error": "boom"}
     wire.send(router, "error", body, envelope=envelope)
+
+
+# ------------------------------------------------------------------------------ shared memory
+def weights(step: float, n: int = 100_000) -> dict:
+    """Large enough that the array takes a frame (a place in the file) of its own."""
+    return {"model": {"w": np.full((n,), step, np.float32)}, "step": int(step)}
+
+
+def until(condition, what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def versions_in(directory: Path) -> set[int]:
+    return {int(n.split("-v")[-1][:8]) for n in troupe_files(directory) if n.endswith(".params")}
+
+
+def publish_until_notices(client: ParameterClient, policy: str, start: int) -> int:
+    """Publish versions from ``start`` until ``client`` (subscribed to ``policy``) receives one
+    through shared memory (its subscription switched); returns the next version number."""
+    version = start
+    while client.stats["shm_pushes"] == 0:
+        assert version < start + 50, "no version ever came through shared memory"
+        client.publish(policy, version, weights(version), timeout_s=TIMEOUT_S)
+        assert client.poll_latest(policy, timeout_s=TIMEOUT_S)[0] == version
+        version += 1
+    return version
+
+
+def _shm_server(out, stop) -> None:
+    """Child process: a parameter server keeping 2 versions, with the configured shm dir."""
+    server = ParameterServer(ParameterStore(keep=2))
+    out.put((server.request_endpoint, server.push_endpoint, server.shm is not None))
+    try:
+        while not stop.is_set():
+            server.poll(20)
+    finally:
+        server.close()
+
+
+def _shm_subscriber(request, push, out, stop) -> None:
+    """Child process: a subscribed client reporting each version it gets, then scribbling on it
+    (a private mapping: nobody else may see that)."""
+    client = ParameterClient(request, push, subscribe=["p"])
+    try:
+        while not stop.is_set():
+            got = client.poll_latest("p", timeout_s=0.05)
+            if got is None:
+                continue
+            version, params = got
+            w = params["model"]["w"]
+            out.put(
+                (version, float(w.sum()), len(w), w.flags.writeable, client.stats["shm_pushes"])
+            )
+            w[:] = -1.0
+    finally:
+        client.close()
+
+
+@pytest.mark.multiprocess
+def test_shm_round_trip_across_processes(shm_dir):
+    ctx = multiprocessing.get_context("spawn")
+    stop, server_out, arrivals = ctx.Event(), ctx.Queue(), ctx.Queue()
+    server = ctx.Process(target=_shm_server, args=(server_out, stop), daemon=True)
+    server.start()
+    children = [server]
+    try:
+        request, push, has_shm = server_out.get(timeout=60)
+        assert has_shm
+        child = ctx.Process(target=_shm_subscriber, args=(request, push, arrivals, stop))
+        child.start()
+        children.append(child)
+        with ParameterClient(request, shm_min_bytes=0) as publisher:
+            version, via_shm = 1, 0
+            while via_shm == 0:  # until the subscriber switched to notices
+                assert version < 100, "the subscriber never got a version through shared memory"
+                publisher.publish("p", version, weights(version, 1000), timeout_s=TIMEOUT_S)
+                try:
+                    got, _, _, _, via_shm = arrivals.get(timeout=0.5)
+                except Exception:
+                    got = None
+                version += 1
+            while not arrivals.empty():
+                arrivals.get()
+            big = weights(7.0, 1_000_000)
+            publisher.publish("p", version, big, timeout_s=TIMEOUT_S)
+            got = arrivals.get(timeout=30)
+            assert got[:4] == (version, 7.0 * 1_000_000, 1_000_000, True)
+            assert got[4] > via_shm  # it came through shared memory
+            assert publisher.stats["shm_publishes"] == version
+            # the subscriber scribbled on its arrays: the stored version is untouched
+            number, stored = publisher.get("p", timeout_s=TIMEOUT_S)
+            assert number == version
+            np.testing.assert_array_equal(stored["model"]["w"], big["model"]["w"])
+            until(lambda: versions_in(shm_dir) == {version - 1, version}, "2 versions kept")
+            files = troupe_files(shm_dir)
+            assert sum(n.endswith(".lock") for n in files) == 1
+            stop.set()
+            server.join(TIMEOUT_S)
+            assert server.exitcode == 0
+        assert troupe_files(shm_dir) == []  # the service and the publisher left nothing
+    finally:
+        stop.set()
+        for process in children:
+            process.join(TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+
+
+def test_shm_publish_and_push_in_one_process(shm_dir, tmp_path):
+    svc = Service(ParameterStore(tmp_path, keep=2))
+    try:
+        client = svc.client
+        version = publish_until_notices(client, "p", 1)
+        assert client.shm_peer is not None and client.shm_peer.dir == shm_dir
+        client.publish("p", version, weights(3.0), persist=True, timeout_s=TIMEOUT_S)
+        got_version, got = client.poll_latest("p", timeout_s=TIMEOUT_S)
+        assert got_version == version
+        assert got["model"]["w"].flags.writeable and got["step"] == 3
+        np.testing.assert_array_equal(got["model"]["w"], weights(3.0)["model"]["w"])
+        # persisted from the mapping: the checkpoint file reads back like any other
+        on_disk = load_checkpoint_file(svc.server.store.checkpoint_path("p", version))
+        np.testing.assert_array_equal(on_disk["params"]["model"]["w"], got["model"]["w"])
+        assert svc.server.stats["shm_publishes"] == client.stats["shm_publishes"] == version
+        # a final save of the latest version again: written to disk, its new file not kept
+        client.publish("p", version, weights(3.0), persist=True, timeout_s=TIMEOUT_S)
+        files = lambda: [n for n in troupe_files(shm_dir) if n.endswith(".params")]  # noqa: E731
+        until(lambda: len(files()) == 2, "the final save's file gone")
+        assert versions_in(shm_dir) == {version - 1, version}
+    finally:
+        svc.close()
+    assert troupe_files(shm_dir) == []
+
+
+def test_shm_superseded_versions_are_unlinked_and_readers_keep_theirs(shm_dir, tmp_path):
+    svc = Service(ParameterStore(tmp_path, keep=2))
+    try:
+        client, server = svc.client, svc.server
+        version = publish_until_notices(client, "p", 1)
+        for v in range(version, version + 3):
+            client.publish("p", v, weights(v), persist=(v == version), timeout_s=TIMEOUT_S)
+        last = version + 2
+        until(lambda: versions_in(shm_dir) == {last - 1, last}, "only the newest 2 files")
+        # a reader that mapped a version before it is dropped keeps reading it after
+        layout = server._layouts[("p", last)]
+        held = server.shm.peer.open(layout, "p", last, writable=False)
+        client.tag("p", last - 1, "eval", timeout_s=TIMEOUT_S)
+        for v in (last + 1, last + 2):
+            client.publish("p", v, weights(v), timeout_s=TIMEOUT_S)
+        until(lambda: versions_in(shm_dir) == {last - 1, last + 1, last + 2}, "tagged one kept")
+        np.testing.assert_array_equal(held["model"]["w"], weights(last)["model"]["w"])
+        # a version dropped from memory but persisted is still there, from its checkpoint
+        got_version, got = client.get("p", version, timeout_s=TIMEOUT_S)
+        assert got_version == version
+        np.testing.assert_array_equal(got["model"]["w"], weights(version)["model"]["w"])
+        # too late for a dropped version: the file is gone (a newer version's notice follows)
+        with pytest.raises(FileNotFoundError):
+            client.shm_peer.open(layout, "p", last, writable=True)
+    finally:
+        svc.close()
+    assert troupe_files(shm_dir) == []
+
+
+def _killed_service(directory: str) -> None:
+    """Child process: a service's shared memory with one version in it, then SIGKILL."""
+    area = shm.ShmArea(directory)
+    area.adopt(area.peer.write("p", 1, weights(1))["name"])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.multiprocess
+def test_files_of_dead_services_are_removed_and_live_ones_kept(shm_dir):
+    child = multiprocessing.get_context("spawn").Process(
+        target=_killed_service, args=(str(shm_dir),)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    dead = troupe_files(shm_dir)
+    assert len(dead) == 2 and any(n.endswith(".params") for n in dead)
+
+    live = shm.ShmArea(shm_dir)  # already cleans up the killed one
+    assert live.removed_stale == 2
+    live.adopt(live.peer.write("p", 1, weights(1))["name"])
+    mine = troupe_files(shm_dir)
+    old = shm_dir / "troupe-0123456789abcdef-p-v00000001-0123456789abcdef.params"
+    fresh = shm_dir / "troupe-fedcba9876543210-0123456789abcdef.part"
+    other = shm_dir / "not-troupe-0123456789abcdef.lock"
+    for path in (old, fresh, other):
+        path.write_bytes(b"x")
+    os.utime(old, (time.time() - 2 * shm.STALE_AGE_S,) * 2)  # no lock, and old: a leftover
+    second = shm.ShmArea(shm_dir)
+    assert second.removed_stale == 1
+    assert troupe_files(shm_dir) == sorted([*mine, fresh.name, f"{second.prefix}.lock"])
+    second.close()
+    live.close()
+    assert troupe_files(shm_dir) == [fresh.name]  # too young to say it is a leftover
+    assert other.exists()
+
+
+def test_a_service_sweeps_files_it_never_took(shm_dir):
+    area = shm.ShmArea(shm_dir)
+    try:
+        taken = area.peer.write("p", 1, weights(1))["name"]
+        area.adopt(taken)
+        dropped = area.peer.write("p", 2, weights(2))["name"]  # its publisher died
+        area.peer.prepare(400_064)
+        assert area.sweep() == 0  # all too young
+        assert area.sweep(min_age_s=0) == 2  # the unadopted version and the spare
+        assert troupe_files(shm_dir) == sorted([taken, f"{area.prefix}.lock"])
+        assert not (shm_dir / dropped).exists()
+        area.peer.write("p", 3, weights(3))  # a swept spare is noticed, not used
+    finally:
+        area.peer.close()
+        area.close()
+    assert troupe_files(shm_dir) == []
+
+
+def test_malformed_shm_publishes_are_refused(shm_dir):
+    svc = Service(ParameterStore())
+    ctx = wire.context()
+    raw = wire.socket_options(ctx.socket(zmq.DEALER))
+    raw.connect(svc.server.request_endpoint)
+    area = svc.server.shm
+    good = area.peer.write("p", 1, weights(1))
+    lookalike = f"{area.prefix}-p-v00000001-{'0' * 16}.params"
+    (shm_dir / f"{area.prefix}-p-v00000001-{'1' * 16}.params").symlink_to(shm_dir / good["name"])
+    os.mkfifo(shm_dir / f"{area.prefix}-p-v00000001-{'2' * 16}.params")
+    (shm_dir / f"{area.prefix}-p-v00000001-{'3' * 16}.params").write_bytes(b"NOTMAGIC" * 8)
+    bad = {
+        "../../etc/passwd": {**good, "name": "../../etc/passwd"},
+        "/etc/passwd": {**good, "name": "/etc/passwd"},
+        "another service's": {
+            **good,
+            "name": good["name"].replace(area.prefix, "troupe-" + "a" * 16),
+        },
+        "another version's": {**good, "name": good["name"].replace("v00000001", "v00000002")},
+        "missing": {**good, "name": lookalike},
+        "symlink": {**good, "name": f"{area.prefix}-p-v00000001-{'1' * 16}.params"},
+        "fifo": {**good, "name": f"{area.prefix}-p-v00000001-{'2' * 16}.params"},
+        "no magic": {**good, "name": f"{area.prefix}-p-v00000001-{'3' * 16}.params", "size": 64},
+        "size too big": {**good, "size": good["size"] + 64},
+        "frame outside": {**good, "frames": [[good["size"] - 8, 400_000]]},
+        "frames overlap": {**good, "frames": [[64, 400_000], [100, 8]]},
+        "frames missing": {**good, "frames": []},
+        "header garbage": {**good, "header": b"\xc1garbage"},
+        "not a dict": "a string",
+        "extra keys": {**good, "path": "/etc/passwd"},
+    }
+    try:
+        for i, (case, layout) in enumerate(bad.items()):
+            body = {"id": i, "policy": "p", "version": 1, "persist": False, "shm": layout}
+            wire.send(raw, "publish", body)
+            reply = wire.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
+            assert reply.kind == "error" and reply.body["type"] == "WireError", case
+        assert svc.server.stats["bad_messages"] == len(bad)
+        assert svc.server.store.latest_version("p") is None
+        assert os.path.exists("/etc/passwd")
+        assert (shm_dir / good["name"]).exists()  # refused requests unlink nothing
+        wire.send(
+            raw, "publish", {"id": 99, "policy": "p", "version": 1, "persist": False, "shm": good}
+        )
+        reply = wire.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
+        assert (reply.kind, reply.body) == ("ack", {"id": 99, "version": 1})
+        np.testing.assert_array_equal(
+            svc.client.get("p")[1]["model"]["w"], weights(1)["model"]["w"]
+        )
+    finally:
+        raw.close(linger=0)
+        svc.close()
+
+
+class FakeService:
+    """A ROUTER that answers hello with a real ShmArea's info and an XPUB to push anything."""
+
+    def __init__(self, directory: Path):
+        self.area = shm.ShmArea(directory)
+        ctx = wire.context()
+        self.router = wire.socket_options(ctx.socket(zmq.ROUTER))
+        self.xpub = wire.socket_options(ctx.socket(zmq.XPUB))
+        self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.request = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
+        self.push = f"tcp://127.0.0.1:{self.xpub.bind_to_random_port('tcp://127.0.0.1')}"
+
+    def answer_hello(self) -> None:
+        envelope, hello = wire.recv(self.router, timeout_ms=int(TIMEOUT_S * 1000))
+        assert hello.kind == "hello"
+        body = {"id": hello.body["id"], "shm": self.area.info()}
+        wire.send(self.router, "hello", body, envelope=envelope)
+
+    def wait_subscription(self, topic: bytes) -> None:
+        while True:
+            assert self.xpub.poll(int(TIMEOUT_S * 1000)), f"no subscription to {topic!r}"
+            if self.xpub.recv() == b"\x01" + topic:
+                return
+
+    def notice(self, version: int, layout) -> None:
+        body = {"policy": "p", "version": version, "shm": layout}
+        wire.send(self.xpub, "params", body, envelope=[SHM_TOPIC + b"p"])
+
+    def close(self) -> None:
+        self.router.close(linger=0)
+        self.xpub.close(linger=0)
+        self.area.close()
+
+
+def test_malformed_notices_are_counted_and_the_client_falls_back(shm_dir):
+    fake = FakeService(shm_dir)
+    client = ParameterClient(fake.request, fake.push, subscribe=["p"])
+    try:
+        fake.wait_subscription(b"p")
+        fake.answer_hello()
+        until(lambda: client.poll_latest("p") is None and client.shm_peer is not None, "hello")
+        fake.wait_subscription(SHM_TOPIC + b"p")
+        good = fake.area.peer.write("p", 1, weights(1))
+        fake.notice(1, good)
+        version, got = client.poll_latest("p", timeout_s=TIMEOUT_S)
+        assert version == 1 and got["model"]["w"].flags.writeable
+        np.testing.assert_array_equal(got["model"]["w"], weights(1)["model"]["w"])
+        for version, layout in ((2, good), (3, 17)):  # version 1's file; not a layout at all
+            fake.notice(version, layout)
+            assert client.poll_latest("p", timeout_s=0.2) is None
+        assert client.stats["bad_messages"] == 2
+        assert client.shm_peer is not None
+        fake.notice(4, {**good, "name": f"{fake.area.prefix}-p-v00000004-{'0' * 16}.params"})
+        assert client.poll_latest("p", timeout_s=0.2) is None  # missing: the third in a row
+        assert client.stats["shm_missed"] == 1
+        assert client.shm_peer is None  # back to full pushes, for good
+        fake.wait_subscription(b"p")
+        wire.send(
+            fake.xpub,
+            "params",
+            {"policy": "p", "version": 5, "params": weights(5)},
+            envelope=[b"p"],
+        )
+        version, got = client.poll_latest("p", timeout_s=TIMEOUT_S)
+        assert version == 5 and got["model"]["w"].flags.writeable
+        np.testing.assert_array_equal(got["model"]["w"], weights(5)["model"]["w"])
+    finally:
+        client.close()
+        fake.close()
+
+
+def test_shm_falls_back_to_the_socket(shm_dir, tmp_path, monkeypatch):
+    # a service without shared memory; a client that does not want it; a service whose
+    # directory is not this process's configured one: all over the socket
+    other = tmp_path / "other"
+    other.mkdir()
+    for server, client in (({"shm_dir": None}, True), ({}, False), ({"shm_dir": other}, True)):
+        svc = Service(ParameterStore(), shm=client, **server)
+        try:
+            svc.client.publish("p", 1, weights(1), timeout_s=TIMEOUT_S)
+            version, got = svc.client.poll_latest("p", timeout_s=TIMEOUT_S)
+            assert version == 1 and got["model"]["w"].flags.writeable
+            np.testing.assert_array_equal(got["model"]["w"], weights(1)["model"]["w"])
+            assert svc.client.shm_peer is None, (server, client)
+            assert svc.client.stats["shm_publishes"] == svc.server.stats["shm_publishes"] == 0
+        finally:
+            svc.close()
+    assert troupe_files(shm_dir) == [] and troupe_files(other) == []
+
+    # a service that refuses a file: that version goes by socket, then shared memory again
+    svc = Service(ParameterStore())
+    try:
+        client = svc.client
+        version = publish_until_notices(client, "p", 1)
+        refuse = monkeypatch.setattr
+        refuse(svc.server.shm, "open", lambda *a: (_ for _ in ()).throw(WireError("no")))
+        client.publish("p", version, weights(version), timeout_s=TIMEOUT_S)
+        assert client.shm_peer is None and client.stats["shm_failures"] == 1
+        assert client.poll_latest("p", timeout_s=TIMEOUT_S)[0] == version
+        monkeypatch.undo()
+        monkeypatch.setenv(shm.ENV_DIR, str(shm_dir))
+        client.publish("p", version + 1, weights(version + 1), timeout_s=TIMEOUT_S)
+        assert client.shm_peer is not None
+        assert client.poll_latest("p", timeout_s=TIMEOUT_S)[0] == version + 1
+        # a full directory: that version goes by socket, and the next tries again
+        full = OSError(28, "No space left on device")
+        monkeypatch.setattr(shm.ShmPeer, "write_frames", lambda *a: (_ for _ in ()).throw(full))
+        publishes = client.stats["shm_publishes"]
+        client.publish("p", version + 2, weights(version + 2), timeout_s=TIMEOUT_S)
+        assert client.stats["shm_write_errors"] == 1
+        assert client.stats["shm_publishes"] == publishes
+        assert client.poll_latest("p", timeout_s=TIMEOUT_S)[0] == version + 2
+        assert client.shm_peer is not None
+        # versions too small to be worth a file go over the socket
+        monkeypatch.undo()
+        monkeypatch.setenv(shm.ENV_DIR, str(shm_dir))
+        client.shm_min_bytes = 400_001
+        client.publish("p", version + 3, weights(version + 3), timeout_s=TIMEOUT_S)
+        assert client.stats["shm_publishes"] == publishes
+        client.shm_min_bytes = 400_000
+        client.publish("p", version + 4, weights(version + 4), timeout_s=TIMEOUT_S)
+        assert client.stats["shm_publishes"] == publishes + 1
+        assert client.poll_latest("p", timeout_s=TIMEOUT_S)[0] == version + 4
+    finally:
+        svc.close()
