@@ -198,7 +198,7 @@ def _subscriber_main(index: int, request: str, push: str, size: int, out: Any, s
     (as a policy's ``load_checkpoint`` does: ``load_state_dict`` of the arrays as tensors)."""
     import torch
 
-    from system.parameter_service import ParameterClient
+    from system.parameter_client import ParameterClient
 
     torch.set_num_threads(1)  # as worker_process sets it for policy workers
     module = torch.nn.Module()
@@ -231,7 +231,7 @@ def push_latency(
     """Milliseconds from ``publish`` until every subscriber has the version loaded into its
     torch module (``p50_ms``...), and until ``poll_latest`` handed it out (``received_*``), per
     model size. ``shm=False``: the service offers no shared memory, so weights go by socket."""
-    from system.parameter_service import ParameterClient
+    from system.parameter_client import ParameterClient
 
     ctx = mp.get_context("spawn")
     server_out, arrivals, stop = ctx.Queue(), ctx.Queue(), ctx.Event()

@@ -15,7 +15,7 @@ import numpy as np
 from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
 from system.inference_stream import InferenceServer, PendingRequest
-from system.parameter_service import ParameterClientBase
+from system.parameter_client import ParameterClientBase
 from system.worker_base import Worker
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from api.config import ExperimentConfig, check
 from system import builders
 from system.actor_worker import ActorWorker
 from system.inference_stream import InprocInferenceHub
-from system.parameter_service import InprocParameterService
+from system.parameter_client import InprocParameterService
 from system.parameter_store import ParameterStore
 from system.policy_worker import PolicyWorker
 from system.sample_stream import InprocSampleHub

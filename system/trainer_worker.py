@@ -20,7 +20,7 @@ import torch
 from api.errors import OperationalError
 from api.policy import SampleBatch
 from api.trainer import Trainer
-from system.parameter_service import ParameterClientBase
+from system.parameter_client import ParameterClientBase
 from system.sample_stream import SampleConsumer
 from system.trajectory import segment_count, take_columns
 from system.worker_base import Worker

@@ -24,7 +24,8 @@ from system import builders, wire
 from system.actor_worker import ActorWorker
 from system.control import ControlClient
 from system.inference_stream import ZmqInferenceClient, ZmqInferenceServer
-from system.parameter_service import ParameterClient, ParameterServer
+from system.parameter_client import ParameterClient
+from system.parameter_service import ParameterServer
 from system.parameter_store import ParameterStore
 from system.policy_worker import PolicyWorker
 from system.sample_stream import ZmqSampleConsumer, ZmqSampleProducer

@@ -20,13 +20,8 @@ import zmq
 
 from api.errors import OperationalError, PeerTimeoutError, UserError, WireError
 from system import shm, wire
-from system.parameter_service import (
-    SHM_TOPIC,
-    InprocParameterService,
-    ParameterClient,
-    ParameterClientBase,
-    ParameterServer,
-)
+from system.parameter_client import InprocParameterService, ParameterClient, ParameterClientBase
+from system.parameter_service import SHM_TOPIC, ParameterServer
 from system.parameter_store import (
     ParameterNotFoundError,
     ParameterStore,

@@ -13,7 +13,7 @@ from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
 from system.actor_worker import ActorWorker, EnvironmentFailure
 from system.inference_stream import InferenceReply, InprocInferenceHub
-from system.parameter_service import InprocParameterService
+from system.parameter_client import InprocParameterService
 from system.parameter_store import ParameterStore
 from system.policy_worker import PolicyWorker
 from system.sample_stream import InprocSampleHub
