@@ -1,0 +1,122 @@
+"""The numpy acting path of ActorCriticPolicy gives what the torch path gives."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+from api.policy import RolloutRequest
+
+BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(2, 3), dtype=np.float32)
+SPACES = {
+    "discrete": gym.spaces.Discrete(3, start=-1),
+    "multidiscrete": gym.spaces.MultiDiscrete([2, 4], start=[1, 0]),
+    "box": gym.spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32),
+}
+
+
+def pair(action_space, **kwargs):
+    """Two identical policies (same seed), one acting through numpy, one through torch."""
+    fast = ActorCriticPolicy(BOX_OBS, action_space, seed=3, **kwargs)
+    slow = ActorCriticPolicy(BOX_OBS, action_space, seed=3, numpy_inference=False, **kwargs)
+    assert fast._numpy is not None and slow._numpy is None
+    return fast, slow
+
+
+def request(rows: int, greedy: bool = False) -> RolloutRequest:
+    obs = np.random.default_rng(0).uniform(-1, 1, (rows, 2, 3)).astype(np.float32)
+    return RolloutRequest(
+        obs=obs, is_evaluation=np.full((rows, 1), greedy), on_reset=np.ones((rows, 1), bool)
+    )
+
+
+def torch_log_prob(policy: ActorCriticPolicy, req: RolloutRequest, action: np.ndarray):
+    """The torch path's log-probability of given environment actions."""
+    with torch.no_grad():
+        params, _, _ = policy.module(
+            torch.as_tensor(req.obs)[None], None, torch.zeros(1, len(req.obs), 1, dtype=bool)
+        )
+        dist = policy._distribution(params[0], None)
+        action = torch.as_tensor(action)
+        if policy._action_offset is not None:
+            action = action - policy._action_offset
+        return dist.log_prob(action).numpy()
+
+
+@pytest.mark.parametrize("kind", sorted(SPACES))
+@pytest.mark.parametrize("shared", [False, True])
+def test_numpy_and_torch_paths_agree(kind, shared):
+    fast, slow = pair(SPACES[kind], shared_backbone=shared, activation="relu")
+    req = request(16)
+    got, ref = fast.rollout(req), slow.rollout(req)
+    assert got.action.shape == ref.action.shape and got.action.dtype == ref.action.dtype
+    assert all(SPACES[kind].contains(a) for a in got.action) or kind == "box"
+    np.testing.assert_allclose(got.policy_output.value, ref.policy_output.value, atol=1e-5)
+    np.testing.assert_allclose(
+        got.policy_output.log_prob, torch_log_prob(slow, req, got.action), atol=1e-5
+    )
+    greedy = request(16, greedy=True)
+    got, ref = fast.rollout(greedy).action, slow.rollout(greedy).action
+    if kind == "box":  # the mean, up to float rounding
+        np.testing.assert_allclose(got, ref, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_samples_follow_the_policy_distribution():
+    fast, _ = pair(gym.spaces.Discrete(3))
+    req = request(1)
+    req.obs = np.repeat(req.obs, 20_000, axis=0)
+    req.is_evaluation = np.zeros((20_000, 1), bool)
+    out = fast.rollout(req)
+    probs = np.exp(out.policy_output.log_prob[:, 0])
+    expected = {int(a): p for a, p in zip(out.action, probs)}
+    counts = np.bincount(out.action + 1, minlength=3) / len(out.action)
+    for action, p in expected.items():
+        assert abs(counts[action + 1] - p) < 0.015
+
+
+def test_new_weights_are_used_at_once():
+    fast, slow = pair(gym.spaces.Discrete(3))
+    req = request(8, greedy=True)
+    before = fast.rollout(req).policy_output.value.copy()
+    with torch.no_grad():
+        for p in slow.module.parameters():
+            p.add_(0.5)
+    fast.load_checkpoint(slow.get_checkpoint())
+    after = fast.rollout(req).policy_output.value
+    assert not np.allclose(before, after)
+    np.testing.assert_allclose(after, slow.rollout(req).policy_output.value, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(rnn_hidden=8), dict(activation="gelu"), dict(numpy_inference=False)],
+)
+def test_torch_acts_where_numpy_does_not_apply(kwargs):
+    policy = ActorCriticPolicy(BOX_OBS, gym.spaces.Discrete(3), **kwargs)
+    assert policy._numpy is None
+    assert policy.rollout(request(4)).action.shape == (4,)
+
+
+def test_dict_observations_act_through_torch():
+    space = gym.spaces.Dict({"x": BOX_OBS})
+    assert ActorCriticPolicy(space, gym.spaces.Discrete(3))._numpy is None
+
+
+def test_a_trainer_step_on_the_same_policy_object_is_acted_on_at_once():
+    """A fused optimiser step does not bump the parameters' counters; the version does."""
+    from algorithm.ppo.trainer import PPOTrainer
+
+    fast, _ = pair(gym.spaces.Discrete(3))
+    trainer = PPOTrainer(fast)
+    req = request(8, greedy=True)
+    before = fast.rollout(req).policy_output.value.copy()
+    for p in fast.parameters():
+        p.grad = torch.ones_like(p)
+    trainer.optimizer.step()
+    fast.inc_version()
+    assert not np.allclose(before, fast.rollout(req).policy_output.value)
