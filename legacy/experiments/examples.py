@@ -28,12 +28,13 @@ def _ppo_policy(policy_args: dict, trainer_args: dict, batch_segments: int) -> P
 def cartpole_ppo() -> ExperimentConfig:
     """PPO on CartPole-v1 until the greedy evaluation return reaches 475 (of 500).
 
-    Tuned for wall-clock, not only for samples: 2 actors x 16 environments feed batched inference
-    (8 environments a request), and each trainer step takes 512 new transitions (8 segments of 64)
-    through 6 epochs of 2 minibatches at lr 2e-3: 12 gradient steps where 8 epochs of 4 take 32,
-    for about the same samples (serial-mode check: 38k-50k environment steps to a training mean of
-    475 for seeds 0-4, each then 500 greedily). On a 2-core machine the trainer's CPU is what
-    bounds the time to solve.
+    Tuned for wall-clock, not only for samples. 2 actors x 32 environments, each actor asking for
+    all its actions in one request (``groups=1``): on a 2-core machine every message costs CPU on
+    both ends, so fewer, larger requests leave more of it to the trainer. Each trainer step takes
+    1024 new transitions (16 segments of 64) through 6 epochs of 2 minibatches at lr 2e-3: larger
+    minibatches cost less CPU a sample than many small ones. Evaluation plays 10 greedy episodes
+    at a time, held to 2,000 frames/s so that it takes a small share of the CPU. BENCHMARKS.md has
+    the measured frames/s and time to solve.
     """
     return ExperimentConfig(
         name="cartpole-ppo",
@@ -51,12 +52,12 @@ def cartpole_ppo() -> ExperimentConfig:
                     clip=0.2,
                     max_grad_norm=0.5,
                 ),
-                batch_segments=8,
+                batch_segments=16,
             )
         },
-        actors=ActorConfig(workers=2, envs_per_worker=16, segment_length=64),
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=4, episodes=10),
-        stop=StopConfig(eval_return=475.0, env_frames=300_000),
+        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=64, groups=1),
+        evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=10, max_fps=2000.0),
+        stop=StopConfig(eval_return=475.0, env_frames=500_000),
     )
 
 
@@ -67,8 +68,10 @@ def pendulum_ppo() -> ExperimentConfig:
     depending on where it starts). A short discount (0.9) keeps value targets small without reward
     normalisation. The learning rate decays linearly to zero over 300 trainer steps (1024
     transitions each), where the run stops at the latest. In the serial-mode learning check the
-    mean of 40 training episodes reached -200 after 80k-128k environment steps (3 seeds), and
-    greedy evaluation then scored -188 to -246.
+    mean of 40 training episodes reached -200 after 40k-181k environment steps (3 seeds), and
+    greedy evaluation then scored -229 to -265 over 100 episodes. Greedy returns vary a lot
+    with the start state, hence 100 evaluation episodes: over 20, the same policies scored
+    -208 to -332.
     """
     return ExperimentConfig(
         name="pendulum-ppo",
@@ -91,7 +94,7 @@ def pendulum_ppo() -> ExperimentConfig:
             )
         },
         actors=ActorConfig(workers=2, envs_per_worker=4, segment_length=128),
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=4, episodes=20),
+        evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=100),
         stop=StopConfig(eval_return=-200.0, env_frames=300_000),
     )
 
