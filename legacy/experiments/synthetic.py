@@ -30,11 +30,12 @@ def synthetic_ppo() -> ExperimentConfig:
                 policy=ComponentConfig(
                     "actor-critic", dict(hidden_sizes=[64, 64], activation="tanh")
                 ),
-                trainer=ComponentConfig("ppo", dict(lr=1e-3, epochs=4, minibatches=4)),
-                batch_segments=8,
+                trainer=ComponentConfig("ppo", dict(lr=1e-3, epochs=4, minibatches=2)),
+                batch_segments=16,
             )
         },
-        actors=ActorConfig(workers=2, envs_per_worker=4, segment_length=64),
+        # 2 groups of 16: an actor steps one while the other waits for its actions.
+        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=64, groups=2),
         evaluation=EvaluationConfig(workers=0),
         stop=StopConfig(env_frames=100_000),
     )
