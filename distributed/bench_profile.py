@@ -19,9 +19,10 @@ from distributed.bench_runs import troupe_command
 from system.report import read_metrics
 
 CONFIGS = {
-    "cartpole-ppo": [],
-    "cartpole-ppo, 32 envs an actor": ["actors.envs_per_worker=32"],
+    "cartpole-ppo": ("cartpole-ppo", []),
+    "synthetic-ppo at 1 ms/step": ("synthetic-ppo", ["environment.args.step_cost_us=1000"]),
 }
+"""What is profiled: label -> (experiment, overrides)."""
 
 
 def profile(size, workdir: Path, context: dict) -> tuple[dict, list]:
@@ -30,8 +31,9 @@ def profile(size, workdir: Path, context: dict) -> tuple[dict, list]:
     figures: dict[str, Any] = {}
     rows = []
     warmup, window = size.warmup_s, max(size.run_s - size.warmup_s - 6.0, 3.0)
-    for label, overrides in CONFIGS.items():
-        result = profile_run(workdir / f"profile-{len(figures)}", overrides, warmup, window)
+    for label, (experiment, overrides) in CONFIGS.items():
+        run_dir = workdir / f"profile-{len(figures)}"
+        result = profile_run(run_dir, experiment, overrides, warmup, window)
         figures[label] = result
         parts = ", ".join(f"{role} {us:.0f}" for role, us in result["us_per_frame"].items())
         rows.append(
@@ -45,12 +47,14 @@ def profile(size, workdir: Path, context: dict) -> tuple[dict, list]:
     return figures, rows
 
 
-def profile_run(run_dir: Path, overrides: list[str], warmup_s: float, window_s: float) -> dict:
-    """Run cartpole-ppo, wait ``warmup_s`` after the first frames, measure for ``window_s``."""
+def profile_run(
+    run_dir: Path, experiment: str, overrides: list[str], warmup_s: float, window_s: float
+) -> dict:
+    """Run ``experiment``, wait ``warmup_s`` after the first frames, measure for ``window_s``."""
     command = [
         *troupe_command(),
         "run",
-        "cartpole-ppo",
+        experiment,
         "stop.eval_return=None",
         "stop.env_frames=1000000000",
         f"stop.wall_seconds={warmup_s + window_s + 15}",
