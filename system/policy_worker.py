@@ -50,14 +50,21 @@ class PolicyWorker(Worker):
         if not pending:
             return 0
         started = time.perf_counter()
-        request = concatenate([self._with_state(p.request) for p in pending])
+        requests = [self._with_state(p.request) for p in pending]
+        # One request (the common case when actors send all their environments at once) needs
+        # neither concatenating nor slicing: both copy every field.
+        request = requests[0] if len(requests) == 1 else concatenate(requests)
         result = self.policy.rollout(request)
         version = self.policy.version
-        offset = 0
-        for p in pending:
-            rows = p.rows
-            self.server.reply(p, result[offset : offset + rows], version)
-            offset += rows
+        if len(pending) == 1:
+            self.server.reply(pending[0], result, version)
+            offset = pending[0].rows
+        else:
+            offset = 0
+            for p in pending:
+                rows = p.rows
+                self.server.reply(p, result[offset : offset + rows], version)
+                offset += rows
         self._count(pending, offset, time.perf_counter() - started)
         return offset
 

@@ -121,7 +121,9 @@ def test_a_docker_run_writes_the_run_folder_and_leaves_nothing(client, tmp_path)
 
 
 def test_a_crashed_actor_container_is_restarted_and_the_run_completes(client, tmp_path):
-    run = BackgroundRun(client, tmp_path / "docker-crash", [*QUICK, "stop.env_frames=20000"])
+    # Long enough (tens of seconds at today's frame rates) for Docker's restart and the new
+    # process's hello to happen well before the run ends.
+    run = BackgroundRun(client, tmp_path / "docker-crash", [*QUICK, "stop.env_frames=600000"])
     run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
     victim = the_container(client, run.run, "actor/0")
     # A crash, not `docker kill`: Docker never restarts a container a user stopped or killed.
