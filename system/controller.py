@@ -151,6 +151,9 @@ class Controller:
                     next_stats += STATS_EVERY_S
                     self._report()
                     self._supervise()
+            # The record that met the stopping rule, at the moment it did: episodes that finish
+            # during shutdown would move the evaluation mean away from what decided.
+            self._report()
         except KeyboardInterrupt:
             self.stop_reason = "interrupted"
         finally:
