@@ -161,11 +161,14 @@ class Controller:
         return self._finish()
 
     def _shutdown(self) -> None:
+        started = time.monotonic()
         for order in (0, 1, 2):
             ids = [w for w, s in self.workers.items() if s.plan.stop_order == order]
             self._stop_workers(ids)
+            logger.info("stopped %s after %.2fs", ids, time.monotonic() - started)
         self.launcher.stop_all(timeout_s=10.0)
         self.display.stop()
+        logger.info("every worker process ended after %.2fs", time.monotonic() - started)
 
     def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
         waiting = {
