@@ -109,6 +109,7 @@ class ZmqSampleProducer(SampleProducer):
     def __init__(self, endpoints: dict[str, list[str]], *, hwm: int = 4):
         self.hwm = hwm
         self.sockets: dict[str, zmq.Socket] = {}
+        self.addresses: dict[str, list[str]] = {}
         self.credit: dict[str, int] = {}
         self.in_flight: dict[str, collections.deque[float]] = {}
         self.bad_messages = BadMessages(logger, "sample producer")
@@ -128,6 +129,7 @@ class ZmqSampleProducer(SampleProducer):
         for address in addresses:
             sock.connect(address)
         self.sockets[policy] = sock
+        self.addresses[policy] = list(addresses)
         self.credit[policy] = max(1, len(addresses))
         self.in_flight[policy] = collections.deque()
 
@@ -156,7 +158,12 @@ class ZmqSampleProducer(SampleProducer):
         sent = self.in_flight[policy]
         while sent and time.monotonic() - sent[0] > CREDIT_TIMEOUT_S:
             sent.popleft()
-            logger.warning("samples for policy '%s' were never acked; sending on", policy)
+            logger.warning(
+                "samples for policy '%s' not acked in %.0fs: counted as lost with a trainer that "
+                "stopped, and the next chunk goes",
+                policy,
+                CREDIT_TIMEOUT_S,
+            )
         return len(sent) < self.credit[policy]
 
     def _take_acks(self) -> None:

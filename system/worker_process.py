@@ -194,7 +194,8 @@ class ActorPeerWatchdog:
 
     A request that no policy worker answers for ``STALL_S`` seconds, or a sample backlog that
     does not drain for as long, means the peer may have been restarted: look its name up again,
-    reconnect, and send the unanswered requests again.
+    reconnect (the sample stream only if a trainer's address changed), and send the unanswered
+    requests again.
     """
 
     STALL_S = 5.0
@@ -221,10 +222,15 @@ class ActorPeerWatchdog:
         if self.backlogged_since is None:
             self.backlogged_since = now
         elif now - self.backlogged_since > self.STALL_S:
-            logger.warning("%s: trainers not taking samples; reconnecting", self.ctl.worker_id)
-            for policy, names in self.sample_names.items():
-                samples.connect(policy, [self.ctl.lookup(n) for n in names])
+            # A slow trainer also leaves actors backlogged: reconnect only to trainers that moved
+            # (reconnecting drops what the old socket still held).
             self.backlogged_since = None
+            for policy, names in self.sample_names.items():
+                addresses = [self.ctl.lookup(n) for n in names]
+                if addresses != samples.addresses.get(policy):
+                    logger.warning("%s: trainers of '%s' moved; reconnecting", self.ctl.worker_id,
+                                   policy)  # fmt: skip
+                    samples.connect(policy, addresses)
 
 
 BUILDERS = {

@@ -141,3 +141,38 @@ def test_an_actor_with_max_fps_holds_back_once_over_its_pace(monkeypatch):
         stepped.append(actor.poll())
         answer_all(hub, "p")
     assert stepped == [0, 4, 4, 0]  # a burst of 5 frames allowed, then nothing until time passes
+
+
+class _FakeSamples:
+    backlogged = True
+
+    def __init__(self):
+        self.addresses = {"p": ["tcp://old:1"]}
+        self.connected = []
+
+    def connect(self, policy, addresses):
+        self.connected.append((policy, addresses))
+        self.addresses[policy] = addresses
+
+
+def test_a_backlogged_actor_reconnects_only_to_trainers_that_moved(monkeypatch):
+    from types import SimpleNamespace
+
+    from system import worker_process
+
+    clock = [0.0]
+    monkeypatch.setattr(worker_process.time, "monotonic", lambda: clock[0])
+    samples = _FakeSamples()
+    ctl = SimpleNamespace(worker_id="actor/0", lookup=lambda name: where[name])
+    worker = SimpleNamespace(samples=samples, stalled_policies=lambda timeout_s: set())
+    watchdog = worker_process.ActorPeerWatchdog(ctl, worker, {}, {"p": ["samples/p/0"]})
+    where = {"samples/p/0": "tcp://old:1"}
+    for _ in range(3):  # a slow trainer: backlogged for long, same address
+        watchdog()
+        clock[0] += worker_process.ActorPeerWatchdog.STALL_S + 1
+    assert samples.connected == []
+    where["samples/p/0"] = "tcp://new:2"  # restarted elsewhere
+    watchdog()
+    clock[0] += worker_process.ActorPeerWatchdog.STALL_S + 1
+    watchdog()
+    assert samples.connected == [("p", ["tcp://new:2"])]
