@@ -9,8 +9,8 @@ alone took 19-107 us. So :class:`~algorithm.actor_critic_policies.policy.ActorCr
 through this copy where it applies (vector observations, no GRU, CPU), and trains through torch.
 
 The copy is exact up to float rounding: the same layers, the same log-softmax. Sampling draws
-from its own numpy generator (Gumbel-max for categoricals),
-so actions follow the same distribution as the torch path, not the same random stream.
+from its own numpy generator (Gumbel-max for categoricals), so actions follow the same
+distribution as the torch path, not the same random stream.
 """
 
 from __future__ import annotations
