@@ -59,7 +59,7 @@ class ActorConfig:
     workers: int = 2
     """Actor worker processes."""
     envs_per_worker: int = 8
-    """Environments per process, stepped as a ring so the CPU never waits for inference."""
+    """Environments per process, split into ``groups``."""
     segment_length: int = 64
     """Steps per trajectory segment sent to the trainer (plus one bootstrap step)."""
     groups: int = 2
