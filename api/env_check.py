@@ -12,6 +12,9 @@ agent, the field, what was expected and what came back. Use it in your own tests
 
 (``test_environment`` is marked ``__test__ = False`` so pytest does not collect it as a test when
 you import the name itself into a test module.)
+
+Longer than 400 lines because one check per rule of the Environment contract, each with its own
+precise message; they share the driving loop and the report, and read best side by side.
 """
 
 from __future__ import annotations

@@ -26,11 +26,12 @@ from rich.text import Text
 
 from api.errors import UserError
 from api.registry import Spec
-from distributed import bench, swarm
-from distributed import cluster_commands as cc
-from distributed import run_commands as rc
-from distributed.deploy import add_deploy_arguments, run_deploy
-from distributed.images import add_image_arguments, run_image
+from distributed.bench import command as bench
+from distributed.deploy import cluster_commands as cc
+from distributed.deploy import swarm
+from distributed.deploy.commands import add_deploy_arguments, run_deploy
+from distributed.images.build import add_image_arguments, run_image
+from distributed.launch import run_commands as rc
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 

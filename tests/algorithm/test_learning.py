@@ -1,5 +1,6 @@
 """Learning checks: PPO with the actor-critic policy trains to its targets through the runtime's
-serial mode (``system.serial.SerialRun``: the production actor, policy and trainer workers in one
+serial mode
+(``system.run.serial.SerialRun``: the production actor, policy and trainer workers in one
 process). Minutes each; run alone with ``pytest -m learning -s`` to see the numbers.
 
 Targets (training-episode returns, stochastic actions, averaged over the last ``window`` episodes):
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from api.config import make_experiment
-from system.serial import SerialRun
+from system.run.serial import SerialRun
 
 pytestmark = pytest.mark.learning
 

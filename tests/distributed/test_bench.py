@@ -16,15 +16,15 @@ import pytest
 from rich.console import Console
 
 from api.errors import UserError
-from distributed.bench import (
+from distributed.bench.command import (
     SUITE_NAMES,
     add_bench_arguments,
     machine_info,
     markdown_table,
     run_bench,
 )
-from distributed.bench_runs import _MetricsTail, steady_fps
-from distributed.bench_suites import SUITES, Row
+from distributed.bench.runs import _MetricsTail, steady_fps
+from distributed.bench.suites import SUITES, Row
 
 
 def _records(*pairs: tuple[float, int]) -> list[dict]:

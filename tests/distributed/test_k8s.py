@@ -24,10 +24,10 @@ from kubernetes_validate.utils import latest_version
 from rich.console import Console
 
 from api.config import make_experiment
-from distributed import k8s
-from distributed.cluster_commands import resolve_worker_id
-from distributed.deploy import add_deploy_arguments, run_deploy, run_k8s
-from distributed.manifest_common import DeployError, parse_resource_overrides, to_yaml
+from distributed.deploy import k8s
+from distributed.deploy.cluster_commands import resolve_worker_id
+from distributed.deploy.commands import add_deploy_arguments, run_deploy, run_k8s
+from distributed.deploy.manifests import DeployError, parse_resource_overrides, to_yaml
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
 SCHEMA_VERSIONS = ("1.28", latest_version())
@@ -416,7 +416,8 @@ def test_the_creators_name_real_kubernetes_client_methods():
 @pytest.fixture
 def troupe_with_deploy(monkeypatch):
     """``troupe`` with a ``deploy`` row in ``cli.SUBCOMMANDS`` (added here if missing)."""
-    from distributed import cli, deploy
+    from distributed import cli
+    from distributed.deploy import commands as deploy
 
     if any(row.name == "deploy" for row in cli.SUBCOMMANDS):
         return cli.main
@@ -441,6 +442,6 @@ def test_troupe_deploy_k8s_through_the_command_line(troupe_with_deploy, tmp_path
 
 
 def test_deploy_swarm_explains_a_missing_swarm_module(troupe_with_deploy, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "distributed.swarm", None)
+    monkeypatch.setitem(sys.modules, "distributed.deploy.swarm", None)
     assert troupe_with_deploy(["deploy", "swarm", "cartpole-ppo"]) == 1
     assert "troupe deploy swarm is not part of this installation" in capsys.readouterr().err

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from distributed.deploy import add_deploy_arguments, run_deploy
-from distributed.manifest_common import DeployError
+from distributed.deploy.commands import add_deploy_arguments, run_deploy
+from distributed.deploy.manifests import DeployError
 
 FAKE_SRUN = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$FAKE_SLURM_LOG"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from distributed import images
+from distributed.images import build as images
 
 IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
 

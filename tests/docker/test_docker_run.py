@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from distributed import docker_launcher as dl
-from distributed import images
-from distributed.run import prepare
-from system import wire
-from system.security import RunKeys
+from distributed.images import build as images
+from distributed.launch import docker_run as dl
+from distributed.launch.run import prepare
+from system.streams import wire
+from system.streams.security import RunKeys
 
 pytestmark = pytest.mark.docker
 

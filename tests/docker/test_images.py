@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from api import registry
-from distributed import images
+from distributed.images import build as images
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +72,7 @@ def test_runs_as_an_unprivileged_user(client, image):
 
 
 def test_worker_process_module_runs(client, image):
-    out = run(client, image, "-m", "system.worker_process", "--help", entrypoint="python")
+    out = run(client, image, "-m", "system.run.worker_process", "--help", entrypoint="python")
     assert "--controller CONTROLLER" in out
     assert "--advertise-host ADVERTISE_HOST" in out
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from distributed import docker_launcher as dl
-from distributed import images, swarm
+from distributed.deploy import swarm
+from distributed.images import build as images
+from distributed.launch import docker_run as dl
 
 pytestmark = pytest.mark.docker
 

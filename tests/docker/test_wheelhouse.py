@@ -1,4 +1,4 @@
-"""distributed.images without an engine: which wheels make an image, errors, the CLI wiring."""
+"""Image builds without an engine: which wheels make an image, errors, the CLI wiring."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import docker
 import pytest
 
-from distributed import images
-from distributed.images import (
+from distributed.images import build as images
+from distributed.images.build import (
     BaseImageMissingError,
     DockerUnavailableError,
     WheelhouseError,

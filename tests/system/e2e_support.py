@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from system.report import read_metrics
+from system.run.report import read_metrics
 
 TROUPE = [sys.executable, "-m", "distributed.cli"]
 ROOT = Path(__file__).resolve().parents[2]

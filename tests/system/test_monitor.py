@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import system.monitor as monitor
-from system.display import plain_line, render_panel
-from system.monitor import (
+import system.run.monitor as monitor
+from system.run.display import plain_line, render_panel
+from system.run.monitor import (
     LiveDisplay,
     MetricsWriter,
     StageTimer,
@@ -177,7 +177,7 @@ def test_missing_tensorboard_warns_once_and_keeps_jsonl(
     # importing the event writer raises ImportError
     monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
     monkeypatch.setattr(monitor, "_tb_unavailable_warned", False)
-    with caplog.at_level(logging.WARNING, logger="system.monitor"):
+    with caplog.at_level(logging.WARNING, logger="system.run.monitor"):
         for name in ("a", "b"):
             with MetricsWriter(tmp_path / name) as writer:
                 assert not writer.tensorboard_enabled
@@ -203,7 +203,7 @@ def test_resumed_writer_starts_after_a_truncated_line(
     (tmp_path / "metrics.jsonl").write_text('{"env_frames": 1}\n{"env_fr')
     with MetricsWriter(tmp_path, tensorboard=False) as writer:
         writer.write({"env_frames": 2, "wall_s": 0.0})
-    with caplog.at_level(logging.WARNING, logger="system.report"):
+    with caplog.at_level(logging.WARNING, logger="system.run.report"):
         records = read_metrics(tmp_path)
     assert records == [{"env_frames": 1}, {"env_frames": 2, "wall_s": 0.0}]
     assert "metrics.jsonl:2 is not a JSON object; skipping that line" in caplog.text

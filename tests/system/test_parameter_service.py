@@ -19,16 +19,16 @@ import torch
 import zmq
 
 from api.errors import OperationalError, PeerTimeoutError, UserError, WireError
-from system import shm, wire
-from system.parameter_client import InprocParameterService, ParameterClient, ParameterClientBase
-from system.parameter_service import SHM_TOPIC, ParameterServer
-from system.parameter_store import (
+from system.parameters.client import InprocParameterService, ParameterClient, ParameterClientBase
+from system.parameters.service import SHM_TOPIC, ParameterServer
+from system.parameters.store import (
     ParameterNotFoundError,
     ParameterStore,
     PolicyNameError,
     VersionError,
     load_checkpoint_file,
 )
+from system.streams import shm, wire
 
 TIMEOUT_S = 5.0
 

@@ -12,8 +12,8 @@ import zmq
 from e2e_support import finish, read_json, start, wait_for
 
 from api.policy import RolloutRequest
-from system import wire
-from system.security import RunKeys
+from system.streams import wire
+from system.streams.security import RunKeys
 
 pytestmark = pytest.mark.multiprocess
 

@@ -7,11 +7,11 @@ import pytest
 import zmq
 from test_workers import CountingEnv, EchoPolicy, StubTrainer, answer_all, eval_actor, segment
 
-from system import wire
-from system.inference_stream import InprocInferenceHub
 from system.ratelimit import Pace
-from system.sample_stream import InprocSampleHub, ZmqSampleConsumer, ZmqSampleProducer
-from system.trainer_worker import TrainerWorker
+from system.streams import wire
+from system.streams.inference import InprocInferenceHub
+from system.streams.samples import InprocSampleHub, ZmqSampleConsumer, ZmqSampleProducer
+from system.workers.trainer_worker import TrainerWorker
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ class _FakeSamples:
 def test_a_backlogged_actor_reconnects_only_to_trainers_that_moved(monkeypatch):
     from types import SimpleNamespace
 
-    from system import worker_process
+    from system.run import worker_process
 
     clock = [0.0]
     monkeypatch.setattr(worker_process.time, "monotonic", lambda: clock[0])

@@ -13,7 +13,7 @@ import zmq
 
 from api.errors import WireError
 from api.namedarray import NamedArray, namedarray
-from system import wire
+from system.streams import wire
 
 TIMEOUT_MS = 5000
 

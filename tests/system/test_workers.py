@@ -11,13 +11,13 @@ from api.errors import PipelineCheckError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
-from system.actor_worker import ActorWorker, EnvironmentFailure
-from system.inference_stream import InferenceReply, InprocInferenceHub
-from system.parameter_client import InprocParameterService
-from system.parameter_store import ParameterStore
-from system.policy_worker import PolicyWorker
-from system.sample_stream import InprocSampleHub
-from system.trainer_worker import NonFiniteLossError, TrainerWorker
+from system.parameters.client import InprocParameterService
+from system.parameters.store import ParameterStore
+from system.streams.inference import InferenceReply, InprocInferenceHub
+from system.streams.samples import InprocSampleHub
+from system.workers.actor_worker import ActorWorker, EnvironmentFailure
+from system.workers.policy_worker import PolicyWorker
+from system.workers.trainer_worker import NonFiniteLossError, TrainerWorker
 
 
 class CountingEnv(Environment):

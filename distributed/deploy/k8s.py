@@ -1,0 +1,528 @@
+"""``troupe deploy k8s``: one experiment as Kubernetes objects, written as files or created.
+
+One object per file, numbered in the order they are created, plus a ``kustomization.yaml``, so
+``kubectl apply -k DIR`` and ``kubectl delete -k DIR`` handle the run as a whole. The objects:
+
+- a Namespace (unless ``--no-namespace-object``), a ConfigMap with ``config.json``, a Secret with
+  the run's CURVE keys (made here, per run; the file is owner-only), a ReadWriteMany PVC for the
+  run folder (unless ``--existing-claim``);
+- the controller: a headless Service (stable DNS for the workers) and a Job whose init container
+  copies ``config.json`` into the run folder; the Job's end is the run's end;
+- one Indexed Job per role group of the controller's plan: ``params``, ``trainer-<policy>``,
+  ``policy-<policy>``, ``actor``, ``eval``. Index N runs worker ``<group>/N`` (``TROUPE_ORDINAL``
+  comes from the pod's completion-index annotation). The parameter service also gets a headless
+  Service that is its pods' ``subdomain``, so ``<run>-params-0.<run>-params`` resolves.
+
+Why Jobs and not StatefulSets: at the end of a run the controller stops every worker and they
+exit 0. A StatefulSet restarts them, and the restarted workers, unable to reach the finished
+controller, crash-loop while holding their CPUs and GPUs. In a Job with ``restartPolicy:
+OnFailure`` an exit 0 completes the index and nothing restarts it; a crashed or killed worker
+exits non-zero and the kubelet restarts it in place (same pod, same IP), and it says hello to the
+controller again. Finished Jobs are deleted ``ttlSecondsAfterFinished`` later.
+
+Every pod that writes the run folder (controller, params, trainers) mounts the claim at the same
+path, because workers write to the path the controller hands them.
+
+Longer than 400 lines because one small function per Kubernetes object kind; splitting them would
+scatter the one manifest set a reader wants to see whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from api.config import ExperimentConfig
+from distributed.deploy.cluster_commands import CONTROLLER_PORT
+from distributed.deploy.manifests import (
+    DEFAULT_RESOURCES,
+    DeployError,
+    Resources,
+    RoleGroup,
+    check_run_name,
+    config_json,
+    role_groups,
+    to_yaml,
+    write_private,
+)
+from distributed.images.build import DEFAULT_TAG
+
+MOUNT = "/troupe/run"
+KEYS_DIR, CONFIG_DIR = "/troupe/keys", "/troupe/config"
+UID = 10001  # the image's troupe user (docker/Dockerfile)
+MAX_RUN_NAME = 40  # leaves room for "-trainer-<policy>" within a 52-character Job name
+MAX_JOB_NAME = 52  # pod host names are "<job>-<index>", a DNS label of at most 63 characters
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+RESTARTS_PER_WORKER = 10
+"""A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
+Job: crashes and kills are retried, a worker that can never start does not loop for ever."""
+
+
+@dataclass
+class K8sOptions:
+    """Everything about the cluster that the experiment itself does not say."""
+
+    run_name: str
+    image: str = DEFAULT_TAG
+    gpu_image: str | None = None
+    """Image of GPU trainers (default: IMAGE with ``-gpu`` after its tag, as ``troupe image
+    build --gpu`` names it)."""
+    namespace: str = "troupe"
+    namespace_object: bool = True
+    storage_class: str | None = None
+    storage_size: str = "10Gi"
+    existing_claim: str | None = None
+    trainer_gpus: int | None = None
+    """GPUs per trainer pod; ``None``: 1 when the policy asks for ``device=cuda...``, else 0."""
+    resources: dict[str, Resources] = field(default_factory=dict)
+    """Per component (``controller``, ``params``, ``trainer``...): overrides of the defaults."""
+    image_pull_policy: str = "IfNotPresent"
+    finished_ttl_seconds: int | None = 86400
+    """Worker Jobs are deleted this long after they finish (their logs go with them); ``None``
+    keeps them. The controller Job is kept: its log holds the run's summary."""
+
+    @property
+    def claim(self) -> str:
+        return self.existing_claim or f"{self.run_name}-run"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{MOUNT}/{self.run_name}"
+
+
+# --------------------------------------------------------------------- building
+def build_manifests(
+    config: ExperimentConfig, options: K8sOptions, keys_text: str
+) -> list[dict[str, Any]]:
+    """Every object of the run, in the order to create them (controller before workers: a
+    worker waits only a minute for the controller's answer before it exits and is restarted)."""
+    check_run_name(options.run_name, MAX_RUN_NAME)
+    groups = role_groups(config)
+    b = _Builder(options)
+    objects: list[dict[str, Any]] = []
+    if options.namespace_object:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": options.namespace, "labels": b.labels("namespace")},
+            }
+        )
+    objects += [b.config_map(config_json(config)), b.secret(keys_text)]
+    if options.existing_claim is None:
+        objects.append(b.claim())
+    objects += [
+        b.service(b.controller_host, b.select("controller"), ports=True),
+        b.controller_job(),
+    ]
+    for group in groups:
+        if group.component == "params":  # the subdomain of its pods: stable per-pod DNS
+            objects.append(b.service(b.workload_name(group), b.select("params")))
+        objects.append(b.worker_job(group, _gpus(config, group, options)))
+    return objects
+
+
+def _gpus(config: ExperimentConfig, group: RoleGroup, options: K8sOptions) -> int:
+    if group.component != "trainer":
+        return 0
+    if options.trainer_gpus is not None:
+        return options.trainer_gpus
+    device = str(config.policies[group.policy].policy.args.get("device", "cpu"))
+    return 1 if device.startswith("cuda") else 0
+
+
+def gpu_image(image: str) -> str:
+    """``troupe-worker:latest`` -> ``troupe-worker:latest-gpu`` (``troupe image build --gpu``)."""
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:  # no tag ("registry:5000/troupe-worker" has a port, not a tag)
+        return f"{image}:latest-gpu"
+    return f"{name}:{tag}-gpu"
+
+
+class _Builder:
+    """Builds the objects of one run; holds the names and labels they share."""
+
+    def __init__(self, options: K8sOptions):
+        self.o = options
+        self.controller_host = f"{options.run_name}-controller"
+
+    def labels(self, component: str, policy: str | None = None) -> dict[str, str]:
+        labels = {
+            "app.kubernetes.io/name": "troupe",
+            "app.kubernetes.io/instance": self.o.run_name,
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/part-of": "troupe",
+            "app.kubernetes.io/managed-by": "troupe-deploy",
+            "troupe.run": self.o.run_name,
+        }
+        if policy is not None:
+            labels["troupe.policy"] = policy
+        return labels
+
+    def select(self, component: str, policy: str | None = None) -> dict[str, str]:
+        """The labels that pick one group's pods (a subset of :meth:`labels`)."""
+        keys = ("app.kubernetes.io/instance", "app.kubernetes.io/component", "troupe.policy")
+        return {k: v for k, v in self.labels(component, policy).items() if k in keys}
+
+    def meta(self, name: str, component: str, policy: str | None = None) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.o.namespace,
+            "labels": self.labels(component, policy),
+        }
+
+    def workload_name(self, group: RoleGroup) -> str:
+        suffix = group.name.replace("/", "-")
+        name = f"{self.o.run_name}-{suffix}"
+        if len(name) > MAX_JOB_NAME or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+            raise DeployError(
+                f"'{name}' is not a usable Job name (at most {MAX_JOB_NAME} characters of "
+                "a-z, 0-9 and '-'): use a shorter --run-name or rename policy "
+                f"'{group.policy}' to lower-case letters, digits and '-'"
+            )
+        return name
+
+    def config_map(self, text: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "immutable": True,
+            "metadata": self.meta(f"{self.o.run_name}-config", "config"),
+            "data": {"config.json": text},
+        }
+
+    def secret(self, keys_text: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "immutable": True,
+            "metadata": self.meta(f"{self.o.run_name}-keys", "keys"),
+            "stringData": {"keys": keys_text},
+        }
+
+    def claim(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": self.o.storage_size}},
+        }
+        if self.o.storage_class:
+            spec["storageClassName"] = self.o.storage_class
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": self.meta(self.o.claim, "run-folder"),
+            "spec": spec,
+        }
+
+    def service(self, name: str, selector: dict[str, str], ports: bool = False) -> dict[str, Any]:
+        """Headless, and publishing pods before they are ready: workers need the controller's
+        address while it starts, and nothing here has a readiness probe to wait for."""
+        spec: dict[str, Any] = {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+        }
+        if ports:
+            spec["ports"] = [
+                {
+                    "name": "control",
+                    "port": CONTROLLER_PORT,
+                    "targetPort": CONTROLLER_PORT,
+                    "protocol": "TCP",
+                }
+            ]
+        component = selector["app.kubernetes.io/component"]
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self.meta(name, component, selector.get("troupe.policy")),
+            "spec": spec,
+        }
+
+    def controller_job(self) -> dict[str, Any]:
+        args = [
+            "controller",
+            self.o.run_dir,
+            "--bind",
+            f"tcp://0.0.0.0:{CONTROLLER_PORT}",
+            "--advertise-host",
+            self.controller_host,
+            "--no-display",
+        ]
+        container = self.container("controller", self.o.image, args, writes_run=True)
+        container["ports"] = [{"name": "control", "containerPort": CONTROLLER_PORT}]
+        script = 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
+        copy = self.container(
+            "copy-config",
+            self.o.image,
+            command=["sh", "-c", script],
+            writes_run=True,
+            component="init",
+        )
+        copy["env"] += [
+            {"name": "RUN_DIR", "value": self.o.run_dir},
+            {"name": "CONFIG", "value": f"{CONFIG_DIR}/config.json"},
+        ]
+        copy["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+        pod = self.pod_spec([container], writes_run=True, restart="Never")
+        pod["initContainers"] = [copy]
+        pod["volumes"].append(
+            {"name": "config", "configMap": {"name": f"{self.o.run_name}-config"}}
+        )
+        # backoffLimit 0: a second controller would start the run over while the first one's
+        # workers still run; a failed controller ends the run, and the run folder says why.
+        spec = {"backoffLimit": 0, "template": self.template("controller", pod)}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": self.meta(self.controller_host, "controller"),
+            "spec": spec,
+        }
+
+    def worker_job(self, group: RoleGroup, gpus: int) -> dict[str, Any]:
+        """An Indexed Job: index N runs worker ``<group>/N``; a worker that exits 0 (stopped by
+        the controller) completes its index, one that fails is restarted in place."""
+        name = self.workload_name(group)
+        args = [
+            "worker",
+            "--id",
+            group.id_template,
+            "--role",
+            group.role,
+            "--controller",
+            f"tcp://{self.controller_host}:{CONTROLLER_PORT}",
+        ]
+        writes = group.component in ("params", "trainer")
+        image = (self.o.gpu_image or gpu_image(self.o.image)) if gpus else self.o.image
+        container = self.container(group.component, image, args, writes_run=writes, gpus=gpus)
+        # The Job controller injects JOB_COMPLETION_INDEX after the template's own variables,
+        # where $(JOB_COMPLETION_INDEX) could not refer to it: read the annotation it comes from.
+        container["env"].append(
+            {"name": "TROUPE_ORDINAL", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}
+        )
+        pod = self.pod_spec([container], writes_run=writes, restart="OnFailure")
+        if group.component == "params":
+            pod["subdomain"] = name  # the headless Service of that name: <name>-0.<name>
+        if gpus:
+            pod["tolerations"] = [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ]
+        # parallelism = completions: every index runs at once; the controller, not start order,
+        # wires them. backoffLimit, not backoffLimitPerIndex: the API server accepts the latter
+        # only with restartPolicy Never, which would replace a crashed pod instead of restarting
+        # its container. With OnFailure, container restarts count against backoffLimit.
+        # podReplacementPolicy Failed: an evicted pod's replacement (same worker id) starts only
+        # once the old pod is gone, so no worker id runs twice (ignored before Kubernetes 1.29).
+        spec: dict[str, Any] = {
+            "completionMode": "Indexed",
+            "completions": group.replicas,
+            "parallelism": group.replicas,
+            "backoffLimit": RESTARTS_PER_WORKER * group.replicas,
+            "podReplacementPolicy": "Failed",
+            "template": self.template(group.component, pod, group.policy),
+        }
+        if self.o.finished_ttl_seconds is not None:
+            spec["ttlSecondsAfterFinished"] = self.o.finished_ttl_seconds
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": self.meta(name, group.component, group.policy),
+            "spec": spec,
+        }
+
+    def template(self, component: str, pod: dict, policy: str | None = None) -> dict[str, Any]:
+        return {"metadata": {"labels": self.labels(component, policy)}, "spec": pod}
+
+    def container(
+        self,
+        name: str,
+        image: str,
+        args: list[str] | None = None,
+        *,
+        writes_run: bool,
+        command: list[str] | None = None,
+        gpus: int = 0,
+        component: str | None = None,
+    ) -> dict[str, Any]:
+        """One container; ``component`` picks its resources (default: its name)."""
+        resources = self.o.resources.get(component or name, DEFAULT_RESOURCES[component or name])
+        mounts = [
+            {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ]
+        if writes_run:
+            mounts.append({"name": "run", "mountPath": MOUNT})
+        # HOME=/tmp: the root filesystem is read-only, and matplotlib and torch keep caches there.
+        env = [
+            {"name": "TROUPE_CURVE_KEYS_FILE", "value": f"{KEYS_DIR}/keys"},
+            {"name": "HOME", "value": "/tmp"},
+        ]
+        return {
+            "name": name,
+            "image": image,
+            "imagePullPolicy": self.o.image_pull_policy,
+            **({"command": command} if command else {"args": args or []}),
+            "env": env,
+            "resources": resources.to_k8s(gpus),
+            "volumeMounts": mounts,
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }
+
+    def pod_spec(self, containers: list[dict], *, writes_run: bool, restart: str) -> dict:
+        # 0o440 and fsGroup: the keys are readable by the troupe user only, never world-readable.
+        volumes: list[dict[str, Any]] = [
+            {
+                "name": "keys",
+                "secret": {"secretName": f"{self.o.run_name}-keys", "defaultMode": 0o440},
+            },
+            {"name": "tmp", "emptyDir": {}},
+        ]
+        if writes_run:
+            volumes.append({"name": "run", "persistentVolumeClaim": {"claimName": self.o.claim}})
+        return {
+            "restartPolicy": restart,
+            "automountServiceAccountToken": False,  # no pod talks to the Kubernetes API
+            "enableServiceLinks": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": UID,
+                "runAsGroup": UID,
+                "fsGroup": UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": containers,
+            "volumes": volumes,
+        }
+
+
+def fetch_pod(options: K8sOptions) -> dict[str, Any]:
+    """A pod that mounts the run folder and idles, to copy results out with ``kubectl cp``
+    once the run's workers are gone (not part of the kustomization)."""
+    b = _Builder(options)
+    container = b.container("fetch", options.image, [], writes_run=True)
+    container["command"] = ["sleep", "infinity"]
+    pod = b.pod_spec([container], writes_run=True, restart="Never")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": b.meta(f"{options.run_name}-fetch", "fetch"),
+        "spec": pod,
+    }
+
+
+# --------------------------------------------------------------------- files
+def write_manifests(objects: Sequence[dict], extras: Sequence[dict], out: Path) -> list[Path]:
+    """One numbered file per object, a kustomization listing them, ``extras/`` apart."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, obj in enumerate(objects):
+        path = out / f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        if obj["kind"] == "Secret":
+            write_private(path, to_yaml(obj))
+        else:
+            path.write_text(to_yaml(obj))
+        files.append(path)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [p.name for p in files],
+    }
+    (out / "kustomization.yaml").write_text(to_yaml(kustomization))
+    for obj in extras:
+        path = out / "extras" / f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(to_yaml(obj))
+        files.append(path)
+    return files
+
+
+# --------------------------------------------------------------------- apply
+class KubernetesClientError(DeployError):
+    """The ``kubernetes`` package or a cluster to talk to is missing."""
+
+
+class ApplyError(DeployError):
+    """The API refused an object (it exists already, no permission, invalid)."""
+
+
+# kind -> (API class of the kubernetes client, its create method, namespaced?)
+CREATORS: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("CoreV1Api", "create_namespace", False),
+    "ConfigMap": ("CoreV1Api", "create_namespaced_config_map", True),
+    "Secret": ("CoreV1Api", "create_namespaced_secret", True),
+    "PersistentVolumeClaim": ("CoreV1Api", "create_namespaced_persistent_volume_claim", True),
+    "Service": ("CoreV1Api", "create_namespaced_service", True),
+    "Pod": ("CoreV1Api", "create_namespaced_pod", True),
+    "Job": ("BatchV1Api", "create_namespaced_job", True),
+}
+
+
+def connect() -> dict[str, Any]:
+    """The API objects :func:`apply_objects` needs, from the kubeconfig (or in-cluster)."""
+    try:
+        import kubernetes
+    except ImportError as e:
+        raise KubernetesClientError(
+            "--apply needs the kubernetes Python client: pip install kubernetes (or leave out "
+            "--apply and run kubectl apply -k on the output directory)"
+        ) from e
+    try:
+        kubernetes.config.load_kube_config()
+    except Exception as e:  # ConfigException, or a broken file; try in-cluster before giving up
+        try:
+            kubernetes.config.load_incluster_config()
+        except Exception:
+            raise KubernetesClientError(
+                f"no usable kubeconfig ({e}): set KUBECONFIG or write ~/.kube/config, check it "
+                "with kubectl get ns, or leave out --apply and use kubectl apply -k"
+            ) from e
+    client = kubernetes.client
+    return {name: getattr(client, name)() for name in ("CoreV1Api", "BatchV1Api")}
+
+
+def apply_objects(objects: Sequence[dict], apis: Mapping[str, Any]) -> list[str]:
+    """Create each object in order; an existing namespace is fine, any other conflict is not
+    (a second run of the same name would mix its workers with the first's)."""
+    done = []
+    for obj in objects:
+        kind, meta = obj["kind"], obj["metadata"]
+        if kind not in CREATORS:
+            raise ApplyError(f"cannot create a {kind}: add it to k8s.CREATORS")
+        api_name, method, namespaced = CREATORS[kind]
+        create = getattr(apis[api_name], method)
+        try:
+            if namespaced:
+                create(namespace=meta["namespace"], body=obj)
+            else:
+                create(body=obj)
+        except Exception as e:
+            status = getattr(e, "status", None)
+            if status == 409 and kind == "Namespace":
+                done.append(f"namespace {meta['name']} exists already")
+                continue
+            raise _apply_error(kind, meta, status, e) from e
+        done.append(f"created {kind} {meta['name']}")
+    return done
+
+
+def _apply_error(kind: str, meta: dict, status: int | None, e: Exception) -> ApplyError:
+    where = f"{kind} {meta['name']}"
+    if status == 409:
+        return ApplyError(
+            f"{where} exists already: pick another --run-name, or remove the old run first "
+            f"(kubectl delete -n {meta.get('namespace')} all,cm,secret,pvc -l "
+            f"troupe.run={meta['labels'].get('troupe.run')})"
+        )
+    if status == 403:
+        return ApplyError(f"{where}: forbidden ({getattr(e, 'reason', e)}); ask for create rights")
+    if status is not None:
+        return ApplyError(f"{where}: the API answered {status} {getattr(e, 'reason', '')}: {e}")
+    return ApplyError(f"{where}: cannot reach the Kubernetes API ({e}); check kubectl get ns")

@@ -1,0 +1,408 @@
+"""A run as Docker Swarm services: ``troupe deploy swarm``, ``troupe status|logs|stop RUN``.
+
+``deploy`` turns a run into Swarm's own objects and returns: an attachable overlay network, a
+secret holding the run's CURVE keys, and one service per role. The controller, the parameter
+service, each trainer and each policy worker get a service of their own (their ids are fixed);
+actors are one replicated service whose tasks take their ids from ``{{.Task.Slot}}``, and so do
+evaluation actors. Swarm restarts a task that fails (``on-failure``); the controller service is
+never restarted, since its exit is the run's end. The run then keeps going until its controller's
+stopping rule ends it; ``status``, ``logs`` and ``stop`` find it again by its name.
+
+The run folder is a bind mount at the same path in every task. On a swarm of several nodes that
+path must be a shared file system (NFS, ...) mounted at the same place on every node; trainers
+are placed on manager nodes unless ``--trainer-constraint`` says otherwise.
+
+Longer than 400 lines because deploy, status, logs and stop of a Swarm run share the run's naming
+and lookup; they are one command family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from api.config import ExperimentConfig
+from distributed.deploy.manifests import DeployError
+from distributed.images.build import DEFAULT_TAG, connect
+from distributed.launch import docker_run as dl
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.services import Service
+
+SECRET_FILE = "troupe-keys"
+SECRET_PATH = f"/run/secrets/{SECRET_FILE}"
+LABEL_RUN_DIR = "troupe.run_dir"
+DEFAULT_TRAINER_CONSTRAINT = "node.role==manager"
+SECOND_NS = 1_000_000_000
+FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
+
+
+class SwarmError(DeployError):
+    """The engine is not a swarm manager, a run is not found, or a run already exists."""
+
+
+# --------------------------------------------------------------------- the services of a run
+def service_roles(config: ExperimentConfig, run: str) -> list[dl.RoleSpec]:
+    """Controller, then one service per fixed worker id, then one per replicated group."""
+    from system.run.controller import plan_workers
+
+    controller = dl.container_name(run, dl.CONTROLLER_ID)
+    specs = [dl.RoleSpec(dl.CONTROLLER_ID, "controller", dl.controller_command(controller))]
+    for plan in plan_workers(config):
+        if plan.role != "actor":  # actor/i and eval/i become the replicated services below
+            command = dl.worker_command(plan.worker_id, plan.role, controller, None)
+            specs.append(dl.RoleSpec(plan.worker_id, plan.role, command))
+    for group, replicas in (("actor", config.actors.workers), ("eval", config.evaluation.workers)):
+        if replicas > 0:
+            command = dl.worker_command(f"{group}/{{ordinal}}", "actor", controller, None)
+            specs.append(dl.RoleSpec(f"{group}/{{ordinal}}", "actor", command, replicas))
+    return [
+        dl.RoleSpec(
+            s.worker_id, s.role, s.command, s.replicas, dl.role_labels(run, s.role, s.worker_id)
+        )
+        for s in specs
+    ]
+
+
+def service_name(run: str, worker_id: str) -> str:
+    return dl.container_name(run, worker_id.replace("{ordinal}", ""))
+
+
+def require_manager(client: docker.DockerClient) -> None:
+    swarm = client.info().get("Swarm") or {}
+    if swarm.get("LocalNodeState") != "active" or not swarm.get("ControlAvailable"):
+        raise SwarmError(
+            "this Docker engine is not a swarm manager: run `docker swarm init` here (or "
+            "`docker swarm init --advertise-addr 127.0.0.1` for a one-machine swarm), or point "
+            "DOCKER_HOST at a manager node"
+        )
+
+
+def deploy(
+    config: ExperimentConfig,
+    run_dir: Path,
+    *,
+    image: str = DEFAULT_TAG,
+    trainer_constraint: str = DEFAULT_TRAINER_CONSTRAINT,
+    client: docker.DockerClient | None = None,
+) -> str:
+    """Create the run's network, secret and services; returns the run's name.
+
+    ``run_dir`` must hold ``config.json``. The keys are made in the run folder (owner-only) and
+    handed to Swarm as a secret, which tasks read as a file only the host user can open. If Swarm
+    refuses anything, whatever was created is removed again.
+    """
+    import docker
+
+    client = client or connect()
+    require_manager(client)
+    run_dir = Path(run_dir).resolve()
+    run = dl.run_name(run_dir)
+    if find_services(client, run):
+        raise SwarmError(f"a run named '{run}' is deployed already: `troupe stop {run}` first")
+    labels = {dl.LABEL_RUN: run, LABEL_RUN_DIR: str(run_dir)}
+    keys = dl.ensure_keys(run_dir).read_bytes()
+    try:
+        network = client.networks.create(
+            f"troupe-{run}", driver="overlay", attachable=True, labels=labels
+        )
+        secret = client.secrets.create(name=f"troupe-{run}-keys", data=keys, labels=labels)
+        for spec in service_roles(config, run):
+            client.services.create(
+                image,
+                args=spec.command,
+                name=service_name(run, spec.worker_id),
+                networks=[network.id],
+                **_service_settings(spec, labels, run_dir, secret, trainer_constraint),
+            )
+    except docker.errors.APIError as e:
+        remove_run(client, run)
+        raise SwarmError(f"Swarm refused to create run '{run}': {e}") from e
+    return run
+
+
+def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_constraint: str):
+    """Everything about a role's service but its name, image, command and network."""
+    from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
+
+    from system.run.controller import MAX_RESTARTS
+    from system.streams.security import ENV_KEYS_FILE
+
+    uid, gid = str(os.getuid()), str(os.getgid())
+    env = {**dl.container_environment(), ENV_KEYS_FILE: SECRET_PATH}
+    if "{ordinal}" in spec.worker_id:
+        env["TROUPE_SLOT"] = "{{.Task.Slot}}"
+    # Every worker (the parameter service too: it restores its versions from the run folder)
+    # comes back after a crash; the controller's exit is the run's end.
+    condition = "none" if spec.role == "controller" else "on-failure"
+    return {
+        "labels": {**labels, **spec.labels},
+        "container_labels": {**labels, **spec.labels},
+        "env": env,
+        "mode": ServiceMode("replicated", replicas=spec.replicas),
+        "mounts": [Mount(dl.CONTAINER_RUN_DIR, str(run_dir), type="bind")],
+        # Tasks are reached at their own addresses: ZeroMQ keeps connections open, and a
+        # virtual IP (IPVS) adds a hop, an idle timeout, and needs kernel support.
+        "endpoint_spec": EndpointSpec(mode="dnsrr"),
+        "secrets": [SecretReference(secret.id, secret.name, SECRET_FILE, uid, gid, 0o400)],
+        "user": f"{uid}:{gid}",
+        "init": True,
+        "restart_policy": RestartPolicy(condition, delay=SECOND_NS, max_attempts=MAX_RESTARTS),
+        "constraints": [trainer_constraint] if spec.role == "trainer" else None,
+        **_stop_settings(spec),
+    }
+
+
+def _stop_settings(spec: dl.RoleSpec) -> dict:
+    """The controller turns SIGINT into an orderly stop (workers told to stop, summary
+    written), so that is what Swarm sends it when the run is stopped."""
+    if spec.role != "controller":
+        return {}
+    return {"stop_signal": "SIGINT", "stop_grace_period": int(dl.STOP_GRACE_S) * SECOND_NS}
+
+
+# --------------------------------------------------------------------- finding a run again
+def resolve_run(target: str) -> str:
+    """A run's name from its name or its run folder."""
+    path = Path(target)
+    return dl.run_name(path) if path.is_dir() or "/" in target else dl.sanitise(target)
+
+
+def find_services(client: docker.DockerClient, run: str) -> list[Service]:
+    return client.services.list(filters={"label": f"{dl.LABEL_RUN}={run}"})
+
+
+def services_of(client: docker.DockerClient, target: str) -> tuple[str, list[Service]]:
+    run = resolve_run(target)
+    services = find_services(client, run)
+    if not services:
+        raise SwarmError(
+            f"no services of a run named '{run}' on this swarm: `docker service ls --filter "
+            f"label={dl.LABEL_RUN}` lists the deployed runs"
+        )
+    return run, services
+
+
+def worker_of(service: Service) -> str:
+    return service.attrs["Spec"]["Labels"].get(dl.LABEL_WORKER, service.name)
+
+
+def controller_exit_code(client: docker.DockerClient, run: str) -> int | None:
+    """The controller task's exit code once it has finished, else None."""
+    name = service_name(run, dl.CONTROLLER_ID)
+    for task in client.services.get(name).tasks():
+        if task["Status"]["State"] in FINISHED_STATES:
+            return int(task["Status"].get("ContainerStatus", {}).get("ExitCode", 1))
+    return None
+
+
+def wait_for_controller(client: docker.DockerClient, run: str, console: Console) -> int:
+    """Print the controller's lines until its task finishes; its exit code."""
+    service = client.services.get(service_name(run, dl.CONTROLLER_ID))
+    threading.Thread(target=_echo_logs, args=(service, console), daemon=True).start()
+    while (code := controller_exit_code(client, run)) is None:
+        time.sleep(1.0)
+    time.sleep(1.0)  # the last log lines
+    return code
+
+
+def _echo_logs(service: Service, console: Console) -> None:
+    try:
+        for line in service.logs(stdout=True, stderr=True, follow=True):
+            console.print(Text(line.decode(errors="replace").rstrip()), highlight=False)
+    except Exception:  # the service was removed under the stream: nothing more to show
+        return
+
+
+def remove_run(client: docker.DockerClient, run: str, timeout_s: float = 60.0) -> None:
+    """Stop the controller in order, remove the run's services, then its secret and network,
+    waiting until the engine no longer lists them (Swarm removes tasks, and so frees the
+    network, a little after their services)."""
+    import docker
+
+    label = {"label": f"{dl.LABEL_RUN}={run}"}
+    stop_controller(client, run, timeout_s=dl.STOP_GRACE_S)
+    for service in client.services.list(filters=label):
+        service.remove()
+    deadline = time.monotonic() + timeout_s
+    while left := [*client.secrets.list(filters=label), *client.networks.list(filters=label)]:
+        for item in left:
+            with contextlib.suppress(docker.errors.APIError):  # still in use, or already gone
+                item.remove()
+        if time.monotonic() > deadline:
+            names = ", ".join(item.name for item in left)
+            raise SwarmError(
+                f"could not remove {names} of run '{run}' in {timeout_s:.0f}s: remove them with "
+                "`docker network rm` / `docker secret rm` once `docker ps` shows no task of it"
+            )
+        time.sleep(0.5)
+
+
+def stop_controller(client: docker.DockerClient, run: str, timeout_s: float) -> None:
+    """Scale a running controller to zero and wait for its task to end: Swarm sends it SIGINT,
+    and it stops every worker in order and writes the summary before it exits."""
+    import docker
+
+    try:
+        service = client.services.get(service_name(run, dl.CONTROLLER_ID))
+    except docker.errors.NotFound:
+        return
+    if controller_exit_code(client, run) is not None:
+        return
+    service.scale(0)
+    deadline = time.monotonic() + timeout_s
+    while any(t["Status"]["State"] == "running" for t in service.tasks()):
+        if time.monotonic() > deadline:
+            return  # removing the services kills it
+        time.sleep(0.5)
+
+
+# --------------------------------------------------------------------- troupe deploy swarm
+def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
+    """``troupe deploy swarm EXPERIMENT [key=value ...]`` (``deploy/commands.py`` adds it)."""
+    parser.add_argument("experiment", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value")
+    parser.add_argument("--image", default=DEFAULT_TAG, help="worker image every node can run")
+    parser.add_argument(
+        "--run-dir", help="run folder; on several nodes, a shared path mounted alike on each"
+    )
+    parser.add_argument(
+        "--trainer-constraint",
+        default=DEFAULT_TRAINER_CONSTRAINT,
+        metavar="EXPR",
+        help=f"Swarm placement constraint for trainers ({DEFAULT_TRAINER_CONSTRAINT})",
+    )
+    parser.add_argument(
+        "--wait", action="store_true", help="follow the controller to the end, then remove the run"
+    )
+
+
+def run_swarm(args: argparse.Namespace, console: Console) -> int:
+    """Deploy a run; with ``--wait`` also see it to its end and clean up."""
+    from distributed.launch.run import prepare
+
+    config, run_dir = prepare(args.experiment, list(args.overrides), args.run_dir, None)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    client = connect()
+    run = deploy(
+        config, run_dir, image=args.image, trainer_constraint=args.trainer_constraint, client=client
+    )
+    console.print(f"deployed run '{run}' (run folder {run_dir.resolve()})", highlight=False)
+    if not args.wait:
+        console.print(
+            f"watch it: troupe status {run} | troupe logs {run} [--worker ID]; "
+            f"remove it: troupe stop {run}",
+            highlight=False,
+        )
+        return 0
+    try:
+        return wait_for_controller(client, run, console)
+    except KeyboardInterrupt:
+        console.print("stopping the run (its controller stops the workers in order)")
+        return dl.EXIT_INTERRUPTED
+    finally:
+        remove_run(client, run)
+
+
+# --------------------------------------------------------------------- troupe status
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="run name or run folder")
+
+
+def run_status(args: argparse.Namespace, console: Console) -> int:
+    """Services with running/desired tasks; the run folder's workers and last metrics."""
+    client = connect()
+    run, services = services_of(client, args.run)
+    table = Table(title=f"run {run}", title_justify="left")
+    for column in ("service", "worker", "running/desired", "restarts"):
+        table.add_column(column)
+    for service in sorted(services, key=lambda s: s.name):
+        tasks = service.tasks()
+        running = sum(t["Status"]["State"] == "running" for t in tasks)
+        desired = service.attrs["Spec"]["Mode"].get("Replicated", {}).get("Replicas", 1)
+        restarts = max(0, len(tasks) - desired)
+        table.add_row(service.name, worker_of(service), f"{running}/{desired}", str(restarts))
+    console.print(table)
+    run_dir = Path(services[0].attrs["Spec"]["Labels"].get(LABEL_RUN_DIR, ""))
+    _print_run_folder(run_dir, console)
+    return 0
+
+
+def _print_run_folder(run_dir: Path, console: Console) -> None:
+    """Each worker's state and restarts, and the headline figures of the last metrics line."""
+    workers, metrics = run_dir / "workers.json", run_dir / "metrics.jsonl"
+    if not workers.exists():
+        console.print(f"run folder {run_dir} is not on this machine (or not written yet)")
+        return
+    table = json.loads(workers.read_text())
+    states = [f"{w} {s.get('state')} (restarts {s.get('restarts')})" for w, s in table.items()]
+    console.print(Text("workers: " + ", ".join(states)), highlight=False)
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    if lines:
+        last = json.loads(lines[-1])
+        keys = ("wall_s", "env_frames", "fps", "episode_return", "eval_return")
+        console.print(Text("last metrics: " + json.dumps({k: last.get(k) for k in keys})))
+
+
+# --------------------------------------------------------------------- troupe logs
+def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="run name or run folder")
+    parser.add_argument("--worker", metavar="ID", help="one worker, e.g. controller or actor/2")
+    parser.add_argument("--tail", type=int, default=50, metavar="N", help="last N lines of each")
+
+
+def run_logs(args: argparse.Namespace, console: Console) -> int:
+    """The last lines of every worker (or one), each prefixed with its worker id."""
+    client = connect()
+    run, services = services_of(client, args.run)
+    shown = False
+    for service in sorted(services, key=lambda s: s.name):
+        for worker_id, line in service_lines(service, args.tail):
+            if args.worker in (None, worker_id):
+                console.print(Text(f"[{worker_id}] {line}"), highlight=False)
+                shown = True
+    if args.worker and not shown:
+        console.print(
+            f"no lines from worker '{args.worker}' in run '{run}': workers log only warnings and "
+            "errors unless deployed with TROUPE_LOG_LEVEL=INFO in the environment",
+            highlight=False,
+        )
+    return 0
+
+
+def service_lines(service: Service, tail: int) -> Iterator[tuple[str, str]]:
+    """(worker id, line) for a service's last lines; replicas' ids come from their task slot."""
+    template = worker_of(service)
+    slots = {t["ID"]: t.get("Slot", 1) for t in service.tasks()}
+    for raw in service.logs(stdout=True, stderr=True, details=True, tail=tail):
+        details, _, line = raw.decode(errors="replace").rstrip().partition(" ")
+        task = re.search(r"com\.docker\.swarm\.task\.id=(\w+)", details)
+        slot = slots.get(task.group(1), 1) if task else 1
+        yield template.replace("{ordinal}", str(slot - 1)), line
+
+
+# --------------------------------------------------------------------- troupe stop
+def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="run name or run folder")
+
+
+def run_stop(args: argparse.Namespace, console: Console) -> int:
+    """Remove the run's services, secret and network; the run folder stays."""
+    client = connect()
+    run, _ = services_of(client, args.run)
+    remove_run(client, run)
+    console.print(f"removed run '{run}' from the swarm; its run folder is kept", highlight=False)
+    return 0

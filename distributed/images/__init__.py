@@ -1,0 +1,1 @@
+"""Worker images: the wheelhouse and the Docker build."""

@@ -1,0 +1,1 @@
+"""Launchers: start a run's workers as local processes or Docker containers."""

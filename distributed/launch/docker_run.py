@@ -1,0 +1,341 @@
+"""``troupe run EXPERIMENT --launcher docker``: every role of a run in its own container.
+
+Docker is the scheduler here, as a cluster's would be: this module starts one container per role
+(the controller too) on a user-defined bridge network, where each container is reachable by its
+name. The controller runs with the ``ExternalLauncher``, so it never starts or kills anything: it
+configures every worker that says hello, and Docker's restart policy (``on-failure``) brings back
+an actor, policy worker or trainer that crashes, which then says hello again. Docker does not
+restart a container stopped by ``docker kill``/``docker stop`` (a user's decision), only one
+whose process died by itself.
+
+The run folder is mounted at the same path in every container (the controller hands that path to
+workers), containers run as the host user so the files it writes are the user's, and every socket
+is CURVE-encrypted with keys made for this run (``RUN_DIR/keys``, owner-only, mounted read-only).
+Whatever happens (the end of the run, Ctrl+C, an error), every container and the network go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from api.config import ExperimentConfig
+from api.errors import UserError
+from distributed.deploy.cluster_commands import CONTROLLER_PORT
+from distributed.images.build import DEFAULT_TAG, connect
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
+
+logger = logging.getLogger(__name__)
+
+CONTAINER_RUN_DIR = "/troupe/run"
+"""Where the run folder is mounted in every container (the controller's RUN_DIR argument)."""
+CONTAINER_KEYS_FILE = "/troupe/keys"
+KEYS_FILE = "keys"
+CONTROLLER_ID = "controller"
+RESTARTED_ROLES = ("actor", "policy", "trainer")
+LABEL_RUN, LABEL_ROLE, LABEL_WORKER = "troupe.run", "troupe.role", "troupe.worker"
+EXIT_INTERRUPTED = 130
+STOP_GRACE_S = 120.0
+"""How long the controller gets to stop the run in order after Ctrl+C."""
+
+
+class DockerRunError(UserError):
+    """A docker run cannot start: a leftover of an earlier run, a missing image, ..."""
+
+
+# --------------------------------------------------------------------- naming and roles
+def sanitise(text: str) -> str:
+    """A name Docker accepts as a container name and as a DNS label: ``a-z0-9-`` only."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "run"
+
+
+def run_name(run_dir: Path) -> str:
+    """The run's name in Docker objects: its folder's name, sanitised."""
+    return sanitise(Path(run_dir).resolve().name)
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role of a run as a scheduler sees it: a ``troupe`` command line and its labels."""
+
+    worker_id: str
+    """A worker id from ``plan_workers`` (may hold ``{ordinal}`` for a replicated service)."""
+    role: str
+    """``controller``, or a worker role (parameter_service, trainer, policy, actor)."""
+    command: list[str]
+    replicas: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def restartable(self) -> bool:
+        return self.role in RESTARTED_ROLES
+
+
+def controller_command(advertise_host: str) -> list[str]:
+    return [
+        "controller",
+        CONTAINER_RUN_DIR,
+        "--bind",
+        f"tcp://0.0.0.0:{CONTROLLER_PORT}",
+        "--advertise-host",
+        advertise_host,
+        "--no-display",
+    ]
+
+
+def worker_command(worker_id: str, role: str, controller_host: str, advertise: str | None):
+    """``troupe worker ...``; without ``advertise`` the worker advertises its own IP."""
+    command = ["worker", "--id", worker_id, "--role", role]
+    command += ["--controller", f"tcp://{controller_host}:{CONTROLLER_PORT}"]
+    return command + (["--advertise-host", advertise] if advertise else [])
+
+
+def container_name(run: str, worker_id: str) -> str:
+    return f"troupe-{run}-{sanitise(worker_id)}"
+
+
+def container_roles(config: ExperimentConfig, run: str) -> list[RoleSpec]:
+    """Controller first, then every worker of ``plan_workers``, each advertising its name."""
+    from system.run.controller import plan_workers
+
+    controller = container_name(run, CONTROLLER_ID)
+    specs = [RoleSpec(CONTROLLER_ID, "controller", controller_command(controller))]
+    for plan in plan_workers(config):
+        name = container_name(run, plan.worker_id)
+        command = worker_command(plan.worker_id, plan.role, controller, name)
+        specs.append(RoleSpec(plan.worker_id, plan.role, command))
+    return [
+        RoleSpec(s.worker_id, s.role, s.command, labels=role_labels(run, s.role, s.worker_id))
+        for s in specs
+    ]
+
+
+def role_labels(run: str, role: str, worker_id: str) -> dict[str, str]:
+    return {LABEL_RUN: run, LABEL_ROLE: role, LABEL_WORKER: worker_id}
+
+
+def ensure_keys(run_dir: Path) -> Path:
+    """The run's CURVE keys file, made owner-only on first use (a resumed run keeps its keys)."""
+    from system.streams.security import RunKeys
+
+    path = Path(run_dir) / KEYS_FILE
+    if not path.exists():
+        RunKeys.generate().save(path)
+    return path
+
+
+def container_environment() -> dict[str, str]:
+    """CURVE on; a writable HOME for any uid; the host's TROUPE_LOG_LEVEL if set."""
+    from system.streams.security import ENV_KEYS_FILE
+
+    env = {ENV_KEYS_FILE: CONTAINER_KEYS_FILE, "HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
+    if os.environ.get("TROUPE_LOG_LEVEL"):
+        env["TROUPE_LOG_LEVEL"] = os.environ["TROUPE_LOG_LEVEL"]
+    return env
+
+
+# --------------------------------------------------------------------- logs
+class LogPrinter:
+    """Prints the containers' output: the controller's lines as they are, the workers' prefixed
+    with their id and limited to ``per_window`` lines per ``window_s`` each, so a worker stuck in
+    an error loop cannot flood the terminal."""
+
+    def __init__(self, out: TextIO, per_window: int = 20, window_s: float = 10.0):
+        self.out, self.per_window, self.window_s = out, per_window, window_s
+        self._lock = threading.Lock()
+        self._windows: dict[str, tuple[float, int]] = {}
+
+    def line(self, worker_id: str, text: str) -> None:
+        if worker_id == CONTROLLER_ID:
+            self._write(text)
+            return
+        now = time.monotonic()
+        start, count = self._windows.get(worker_id, (now, 0))
+        if now - start > self.window_s:
+            if count > self.per_window:
+                self._write(f"[{worker_id}] ... {count - self.per_window} lines not shown")
+            start, count = now, 0
+        self._windows[worker_id] = (start, count + 1)
+        if count < self.per_window:
+            self._write(f"[{worker_id}] {text}")
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+
+def follow_logs(container: Container, worker_id: str, printer: LogPrinter, done: threading.Event):
+    """Stream a container's output until ``done``; after a restart, follow the new process."""
+    since: float | None = None
+    while not done.is_set():
+        try:
+            for chunk in container.logs(stream=True, follow=True, since=since):
+                for text in chunk.decode(errors="replace").splitlines():
+                    printer.line(worker_id, text)
+            since = time.time()
+            container.reload()
+        except Exception:  # removed under the stream (a Docker or a connection error)
+            return
+        if container.status not in ("running", "restarting", "created"):
+            return
+        done.wait(0.5)
+
+
+# --------------------------------------------------------------------- the run
+def run_docker(
+    config: ExperimentConfig,
+    run_dir: Path,
+    *,
+    image: str = DEFAULT_TAG,
+    display: bool | None = None,
+    client: docker.DockerClient | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run every role in its own container until the controller exits; its exit code.
+
+    ``run_dir`` must already hold ``config.json`` (``distributed.launch.run.prepare`` plus a write).
+    ``display`` is accepted for parity with ``run_local``: the controller has no terminal in its
+    container, so it always prints plain progress lines.
+    """
+    client = client or connect()
+    _check_image(client, image)
+    run_dir = Path(run_dir).resolve()
+    run = run_name(run_dir)
+    _refuse_leftovers(client, run)
+    keys = ensure_keys(run_dir)
+    printer = LogPrinter(out or sys.stdout)
+    done = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    network = client.networks.create(f"troupe-{run}", driver="bridge", labels={LABEL_RUN: run})
+    containers: list[Container] = []
+    try:
+        for spec in container_roles(config, run):
+            container = _start(client, image, spec, network.name, run_dir, keys, run)
+            containers.append(container)
+            threading.Thread(
+                target=follow_logs, args=(container, spec.worker_id, printer, done), daemon=True
+            ).start()
+        return _wait_for_controller(containers[0])
+    except KeyboardInterrupt:  # before the controller ran: nothing to stop in order
+        return EXIT_INTERRUPTED
+    finally:
+        done.set()
+        remove_run_objects(client, run)
+
+
+def _check_image(client: docker.DockerClient, image: str) -> None:
+    import docker
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound as e:
+        raise DockerRunError(
+            f"image {image} is not on this Docker host: build it with `troupe image build "
+            f"--tag {image}` (or docker load it), or name another with --image"
+        ) from e
+
+
+def _refuse_leftovers(client: docker.DockerClient, run: str) -> None:
+    """Two runs with one name would share container names; say how to clear the old one."""
+    label = {"label": f"{LABEL_RUN}={run}"}
+    containers = client.containers.list(all=True, filters=label)
+    if containers:
+        raise DockerRunError(
+            f"{len(containers)} containers of a run named '{run}' still exist: remove them with "
+            f"`docker rm -f $(docker ps -aq --filter label={LABEL_RUN}={run})`, or pick another "
+            "--run-dir"
+        )
+    if client.networks.list(filters=label):
+        raise DockerRunError(
+            f"the network of a run named '{run}' still exists: remove it with `docker network "
+            f"rm troupe-{run}`, or pick another --run-dir"
+        )
+
+
+def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str):
+    from system.run.controller import MAX_RESTARTS
+
+    name = container_name(run, spec.worker_id)
+    restart = {"Name": "on-failure", "MaximumRetryCount": MAX_RESTARTS}
+    logger.debug("starting %s: troupe %s", name, " ".join(spec.command))
+    return client.containers.run(
+        image,
+        spec.command,
+        name=name,
+        hostname=name[:63],
+        labels=spec.labels,
+        network=network,
+        user=f"{os.getuid()}:{os.getgid()}",
+        environment=container_environment(),
+        volumes={
+            str(run_dir): {"bind": CONTAINER_RUN_DIR, "mode": "rw"},
+            str(keys.resolve()): {"bind": CONTAINER_KEYS_FILE, "mode": "ro"},
+        },
+        # tini as PID 1 forwards Ctrl+C's SIGINT to troupe and reaps its children.
+        init=True,
+        restart_policy=restart if spec.restartable else None,
+        detach=True,
+    )
+
+
+def _wait_for_controller(controller: Container) -> int:
+    """The controller's exit code; on Ctrl+C, let it stop the run in order first."""
+    try:
+        return int(controller.wait()["StatusCode"])
+    except KeyboardInterrupt:
+        logger.warning("stopping the run (Ctrl+C again to abandon it)")
+        controller.kill(signal="SIGINT")
+        try:
+            controller.wait(timeout=STOP_GRACE_S)
+        except KeyboardInterrupt:
+            pass
+        except Exception:  # a timeout: the containers are removed all the same
+            logger.warning("the controller did not stop in %.0fs", STOP_GRACE_S)
+        return EXIT_INTERRUPTED
+
+
+def remove_run_objects(client: docker.DockerClient, run: str) -> None:
+    """Remove every container and network labelled with ``run`` (best effort, logged)."""
+    import docker
+
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run}"}):
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            logger.warning("could not remove container %s: %s", container.name, e)
+    for network in client.networks.list(filters={"label": f"{LABEL_RUN}={run}"}):
+        try:
+            network.remove()
+        except docker.errors.APIError as e:
+            logger.warning("could not remove network %s: %s", network.name, e)
+
+
+# --------------------------------------------------------------------- troupe run hooks
+def add_docker_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--launcher`` and ``--image`` for ``troupe run``."""
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "docker"),
+        default="local",
+        help="local: every role as a process here; docker: every role in its own container",
+    )
+    parser.add_argument(
+        "--image", default=DEFAULT_TAG, help=f"worker image for --launcher docker ({DEFAULT_TAG})"
+    )

@@ -1,0 +1,122 @@
+"""``troupe test-pipeline``, ``troupe run`` and ``troupe eval``: the experiment commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.text import Text
+
+
+# --------------------------------------------------------------------- troupe test-pipeline
+def add_test_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="config overrides, e.g. policies.default.trainer.args.lr=0.001",
+    )
+    parser.add_argument("--trainer-steps", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=1)
+
+
+def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
+    """Environment, policy and trainer of an experiment together in one process, briefly."""
+    import torch
+
+    from api import testing
+    from api.config import make_experiment
+
+    torch.set_num_threads(1)
+    config = make_experiment(args.experiment, args.overrides)
+    report = testing.test_pipeline(
+        experiment=config, trainer_steps=args.trainer_steps, episodes=args.episodes
+    )
+    console.print(Text(str(report), style="green"), highlight=False)
+    return 0
+
+
+# --------------------------------------------------------------------- troupe run
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", nargs="?", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="config overrides, e.g. actors.workers=4 seed=3",
+    )
+    parser.add_argument("--run-dir", help="run folder (default: runs/<experiment>-<time>)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
+    parser.add_argument(
+        "--no-display", action="store_true", help="plain progress lines instead of the live panel"
+    )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="CURVE-encrypt and authenticate every socket (keys made per run)",
+    )
+    from distributed.launch.docker_run import add_docker_arguments
+
+    add_docker_arguments(parser)
+
+
+def run_run(args: argparse.Namespace, console: Console) -> int:
+    """A local mini experiment: every role in its own process, until the stopping rule."""
+    from distributed.launch.run import prepare, run_local
+    from system.run.report import SUMMARY_FILE
+
+    overrides = list(args.overrides)
+    if args.resume and args.experiment and "=" in args.experiment:
+        overrides.insert(0, args.experiment)  # `troupe run --resume DIR key=value`
+    config, run_dir = prepare(
+        None if args.resume else args.experiment, overrides, args.run_dir, args.resume
+    )
+    console.print(f"run folder: {run_dir}")
+    display = False if args.no_display else None
+    if args.launcher == "docker":  # every role in its own container; CURVE always on
+        from distributed.launch.docker_run import run_docker
+
+        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        code = run_docker(config, run_dir, image=args.image, display=display)
+    else:
+        code = run_local(config, run_dir, display=display, secure=args.secure)
+    summary_file = run_dir / SUMMARY_FILE
+    if summary_file.exists():
+        summary = json.loads(summary_file.read_text())
+        keys = ("solved", "stop_reason", "wall_s", "env_frames", "fps", "best_eval_return")
+        console.print({k: summary.get(k) for k in keys})
+        if summary.get("failure"):
+            console.print(Text(f"run failed: {summary['failure']}", style="red"))
+    console.print(f"results in {run_dir} (metrics.jsonl, learning_curve.png, summary.json)")
+    return code
+
+
+# --------------------------------------------------------------------- troupe eval
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--envs", type=int, default=8, help="environments stepped at once")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on the last line"
+    )
+
+
+def run_eval(args: argparse.Namespace, console: Console) -> int:
+    """Greedy episodes with saved parameters; reports the mean return."""
+    import torch
+
+    from system.run.evaluation import evaluate
+
+    torch.set_num_threads(1)
+    result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        console.print(
+            f"{result.episodes} greedy episodes, versions {result.versions}: mean return "
+            f"{result.mean_return:.2f} ± {result.std_return:.2f} "
+            f"(min {result.min_return:.1f}, max {result.max_return:.1f})"
+        )
+    return 0

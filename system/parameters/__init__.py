@@ -1,0 +1,1 @@
+"""The versioned parameter service: store, server, publisher and subscriber clients."""

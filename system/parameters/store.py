@@ -1,0 +1,386 @@
+"""The versioned parameter store behind the parameter service.
+
+Per policy name the store holds monotonic integer versions of a checkpoint (a nested dict of
+numpy arrays, scalars or torch tensors, stored as given: the parameter service stores read-only
+arrays onto a received message or a mapped shared-memory file), the tags ``latest`` (automatic)
+and any explicit ones such as ``eval``, the newest ``keep`` versions in memory (tagged versions
+are kept too; :meth:`ParameterStore.on_evict` tells when one leaves), and, when a publish asks
+for it, a checkpoint file on disk so a run can resume::
+
+    root_dir/checkpoints/<policy>/v00000042.ckpt
+    root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
+
+Files are written atomically (temporary file, fsync, ``os.replace``) so a crash never leaves a
+half-written checkpoint under a real name. A checkpoint file holds the wire codec's frames (a
+msgpack header and raw arrays), so reading one never runs code and needs no torch: the
+parameter service starts and saves without importing it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from api.errors import OperationalError, UserError, WireError
+from system.streams import wire
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"
+_POLICY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+_CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
+
+
+class VersionError(OperationalError):
+    """A version was published out of order (not newer than the latest) or is not an int >= 0."""
+
+
+class ParameterNotFoundError(OperationalError):
+    """The policy, version or tag asked for is not in the store (nor on its disk)."""
+
+
+class PolicyNameError(UserError):
+    """A policy name cannot name a checkpoint folder and a topic (letters, digits, _ . -)."""
+
+
+def check_policy_name(policy: Any) -> str:
+    if type(policy) is not str or not _POLICY_RE.fullmatch(policy):
+        raise PolicyNameError(
+            f"policy name {policy!r} is not allowed: use 1-128 letters, digits, '_', '.' or '-', "
+            "not starting with '.' or '-'"
+        )
+    return policy
+
+
+class _Policy:
+    """Everything the store knows about one policy."""
+
+    def __init__(self) -> None:
+        self.latest: int | None = None
+        self.memory: dict[int, Any] = {}  # version -> params, oldest first
+        self.tags: dict[str, int] = {}
+        self.on_disk: set[int] = set()
+
+
+class ParameterStore:
+    """Versions, tags, in-memory cache and on-disk checkpoints of every policy's parameters.
+
+    ``root_dir=None`` keeps everything in memory (publishing with ``persist=True`` is then an
+    error). Thread-safe: one lock guards every method.
+    """
+
+    def __init__(self, root_dir: str | os.PathLike | None = None, *, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.root_dir = None if root_dir is None else Path(root_dir)
+        self.keep = keep
+        self._policies: dict[str, _Policy] = {}
+        self._lock = threading.Lock()
+        self._published = threading.Condition(self._lock)
+        self._evict_listeners: list[Callable[[str, int], None]] = []
+
+    def on_evict(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(policy, version)`` whenever a version leaves memory (the newest
+        ``keep`` and tagged ones stay). It runs under the store's lock: it must be quick and
+        must not call the store. The parameter service unlinks shared-memory files with it."""
+        with self._lock:
+            self._evict_listeners.append(listener)
+
+    # -------------------------------------------------------------------------------- queries
+    def policies(self) -> list[str]:
+        with self._lock:
+            return sorted(name for name, p in self._policies.items() if p.latest is not None)
+
+    def latest_version(self, policy: str) -> int | None:
+        """The newest version of ``policy``, or None if nothing was published for it."""
+        with self._lock:
+            entry = self._policies.get(policy)
+            return None if entry is None else entry.latest
+
+    def versions_in_memory(self, policy: str) -> list[int]:
+        with self._lock:
+            entry = self._policies.get(policy)
+            return [] if entry is None else sorted(entry.memory)
+
+    def tags(self, policy: str) -> dict[str, int]:
+        """Every tag of ``policy`` and the version it points at, ``latest`` included."""
+        with self._lock:
+            entry = self._entry(policy)
+            return {LATEST: entry.latest, **entry.tags}
+
+    def get(self, policy: str, version: int | str = LATEST) -> tuple[int, Any]:
+        """``(version, params)`` for a version number or a tag; the params are not copied."""
+        with self._lock:
+            entry = self._entry(policy)
+            number = self._resolve(policy, entry, version)
+            if number in entry.memory:
+                return number, entry.memory[number]
+            if number in entry.on_disk:
+                return number, self._load(policy, number)
+            raise ParameterNotFoundError(
+                f"version {number} of policy '{policy}' is no longer in memory and was not "
+                f"persisted; versions in memory: {sorted(entry.memory)}"
+            )
+
+    # ------------------------------------------------------------------------------- updates
+    def publish(self, policy: str, version: int, params: Any, *, persist: bool = False) -> None:
+        """Add ``version`` of ``policy``; it must be newer than the latest one.
+
+        ``persist=True`` also writes the checkpoint file (the caller chooses the cadence).
+        Publishing the latest version again with ``persist=True`` only writes it to disk: that is
+        how a trainer saves its final version when the run stops.
+        """
+        check_policy_name(policy)
+        if type(version) is not int or version < 0:
+            raise VersionError(f"version of policy '{policy}' must be an int >= 0, got {version!r}")
+        if persist and self.root_dir is None:
+            raise UserError("publish(persist=True) needs a ParameterStore with a root_dir")
+        with self._lock:
+            entry = self._policies.setdefault(policy, _Policy())
+            if persist and version == entry.latest:
+                if version not in entry.on_disk:
+                    self._save(policy, version, params)
+                    entry.on_disk.add(version)
+                return
+            if entry.latest is not None and version <= entry.latest:
+                raise VersionError(
+                    f"policy '{policy}' is already at version {entry.latest}; version {version} "
+                    "must be newer (versions only go up)"
+                )
+            if persist:
+                self._save(policy, version, params)
+                entry.on_disk.add(version)
+            entry.memory[version] = params
+            entry.latest = version
+            self._evict(policy, entry)
+            self._published.notify_all()
+
+    def wait_newer(self, policy: str, version: int | None, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` until ``policy`` has a version newer than ``version``
+        (None: any version); return the latest version then, or None if none came in time.
+        """
+
+        def newer() -> int | None:
+            entry = self._policies.get(policy)
+            latest = None if entry is None else entry.latest
+            return latest if latest is not None and (version is None or latest > version) else None
+
+        with self._published:
+            self._published.wait_for(lambda: newer() is not None, timeout=max(timeout_s, 0.0))
+            return newer()
+
+    def tag(self, policy: str, version: int, tag: str) -> None:
+        """Point ``tag`` (e.g. ``"eval"``) at an existing ``version`` of ``policy``."""
+        if type(tag) is not str or not tag or tag == LATEST or tag.isdigit():
+            raise UserError(
+                f"tag {tag!r} is not allowed: 'latest' is automatic, and tags are "
+                "non-empty names that are not numbers"
+            )
+        with self._lock:
+            entry = self._entry(policy)
+            if type(version) is not int or (
+                version not in entry.memory and version not in entry.on_disk
+            ):
+                raise ParameterNotFoundError(
+                    f"cannot tag version {version!r} of policy '{policy}': no such version "
+                    f"(latest is {entry.latest})"
+                )
+            entry.tags[tag] = version
+            self._evict(policy, entry)
+            if self.root_dir is not None:
+                self._save_tags(policy, entry)
+
+    # ----------------------------------------------------------------------------- internals
+    def _entry(self, policy: str) -> _Policy:
+        entry = self._policies.get(policy)
+        if entry is None or entry.latest is None:
+            known = sorted(n for n, p in self._policies.items() if p.latest is not None)
+            raise ParameterNotFoundError(f"no parameters for policy '{policy}'; known: {known}")
+        return entry
+
+    def _resolve(self, policy: str, entry: _Policy, version: int | str) -> int:
+        if version == LATEST:
+            return entry.latest
+        if type(version) is int:
+            if version in entry.memory or version in entry.on_disk:
+                return version
+            raise ParameterNotFoundError(
+                f"policy '{policy}' has no version {version} (latest is {entry.latest})"
+            )
+        if type(version) is str and version in entry.tags:
+            return entry.tags[version]
+        raise ParameterNotFoundError(
+            f"policy '{policy}' has no tag {version!r}; tags: {[LATEST, *entry.tags]}"
+        )
+
+    def _evict(self, policy: str, entry: _Policy) -> None:
+        keep = set(sorted(entry.memory)[-self.keep :]) | set(entry.tags.values())
+        for version in [v for v in entry.memory if v not in keep]:
+            del entry.memory[version]
+            for listener in self._evict_listeners:
+                try:
+                    listener(policy, version)
+                except Exception:  # a listener's trouble must not undo the publish
+                    logger.exception(
+                        "eviction listener failed for version %d of %s", version, policy
+                    )
+
+    def _folder(self, policy: str) -> Path:
+        assert self.root_dir is not None
+        return self.root_dir / "checkpoints" / policy
+
+    def checkpoint_path(self, policy: str, version: int) -> Path:
+        return self._folder(policy) / f"v{version:08d}{CHECKPOINT_SUFFIX}"
+
+    def _save(self, policy: str, version: int, params: Any) -> None:
+        record = {"policy": policy, "version": version, "params": params}
+        path = self.checkpoint_path(policy, version)
+        _write_atomically(path, lambda f: write_checkpoint(f, record))
+
+    def _load(self, policy: str, version: int) -> Any:
+        path = self.checkpoint_path(policy, version)
+        try:
+            record = load_checkpoint_file(path)
+        except Exception as e:
+            raise ParameterNotFoundError(f"cannot load checkpoint {path}: {e}") from e
+        if record.get("policy") != policy or record.get("version") != version:
+            raise ParameterNotFoundError(f"checkpoint {path} holds another policy or version")
+        return record["params"]
+
+    def _save_tags(self, policy: str, entry: _Policy) -> None:
+        text = json.dumps(entry.tags, sort_keys=True).encode()
+        _write_atomically(self._folder(policy) / "tags.json", lambda f: f.write(text))
+
+    # ------------------------------------------------------------------------------- restore
+    @classmethod
+    def restore(cls, root_dir: str | os.PathLike, *, keep: int = 3) -> ParameterStore:
+        """A store resumed from ``root_dir``'s checkpoints (see :meth:`load_from_disk`)."""
+        store = cls(root_dir, keep=keep)
+        store.load_from_disk()
+        return store
+
+    def load_from_disk(self) -> dict[str, int]:
+        """Resume every policy found under ``root_dir/checkpoints``: its newest loadable
+        checkpoint becomes ``latest`` (in memory), older files stay available to ``get``, and
+        tags pointing at files that exist are restored. Returns ``{policy: latest version}``.
+        """
+        if self.root_dir is None:
+            raise UserError("load_from_disk needs a ParameterStore with a root_dir")
+        folder = self.root_dir / "checkpoints"
+        found: dict[str, int] = {}
+        if not folder.is_dir():
+            return found
+        for policy_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+            version = self._restore_policy(policy_dir)
+            if version is not None:
+                found[policy_dir.name] = version
+        return found
+
+    def _restore_policy(self, policy_dir: Path) -> int | None:
+        policy = policy_dir.name
+        if not _POLICY_RE.fullmatch(policy):
+            logger.warning("skipping %s: not a policy name", policy_dir)
+            return None
+        versions = sorted(_checkpoint_versions(policy_dir), reverse=True)
+        with self._lock:
+            entry = self._policies.setdefault(policy, _Policy())
+            entry.on_disk.update(versions)
+            for version in versions:
+                try:
+                    params = self._load(policy, version)
+                except ParameterNotFoundError as e:
+                    logger.warning("skipping unreadable checkpoint: %s", e)
+                    entry.on_disk.discard(version)
+                    continue
+                if entry.latest is None or version > entry.latest:
+                    entry.memory[version] = params
+                    entry.latest = version
+                break
+            entry.tags.update(self._read_tags(policy_dir, entry))
+            self._evict(policy, entry)
+            return entry.latest
+
+    def _read_tags(self, policy_dir: Path, entry: _Policy) -> dict[str, int]:
+        path = policy_dir / "tags.json"
+        if not path.is_file():
+            return {}
+        try:
+            tags = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring unreadable %s: %s", path, e)
+            return {}
+        kept = {}
+        for tag, version in tags.items() if isinstance(tags, dict) else ():
+            if type(version) is int and version in entry.on_disk:
+                kept[tag] = version
+            else:
+                logger.warning(
+                    "dropping tag %r of %s: version %r has no checkpoint",
+                    tag,
+                    policy_dir.name,
+                    version,
+                )
+        return kept
+
+
+def _checkpoint_versions(policy_dir: Path) -> Iterator[int]:
+    for path in policy_dir.iterdir():
+        match = _CHECKPOINT_RE.fullmatch(path.name)
+        if match:
+            yield int(match.group(1))
+
+
+def _write_atomically(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+CHECKPOINT_SUFFIX = ".ckpt"
+_MAGIC = b"TROUPECK"
+
+
+def write_checkpoint(f, record: dict[str, Any]) -> None:
+    """The wire codec's frames, length-prefixed: no pickle, and no torch needed to read it."""
+    frames = wire.encode("checkpoint", record)
+    f.write(_MAGIC + struct.pack("<I", len(frames)))
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        f.write(struct.pack("<Q", view.nbytes))
+        f.write(view)
+
+
+def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint written by the store; a damaged or foreign file raises ValueError."""
+    data = memoryview(Path(path).read_bytes())
+    if bytes(data[:8]) != _MAGIC:
+        raise ValueError(f"{path} is not a Troupe checkpoint (bad magic)")
+    (count,), offset, frames = struct.unpack_from("<I", data, 8), 12, []
+    for _ in range(count):
+        if offset + 8 > len(data):
+            raise ValueError(f"{path} is truncated")
+        (size,) = struct.unpack_from("<Q", data, offset)
+        frames.append(data[offset + 8 : offset + 8 + size])
+        offset += 8 + size
+    try:
+        record = wire.decode(frames, copy=True).body
+    except WireError as e:
+        raise ValueError(f"{path} is damaged: {e}") from e
+    if not isinstance(record, dict) or "params" not in record:
+        raise ValueError(f"{path} is not a parameter-store checkpoint")
+    return record

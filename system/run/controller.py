@@ -1,0 +1,442 @@
+"""The controller: starts and supervises every worker of a run, aggregates stats, decides the end.
+
+It owns the run folder's bookkeeping (resolved config, metrics, summary, learning curve), answers
+the workers' control messages (hello, register, lookup, heartbeat, error, bye), restarts an actor
+or policy worker that dies, and stops the run in order (actors, then policy workers and trainers,
+then the parameter service last, so final checkpoints still reach disk) on the stopping rule, on
+Ctrl+C, or on a fatal error.
+
+How a worker is started (a local process, a container, ...) is the launcher's business: the
+controller only calls ``launcher.start(worker_id, role, controller_address)``,
+``launcher.is_alive(worker_id)`` and ``launcher.kill(worker_id)``.
+
+Longer than 400 lines because it is the supervisor's state machine (start, heartbeats, restarts,
+ordered stop); its report and display parts already live in their own modules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import zmq
+
+from api.config import ExperimentConfig
+from api.errors import WireError, WorkerFailure
+from system.ratelimit import BadMessages
+from system.run.display import LiveDisplay
+from system.run.monitor import MetricsWriter
+from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary
+from system.streams import wire
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_TIMEOUT_S = 30.0
+STATS_EVERY_S = 1.0
+MAX_RESTARTS = 5
+RESTARTABLE = ("actor", "policy", "trainer")
+
+
+class Launcher(Protocol):
+    start_grace_s: float
+    """How long a worker may take from start to its first message (image pulls, imports)."""
+
+    def start(self, worker_id: str, role: str, controller: str) -> None: ...
+    def is_alive(self, worker_id: str) -> bool: ...
+    def kill(self, worker_id: str) -> None: ...
+    def stop_all(self, timeout_s: float) -> None: ...
+
+
+@dataclass
+class WorkerPlan:
+    worker_id: str
+    role: str
+    args: dict[str, Any]
+    stop_order: int
+    """Workers stop in increasing order: actors 0, policy workers and trainers 1, parameters 2."""
+
+
+@dataclass
+class WorkerState:
+    plan: WorkerPlan
+    state: str = "starting"
+    restarts: int = 0
+    pid: int | None = None
+    peak_rss_mb: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
+    plans = [WorkerPlan("params", "parameter_service", {}, 2)]
+    for name, pc in config.policies.items():
+        if pc.trainer.type:
+            plans += [
+                WorkerPlan(f"trainer/{name}/{i}", "trainer", {"policy": name, "index": i}, 1)
+                for i in range(pc.trainer_workers)
+            ]
+        plans += [
+            WorkerPlan(f"policy/{name}/{i}", "policy", {"policy": name, "index": i}, 1)
+            for i in range(pc.policy_workers)
+        ]
+    plans += [
+        WorkerPlan(f"actor/{i}", "actor", {"index": i}, 0) for i in range(config.actors.workers)
+    ]
+    plans += [
+        WorkerPlan(f"eval/{i}", "actor", {"index": i, "evaluation": True}, 0)
+        for i in range(config.evaluation.workers)
+    ]
+    return plans
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        run_dir: Path,
+        launcher: Launcher,
+        *,
+        bind: str = "tcp://127.0.0.1:*",
+        advertise_host: str | None = None,
+        display: bool | None = None,
+    ):
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.launcher = launcher
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=10_000)
+        self.socket.bind(bind)
+        endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        port = endpoint.rsplit(":", 1)[1]
+        self.address = f"tcp://{advertise_host}:{port}" if advertise_host else endpoint
+        self.workers = {p.worker_id: WorkerState(p) for p in plan_workers(config)}
+        self.start_grace_s = float(getattr(launcher, "start_grace_s", 120.0))
+        self.endpoints: dict[str, str] = {}
+        self.lookups: dict[str, list[bytes]] = {}
+        self.bad_messages = BadMessages(logger, "controller")
+        self.metrics = MetricsWriter(self.run_dir)
+        self.display = LiveDisplay(config.name, enabled=display)
+        self.totals = {"env_frames": 0, "eval_env_frames": 0}
+        self.returns: deque[float] = deque(maxlen=100)
+        self.eval_returns: deque[float] = deque(maxlen=config.evaluation.episodes)
+        self.eval_count = 0
+        self.trainer_stats: dict[str, dict[str, float]] = {}
+        self.started = time.monotonic()
+        self._continue_counts()
+        self.stop_reason = ""
+        self.failure: WorkerFailure | None = None
+
+    def _continue_counts(self) -> None:
+        """On resume, frames and wall-clock go on from where the stopped run left them."""
+        records = read_metrics(self.run_dir)
+        if records:
+            self.totals["env_frames"] = int(records[-1].get("env_frames") or 0)
+            self.started -= float(records[-1].get("wall_s") or 0.0)
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self) -> dict[str, Any]:
+        """Start every worker, supervise until a stopping rule holds, stop, write the summary."""
+        (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2))
+        for state in self.workers.values():
+            self.launcher.start(state.plan.worker_id, state.plan.role, self.address)
+        self.display.start()
+        next_stats = time.monotonic() + STATS_EVERY_S
+        try:
+            while not self.stop_reason:
+                self._receive(timeout_ms=50)
+                self._check_stop()  # every loop: a solved run ends the moment it is known
+                if time.monotonic() >= next_stats:
+                    next_stats += STATS_EVERY_S
+                    self._report()
+                    self._supervise()
+            # The record that met the stopping rule, at the moment it did: episodes that finish
+            # during shutdown would move the evaluation mean away from what decided.
+            self._report()
+        except KeyboardInterrupt:
+            self.stop_reason = "interrupted"
+        finally:
+            self._shutdown()
+        return self._finish()
+
+    def _shutdown(self) -> None:
+        started = time.monotonic()
+        for order in (0, 1, 2):
+            ids = [w for w, s in self.workers.items() if s.plan.stop_order == order]
+            self._stop_workers(ids)
+            logger.info("stopped %s after %.2fs", ids, time.monotonic() - started)
+        self.launcher.stop_all(timeout_s=10.0)
+        self.display.stop()
+        logger.info("every worker process ended after %.2fs", time.monotonic() - started)
+
+    def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
+        waiting = {
+            w
+            for w in ids
+            if self.launcher.is_alive(w) and self.workers[w].state in ("alive", "configuring")
+        }
+        for w in waiting:
+            wire.send(self.socket, "stop", {}, envelope=[w.encode()])
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            self._receive(timeout_ms=100)
+            waiting = {w for w in waiting if self.workers[w].state not in ("stopped", "failed")}
+            waiting = {w for w in waiting if self.launcher.is_alive(w)}
+        for w in waiting:
+            logger.warning("%s did not stop in %.0fs; killing it", w, timeout_s)
+            self.launcher.kill(w)
+
+    def _finish(self) -> dict[str, Any]:
+        self._report(show=False)  # the last counts, for metrics.jsonl; the display has closed
+        self.metrics.close()
+        wall = time.monotonic() - self.started
+        target = self.config.stop.eval_return
+        solved = self.stop_reason == "eval_return"
+        summary = build_summary(
+            read_metrics(self.run_dir),
+            solved=solved,
+            wall_s=wall,
+            target=target,
+            stop_reason=self.stop_reason,
+        )
+        if self.failure is not None:
+            summary["failure"] = str(self.failure)
+        write_summary(self.run_dir, summary)
+        write_learning_curve(self.run_dir, title=self.config.name, target=target)
+        self.socket.close(linger=0)
+        return summary
+
+    # ----------------------------------------------------------------- messages
+    def _receive(self, timeout_ms: int) -> None:
+        first = True
+        while True:
+            try:
+                got = wire.recv(self.socket, timeout_ms=timeout_ms if first else 0)
+            except WireError as e:
+                self.bad_messages.record(e)
+                continue
+            first = False
+            if got is None:
+                return
+            envelope, message = got
+            try:
+                self._handle(envelope[0].decode(), message)
+            except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as e:
+                self.bad_messages.record(WireError(f"malformed control message: {e!r}"))
+
+    def _handle(self, worker_id: str, message: wire.Message) -> None:
+        state = self.workers.get(worker_id)
+        if state is None:
+            # An authenticated peer that is not one of this run's workers: say so, then drop it.
+            self._send(
+                worker_id, "refused", {"reason": f"'{worker_id}' is not a worker of this run"}
+            )
+            raise ValueError(f"message '{message.kind}' from unknown worker '{worker_id}'")
+        if not isinstance(message.body, dict):
+            raise ValueError(f"message '{message.kind}' from {worker_id} has no mapping body")
+        state.last_seen = time.monotonic()
+        body = message.body
+        if message.kind == "hello":
+            if state.state in ("alive", "configuring"):
+                self._restarted_elsewhere(state)
+            state.state = "configuring"
+            state.pid = int(body.get("pid", 0)) or None
+            self._send(worker_id, "configure", self._configuration(state.plan))
+        elif message.kind == "register":
+            self.endpoints[str(body["name"])] = str(body["address"])
+            self._answer_lookups(str(body["name"]))
+        elif message.kind == "lookup":
+            self.lookups.setdefault(str(body["name"]), []).append(worker_id.encode())
+            self._answer_lookups(str(body["name"]))
+        elif message.kind == "ready":
+            state.state = "alive"
+        elif message.kind == "heartbeat":
+            self._absorb(worker_id, body.get("stats") or {})
+        elif message.kind == "error":
+            self._on_error(state, str(body["message"]), str(body.get("traceback", "")))
+        elif message.kind == "bye":
+            state.state = "stopped"
+        else:
+            raise ValueError(f"unknown control message kind '{message.kind}'")
+
+    def _send(self, worker_id: str, kind: str, body: dict[str, Any]) -> None:
+        wire.send(self.socket, kind, body, envelope=[worker_id.encode()])
+
+    def _configuration(self, plan: WorkerPlan) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "run_dir": str(self.run_dir), "args": plan.args}
+
+    def _answer_lookups(self, name: str) -> None:
+        address = self.endpoints.get(name)
+        if address is None:
+            return
+        for ident in self.lookups.pop(name, []):
+            wire.send(
+                self.socket, "lookup_result", {"name": name, "address": address}, envelope=[ident]
+            )
+
+    def _on_error(self, state: WorkerState, message: str, tb: str) -> None:
+        state.state = "failed"
+        logger.error("%s failed: %s\n%s", state.plan.worker_id, message, tb)
+        if state.plan.role not in RESTARTABLE or state.restarts >= MAX_RESTARTS:
+            self.failure = WorkerFailure(state.plan.worker_id, message, tb)
+            self.stop_reason = "failed"
+
+    # ----------------------------------------------------------------- supervision
+    def _supervise(self) -> None:
+        now = time.monotonic()
+        for wid, state in self.workers.items():
+            if state.state == "stopped" or self.stop_reason:
+                continue
+            dead = not self.launcher.is_alive(wid)
+            patience = HEARTBEAT_TIMEOUT_S if state.state == "alive" else self.start_grace_s
+            silent = now - state.last_seen > patience
+            if not (dead or silent or state.state == "failed"):
+                continue
+            if state.plan.role not in RESTARTABLE or state.restarts >= MAX_RESTARTS:
+                why = "exited" if dead else "went silent" if silent else "failed"
+                self.failure = self.failure or WorkerFailure(wid, f"{wid} {why}; not restarted")
+                self.stop_reason = "failed"
+                return
+            self._restart(state, "exited" if dead else "went silent" if silent else "failed")
+
+    def _restart(self, state: WorkerState, why: str) -> None:
+        wid = state.plan.worker_id
+        logger.warning("%s %s; restarting it (restart %d)", wid, why, state.restarts + 1)
+        self.launcher.kill(wid)
+        for name in [n for n in self.endpoints if self._owned_by(n, state.plan)]:
+            del self.endpoints[name]  # peers must look up the new address
+        state.restarts += 1
+        state.state = "restarting"  # its hello then is expected, not a restart by a scheduler
+        state.last_seen = time.monotonic()
+        self.launcher.start(wid, state.plan.role, self.address)
+
+    def _restarted_elsewhere(self, state: WorkerState) -> None:
+        """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
+        old process's addresses so peers look the new ones up."""
+        logger.warning("%s says hello again: restarted by its scheduler", state.plan.worker_id)
+        state.restarts += 1
+        for name in [n for n in self.endpoints if self._owned_by(n, state.plan)]:
+            del self.endpoints[name]
+
+    @staticmethod
+    def _owned_by(endpoint_name: str, plan: WorkerPlan) -> bool:
+        args = plan.args
+        if plan.role == "policy":
+            return endpoint_name == f"inference/{args['policy']}/{args['index']}"
+        if plan.role == "trainer":
+            return endpoint_name == f"samples/{args['policy']}/{args['index']}"
+        return False
+
+    # ----------------------------------------------------------------- stats
+    def _absorb(self, worker_id: str, stats: dict[str, Any]) -> None:
+        state = self.workers[worker_id]
+        role = state.plan.role
+        if role == "actor":
+            self.totals["env_frames"] += int(stats.get("env_frames", 0))
+            self.totals["eval_env_frames"] += int(stats.get("eval_env_frames", 0))
+            self.returns.extend(e["episode_return"] for e in stats.get("episodes", []))
+            for e in stats.get("eval_episodes", []):
+                self.eval_returns.append(e["episode_return"])
+                self.eval_count += 1
+        elif role == "trainer":
+            numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
+            if numeric:
+                self.trainer_stats.setdefault(state.plan.args["policy"], {}).update(numeric)
+        state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+        state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
+
+    def _eval_mean(self) -> float | None:
+        if len(self.eval_returns) < self.config.evaluation.episodes:
+            return None
+        return float(np.mean(self.eval_returns))
+
+    def _report(self, show: bool = True) -> None:
+        elapsed = time.monotonic() - self.started
+        record: dict[str, Any] = {
+            "wall_s": elapsed,
+            "env_frames": self.totals["env_frames"],
+            "fps": self.totals["env_frames"] / max(elapsed, 1e-9),
+            "eval_env_frames": self.totals["eval_env_frames"],
+            "episode_return": float(np.mean(self.returns)) if self.returns else None,
+            "eval_return": self._eval_mean(),
+            "worker_health/alive": sum(w.state == "alive" for w in self.workers.values()),
+            "worker_health/restarts": sum(w.restarts for w in self.workers.values()),
+        }
+        for name, stats in self.trainer_stats.items():
+            record[f"policy/{name}/version"] = stats.get("version")
+            for k, v in stats.items():
+                record[f"trainer/{name}/{k}"] = v
+        self.metrics.write(record)
+        if show:
+            self.display.update(self._snapshot(elapsed, record))
+        self._write_workers()
+
+    def _write_workers(self) -> None:
+        """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
+        table = {
+            wid: {
+                "role": s.plan.role,
+                "pid": s.pid,
+                "state": s.state,
+                "restarts": s.restarts,
+                "peak_rss_mb": round(s.peak_rss_mb, 1),
+            }
+            for wid, s in self.workers.items()
+        }
+        _write_json(self.run_dir / "workers.json", table)
+        _write_json(self.run_dir / "endpoints.json", {"controller": self.address, **self.endpoints})
+
+    def _snapshot(self, elapsed: float, record: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "elapsed_s": elapsed,
+            "env_frames": record["env_frames"],
+            "fps": record["fps"],
+            "episode_return": record["episode_return"],
+            "eval_return": record["eval_return"],
+            "target": self.config.stop.eval_return,
+            "policies": {
+                name: {
+                    "version": int(s.get("version", 0)),
+                    "lag": s.get("version_lag"),
+                    "trainer": s,
+                }
+                for name, s in self.trainer_stats.items()
+            },
+            "workers": [
+                {
+                    "id": wid,
+                    "role": s.plan.role,
+                    "state": s.state,
+                    "restarts": s.restarts,
+                    "heartbeat_age_s": now - s.last_seen,
+                }
+                for wid, s in self.workers.items()
+            ],
+        }
+
+    def _check_stop(self) -> None:
+        stop = self.config.stop
+        evald = self._eval_mean()
+        if stop.eval_return is not None and evald is not None and evald >= stop.eval_return:
+            self.stop_reason = "eval_return"
+        elif stop.env_frames is not None and self.totals["env_frames"] >= stop.env_frames:
+            self.stop_reason = "env_frames"
+        elif stop.wall_seconds is not None and time.monotonic() - self.started >= stop.wall_seconds:
+            self.stop_reason = "wall_seconds"
+        elif (
+            stop.trainer_steps is not None
+            and self.trainer_stats
+            and all(s.get("steps", 0) >= stop.trainer_steps for s in self.trainer_stats.values())
+        ):
+            self.stop_reason = "trainer_steps"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)

@@ -1,0 +1,111 @@
+"""Greedy evaluation of saved parameters: ``troupe eval RUN_DIR_OR_CHECKPOINT``.
+
+Evaluation runs the same actor and policy workers as training (in one process, see
+:mod:`system.run.serial`) with ``is_evaluation=True``: actions are the policy's deterministic choice
+and nothing is trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from api.config import ExperimentConfig
+from api.errors import UserError
+from system.parameters.store import CHECKPOINT_SUFFIX, LATEST, ParameterStore
+
+
+@dataclass
+class EvaluationResult:
+    episodes: int
+    mean_return: float
+    std_return: float
+    min_return: float
+    max_return: float
+    versions: dict[str, int]
+    per_policy: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def locate(target: str | Path) -> tuple[Path, int | str]:
+    """The run folder and the version to load for a run folder or a checkpoint file."""
+    path = Path(target)
+    if path.is_dir():
+        return path, LATEST
+    if path.is_file() and path.suffix == CHECKPOINT_SUFFIX and path.stem.startswith("v"):
+        try:
+            return path.parents[2], int(path.stem[1:])
+        except (ValueError, IndexError) as e:
+            raise UserError(f"{path} is not a checkpoint written by a Troupe run") from e
+    raise UserError(
+        f"{path} is neither a run folder nor a checkpoint file (runs/<name>/checkpoints/<policy>/"
+        f"vNNNNNNNN{CHECKPOINT_SUFFIX})"
+    )
+
+
+def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
+    config_file = run_dir / "config.json"
+    if not config_file.exists():
+        raise UserError(f"{run_dir} is not a run folder: it has no config.json")
+    config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
+    store = ParameterStore(run_dir)
+    if not store.load_from_disk():
+        where = f"checkpoints/<policy>/v*{CHECKPOINT_SUFFIX}"
+        raise UserError(f"{run_dir} holds no checkpoint yet ({where})")
+    return config, store
+
+
+def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> EvaluationResult:
+    """Run ``episodes`` greedy episodes with the saved parameters of every policy."""
+    from system.run.serial import SerialRun
+
+    run_dir, version = locate(target)
+    config, store = load_run(run_dir)
+    evaluation = dataclasses.replace(
+        config.evaluation, workers=1, envs_per_worker=max(1, min(envs, episodes))
+    )
+    config = dataclasses.replace(config, evaluation=evaluation)
+    chosen, versions = _select(store, config, version)
+    run = SerialRun(config, store=chosen, train=False)
+    try:
+        done = run.eval_until(episodes)
+    finally:
+        run.close()
+    returns = np.array([e["episode_return"] for e in done], dtype=np.float64)
+    per_policy = {
+        k.split("/")[1]: float(np.mean([e[k] for e in done if k in e]))
+        for k in done[0]
+        if k.startswith("policy/")
+    }
+    return EvaluationResult(
+        episodes=len(done),
+        mean_return=float(returns.mean()),
+        std_return=float(returns.std()),
+        min_return=float(returns.min()),
+        max_return=float(returns.max()),
+        versions=versions,
+        per_policy=per_policy,
+    )
+
+
+def _select(
+    store: ParameterStore, config: ExperimentConfig, version: int | str
+) -> tuple[ParameterStore, dict[str, int]]:
+    """An in-memory store holding just the version to evaluate of every policy.
+
+    A checkpoint file names one policy's version; the other policies (multi-agent runs) use
+    their latest.
+    """
+    chosen, versions = ParameterStore(), {}
+    for name in config.policies:
+        number, params = store.get(name, version if len(config.policies) == 1 else LATEST)
+        chosen.publish(name, number, params)
+        versions[name] = number
+    return chosen, versions

@@ -1,0 +1,213 @@
+"""test_pipeline's runtime half: environment, policy and trainer together, in one process.
+
+It runs the runtime's own actor, policy and trainer workers wired together in this process
+(``system.run.serial``), so what passes here is what a distributed run executes. Before the first
+trainer step it checks the first sample batch and what ``policy.analyze`` returns against the
+trainer's declared ``AnalyzedResult``; every action is checked against the action space; after
+the run, that versions went up, the policy workers took the new parameters and losses stayed
+finite. Any problem raises :class:`~api.errors.PipelineCheckError` saying what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from api.config import (
+    ActorConfig,
+    ComponentConfig,
+    EvaluationConfig,
+    ExperimentConfig,
+    PolicyConfig,
+    StopConfig,
+    make_experiment,
+)
+from api.errors import PipelineCheckError
+from api.policy import SampleBatch
+from api.testing import PipelineReport
+
+
+def run_pipeline_check(
+    environment: str | ComponentConfig | None = None,
+    policy: str | ComponentConfig | None = None,
+    trainer: str | ComponentConfig | None = None,
+    *,
+    experiment: str | ExperimentConfig | None = None,
+    trainer_steps: int = 3,
+    episodes: int = 1,
+    envs: int = 4,
+    segment_length: int = 32,
+    batch_segments: int = 4,
+    seed: int = 0,
+    max_env_frames: int = 200_000,
+) -> PipelineReport:
+    """The runtime half of :func:`api.testing.test_pipeline` (which documents the arguments)."""
+    from system.run.serial import SerialRun  # the runtime's own components, loaded on use
+
+    config = _config(
+        environment, policy, trainer, experiment, envs, segment_length, batch_segments, seed
+    )
+    run = SerialRun(config, validate_actions=True)
+    try:
+        report = PipelineReport()
+        for name, worker in run.trainers.items():
+            report.batch_shapes[name] = _check_first_batch(run, name, worker, max_env_frames)
+        _run(run, trainer_steps, episodes, max_env_frames)
+        _check_progress(run, report)
+        return report
+    finally:
+        run.close()
+
+
+def _component(value: str | ComponentConfig | None, what: str) -> ComponentConfig:
+    if value is None:
+        raise PipelineCheckError(f"test_pipeline needs a {what} (or an experiment)")
+    return ComponentConfig(value) if isinstance(value, str) else value
+
+
+def _config(
+    environment, policy, trainer, experiment, envs, segment_length, batch_segments, seed
+) -> ExperimentConfig:
+    if experiment is not None:
+        config = make_experiment(experiment) if isinstance(experiment, str) else experiment
+        config = dataclasses.replace(config)
+        config.actors = dataclasses.replace(config.actors, workers=1, envs_per_worker=envs)
+        config.evaluation = dataclasses.replace(config.evaluation, workers=0)
+        config.stop = StopConfig(env_frames=1)
+        return config
+    return ExperimentConfig(
+        name="test-pipeline",
+        environment=_component(environment, "environment"),
+        policies={
+            "default": PolicyConfig(
+                policy=_component(policy, "policy"),
+                trainer=_component(trainer, "trainer"),
+                batch_segments=batch_segments,
+            )
+        },
+        actors=ActorConfig(workers=1, envs_per_worker=envs, segment_length=segment_length),
+        evaluation=EvaluationConfig(workers=0),
+        stop=StopConfig(env_frames=1),
+        seed=seed,
+    )
+
+
+def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str, Any]:
+    """Fill the trainer's first batch, then check its shapes and what analyze returns."""
+    while worker.pending_segments < worker.batch_segments:
+        for other in [*run.actors, *run.policy_workers]:
+            other.poll()
+        worker.gather(timeout_ms=0)
+        run._collect()
+        if run.progress.env_frames > max_env_frames:
+            raise PipelineCheckError(
+                f"no batch of {worker.batch_segments} segments for policy '{name}' after "
+                f"{max_env_frames} env frames: do the agents of this policy ever act?"
+            )
+    from system.workers.trajectory import batch_segments
+
+    batch = batch_segments(worker.buffer)[:, : worker.batch_segments]
+    _check_batch_shapes(batch, run.config.actors.segment_length + 1, worker.batch_segments)
+    _check_analyze(worker.trainer, batch, name)
+    return batch.shape
+
+
+def _check_batch_shapes(batch: SampleBatch, t: int, b: int) -> None:
+    for field_name in ("reward", "done", "truncated", "on_reset", "policy_version"):
+        shape = getattr(batch, field_name).shape
+        if shape != (t, b, 1):
+            raise PipelineCheckError(
+                f"sample batch field '{field_name}' has shape {shape}, expected {(t, b, 1)}"
+            )
+    for path, leaf in batch.flatten():
+        if leaf.shape[:2] != (t, b):
+            raise PipelineCheckError(
+                f"sample batch field '{path}' has shape {leaf.shape}; every field must start "
+                f"with [T={t}, B={b}]: the policy's rollout must return one row per request"
+            )
+
+
+def _check_analyze(trainer, batch: SampleBatch, name: str) -> None:
+    required = trainer.required_fields()
+    if not required:
+        return
+    result = trainer.policy.analyze(batch, target=trainer.analyze_target)
+    have = (
+        {f.name for f in dataclasses.fields(result)}
+        if dataclasses.is_dataclass(result)
+        else set(vars(result))
+        if hasattr(result, "__dict__")
+        else set()
+    )
+    missing = [f for f in required if f not in have or getattr(result, f, None) is None]
+    if missing:
+        raise PipelineCheckError(
+            f"policy '{name}' ({type(trainer.policy).__name__}).analyze(target="
+            f"'{trainer.analyze_target}') returned {type(result).__name__} without {missing}; "
+            f"{type(trainer).__name__} declares AnalyzedResult fields {required}"
+        )
+
+
+def _run(run, trainer_steps: int, episodes: int, max_env_frames: int) -> None:
+    from system.workers.trainer_worker import NonFiniteLossError
+
+    started = time.perf_counter()
+    try:
+        while not _enough(run, trainer_steps, episodes):
+            run.poll()
+            if run.progress.env_frames > max_env_frames:
+                raise PipelineCheckError(
+                    f"after {max_env_frames} env frames: {len(run.progress.episodes)} of "
+                    f"{episodes} episodes finished, trainer steps {_steps(run)}; does the "
+                    "environment ever end an episode?"
+                )
+    except NonFiniteLossError as e:
+        raise PipelineCheckError(str(e)) from e
+    finally:
+        run.progress.wall_s += time.perf_counter() - started
+
+
+def _steps(run) -> dict[str, int]:
+    return {name: run.progress.trainer_steps(name) for name in run.trainers}
+
+
+def _enough(run, trainer_steps: int, episodes: int) -> bool:
+    steps_ok = all(s >= trainer_steps for s in _steps(run).values())
+    return steps_ok and len(run.progress.episodes) >= episodes
+
+
+def _check_progress(run, report: PipelineReport) -> None:
+    p = run.progress
+    report.env_frames, report.episodes = p.env_frames, len(p.episodes)
+    report.mean_episode_return = p.recent_return(len(p.episodes))
+    report.wall_s = p.wall_s
+    for name in run.trainers:
+        history = p.trainer_stats.get(name, [])
+        versions = [int(s["version"]) for s in history]
+        if any(b <= a for a, b in itertools.pairwise(versions)):
+            raise PipelineCheckError(f"policy '{name}' versions did not increase: {versions}")
+        for stats in history:
+            bad = {k: v for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)}
+            if bad:
+                raise PipelineCheckError(f"trainer of policy '{name}' reported non-finite {bad}")
+        report.trainer_steps[name] = len(history)
+        report.versions[name] = versions
+        report.last_stats[name] = (
+            {k: float(v) for k, v in history[-1].items() if isinstance(v, (int, float, np.number))}
+            if history
+            else {}
+        )
+    for worker in run.policy_workers:
+        worker.poll()  # a policy worker takes new parameters at its next poll: give it one
+        latest = report.versions.get(worker.policy_name)
+        if latest and worker.policy.version < latest[0]:
+            raise PipelineCheckError(
+                f"policy worker of '{worker.policy_name}' still serves version "
+                f"{worker.policy.version} after the trainer published {latest}: its "
+                "load_checkpoint() does not take the published parameters (or the version)"
+            )

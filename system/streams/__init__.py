@@ -1,0 +1,1 @@
+"""What travels between workers: wire codec, CURVE, shared memory, inference and sample streams."""

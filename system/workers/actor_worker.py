@@ -1,0 +1,315 @@
+"""The actor worker: steps a ring of environments, asks policy workers for actions, builds segments.
+
+The environments are split into groups. While one group waits for its actions, the worker steps
+another, so the CPU is not idle during inference round trips (Sample Factory's double buffering).
+Each agent of each environment is a *slot*; the slots of one policy in one group form a *lane*
+(:mod:`system.workers.lanes`), whose requests, memories and segments are handled as one batch.
+
+Per agent, every observation goes to the policy, even a final one (done or truncated): its value
+is what bootstraps a truncated episode exactly. Then the environment is reset instead of stepped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from api.environment import Environment, StepResult
+from api.errors import PipelineCheckError, UserError
+from system.ratelimit import Pace
+from system.streams.inference import InferenceClient, InferenceReply
+from system.streams.samples import SampleProducer
+from system.workers.base import Worker
+from system.workers.lanes import Lane, Slot
+from system.workers.trajectory import SegmentBuffer
+
+logger = logging.getLogger(__name__)
+
+
+class EnvironmentFailure(UserError):
+    """An environment raised; the message names the environment slot and the method."""
+
+
+@dataclass
+class Group:
+    """Environments stepped together; one request per policy (lane) per step."""
+
+    envs: list[int]
+    lanes: dict[str, Lane] = field(default_factory=dict)
+    seq: int = 0
+    posted_at: float = 0.0
+    waiting: set[str] = field(default_factory=set)
+    replies: dict[str, InferenceReply] = field(default_factory=dict)
+
+
+class ActorWorker(Worker):
+    role = "actor"
+
+    def __init__(
+        self,
+        worker_id: str,
+        env_factory: Callable[[int], Environment],
+        n_envs: int,
+        agent_policies: Callable[[int], str],
+        inference: InferenceClient,
+        samples: SampleProducer | None,
+        *,
+        segment_length: int = 64,
+        is_evaluation: bool = False,
+        seed: int = 0,
+        on_env_error: str = "raise",
+        groups: int = 2,
+        validate_actions: bool = False,
+        max_fps: float | None = None,
+    ):
+        super().__init__(worker_id)
+        self.inference = inference
+        self.samples = samples
+        self.is_evaluation = is_evaluation
+        self.on_env_error = on_env_error
+        self.validate_actions = validate_actions
+        self.env_factory = env_factory
+        self.seed = seed
+        self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
+        self.slots = [
+            [Slot(e, a, agent_policies(a)) for a in range(env.agent_count)]
+            for e, env in enumerate(self.envs)
+        ]
+        n_groups = max(1, min(groups, n_envs))
+        record = samples is not None and not is_evaluation
+        self.groups = [
+            self._group(list(range(g, n_envs, n_groups)), segment_length, record)
+            for g in range(n_groups)
+        ]
+        self.env_frames = 0
+        self.episodes: list[dict[str, float]] = []
+        self._started = False
+        self.pace = Pace(max_fps) if max_fps else None
+
+    def _group(self, envs: list[int], segment_length: int, record: bool) -> Group:
+        group = Group(envs)
+        for e in envs:
+            for slot in self.slots[e]:
+                if slot.policy not in group.lanes:
+                    group.lanes[slot.policy] = Lane(slot.policy, [], None, self.is_evaluation)
+                group.lanes[slot.policy].slots.append(slot)
+        for lane in group.lanes.values():
+            lane.buffer = SegmentBuffer(len(lane.slots), segment_length) if record else None
+        return group
+
+    # ----------------------------------------------------------------- the loop
+    def poll(self) -> int:
+        if not self._started:
+            self._start()
+        if self.samples is not None:
+            self.samples.flush(timeout_ms=10 if self.samples.backlogged else 0)
+            if self.samples.backlogged:
+                return 0  # back-pressure: the trainers are behind, so this actor waits
+        if self.pace is not None and self._held_back():
+            return 0
+        work = 0
+        for reply in self.inference.poll(timeout_ms=5):
+            group = self.groups[reply.group]
+            if reply.seq != group.seq or reply.policy not in group.waiting:
+                continue  # stale or duplicate answer
+            group.replies[reply.policy] = reply
+            if len(group.replies) == len(group.waiting):
+                work += self._advance(reply.group)
+        if self.pace is not None:
+            self.pace.spend(work)
+        return work
+
+    def _held_back(self) -> bool:
+        """Sleep a little if this worker is ahead of its pace (``max_fps``); True if it was."""
+        wait_s = self.pace.wait_s()
+        if wait_s > 0:
+            time.sleep(min(wait_s, 0.02))  # short: heartbeats and stop requests go on
+        return wait_s > 0
+
+    def _start(self) -> None:
+        self._started = True
+        for e in range(len(self.envs)):
+            self._reset_env(e)
+        for g in range(len(self.groups)):
+            self._request(g)
+
+    def _request(self, g: int) -> None:
+        group = self.groups[g]
+        group.seq += 1
+        group.replies = {}
+        group.waiting = set()
+        for policy, lane in group.lanes.items():
+            if lane.build_request(group.seq) is not None:
+                group.waiting.add(policy)
+        if not group.waiting:
+            raise EnvironmentFailure(
+                f"no agent of environments {group.envs} acts: every result is None; an "
+                "environment must give at least one agent a result on every step"
+            )
+        self._post(g, group.waiting)
+
+    def _post(self, g: int, policies) -> None:
+        group = self.groups[g]
+        group.posted_at = time.monotonic()
+        for policy in policies:
+            self.inference.post(policy, g, group.seq, group.lanes[policy].request)
+
+    def stalled_policies(self, timeout_s: float) -> set[str]:
+        """Policies that have not answered a request for ``timeout_s`` (their worker may be
+        gone: the caller reconnects and calls :meth:`repost`)."""
+        now = time.monotonic()
+        return {
+            policy
+            for group in self.groups
+            if group.waiting and now - group.posted_at > timeout_s
+            for policy in group.waiting
+            if policy not in group.replies
+        }
+
+    def repost(self, policies: set[str]) -> None:
+        """Send the unanswered requests of ``policies`` again (same sequence numbers, so a late
+        original answer and the new one are never both used)."""
+        for g, group in enumerate(self.groups):
+            missing = [p for p in group.waiting if p in policies and p not in group.replies]
+            if missing:
+                self._post(g, missing)
+
+    def _advance(self, g: int) -> int:
+        """All answers of group ``g`` are in: record the steps, step or reset, ask again."""
+        group = self.groups[g]
+        actions: dict[int, list[Any]] = {e: [None] * len(self.slots[e]) for e in group.envs}
+        for policy in group.waiting:
+            lane, reply = group.lanes[policy], group.replies[policy]
+            segments = lane.take_answer(reply.result, reply.version)
+            if segments is not None:
+                self.samples.post(policy, segments)
+            action = reply.result.action
+            for i, c in enumerate(lane.acting):
+                slot = lane.slots[c]
+                actions[slot.env][slot.agent] = action[i]
+        for e in group.envs:
+            if self.validate_actions:
+                self._check_actions(e, actions[e])
+            self._step_env(e, actions[e])
+        self._request(g)
+        return len(group.envs)
+
+    def _check_actions(self, e: int, actions: list[Any]) -> None:
+        for agent, (action, space) in enumerate(zip(actions, self.envs[e].action_spaces)):
+            if action is None:
+                continue
+            policy = self.slots[e][agent].policy
+            if isinstance(space, gym.spaces.Box):
+                fits = np.shape(action) == space.shape  # Gaussian samples may leave the bounds
+            else:
+                fits = space.contains(action)
+            if not fits:
+                raise PipelineCheckError(
+                    f"policy '{policy}' answered agent {agent} with action {action!r} "
+                    f"(shape {np.shape(action)}, dtype {getattr(action, 'dtype', type(action))}), "
+                    f"which is not in its action space {space}; make rollout() return one row "
+                    "per request with actions shaped like action_space.sample()"
+                )
+
+    # ----------------------------------------------------------------- environments
+    def _step_env(self, e: int, actions: list[Any]) -> None:
+        slots = self.slots[e]
+        live = [s.result for s in slots if s.result is not None]
+        if live and all(r.done or r.truncated for r in live):
+            self._finish_episode(e)
+            self._reset_env(e)
+            return
+        for slot in slots:  # an agent that is done waits out the episode
+            if slot.result is not None and (slot.result.done or slot.result.truncated):
+                actions[slot.agent] = None
+        results = self._call_env(e, "step", actions)
+        if results is None:
+            return
+        self.env_frames += 1
+        self._take_results(e, results)
+
+    def _make_env(self, e: int) -> Environment:
+        env = self.env_factory(e)
+        env.seed(self.seed + e)
+        return env
+
+    def _reset_env(self, e: int) -> None:
+        for slot in self.slots[e]:
+            slot.on_reset = True
+            slot.episode_return = 0.0
+        results = self._call_env(e, "reset")
+        if results is not None:
+            self._take_results(e, results)
+
+    def _take_results(self, e: int, results: list[StepResult | None]) -> None:
+        for slot, result in zip(self.slots[e], results):
+            slot.result = result
+            if result is not None:
+                slot.episode_return += float(np.asarray(result.reward).reshape(-1)[0])
+
+    def _call_env(self, e: int, method: str, *args) -> list[StepResult | None] | None:
+        try:
+            return getattr(self.envs[e], method)(*args)
+        except Exception as err:
+            message = f"environment {e} of {self.worker_id} raised in {method}(): {err!r}"
+            if self.on_env_error != "reset":
+                raise EnvironmentFailure(message) from err
+            logger.warning("%s; resetting it\n%s", message, traceback.format_exc())
+            self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
+            self._recover_env(e)
+            return None
+
+    def _recover_env(self, e: int) -> None:
+        """Rebuild a failed environment; its agents' unfinished steps are dropped."""
+        try:
+            self.envs[e].close()
+        except Exception:  # a broken env may fail to close too; we replace it regardless
+            logger.debug("closing failed environment %d raised", e, exc_info=True)
+        self.envs[e] = self._make_env(e)
+        for group in self.groups:
+            for lane in group.lanes.values():
+                lane.forget([c for c, s in enumerate(lane.slots) if s.env == e])
+        self._reset_env(e)
+
+    def _finish_episode(self, e: int) -> None:
+        slots = self.slots[e]
+        record = {"episode_return": float(np.mean([s.episode_return for s in slots]))}
+        for s in slots:
+            key = f"policy/{s.policy}/episode_return"
+            record[key] = record.get(key, 0.0) + s.episode_return / _count(slots, s.policy)
+        info = next((s.result.info for s in slots if s.result is not None), {})
+        for k, v in (info or {}).items():
+            if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
+                record[f"episode_info/{k}"] = float(v)
+        self.episodes.append(record)
+
+    # ----------------------------------------------------------------- stats
+    def collect_stats(self) -> dict[str, Any]:
+        stats = super().collect_stats()
+        prefix = "eval_" if self.is_evaluation else ""
+        stats[f"{prefix}env_frames"] = self.env_frames
+        stats[f"{prefix}episodes"] = self.episodes
+        self.env_frames = 0
+        self.episodes = []
+        return stats
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # closing is best effort: the worker is going away
+                logger.debug("environment close raised", exc_info=True)
+        self.inference.close()
+        if self.samples is not None:
+            self.samples.close()
+
+
+def _count(slots: list[Slot], policy: str) -> int:
+    return sum(1 for s in slots if s.policy == policy)

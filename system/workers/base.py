@@ -1,0 +1,39 @@
+"""The worker base class: a worker only says what one ``poll`` does.
+
+Who calls ``poll`` differs by mode, and nothing else does: in a run,
+:mod:`system.run.worker_process` loops over it inside the worker's own OS process, with
+heartbeats, stats and stop handling around it; in one process (``test_pipeline``, fast tests),
+:mod:`system.run.serial` calls the ``poll`` of every worker in turn. Either way the production
+code path is the tested one.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+
+class Worker(abc.ABC):
+    """Base class of actor, policy and trainer workers and the parameter service."""
+
+    role: ClassVar[str] = "worker"
+
+    def __init__(self, worker_id: str):
+        self.worker_id = worker_id
+        self.stats: dict[str, Any] = {}
+        """Counters since the last ``collect_stats``; subclasses add to it."""
+
+    @abc.abstractmethod
+    def poll(self) -> int:
+        """Do one unit of work without blocking for long; return how much was done (0: idle)."""
+
+    def collect_stats(self) -> dict[str, Any]:
+        """Stats since the last call (counters are reset)."""
+        stats, self.stats = self.stats, {}
+        return stats
+
+    def on_stop(self) -> None:  # noqa: B027 - most workers have nothing to finish
+        """The run is ending: finish what must outlive it (a final checkpoint, say)."""
+
+    def close(self) -> None:  # noqa: B027 - workers without resources need nothing
+        """Release sockets, environments and files. Called once, also after a failure."""

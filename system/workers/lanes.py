@@ -1,0 +1,116 @@
+"""A lane: the agents of one policy in one environment group, handled as one batch.
+
+Each step the lane turns its acting agents' results into one RolloutRequest, and the answer into
+one batched step record and one update of their memories: the per-agent work left in the actor is
+stepping the environments themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from api.environment import StepResult
+from api.namedarray import NamedArray, stack
+from api.policy import RolloutRequest, RolloutResult, SampleBatch
+from system.workers.trajectory import SegmentBuffer
+
+
+@dataclass
+class Slot:
+    """One agent of one environment."""
+
+    env: int
+    agent: int
+    policy: str
+    result: StepResult | None = None
+    """The latest result, waiting for an action (None: the agent does not act now)."""
+    on_reset: bool = True
+    episode_return: float = 0.0
+
+
+@dataclass
+class Lane:
+    policy: str
+    slots: list[Slot]
+    buffer: SegmentBuffer | None
+    """None for evaluation lanes: nothing is recorded."""
+    is_evaluation: bool = False
+    state: NamedArray | None = None
+    """``[slots, ...]``: every slot's memory after its last answered observation."""
+    acting: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    request: RolloutRequest | None = None
+    rewards: np.ndarray | None = None
+    dones: np.ndarray | None = None
+    truncateds: np.ndarray | None = None
+
+    def build_request(self, seq: int) -> RolloutRequest | None:
+        """The request for every slot that acts now, or None when none does."""
+        acting = [c for c, s in enumerate(self.slots) if s.result is not None]
+        if not acting:
+            self.request = None
+            return None
+        self.acting = np.asarray(acting, dtype=np.int64)
+        results = [self.slots[c].result for c in acting]
+        n = len(acting)
+        self.rewards = np.array([[_reward(r.reward)] for r in results], dtype=np.float32)
+        self.dones = np.array([[bool(r.done)] for r in results], dtype=np.bool_)
+        self.truncateds = np.array([[bool(r.truncated)] for r in results], dtype=np.bool_)
+        self.request = RolloutRequest(
+            obs=_stack_obs([r.obs for r in results]),
+            policy_state=None if self.state is None else self.state[self.acting],
+            is_evaluation=np.full((n, 1), self.is_evaluation, dtype=np.bool_),
+            on_reset=np.array([[self.slots[c].on_reset] for c in acting], dtype=np.bool_),
+            client_id=np.array([[s.env * 1000 + s.agent] for s in _at(self.slots, acting)]),
+            request_id=np.full((n, 1), seq, dtype=np.int64),
+        )
+        return self.request
+
+    def take_answer(self, result: RolloutResult, version: int) -> SampleBatch | None:
+        """Record the answered step, update memories; return segments completed by it."""
+        request = self.request
+        state_before = request.policy_state
+        if result.policy_state is not None and state_before is None:
+            state_before = result.policy_state.apply(np.zeros_like)  # first step: reset anyway
+        segments = None
+        if self.buffer is not None:
+            step = SampleBatch(
+                obs=request.obs,
+                action=result.action,
+                policy_output=result.policy_output,
+                policy_state=state_before,
+                reward=self.rewards,
+                done=self.dones,
+                truncated=self.truncateds,
+                on_reset=request.on_reset,
+                policy_version=np.full((len(self.acting), 1), version, dtype=np.int64),
+            )
+            segments = self.buffer.write(self.acting, step)
+        if result.policy_state is not None:
+            if self.state is None:
+                rows = np.zeros(len(self.slots), dtype=np.int64)
+                self.state = result.policy_state[rows].apply(np.zeros_like)
+            self.state[self.acting] = result.policy_state
+        for c in self.acting:
+            self.slots[c].on_reset = False
+        return segments
+
+    def forget(self, columns: list[int]) -> None:
+        """Drop unfinished steps and memories of these slots (their environment failed)."""
+        if self.buffer is not None:
+            self.buffer.drop(np.asarray(columns, dtype=np.int64))
+
+
+def _at(slots: list[Slot], columns: list[int]) -> list[Slot]:
+    return [slots[c] for c in columns]
+
+
+def _reward(reward) -> float:
+    return float(reward) if isinstance(reward, (int, float)) else float(np.asarray(reward).flat[0])
+
+
+def _stack_obs(observations: list) -> np.ndarray | NamedArray:
+    if isinstance(observations[0], dict):
+        return stack([NamedArray(**o) for o in observations])
+    return np.stack(observations)

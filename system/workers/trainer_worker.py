@@ -1,0 +1,162 @@
+"""The trainer worker: turns sample segments into trainer steps and publishes each new version.
+
+Back-pressure comes from the sample stream (bounded queues), so actors slow down when training
+does. After every step the new parameters go to the parameter service, which pushes them to the
+policy workers; every ``checkpoint_every`` versions the service also writes them to disk, and this
+worker writes its own state (optimiser, schedules) beside them so a run can resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from api.errors import OperationalError
+from api.policy import SampleBatch
+from api.trainer import Trainer
+from system.parameters.client import ParameterClientBase
+from system.streams.samples import SampleConsumer
+from system.workers.base import Worker
+from system.workers.trajectory import segment_count, take_columns
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(OperationalError):
+    """A trainer step reported a NaN or infinite statistic; the parameters are not published."""
+
+
+class TrainerWorker(Worker):
+    role = "trainer"
+
+    def __init__(
+        self,
+        worker_id: str,
+        policy_name: str,
+        trainer: Trainer,
+        samples: SampleConsumer,
+        params: ParameterClientBase,
+        *,
+        batch_segments: int,
+        checkpoint_every: int = 50,
+        checkpoint_dir: str | Path | None = None,
+    ):
+        super().__init__(worker_id)
+        self.policy_name = policy_name
+        self.trainer = trainer
+        self.samples = samples
+        self.params = params
+        self.batch_segments = batch_segments
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.buffer: list[SampleBatch] = []
+        self.last_batch: SampleBatch | None = None
+        self.steps = 0
+        self._published = False
+
+    def poll(self) -> int:
+        if not self._published:
+            self.publish(persist=False)  # policy workers start from the trainer's weights
+        batch = self.take_batch(timeout_ms=20)
+        if batch is None:
+            return 0
+        self.train(batch)
+        return 1
+
+    @property
+    def pending_segments(self) -> int:
+        return sum(segment_count(c) for c in self.buffer)
+
+    def gather(self, timeout_ms: int) -> None:
+        """Take chunks of ``[T, k]`` segments from the sample stream until a batch is in.
+
+        Never more: what stays in the stream holds its actors back (back-pressure), while what
+        this worker buffered beyond one batch would only age, adding policy lag.
+        """
+        while self.pending_segments < self.batch_segments:
+            chunks = self.samples.poll(timeout_ms=timeout_ms, max_items=1)
+            if not chunks:
+                return
+            self.buffer.extend(chunks)
+            timeout_ms = 0
+
+    def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
+        """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in."""
+        self.gather(timeout_ms)
+        if self.pending_segments < self.batch_segments:
+            return None
+        batch, self.buffer = take_columns(self.buffer, self.batch_segments)
+        return batch
+
+    def train(self, batch: SampleBatch) -> dict[str, float]:
+        started = time.perf_counter()
+        version_before = self.trainer.policy.version
+        result = self.trainer.step(batch)
+        bad = [k for k, v in result.stats.items() if not math.isfinite(float(v))]
+        if bad:
+            raise NonFiniteLossError(
+                f"trainer of policy '{self.policy_name}' produced non-finite {bad} at step "
+                f"{result.step}; lower the learning rate or check the rewards for NaN/inf"
+            )
+        self.steps += 1
+        self.last_batch = batch
+        version = self.trainer.policy.version
+        persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
+        self.publish(persist=persist)
+        stats = dict(result.stats)
+        stats["version"] = version
+        stats["version_lag"] = float(version_before - np.min(batch.policy_version))
+        stats["step_s"] = time.perf_counter() - started
+        stats["steps"] = self.steps
+        self.stats.update(stats)
+        self.stats["samples"] = self.stats.get("samples", 0) + int(np.prod(batch.reward.shape))
+        return stats
+
+    def publish(self, persist: bool) -> None:
+        policy = self.trainer.policy
+        self.params.publish(
+            self.policy_name, policy.version, policy.get_checkpoint(), persist=persist
+        )
+        self._published = True
+        if persist:
+            self.save_trainer_state()
+
+    def mark_published(self) -> None:
+        """The current version is already in the parameter service (resume, restart)."""
+        self._published = True
+
+    def on_stop(self) -> None:
+        """Persist the final version, so the run folder ends with its last parameters."""
+        self.publish(persist=True)
+
+    def save_trainer_state(self) -> None:
+        """Write the optimiser state beside the parameter checkpoints (atomically)."""
+        if self.checkpoint_dir is None:
+            return
+        folder = self.checkpoint_dir / self.policy_name
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / "trainer.pt.tmp"
+        state = {"version": self.trainer.policy.version, "trainer": self.trainer.get_checkpoint()}
+        torch.save(state, tmp)
+        tmp.replace(folder / "trainer.pt")
+
+    def restore(self, policy_checkpoint: dict[str, Any] | None) -> None:
+        """Resume: load published parameters and, if saved, this trainer's own state."""
+        if policy_checkpoint is not None:
+            self.trainer.policy.load_checkpoint(policy_checkpoint)
+        path = (
+            self.checkpoint_dir / self.policy_name / "trainer.pt" if self.checkpoint_dir else None
+        )
+        if path is not None and path.exists():
+            state = torch.load(path, weights_only=False)
+            self.trainer.load_checkpoint(state["trainer"])
+
+    def close(self) -> None:
+        self.samples.close()
+        self.params.close()
