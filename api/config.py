@@ -311,7 +311,7 @@ def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> Experimen
         if not sep or not key:
             errors.append(f"{item}: an override must look like key.path=value")
             continue
-        err = _set_path(data, key.strip().split("."), _parse_value(raw.strip()))
+        err = _set_path(data, key.strip().split("."), parse_value(raw.strip()))
         if err:
             errors.append(f"{key}: {err}")
     if errors:
@@ -334,7 +334,10 @@ def _set_path(data: dict, parts: list[str], value: Any) -> str | None:
     return None
 
 
-def _parse_value(raw: str) -> Any:
+def parse_value(raw: str) -> Any:
+    """The value of a ``key=value`` argument, read the same way everywhere (overrides, env
+    arguments): ``none``/``null`` is None, ``true``/``false`` in any case a bool, a Python
+    literal its value, anything else the text itself."""
     if raw in ("none", "null", "None"):
         return None
     if raw.lower() in ("true", "false"):

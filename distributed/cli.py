@@ -12,7 +12,6 @@ to change. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import ast
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
+from api.config import parse_value
 from api.errors import UserError
 from api.registry import Spec
 from distributed.bench import command as bench
@@ -118,16 +118,8 @@ def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip().isidentifier():
             raise UserError(f"argument '{item}' must look like key=value, e.g. size=8")
-        kwargs[key.strip()] = _parse_value(raw.strip())
+        kwargs[key.strip()] = parse_value(raw.strip())
     return kwargs
-
-
-def _parse_value(raw: str) -> Any:
-    """A Python literal when the text is one, otherwise the text itself."""
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
 
 
 # --------------------------------------------------------------------- the table

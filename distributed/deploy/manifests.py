@@ -2,7 +2,7 @@
 names, owner-only files and a small YAML writer.
 
 A cluster scheduler starts every worker, so a generator must know them all in advance. It gets
-them from :func:`system.run.controller.plan_workers`, the controller's own plan, grouped into one
+them from :func:`system.run.plan.plan_workers`, the controller's own plan, grouped into one
 scheduler object per group (``actor`` -> ``actor/0``, ``actor/1``, ...). Reading the controller's
 plan rather than re-deriving it keeps the two from drifting apart: a worker id the controller
 does not expect is never started, and every id it waits for is.
@@ -56,7 +56,7 @@ def load_config(experiment: str, overrides: Sequence[str]) -> ExperimentConfig:
 
 def role_groups(config: ExperimentConfig) -> list[RoleGroup]:
     """The controller's worker plan as groups of replicas with 0-based, contiguous ordinals."""
-    from system.run.controller import plan_workers
+    from system.run.plan import plan_workers
 
     groups: dict[str, list[str]] = {}
     roles: dict[str, str] = {}
@@ -64,7 +64,7 @@ def role_groups(config: ExperimentConfig) -> list[RoleGroup]:
         head, _, index = plan.worker_id.rpartition("/")
         name = head if index.isdigit() else plan.worker_id
         groups.setdefault(name, []).append(plan.worker_id)
-        roles[name] = plan.role
+        roles[name] = str(plan.role)
     result = []
     for name, ids in groups.items():
         if len(ids) == 1 and ids[0] == name:

@@ -57,14 +57,15 @@ class SwarmError(DeployError):
 # --------------------------------------------------------------------- the services of a run
 def service_roles(config: ExperimentConfig, run: str) -> list[dl.RoleSpec]:
     """Controller, then one service per fixed worker id, then one per replicated group."""
-    from system.run.controller import plan_workers
+    from system.run.plan import plan_workers
 
     controller = dl.container_name(run, dl.CONTROLLER_ID)
     specs = [dl.RoleSpec(dl.CONTROLLER_ID, "controller", dl.controller_command(controller))]
     for plan in plan_workers(config):
         if plan.role != "actor":  # actor/i and eval/i become the replicated services below
-            command = dl.worker_command(plan.worker_id, plan.role, controller, None)
-            specs.append(dl.RoleSpec(plan.worker_id, plan.role, command))
+            role = str(plan.role)
+            command = dl.worker_command(plan.worker_id, role, controller, None)
+            specs.append(dl.RoleSpec(plan.worker_id, role, command))
     for group, replicas in (("actor", config.actors.workers), ("eval", config.evaluation.workers)):
         if replicas > 0:
             command = dl.worker_command(f"{group}/{{ordinal}}", "actor", controller, None)

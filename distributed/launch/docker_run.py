@@ -44,7 +44,6 @@ CONTAINER_RUN_DIR = "/troupe/run"
 CONTAINER_KEYS_FILE = "/troupe/keys"
 KEYS_FILE = "keys"
 CONTROLLER_ID = "controller"
-RESTARTED_ROLES = ("actor", "policy", "trainer")
 LABEL_RUN, LABEL_ROLE, LABEL_WORKER = "troupe.run", "troupe.role", "troupe.worker"
 EXIT_INTERRUPTED = 130
 STOP_GRACE_S = 120.0
@@ -80,7 +79,10 @@ class RoleSpec:
 
     @property
     def restartable(self) -> bool:
-        return self.role in RESTARTED_ROLES
+        """Whether the scheduler should restart it: as the controller's plan says of the role."""
+        from system.run.plan import PLAN_TYPES, Role
+
+        return self.role != "controller" and PLAN_TYPES[Role(self.role)].restartable
 
 
 def controller_command(advertise_host: str) -> list[str]:
@@ -108,14 +110,14 @@ def container_name(run: str, worker_id: str) -> str:
 
 def container_roles(config: ExperimentConfig, run: str) -> list[RoleSpec]:
     """Controller first, then every worker of ``plan_workers``, each advertising its name."""
-    from system.run.controller import plan_workers
+    from system.run.plan import plan_workers
 
     controller = container_name(run, CONTROLLER_ID)
     specs = [RoleSpec(CONTROLLER_ID, "controller", controller_command(controller))]
     for plan in plan_workers(config):
         name = container_name(run, plan.worker_id)
-        command = worker_command(plan.worker_id, plan.role, controller, name)
-        specs.append(RoleSpec(plan.worker_id, plan.role, command))
+        command = worker_command(plan.worker_id, str(plan.role), controller, name)
+        specs.append(RoleSpec(plan.worker_id, str(plan.role), command))
     return [
         RoleSpec(s.worker_id, s.role, s.command, labels=role_labels(run, s.role, s.worker_id))
         for s in specs

@@ -1,13 +1,25 @@
-"""Build a run's components from its configuration, by registered name.
+"""Build a run's workers from their plans: one builder per role, for every mode.
+
+A builder turns a typed :class:`~system.run.plan.WorkerPlan` and the experiment into a ready
+worker. What differs between a run of many processes and serial mode (every worker in one
+process) is only how workers reach each other, which a :class:`Wiring` provides: ZeroMQ sockets
+found through the controller (:mod:`system.run.worker_process`) or in-process queues
+(:mod:`system.run.serial`). So the worker a test builds in one process is the worker a run
+starts, argument for argument.
 
 The runtime never imports a concrete environment, policy or trainer: it asks the registry, so the
-same code builds whatever the experiment names, in any process.
+same code builds whatever the experiment names, in any process. Adding a role means a plan class
+(:mod:`system.run.plan`), a builder here and the worker module; nothing else.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import gymnasium as gym
 
@@ -16,11 +28,31 @@ from api import policy as policy_api
 from api import trainer as trainer_api
 from api.config import ExperimentConfig
 from api.environment import Environment
-from api.errors import ConfigError
+from api.errors import ConfigError, PeerTimeoutError
 from api.policy import Policy
 from api.trainer import Trainer
+from system.parameters.client import ParameterClientBase
+from system.parameters.store import ParameterNotFoundError, ParameterStore
+from system.run.plan import (
+    ActorPlan,
+    ParameterServicePlan,
+    PolicyWorkerPlan,
+    Role,
+    TrainerPlan,
+    WorkerPlan,
+)
+from system.streams.inference import InferenceClient, InferenceServer
+from system.streams.samples import SampleConsumer, SampleProducer
+from system.workers.actor_worker import ActorWorker
+from system.workers.base import Worker
+from system.workers.policy_worker import PolicyWorker
+
+logger = logging.getLogger(__name__)
+
+FIRST_VERSION_TIMEOUT_S = 120.0
 
 
+# ----------------------------------------------------------------------- components
 @dataclass
 class AgentSpaces:
     observation: list[gym.Space]
@@ -79,3 +111,133 @@ def make_trainer(config: ExperimentConfig, name: str, policy: Policy) -> Trainer
 
 def trained_policies(config: ExperimentConfig) -> list[str]:
     return [name for name, pc in config.policies.items() if pc.trainer.type]
+
+
+# ----------------------------------------------------------------------- the wiring seam
+class Wiring(Protocol):
+    """How a worker reaches its peers: sockets found through the controller, or queues."""
+
+    run_dir: Path | None
+    """The run folder (checkpoints), or None when there is none (serial mode)."""
+    waits_for_peers: bool
+    """Whether a policy worker waits for its policy's first version before serving: true where
+    a trainer elsewhere publishes it; in one process nothing could publish while we waited."""
+
+    def parameter_client(self, subscribe: list[str]) -> ParameterClientBase: ...
+    def inference_server(self, plan: PolicyWorkerPlan) -> InferenceServer: ...
+    def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> InferenceClient: ...
+    def sample_consumer(self, plan: TrainerPlan) -> SampleConsumer: ...
+    def sample_producer(
+        self, plan: ActorPlan, endpoints: dict[str, list[str]]
+    ) -> SampleProducer: ...
+    def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker: ...
+
+
+@dataclass
+class Built:
+    """A built worker and, if it has one, what it runs with every heartbeat (a peer watchdog)."""
+
+    worker: Worker
+    on_heartbeat: Callable[[], None] | None = None
+
+
+# ----------------------------------------------------------------------- one builder per role
+def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, wiring: Wiring):
+    store = ParameterStore(wiring.run_dir, keep=3)
+    restored = store.load_from_disk()
+    if restored:
+        logger.info("parameter service restored versions %s", restored)
+    return Built(wiring.parameter_server(plan, store))
+
+
+def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
+    from system.workers.trainer_worker import TrainerWorker  # imports torch: trainers only
+
+    policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
+    trainer = make_trainer(cfg, plan.policy, policy)
+    params = wiring.parameter_client(subscribe=[])
+    worker = TrainerWorker(
+        plan.worker_id,
+        plan.policy,
+        trainer,
+        wiring.sample_consumer(plan),
+        params,
+        batch_segments=cfg.policies[plan.policy].batch_segments,
+        checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
+        checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
+    )
+    latest = latest_version(params, plan.policy)
+    if latest is not None:  # resuming, or restarted after a failure
+        worker.restore(latest[1])
+        worker.mark_published()
+    return Built(worker)
+
+
+def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
+    policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
+    params = wiring.parameter_client(subscribe=[plan.policy])
+    if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
+        _, checkpoint = _wait_first_version(params, plan.policy)
+        policy.load_checkpoint(checkpoint)
+    server = wiring.inference_server(plan)
+    return Built(PolicyWorker(plan.worker_id, plan.policy, policy, server, params))
+
+
+def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
+    inference_names = plan.inference_endpoints(cfg)
+    sample_names = plan.sample_endpoints(cfg)
+    inference = wiring.inference_client(plan, inference_names)
+    samples = None if plan.evaluation else wiring.sample_producer(plan, sample_names)
+    group = cfg.evaluation if plan.evaluation else cfg.actors
+    worker = ActorWorker(
+        plan.worker_id,
+        env_factory(cfg),
+        group.envs_per_worker,
+        cfg.policy_of_agent,
+        inference,
+        samples,
+        segment_length=cfg.actors.segment_length,
+        is_evaluation=plan.evaluation,
+        seed=plan.seed(cfg),
+        on_env_error=cfg.actors.on_env_error,
+        validate_actions=plan.validate_actions,
+        # Evaluation is not in a hurry: one request a step for all its environments is cheaper.
+        groups=1 if plan.evaluation else cfg.actors.groups,
+        max_fps=cfg.evaluation.max_fps if plan.evaluation else None,
+    )
+    return Built(worker)
+
+
+BUILDERS: dict[Role, Callable[[Any, ExperimentConfig, Wiring], Built]] = {
+    Role.PARAMETER_SERVICE: build_parameter_service,
+    Role.TRAINER: build_trainer,
+    Role.POLICY: build_policy_worker,
+    Role.ACTOR: build_actor,
+}
+
+
+def build(plan: WorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
+    """Build the worker ``plan`` describes."""
+    return BUILDERS[plan.role](plan, cfg, wiring)
+
+
+# ----------------------------------------------------------------------- helpers
+def latest_version(params: ParameterClientBase, name: str) -> tuple[int, Any] | None:
+    try:
+        return params.get(name)
+    except ParameterNotFoundError:
+        return None
+
+
+def _wait_first_version(params: ParameterClientBase, name: str) -> tuple[int, Any]:
+    deadline = time.monotonic() + FIRST_VERSION_TIMEOUT_S
+    while True:
+        latest = latest_version(params, name)
+        if latest is not None:
+            return latest
+        if time.monotonic() > deadline:
+            raise PeerTimeoutError(
+                f"no parameters of policy '{name}' were published in "
+                f"{FIRST_VERSION_TIMEOUT_S:.0f}s; is its trainer running?"
+            )
+        time.sleep(0.1)

@@ -32,6 +32,7 @@ from api.errors import WireError, WorkerFailure
 from system.ratelimit import BadMessages
 from system.run.display import LiveDisplay
 from system.run.monitor import MetricsWriter
+from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
 from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary
 from system.streams import wire
 
@@ -40,7 +41,6 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_S = 30.0
 STATS_EVERY_S = 1.0
 MAX_RESTARTS = 5
-RESTARTABLE = ("actor", "policy", "trainer")
 
 
 class Launcher(Protocol):
@@ -54,45 +54,16 @@ class Launcher(Protocol):
 
 
 @dataclass
-class WorkerPlan:
-    worker_id: str
-    role: str
-    args: dict[str, Any]
-    stop_order: int
-    """Workers stop in increasing order: actors 0, policy workers and trainers 1, parameters 2."""
+class WorkerRecord:
+    """What the controller knows of one worker of its plan."""
 
-
-@dataclass
-class WorkerState:
     plan: WorkerPlan
-    state: str = "starting"
+    state: WorkerState = WorkerState.STARTING
     restarts: int = 0
     pid: int | None = None
     peak_rss_mb: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
-    plans = [WorkerPlan("params", "parameter_service", {}, 2)]
-    for name, pc in config.policies.items():
-        if pc.trainer.type:
-            plans += [
-                WorkerPlan(f"trainer/{name}/{i}", "trainer", {"policy": name, "index": i}, 1)
-                for i in range(pc.trainer_workers)
-            ]
-        plans += [
-            WorkerPlan(f"policy/{name}/{i}", "policy", {"policy": name, "index": i}, 1)
-            for i in range(pc.policy_workers)
-        ]
-    plans += [
-        WorkerPlan(f"actor/{i}", "actor", {"index": i}, 0) for i in range(config.actors.workers)
-    ]
-    plans += [
-        WorkerPlan(f"eval/{i}", "actor", {"index": i, "evaluation": True}, 0)
-        for i in range(config.evaluation.workers)
-    ]
-    return plans
 
 
 class Controller:
@@ -114,7 +85,7 @@ class Controller:
         endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         port = endpoint.rsplit(":", 1)[1]
         self.address = f"tcp://{advertise_host}:{port}" if advertise_host else endpoint
-        self.workers = {p.worker_id: WorkerState(p) for p in plan_workers(config)}
+        self.workers = {p.worker_id: WorkerRecord(p) for p in plan_workers(config)}
         self.start_grace_s = float(getattr(launcher, "start_grace_s", 120.0))
         self.endpoints: dict[str, str] = {}
         self.lookups: dict[str, list[bytes]] = {}
@@ -143,7 +114,7 @@ class Controller:
         """Start every worker, supervise until a stopping rule holds, stop, write the summary."""
         (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2))
         for state in self.workers.values():
-            self.launcher.start(state.plan.worker_id, state.plan.role, self.address)
+            self.launcher.start(state.plan.worker_id, state.plan.role.value, self.address)
         self.display.start()
         next_stats = time.monotonic() + STATS_EVERY_S
         try:
@@ -174,17 +145,13 @@ class Controller:
         logger.info("every worker process ended after %.2fs", time.monotonic() - started)
 
     def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
-        waiting = {
-            w
-            for w in ids
-            if self.launcher.is_alive(w) and self.workers[w].state in ("alive", "configuring")
-        }
+        waiting = {w for w in ids if self.launcher.is_alive(w) and self.workers[w].state.running}
         for w in waiting:
             wire.send(self.socket, "stop", {}, envelope=[w.encode()])
         deadline = time.monotonic() + timeout_s
         while waiting and time.monotonic() < deadline:
             self._receive(timeout_ms=100)
-            waiting = {w for w in waiting if self.workers[w].state not in ("stopped", "failed")}
+            waiting = {w for w in waiting if self.workers[w].state.running}
             waiting = {w for w in waiting if self.launcher.is_alive(w)}
         for w in waiting:
             logger.warning("%s did not stop in %.0fs; killing it", w, timeout_s)
@@ -241,9 +208,9 @@ class Controller:
         state.last_seen = time.monotonic()
         body = message.body
         if message.kind == "hello":
-            if state.state in ("alive", "configuring"):
+            if state.state.running:
                 self._restarted_elsewhere(state)
-            state.state = "configuring"
+            state.state = WorkerState.CONFIGURING
             state.pid = int(body.get("pid", 0)) or None
             self._send(worker_id, "configure", self._configuration(state.plan))
         elif message.kind == "register":
@@ -253,13 +220,13 @@ class Controller:
             self.lookups.setdefault(str(body["name"]), []).append(worker_id.encode())
             self._answer_lookups(str(body["name"]))
         elif message.kind == "ready":
-            state.state = "alive"
+            state.state = WorkerState.ALIVE
         elif message.kind == "heartbeat":
             self._absorb(worker_id, body.get("stats") or {})
         elif message.kind == "error":
             self._on_error(state, str(body["message"]), str(body.get("traceback", "")))
         elif message.kind == "bye":
-            state.state = "stopped"
+            state.state = WorkerState.STOPPED
         else:
             raise ValueError(f"unknown control message kind '{message.kind}'")
 
@@ -267,7 +234,11 @@ class Controller:
         wire.send(self.socket, kind, body, envelope=[worker_id.encode()])
 
     def _configuration(self, plan: WorkerPlan) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "run_dir": str(self.run_dir), "args": plan.args}
+        return {
+            "config": self.config.to_dict(),
+            "run_dir": str(self.run_dir),
+            "plan": plan.to_wire(),
+        }
 
     def _answer_lookups(self, name: str) -> None:
         address = self.endpoints.get(name)
@@ -278,10 +249,10 @@ class Controller:
                 self.socket, "lookup_result", {"name": name, "address": address}, envelope=[ident]
             )
 
-    def _on_error(self, state: WorkerState, message: str, tb: str) -> None:
-        state.state = "failed"
+    def _on_error(self, state: WorkerRecord, message: str, tb: str) -> None:
+        state.state = WorkerState.FAILED
         logger.error("%s failed: %s\n%s", state.plan.worker_id, message, tb)
-        if state.plan.role not in RESTARTABLE or state.restarts >= MAX_RESTARTS:
+        if not state.plan.restartable or state.restarts >= MAX_RESTARTS:
             self.failure = WorkerFailure(state.plan.worker_id, message, tb)
             self.stop_reason = "failed"
 
@@ -289,63 +260,58 @@ class Controller:
     def _supervise(self) -> None:
         now = time.monotonic()
         for wid, state in self.workers.items():
-            if state.state == "stopped" or self.stop_reason:
+            if state.state is WorkerState.STOPPED or self.stop_reason:
                 continue
             dead = not self.launcher.is_alive(wid)
-            patience = HEARTBEAT_TIMEOUT_S if state.state == "alive" else self.start_grace_s
-            silent = now - state.last_seen > patience
-            if not (dead or silent or state.state == "failed"):
+            alive = state.state is WorkerState.ALIVE
+            silent = now - state.last_seen > (HEARTBEAT_TIMEOUT_S if alive else self.start_grace_s)
+            if not (dead or silent or state.state is WorkerState.FAILED):
                 continue
-            if state.plan.role not in RESTARTABLE or state.restarts >= MAX_RESTARTS:
+            if not state.plan.restartable or state.restarts >= MAX_RESTARTS:
                 why = "exited" if dead else "went silent" if silent else "failed"
                 self.failure = self.failure or WorkerFailure(wid, f"{wid} {why}; not restarted")
                 self.stop_reason = "failed"
                 return
             self._restart(state, "exited" if dead else "went silent" if silent else "failed")
 
-    def _restart(self, state: WorkerState, why: str) -> None:
+    def _restart(self, state: WorkerRecord, why: str) -> None:
         wid = state.plan.worker_id
         logger.warning("%s %s; restarting it (restart %d)", wid, why, state.restarts + 1)
         self.launcher.kill(wid)
-        for name in [n for n in self.endpoints if self._owned_by(n, state.plan)]:
-            del self.endpoints[name]  # peers must look up the new address
+        self._forget_endpoints(state.plan)  # peers must look up the new address
         state.restarts += 1
-        state.state = "restarting"  # its hello then is expected, not a restart by a scheduler
+        state.state = (
+            WorkerState.RESTARTING
+        )  # its hello then is expected, not a restart by a scheduler
         state.last_seen = time.monotonic()
-        self.launcher.start(wid, state.plan.role, self.address)
+        self.launcher.start(wid, state.plan.role.value, self.address)
 
-    def _restarted_elsewhere(self, state: WorkerState) -> None:
+    def _restarted_elsewhere(self, state: WorkerRecord) -> None:
         """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
         old process's addresses so peers look the new ones up."""
         logger.warning("%s says hello again: restarted by its scheduler", state.plan.worker_id)
         state.restarts += 1
-        for name in [n for n in self.endpoints if self._owned_by(n, state.plan)]:
-            del self.endpoints[name]
+        self._forget_endpoints(state.plan)
 
-    @staticmethod
-    def _owned_by(endpoint_name: str, plan: WorkerPlan) -> bool:
-        args = plan.args
-        if plan.role == "policy":
-            return endpoint_name == f"inference/{args['policy']}/{args['index']}"
-        if plan.role == "trainer":
-            return endpoint_name == f"samples/{args['policy']}/{args['index']}"
-        return False
+    def _forget_endpoints(self, plan: WorkerPlan) -> None:
+        for name in plan.endpoints():
+            self.endpoints.pop(name, None)
 
     # ----------------------------------------------------------------- stats
     def _absorb(self, worker_id: str, stats: dict[str, Any]) -> None:
         state = self.workers[worker_id]
         role = state.plan.role
-        if role == "actor":
+        if role is Role.ACTOR:
             self.totals["env_frames"] += int(stats.get("env_frames", 0))
             self.totals["eval_env_frames"] += int(stats.get("eval_env_frames", 0))
             self.returns.extend(e["episode_return"] for e in stats.get("episodes", []))
             for e in stats.get("eval_episodes", []):
                 self.eval_returns.append(e["episode_return"])
                 self.eval_count += 1
-        elif role == "trainer":
+        elif role is Role.TRAINER:
             numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             if numeric:
-                self.trainer_stats.setdefault(state.plan.args["policy"], {}).update(numeric)
+                self.trainer_stats.setdefault(state.plan.policy, {}).update(numeric)
         state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
         state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
 
@@ -363,7 +329,7 @@ class Controller:
             "eval_env_frames": self.totals["eval_env_frames"],
             "episode_return": float(np.mean(self.returns)) if self.returns else None,
             "eval_return": self._eval_mean(),
-            "worker_health/alive": sum(w.state == "alive" for w in self.workers.values()),
+            "worker_health/alive": sum(w.state is WorkerState.ALIVE for w in self.workers.values()),
             "worker_health/restarts": sum(w.restarts for w in self.workers.values()),
         }
         for name, stats in self.trainer_stats.items():
@@ -379,9 +345,9 @@ class Controller:
         """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
         table = {
             wid: {
-                "role": s.plan.role,
+                "role": s.plan.role.value,
                 "pid": s.pid,
-                "state": s.state,
+                "state": s.state.value,
                 "restarts": s.restarts,
                 "peak_rss_mb": round(s.peak_rss_mb, 1),
             }
@@ -410,8 +376,8 @@ class Controller:
             "workers": [
                 {
                     "id": wid,
-                    "role": s.plan.role,
-                    "state": s.state,
+                    "role": s.plan.role.value,
+                    "state": s.state.value,
                     "restarts": s.restarts,
                     "heartbeat_age_s": now - s.last_seen,
                 }

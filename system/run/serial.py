@@ -12,6 +12,7 @@ environment or policy: one process, one stack trace.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,14 @@ from api.config import ExperimentConfig, check
 from system.parameters.client import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.run import builders
+from system.run.plan import (
+    ActorPlan,
+    ParameterServicePlan,
+    PolicyWorkerPlan,
+    TrainerPlan,
+    WorkerPlan,
+    plan_workers,
+)
 from system.streams.inference import InprocInferenceHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
@@ -53,6 +62,61 @@ class SerialProgress:
         return len(self.trainer_stats.get(policy, []))
 
 
+class InprocWiring:
+    """Serial mode: peers are in-process queues, and the parameter service is the shared store.
+
+    In one process there is no parameter-service worker: every worker gets its own
+    :class:`InprocParameterService` client over one :class:`ParameterStore`."""
+
+    waits_for_peers = False
+    run_dir = None
+
+    def __init__(self, store: ParameterStore):
+        self.store = store
+        self.inference = InprocInferenceHub()
+        self.samples = InprocSampleHub()
+
+    def parameter_client(self, subscribe: list[str]) -> InprocParameterService:
+        return InprocParameterService(self.store)
+
+    def inference_server(self, plan: PolicyWorkerPlan):
+        return self.inference.server(plan.policy)
+
+    def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]):
+        return self.inference.client(plan.worker_id)
+
+    def sample_consumer(self, plan: TrainerPlan):
+        return self.samples.consumer(plan.policy)
+
+    def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
+        return self.samples.producer()
+
+    def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
+        raise NotImplementedError("serial mode serves parameters from its in-process store")
+
+
+def serial_plans(
+    config: ExperimentConfig, *, train: bool, evaluation: bool, validate_actions: bool
+) -> list[WorkerPlan]:
+    """The run's plan as serial mode builds it: no parameter-service worker (the store is in this
+    process), one policy worker and one trainer per policy (the in-process queues are the whole
+    group), training actors if ``train``, evaluation actors if ``evaluation``."""
+    plans: list[WorkerPlan] = []
+    for plan in plan_workers(config):
+        if isinstance(plan, TrainerPlan):
+            keep = train and plan.index == 0
+        elif isinstance(plan, PolicyWorkerPlan):
+            keep = plan.index == 0
+        elif isinstance(plan, ActorPlan):
+            keep = evaluation if plan.evaluation else train
+            plan = dataclasses.replace(plan, validate_actions=validate_actions)
+        else:
+            keep = False
+        if keep:
+            plans.append(plan)
+    return plans
+
+
 class SerialRun:
     """Builds and polls every worker of ``config`` in this process."""
 
@@ -67,86 +131,30 @@ class SerialRun:
     ):
         """``train=False`` runs evaluation actors only, on the parameters already in ``store``."""
         self.config = check(config)
-        self.spaces = builders.probe_spaces(config)
         self.store = store if store is not None else ParameterStore()
-        self.inference = InprocInferenceHub()
-        self.samples = InprocSampleHub()
-        self.trainers = self._make_trainers() if train else {}
-        self.policy_workers = self._make_policy_workers()
-        self.actors = self._make_actors(train, evaluation or not train, validate_actions)
+        self.wiring = InprocWiring(self.store)
+        plans = serial_plans(
+            config,
+            train=train,
+            evaluation=evaluation or not train,
+            validate_actions=validate_actions,
+        )
+        # Trainers first: each publishes its policy's first version before anything acts.
+        built = {p.worker_id: builders.build(p, self.config, self.wiring).worker for p in plans}
+        self.trainers: dict[str, TrainerWorker] = {
+            p.policy: built[p.worker_id] for p in plans if isinstance(p, TrainerPlan)
+        }
+        self.policy_workers: list[PolicyWorker] = [
+            built[p.worker_id] for p in plans if isinstance(p, PolicyWorkerPlan)
+        ]
+        self.actors: list[ActorWorker] = [
+            built[p.worker_id] for p in plans if isinstance(p, ActorPlan)
+        ]
         self.progress = SerialProgress()
 
     @property
     def workers(self) -> list[Worker]:
         return [*self.actors, *self.policy_workers, *self.trainers.values()]
-
-    def _make_trainers(self) -> dict[str, TrainerWorker]:
-        out = {}
-        for name in builders.trained_policies(self.config):
-            policy = builders.make_policy(self.config, name, self.spaces, self.config.seed)
-            trainer = builders.make_trainer(self.config, name, policy)
-            out[name] = TrainerWorker(
-                f"trainer/{name}/0",
-                name,
-                trainer,
-                self.samples.consumer(name),
-                InprocParameterService(self.store),
-                batch_segments=self.config.policies[name].batch_segments,
-                checkpoint_every=0,
-            )
-        return out
-
-    def _make_policy_workers(self) -> list[PolicyWorker]:
-        workers = []
-        for name in self.config.policies:
-            policy = builders.make_policy(self.config, name, self.spaces, self.config.seed + 1)
-            workers.append(
-                PolicyWorker(
-                    f"policy/{name}/0",
-                    name,
-                    policy,
-                    self.inference.server(name),
-                    InprocParameterService(self.store),
-                )
-            )
-        return workers
-
-    def _make_actors(self, train: bool, evaluation: bool, validate_actions: bool):
-        cfg = self.config
-        actors = []
-        for i in range(cfg.actors.workers if train else 0):
-            actors.append(
-                self._actor(f"actor/{i}", cfg.actors.envs_per_worker, False, i, validate_actions)
-            )
-        if evaluation:
-            for i in range(cfg.evaluation.workers):
-                actors.append(
-                    self._actor(
-                        f"eval/{i}",
-                        cfg.evaluation.envs_per_worker,
-                        True,
-                        1000 + i,
-                        validate_actions,
-                    )
-                )
-        return actors
-
-    def _actor(self, wid: str, n_envs: int, is_eval: bool, index: int, validate: bool):
-        cfg = self.config
-        return ActorWorker(
-            wid,
-            builders.env_factory(cfg),
-            n_envs,
-            cfg.policy_of_agent,
-            self.inference.client(wid),
-            None if is_eval else self.samples.producer(),
-            segment_length=cfg.actors.segment_length,
-            is_evaluation=is_eval,
-            seed=cfg.seed * 100_003 + index * 1_009,
-            on_env_error=cfg.actors.on_env_error,
-            validate_actions=validate,
-            groups=1 if is_eval else cfg.actors.groups,
-        )
 
     # ----------------------------------------------------------------- running
     def poll(self) -> int:

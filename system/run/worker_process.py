@@ -3,7 +3,8 @@
 The loop is the same for every role: poll the worker, send a heartbeat with its stats a few times
 a second, leave when the controller says stop (or disappears), and on any exception send the
 traceback to the controller before exiting with a non-zero code. What differs per role is only
-how the worker is built (:data:`BUILDERS`), from the configuration the controller sends.
+how the worker is built: by the role's builder (:mod:`system.run.builders`) from the typed plan
+the controller sends, wired to its peers through sockets (:class:`SocketWiring`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,23 @@ from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders
 from system.run.control_channel import ControlClient
+from system.run.plan import (
+    PARAMS_PUSH,
+    PARAMS_REQUEST,
+    ActorPlan,
+    ParameterServicePlan,
+    PolicyWorkerPlan,
+    Role,
+    TrainerPlan,
+    WorkerPlan,
+    plan_from_wire,
+)
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
-from system.workers.policy_worker import PolicyWorker
+from system.workers.parameter_worker import ParameterServiceWorker
 
 logger = logging.getLogger(__name__)
 
@@ -54,140 +66,62 @@ class Placement:
         return f"tcp://{self.advertise_host}:{port}"
 
 
-class ParameterServiceWorker(Worker):
-    """Wraps the parameter server as a worker, so it shares the loop and supervision."""
+class SocketWiring:
+    """Process mode: peers are ZeroMQ sockets, found by name through the controller."""
 
-    role = "parameter_service"
+    waits_for_peers = True
 
-    def __init__(self, worker_id: str, server: ParameterServer):
-        super().__init__(worker_id)
-        self.server = server
+    def __init__(self, ctl: ControlClient, place: Placement, run_dir: Path):
+        self.ctl = ctl
+        self.place = place
+        self.run_dir = run_dir
 
-    def poll(self) -> int:
-        return self.server.poll(timeout_ms=50)
+    def parameter_client(self, subscribe: list[str]) -> ParameterClient:
+        push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
+        return ParameterClient(self.ctl.lookup(PARAMS_REQUEST), push, subscribe=subscribe)
 
-    def collect_stats(self) -> dict[str, Any]:
-        stats = {k: int(v) for k, v in self.server.stats.items()}
-        return stats
+    def inference_server(self, plan: PolicyWorkerPlan) -> ZmqInferenceServer:
+        server = ZmqInferenceServer(self.place.bind())
+        self._register(plan, server.endpoint)
+        return server
 
-    def close(self) -> None:
-        self.server.close()
+    def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> ZmqInferenceClient:
+        return ZmqInferenceClient({p: self.ctl.lookup(n) for p, n in endpoints.items()})
 
+    def sample_consumer(self, plan: TrainerPlan) -> ZmqSampleConsumer:
+        consumer = ZmqSampleConsumer(self.place.bind())
+        self._register(plan, consumer.endpoint)
+        return consumer
 
-def _build_parameter_service(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
-    run_dir = Path(conf["run_dir"])
-    store = ParameterStore(run_dir, keep=3)
-    restored = store.load_from_disk()
-    if restored:
-        logger.info("parameter service restored versions %s", restored)
-    server = ParameterServer(store, place.bind(), place.bind())
-    ctl.register("params/request", place.advertise(server.request_endpoint))
-    ctl.register("params/push", place.advertise(server.push_endpoint))
-    return ParameterServiceWorker(ctl.worker_id, server), None
-
-
-def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
-    import torch  # only trainers and policy workers pay for importing torch
-
-    from system.workers.trainer_worker import TrainerWorker
-
-    name, index = conf["args"]["policy"], conf["args"]["index"]
-    torch.set_num_threads(max(1, int(conf["args"].get("threads", 1))))
-    spaces = builders.probe_spaces(cfg)
-    policy = builders.make_policy(cfg, name, spaces, cfg.seed)
-    trainer = builders.make_trainer(cfg, name, policy)
-    params = ParameterClient(ctl.lookup("params/request"))
-    consumer = ZmqSampleConsumer(place.bind())
-    ctl.register(f"samples/{name}/{index}", place.advertise(consumer.endpoint))
-    worker = TrainerWorker(
-        ctl.worker_id,
-        name,
-        trainer,
-        consumer,
-        params,
-        batch_segments=cfg.policies[name].batch_segments,
-        checkpoint_every=cfg.checkpoint_every,
-        checkpoint_dir=Path(conf["run_dir"]) / "checkpoints",
-    )
-    latest = _latest(params, name)
-    if latest is not None:  # resuming, or restarted after a failure
-        worker.restore(latest[1])
-        worker.mark_published()
-    return worker, None
-
-
-def _latest(params: ParameterClient, name: str):
-    from system.parameters.store import ParameterNotFoundError
-
-    try:
-        return params.get(name)
-    except ParameterNotFoundError:
-        return None
-
-
-def _build_policy_worker(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
-    import torch
-
-    name, index = conf["args"]["policy"], conf["args"]["index"]
-    torch.set_num_threads(1)
-    spaces = builders.probe_spaces(cfg)
-    policy = builders.make_policy(cfg, name, spaces, cfg.seed + 1)
-    params = ParameterClient(
-        ctl.lookup("params/request"), ctl.lookup("params/push"), subscribe=[name]
-    )
-    if cfg.policies[name].trainer.type:
-        _, checkpoint = _wait_first_version(params, name)
-        policy.load_checkpoint(checkpoint)
-    server = ZmqInferenceServer(place.bind())
-    ctl.register(f"inference/{name}/{index}", place.advertise(server.endpoint))
-    return PolicyWorker(ctl.worker_id, name, policy, server, params), None
-
-
-def _wait_first_version(params: ParameterClient, name: str, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        latest = _latest(params, name)
-        if latest is not None:
-            return latest
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no parameters of policy '{name}' were published in {timeout_s}s")
-        time.sleep(0.1)
-
-
-def _build_actor(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
-    args = conf["args"]
-    index, evaluation = int(args["index"]), bool(args.get("evaluation", False))
-    inference_names = {
-        name: f"inference/{name}/{index % pc.policy_workers}" for name, pc in cfg.policies.items()
-    }
-    sample_names = {
-        name: [f"samples/{name}/{i}" for i in range(pc.trainer_workers)]
-        for name, pc in cfg.policies.items()
-        if pc.trainer.type and not evaluation
-    }
-    inference = ZmqInferenceClient({p: ctl.lookup(n) for p, n in inference_names.items()})
-    samples = None
-    if not evaluation:
-        samples = ZmqSampleProducer(
-            {p: [ctl.lookup(n) for n in names] for p, names in sample_names.items()}
+    def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
+        return ZmqSampleProducer(
+            {p: [self.ctl.lookup(n) for n in names] for p, names in endpoints.items()}
         )
-    group = cfg.evaluation if evaluation else cfg.actors
-    worker = ActorWorker(
-        ctl.worker_id,
-        builders.env_factory(cfg),
-        group.envs_per_worker,
-        cfg.policy_of_agent,
-        inference,
-        samples,
-        segment_length=cfg.actors.segment_length,
-        is_evaluation=evaluation,
-        seed=cfg.seed * 100_003 + (index + (1000 if evaluation else 0)) * 1_009,
-        on_env_error=cfg.actors.on_env_error,
-        # Evaluation is not in a hurry: one request a step for all its environments is cheaper.
-        groups=1 if evaluation else cfg.actors.groups,
-        max_fps=cfg.evaluation.max_fps if evaluation else None,
-    )
-    return worker, ActorPeerWatchdog(ctl, worker, inference_names, sample_names)
+
+    def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
+        server = ParameterServer(store, self.place.bind(), self.place.bind())
+        request, push = plan.endpoints()
+        self.ctl.register(request, self.place.advertise(server.request_endpoint))
+        self.ctl.register(push, self.place.advertise(server.push_endpoint))
+        return ParameterServiceWorker(self.ctl.worker_id, server)
+
+    def _register(self, plan: WorkerPlan, endpoint: str) -> None:
+        (name,) = plan.endpoints()
+        self.ctl.register(name, self.place.advertise(endpoint))
+
+
+def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, place: Placement):
+    plan = plan_from_wire(role, conf["plan"])
+    if plan.role in (Role.TRAINER, Role.POLICY):
+        import torch  # only trainers and policy workers pay for importing torch
+
+        torch.set_num_threads(1)
+    built = builders.build(plan, cfg, SocketWiring(ctl, place, Path(conf["run_dir"])))
+    if isinstance(plan, ActorPlan):
+        built.on_heartbeat = ActorPeerWatchdog(
+            ctl, built.worker, plan.inference_endpoints(cfg), plan.sample_endpoints(cfg)
+        )
+    return built
 
 
 class ActorPeerWatchdog:
@@ -234,14 +168,6 @@ class ActorPeerWatchdog:
                     samples.connect(policy, addresses)
 
 
-BUILDERS = {
-    "parameter_service": _build_parameter_service,
-    "trainer": _build_trainer,
-    "policy": _build_policy_worker,
-    "actor": _build_actor,
-}
-
-
 def main(worker_id: str, role: str, controller: str, placement: dict | None = None) -> int:
     """Run one worker until stopped; the process's exit code is the return value."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
@@ -257,9 +183,10 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
     try:
         conf = ctl.hello(role)
         cfg = ExperimentConfig.from_dict(conf["config"])
-        worker, watchdog = BUILDERS[role](ctl, cfg, conf, place)
+        built = _build(ctl, role, cfg, conf, place)
+        worker = built.worker
         ctl.send("ready", {})
-        return _loop(ctl, worker, watchdog)
+        return _loop(ctl, worker, built.on_heartbeat)
     except _Stop:
         return EXIT_OK
     except Exception as e:
@@ -324,7 +251,7 @@ if __name__ == "__main__":  # for launchers that start workers as commands (cont
 
     parser = argparse.ArgumentParser(description="Run one Troupe worker process.")
     parser.add_argument("--id", required=True)
-    parser.add_argument("--role", required=True, choices=sorted(BUILDERS))
+    parser.add_argument("--role", required=True, choices=[r.value for r in Role])
     parser.add_argument("--controller", required=True)
     parser.add_argument("--bind-host", default="127.0.0.1")
     parser.add_argument("--advertise-host", default="127.0.0.1")

@@ -107,6 +107,16 @@ def test_parse_kwargs_reads_literals_else_strings():
     }
 
 
+def test_key_value_text_reads_the_same_for_env_arguments_and_overrides():
+    """One parser: ``troupe test-env ... flag=true`` and ``troupe run ... x=true`` agree."""
+    from api.config import make_experiment
+
+    kwargs = parse_kwargs(["flag=true", "off=FALSE", "nothing=none"])
+    assert kwargs == {"flag": True, "off": False, "nothing": None}
+    config = make_experiment("cartpole-ppo", ["policies.default.policy.args.shared_backbone=true"])
+    assert config.policies["default"].policy.args["shared_backbone"] is True
+
+
 def test_missing_subcommand_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main([])

@@ -1,0 +1,31 @@
+"""The parameter-service worker: the versioned parameter store and its server, as a worker role.
+
+The server itself (:class:`~system.parameters.service.ParameterServer`) knows nothing of runs;
+this wrapper gives it the same loop, heartbeats and supervision as every other role.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from system.parameters.service import ParameterServer
+from system.workers.base import Worker
+
+
+class ParameterServiceWorker(Worker):
+    """Polls the parameter server; its stats are the server's counters."""
+
+    role = "parameter_service"
+
+    def __init__(self, worker_id: str, server: ParameterServer):
+        super().__init__(worker_id)
+        self.server = server
+
+    def poll(self) -> int:
+        return self.server.poll(timeout_ms=50)
+
+    def collect_stats(self) -> dict[str, Any]:
+        return {k: int(v) for k, v in self.server.stats.items()}
+
+    def close(self) -> None:
+        self.server.close()
