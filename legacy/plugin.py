@@ -36,6 +36,33 @@ def _register_environments() -> None:
         "legacy.environment.synthetic:SyntheticEnvironment",
         description="Benchmark environment: each step burns a set CPU time (step_cost_us).",
     )
+    _register_pettingzoo()
+
+
+def _register_pettingzoo() -> None:
+    """PettingZoo games through the adapter (building one needs the 'multiagent' extra)."""
+    module = "legacy.environment.pettingzoo_adapter"
+    for name, api, env, description in (
+        (
+            "ConnectFour-v3",
+            "AEC",
+            "classic.connect_four.connect_four:env",
+            "connect four, action masks",
+        ),
+        ("TicTacToe-v3", "AEC", "classic.tictactoe.tictactoe:env", "tic-tac-toe, action masks"),
+        (
+            "KnightsArchersZombies-v11",
+            "Parallel",
+            "butterfly.knights_archers_zombies.knights_archers_zombies:parallel_env",
+            "4 agents acting at once, vector observations; agents die mid-episode",
+        ),
+    ):
+        registry.register_environment(
+            name,
+            f"{module}:PettingZoo{api}Environment",
+            env=f"pettingzoo.{env}",
+            description=f"PettingZoo {description} (pip install 'troupe-rl[multiagent]').",
+        )
 
 
 def _register_policies() -> None:
@@ -43,6 +70,16 @@ def _register_policies() -> None:
         "actor-critic",
         "algorithm.actor_critic_policies.policy:ActorCriticPolicy",
         description="Actor-critic policy: separate or shared backbone, optional GRU memory.",
+    )
+    registry.register_policy(
+        "random-legal",
+        "algorithm.scripted_policies:RandomLegalPolicy",
+        description="Scripted: uniform over the legal actions (the action_mask); no trainer.",
+    )
+    registry.register_policy(
+        "connect-four-heuristic",
+        "algorithm.scripted_policies:ConnectFourHeuristicPolicy",
+        description="Scripted connect four: win, else block, else centre columns; no trainer.",
     )
 
 
