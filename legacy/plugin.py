@@ -14,6 +14,7 @@ def register_builtins() -> None:
     _register_environments()
     _register_policies()
     _register_trainers()
+    _register_policy_mappings()
     _register_experiments()
 
 
@@ -89,6 +90,17 @@ def _register_trainers() -> None:
         "algorithm.ppo.trainer:PPOTrainer",
         description="Proximal Policy Optimization with GAE, clipping and minibatch epochs.",
     )
+
+
+def _register_policy_mappings() -> None:
+    for name, attr, description in (
+        ("fixed-seats", "fixed_seats", "Seat i is always policies[i]."),
+        ("rotate-seats", "rotate_seats", "Policies move one seat on per episode."),
+        ("self-play", "self_play", "Learner in a rotating seat; opponents drawn by weight."),
+    ):
+        registry.register_policy_mapping(
+            name, f"algorithm.policy_mappings:{attr}", description=description
+        )
 
 
 def _register_experiments() -> None:
