@@ -26,7 +26,7 @@ from api.errors import RegistryError
 logger = logging.getLogger(__name__)
 
 PLUGIN_GROUP = "troupe.plugins"
-KINDS = ("environment", "policy", "trainer", "experiment")
+KINDS = ("environment", "policy", "trainer", "experiment", "policy_mapping")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Spec:
     """How to build one registered component."""
 
     kind: str
-    """One of ``environment``, ``policy``, ``trainer``, ``experiment``."""
+    """One of ``environment``, ``policy``, ``trainer``, ``experiment``, ``policy_mapping``."""
     name: str
     """The registered name, e.g. ``CartPole-v1`` or ``actor-critic``."""
     entry_point: str
@@ -164,11 +164,13 @@ environments = REGISTRIES["environment"]
 policies = REGISTRIES["policy"]
 trainers = REGISTRIES["trainer"]
 experiments = REGISTRIES["experiment"]
+policy_mappings = REGISTRIES["policy_mapping"]
 
 register_environment = environments.register
 register_policy = policies.register
 register_trainer = trainers.register
 register_experiment = experiments.register
+register_policy_mapping = policy_mappings.register
 
 _plugins_loaded = False
 _plugins_lock = threading.RLock()

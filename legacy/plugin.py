@@ -14,6 +14,7 @@ def register_builtins() -> None:
     _register_environments()
     _register_policies()
     _register_trainers()
+    _register_policy_mappings()
     _register_experiments()
 
 
@@ -36,6 +37,33 @@ def _register_environments() -> None:
         "legacy.environment.synthetic:SyntheticEnvironment",
         description="Benchmark environment: each step burns a set CPU time (step_cost_us).",
     )
+    _register_pettingzoo()
+
+
+def _register_pettingzoo() -> None:
+    """PettingZoo games through the adapter (building one needs the 'multiagent' extra)."""
+    module = "legacy.environment.pettingzoo_adapter"
+    for name, api, env, description in (
+        (
+            "ConnectFour-v3",
+            "AEC",
+            "classic.connect_four.connect_four:env",
+            "connect four, action masks",
+        ),
+        ("TicTacToe-v3", "AEC", "classic.tictactoe.tictactoe:env", "tic-tac-toe, action masks"),
+        (
+            "KnightsArchersZombies-v11",
+            "Parallel",
+            "butterfly.knights_archers_zombies.knights_archers_zombies:parallel_env",
+            "4 agents acting at once, vector observations; agents die mid-episode",
+        ),
+    ):
+        registry.register_environment(
+            name,
+            f"{module}:PettingZoo{api}Environment",
+            env=f"pettingzoo.{env}",
+            description=f"PettingZoo {description} (pip install 'troupe-rl[multiagent]').",
+        )
 
 
 def _register_policies() -> None:
@@ -43,6 +71,16 @@ def _register_policies() -> None:
         "actor-critic",
         "algorithm.actor_critic_policies.policy:ActorCriticPolicy",
         description="Actor-critic policy: separate or shared backbone, optional GRU memory.",
+    )
+    registry.register_policy(
+        "random-legal",
+        "algorithm.scripted_policies:RandomLegalPolicy",
+        description="Scripted: uniform over the legal actions (the action_mask); no trainer.",
+    )
+    registry.register_policy(
+        "connect-four-heuristic",
+        "algorithm.scripted_policies:ConnectFourHeuristicPolicy",
+        description="Scripted connect four: win, else block, else centre columns; no trainer.",
     )
 
 
@@ -52,6 +90,17 @@ def _register_trainers() -> None:
         "algorithm.ppo.trainer:PPOTrainer",
         description="Proximal Policy Optimization with GAE, clipping and minibatch epochs.",
     )
+
+
+def _register_policy_mappings() -> None:
+    for name, attr, description in (
+        ("fixed-seats", "fixed_seats", "Seat i is always policies[i]."),
+        ("rotate-seats", "rotate_seats", "Policies move one seat on per episode."),
+        ("self-play", "self_play", "Learner in a rotating seat; opponents drawn by weight."),
+    ):
+        registry.register_policy_mapping(
+            name, f"algorithm.policy_mappings:{attr}", description=description
+        )
 
 
 def _register_experiments() -> None:

@@ -1,0 +1,72 @@
+"""A tiny real PettingZoo AEC game for the adapter's tests: rewards go to the players NOT moving.
+
+On each move the player to move gives every other player still in the game ``action`` points
+(0, 1 or 2). ``quitter`` (a player index) leaves the game right after its first move; the game is
+truncated for everyone after ``moves`` moves. So rewards arrive for agents that do not act, and an
+agent leaves while the others play on: the two cases a turn-based adapter must get right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv
+
+
+class GiftGame(AECEnv):
+    metadata = {"name": "gift_game_v0", "is_parallelizable": False, "render_modes": []}
+
+    def __init__(self, players: int = 2, moves: int = 4, quitter: int | None = None):
+        super().__init__()
+        self.possible_agents = [f"player_{i}" for i in range(players)]
+        self.moves = moves
+        self.quitter = None if quitter is None else self.possible_agents[quitter]
+        self._obs_space = spaces.Box(0.0, float(moves), (1,), np.float64)
+        self.count = 0
+
+    def observation_space(self, agent):
+        return self._obs_space
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def reset(self, seed=None, options=None):
+        self.agents = self.possible_agents[:]
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {} for a in self.agents}
+        self.agent_selection = self.agents[0]
+        self.count = 0
+
+    def observe(self, agent):
+        return np.array([self.count], dtype=np.float64)
+
+    def step(self, action):
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        self._cumulative_rewards[agent] = 0
+        self._clear_rewards()
+        for other in self.agents:
+            if other != agent and not self.terminations[other]:
+                self.rewards[other] += float(action)
+        self.count += 1
+        if agent == self.quitter:
+            self.terminations[agent] = True
+        if self.count >= self.moves:
+            self.truncations = dict.fromkeys(self.agents, True)
+        self.agent_selection = self._next(agent)
+        self._accumulate_rewards()
+        self._deads_step_first()
+
+    def _next(self, agent):
+        order = self.possible_agents
+        i = order.index(agent)
+        for k in range(1, len(order) + 1):
+            candidate = order[(i + k) % len(order)]
+            if candidate in self.agents and not self.terminations[candidate]:
+                return candidate
+        return agent

@@ -1,0 +1,154 @@
+"""The PettingZoo adapter: AEC turn-taking, pending rewards, agents leaving, the parallel API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo", reason="needs the 'multiagent' extra")
+
+from pettingzoo.classic.connect_four import connect_four
+
+from api import environment, testing
+from api.errors import UserError
+from legacy.environment.pettingzoo_adapter import (
+    PettingZooAECEnvironment,
+    PettingZooParallelEnvironment,
+)
+
+GIFT = "pettingzoo_games:GiftGame"  # tests/legacy/pettingzoo_games.py, on sys.path under pytest
+KAZ = "pettingzoo.butterfly.knights_archers_zombies.knights_archers_zombies:parallel_env"
+
+
+@pytest.mark.parametrize("name", ["ConnectFour-v3", "TicTacToe-v3"])
+def test_classic_games_pass_test_environment(name):
+    report = testing.test_environment(name, steps=300)
+    assert report.agent_count == 2 and report.episodes > 0
+
+
+def test_parallel_game_passes_test_environment():
+    report = testing.test_environment("KnightsArchersZombies-v11", steps=200)
+    assert report.agent_count == 4
+    assert report.observation_spaces[0] == "Box(-1.0, 1.0, (27, 5), float32)"  # cast from float64
+
+
+def test_gift_game_with_a_quitter_passes_test_environment():
+    env = PettingZooAECEnvironment(GIFT, players=3, moves=7, quitter=1)
+    report = testing.test_environment(env, steps=100)
+    assert report.episodes > 0
+
+
+def test_only_the_player_to_move_gets_a_result_with_its_action_mask():
+    env = environment.make("ConnectFour-v3")
+    first = env.reset()
+    assert first[1] is None and first[0].obs["action_mask"].tolist() == [1] * 7
+    second = env.step([3, None])
+    assert second[0] is None and second[1] is not None
+    board = second[1].obs["observation"]
+    assert board[5, 3, 1] == 1 and board[..., 0].sum() == 0  # the mover's view: theirs in [..., 1]
+    with pytest.raises(ValueError, match="agent 1 \\('player_1'\\) acts on this step"):
+        env.step([3, None])
+
+
+def test_a_win_pays_the_loser_too_and_the_episode_then_refuses_to_step():
+    env = environment.make("ConnectFour-v3")
+    env.reset()
+    results = None
+    for column in [0, 1, 0, 1, 0, 1, 0]:  # player 0 stacks four in column 0
+        mover = 0 if results is None else next(i for i, r in enumerate(results) if r is not None)
+        actions = [None, None]
+        actions[mover] = column
+        results = env.step(actions)
+    assert [r.reward for r in results] == [1.0, -1.0]
+    assert all(r.done and not r.truncated for r in results)
+    with pytest.raises(UserError, match="call reset"):
+        env.step([0, None])
+
+
+def test_rewards_for_players_not_moving_are_paid_with_their_next_result():
+    env = PettingZooAECEnvironment(GIFT, players=2, moves=4)
+    env.reset()
+    r = env.step([2, None])  # player 0 gives 2 to player 1, whose turn it is
+    assert r[0] is None and r[1].reward == 2.0
+    r = env.step([None, 1])
+    assert r[0].reward == 1.0
+    r = env.step([0, None])
+    assert r[1].reward == 0.0
+    r = env.step([None, 2])  # the 4th move truncates the game; player 0 gets the 2 it was given
+    assert [x.reward for x in r] == [2.0, 0.0]
+    assert all(x.truncated and not x.done for x in r)
+
+
+def test_an_agent_that_leaves_gets_one_final_result_and_then_none():
+    env = PettingZooAECEnvironment(GIFT, players=3, moves=6, quitter=1)
+    env.reset()
+    r = env.step([1, None, None])  # 0 gives 1 to players 1 and 2; 1 moves next
+    assert r[1].reward == 1.0
+    totals = np.array([0.0, 1.0, 0.0])
+    r = env.step([None, 2, None])  # 1 gives 2 to 0 and 2, then quits
+    assert r[0] is None
+    assert r[1].done and r[1].reward == 0.0  # its 1 came with its last turn
+    assert not r[2].done and r[2].reward == 3.0  # 1 + 2, and it moves next
+    totals += [0.0, 0.0, 3.0]
+    while not all(x is None or x.done or x.truncated for x in r):
+        mover = next(i for i, x in enumerate(r) if x is not None and not (x.done or x.truncated))
+        actions = [None] * 3
+        actions[mover] = 1
+        r = env.step(actions)
+        assert r[1] is None  # gone for good
+        totals += [0.0 if x is None else x.reward for x in r]
+    # moves 3-6 alternate 2, 0, 2, 0 with gifts of 1 to the other one still playing
+    assert totals.tolist() == [4.0, 1.0, 5.0]
+
+
+def test_returns_match_pettingzoos_own_accounting_on_random_games():
+    """Troupe-side returns equal the cumulative rewards PettingZoo reports through ``last()``."""
+    rng = np.random.default_rng(0)
+    ours = PettingZooAECEnvironment("pettingzoo.classic.connect_four.connect_four:env")
+    theirs = connect_four.env()
+    for game in range(20):
+        ours.seed(game)
+        results = ours.reset()
+        theirs.reset(seed=game)
+        totals, expected = np.zeros(2), dict.fromkeys(theirs.possible_agents, 0.0)
+        while theirs.agents:
+            _, reward, term, trunc, _ = theirs.last()
+            expected[theirs.agent_selection] += reward
+            if term or trunc:
+                theirs.step(None)
+                continue
+            mask = theirs.observe(theirs.agent_selection)["action_mask"]
+            action = int(rng.choice(np.flatnonzero(mask)))
+            theirs.step(action)
+            mover = next(i for i, r in enumerate(results) if r is not None)
+            actions = [None, None]
+            actions[mover] = action
+            results = ours.step(actions)
+            totals += [0.0 if r is None else r.reward for r in results]
+        assert totals.tolist() == list(expected.values())
+
+
+def test_parallel_agents_act_together_and_leave_one_by_one():
+    env = PettingZooParallelEnvironment(
+        "pettingzoo.butterfly.knights_archers_zombies.knights_archers_zombies:parallel_env",
+        max_cycles=60,
+    )
+    env.seed(1)
+    results = env.reset()
+    assert all(r is not None for r in results) and results[0].obs.dtype == np.float32
+    steps, gone = 0, set()
+    while any(r is not None and not (r.done or r.truncated) for r in results):
+        actions = [None if r is None or r.done or r.truncated else 5 for r in results]
+        results = env.step(actions)
+        steps += 1
+        for i, r in enumerate(results):
+            if i in gone:
+                assert r is None
+            elif r is not None and (r.done or r.truncated):
+                gone.add(i)
+    assert steps == 60 and gone == {0, 1, 2, 3}  # standing still until the time limit
+
+
+def test_missing_entry_point_names_the_problem():
+    with pytest.raises(Exception, match="no_such_game"):
+        PettingZooAECEnvironment("pettingzoo.classic:no_such_game")
