@@ -85,7 +85,7 @@ def _two_seat_config(first: ComponentConfig, first_trainer: str = "") -> Experim
 
 def test_scripted_opponents_play_through_the_runtimes_own_workers():
     """Actor and policy workers (serial mode) stepping the adapter: the heuristic still wins."""
-    from system.serial import SerialRun
+    from system.run.serial import SerialRun
 
     config = _two_seat_config(ComponentConfig("connect-four-heuristic"))
     run = SerialRun(config, train=False, validate_actions=True)
