@@ -1,8 +1,8 @@
 """The parameter service's side: trainers publish versions, policy workers receive them.
 
-This module holds :class:`ParameterServer`, run inside the parameter-service worker, and the
-protocol constants it shares with the clients in :mod:`system.parameters.client`, which import
-them from here so the two sides cannot drift apart.
+This module holds :class:`ParameterServer`, run inside the parameter-service worker. The
+message types and constants it shares with the clients are in :mod:`system.parameters.protocol`,
+so the two sides cannot drift apart.
 
 Two sockets on the server:
 
@@ -39,36 +39,25 @@ from typing import Any
 import zmq
 
 from api.errors import PeerTimeoutError, TroupeError, WireError
+from system.parameters.protocol import (
+    PUSH_HWM,
+    SHM_TOPIC,
+    Get,
+    Publish,
+    Tag,
+    ms_left,
+)
 from system.parameters.store import ParameterStore, check_policy_name
 from system.ratelimit import BadMessages
 from system.streams import shm, wire
 
 logger = logging.getLogger(__name__)
 
-PUSH_HWM = 16
-"""Pushes queued per subscriber. Only the newest one matters to a subscriber, so a short queue is
-enough; a subscriber that fell this far behind still gets every later push, or can ``get``."""
-SHM_TOPIC = b"@"
-"""Prefix of a policy's shared-memory topic; no policy name starts with it, so neither kind of
-subscription can match the other's topic."""
 SHM_SWEEP_S = 10.0
 RELEASE_AFTER_S = 0.05
 """A dropped version's file is unlinked when the server is idle, or this long after at most."""
 AUTO = "auto"
 """``ParameterServer(shm_dir=AUTO)``: :func:`system.streams.shm.configured_dir` (``/dev/shm``)."""
-
-
-def _field(body: dict, name: str, kind: type, request: str) -> Any:
-    value = body.get(name)
-    if type(value) is not kind:
-        raise WireError(f"'{request}' request needs a {kind.__name__} '{name}', got {value!r}")
-    return value
-
-
-def ms_left(deadline: float) -> int:
-    """Milliseconds left until ``deadline`` (a :func:`time.monotonic` time), never negative,
-    as ZeroMQ's poll timeouts take them; the clients wait with it too."""
-    return max(0, int((deadline - time.monotonic()) * 1000))
 
 
 class ParameterServer:
@@ -239,16 +228,17 @@ class ParameterServer:
             logger.warning("parameter server could not reply to a '%s' request", message.kind)
 
     def _publish(self, body: dict) -> tuple[str, dict]:
-        policy = _field(body, "policy", str, "publish")
-        version = _field(body, "version", int, "publish")
-        persist = _field(body, "persist", bool, "publish")
-        layout = body.get("shm")
+        request = Publish.from_body(body)
+        policy, version, persist, layout = (
+            request.policy,
+            request.version,
+            request.persist,
+            request.shm,
+        )
         if layout is not None:
             params = self._map_published(check_policy_name(policy), version, layout)
-        elif "params" in body:
-            params = body["params"]
         else:
-            raise WireError("'publish' request has no 'params'")
+            params = request.params
         already = self.store.latest_version(policy) == version  # a final save, not news
         self.store.publish(policy, version, params, persist=persist)
         self.stats["publishes"] += 1
@@ -288,19 +278,16 @@ class ParameterServer:
             self._to_release.append((time.monotonic(), layout["name"]))
 
     def _get(self, body: dict) -> tuple[str, dict]:
-        policy = _field(body, "policy", str, "get")
-        version = body.get("version")
-        if type(version) not in (int, str):
-            raise WireError(f"'get' request needs an int or str 'version', got {version!r}")
-        number, params = self.store.get(policy, version)
+        request = Get.from_body(body)
+        policy = request.policy
+        number, params = self.store.get(policy, request.version)
         self.stats["gets"] += 1
         return "params", {"policy": policy, "version": number, "params": params}
 
     def _tag(self, body: dict) -> tuple[str, dict]:
-        policy = _field(body, "policy", str, "tag")
-        version = _field(body, "version", int, "tag")
-        self.store.tag(policy, version, _field(body, "tag", str, "tag"))
-        return "ack", {"version": version}
+        request = Tag.from_body(body)
+        self.store.tag(request.policy, request.version, request.tag)
+        return "ack", {"version": request.version}
 
     def _hello(self, body: dict) -> tuple[str, dict]:
         return "hello", {"shm": None if self.shm is None else self.shm.info()}

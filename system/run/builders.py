@@ -31,7 +31,7 @@ from api.environment import Environment
 from api.errors import ConfigError, PeerTimeoutError
 from api.policy import Policy
 from api.trainer import Trainer
-from system.parameters.client import ParameterClientBase
+from system.parameters.interfaces import ParameterClientBase
 from system.parameters.store import ParameterNotFoundError, ParameterStore
 from system.run.plan import (
     ActorPlan,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from api.config import ExperimentConfig, check
-from system.parameters.client import InprocParameterService
+from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.run import builders
 from system.run.plan import (

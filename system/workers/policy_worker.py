@@ -14,7 +14,7 @@ import numpy as np
 
 from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
-from system.parameters.client import ParameterClientBase
+from system.parameters.interfaces import ParameterSubscriber
 from system.streams.inference import InferenceServer, PendingRequest
 from system.workers.base import Worker
 
@@ -30,7 +30,7 @@ class PolicyWorker(Worker):
         policy_name: str,
         policy: Policy,
         server: InferenceServer,
-        params: ParameterClientBase | None,
+        params: ParameterSubscriber | None,
         *,
         max_batch_rows: int = 1024,
         max_wait_ms: float = 0.0,

@@ -20,7 +20,7 @@ import torch
 from api.errors import OperationalError
 from api.policy import SampleBatch
 from api.trainer import Trainer
-from system.parameters.client import ParameterClientBase
+from system.parameters.interfaces import ParameterPublisher
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
@@ -41,7 +41,7 @@ class TrainerWorker(Worker):
         policy_name: str,
         trainer: Trainer,
         samples: SampleConsumer,
-        params: ParameterClientBase,
+        params: ParameterPublisher,
         *,
         batch_segments: int,
         checkpoint_every: int = 50,

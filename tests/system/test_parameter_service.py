@@ -19,7 +19,9 @@ import torch
 import zmq
 
 from api.errors import OperationalError, PeerTimeoutError, UserError, WireError
-from system.parameters.client import InprocParameterService, ParameterClient, ParameterClientBase
+from system.parameters.client import ParameterClient
+from system.parameters.inproc import InprocParameterService
+from system.parameters.interfaces import ParameterClientBase
 from system.parameters.service import SHM_TOPIC, ParameterServer
 from system.parameters.store import (
     ParameterNotFoundError,

@@ -11,7 +11,7 @@ from api.errors import PipelineCheckError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
-from system.parameters.client import InprocParameterService
+from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.streams.inference import InferenceReply, InprocInferenceHub
 from system.streams.samples import InprocSampleHub

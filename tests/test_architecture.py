@@ -1,0 +1,106 @@
+"""The layout's rules, read from the source: which package may import which, no import cycles, and
+no file over 400 lines without a written reason.
+
+Imports are read with ``ast`` (every import statement, including those inside functions), so a
+lazy import cannot hide a dependency that points the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("api", "algorithm", "legacy", "system", "distributed")
+ALLOWED = {
+    "api": {"api"},
+    "algorithm": {"api", "algorithm"},
+    "legacy": {"api", "algorithm", "legacy"},
+    "system": {"api", "system"},
+    "distributed": {"api", "system", "distributed"},
+}
+MAX_LINES = 400
+LONG_FILE_REASON = "Longer than 400 lines because"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """Every module of ours that ``path`` imports, resolved to a module in ``known``."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+MODULES = _modules()
+GRAPH = {m: _imports(p, m, set(MODULES)) for m, p in MODULES.items()}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_point_one_way(package):
+    wrong = sorted(
+        f"{m} imports {dep}"
+        for m, deps in GRAPH.items()
+        if m.split(".")[0] == package
+        for dep in deps
+        if dep.split(".")[0] not in ALLOWED[package]
+    )
+    assert wrong == [], f"{package}/ may import only {sorted(ALLOWED[package])}"
+
+
+def test_no_import_cycles():
+    """Depth-first search over every import (lazy ones included); a package's ``__init__`` that
+    only documents the package imports nothing, so parents never close a cycle by themselves."""
+    cycles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        stack.append(m)
+        for dep in sorted(GRAPH[m]):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, stack)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m, [])
+    assert cycles == []
+
+
+def test_long_files_say_why():
+    long = [
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in MODULES.values()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        and LONG_FILE_REASON not in (ast.get_docstring(ast.parse(p.read_text())) or "")
+    ]
+    assert long == [], f"split these files, or say in the module docstring '{LONG_FILE_REASON} ...'"
