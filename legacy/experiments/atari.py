@@ -77,15 +77,15 @@ def pong_ppo() -> ExperimentConfig:
     """PPO on Pong until greedy play scores 18 (of 21) on average, or 10M agent steps.
 
     Pong has no lives and rewards of -1/+1, so the returns shown are the game's score. Greedy
-    evaluation runs 2 games at a time, held to 100 agent steps a second so that it takes a
-    small share of the 2 cores.
+    evaluation runs 2 games at a time, held to 50 agent steps a second (about 5% of a core, for
+    the environment and its inference) so that the trainer keeps the CPU.
     """
     return ExperimentConfig(
         name="pong-ppo",
         environment=_atari_env("Pong"),
         policies={"default": _atari_ppo()},
         actors=ActorConfig(workers=1, envs_per_worker=8, segment_length=SEGMENT_LENGTH, groups=2),
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=2, episodes=8, max_fps=100.0),
+        evaluation=EvaluationConfig(workers=1, envs_per_worker=2, episodes=8, max_fps=50.0),
         stop=StopConfig(eval_return=18.0, env_frames=AGENT_STEPS),
     )
 
