@@ -13,7 +13,9 @@ a frame (measured with ``torch.set_num_threads(1)``, as the trainer worker runs)
 is a few hundred agent steps a second whatever the actors could do. A trainer step takes 512
 transitions (4 segments; 2 minibatches of 256) instead of the usual 1024: the same minibatch
 size and sample reuse, half as long a step (about 3 s alone on a core), so weights reach the
-actors sooner and a step stays well inside the controller's heartbeat patience on a busy machine.
+actors sooner. A trainer sends no heartbeat during a step, and the controller restarts a worker
+silent for 30 s: on a 2-core machine shared with other heavy jobs (load average 11 measured)
+even a 512-transition step went past that.
 
 ``env_frames`` in the run's metrics counts agent steps; each is ``frame_skip`` = 4 emulator
 frames. The environment's arguments are spelled out so that ``troupe run pong-ppo
