@@ -33,6 +33,11 @@ def _register_environments() -> None:
         description="Memory task: a cue shown at the start decides the right action at the end.",
     )
     registry.register_environment(
+        "Atari-v0",
+        "legacy.environment.atari:AtariEnvironment",
+        description="Atari (pip install 'troupe-rl[atari]'), DeepMind preprocessing; game='Pong'.",
+    )
+    registry.register_environment(
         "Synthetic-v0",
         "legacy.environment.synthetic:SyntheticEnvironment",
         description="Benchmark environment: each step burns a set CPU time (step_cost_us).",
@@ -112,6 +117,13 @@ def _register_experiments() -> None:
     ):
         registry.register_experiment(
             name, f"legacy.experiments.examples:{attr}", description=description
+        )
+    for name, attr, description in (
+        ("pong-ppo", "pong_ppo", "PPO, Nature CNN on Atari Pong (needs the atari extra)."),
+        ("breakout-ppo", "breakout_ppo", "PPO, Nature CNN on Atari Breakout (atari extra)."),
+    ):
+        registry.register_experiment(
+            name, f"legacy.experiments.atari:{attr}", description=description
         )
     registry.register_experiment(
         "synthetic-ppo",

@@ -4,7 +4,7 @@ The network is built from the agent's gymnasium spaces, which the runtime passes
 ``observation_space`` and ``action_space``:
 
 * observations go through :class:`~algorithm.modules.encoders.ObservationEncoder` (MLP for
-  vectors, a small CNN for uint8 images, per-key features for Dict spaces);
+  vectors, a CNN for uint8 images (the Nature CNN from 36x36 up), per-key features for Dict spaces);
 * ``shared_backbone=False`` (default): the actor and the critic each have their own encoder (and
   GRU): no parameter is shared. ``True``: one backbone feeds a policy head and a value head;
 * ``rnn_hidden > 0`` adds a GRU after the encoder; the policy state is

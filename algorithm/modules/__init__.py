@@ -6,7 +6,7 @@ from algorithm.modules.distributions import (
     DiagGaussian,
     MultiDiscrete,
 )
-from algorithm.modules.encoders import CNNEncoder, ObservationEncoder, mlp
+from algorithm.modules.encoders import CNNEncoder, NatureCNN, ObservationEncoder, mlp
 from algorithm.modules.gae import gae_advantages
 from algorithm.modules.init import orthogonal_init
 
@@ -16,6 +16,7 @@ __all__ = [
     "Categorical",
     "DiagGaussian",
     "MultiDiscrete",
+    "NatureCNN",
     "ObservationEncoder",
     "gae_advantages",
     "mlp",

@@ -2,7 +2,11 @@
 
 :class:`ObservationEncoder` handles every space the built-in environments use:
 
-* ``Box`` with 3 dimensions and dtype uint8: an image ``[H, W, C]``, through a small CNN;
+* ``Box`` with 3 dimensions and dtype uint8: an image, scaled by 1/255 inside the model (so it
+  travels and is stored as uint8). Channels come first (``[C, H, W]``, e.g. Atari's stacked
+  ``[4, 84, 84]``) when the first dimension is smaller than the last, else last (``[H, W, C]``).
+  Images of at least 36x36 go through the Nature-DQN CNN (:class:`NatureCNN`, 512 features);
+  smaller ones, for which its 8x8 stride-4 first layer is too coarse, through a small CNN;
 * any other ``Box``: flattened;
 * ``Discrete``: one-hot;
 * ``Dict``: each key by the rules above, features concatenated in key order. The key
@@ -48,27 +52,85 @@ def is_image_space(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
 
-class CNNEncoder(nn.Module):
-    """Two stride-2 convolutions for small ``[H, W, C]`` uint8 images (scaled to [0, 1])."""
+def channels_first(shape: Sequence[int]) -> bool:
+    """Whether an image of this shape is ``[C, H, W]`` (else ``[H, W, C]``): channels are the
+    smaller of the two outer dimensions."""
+    return shape[0] < shape[-1]
 
-    def __init__(self, shape: tuple[int, int, int], activation: str = "relu"):
+
+NATURE_MIN_SIZE = 36
+"""Smallest height and width the Nature CNN takes (its three layers leave 1x1 at 36x36)."""
+
+
+class _ImageEncoder(nn.Module):
+    """uint8 images ``[..., C, H, W]`` or ``[..., H, W, C]`` to features ``[..., F]``: the
+    subclass's ``self.net`` sees float ``[N, C, H, W]`` in [0, 1]."""
+
+    net: nn.Module
+
+    def __init__(self, shape: Sequence[int]):
         super().__init__()
+        self.channels_first = channels_first(shape)
+        channels, height, width = shape if self.channels_first else (shape[2], *shape[:2])
+        self.chw = (int(channels), int(height), int(width))
+
+    def _finish(self) -> None:
+        with torch.no_grad():
+            self.out_features = int(self.net(torch.zeros(1, *self.chw)).shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-3]
+        x = x.reshape(-1, *x.shape[-3:])
+        if not self.channels_first:
+            x = x.permute(0, 3, 1, 2)
+        # Scaled here, not in the actor: observations stay uint8 on the wire and in batches.
+        return self.net(x.float() * (1.0 / 255.0)).reshape(*lead, -1)
+
+
+class CNNEncoder(_ImageEncoder):
+    """Two stride-2 convolutions, for small uint8 images."""
+
+    def __init__(self, shape: Sequence[int], activation: str = "relu"):
+        super().__init__(shape)
         act = activation_class(activation)
-        height, width, channels = shape
         self.net = nn.Sequential(
-            orthogonal_init(nn.Conv2d(channels, 16, 3, stride=2, padding=1)),
+            orthogonal_init(nn.Conv2d(self.chw[0], 16, 3, stride=2, padding=1)),
             act(),
             orthogonal_init(nn.Conv2d(16, 32, 3, stride=2, padding=1)),
             act(),
             nn.Flatten(),
         )
-        with torch.no_grad():
-            self.out_features = self.net(torch.zeros(1, channels, height, width)).shape[-1]
+        self._finish()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-3]
-        x = x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2).float() / 255.0
-        return self.net(x).reshape(*lead, -1)
+
+class NatureCNN(_ImageEncoder):
+    """The DQN Nature paper's encoder (Mnih et al., 2015), as Atari PPO uses it: convolutions of
+    32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1, then a 512-unit linear layer, ReLU after
+    each; orthogonal initialisation with gain sqrt(2). 84x84 inputs give 3136 conv features."""
+
+    def __init__(self, shape: Sequence[int], features: int = 512):
+        super().__init__(shape)
+        convs = nn.Sequential(
+            orthogonal_init(nn.Conv2d(self.chw[0], 32, 8, stride=4)),
+            nn.ReLU(),
+            orthogonal_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            orthogonal_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = int(convs(torch.zeros(1, *self.chw)).shape[-1])
+        self.net = nn.Sequential(convs, orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
+        self._finish()
+
+
+def image_encoder(shape: Sequence[int]) -> _ImageEncoder:
+    """The Nature CNN for images of at least 36x36, the small CNN for smaller ones."""
+    height, width = shape[1:] if channels_first(shape) else shape[:2]
+    if min(height, width) >= NATURE_MIN_SIZE:
+        return NatureCNN(shape)
+    return CNNEncoder(shape)
 
 
 class _Flat(nn.Module):
@@ -97,7 +159,7 @@ class _OneHot(nn.Module):
 
 def _key_encoder(space: gym.Space, key: str) -> nn.Module:
     if is_image_space(space):
-        return CNNEncoder(space.shape)
+        return image_encoder(space.shape)
     if isinstance(space, gym.spaces.Box):
         return _Flat(space)
     if isinstance(space, gym.spaces.Discrete):

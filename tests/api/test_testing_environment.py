@@ -246,7 +246,7 @@ def test_unseeded_rewards_are_caught_at_the_step_that_differs():
 
 
 def test_unknown_name_gets_the_registry_suggestion():
-    with pytest.raises(RegistryError, match=r"Did you mean 'GridGather-v0'\?"):
+    with pytest.raises(RegistryError, match=r"Did you mean 'GridGather-v0'[? ]"):
         testing.test_environment("GridGathr-v0")
 
 

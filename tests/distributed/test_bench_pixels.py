@@ -1,0 +1,29 @@
+"""The pixel bench's measurements: emulator rates counted in emulator frames, bytes on the wire."""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed.bench import pixels
+
+pytest.importorskip("ale_py", reason="the pixel bench needs ale-py: pip install -e '.[atari]'")
+pytest.importorskip("cv2", reason="the pixel bench needs opencv: pip install -e '.[atari]'")
+
+
+@pytest.mark.parametrize("measure", [pixels.raw_rate, pixels.preprocessed_rate])
+def test_rates_count_emulator_frames(measure):
+    rate = measure(seconds=0.2)
+    assert rate.agent_steps >= 64 and rate.agent_steps % 64 == 0
+    assert rate.frames == 4 * rate.agent_steps
+    assert rate.frames_per_s == pytest.approx(rate.frames / rate.wall_s)
+    assert rate.wall_s >= 0.2 and rate.cpu_s > 0
+    assert set(rate.to_dict()) >= {"frames", "frames_per_s", "frames_per_cpu_s"}
+
+
+def test_wire_bytes_of_stacked_pong_frames():
+    sizes = pixels.wire_bytes(batch=4, segment_length=8)
+    assert sizes.obs_bytes == 4 * 84 * 84 and sizes.new_frame_bytes == 84 * 84
+    # each message carries every observation whole, plus a small header and the other fields
+    assert sizes.obs_bytes < sizes.inference_per_obs < sizes.obs_bytes + 200
+    bootstrap_share = sizes.obs_bytes * 9 / 8  # 9 steps travel for 8 trained ones
+    assert bootstrap_share < sizes.samples_per_step < bootstrap_share + 200

@@ -1,0 +1,115 @@
+"""Atari-v0 smoke tests: preprocessing, episodic life, reward clipping, and PPO on real frames.
+
+They need the ``atari`` extra (``pip install -e '.[atari]'``; the ``test`` extra includes it) and
+skip, saying so, without it. Each game here is short (random play, or a frame limit), so the
+module runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from api import testing
+from api.environment import make
+from api.errors import UserError
+from legacy.environment.atari import AtariEnvironment  # imports ale-py only when built
+from legacy.experiments.atari import pong_ppo
+
+pytest.importorskip("ale_py", reason="Atari tests need ale-py: pip install -e '.[atari]'")
+pytest.importorskip("cv2", reason="Atari tests need opencv: pip install -e '.[atari]'")
+
+
+def _play(env: AtariEnvironment, seed: int, steps: int):
+    """Random actions (from ``seed``) for ``steps`` agent steps, resetting after each episode;
+    returns every StepResult."""
+    rng = np.random.default_rng(seed)
+    env.seed(seed)
+    results = [env.reset()[0]]
+    for _ in range(steps):
+        result = env.step([int(rng.integers(env.action_spaces[0].n))])[0]
+        results.append(result)
+        if result.done or result.truncated:
+            results.append(env.reset()[0])
+    return results
+
+
+def test_pong_observations_are_stacked_84x84_uint8_frames_channel_first():
+    env = make("Atari-v0", game="Pong")
+    space = env.observation_spaces[0]
+    assert space.shape == (4, 84, 84) and space.dtype == np.uint8
+    env.seed(0)
+    first = env.reset()[0].obs
+    assert first.shape == (4, 84, 84) and first.dtype == np.uint8 and space.contains(first)
+    assert all(np.array_equal(first[0], plane) for plane in first)  # a reset fills the stack
+    previous = first
+    for _ in range(5):
+        obs = env.step([0])[0].obs
+        assert obs.dtype == np.uint8 and np.array_equal(obs[:-1], previous[1:])
+        previous = obs
+    assert previous.std() > 0  # a real screen, not a blank one
+    env.close()
+
+
+def test_atari_passes_the_environment_check_with_episode_ends():
+    report = testing.test_environment("Atari-v0", steps=120, env_kwargs=dict(game="Breakout"))
+    assert report.episodes >= 1 and report.determinism_steps > 0
+
+
+def test_a_lost_life_ends_the_episode_but_not_the_game():
+    env = AtariEnvironment("Breakout", max_episode_frames=20_000)
+    results = _play(env, seed=1, steps=600)
+    ends = [r for r in results if r.done or r.truncated]
+    game_end = next(i for i, r in enumerate(ends) if "game_return" in r.info)
+    # Breakout has 5 lives: 4 episodes end on a lost life, the 5th ends the game.
+    assert [r.info.get("lives") for r in ends[:game_end]] == [4, 3, 2, 1]
+    assert all(r.done and not r.truncated for r in ends[: game_end + 1])
+    env.close()
+
+    whole = AtariEnvironment("Breakout", episodic_life=False, max_episode_frames=20_000)
+    results = _play(whole, seed=1, steps=400)
+    first_end = next(r for r in results if r.done or r.truncated)
+    assert "game_return" in first_end.info  # no episode ended before the game did
+    whole.close()
+
+
+def test_rewards_are_clipped_for_training_and_the_score_is_reported_unclipped():
+    """Same seed and actions, so the same game twice: once clipped, once not."""
+    kwargs = dict(game="SpaceInvaders", max_episode_frames=1600, episodic_life=False)
+    clipped = _play(AtariEnvironment(clip_rewards=True, **kwargs), seed=2, steps=401)
+    raw = _play(AtariEnvironment(clip_rewards=False, **kwargs), seed=2, steps=401)
+    clipped_rewards = np.array([r.reward for r in clipped])
+    raw_rewards = np.array([r.reward for r in raw])
+    assert raw_rewards.max() > 1  # Space Invaders scores 5 to 30 a hit
+    assert set(clipped_rewards) <= {-1.0, 0.0, 1.0}
+    np.testing.assert_array_equal(clipped_rewards, np.sign(raw_rewards))
+    end = next(i for i, r in enumerate(clipped) if "game_return" in r.info)
+    assert clipped[end].info == raw[end].info
+    assert clipped[end].info["game_return"] == raw_rewards[: end + 1].sum() > end / 10
+    # every frame of the game: the agent steps' (4 each) and the no-op and FIRE ones at reset
+    assert 4 * end < clipped[end].info["game_frames"] <= 4 * end + 32
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(UserError, match=r"frame_skip must be an int of 1 or more.*interpolation"):
+        AtariEnvironment(frame_skip=0, interpolation="cubic")
+    with pytest.raises(UserError, match=r"game='Pongg' is not an ALE game; did you mean 'Pong'"):
+        AtariEnvironment(game="Pongg")
+
+
+def test_pong_ppo_trains_one_step_on_real_frames():
+    """pong-ppo's own environment, policy and trainer, through the runtime's serial pipeline:
+    real Pong frames into the Nature CNN and one PPO step (games cut short to end episodes)."""
+    config = pong_ppo()
+    config.environment.args["max_episode_frames"] = 200
+    config.actors.segment_length = 16
+    policy = config.policies["default"]
+    policy.batch_segments = 2
+    policy.trainer = dataclasses.replace(policy.trainer, args={**policy.trainer.args, "epochs": 1})
+    report = testing.test_pipeline(experiment=config, trainer_steps=1, envs=2)
+    assert report.trainer_steps["default"] >= 1 and report.episodes >= 1
+    assert tuple(report.batch_shapes["default"]["obs"]) == (17, 2, 4, 84, 84)
+    obs_shape = report.batch_shapes["default"]["obs"]
+    assert tuple(obs_shape) == (17, 2, 4, 84, 84)
