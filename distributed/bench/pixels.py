@@ -4,7 +4,7 @@ These are the ceilings an end-to-end Pong run is compared with (``troupe bench p
 
 * :func:`raw_rate`: ALE through gymnasium at ``frameskip=4`` with random actions and RGB frames,
   no preprocessing: what the emulator gives anyone who steps it;
-* :func:`preprocessed_rate`: ``Atari-v0`` (:class:`~legacy.environment.atari.AtariEnvironment`),
+* :func:`preprocessed_rate`: ``Atari-v0`` (the built-in Atari environment, from the registry),
   the same frame skip plus max-pool, 84x84 grayscale, frame stack 4, no-op and fire resets,
   episodic life and reward clipping, exactly as an actor worker steps it;
 * :func:`wire_bytes`: bytes per observation in the messages an actor sends, encoded by the
@@ -91,11 +91,11 @@ def _run_for(name, game, seconds, step, reset, n_actions, seed) -> EmulatorRate:
 
 def raw_rate(game: str = DEFAULT_GAME, seconds: float = 5.0, seed: int = 0) -> EmulatorRate:
     """ALE's own ``step`` at ``frameskip=4``, RGB frames, no sticky actions, no preprocessing."""
+    import ale_py
     import gymnasium as gym
 
-    from legacy.environment.atari import ale_id
-
-    env = gym.make(ale_id(game), frameskip=FRAME_SKIP, repeat_action_probability=0.0)
+    gym.register_envs(ale_py)
+    env = gym.make(f"ALE/{game}-v5", frameskip=FRAME_SKIP, repeat_action_probability=0.0)
     try:
         env.reset(seed=seed)
 
@@ -112,9 +112,9 @@ def preprocessed_rate(
     game: str = DEFAULT_GAME, seconds: float = 5.0, seed: int = 0, **env_kwargs: Any
 ) -> EmulatorRate:
     """``Atari-v0`` as an actor steps it (``env_kwargs`` override its defaults)."""
-    from legacy.environment.atari import AtariEnvironment
+    from api import environment  # the built-in Atari-v0, found through the registry
 
-    env = AtariEnvironment(game=game, frame_skip=FRAME_SKIP, **env_kwargs)
+    env = environment.make("Atari-v0", game=game, frame_skip=FRAME_SKIP, **env_kwargs)
     env.seed(seed)
     try:
 
@@ -154,12 +154,12 @@ def wire_bytes(game: str = DEFAULT_GAME, batch: int = 8, segment_length: int = 1
     The trained steps of a segment exclude its bootstrap step, which is also the first step of
     the next segment: that overlap is part of the cost, so it is counted.
     """
+    from api import environment
     from api.namedarray import NamedArray
     from api.policy import RolloutRequest, SampleBatch
-    from legacy.environment.atari import AtariEnvironment
     from system.streams import wire
 
-    env = AtariEnvironment(game=game)
+    env = environment.make("Atari-v0", game=game)
     env.seed(0)
     frames = [env.reset()[0].obs]
     for _ in range(segment_length):
