@@ -23,7 +23,7 @@ from api.config import ExperimentConfig
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
-from system.run import builders
+from system.run import builders, declared
 from system.run.control_channel import ControlClient
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
@@ -80,7 +80,7 @@ def _build_parameter_service(ctl: ControlClient, cfg: ExperimentConfig, conf: di
     restored = store.load_from_disk()
     if restored:
         logger.info("parameter service restored versions %s", restored)
-    server = ParameterServer(store, place.bind(), place.bind())
+    server = ParameterServer(store, place.bind(), place.bind(), layout=declared.params_layout(cfg))
     ctl.register("params/request", place.advertise(server.request_endpoint))
     ctl.register("params/push", place.advertise(server.push_endpoint))
     return ParameterServiceWorker(ctl.worker_id, server), None
@@ -97,7 +97,9 @@ def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place)
     policy = builders.make_policy(cfg, name, spaces, cfg.seed)
     trainer = builders.make_trainer(cfg, name, policy)
     params = ParameterClient(ctl.lookup("params/request"))
-    consumer = ZmqSampleConsumer(place.bind())
+    consumer = ZmqSampleConsumer(
+        place.bind(), layout=declared.segment_layout(cfg, spaces, policy, name)
+    )
     ctl.register(f"samples/{name}/{index}", place.advertise(consumer.endpoint))
     worker = TrainerWorker(
         ctl.worker_id,
@@ -138,7 +140,9 @@ def _build_policy_worker(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, 
     if cfg.policies[name].trainer.type:
         _, checkpoint = _wait_first_version(params, name)
         policy.load_checkpoint(checkpoint)
-    server = ZmqInferenceServer(place.bind())
+    server = ZmqInferenceServer(
+        place.bind(), layout=declared.request_layout(cfg, spaces, policy, name)
+    )
     ctl.register(f"inference/{name}/{index}", place.advertise(server.endpoint))
     return PolicyWorker(ctl.worker_id, name, policy, server, params), None
 
@@ -183,6 +187,8 @@ def _build_actor(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place):
         is_evaluation=evaluation,
         seed=cfg.seed * 100_003 + (index + (1000 if evaluation else 0)) * 1_009,
         on_env_error=cfg.actors.on_env_error,
+        on_nonfinite=cfg.actors.on_nonfinite,
+        env_name=cfg.environment.type,
         # Evaluation is not in a hurry: one request a step for all its environments is cheaper.
         groups=1 if evaluation else cfg.actors.groups,
         max_fps=cfg.evaluation.max_fps if evaluation else None,
