@@ -68,6 +68,11 @@ class ActorConfig:
     the fewest messages (each costs CPU on both ends), but the process idles during inference."""
     on_env_error: str = "raise"
     """``raise``: an env exception fails the worker; ``reset``: log it and reset that env."""
+    on_nonfinite: str = "fail"
+    """A NaN or infinite observation or reward from an environment, or action from a policy:
+    ``fail`` stops the worker with an error naming the environment, agent and step;
+    ``drop_episode`` discards the episode's unsent steps, resets that environment and counts it
+    (``nonfinite_episodes`` in the actor's stats)."""
 
 
 @dataclass
@@ -236,6 +241,11 @@ def validate(config: ExperimentConfig) -> list[str]:
     if config.actors.on_env_error not in ("raise", "reset"):
         errors.append(
             f"actors.on_env_error: must be 'raise' or 'reset', got '{config.actors.on_env_error}'"
+        )
+    if config.actors.on_nonfinite not in ("fail", "drop_episode"):
+        errors.append(
+            "actors.on_nonfinite: must be 'fail' or 'drop_episode', got "
+            f"'{config.actors.on_nonfinite}'"
         )
     errors += _check_stop(config)
     return errors

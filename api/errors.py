@@ -52,6 +52,11 @@ class EnvironmentCheckError(UserError):
         super().__init__(prefix + message)
 
 
+class NonFiniteError(UserError):
+    """An environment returned a NaN or infinite observation or reward, or a policy such an
+    action; the message names the environment, agent and step."""
+
+
 class PipelineCheckError(UserError):
     """Environment, policy and trainer do not fit together (found by ``test_pipeline``)."""
 

@@ -47,15 +47,20 @@ from system.parameters.protocol import (
     Tag,
     ms_left,
 )
-from system.parameters.store import ParameterStore, check_policy_name
+from system.parameters.store import ParameterStore, PolicyNameError, check_policy_name
 from system.ratelimit import BadMessages
 from system.streams import shm, wire
+from system.streams.validation import ParamsLayout
 
 logger = logging.getLogger(__name__)
 
 SHM_SWEEP_S = 10.0
 RELEASE_AFTER_S = 0.05
 """A dropped version's file is unlinked when the server is idle, or this long after at most."""
+SUBSCRIPTION_MAX_BYTES = 256
+"""The longest message the push socket takes: a (un)subscription to a policy's topic (1 flag
+byte, 1 prefix byte, a policy name of at most 128). ZeroMQ keeps every subscription a peer sends
+in memory, so an unbounded one (50 MB, say) could exhaust it."""
 AUTO = "auto"
 """``ParameterServer(shm_dir=AUTO)``: :func:`system.streams.shm.configured_dir` (``/dev/shm``)."""
 
@@ -78,14 +83,19 @@ class ParameterServer:
         push_hwm: int = PUSH_HWM,
         max_batch: int = 100,
         shm_dir: str | os.PathLike | None = AUTO,
+        layout: ParamsLayout | None = None,
     ):
         self.store = store
+        self.layout = layout
         self.max_batch = max_batch
         self.stats: Counter[str] = Counter()
         self._subscriptions: Counter[bytes] = Counter()
         self._bad_messages = BadMessages(logger, "parameter server")
-        self._router = wire.make_socket(zmq.ROUTER, server=True)
-        self._xpub = wire.make_socket(zmq.XPUB, server=True, hwm=push_hwm)
+        limit = None if layout is None else layout.max_message_bytes
+        self._router = wire.make_socket(zmq.ROUTER, server=True, max_message_bytes=limit)
+        self._xpub = wire.make_socket(
+            zmq.XPUB, server=True, hwm=push_hwm, max_message_bytes=SUBSCRIPTION_MAX_BYTES
+        )
         self.shm: shm.ShmArea | None = None
         self._layouts: dict[tuple[str, int], dict] = {}  # shared-memory versions in the store
         self._to_release: list[tuple[float, str]] = []  # (when dropped, file) to unlink
@@ -181,6 +191,9 @@ class ParameterServer:
                 self._bad(WireError("XPUB received something that is not a (un)subscription"))
                 continue
             topic = parts[0][1:]
+            if not _is_topic(topic):
+                self._bad(WireError(f"subscription to {topic[:40]!r}, not a policy's topic"))
+                continue
             if parts[0][0] == 1:
                 self._subscriptions[topic] += 1
             elif self._subscriptions[topic] > 0:
@@ -239,6 +252,8 @@ class ParameterServer:
             params = self._map_published(check_policy_name(policy), version, layout)
         else:
             params = request.params
+        if self.layout is not None:
+            self.layout.check(policy, params)
         already = self.store.latest_version(policy) == version  # a final save, not news
         self.store.publish(policy, version, params, persist=persist)
         self.stats["publishes"] += 1
@@ -291,6 +306,14 @@ class ParameterServer:
 
     def _hello(self, body: dict) -> tuple[str, dict]:
         return "hello", {"shm": None if self.shm is None else self.shm.info()}
+
+
+def _is_topic(topic: bytes) -> bool:
+    try:
+        check_policy_name(topic.removeprefix(SHM_TOPIC).decode())
+    except (UnicodeDecodeError, PolicyNameError):
+        return False
+    return True
 
 
 def _open_shm_area(shm_dir: str | os.PathLike | None) -> shm.ShmArea | None:

@@ -124,9 +124,9 @@ class Wiring(Protocol):
     a trainer elsewhere publishes it; in one process nothing could publish while we waited."""
 
     def parameter_client(self, subscribe: list[str]) -> ParameterClientBase: ...
-    def inference_server(self, plan: PolicyWorkerPlan) -> InferenceServer: ...
+    def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> InferenceServer: ...
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> InferenceClient: ...
-    def sample_consumer(self, plan: TrainerPlan) -> SampleConsumer: ...
+    def sample_consumer(self, plan: TrainerPlan, policy: Policy) -> SampleConsumer: ...
     def sample_producer(
         self, plan: ActorPlan, endpoints: dict[str, list[str]]
     ) -> SampleProducer: ...
@@ -160,7 +160,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         plan.worker_id,
         plan.policy,
         trainer,
-        wiring.sample_consumer(plan),
+        wiring.sample_consumer(plan, policy),
         params,
         batch_segments=cfg.policies[plan.policy].batch_segments,
         checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
@@ -179,7 +179,7 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
         _, checkpoint = _wait_first_version(params, plan.policy)
         policy.load_checkpoint(checkpoint)
-    server = wiring.inference_server(plan)
+    server = wiring.inference_server(plan, policy)
     return Built(PolicyWorker(plan.worker_id, plan.policy, policy, server, params))
 
 
@@ -200,6 +200,8 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
         is_evaluation=plan.evaluation,
         seed=plan.seed(cfg),
         on_env_error=cfg.actors.on_env_error,
+        on_nonfinite=cfg.actors.on_nonfinite,
+        env_name=cfg.environment.type,
         validate_actions=plan.validate_actions,
         # Evaluation is not in a hurry: one request a step for all its environments is cheaper.
         groups=1 if plan.evaluation else cfg.actors.groups,

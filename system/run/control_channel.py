@@ -27,6 +27,10 @@ from system.streams import wire
 
 logger = logging.getLogger(__name__)
 
+CONTROL_MAX_BYTES = 16 << 20
+"""The largest control message either end accepts (ZeroMQ ``MAXMSGSIZE``): a configuration, a
+heartbeat's stats or an error's traceback are kilobytes; 16 MiB leaves room for any of them."""
+
 
 class ControlClient:
     """The worker's end of the control channel."""
@@ -34,7 +38,9 @@ class ControlClient:
     def __init__(self, controller: str, worker_id: str, *, timeout_s: float = 60.0):
         self.worker_id = worker_id
         self.timeout_s = timeout_s
-        self.socket = wire.make_socket(zmq.DEALER, server=False)
+        self.socket = wire.make_socket(
+            zmq.DEALER, server=False, max_message_bytes=CONTROL_MAX_BYTES
+        )
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
         self.socket.connect(controller)
         self.inbox: list[wire.Message] = []

@@ -30,6 +30,7 @@ import zmq
 from api.config import ExperimentConfig
 from api.errors import WireError, WorkerFailure
 from system.ratelimit import BadMessages
+from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.display import LiveDisplay
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
@@ -80,7 +81,9 @@ class Controller:
         self.config = config
         self.run_dir = Path(run_dir)
         self.launcher = launcher
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=10_000)
+        self.socket = wire.make_socket(
+            zmq.ROUTER, server=True, hwm=10_000, max_message_bytes=CONTROL_MAX_BYTES
+        )
         self.socket.bind(bind)
         endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         port = endpoint.rsplit(":", 1)[1]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from api.config import ExperimentConfig, check
+from api.policy import Policy
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.run import builders
@@ -79,13 +80,13 @@ class InprocWiring:
     def parameter_client(self, subscribe: list[str]) -> InprocParameterService:
         return InprocParameterService(self.store)
 
-    def inference_server(self, plan: PolicyWorkerPlan):
+    def inference_server(self, plan: PolicyWorkerPlan, policy: Policy):
         return self.inference.server(plan.policy)
 
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]):
         return self.inference.client(plan.worker_id)
 
-    def sample_consumer(self, plan: TrainerPlan):
+    def sample_consumer(self, plan: TrainerPlan, policy: Policy):
         return self.samples.consumer(plan.policy)
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):

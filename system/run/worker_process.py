@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from api.config import ExperimentConfig
+from api.policy import Policy
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
-from system.run import builders
+from system.run import builders, declared
 from system.run.control_channel import ControlClient
 from system.run.plan import (
     PARAMS_PUSH,
@@ -71,25 +72,38 @@ class SocketWiring:
 
     waits_for_peers = True
 
-    def __init__(self, ctl: ControlClient, place: Placement, run_dir: Path):
+    def __init__(
+        self, ctl: ControlClient, place: Placement, run_dir: Path, config: ExperimentConfig
+    ):
         self.ctl = ctl
         self.place = place
         self.run_dir = run_dir
+        self.config = config
+        self._spaces: builders.AgentSpaces | None = None
+
+    @property
+    def spaces(self) -> builders.AgentSpaces:
+        """The agents' spaces, which the layouts a bound socket accepts are made from."""
+        if self._spaces is None:
+            self._spaces = builders.probe_spaces(self.config)
+        return self._spaces
 
     def parameter_client(self, subscribe: list[str]) -> ParameterClient:
         push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
         return ParameterClient(self.ctl.lookup(PARAMS_REQUEST), push, subscribe=subscribe)
 
-    def inference_server(self, plan: PolicyWorkerPlan) -> ZmqInferenceServer:
-        server = ZmqInferenceServer(self.place.bind())
+    def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> ZmqInferenceServer:
+        layout = declared.request_layout(self.config, self.spaces, policy, plan.policy)
+        server = ZmqInferenceServer(self.place.bind(), layout=layout)
         self._register(plan, server.endpoint)
         return server
 
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> ZmqInferenceClient:
         return ZmqInferenceClient({p: self.ctl.lookup(n) for p, n in endpoints.items()})
 
-    def sample_consumer(self, plan: TrainerPlan) -> ZmqSampleConsumer:
-        consumer = ZmqSampleConsumer(self.place.bind())
+    def sample_consumer(self, plan: TrainerPlan, policy: Policy) -> ZmqSampleConsumer:
+        layout = declared.segment_layout(self.config, self.spaces, policy, plan.policy)
+        consumer = ZmqSampleConsumer(self.place.bind(), layout=layout)
         self._register(plan, consumer.endpoint)
         return consumer
 
@@ -99,7 +113,8 @@ class SocketWiring:
         )
 
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
-        server = ParameterServer(store, self.place.bind(), self.place.bind())
+        layout = declared.params_layout(self.config)
+        server = ParameterServer(store, self.place.bind(), self.place.bind(), layout=layout)
         request, push = plan.endpoints()
         self.ctl.register(request, self.place.advertise(server.request_endpoint))
         self.ctl.register(push, self.place.advertise(server.push_endpoint))
@@ -116,7 +131,7 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
         import torch  # only trainers and policy workers pay for importing torch
 
         torch.set_num_threads(1)
-    built = builders.build(plan, cfg, SocketWiring(ctl, place, Path(conf["run_dir"])))
+    built = builders.build(plan, cfg, SocketWiring(ctl, place, Path(conf["run_dir"]), cfg))
     if isinstance(plan, ActorPlan):
         built.on_heartbeat = ActorPeerWatchdog(
             ctl, built.worker, plan.inference_endpoints(cfg), plan.sample_endpoints(cfg)

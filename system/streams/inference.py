@@ -24,6 +24,7 @@ from api.errors import NamedArrayError, WireError
 from api.policy import RolloutRequest, RolloutResult
 from system.ratelimit import BadMessages
 from system.streams import wire
+from system.streams.validation import RequestLayout
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +142,18 @@ class InprocInferenceServer(InferenceServer):
 class ZmqInferenceServer(InferenceServer):
     """A ROUTER socket; each actor's DEALER is one peer."""
 
-    def __init__(self, bind: str = "tcp://127.0.0.1:*", *, hwm: int = 10_000):
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm)
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:*",
+        *,
+        hwm: int = 10_000,
+        layout: RequestLayout | None = None,
+    ):
+        """``layout``: the requests this run's actors send; any other request is dropped and
+        counted, and the socket refuses messages larger than the largest of them."""
+        self.layout = layout
+        limit = None if layout is None else layout.max_message_bytes
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm, max_message_bytes=limit)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "inference server")
@@ -172,7 +183,7 @@ class ZmqInferenceServer(InferenceServer):
                 if got is None:
                     return None
                 envelope, message = got
-                return _pending_from(envelope, message)
+                return _pending_from(envelope, message, self.layout)
             except WireError as e:
                 self.bad_messages.record(e)
                 timeout_ms = 0
@@ -185,7 +196,9 @@ class ZmqInferenceServer(InferenceServer):
         self.socket.close(linger=0)
 
 
-def _pending_from(envelope: list[bytes], message: wire.Message) -> PendingRequest:
+def _pending_from(
+    envelope: list[bytes], message: wire.Message, layout: RequestLayout | None
+) -> PendingRequest:
     body = message.body
     if message.kind != "rollout" or not isinstance(body, dict):
         raise WireError(f"inference server expects 'rollout' messages, got '{message.kind}'")
@@ -196,6 +209,8 @@ def _pending_from(envelope: list[bytes], message: wire.Message) -> PendingReques
         len(request.on_reset)
     except (KeyError, TypeError, AttributeError, ValueError, NamedArrayError) as e:
         raise WireError(f"malformed rollout request: {e}") from e
+    if layout is not None:
+        layout.check(request)
     return PendingRequest(envelope, group, seq, request)
 
 

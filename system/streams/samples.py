@@ -27,6 +27,7 @@ from api.errors import NamedArrayError, WireError
 from api.policy import SampleBatch
 from system.ratelimit import BadMessages
 from system.streams import wire
+from system.streams.validation import SegmentLayout
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +195,15 @@ class ZmqSampleConsumer(SampleConsumer):
     """A ROUTER socket; every actor's DEALER for this policy is a peer. Each chunk taken is
     acked to its sender, giving it the credit to send the next."""
 
-    def __init__(self, bind: str = "tcp://127.0.0.1:*", *, hwm: int = 4):
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm)
+    def __init__(
+        self, bind: str = "tcp://127.0.0.1:*", *, hwm: int = 4, layout: SegmentLayout | None = None
+    ):
+        """``layout``: the segments this run's actors send; any other chunk is acked (its
+        sender gets its credit back), dropped and counted, and the socket refuses messages
+        larger than the largest legal chunk."""
+        self.layout = layout
+        limit = None if layout is None else layout.max_message_bytes
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm, max_message_bytes=limit)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "sample consumer")
@@ -209,7 +217,7 @@ class ZmqSampleConsumer(SampleConsumer):
                     break
                 envelope, message = got
                 self._ack(envelope)
-                out.append(_segment_from(message))
+                out.append(_segment_from(message, self.layout))
             except WireError as e:
                 self.bad_messages.record(e)
         return out
@@ -222,7 +230,7 @@ class ZmqSampleConsumer(SampleConsumer):
         self.socket.close(linger=0)
 
 
-def _segment_from(message: wire.Message) -> SampleBatch:
+def _segment_from(message: wire.Message, layout: SegmentLayout | None) -> SampleBatch:
     if message.kind != "samples" or not isinstance(message.body, dict):
         raise WireError(f"sample consumer expects 'samples' messages, got '{message.kind}'")
     try:
@@ -230,4 +238,6 @@ def _segment_from(message: wire.Message) -> SampleBatch:
         len(segment.reward)
     except (KeyError, TypeError, AttributeError, NamedArrayError) as e:
         raise WireError(f"malformed sample segment: {e}") from e
+    if layout is not None:
+        layout.check(segment)
     return segment

@@ -496,15 +496,29 @@ def context() -> zmq.Context:
         return _context
 
 
-def make_socket(kind: int, *, server: bool, hwm: int = 1000, linger: int = 0) -> zmq.Socket:
+def make_socket(
+    kind: int,
+    *,
+    server: bool,
+    hwm: int = 1000,
+    linger: int = 0,
+    max_message_bytes: int | None = None,
+) -> zmq.Socket:
     """A socket of this process's context with Troupe's options, and CURVE when it is on.
 
     ``server``: this socket binds (and presents the run's server key); otherwise it connects.
     Every socket in the runtime is made here, so none can be left unauthenticated in a cluster.
+    ``max_message_bytes``: ZeroMQ's ``MAXMSGSIZE``, the largest message a peer may send (None:
+    no bound). ZeroMQ reads the size a peer claims before it allocates, and disconnects a peer
+    that claims more, so an oversized message never costs this process its memory. Set it on
+    every socket that binds, from the largest message the run can legally send there: options
+    are copied when the socket binds, so it cannot be changed afterwards.
     """
     from system.streams import security
 
     sock = socket_options(context().socket(kind), hwm=hwm, linger=linger)
+    if max_message_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     if server:
         security.secure_server(sock)
     else:

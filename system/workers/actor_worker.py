@@ -22,12 +22,12 @@ import gymnasium as gym
 import numpy as np
 
 from api.environment import Environment, StepResult
-from api.errors import PipelineCheckError, UserError
-from system.ratelimit import Pace
+from api.errors import NonFiniteError, PipelineCheckError, UserError
+from system.ratelimit import BadMessages, Pace
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.workers.base import Worker
-from system.workers.lanes import Lane, Slot
+from system.workers.lanes import Lane, Slot, nonfinite_rows
 from system.workers.trajectory import SegmentBuffer
 
 logger = logging.getLogger(__name__)
@@ -68,16 +68,22 @@ class ActorWorker(Worker):
         groups: int = 2,
         validate_actions: bool = False,
         max_fps: float | None = None,
+        on_nonfinite: str = "fail",
+        env_name: str = "",
     ):
         super().__init__(worker_id)
         self.inference = inference
         self.samples = samples
         self.is_evaluation = is_evaluation
         self.on_env_error = on_env_error
+        self.on_nonfinite = on_nonfinite
         self.validate_actions = validate_actions
         self.env_factory = env_factory
         self.seed = seed
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
+        self.env_name = env_name or type(self.envs[0]).__name__
+        self.episode_steps = [0] * n_envs
+        self.nonfinite = BadMessages(logger, f"{worker_id}: on_nonfinite=drop_episode")
         self.slots = [
             [Slot(e, a, agent_policies(a)) for a in range(env.agent_count)]
             for e, env in enumerate(self.envs)
@@ -143,11 +149,18 @@ class ActorWorker(Worker):
     def _request(self, g: int) -> None:
         group = self.groups[g]
         group.seq += 1
-        group.replies = {}
-        group.waiting = set()
-        for policy, lane in group.lanes.items():
-            if lane.build_request(group.seq) is not None:
-                group.waiting.add(policy)
+        for retry in (False, True):  # once more after dropping episodes that went non-finite
+            group.replies = {}
+            group.waiting = set()
+            for policy, lane in group.lanes.items():
+                if lane.build_request(group.seq) is not None:
+                    group.waiting.add(policy)
+            bad = self._nonfinite_inputs(group)
+            if not bad:
+                break
+            self._on_nonfinite(bad, after_reset=retry)
+            for e in bad:
+                self._drop_episode(e)
         if not group.waiting:
             raise EnvironmentFailure(
                 f"no agent of environments {group.envs} acts: every result is None; an "
@@ -185,6 +198,11 @@ class ActorWorker(Worker):
         """All answers of group ``g`` are in: record the steps, step or reset, ask again."""
         group = self.groups[g]
         actions: dict[int, list[Any]] = {e: [None] * len(self.slots[e]) for e in group.envs}
+        bad = self._nonfinite_actions(group)
+        if bad:
+            self._on_nonfinite(bad, after_reset=False)
+            for e in bad:  # nothing of these episodes may complete a segment now
+                self._forget_env(e)
         for policy in group.waiting:
             lane, reply = group.lanes[policy], group.replies[policy]
             segments = lane.take_answer(reply.result, reply.version)
@@ -195,6 +213,9 @@ class ActorWorker(Worker):
                 slot = lane.slots[c]
                 actions[slot.env][slot.agent] = action[i]
         for e in group.envs:
+            if e in bad:
+                self._drop_episode(e)
+                continue
             if self.validate_actions:
                 self._check_actions(e, actions[e])
             self._step_env(e, actions[e])
@@ -233,6 +254,7 @@ class ActorWorker(Worker):
         if results is None:
             return
         self.env_frames += 1
+        self.episode_steps[e] += 1
         self._take_results(e, results)
 
     def _make_env(self, e: int) -> Environment:
@@ -241,6 +263,7 @@ class ActorWorker(Worker):
         return env
 
     def _reset_env(self, e: int) -> None:
+        self.episode_steps[e] = 0
         for slot in self.slots[e]:
             slot.on_reset = True
             slot.episode_return = 0.0
@@ -273,10 +296,14 @@ class ActorWorker(Worker):
         except Exception:  # a broken env may fail to close too; we replace it regardless
             logger.debug("closing failed environment %d raised", e, exc_info=True)
         self.envs[e] = self._make_env(e)
+        self._forget_env(e)
+        self._reset_env(e)
+
+    def _forget_env(self, e: int) -> None:
+        """Drop the unsent steps of environment ``e``'s agents."""
         for group in self.groups:
             for lane in group.lanes.values():
                 lane.forget([c for c, s in enumerate(lane.slots) if s.env == e])
-        self._reset_env(e)
 
     def _finish_episode(self, e: int) -> None:
         slots = self.slots[e]
@@ -289,6 +316,60 @@ class ActorWorker(Worker):
             if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
                 record[f"episode_info/{k}"] = float(v)
         self.episodes.append(record)
+
+    # ----------------------------------------------------------------- non-finite values
+    def _nonfinite_inputs(self, group: Group) -> dict[int, str]:
+        """Environments of ``group`` whose latest observation or reward for an agent is NaN or
+        infinite, each with the error to report."""
+        bad: dict[int, str] = {}
+        for policy in group.waiting:
+            for slot, what in group.lanes[policy].nonfinite_inputs():
+                bad.setdefault(slot.env, self._env_error(slot, f"a non-finite {what}"))
+        return bad
+
+    def _nonfinite_actions(self, group: Group) -> dict[int, str]:
+        bad: dict[int, str] = {}
+        for policy in group.waiting:
+            lane, reply = group.lanes[policy], group.replies[policy]
+            for slot in lane.slots_of_rows(nonfinite_rows(reply.result.action)):
+                bad.setdefault(
+                    slot.env,
+                    f"policy '{policy}' answered {self._where(slot)} with a non-finite action "
+                    "(NaN or infinity): its parameters have probably diverged; lower the "
+                    "learning rate or clip gradients, and check the rewards' scale",
+                )
+        return bad
+
+    def _env_error(self, slot: Slot, what: str) -> str:
+        return (
+            f"{self._where(slot)} returned {what} (NaN or infinity); fix the environment "
+            "(look for divisions by zero, unbounded physics or missing clipping)"
+        )
+
+    def _where(self, slot: Slot) -> str:
+        return (
+            f"environment '{self.env_name}' #{slot.env} of {self.worker_id}, agent "
+            f"{slot.agent}, at step {self.episode_steps[slot.env]} of its episode"
+        )
+
+    def _on_nonfinite(self, bad: dict[int, str], *, after_reset: bool) -> None:
+        """Fail with the first problem, or (``drop_episode``) log them, rate-limited, for the
+        caller to drop those episodes."""
+        first = next(iter(bad.values()))
+        if self.on_nonfinite != "drop_episode":
+            raise NonFiniteError(
+                f"{first}; or set actors.on_nonfinite='drop_episode' to drop such episodes"
+            )
+        if after_reset:
+            raise NonFiniteError(f"{first}, right after a reset: dropping the episode cannot help")
+        for message in bad.values():
+            self.nonfinite.record(NonFiniteError(f"{message}; episode dropped"))
+
+    def _drop_episode(self, e: int) -> None:
+        """Forget the episode's unsent steps and start a new one (counted in the stats)."""
+        self.stats["nonfinite_episodes"] = self.stats.get("nonfinite_episodes", 0) + 1
+        self._forget_env(e)
+        self._reset_env(e)
 
     # ----------------------------------------------------------------- stats
     def collect_stats(self) -> dict[str, Any]:

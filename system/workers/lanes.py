@@ -8,6 +8,7 @@ stepping the environments themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -96,6 +97,19 @@ class Lane:
             self.slots[c].on_reset = False
         return segments
 
+    def nonfinite_inputs(self) -> list[tuple[Slot, str]]:
+        """Acting slots whose observation or reward in the current request is NaN or infinite
+        (one vectorised check per field), with which of the two it is."""
+        return [
+            (slot, what)
+            for what, values in (("observation", self.request.obs), ("reward", self.rewards))
+            for slot in self.slots_of_rows(nonfinite_rows(values))
+        ]
+
+    def slots_of_rows(self, rows: np.ndarray) -> list[Slot]:
+        """The slots that rows of the current request (or its answer) belong to."""
+        return [self.slots[self.acting[i]] for i in rows]
+
     def forget(self, columns: list[int]) -> None:
         """Drop unfinished steps and memories of these slots (their environment failed)."""
         if self.buffer is not None:
@@ -114,3 +128,16 @@ def _stack_obs(observations: list) -> np.ndarray | NamedArray:
     if isinstance(observations[0], dict):
         return stack([NamedArray(**o) for o in observations])
     return np.stack(observations)
+
+
+def nonfinite_rows(values: Any) -> np.ndarray:
+    """Rows (first axis) of an array or NamedArray that hold a NaN or infinite float."""
+    leaves = values.flatten() if isinstance(values, NamedArray) else [("", values)]
+    bad = None
+    for _, leaf in leaves:
+        leaf = np.asarray(leaf)
+        if leaf.dtype.kind not in "fc" or leaf.size == 0:
+            continue
+        rows = ~np.isfinite(leaf.reshape(len(leaf), -1)).all(axis=1)
+        bad = rows if bad is None else bad | rows
+    return np.zeros(0, np.int64) if bad is None else np.flatnonzero(bad)

@@ -72,8 +72,8 @@ def controller(tmp_path):
     ctl.metrics.close()
 
 
-def _socket_wiring(controller_address: str, worker_id: str, run_dir: Path) -> SocketWiring:
-    return SocketWiring(ControlClient(controller_address, worker_id), Placement(), run_dir)
+def _socket_wiring(controller_address: str, worker_id: str, run_dir: Path, config) -> SocketWiring:
+    return SocketWiring(ControlClient(controller_address, worker_id), Placement(), run_dir, config)
 
 
 def test_each_role_is_built_alike_in_serial_and_process_mode(controller, tmp_path):
@@ -86,7 +86,7 @@ def test_each_role_is_built_alike_in_serial_and_process_mode(controller, tmp_pat
         # its first version, the policy worker loads it, the actor finds both.
         for worker_id in ("params", "trainer/default/0", "policy/default/0", "actor/0", "eval/0"):
             plan = plans[worker_id]
-            wiring = _socket_wiring(ctl.address, worker_id, tmp_path)
+            wiring = _socket_wiring(ctl.address, worker_id, tmp_path, config)
             wirings.append(wiring)
             built = builders.build(plan, config, wiring).worker
             built_process[worker_id] = built

@@ -588,7 +588,7 @@ def test_shm_round_trip_across_processes(shm_dir):
             files = troupe_files(shm_dir)
             assert sum(n.endswith(".lock") for n in files) == 1
             stop.set()
-            server.join(TIMEOUT_S)
+            server.join(60)  # a bound against a hang, not a speed check: a loaded machine is slow
             assert server.exitcode == 0
         assert troupe_files(shm_dir) == []  # the service and the publisher left nothing
     finally:

@@ -1,0 +1,91 @@
+"""The layouts a run declares for its messages, built from its configuration and spaces.
+
+Each receiving worker builds the layout of what it may receive the way its peers build the real
+thing: a rollout request is made by an actor's own :class:`~system.workers.lanes.Lane` from an
+observation sampled from the policy's observation space; a sample segment by the same lane and a
+:class:`~system.workers.trajectory.SegmentBuffer` from the policy's answer to that request; a
+checkpoint by the policy's ``get_checkpoint``. So the checks cannot drift from what honest peers
+send, and a change of policy or environment needs no second description of its messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.config import ExperimentConfig
+from api.environment import StepResult
+from api.policy import Policy, RolloutRequest, RolloutResult
+from system.run import builders
+from system.streams import validation, wire
+from system.streams.validation import Maybe, ParamsLayout, RequestLayout, SegmentLayout
+from system.workers.lanes import Lane, Slot
+from system.workers.trajectory import SegmentBuffer
+
+
+def max_lane_rows(config: ExperimentConfig, spaces: builders.AgentSpaces) -> int:
+    """The most agents one actor asks for in one request (one lane holds at most every agent
+    of every environment of one process)."""
+    envs = max(config.actors.envs_per_worker, config.evaluation.envs_per_worker)
+    return envs * spaces.agent_count
+
+
+def request_layout(
+    config: ExperimentConfig, spaces: builders.AgentSpaces, policy: Policy, name: str
+) -> RequestLayout:
+    """What the policy workers of policy ``name`` may receive."""
+    lane = _lane(config, spaces, name, buffer=None)
+    row = validation.spec_of(lane.build_request(seq=1), 1)
+    state = policy.default_policy_state
+    row["policy_state"] = None if state is None else Maybe(validation.spec_of(state, 1))
+    return RequestLayout(row, max_lane_rows(config, spaces))
+
+
+def segment_layout(
+    config: ExperimentConfig, spaces: builders.AgentSpaces, policy: Policy, name: str
+) -> SegmentLayout:
+    """What the trainers of policy ``name`` may receive: segments an actor's lane records from
+    the policy's own answers (two one-step segments, so the bootstrap-step path is exercised)."""
+    lane = _lane(config, spaces, name, buffer=SegmentBuffer(1, 1))
+    segment = None
+    for seq in (1, 2):
+        request = lane.build_request(seq)
+        segment = lane.take_answer(_probe_rollout(policy, request), version=0)
+    step = validation.spec_of(segment, 2)
+    length = config.actors.segment_length + 1
+    return SegmentLayout(step, length, max_lane_rows(config, spaces))
+
+
+def params_layout(config: ExperimentConfig) -> ParamsLayout:
+    """What the parameter service may store: each trained policy's checkpoint layout, read from
+    a policy built as the trainers build it (arrays as the wire delivers them)."""
+    trained = builders.trained_policies(config)
+    if not trained:
+        return ParamsLayout({})
+    spaces = builders.probe_spaces(config)
+    specs = {}
+    for name in trained:
+        checkpoint = builders.make_policy(config, name, spaces, config.seed).get_checkpoint()
+        delivered = wire.decode(wire.encode("params", checkpoint)).body
+        specs[name] = validation.spec_of(delivered, 0, finite=False)
+    return ParamsLayout(specs)
+
+
+def _lane(config, spaces, name: str, buffer: SegmentBuffer | None) -> Lane:
+    agent = next(a for a in range(spaces.agent_count) if config.policy_of_agent(a) == name)
+    space = spaces.observation[agent]
+    space.seed(config.seed)
+    slot = Slot(0, agent, name, result=StepResult(space.sample()))
+    return Lane(name, [slot], buffer)
+
+
+def _probe_rollout(policy: Policy, request: RolloutRequest) -> RolloutResult:
+    """The policy's answer to ``request`` without moving the random streams training uses."""
+    import torch  # the workers that build layouts with a policy have torch already
+
+    state = policy.default_policy_state
+    if request.policy_state is None and state is not None:
+        request = request[:]
+        request.policy_state = state
+    with torch.random.fork_rng(devices=[]):
+        result: Any = policy.rollout(request)
+    return wire.decode(wire.encode("rollout_result", {"r": result})).body["r"]
