@@ -132,6 +132,8 @@ SUBCOMMANDS: list[Subcommand] = [
                rc.add_test_pipeline_arguments, rc.run_test_pipeline),
     Subcommand("run", "run an experiment: every role in its own process",
                rc.add_run_arguments, rc.run_run),
+    Subcommand("train", "train PPO on any environment or gymnasium id, set up from its spaces",
+               rc.add_train_arguments, rc.run_train),
     Subcommand("eval", "greedy evaluation of a run folder or checkpoint",
                rc.add_eval_arguments, rc.run_eval),
     Subcommand("controller", "run a cluster run's controller (the scheduler starts workers)",

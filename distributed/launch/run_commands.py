@@ -8,16 +8,34 @@ import json
 from rich.console import Console
 from rich.text import Text
 
+EXPERIMENT_HELP = (
+    "registered experiment (cartpole-ppo), experiment file (exp.py, exp.yaml, exp.toml) or "
+    "environment id (Acrobot-v1: the ppo experiment on it)"
+)
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="your own .py file or module, imported here and in every worker before anything "
+        "is built (it registers your environments, policies, ...); repeatable",
+    )
+
 
 # --------------------------------------------------------------------- troupe test-pipeline
 def add_test_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument("experiment", help=EXPERIMENT_HELP)
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="key.path=value",
         help="config overrides, e.g. policies.default.trainer.args.lr=0.001",
     )
+    add_import_argument(parser)
     parser.add_argument("--trainer-steps", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=1)
 
@@ -27,10 +45,10 @@ def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     from api import testing
-    from api.config import make_experiment
+    from api.resolve import load_experiment
 
     torch.set_num_threads(1)
-    config = make_experiment(args.experiment, args.overrides)
+    config = load_experiment(args.experiment, args.overrides, args.imports)
     report = testing.test_pipeline(
         experiment=config, trainer_steps=args.trainer_steps, episodes=args.episodes
     )
@@ -40,13 +58,14 @@ def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
 
 # --------------------------------------------------------------------- troupe run
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", nargs="?", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument("experiment", nargs="?", help=EXPERIMENT_HELP)
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="key.path=value",
         help="config overrides, e.g. actors.workers=4 seed=3",
     )
+    add_import_argument(parser)
     parser.add_argument("--run-dir", help="run folder (default: runs/<experiment>-<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
     parser.add_argument(
@@ -71,7 +90,11 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     if args.resume and args.experiment and "=" in args.experiment:
         overrides.insert(0, args.experiment)  # `troupe run --resume DIR key=value`
     config, run_dir = prepare(
-        None if args.resume else args.experiment, overrides, args.run_dir, args.resume
+        None if args.resume else args.experiment,
+        overrides,
+        args.run_dir,
+        args.resume,
+        imports=args.imports,
     )
     console.print(f"run folder: {run_dir}")
     display = False if args.no_display else None
@@ -91,6 +114,29 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
             console.print(Text(f"run failed: {summary['failure']}", style="red"))
     console.print(f"results in {run_dir} (metrics.jsonl, learning_curve.png, summary.json)")
     return code
+
+
+# --------------------------------------------------------------------- troupe train
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("environment", help="registered environment or gymnasium id")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="experiment arguments (target=-100 frames=200000) or config overrides",
+    )
+    add_import_argument(parser)
+    parser.add_argument("--run-dir", help="run folder (default: runs/<env>-ppo-<time>)")
+    parser.add_argument(
+        "--no-display", action="store_true", help="plain progress lines instead of the live panel"
+    )
+
+
+def run_train(args: argparse.Namespace, console: Console) -> int:
+    """``troupe run ppo env=ENV``: PPO set up from the environment's spaces."""
+    args.overrides = [f"env={args.environment}", *args.overrides]
+    args.experiment, args.resume, args.secure, args.launcher = "ppo", None, False, "local"
+    return run_run(args, console)
 
 
 # --------------------------------------------------------------------- troupe eval
