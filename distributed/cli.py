@@ -134,6 +134,8 @@ SUBCOMMANDS: list[Subcommand] = [
                rc.add_run_arguments, rc.run_run),
     Subcommand("train", "train PPO on any environment or gymnasium id, set up from its spaces",
                rc.add_train_arguments, rc.run_train),
+    Subcommand("show-config", "the resolved config: every key, its type, default and doc",
+               rc.add_show_config_arguments, rc.run_show_config),
     Subcommand("eval", "greedy evaluation of a run folder or checkpoint",
                rc.add_eval_arguments, rc.run_eval),
     Subcommand("controller", "run a cluster run's controller (the scheduler starts workers)",

@@ -139,6 +139,43 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     return run_run(args, console)
 
 
+# --------------------------------------------------------------------- troupe show-config
+def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help=EXPERIMENT_HELP)
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
+    add_import_argument(parser)
+    parser.add_argument("--json", action="store_true", help="the resolved config as JSON only")
+
+
+def run_show_config(args: argparse.Namespace, console: Console) -> int:
+    """The resolved config: every key with its type, default, value and documentation."""
+    from rich.table import Table
+
+    from api.config_docs import MISSING, describe_config
+    from api.resolve import load_experiment
+
+    config = load_experiment(args.experiment, args.overrides, args.imports)
+    if args.json:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    table = Table(title=f"experiment {config.name}", title_justify="left", show_lines=False)
+    for column in ("key", "type", "default", "value", "doc"):
+        table.add_column(column, overflow="fold")
+    for row in describe_config(config):
+        if row.path.startswith("code.registrations") or row.path.endswith(".args"):
+            continue
+        changed = row.default is not MISSING and row.value != row.default
+        table.add_row(
+            Text(row.path, style="cyan"),
+            Text(row.type),
+            Text(repr(row.default) if row.default is not MISSING else MISSING),
+            Text(repr(row.value), style="bold yellow" if changed else ""),
+            Text(row.doc),
+        )
+    console.print(table)
+    return 0
+
+
 # --------------------------------------------------------------------- troupe eval
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT")
@@ -147,6 +184,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on the last line"
     )
+    parser.add_argument(
+        "--video",
+        metavar="OUT.mp4",
+        help="also record greedy episodes to a video (.mp4 or .gif; needs the 'video' extra)",
+    )
+    parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video")
 
 
 def run_eval(args: argparse.Namespace, console: Console) -> int:
@@ -156,6 +199,11 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     from system.run.evaluation import evaluate
 
     torch.set_num_threads(1)
+    if args.video:
+        from distributed.video import record_video
+
+        returns = record_video(args.target, args.video, episodes=args.video_episodes)
+        console.print(f"video of {len(returns)} episodes (returns {returns}) in {args.video}")
     result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
     if args.json:
         print(json.dumps(result.to_dict()))
