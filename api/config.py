@@ -16,14 +16,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import inspect
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.code import CodeConfig, attach_user_code, load_code
+from api.config_check import check_arguments, check_ranges, suggest_key
 from api.errors import ConfigError, RegistryError
-from api.registry import REGISTRIES, Spec, experiments
+from api.registry import REGISTRIES, experiments
 
 
 @dataclass
@@ -126,6 +127,11 @@ class ExperimentConfig:
     """Base seed; each worker and environment derives its own from it."""
     checkpoint_every: int = 50
     """Persist a checkpoint every this many published versions (and always at the end)."""
+    code: CodeConfig = field(default_factory=CodeConfig)
+    """The user's own modules and registrations, loaded by every process of the run."""
+    callbacks: list[ComponentConfig] = field(default_factory=list)
+    """Registered callbacks (``register_callback``) the controller calls: ``on_episode_end``,
+    ``on_train_result`` and ``on_evaluation``; see ``system.run.episodes``."""
 
     def policy_of_agent(self, agent: int) -> str:
         if self.agent_policies:
@@ -155,6 +161,8 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
     for key in data:
         if key not in names:
             errors.append(_unknown_key(path, key, names))
+            if not path or path.count(".") < 2:  # also look in the other sections
+                errors[-1] += _elsewhere(data, path, key)
     kwargs = {}
     for name in names:
         if name in data:
@@ -197,6 +205,18 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+def _elsewhere(data: dict, path: str, key: str) -> str:
+    """A hint at a real key of another section for an unknown top-level or section key."""
+    if path or not isinstance(data.get("policies"), dict):
+        return ""
+    try:
+        config = ExperimentConfig.from_dict({k: v for k, v in data.items() if k != key})
+    except ConfigError:
+        return ""
+    close = suggest_key(config, key, n=1)
+    return f" (or {close[0]}?)" if close else ""
+
+
 def _unknown_key(path: str, key: str, names: list[str]) -> str:
     close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
@@ -220,8 +240,10 @@ def validate(config: ExperimentConfig) -> list[str]:
                 "trainer", f"policies.{pname}.trainer", pc.trainer, skip=("policy",)
             )
         for key in ("policy_workers", "trainer_workers", "batch_segments"):
-            if getattr(pc, key) < 1:
+            if _below(getattr(pc, key), 1):
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
+    for i, callback in enumerate(config.callbacks):
+        errors += _check_component("callback", f"callbacks[{i}]", callback)
     for i, pname in enumerate(config.agent_policies):
         if pname not in config.policies:
             errors.append(
@@ -234,10 +256,11 @@ def validate(config: ExperimentConfig) -> list[str]:
         config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
     )
     errors += _check_positive(config.evaluation, "evaluation", ("envs_per_worker", "episodes"))
-    if config.evaluation.workers < 0:
+    if _below(config.evaluation.workers, 0):
         errors.append("evaluation.workers: must be 0 or more")
-    if config.evaluation.max_fps is not None and not config.evaluation.max_fps > 0:
+    if _below(config.evaluation.max_fps, 1e-300):
         errors.append("evaluation.max_fps: must be more than 0, or None for no cap")
+    errors += check_ranges(config)
     if config.actors.on_env_error not in ("raise", "reset"):
         errors.append(
             f"actors.on_env_error: must be 'raise' or 'reset', got '{config.actors.on_env_error}'"
@@ -252,7 +275,10 @@ def validate(config: ExperimentConfig) -> list[str]:
 
 
 def check(config: ExperimentConfig) -> ExperimentConfig:
-    """Raise ConfigError listing every problem, or return the config unchanged."""
+    """Raise ConfigError listing every problem, or return the config unchanged.
+
+    The run's user code is loaded first: the names it registers are part of what is checked."""
+    load_code(config.code)
     errors = validate(config)
     if errors:
         raise ConfigError(errors)
@@ -269,7 +295,12 @@ def _check_types(config: ExperimentConfig) -> list[str]:
 
 
 def _check_positive(obj: Any, path: str, keys: tuple[str, ...]) -> list[str]:
-    return [f"{path}.{k}: must be at least 1" for k in keys if getattr(obj, k) < 1]
+    return [f"{path}.{k}: must be at least 1" for k in keys if _below(getattr(obj, k), 1)]
+
+
+def _below(value: Any, bound: int) -> bool:
+    """A number below ``bound``; a value of the wrong type is the type check's to report."""
+    return isinstance(value, (int, float)) and value < bound
 
 
 def _check_stop(config: ExperimentConfig) -> list[str]:
@@ -280,7 +311,7 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
         errors.append(
             "stop: set at least one of eval_return, env_frames, trainer_steps, wall_seconds"
         )
-    if stop.eval_return is not None and config.evaluation.workers < 1:
+    if stop.eval_return is not None and _below(config.evaluation.workers, 1):
         errors.append("stop.eval_return: needs evaluation.workers >= 1")
     return errors
 
@@ -292,28 +323,15 @@ def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> li
         spec = REGISTRIES[kind].spec(comp.type)
     except RegistryError as e:
         return [f"{path}.type: {e}"]
-    return _check_kwargs(spec, comp.args, path, skip)
-
-
-def _check_kwargs(spec: Spec, args: dict[str, Any], path: str, skip=()) -> list[str]:
-    try:
-        sig = inspect.signature(spec.load())
-    except (RegistryError, TypeError, ValueError) as e:
-        return [f"{path}.type: {e}"]
-    params = sig.parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return []
-    names = [n for n in params if n not in skip]
-    return [
-        _unknown_key(f"{path}.args", key, names) + f" ({spec.entry_point} takes no '{key}')"
-        for key in args
-        if key not in names
-    ]
+    return check_arguments(spec, comp.args, path, skip)
 
 
 # --------------------------------------------------------------------- overrides
 def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
-    """Apply ``key.path=value`` strings; values are Python literals or plain strings."""
+    """Apply ``key.path=value`` strings; values are Python literals or plain strings.
+
+    Raises ConfigError listing every bad override (unknown keys with the closest real key of
+    any section, wrong types) and every error of the result."""
     data = config.to_dict()
     errors = []
     for item in overrides:
@@ -323,10 +341,17 @@ def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> Experimen
             continue
         err = _set_path(data, key.strip().split("."), parse_value(raw.strip()))
         if err:
-            errors.append(f"{key}: {err}")
-    if errors:
-        raise ConfigError(errors)
-    return ExperimentConfig.from_dict(data)
+            hint = "" if "did you mean" in err else _hint(config, key.strip())
+            errors.append(f"{key}: {err}{hint}")
+    new = _build(ExperimentConfig, data, "", errors)
+    if errors:  # with what the rest of the config gets wrong, so one launch shows them all
+        raise ConfigError(errors + [e for e in validate(new) if e not in errors])
+    return new
+
+
+def _hint(config: ExperimentConfig, key: str) -> str:
+    close = suggest_key(config, key)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def _set_path(data: dict, parts: list[str], value: Any) -> str | None:
@@ -365,4 +390,4 @@ def make_experiment(name: str, overrides: list[str] | None = None) -> Experiment
         raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
     if overrides:
         config = apply_overrides(config, overrides)
-    return check(config)
+    return check(attach_user_code(config))

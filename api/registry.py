@@ -8,12 +8,15 @@ configuration and a spawned or remote process rebuilds exactly the same componen
 Packages contribute components through the ``troupe.plugins`` entry-point group declared in their
 ``pyproject.toml``: each entry point names a function that receives nothing and calls
 ``register``. Plugins load on the first lookup, never as an import side effect.
+
+Everything else registered in a process (a script's own classes, a notebook's) is *user code*:
+:func:`user_specs` lists those registrations, a launcher ships them to its workers in the run's
+configuration, and each worker registers them again (:mod:`api.user_code` finds the files).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -21,12 +24,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from api import user_code
 from api.errors import RegistryError
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_GROUP = "troupe.plugins"
-KINDS = ("environment", "policy", "trainer", "experiment", "policy_mapping")
+KINDS = ("environment", "policy", "trainer", "experiment", "policy_mapping", "callback")
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,8 @@ class Spec:
     """How to build one registered component."""
 
     kind: str
-    """One of ``environment``, ``policy``, ``trainer``, ``experiment``, ``policy_mapping``."""
+    """One of ``environment``, ``policy``, ``trainer``, ``experiment``, ``policy_mapping``,
+    ``callback``."""
     name: str
     """The registered name, e.g. ``CartPole-v1`` or ``actor-critic``."""
     entry_point: str
@@ -43,10 +48,28 @@ class Spec:
     """Default keyword arguments; those given to ``make`` override them."""
     description: str = ""
     """One line shown by ``troupe list``."""
+    source: str = ""
+    """The file defining the entry point's module, recorded when an object (not a string) was
+    registered: a process that cannot import the module by name imports this file."""
 
     def load(self) -> Callable[..., Any]:
         """Import the entry point and return the class or factory it names."""
-        return load_entry_point(self.entry_point, what=f"{self.kind} '{self.name}'")
+        return load_entry_point(
+            self.entry_point, what=f"{self.kind} '{self.name}'", source=self.source
+        )
+
+    def same_target(self, other: Spec) -> bool:
+        """Whether both name the same object with the same defaults: registering it again (a
+        user file imported by a worker re-runs its ``register`` calls) is then no conflict."""
+        if self.kwargs != other.kwargs:
+            return False
+        if self.entry_point == other.entry_point:
+            return True
+        qualname = self.entry_point.partition(":")[2]
+        return bool(self.source) and (self.source, qualname) == (
+            other.source,
+            other.entry_point.partition(":")[2],
+        )
 
     def make(self, **kwargs: Any) -> Any:
         factory = self.load()
@@ -60,15 +83,20 @@ class Spec:
             ) from e
 
 
-def load_entry_point(entry_point: str, what: str = "entry point") -> Callable[..., Any]:
-    """Import ``"package.module:Attribute.sub"`` and return the attribute."""
+def load_entry_point(
+    entry_point: str, what: str = "entry point", source: str = ""
+) -> Callable[..., Any]:
+    """Import ``"package.module:Attribute.sub"`` (from ``source`` if the module is not
+    importable by name) and return the attribute."""
     module_name, sep, attr = entry_point.partition(":")
     if not sep or not module_name or not attr:
         raise RegistryError(
             f"{what}: entry point '{entry_point}' must look like 'package.module:Attribute'"
         )
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = user_code.import_module(module_name, source)
+    except RegistryError as e:
+        raise RegistryError(f"{what}: {e}") from e
     except ImportError as e:
         raise RegistryError(
             f"{what}: cannot import module '{module_name}' ({e}); is its package installed?"
@@ -77,19 +105,21 @@ def load_entry_point(entry_point: str, what: str = "entry point") -> Callable[..
         try:
             obj = getattr(obj, part)
         except AttributeError as e:
-            raise RegistryError(f"{what}: module '{module_name}' has no attribute '{attr}'") from e
+            hint = ""
+            if module_name == "__main__" and not source:
+                hint = (
+                    " (it was registered from an interactive session: save the class in a .py "
+                    "file and register it from there, so other processes can import it)"
+                )
+            raise RegistryError(
+                f"{what}: module '{module_name}' has no attribute '{attr}'{hint}"
+            ) from e
     return obj
 
 
 def entry_point_of(obj: Any) -> str:
     """The ``module:qualname`` string that imports ``obj`` again in another process."""
-    qualname = getattr(obj, "__qualname__", "")
-    if not qualname or "<locals>" in qualname:
-        raise RegistryError(
-            f"{obj!r} is defined inside a function; register a module-level class or factory "
-            "(or pass its 'module:Attribute' string) so other processes can import it"
-        )
-    return f"{obj.__module__}:{qualname}"
+    return user_code.locate(obj)[0]
 
 
 class Registry:
@@ -98,6 +128,8 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._specs: dict[str, Spec] = {}
+        self._user: set[str] = set()
+        """Names registered outside a plugin: they travel to workers with the run's config."""
 
     def register(
         self,
@@ -106,21 +138,32 @@ class Registry:
         *,
         description: str = "",
         override: bool = False,
+        source: str = "",
         **kwargs: Any,
     ) -> Spec:
-        """Register ``name``; ``entry_point`` is a ``"module:Attribute"`` string or the object."""
+        """Register ``name``; ``entry_point`` is a ``"module:Attribute"`` string or the object
+        (whose defining file is then recorded, see :attr:`Spec.source`)."""
         if not isinstance(name, str) or not name:
             raise RegistryError(f"a {self.kind} name must be a non-empty string, got {name!r}")
-        if name in self._specs and not override:
+        if isinstance(entry_point, str):
+            ep = entry_point
+        else:
+            ep, source = user_code.locate(entry_point)
+            description = description or _first_line(getattr(entry_point, "__doc__", None))
+        spec = Spec(self.kind, name, ep, dict(kwargs), description, source)
+        old = self._specs.get(name)
+        if old is not None and not override and not old.same_target(spec):
             raise RegistryError(
-                f"{self.kind} '{name}' is already registered (by {self._specs[name].entry_point}); "
+                f"{self.kind} '{name}' is already registered (by {old.entry_point}); "
                 "pick another name or pass override=True"
             )
-        ep = entry_point if isinstance(entry_point, str) else entry_point_of(entry_point)
-        if not description and not isinstance(entry_point, str):
-            description = _first_line(getattr(entry_point, "__doc__", None))
-        spec = Spec(self.kind, name, ep, dict(kwargs), description)
+        if old is not None and old.same_target(spec):
+            return old  # a user file imported again in a worker registers the same thing
         self._specs[name] = spec
+        if _plugins_loading:
+            self._user.discard(name)
+        else:
+            self._user.add(name)
         return spec
 
     def spec(self, name: str) -> Spec:
@@ -145,6 +188,11 @@ class Registry:
 
     def unregister(self, name: str) -> None:
         self._specs.pop(name, None)
+        self._user.discard(name)
+
+    def user_specs(self) -> list[Spec]:
+        """Specs registered outside any plugin, in name order."""
+        return [self._specs[n] for n in sorted(self._user) if n in self._specs]
 
     def _unknown_message(self, name: str) -> str:
         close = difflib.get_close_matches(name, list(self._specs), n=3, cutoff=0.6)
@@ -165,33 +213,46 @@ policies = REGISTRIES["policy"]
 trainers = REGISTRIES["trainer"]
 experiments = REGISTRIES["experiment"]
 policy_mappings = REGISTRIES["policy_mapping"]
+callbacks = REGISTRIES["callback"]
 
 register_environment = environments.register
 register_policy = policies.register
 register_trainer = trainers.register
 register_experiment = experiments.register
 register_policy_mapping = policy_mappings.register
+register_callback = callbacks.register
 
 _plugins_loaded = False
+_plugins_loading = False
 _plugins_lock = threading.RLock()
 
 
 def _load_plugins() -> None:
     """Call every ``troupe.plugins`` entry point once per process."""
-    global _plugins_loaded
+    global _plugins_loaded, _plugins_loading
     if _plugins_loaded:
         return
     with _plugins_lock:
         if _plugins_loaded:
             return
         _plugins_loaded = True  # set first: a plugin may itself look names up
-        for ep in entry_points(group=PLUGIN_GROUP):
-            try:
-                ep.load()()
-            except Exception as e:
-                raise RegistryError(
-                    f"plugin '{ep.name}' ({ep.value}) failed to register its components: {e}"
-                ) from e
+        _plugins_loading = True
+        try:
+            for ep in entry_points(group=PLUGIN_GROUP):
+                try:
+                    ep.load()()
+                except Exception as e:
+                    raise RegistryError(
+                        f"plugin '{ep.name}' ({ep.value}) failed to register its components: {e}"
+                    ) from e
+        finally:
+            _plugins_loading = False
+
+
+def user_specs() -> list[Spec]:
+    """Every registration made outside a plugin in this process (a script's, a notebook's):
+    what a launcher ships to its workers so they know the same names."""
+    return [spec for registry in REGISTRIES.values() for spec in registry.user_specs()]
 
 
 def make_spec(kind: str, name_or_spec: str | Spec) -> Spec:

@@ -126,6 +126,11 @@ def _register_experiments() -> None:
             name, f"legacy.experiments.atari:{attr}", description=description
         )
     registry.register_experiment(
+        "ppo",
+        "legacy.experiments.auto:ppo",
+        description="PPO on any environment (env=NAME), set up from its spaces: troupe train ENV.",
+    )
+    registry.register_experiment(
         "synthetic-ppo",
         "legacy.experiments.synthetic:synthetic_ppo",
         description="Benchmark: PPO on Synthetic-v0 at 1 ms CPU per step; stops at 100k frames.",

@@ -23,6 +23,7 @@ ALLOWED = {
 }
 MAX_LINES = 400
 LONG_FILE_REASON = "Longer than 400 lines because"
+_TYPE_CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _modules() -> dict[str, Path]:
@@ -39,7 +40,17 @@ def _imports(path: Path, module: str, known: set[str]) -> set[str]:
     """Every module of ours that ``path`` imports, resolved to a module in ``known``."""
     found = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in _TYPE_CHECKING
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:  # annotations only: not an import at run time
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -104,3 +115,20 @@ def test_long_files_say_why():
         and LONG_FILE_REASON not in (ast.get_docstring(ast.parse(p.read_text())) or "")
     ]
     assert long == [], f"split these files, or say in the module docstring '{LONG_FILE_REASON} ...'"
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages (the ``troupe`` name maps to ``distributed/troupe``): a
+    new folder missing from the list would work in this checkout and vanish from a wheel."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("__init__.py")
+        if "troupe" not in p.parent.relative_to(ROOT).parts[1:]
+    }
+    assert listed == folders | {"troupe"}

@@ -17,6 +17,10 @@ The network is built from the agent's gymnasium spaces, which the runtime passes
   ``[B, 1]``.
 * a Dict observation with an ``action_mask`` key (True or 1 = legal, laid end to end for
   MultiDiscrete) restricts the Categorical(s): an illegal action is never chosen.
+* ``normalize_obs`` (Box observations) standardises observations by their running mean and
+  std; ``normalize_returns`` divides rewards by the running std of discounted returns before
+  the trainer computes advantages. Both statistics are buffers of the module, so checkpoints
+  carry them; the trainer updates them once a batch through :meth:`normalize_batch`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from algorithm.modules.distributions import (
 )
 from algorithm.modules.encoders import ACTION_MASK_KEY, ObservationEncoder
 from algorithm.modules.init import orthogonal_init
+from algorithm.modules.normalization import RunningMeanStd, discounted_returns
 from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.ppo.trainer import PPOAnalyzedResult
 from api.namedarray import NamedArray, namedarray
@@ -169,6 +174,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             observations, no GRU, CPU; see :mod:`algorithm.modules.numpy_inference`): the same
             outputs up to float rounding, for several times less CPU a request. Training always
             goes through torch.
+        normalize_obs: standardise Box observations by their running mean and std.
+        normalize_returns: scale rewards by the running std of discounted returns.
     """
 
     def __init__(
@@ -183,6 +190,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         device: str = "cpu",
         seed: int | None = None,
         numpy_inference: bool = True,
+        normalize_obs: bool = False,
+        normalize_returns: bool = False,
     ):
         self.observation_space, self.action_space = observation_space, action_space
         with torch.random.fork_rng(devices=[]):
@@ -197,6 +206,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
                 rnn_layers,
                 activation,
             )
+        _add_normalizers(net, observation_space, normalize_obs, normalize_returns)
         super().__init__(net, device=device)
         self._generator = None
         if seed is not None:
@@ -222,7 +232,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
     def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
         if self._numpy is not None:
             return self._rollout_numpy(request)
-        obs = self.to_tensor(request.obs)
+        obs = self._normalized(self.to_tensor(request.obs))
         batch = len(request.obs)
         with torch.no_grad():
             params, value, hx = self.module(
@@ -249,7 +259,10 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         """``rollout`` through the numpy copy of the network (refreshed if the weights moved)."""
         net = self._numpy
         net.refresh(self._version)
-        params, value = net.forward(request.obs)
+        obs = request.obs
+        if self.module.obs_norm is not None:
+            obs = self.to_numpy(self._normalized(self.to_tensor(obs)))
+        params, value = net.forward(obs)
         greedy = request.is_evaluation
         greedy = None if greedy is None or not greedy.any() else greedy.reshape(-1)
         if isinstance(self.action_space, gym.spaces.Box):
@@ -295,7 +308,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
     def analyze(self, sample: SampleBatch, target: str = "ppo", **kwargs: Any) -> PPOAnalyzedResult:
         if target != "ppo":
             raise ValueError(f"ActorCriticPolicy analyzes for target 'ppo' only, got '{target}'")
-        obs = self.to_tensor(sample.obs)
+        obs = self._normalized(self.to_tensor(sample.obs))
         steps, batch = sample.reward.shape[:2]
         hx = None
         if self._state_shape is not None:
@@ -317,6 +330,25 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             value=value,
             old_value=policy_output.value.float().reshape(steps, batch, 1),
         )
+
+    # ----------------------------------------------------------------- normalisation
+    def normalize_batch(self, batch: SampleBatch, gamma: float) -> torch.Tensor:
+        """Update the running statistics with a training batch (tensors ``[T, B, ...]``) and
+        return its rewards ``[T, B, 1]``, scaled when ``normalize_returns`` is on. Trainers
+        call this once per batch, before computing advantages."""
+        reward = batch.reward.float()
+        if self.module.obs_norm is not None:
+            self.module.obs_norm.update(batch.obs.flatten(0, 1))
+        norm = self.module.return_norm
+        if norm is None:
+            return reward
+        ended = batch.done.bool() | batch.truncated.bool()
+        norm.update(discounted_returns(reward, ended, gamma))
+        return reward / norm.std().to(reward.dtype)
+
+    def _normalized(self, obs: Any) -> Any:
+        norm = self.module.obs_norm
+        return obs if norm is None else norm.normalize(obs)
 
     # ----------------------------------------------------------------- helpers
     def _distribution(self, params: torch.Tensor, mask: torch.Tensor | None) -> ActionDistribution:
@@ -346,6 +378,21 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             lead = (lead,) if isinstance(lead, int) else lead
             return torch.zeros(*lead, 1, dtype=torch.bool, device=self.device)
         return self.to_tensor(flags).bool()
+
+
+def _add_normalizers(
+    net: nn.Module, observation_space: gym.Space, observations: bool, returns: bool
+) -> None:
+    """Running statistics as submodules of ``net``: the state dict (checkpoints) holds them."""
+    if observations and not (
+        isinstance(observation_space, gym.spaces.Box) and observation_space.dtype != np.uint8
+    ):
+        raise ValueError(
+            f"normalize_obs needs a Box observation space of numbers (not images), got "
+            f"{observation_space}; set normalize_obs=False"
+        )
+    net.obs_norm = RunningMeanStd(tuple(observation_space.shape)) if observations else None
+    net.return_norm = RunningMeanStd(()) if returns else None
 
 
 def _action_start(space: gym.Space) -> np.ndarray | int:

@@ -183,8 +183,12 @@ class PPOTrainer(Trainer):
         batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
         old_value = batch.policy_output.value.float()
         with torch.no_grad():
+            # A policy that keeps running statistics (observation, return normalisation)
+            # updates them here, once a batch, and may scale the rewards.
+            normalize = getattr(self._policy, "normalize_batch", None)
+            reward = batch.reward.float() if normalize is None else normalize(batch, self.gamma)
             advantages, returns, mask = gae_advantages(
-                batch.reward.float(),
+                reward,
                 old_value,
                 batch.done,
                 batch.truncated,

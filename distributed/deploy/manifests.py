@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.config import ExperimentConfig, make_experiment
+from api.config import ExperimentConfig
 from api.errors import UserError
+from api.resolve import load_experiment
 
 ORDINAL = "{ordinal}"
 
@@ -51,7 +52,7 @@ class RoleGroup:
 
 def load_config(experiment: str, overrides: Sequence[str]) -> ExperimentConfig:
     """The experiment with ``key=value`` overrides applied and checked (every error at once)."""
-    return make_experiment(experiment, list(overrides))
+    return load_experiment(experiment, list(overrides))
 
 
 def role_groups(config: ExperimentConfig) -> list[RoleGroup]:

@@ -474,6 +474,13 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
         help="use the wheels in DIR (from `troupe image wheelhouse DIR`) instead of building them",
     )
     _add_torch_index_argument(build)
+    build.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="your own .py file or folder, added to the image (a layer on top; repeatable)",
+    )
 
     wheelhouse = actions.add_parser(
         "wheelhouse",
@@ -511,6 +518,10 @@ def run_image(args: argparse.Namespace, console: Console) -> int:
             push=args.push,
             torch_index=args.torch_index,
         )
+        if args.add:  # user code: a thin layer on top (distributed/images/user_layer.py)
+            from distributed.images.user_layer import add_user_code
+
+            image_id = add_user_code(connect(), tag, tag, args.add)
         console.print(Text(f"built {tag} ({image_id})", style="green"), highlight=False)
     elif args.image_action == "wheelhouse":
         wheels = build_wheelhouse(args.out_dir, gpu=args.gpu, torch_index=args.torch_index)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TextIO
 from api.config import ExperimentConfig
 from api.errors import UserError
 from distributed.deploy.cluster_commands import CONTROLLER_PORT
+from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
 
 if TYPE_CHECKING:
@@ -227,7 +228,9 @@ def run_docker(
     containers: list[Container] = []
     try:
         for spec in container_roles(config, run):
-            container = _start(client, image, spec, network.name, run_dir, keys, run)
+            container = _start(
+                client, image, spec, network.name, run_dir, keys, run, user_files(config)
+            )
             containers.append(container)
             threading.Thread(
                 target=follow_logs, args=(container, spec.worker_id, printer, done), daemon=True
@@ -269,7 +272,14 @@ def _refuse_leftovers(client: docker.DockerClient, run: str) -> None:
         )
 
 
-def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str):
+def user_files(config: ExperimentConfig) -> list[str]:
+    """The user's own files the run's workers import (mounted into every container)."""
+    code = config.code
+    return [r.source for r in code.registrations] + [i for i in code.imports if i.endswith(".py")]
+
+
+def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,
+           user_files: list[str] = ()):  # fmt: skip
     from system.run.controller import MAX_RESTARTS
 
     name = container_name(run, spec.worker_id)
@@ -285,6 +295,7 @@ def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Pat
         user=f"{os.getuid()}:{os.getgid()}",
         environment=container_environment(),
         volumes={
+            **user_layer.mounts(user_files),
             str(run_dir): {"bind": CONTAINER_RUN_DIR, "mode": "rw"},
             str(keys.resolve()): {"bind": CONTAINER_KEYS_FILE, "mode": "ro"},
         },

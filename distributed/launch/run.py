@@ -13,11 +13,14 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from api.config import ExperimentConfig, check, make_experiment
+from api.config import ExperimentConfig
 from api.errors import UserError
+from api.resolve import load_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -29,23 +32,26 @@ def default_run_dir(experiment: str) -> Path:
 
 
 def prepare(
-    experiment: str | None, overrides: list[str], run_dir: str | None, resume: str | None
+    experiment: str | ExperimentConfig | None,
+    overrides: list[str],
+    run_dir: str | None,
+    resume: str | None,
+    imports: list[str] = (),
 ) -> tuple[ExperimentConfig, Path]:
-    """The checked config and the run folder (a new one, or the one being resumed)."""
+    """The checked config and the run folder (a new one, or the one being resumed).
+
+    ``experiment``: a registered name, an experiment file, an environment id or a config (see
+    :mod:`api.resolve`); ``imports``: the user's own files or modules, imported first."""
     if resume:
         folder = Path(resume)
         config_file = folder / "config.json"
         if not config_file.exists():
             raise UserError(f"{folder} is not a run folder: it has no config.json")
         config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
-        if overrides:
-            from api.config import apply_overrides
-
-            config = apply_overrides(config, overrides)
-        return check(config), folder
-    if not experiment:
+        return load_experiment(config, overrides, imports), folder
+    if experiment is None or experiment == "":
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
-    config = make_experiment(experiment, overrides)
+    config = load_experiment(experiment, overrides, imports)
     folder = Path(run_dir) if run_dir else default_run_dir(config.name)
     if folder.exists() and any(folder.iterdir()):
         raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
@@ -82,6 +88,13 @@ def run_local(
     ``secure``: make CURVE keys for this run (``run_dir/keys``, owner-only) and use them on every
     socket, as cluster runs always do.
     """
+    return wait_local(start_local(config, run_dir, display=display, secure=secure))
+
+
+def start_local(
+    config: ExperimentConfig, run_dir: Path, display: bool | None = None, secure: bool = False
+) -> BaseProcess:
+    """Start the controller process of a local run and return it (see :func:`run_local`)."""
     if secure:
         from system.streams.security import ENV_KEYS_FILE, RunKeys
 
@@ -89,10 +102,12 @@ def run_local(
         if not keys_file.exists():
             RunKeys.generate().save(keys_file)
         os.environ[ENV_KEYS_FILE] = str(keys_file.resolve())  # inherited by every worker
-    # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop the run.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    # fork: this process holds no thread or socket yet, and a forked controller skips a fresh
-    # interpreter's imports. The controller's own workers come from a forkserver (local.py).
+    if threading.current_thread() is threading.main_thread():
+        # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # fork: the controller skips a fresh interpreter's imports, and a script's own classes stay
+    # where the launching process has them. It holds no socket of ours; the controller's own
+    # workers come from a forkserver (local.py), which never forks a thread-holding process.
     ctx = mp.get_context("fork")
     process = ctx.Process(
         target=_controller_entry,
@@ -100,10 +115,21 @@ def run_local(
         name="troupe-controller",
     )
     process.start()
+    return process
+
+
+def wait_local(process: BaseProcess, timeout_s: float | None = None) -> int | None:
+    """The controller's exit code once it ends (None if ``timeout_s`` passes first)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         try:
-            process.join()
-            return process.exitcode if process.exitcode is not None else EXIT_FAILED
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            process.join(left)
+            if process.exitcode is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            return process.exitcode
         except KeyboardInterrupt:
             # The controller got the same SIGINT and is stopping the run; wait for it.
             continue
@@ -115,7 +141,13 @@ def _interrupt(signum, frame):
 
 def _controller_entry(config_dict: dict, run_dir: str, display: bool | None) -> None:
     import sys
+    import types
 
+    # Forked from the launching program, which may be a user's script. multiprocessing would
+    # run that script's top level again in every worker it starts (its "__mp_main__" fix-up);
+    # workers get the user's code from the config instead (api.code), by import, so the
+    # controller's __main__ is made an empty module.
+    sys.modules["__main__"] = types.ModuleType("__main__")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     sys.exit(controller_main(config_dict, run_dir, display))

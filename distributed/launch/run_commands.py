@@ -8,16 +8,34 @@ import json
 from rich.console import Console
 from rich.text import Text
 
+EXPERIMENT_HELP = (
+    "registered experiment (cartpole-ppo), experiment file (exp.py, exp.yaml, exp.toml) or "
+    "environment id (Acrobot-v1: the ppo experiment on it)"
+)
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="your own .py file or module, imported here and in every worker before anything "
+        "is built (it registers your environments, policies, ...); repeatable",
+    )
+
 
 # --------------------------------------------------------------------- troupe test-pipeline
 def add_test_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument("experiment", help=EXPERIMENT_HELP)
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="key.path=value",
         help="config overrides, e.g. policies.default.trainer.args.lr=0.001",
     )
+    add_import_argument(parser)
     parser.add_argument("--trainer-steps", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=1)
 
@@ -27,10 +45,10 @@ def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     from api import testing
-    from api.config import make_experiment
+    from api.resolve import load_experiment
 
     torch.set_num_threads(1)
-    config = make_experiment(args.experiment, args.overrides)
+    config = load_experiment(args.experiment, args.overrides, args.imports)
     report = testing.test_pipeline(
         experiment=config, trainer_steps=args.trainer_steps, episodes=args.episodes
     )
@@ -40,13 +58,14 @@ def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
 
 # --------------------------------------------------------------------- troupe run
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", nargs="?", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument("experiment", nargs="?", help=EXPERIMENT_HELP)
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="key.path=value",
         help="config overrides, e.g. actors.workers=4 seed=3",
     )
+    add_import_argument(parser)
     parser.add_argument("--run-dir", help="run folder (default: runs/<experiment>-<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
     parser.add_argument(
@@ -71,7 +90,11 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     if args.resume and args.experiment and "=" in args.experiment:
         overrides.insert(0, args.experiment)  # `troupe run --resume DIR key=value`
     config, run_dir = prepare(
-        None if args.resume else args.experiment, overrides, args.run_dir, args.resume
+        None if args.resume else args.experiment,
+        overrides,
+        args.run_dir,
+        args.resume,
+        imports=args.imports,
     )
     console.print(f"run folder: {run_dir}")
     display = False if args.no_display else None
@@ -93,6 +116,66 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+# --------------------------------------------------------------------- troupe train
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("environment", help="registered environment or gymnasium id")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="experiment arguments (target=-100 frames=200000) or config overrides",
+    )
+    add_import_argument(parser)
+    parser.add_argument("--run-dir", help="run folder (default: runs/<env>-ppo-<time>)")
+    parser.add_argument(
+        "--no-display", action="store_true", help="plain progress lines instead of the live panel"
+    )
+
+
+def run_train(args: argparse.Namespace, console: Console) -> int:
+    """``troupe run ppo env=ENV``: PPO set up from the environment's spaces."""
+    args.overrides = [f"env={args.environment}", *args.overrides]
+    args.experiment, args.resume, args.secure, args.launcher = "ppo", None, False, "local"
+    return run_run(args, console)
+
+
+# --------------------------------------------------------------------- troupe show-config
+def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help=EXPERIMENT_HELP)
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
+    add_import_argument(parser)
+    parser.add_argument("--json", action="store_true", help="the resolved config as JSON only")
+
+
+def run_show_config(args: argparse.Namespace, console: Console) -> int:
+    """The resolved config: every key with its type, default, value and documentation."""
+    from rich.table import Table
+
+    from api.config_docs import MISSING, describe_config
+    from api.resolve import load_experiment
+
+    config = load_experiment(args.experiment, args.overrides, args.imports)
+    if args.json:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    table = Table(title=f"experiment {config.name}", title_justify="left", show_lines=False)
+    for column in ("key", "type", "default", "value", "doc"):
+        table.add_column(column, overflow="fold")
+    for row in describe_config(config):
+        if row.path.startswith("code.registrations") or row.path.endswith(".args"):
+            continue
+        changed = row.default is not MISSING and row.value != row.default
+        table.add_row(
+            Text(row.path, style="cyan"),
+            Text(row.type),
+            Text(repr(row.default) if row.default is not MISSING else MISSING),
+            Text(repr(row.value), style="bold yellow" if changed else ""),
+            Text(row.doc),
+        )
+    console.print(table)
+    return 0
+
+
 # --------------------------------------------------------------------- troupe eval
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT")
@@ -101,6 +184,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on the last line"
     )
+    parser.add_argument(
+        "--video",
+        metavar="OUT.mp4",
+        help="also record greedy episodes to a video (.mp4 or .gif; needs the 'video' extra)",
+    )
+    parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video")
 
 
 def run_eval(args: argparse.Namespace, console: Console) -> int:
@@ -110,6 +199,11 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     from system.run.evaluation import evaluate
 
     torch.set_num_threads(1)
+    if args.video:
+        from distributed.video import record_video
+
+        returns = record_video(args.target, args.video, episodes=args.video_episodes)
+        console.print(f"video of {len(returns)} episodes (returns {returns}) in {args.video}")
     result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
     if args.json:
         print(json.dumps(result.to_dict()))

@@ -26,6 +26,7 @@ import gymnasium as gym
 from api import environment as env_api
 from api import policy as policy_api
 from api import trainer as trainer_api
+from api.code import load_code
 from api.config import ExperimentConfig
 from api.environment import Environment
 from api.errors import ConfigError, PeerTimeoutError
@@ -219,7 +220,9 @@ BUILDERS: dict[Role, Callable[[Any, ExperimentConfig, Wiring], Built]] = {
 
 
 def build(plan: WorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    """Build the worker ``plan`` describes."""
+    """Build the worker ``plan`` describes, after loading the run's user code (the modules and
+    registrations of the process that launched the run)."""
+    load_code(cfg.code)
     return BUILDERS[plan.role](plan, cfg, wiring)
 
 

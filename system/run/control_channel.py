@@ -32,6 +32,10 @@ CONTROL_MAX_BYTES = 16 << 20
 heartbeat's stats or an error's traceback are kilobytes; 16 MiB leaves room for any of them."""
 
 
+class StopRequested(Exception):
+    """The controller said stop while this worker was still waiting to be set up."""
+
+
 class ControlClient:
     """The worker's end of the control channel."""
 
@@ -71,6 +75,8 @@ class ControlClient:
             for i, message in enumerate(self.inbox):
                 if message.kind == kind:
                     return self.inbox.pop(i)
+                if message.kind == "stop":  # e.g. the run failed while we wait for a peer
+                    raise StopRequested(f"{self.worker_id} was told to stop")
             self._receive(timeout_ms=100)
         raise PeerTimeoutError(
             f"{self.worker_id} waited {self.timeout_s:.0f}s for '{kind}' from the controller; "

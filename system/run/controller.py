@@ -27,11 +27,13 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
+from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import WireError, WorkerFailure
 from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.display import LiveDisplay
+from system.run.episodes import CallbackError, Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
 from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary
@@ -100,6 +102,10 @@ class Controller:
         self.eval_returns: deque[float] = deque(maxlen=config.evaluation.episodes)
         self.eval_count = 0
         self.trainer_stats: dict[str, dict[str, float]] = {}
+        self.train_window = EpisodeWindow(100)
+        self.eval_window = EpisodeWindow(config.evaluation.episodes)
+        load_code(config.code)  # the user's callbacks may live in the user's own files
+        self.callbacks = Callbacks(config.callbacks)
         self.started = time.monotonic()
         self._continue_counts()
         self.stop_reason = ""
@@ -227,7 +233,8 @@ class Controller:
         elif message.kind == "heartbeat":
             self._absorb(worker_id, body.get("stats") or {})
         elif message.kind == "error":
-            self._on_error(state, str(body["message"]), str(body.get("traceback", "")))
+            fatal = bool(body.get("fatal", False))
+            self._on_error(state, str(body["message"]), str(body.get("traceback", "")), fatal)
         elif message.kind == "bye":
             state.state = WorkerState.STOPPED
         else:
@@ -252,10 +259,11 @@ class Controller:
                 self.socket, "lookup_result", {"name": name, "address": address}, envelope=[ident]
             )
 
-    def _on_error(self, state: WorkerRecord, message: str, tb: str) -> None:
+    def _on_error(self, state: WorkerRecord, message: str, tb: str, fatal: bool = False) -> None:
+        """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix."""
         state.state = WorkerState.FAILED
         logger.error("%s failed: %s\n%s", state.plan.worker_id, message, tb)
-        if not state.plan.restartable or state.restarts >= MAX_RESTARTS:
+        if fatal or not state.plan.restartable or state.restarts >= MAX_RESTARTS:
             self.failure = WorkerFailure(state.plan.worker_id, message, tb)
             self.stop_reason = "failed"
 
@@ -307,16 +315,33 @@ class Controller:
         if role is Role.ACTOR:
             self.totals["env_frames"] += int(stats.get("env_frames", 0))
             self.totals["eval_env_frames"] += int(stats.get("eval_env_frames", 0))
-            self.returns.extend(e["episode_return"] for e in stats.get("episodes", []))
+            episodes = stats.get("episodes", [])
+            self.returns.extend(e["episode_return"] for e in episodes)
+            self.train_window.extend(episodes)
+            self._callback(self.callbacks.episodes, episodes)
             for e in stats.get("eval_episodes", []):
                 self.eval_returns.append(e["episode_return"])
+                self.eval_window.extend([e])
                 self.eval_count += 1
+                if self.eval_count % self.config.evaluation.episodes == 0:
+                    episodes = list(self.eval_window.episodes)
+                    self._callback(self.callbacks.evaluation, self._eval_mean(), episodes)
         elif role is Role.TRAINER:
             numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             if numeric:
                 self.trainer_stats.setdefault(state.plan.policy, {}).update(numeric)
+                self._callback(self.callbacks.train_result, state.plan.policy, numeric)
         state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
         state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
+
+    def _callback(self, hook, *args) -> None:
+        """A user callback that raises ends the run, with its message as the failure."""
+        try:
+            hook(*args)
+        except CallbackError as e:
+            logger.error("%s", e, exc_info=e.__cause__)
+            self.failure = self.failure or WorkerFailure("controller", str(e))
+            self.stop_reason = "failed"
 
     def _eval_mean(self) -> float | None:
         if len(self.eval_returns) < self.config.evaluation.episodes:
@@ -335,6 +360,9 @@ class Controller:
             "worker_health/alive": sum(w.state is WorkerState.ALIVE for w in self.workers.values()),
             "worker_health/restarts": sum(w.restarts for w in self.workers.values()),
         }
+        # episode_length, policy/<name>/episode_return, episode_info/<key>: means of the window
+        record.update({k: v for k, v in self.train_window.means().items() if k not in record})
+        record.update(self.eval_window.means("eval/"))
         for name, stats in self.trainer_stats.items():
             record[f"policy/{name}/version"] = stats.get("version")
             for k, v in stats.items():

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import UserError
 from system.parameters.store import CHECKPOINT_SUFFIX, LATEST, ParameterStore
@@ -55,6 +56,7 @@ def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
     if not config_file.exists():
         raise UserError(f"{run_dir} is not a run folder: it has no config.json")
     config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
+    load_code(config.code)
     store = ParameterStore(run_dir)
     if not store.load_from_disk():
         where = f"checkpoints/<policy>/v*{CHECKPOINT_SUFFIX}"

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from api.config import ExperimentConfig
+from api.errors import ConfigError, RegistryError
 from api.policy import Policy
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
-from system.run.control_channel import ControlClient
+from system.run.control_channel import ControlClient, StopRequested
 from system.run.plan import (
     PARAMS_PUSH,
     PARAMS_REQUEST,
@@ -202,11 +203,15 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
         worker = built.worker
         ctl.send("ready", {})
         return _loop(ctl, worker, built.on_heartbeat)
-    except _Stop:
+    except (_Stop, StopRequested):
         return EXIT_OK
     except Exception as e:
         message = f"{type(e).__name__}: {e}"
-        ctl.send("error", {"message": message, "traceback": traceback.format_exc()})
+        # An unknown name or a bad argument fails the same way in every restart: say so, and
+        # the controller ends the run with this message instead of restarting the worker.
+        fatal = isinstance(e, (RegistryError, ConfigError))
+        body = {"message": message, "traceback": traceback.format_exc(), "fatal": fatal}
+        ctl.send("error", body)
         return EXIT_FAILED
     finally:
         if worker is not None:

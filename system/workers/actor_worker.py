@@ -95,6 +95,8 @@ class ActorWorker(Worker):
             for g in range(n_groups)
         ]
         self.env_frames = 0
+        self.episode_steps = [0] * n_envs
+        """Steps of each environment's running episode (reported as ``episode_length``)."""
         self.episodes: list[dict[str, float]] = []
         self._started = False
         self.pace = Pace(max_fps) if max_fps else None
@@ -267,6 +269,7 @@ class ActorWorker(Worker):
         for slot in self.slots[e]:
             slot.on_reset = True
             slot.episode_return = 0.0
+        self.episode_steps[e] = 0
         results = self._call_env(e, "reset")
         if results is not None:
             self._take_results(e, results)
@@ -307,7 +310,10 @@ class ActorWorker(Worker):
 
     def _finish_episode(self, e: int) -> None:
         slots = self.slots[e]
-        record = {"episode_return": float(np.mean([s.episode_return for s in slots]))}
+        record = {
+            "episode_return": float(np.mean([s.episode_return for s in slots])),
+            "episode_length": float(self.episode_steps[e]),
+        }
         for s in slots:
             key = f"policy/{s.policy}/episode_return"
             record[key] = record.get(key, 0.0) + s.episode_return / _count(slots, s.policy)

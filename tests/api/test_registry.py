@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -88,13 +89,22 @@ def test_duplicate_name_is_an_error_unless_overridden(names):
     names.append("test-counting")
     environment.register("test-counting", CountingEnv)
     with pytest.raises(RegistryError) as e:
-        environment.register("test-counting", CountingEnv)
+        environment.register("test-counting", CountingEnv, size=4)
     assert str(e.value) == (
         "environment 'test-counting' is already registered (by test_registry:CountingEnv); "
         "pick another name or pass override=True"
     )
     environment.register("test-counting", CountingEnv, override=True, size=7)
     assert environment.make("test-counting").size == 7
+
+
+def test_the_same_registration_again_is_no_conflict(names):
+    """A user file imported by a worker runs its register() calls again: same class, same
+    defaults, same file: nothing changes."""
+    names.append("test-counting")
+    first = environment.register("test-counting", CountingEnv, size=4)
+    assert environment.register("test-counting", CountingEnv, size=4) is first
+    assert first.source == str(Path(__file__).resolve())
 
 
 def test_unknown_name_suggests_close_matches():

@@ -1,0 +1,99 @@
+"""A run's user code: what the launching process registered, loaded again in every worker.
+
+The launcher calls :func:`attach_user_code` on the experiment before it starts anything: the
+registrations this process made outside any plugin go into ``config.code.registrations``. Every
+process that builds components from the config (workers, evaluation, ``load_policy``) first calls
+:func:`load_code`: it imports ``config.code.imports`` and registers those registrations again, so
+a class defined in a script resolves to that script's file (see :mod:`api.user_code`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from api import registry, user_code
+from api.errors import RegistryError
+
+if TYPE_CHECKING:  # api.config holds a CodeConfig: only the type is needed here
+    from api.config import ExperimentConfig
+
+
+@dataclass
+class RegistrationConfig:
+    """A component registered by the launching process's own code, re-registered in workers."""
+
+    kind: str = ""
+    """The registry it belongs to: ``environment``, ``policy``, ``trainer``, ... (KINDS)."""
+    name: str = ""
+    """The registered name."""
+    entry_point: str = ""
+    """``module:Attribute`` of the class or factory."""
+    source: str = ""
+    """The file that defines it, imported where the module cannot be imported by name."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Default keyword arguments given to ``register``."""
+    description: str = ""
+    """One line for ``troupe list``."""
+
+
+@dataclass
+class CodeConfig:
+    """The user's own code every process of the run loads before it builds anything."""
+
+    imports: list[str] = field(default_factory=list)
+    """Python files (``path/to/file.py``) or module names to import first, in order: where
+    components are defined and registered at import time (``troupe run --import FILE``)."""
+    registrations: list[RegistrationConfig] = field(default_factory=list)
+    """Registrations made outside any plugin by the process that launched the run (e.g. in a
+    script's ``__main__`` block); the launcher fills this in, workers register them again."""
+
+
+_loaded: set[tuple[str, ...]] = set()
+
+
+def attach_user_code(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` with this process's own registrations (and absolute import paths) in it."""
+    registrations = {(r.kind, r.name): r for r in config.code.registrations}
+    for spec in registry.user_specs():
+        registrations[(spec.kind, spec.name)] = RegistrationConfig(
+            kind=spec.kind,
+            name=spec.name,
+            entry_point=spec.entry_point,
+            source=spec.source,
+            kwargs=dict(spec.kwargs),
+            description=spec.description,
+        )
+    imports = [_absolute(item) for item in config.code.imports]
+    code = CodeConfig(imports=imports, registrations=list(registrations.values()))
+    return dataclasses.replace(config, code=code)
+
+
+def load_code(code: CodeConfig) -> None:
+    """Import the run's user modules, then register its registrations (once per process)."""
+    key = (*code.imports, *(f"{r.kind}/{r.name}/{r.entry_point}" for r in code.registrations))
+    if key in _loaded:
+        return
+    for item in code.imports:
+        user_code.import_code(item)
+    for r in code.registrations:
+        if r.kind not in registry.REGISTRIES:
+            raise RegistryError(f"code.registrations: unknown kind '{r.kind}' of '{r.name}'")
+        registry.REGISTRIES[r.kind].register(
+            r.name,
+            r.entry_point,
+            description=r.description,
+            override=True,
+            source=r.source,
+            **r.kwargs,
+        )
+    _loaded.add(key)
+
+
+def _absolute(item: str) -> str:
+    """File imports as absolute paths: workers may run in another folder."""
+    if item.endswith(".py"):
+        return str(Path(item).resolve())
+    return item

@@ -1,0 +1,172 @@
+"""From what a user names to a checked experiment: a registered name, a file, or an environment.
+
+``troupe run``, ``troupe show-config``, ``troupe test-pipeline``, the deploy commands and
+``troupe.train`` all accept the same targets, resolved here:
+
+* a registered experiment (``cartpole-ppo``); overrides whose key is one of the experiment
+  function's own parameters (``troupe run ppo env=Acrobot-v1``) go to that function;
+* a Python file, ``path/exp.py`` or ``path/exp.py:function``: the function (``experiment`` by
+  default) returns an :class:`~api.config.ExperimentConfig`; the file is imported as a module (its
+  ``__main__`` block does not run) and every worker imports it too, so whatever it registers at
+  import time is known everywhere;
+* a declarative file, ``.yaml``/``.yml``, ``.toml`` or ``.json``: the config as a mapping;
+* a registered environment (any gymnasium id): the ``ppo`` experiment on it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from api import registry, user_code
+from api.code import attach_user_code
+from api.config import ExperimentConfig, apply_overrides, check, parse_value
+from api.errors import ConfigError, RegistryError, UserError
+
+logger = logging.getLogger(__name__)
+
+DECLARATIVE = (".yaml", ".yml", ".toml", ".json")
+DEFAULT_FUNCTION = "experiment"
+ENVIRONMENT_EXPERIMENT = "ppo"
+"""The registered experiment that trains on an environment named instead of an experiment."""
+
+
+def load_experiment(
+    target: str | ExperimentConfig, overrides: list[str] | None = None, imports: list[str] = ()
+) -> ExperimentConfig:
+    """The checked experiment ``target`` names, with ``overrides`` applied and this process's
+    user code attached; ``imports`` are user files or modules imported first."""
+    for item in imports:
+        user_code.import_code(item)
+    overrides = list(overrides or [])
+    extra_imports = list(imports)
+    if isinstance(target, ExperimentConfig):
+        config = target
+    elif _is_file(target, (".py",)):
+        config, path = _from_python(target)
+        extra_imports.append(path)
+    elif _is_file(target, DECLARATIVE):
+        config = _from_declarative(Path(target))
+    else:
+        config, overrides = _from_registry(target, overrides)
+    if extra_imports:
+        code = config.code
+        code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]
+    if overrides:
+        config = apply_overrides(config, overrides)
+    return check(attach_user_code(config))
+
+
+def _is_file(target: str, suffixes: tuple[str, ...]) -> bool:
+    path = target.partition(".py:")[0] + ".py" if ".py:" in target else target
+    return Path(path).suffix.lower() in suffixes
+
+
+def _from_python(target: str) -> tuple[ExperimentConfig, str]:
+    path, _, function = target.partition(".py:")
+    path = path + ".py" if function else target
+    function = function or DEFAULT_FUNCTION
+    if not Path(path).is_file():
+        raise UserError(f"experiment file {path} does not exist")
+    module = user_code.import_file(path)
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise UserError(
+            f"{path} has no function '{function}': define `def {DEFAULT_FUNCTION}() -> "
+            f"ExperimentConfig`, or name yours as {path}:FUNCTION"
+        )
+    config = factory()
+    if not isinstance(config, ExperimentConfig):
+        raise UserError(
+            f"{path}:{function}() returned a {type(config).__name__}, not an ExperimentConfig"
+        )
+    return config, str(Path(path).resolve())
+
+
+def _from_declarative(path: Path) -> ExperimentConfig:
+    if not path.is_file():
+        raise UserError(f"experiment file {path} does not exist")
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            data = _toml().loads(text)
+        else:
+            data = _yaml().safe_load(text)
+    except Exception as e:  # each parser has its own error classes; all mean the same here
+        raise UserError(f"{path}: not valid {suffix[1:]}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of config keys, got {type(data).__name__}"])
+    data.setdefault("name", path.stem)
+    code = data.setdefault("code", {})
+    if isinstance(code, dict):  # relative to the file, not to where the command runs
+        code["imports"] = [_beside(path, i) for i in code.get("imports", [])]
+        for item in code["imports"]:
+            user_code.import_code(item)
+    return ExperimentConfig.from_dict(data)
+
+
+def _beside(path: Path, item: Any) -> Any:
+    if isinstance(item, str) and item.endswith(".py") and not Path(item).is_absolute():
+        return str((path.parent / item).resolve())
+    return item
+
+
+def _toml():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError as e:
+            raise UserError("reading .toml on Python 3.10 needs tomli: pip install tomli") from e
+    return tomllib
+
+
+def _yaml():
+    try:
+        import yaml
+    except ImportError as e:
+        raise UserError("reading .yaml needs PyYAML: pip install pyyaml") from e
+    return yaml
+
+
+def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, list[str]]:
+    """A registered experiment (or the environment experiment on a registered environment);
+    the overrides that are the experiment function's own arguments are taken out."""
+    kwargs: dict[str, Any] = {}
+    if name not in registry.experiments and name in registry.environments:
+        logger.info("'%s' is an environment: training it with experiment '%s'", name,
+                    ENVIRONMENT_EXPERIMENT)  # fmt: skip
+        kwargs["env"] = name
+        name = ENVIRONMENT_EXPERIMENT
+    spec = registry.experiments.spec(name)
+    params = _parameters(spec)
+    rest = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if sep and key.strip() in params and key.strip() not in ExperimentConfig.__annotations__:
+            kwargs[key.strip()] = parse_value(raw.strip())
+        else:
+            rest.append(item)
+    try:
+        config = spec.make(**kwargs)
+    except RegistryError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise UserError(f"experiment '{name}' with {kwargs}: {e}") from e
+    if not isinstance(config, ExperimentConfig):
+        raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
+    return config, rest
+
+
+def _parameters(spec: registry.Spec) -> list[str]:
+    try:
+        return list(inspect.signature(spec.load()).parameters)
+    except (TypeError, ValueError):
+        return []

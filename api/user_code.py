@@ -1,0 +1,164 @@
+"""Code a user wrote outside any installed package, made importable in every process of a run.
+
+A class registered from a script (``python corridor.py``) lives in the module ``__main__`` of
+that process only: a worker process has another ``__main__``, and a container may not even have
+the file at the same place. So when an object is registered, :func:`locate` records the file
+that defines it next to its ``module:Attribute`` entry point, and :func:`import_module` in
+another process imports that module by name if it can, else from the recorded file, else from
+a folder of user code added to a worker image (``TROUPE_USER_CODE``, see ``troupe image build
+--add``). A file is imported as a module, never run as ``__main__``: its ``if __name__ ==
+"__main__":`` block (the training launch, a test) does not run again in the workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from api.errors import RegistryError
+
+USER_CODE_ENV = "TROUPE_USER_CODE"
+"""Folders (``os.pathsep``-separated) where worker images keep user code added at build time."""
+DEFAULT_USER_CODE_DIR = "/opt/troupe/user"
+
+_lock = threading.RLock()
+_by_file: dict[str, ModuleType] = {}
+
+
+def locate(obj: Any) -> tuple[str, str]:
+    """``(entry_point, source)`` for a module-level class or function: ``source`` is the file
+    that defines it (empty when the module has none, e.g. a notebook cell)."""
+    qualname = getattr(obj, "__qualname__", "")
+    if not qualname or "<locals>" in qualname:
+        raise RegistryError(
+            f"{obj!r} is defined inside a function; register a module-level class or factory "
+            "(or pass its 'module:Attribute' string) so other processes can import it"
+        )
+    module = sys.modules.get(obj.__module__)
+    source = getattr(module, "__file__", None) or ""
+    return f"{obj.__module__}:{qualname}", str(Path(source).resolve()) if source else ""
+
+
+def import_module(name: str, source: str = "") -> ModuleType:
+    """The module ``name``, imported by name where it is installed, else from ``source``.
+
+    ``__main__`` with a source is always the file: this process's ``__main__`` is another
+    program unless it is that very file (the process that registered the object).
+    """
+    if name == "__main__" and source:
+        main = sys.modules.get("__main__")
+        if main is not None and _same_file(getattr(main, "__file__", None), source):
+            return main
+        return import_file(_find_source(source, name))
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if not source or not _is_missing(e, name):
+            raise
+    path = _find_source(source, name)
+    if "." not in name:
+        return import_file(path, name)
+    # A module of a package that is not installed: put the package's root on the path.
+    depth = name.count(".") + (1 if path.name == "__init__.py" else 0)
+    sys.path.insert(0, str(path.resolve().parents[depth]))
+    return importlib.import_module(name)
+
+
+def import_file(path: str | Path, name: str | None = None) -> ModuleType:
+    """Import the Python file ``path`` as a module (once per process), without running its
+    ``__main__`` block. Its folder goes on ``sys.path`` so it can import its neighbours."""
+    path = Path(path).resolve()
+    key = str(path)
+    with _lock:
+        if key in _by_file:
+            return _by_file[key]
+        for module in list(sys.modules.values()):
+            if _same_file(getattr(module, "__file__", None), key) and module.__name__ != "__main__":
+                _by_file[key] = module
+                return module
+        if not path.is_file():
+            raise RegistryError(f"cannot import {path}: no such file")
+        name = name or module_name_for(path)
+        folder = str(path.parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise RegistryError(f"cannot import {path}: not a Python source file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            sys.modules.pop(name, None)
+            raise RegistryError(
+                f"importing {path} failed: {type(e).__name__}: {e} (fix the file; every worker "
+                "imports it to build your components)"
+            ) from e
+        _by_file[key] = module
+        return module
+
+
+def import_code(item: str) -> ModuleType:
+    """One entry of a run's ``code.imports``: a ``.py`` file, else a module name."""
+    if item.endswith(".py"):
+        return import_file(_find_source(item, item))
+    try:
+        return importlib.import_module(item)
+    except ImportError as e:
+        raise RegistryError(
+            f"code.imports: cannot import module '{item}' ({e}); name an installed module or "
+            "a .py file"
+        ) from e
+
+
+def module_name_for(path: Path) -> str:
+    """A module name for a user file: its stem, unless that would shadow another module."""
+    stem = re.sub(r"\W", "_", path.stem)
+    if stem.isidentifier() and stem not in sys.modules and stem not in sys.stdlib_module_names:
+        return stem
+    return f"troupe_user_{stem}"
+
+
+def user_code_dirs() -> list[Path]:
+    value = os.environ.get(USER_CODE_ENV, DEFAULT_USER_CODE_DIR)
+    return [Path(p) for p in value.split(os.pathsep) if p]
+
+
+def _find_source(source: str, name: str) -> Path:
+    """The recorded file, or a file of the same name in a user-code folder of the image."""
+    path = Path(source)
+    if path.is_file():
+        return path
+    for folder in user_code_dirs():
+        candidate = folder / path.name
+        if candidate.is_file():
+            return candidate
+    raise RegistryError(
+        f"cannot import '{name}': its file {source} is not here, nor in "
+        f"{[str(d) for d in user_code_dirs()]}. On another machine or in a container, add it "
+        f"to the worker image (troupe image build --add {path.name}), mount its folder, or "
+        "install it as a package"
+    )
+
+
+def _is_missing(error: ModuleNotFoundError, name: str) -> bool:
+    """Whether ``name`` itself (or a parent package) is what is missing, not something it
+    imports: a user module that fails on its own imports must say so."""
+    return error.name is not None and (name == error.name or name.startswith(error.name + "."))
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    if not a:
+        return False
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False

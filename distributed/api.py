@@ -1,0 +1,175 @@
+"""The Python API: train, evaluate and act with a trained policy, from a script or a notebook.
+
+Re-exported by the top-level ``troupe`` module (``import troupe``)::
+
+    result = troupe.train("cartpole-ppo")                 # blocks; a RunResult
+    result = troupe.train(config, background=True)        # returns at once; result.wait()
+    policy = troupe.load_policy(result.run_dir)
+    action, state = policy.act(obs)
+
+``train`` is ``troupe run`` without the terminal: the same resolution of what is named (a
+registered experiment, an experiment file, an environment id or an ExperimentConfig), the same
+checks before anything starts, the same controller process and workers. Components the calling
+script registered itself go with the run's config to every worker (see :mod:`api.code`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from api.config import ExperimentConfig
+from api.errors import UserError
+from api.namedarray import NamedArray
+from api.policy import Policy, RolloutRequest
+
+
+@dataclass
+class RunResult:
+    """A run folder and, while it trains in the background, its controller process."""
+
+    run_dir: Path
+    """Where the run writes config.json, metrics.jsonl, checkpoints/, summary.json, ..."""
+    exit_code: int | None = None
+    """0 done or solved, 1 failed, 130 interrupted; None while running."""
+    _process: BaseProcess | None = field(default=None, repr=False)
+
+    def wait(self, timeout_s: float | None = None) -> RunResult:
+        """Block until the run ends (or ``timeout_s`` passes); returns self."""
+        from distributed.launch.run import wait_local
+
+        if self._process is not None and self.exit_code is None:
+            self.exit_code = wait_local(self._process, timeout_s)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self.exit_code is None and self._process.is_alive()
+
+    def stop(self) -> RunResult:
+        """Stop the run in order (as Ctrl+C does) and wait for it."""
+        if self.running and self._process.pid is not None:
+            os.kill(self._process.pid, signal.SIGINT)
+        return self.wait()
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``summary.json`` (empty until the run has ended)."""
+        path = self.run_dir / "summary.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every record of ``metrics.jsonl`` so far."""
+        from system.run.report import read_metrics
+
+        return read_metrics(self.run_dir)
+
+
+def train(
+    experiment: str | ExperimentConfig,
+    overrides: Sequence[str] = (),
+    *,
+    run_dir: str | Path | None = None,
+    imports: Sequence[str] = (),
+    background: bool = False,
+    display: bool = False,
+    secure: bool = False,
+) -> RunResult:
+    """Run an experiment with every role in its own process, as ``troupe run`` does.
+
+    ``experiment``: an ExperimentConfig, a registered name, an experiment file or an environment
+    id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
+    workers import first. Bad config raises ConfigError before any process starts.
+    ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``.
+    """
+    from distributed.launch.run import prepare, start_local
+
+    config, folder = prepare(
+        experiment, list(overrides), None if run_dir is None else str(run_dir), None,
+        imports=list(imports),
+    )  # fmt: skip
+    result = RunResult(folder)
+    result._process = start_local(config, folder, display=display, secure=secure)
+    return result if background else result.wait()
+
+
+def evaluate(target: str | Path, episodes: int = 20, envs: int = 8):
+    """Greedy episodes with a run's (or a checkpoint's) parameters: ``troupe eval``."""
+    from system.run.evaluation import evaluate as run_evaluation
+
+    return run_evaluation(target, episodes=episodes, envs=envs)
+
+
+class LoadedPolicy:
+    """One trained policy, acting on one observation at a time."""
+
+    def __init__(self, policy: Policy, config: ExperimentConfig, name: str, version: int):
+        self.policy = policy
+        self.config = config
+        """The experiment it was trained in."""
+        self.name = name
+        self.version = version
+
+    def act(self, obs: Any, state: Any = None, greedy: bool = True) -> tuple[Any, Any]:
+        """``(action, state)`` for one observation (an array, or a dict for Dict spaces).
+
+        ``state``: what the previous call returned, None at an episode's start (a memoryless
+        policy always returns None). ``greedy``: the policy's most likely action, as evaluation
+        plays; False samples, as training actors do.
+        """
+        start = state is None
+        if start:
+            state = self.policy.default_policy_state
+        batch_obs = (
+            NamedArray(**{k: np.asarray(v)[None] for k, v in obs.items()})
+            if isinstance(obs, dict)
+            else np.asarray(obs)[None]
+        )
+        request = RolloutRequest(
+            obs=batch_obs,
+            policy_state=state,
+            is_evaluation=np.full((1, 1), greedy),
+            on_reset=np.full((1, 1), start),
+            client_id=np.zeros((1, 1), dtype=np.int64),
+            request_id=np.zeros((1, 1), dtype=np.int64),
+        )
+        result = self.policy.rollout(request)
+        return np.asarray(result.action)[0], result.policy_state
+
+    def make_env(self, **kwargs: Any):
+        """An environment of the run (``kwargs`` override its arguments, e.g.
+        ``render_mode="rgb_array"`` for a gymnasium one)."""
+        from api import environment
+
+        comp = self.config.environment
+        return environment.make(comp.type, **{**comp.args, **kwargs})
+
+
+def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
+    """A trained policy from a run folder (its latest version) or a checkpoint file.
+
+    ``policy``: which policy of a multi-policy run (default: the only, or the first one).
+    """
+    from system.run import builders
+    from system.run.evaluation import load_run, locate
+
+    run_dir, version = locate(target)
+    config, store = load_run(run_dir)
+    from_file = Path(target).parent.name if Path(target).is_file() else None
+    name = policy or from_file or next(iter(config.policies))
+    if name not in config.policies:
+        raise UserError(f"run {run_dir} has no policy '{name}'; it has {sorted(config.policies)}")
+    number, params = store.get(name, version)
+    built = builders.make_policy(config, name, builders.probe_spaces(config), config.seed)
+    built.load_checkpoint(params)
+    if hasattr(built, "eval_mode"):
+        built.eval_mode()
+    return LoadedPolicy(built, config, name, number)

@@ -1,0 +1,75 @@
+"""``troupe eval RUN --video out.mp4``: greedy episodes of a trained policy, as a video.
+
+Frames come from the environment's ``render()`` (a gymnasium id is made with
+``render_mode="rgb_array"``); imageio writes them (``pip install 'troupe-rl[video]'``, which also
+brings ffmpeg for .mp4; .gif needs only imageio).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from api.errors import UserError
+
+FPS = 30
+
+
+def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: int = 0) -> list:
+    """Play ``episodes`` greedy episodes of the run's (first) policy; write their frames to
+    ``out``; return the episodes' returns."""
+    try:
+        import imageio.v2 as imageio
+    except ImportError as e:
+        raise UserError("--video needs imageio: pip install 'troupe-rl[video]'") from e
+    from distributed.api import load_policy
+
+    policy = load_policy(target)
+    kwargs = {"render_mode": "rgb_array"} if _is_gymnasium(policy.config.environment.type) else {}
+    env = policy.make_env(**kwargs)
+    if env.agent_count != 1:
+        raise UserError("--video plays one-agent environments; this one has several agents")
+    frames, returns = [], []
+    try:
+        for episode in range(episodes):
+            env.seed(seed + episode)
+            (result,), state, total = env.reset(), None, 0.0
+            frames.append(_frame(env))
+            while not (result.done or result.truncated):
+                action, state = policy.act(result.obs, state)
+                (result,) = env.step([action])
+                total += float(np.asarray(result.reward).reshape(-1)[0])
+                frames.append(_frame(env))
+            returns.append(round(total, 3))
+    finally:
+        env.close()
+    _write(imageio, Path(out), frames)
+    return returns
+
+
+def _frame(env) -> np.ndarray:
+    frame = env.render()
+    if frame is None:
+        raise UserError(
+            "the environment's render() returned None: it cannot draw frames (a gymnasium id is "
+            "made with render_mode='rgb_array'; your own environment must return an RGB array)"
+        )
+    return np.asarray(frame, dtype=np.uint8)
+
+
+def _write(imageio, out: Path, frames: list[np.ndarray]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if out.suffix.lower() == ".gif":
+            imageio.mimsave(out, frames, duration=1000 / FPS)
+        else:
+            imageio.mimsave(out, frames, fps=FPS, macro_block_size=1)
+    except (ValueError, RuntimeError, ImportError) as e:
+        raise UserError(f"could not write {out}: {e} (for .mp4: pip install imageio-ffmpeg)") from e
+
+
+def _is_gymnasium(name: str) -> bool:
+    import gymnasium as gym
+
+    return name in gym.registry

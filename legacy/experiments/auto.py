@@ -1,0 +1,122 @@
+"""``ppo``: PPO on any registered environment, set up from its spaces (``troupe train ENV``).
+
+The policy is ``actor-critic``, whose encoder and action head follow the spaces: vectors go
+through an MLP, uint8 images through a CNN, Dict observations key by key; Discrete and
+MultiDiscrete actions get Categoricals, Box actions a diagonal Gaussian. What differs between the
+two families is the training recipe:
+
+* discrete actions: the CartPole recipe (large batches, few minibatches, lr 2e-3), which solves
+  CartPole-v1 and Acrobot-v1 in well under a minute of CPU;
+* continuous actions: smaller batches, ten epochs of small minibatches, no entropy bonus, a
+  linear learning-rate decay over the run's frame budget, and running normalisation of
+  observations and returns (kept in the policy's checkpoint), as continuous-control PPO needs.
+
+The stop rule is the environment's target when gymnasium declares one (``reward_threshold``), or
+``target`` when given, and always ``frames`` environment steps at most.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from api import environment as env_api
+from api.config import (
+    ActorConfig,
+    ComponentConfig,
+    EvaluationConfig,
+    ExperimentConfig,
+    PolicyConfig,
+    StopConfig,
+)
+from api.errors import UserError
+
+
+def ppo(
+    env: str = "CartPole-v1",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """PPO on ``env`` (any registered environment or gymnasium id), set up from its spaces.
+
+    ``target``: stop once greedy evaluation reaches it (default: gymnasium's
+    ``reward_threshold``); ``frames``: environment steps at most (default 1M discrete, 500k
+    continuous).
+    """
+    env_args = dict(env_args or {})
+    observation, action = _spaces(env, env_args)
+    continuous = isinstance(action, gym.spaces.Box)
+    if not isinstance(action, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        raise UserError(
+            f"environment '{env}' has a {type(action).__name__} action space; the ppo experiment "
+            "handles Discrete, MultiDiscrete and Box actions"
+        )
+    frames = frames or (500_000 if continuous else 1_000_000)
+    threshold = target if target is not None else _reward_threshold(env)
+    recipe = _continuous(frames) if continuous else _discrete()
+    policy_args = dict(hidden_sizes=[64, 64], activation="tanh")
+    if continuous:
+        policy_args.update(normalize_obs=_is_vector(observation), normalize_returns=True)
+    return ExperimentConfig(
+        name=f"{env.lower()}-ppo",
+        environment=ComponentConfig(env, env_args),
+        policies={
+            "default": PolicyConfig(
+                policy=ComponentConfig("actor-critic", policy_args),
+                trainer=ComponentConfig("ppo", recipe["trainer"]),
+                batch_segments=recipe["batch_segments"],
+            )
+        },
+        actors=recipe["actors"],
+        evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
+        stop=StopConfig(eval_return=threshold, env_frames=frames),
+    )
+
+
+def _discrete() -> dict[str, Any]:
+    return {
+        "trainer": dict(lr=2e-3, epochs=6, minibatches=2, gamma=0.99, gae_lambda=0.95,
+                        entropy_coef=0.01, clip=0.2, max_grad_norm=0.5),
+        "batch_segments": 16,
+        "actors": ActorConfig(workers=2, envs_per_worker=16, segment_length=64, groups=1),
+    }  # fmt: skip
+
+
+def _continuous(frames: int) -> dict[str, Any]:
+    actors = ActorConfig(workers=2, envs_per_worker=4, segment_length=128)
+    batch_segments = 8
+    per_step = batch_segments * actors.segment_length
+    return {
+        "trainer": dict(lr=1e-3, epochs=10, minibatches=16, gamma=0.95, gae_lambda=0.95,
+                        entropy_coef=0.0, clip=0.2, lr_schedule="linear",
+                        total_steps=max(1, frames // per_step)),
+        "batch_segments": batch_segments,
+        "actors": actors,
+    }  # fmt: skip
+
+
+def _spaces(env: str, env_args: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
+    made = env_api.make(env, **env_args)
+    try:
+        if made.agent_count != 1:
+            raise UserError(
+                f"environment '{env}' has {made.agent_count} agents; the ppo experiment trains "
+                "one policy for one agent: write an experiment with agent_policies for more"
+            )
+        return made.observation_spaces[0], made.action_spaces[0]
+    finally:
+        made.close()
+
+
+def _reward_threshold(env: str) -> float | None:
+    try:
+        threshold = gym.spec(env).reward_threshold
+    except gym.error.Error:  # not a gymnasium id: a user's own environment
+        return None
+    return None if threshold is None else float(threshold)
+
+
+def _is_vector(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 1

@@ -1,0 +1,91 @@
+"""What the controller makes of finished episodes, and the user's callbacks.
+
+Actors report every finished episode as a record: ``episode_return``, ``episode_length``,
+``policy/<name>/episode_return`` per policy, and ``episode_info/<key>`` for each number in the
+environment's ``info`` at the last step. :class:`EpisodeWindow` keeps the last episodes and gives
+their means for each metrics record (so every one of those keys reaches metrics.jsonl and
+TensorBoard).
+
+:class:`Callbacks` runs the experiment's ``callbacks`` (components registered with
+``api.registry.register_callback``) in the controller process. A callback is any object with
+some of ``on_episode_end(episode)``, ``on_train_result(policy, stats)`` and
+``on_evaluation(mean_return, episodes)``; they receive plain dicts and numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from api.config import ComponentConfig
+from api.errors import ConfigError
+from api.registry import callbacks as callback_registry
+
+logger = logging.getLogger(__name__)
+
+HOOKS = ("on_episode_end", "on_train_result", "on_evaluation")
+
+
+class EpisodeWindow:
+    """The last ``size`` episodes' records, averaged key by key."""
+
+    def __init__(self, size: int = 100):
+        self.episodes: deque[dict[str, float]] = deque(maxlen=size)
+
+    def extend(self, records: Iterable[dict[str, float]]) -> None:
+        self.episodes.extend(records)
+
+    def means(self, prefix: str = "") -> dict[str, float]:
+        """``{prefix + key: mean}`` over the episodes that have that key."""
+        values: dict[str, list[float]] = {}
+        for record in self.episodes:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values.setdefault(key, []).append(float(value))
+        return {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}
+
+
+class CallbackError(Exception):
+    """A user callback raised; the controller ends the run with this message."""
+
+
+class Callbacks:
+    """The experiment's callbacks, built once in the controller."""
+
+    def __init__(self, configs: list[ComponentConfig]):
+        self.objects = [(c.type, callback_registry.make(c.type, **c.args)) for c in configs]
+        for name, obj in self.objects:
+            if not any(callable(getattr(obj, hook, None)) for hook in HOOKS):
+                raise ConfigError(
+                    [f"callbacks: '{name}' has none of the methods {', '.join(HOOKS)}"]
+                )
+        self._train_steps: dict[str, float] = {}
+
+    def episodes(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self._call("on_episode_end", dict(record))
+
+    def train_result(self, policy: str, stats: dict[str, float]) -> None:
+        """Once per trainer step (heartbeats repeat the same stats between steps)."""
+        steps = stats.get("steps")
+        if steps is None or self._train_steps.get(policy) == steps:
+            return
+        self._train_steps[policy] = steps
+        self._call("on_train_result", policy, dict(stats))
+
+    def evaluation(self, mean_return: float, episodes: list[dict[str, Any]]) -> None:
+        self._call("on_evaluation", mean_return, [dict(e) for e in episodes])
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for name, obj in self.objects:
+            method = getattr(obj, hook, None)
+            if method is None:
+                continue
+            try:
+                method(*args)
+            except Exception as e:
+                raise CallbackError(f"callback '{name}' raised in {hook}: {e!r}") from e

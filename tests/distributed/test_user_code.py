@@ -1,0 +1,101 @@
+"""A user's own file reaches every worker: a script's registrations, ``--import``, and a worker
+that cannot find the user's code failing the run at once with the real cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from system.run.report import read_metrics
+
+HERE = Path(__file__).resolve().parent
+CORRIDOR = HERE / "user_code" / "corridor.py"
+ROOT = HERE.parents[1]
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _only_run(cwd: Path) -> Path:
+    (run_dir,) = (cwd / "runs").iterdir()
+    return run_dir
+
+
+def test_readme_shows_the_corridor_script_as_tested():
+    readme = (ROOT / "README.md").read_text()
+    assert CORRIDOR.read_text().strip() in readme
+
+
+@pytest.mark.multiprocess
+def test_a_script_registered_in_its_main_block_trains_in_worker_processes(tmp_path):
+    """The README example: register() under ``if __name__ == "__main__":``, then troupe.train."""
+    script = tmp_path / "corridor.py"
+    script.write_text(
+        CORRIDOR.read_text().replace('"frames=100000"', '"frames=4000", "stop.eval_return=None"')
+    )
+    result = _run([sys.executable, str(script)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_dir = _only_run(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames", summary
+    config = json.loads((run_dir / "config.json").read_text())
+    (registration,) = config["code"]["registrations"]
+    assert registration["entry_point"] == "__main__:Corridor"
+    assert registration["source"] == str(script.resolve())
+    assert registration["kwargs"] == {"length": 6}
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert all(w["restarts"] == 0 for w in workers.values()), workers
+    # the env's info at episode end reaches the metrics
+    assert any("episode_info/steps_to_exit" in r for r in read_metrics(run_dir))
+
+
+@pytest.mark.multiprocess
+def test_troupe_run_import_registers_a_file_in_every_worker(tmp_path):
+    module = tmp_path / "my_corridor.py"
+    text = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+    module.write_text(text + '\nregister("Corridor-v0", Corridor, length=6)\n')
+    result = _run(
+        [sys.executable, "-m", "distributed.cli", "run", "--import", str(module), "Corridor-v0",
+         "frames=3000", "stop.eval_return=None", "--no-display"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames"
+
+
+@pytest.mark.multiprocess
+def test_a_worker_that_cannot_load_user_code_fails_the_run_at_once(tmp_path):
+    """The file is gone by the time workers start: the run ends on the first worker's error,
+    naming the file, with no restart."""
+    module = tmp_path / "vanishing.py"
+    module.write_text(
+        CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+        + '\nregister("Corridor-v0", Corridor)\n'
+    )
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(
+        "import os, sys\n"
+        "sys.path.insert(0, os.path.dirname(__file__))\n"
+        "import troupe, vanishing\n"
+        "from api.resolve import load_experiment\n"
+        "config = load_experiment('Corridor-v0', ['frames=3000', 'stop.eval_return=None'])\n"
+        "os.rename(vanishing.__file__, vanishing.__file__ + '.moved')\n"
+        "result = troupe.train(config)\n"
+        "print('EXIT', result.exit_code)\n"
+    )
+    result = _run([sys.executable, str(launcher)], cwd=tmp_path, timeout=200)
+    assert "EXIT 1" in result.stdout, result.stdout[-2000:] + result.stderr[-3000:]
+    run_dir = _only_run(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "RegistryError" in summary["failure"] and "vanishing.py" in summary["failure"]
+    assert "troupe image build --add" in summary["failure"]
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert sum(w["restarts"] for w in workers.values()) == 0
