@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from api.config import ExperimentConfig, check, make_experiment
-from api.errors import UserError
+from api.errors import RunFolderError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ def prepare(
             from api.config import apply_overrides
 
             config = apply_overrides(config, overrides)
+        _check_writable(folder)
         return check(config), folder
     if not experiment:
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
@@ -49,8 +50,24 @@ def prepare(
     folder = Path(run_dir) if run_dir else default_run_dir(config.name)
     if folder.exists() and any(folder.iterdir()):
         raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError.from_os_error(folder, e) from e
+    _check_writable(folder)
     return config, folder
+
+
+def _check_writable(folder: Path) -> None:
+    """Fail before any process starts if the run folder cannot be written (read-only mount,
+    permissions, a full disk): a message now, not a traceback from the controller later."""
+    probe = folder / f".troupe-write-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"x" * 4096)
+    except OSError as e:
+        raise RunFolderError.from_os_error(folder, e) from e
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> int:

@@ -9,6 +9,13 @@ for it, a checkpoint file on disk so a run can resume::
 
     root_dir/checkpoints/<policy>/v00000042.ckpt
     root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
+    root_dir/checkpoints/<policy>/latest.ckpt     (``durable=True``: every version, see below)
+
+``durable=True`` (the parameter service of a run) writes every version to ``latest.ckpt`` before
+:meth:`ParameterStore.publish` returns, that is before the service announces it, so a service
+that is killed and restarted loses no version it ever announced. It is written by rename but not
+fsynced: a killed process loses nothing the kernel has, and the fsynced ``v*.ckpt`` files are
+what survives a lost machine; the cost is one write of the parameters to the page cache.
 
 Files are written atomically (temporary file, fsync, ``os.replace``) so a crash never leaves a
 half-written checkpoint under a real name. A checkpoint file holds the wire codec's frames (a
@@ -18,6 +25,7 @@ parameter service starts and saves without importing it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from api.errors import OperationalError, UserError, WireError
+from api.errors import OperationalError, RunFolderError, UserError, WireError
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -36,6 +44,8 @@ logger = logging.getLogger(__name__)
 LATEST = "latest"
 _POLICY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 _CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
+_TMP_RE = re.compile(r"\..+\.tmp-(\d+)-\d+")
+LATEST_FILE = "latest.ckpt"
 
 
 class VersionError(OperationalError):
@@ -76,10 +86,15 @@ class ParameterStore:
     error). Thread-safe: one lock guards every method.
     """
 
-    def __init__(self, root_dir: str | os.PathLike | None = None, *, keep: int = 3):
+    def __init__(
+        self, root_dir: str | os.PathLike | None = None, *, keep: int = 3, durable: bool = False
+    ):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        if durable and root_dir is None:
+            raise UserError("ParameterStore(durable=True) needs a root_dir to write versions to")
         self.root_dir = None if root_dir is None else Path(root_dir)
+        self.durable = durable
         self.keep = keep
         self._policies: dict[str, _Policy] = {}
         self._lock = threading.Lock()
@@ -157,6 +172,8 @@ class ParameterStore:
             if persist:
                 self._save(policy, version, params)
                 entry.on_disk.add(version)
+            elif self.durable:
+                self._save_latest(policy, version, params)
             entry.memory[version] = params
             entry.latest = version
             self._evict(policy, entry)
@@ -244,8 +261,13 @@ class ParameterStore:
         path = self.checkpoint_path(policy, version)
         _write_atomically(path, lambda f: write_checkpoint(f, record))
 
-    def _load(self, policy: str, version: int) -> Any:
-        path = self.checkpoint_path(policy, version)
+    def _save_latest(self, policy: str, version: int, params: Any) -> None:
+        record = {"policy": policy, "version": version, "params": params}
+        path = self._folder(policy) / LATEST_FILE
+        _write_atomically(path, lambda f: write_checkpoint(f, record), sync=False)
+
+    def _load(self, policy: str, version: int, path: Path | None = None) -> Any:
+        path = path or self.checkpoint_path(policy, version)
         try:
             record = load_checkpoint_file(path)
         except Exception as e:
@@ -289,9 +311,12 @@ class ParameterStore:
             logger.warning("skipping %s: not a policy name", policy_dir)
             return None
         versions = sorted(_checkpoint_versions(policy_dir), reverse=True)
+        if self.durable:  # the run's own service; a reader (troupe eval) leaves files alone
+            _remove_partial_files(policy_dir)
         with self._lock:
             entry = self._policies.setdefault(policy, _Policy())
             entry.on_disk.update(versions)
+            self._restore_latest_file(policy, policy_dir, entry)
             for version in versions:
                 try:
                     params = self._load(policy, version)
@@ -306,6 +331,23 @@ class ParameterStore:
             entry.tags.update(self._read_tags(policy_dir, entry))
             self._evict(policy, entry)
             return entry.latest
+
+    def _restore_latest_file(self, policy: str, policy_dir: Path, entry: _Policy) -> None:
+        """``latest.ckpt``, if it is newer than every numbered checkpoint, becomes ``latest``."""
+        path = policy_dir / LATEST_FILE
+        if not path.is_file():
+            return
+        try:
+            record = load_checkpoint_file(path)
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring unreadable %s: %s", path, e)
+            return
+        version = record.get("version")
+        if record.get("policy") != policy or type(version) is not int:
+            logger.warning("ignoring %s: it holds another policy or no version", path)
+        elif entry.latest is None or version > entry.latest:
+            entry.memory[version] = record["params"]
+            entry.latest = version
 
     def _read_tags(self, policy_dir: Path, entry: _Policy) -> dict[str, int]:
         path = policy_dir / "tags.json"
@@ -337,18 +379,40 @@ def _checkpoint_versions(policy_dir: Path) -> Iterator[int]:
             yield int(match.group(1))
 
 
-def _write_atomically(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _remove_partial_files(policy_dir: Path) -> None:
+    """Temporary files of a process killed while writing: never a real checkpoint."""
+    for path in policy_dir.iterdir():
+        match = _TMP_RE.fullmatch(path.name)
+        if match and not _process_exists(int(match.group(1))):
+            logger.info("removing %s, left by a process killed while writing it", path)
+            path.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_atomically(path: Path, write, *, sync: bool = True) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        raise RunFolderError.from_os_error(path, e) from e
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):  # gone after the rename; or never made
+            tmp.unlink(missing_ok=True)
 
 
 CHECKPOINT_SUFFIX = ".ckpt"

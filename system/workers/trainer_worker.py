@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from api.errors import OperationalError
+from api.errors import OperationalError, PeerTimeoutError, RunFolderError
 from api.policy import SampleBatch
 from api.trainer import Trainer
 from system.parameters.client import ParameterClientBase
+from system.parameters.store import ParameterNotFoundError
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
@@ -119,6 +120,17 @@ class TrainerWorker(Worker):
         return stats
 
     def publish(self, persist: bool) -> None:
+        """Publish the current version. If the parameter service does not answer (it is being
+        restarted), training goes on and the newest version is published once it is back."""
+        try:
+            self._publish(persist)
+        except PeerTimeoutError as e:
+            self._published = False
+            self.stats["publish_timeouts"] = self.stats.get("publish_timeouts", 0) + 1
+            logger.warning("%s: version %d not published yet: %s", self.worker_id,
+                           self.trainer.policy.version, e)  # fmt: skip
+
+    def _publish(self, persist: bool) -> None:
         policy = self.trainer.policy
         self.params.publish(
             self.policy_name, policy.version, policy.get_checkpoint(), persist=persist
@@ -127,13 +139,25 @@ class TrainerWorker(Worker):
         if persist:
             self.save_trainer_state()
 
+    def reconnect(self, params: ParameterClientBase) -> None:
+        """The parameter service was restarted at new addresses: publish there from now on. It
+        starts from the newest version it announced; if that is older than ours, ours follows
+        on the next poll."""
+        old, self.params = self.params, params
+        old.close()
+        try:
+            version, _ = params.get(self.policy_name)
+        except (ParameterNotFoundError, PeerTimeoutError):
+            version = None
+        self._published = version is not None and version >= self.trainer.policy.version
+
     def mark_published(self) -> None:
         """The current version is already in the parameter service (resume, restart)."""
         self._published = True
 
     def on_stop(self) -> None:
         """Persist the final version, so the run folder ends with its last parameters."""
-        self.publish(persist=True)
+        self._publish(persist=True)  # no service to take it is an error worth reporting
 
     def save_trainer_state(self) -> None:
         """Write the optimiser state beside the parameter checkpoints (atomically)."""
@@ -143,8 +167,14 @@ class TrainerWorker(Worker):
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / "trainer.pt.tmp"
         state = {"version": self.trainer.policy.version, "trainer": self.trainer.get_checkpoint()}
-        torch.save(state, tmp)
-        tmp.replace(folder / "trainer.pt")
+        try:
+            torch.save(state, tmp)
+            tmp.replace(folder / "trainer.pt")
+        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                raise RunFolderError.from_os_error(folder / "trainer.pt", e) from e
+            raise
 
     def restore(self, policy_checkpoint: dict[str, Any] | None) -> None:
         """Resume: load published parameters and, if saved, this trainer's own state."""
