@@ -29,6 +29,11 @@ from system.workers.trajectory import segment_count, take_columns
 logger = logging.getLogger(__name__)
 
 
+PUBLISH_RETRY_S = 10.0
+"""How long a trainer trains on without publishing after the parameter service did not answer,
+unless the controller says where the restarted service is first (then it publishes at once)."""
+
+
 class NonFiniteLossError(OperationalError):
     """A trainer step reported a NaN or infinite statistic; the parameters are not published."""
 
@@ -60,9 +65,12 @@ class TrainerWorker(Worker):
         self.last_batch: SampleBatch | None = None
         self.steps = 0
         self._published = False
+        self._retry_at = 0.0
+        """After a publish timed out: when to try again on the same client (a restarted
+        service's new address, from :meth:`reconnect`, comes sooner)."""
 
     def poll(self) -> int:
-        if not self._published:
+        if not self._published and time.monotonic() >= self._retry_at:
             self.publish(persist=False)  # policy workers start from the trainer's weights
         batch = self.take_batch(timeout_ms=20)
         if batch is None:
@@ -126,6 +134,7 @@ class TrainerWorker(Worker):
             self._publish(persist)
         except PeerTimeoutError as e:
             self._published = False
+            self._retry_at = time.monotonic() + PUBLISH_RETRY_S
             self.stats["publish_timeouts"] = self.stats.get("publish_timeouts", 0) + 1
             logger.warning("%s: version %d not published yet: %s", self.worker_id,
                            self.trainer.policy.version, e)  # fmt: skip
@@ -145,6 +154,7 @@ class TrainerWorker(Worker):
         on the next poll."""
         old, self.params = self.params, params
         old.close()
+        self._retry_at = 0.0
         try:
             version, _ = params.get(self.policy_name)
         except (ParameterNotFoundError, PeerTimeoutError):
