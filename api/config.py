@@ -96,7 +96,11 @@ class StopConfig:
     """When the run ends: the first rule met wins. At least one must be set."""
 
     eval_return: float | None = None
-    """Stop once the greedy evaluation mean return reaches this."""
+    """Stop once the greedy evaluation mean return reaches this (confirmed, see below)."""
+    confirm_windows: int = 2
+    """How many consecutive evaluation windows (``evaluation.episodes`` fresh greedy episodes
+    each, none shared) must each reach ``eval_return`` before the run stops as solved. One
+    window of a few episodes reaches a target by luck now and then; 1 stops on the first."""
     env_frames: int | None = None
     """Stop after this many environment steps (summed over actors, evaluation excluded)."""
     trainer_steps: int | None = None
@@ -313,6 +317,8 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
         )
     if stop.eval_return is not None and _below(config.evaluation.workers, 1):
         errors.append("stop.eval_return: needs evaluation.workers >= 1")
+    if stop.confirm_windows < 1:
+        errors.append("stop.confirm_windows: must be at least 1 (1: no confirmation)")
     return errors
 
 

@@ -80,3 +80,24 @@ class WorkerFailure(OperationalError):
         self.worker = worker
         self.remote_traceback = remote_traceback
         super().__init__(f"worker {worker} failed: {message}")
+
+
+class RunFolderError(OperationalError):
+    """The run folder cannot be written: the disk is full, read-only, or not ours to write."""
+
+    @classmethod
+    def from_os_error(cls, path: object, error: OSError) -> RunFolderError:
+        """One line: which file, why, and what to do about it."""
+        import errno
+
+        why = error.strerror or str(error)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            advice = (
+                "free space on that disk (or move the run folder to one with room), then "
+                "continue the run with `troupe run --resume RUN_DIR`"
+            )
+        elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            advice = "make the run folder writable, or pick another one with --run-dir"
+        else:
+            advice = "check the disk holding the run folder"
+        return cls(f"cannot write {path}: {why}; {advice}")

@@ -6,7 +6,8 @@ configured here and nowhere else (this is an entry point); output goes through r
 
 A :class:`~api.errors.UserError` (unknown name, bad argument, a broken environment) is printed in
 red as one message and exits with code 1, never with a traceback: the message already says what
-to change. Anything else is a bug and keeps its traceback.
+to change. So is a :class:`~api.errors.RunFolderError` (a full disk, a read-only run folder).
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from api.config import parse_value
-from api.errors import UserError
+from api.errors import RunFolderError, UserError
 from api.registry import Spec
 from distributed.bench import command as bench
 from distributed.deploy import cluster_commands as cc
@@ -34,6 +35,8 @@ from distributed.images.build import add_image_arguments, run_image
 from distributed.launch import run_commands as rc
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
+HANDLER = "_troupe_subcommand"
+"""Where the parsed arguments keep the subcommand's function (no argument has this name)."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command in SUBCOMMANDS:
         p = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(p)
-        p.set_defaults(run=command.run)
+        # A name no subcommand's arguments use: `troupe status RUN` has an argument called
+        # `run`, which once overwrote the handler stored under that name.
+        p.set_defaults(**{HANDLER: command.run})
     return parser
 
 
@@ -196,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(build_parser(), argv)
     _configure_logging(args.verbose)
     try:
-        return args.run(args, Console())
-    except UserError as e:
+        return getattr(args, HANDLER)(args, Console())
+    except (UserError, RunFolderError) as e:
         # soft_wrap: the message stays one line for grep; the terminal wraps it for the eye.
         Console(stderr=True).print(Text(f"error: {e}", style="red"), soft_wrap=True)
         return 1

@@ -22,6 +22,8 @@ from rich.console import Console
 from api.config import ExperimentConfig
 from api.errors import UserError
 
+logger = logging.getLogger(__name__)
+
 CONTROLLER_PORT = 5555
 
 
@@ -51,26 +53,74 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
         "--advertise-host", default=None, help="the name workers reach the controller by"
     )
     parser.add_argument("--no-display", action="store_true")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        metavar="S",
+        help="a running worker silent this long is lost (default: 30)",
+    )
+    parser.add_argument(
+        "--restart-grace",
+        type=float,
+        metavar="S",
+        help="how long the scheduler gets to bring a lost worker back before the run fails "
+        "(default: 60)",
+    )
+    _add_insecure_argument(parser)
+
+
+def _add_insecure_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run without CURVE keys (TROUPE_CURVE_KEYS_FILE unset): plain text, anyone who "
+        "reaches the port may join. Only on a network nobody else can reach",
+    )
+
+
+def secure_or_refuse(insecure: bool, what: str) -> None:
+    """CURVE from the environment's keys; without keys, refuse unless ``insecure`` (and then
+    warn): a cluster port must never be open in plain text by accident."""
+    from system.streams import wire
+    from system.streams.security import ENV_KEYS_FILE
+
+    if wire.secure_from_environment():
+        if insecure:
+            logger.warning("--insecure ignored: %s has CURVE keys and uses them", what)
+        return
+    if not insecure:
+        raise UserError(
+            f"{what} refuses to run without CURVE keys: set {ENV_KEYS_FILE} to the run's keys "
+            f"file (troupe deploy makes one), or pass --insecure to accept plain text"
+        )
+    logger.warning(
+        "INSECURE: %s runs without CURVE keys; every message is plain text and anyone who "
+        "reaches its ports can join the run or read it",
+        what,
+    )
 
 
 def run_controller(args: argparse.Namespace, console: Console) -> int:
     from distributed.launch.local import ExternalLauncher
-    from system.run.controller import Controller
-    from system.streams import wire
+    from system.run.controller import HEARTBEAT_TIMEOUT_S, Controller
 
     run_dir = Path(args.run_dir)
     config_file = run_dir / "config.json"
     if not config_file.exists():
         raise UserError(f"{config_file} does not exist: write the run's config.json first")
     config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
-    wire.secure_from_environment()
+    secure_or_refuse(args.insecure, "troupe controller")
+    launcher = ExternalLauncher()
+    if args.restart_grace is not None:
+        launcher.restart_grace_s = args.restart_grace
     controller = Controller(
         config,
         run_dir,
-        ExternalLauncher(),
+        launcher,
         bind=args.bind,
         advertise_host=args.advertise_host,
         display=False if args.no_display else None,
+        heartbeat_timeout_s=args.heartbeat_timeout or HEARTBEAT_TIMEOUT_S,
     )
     summary = controller.run()
     console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})
@@ -90,6 +140,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="address peers reach this worker by (default: this host's IP)",
     )
+    _add_insecure_argument(parser)
 
 
 def run_worker(args: argparse.Namespace, console: Console) -> int:
@@ -99,4 +150,5 @@ def run_worker(args: argparse.Namespace, console: Console) -> int:
     advertise = args.advertise_host or socket.gethostbyname(socket.gethostname())
     placement = {"bind_host": args.bind_host, "advertise_host": advertise}
     worker_id = resolve_worker_id(args.id)
+    secure_or_refuse(args.insecure, f"troupe worker {worker_id}")
     return worker_process.main(worker_id, args.role, args.controller, placement)

@@ -183,7 +183,17 @@ def resolve_run(target: str) -> str:
 
 
 def find_services(client: docker.DockerClient, run: str) -> list[Service]:
-    return client.services.list(filters={"label": f"{dl.LABEL_RUN}={run}"})
+    import docker  # the SDK loads only for commands that talk to an engine
+
+    try:
+        return client.services.list(filters={"label": f"{dl.LABEL_RUN}={run}"})
+    except docker.errors.APIError as e:
+        # status/logs/stop name a deployed run: on an engine outside a swarm there is none.
+        why = str(e.explanation or e).rstrip(".")
+        raise SwarmError(
+            f"cannot list the services of run '{run}': {why}. Run this on a manager of the "
+            "swarm the run was deployed to (`docker node ls` works there)"
+        ) from e
 
 
 def services_of(client: docker.DockerClient, target: str) -> tuple[str, list[Service]]:

@@ -5,14 +5,16 @@ Processes come from a ``forkserver``: one clean server process imports the heavy
 that state, so a worker starts in milliseconds instead of importing torch again (seconds of CPU
 on a small machine, times the number of workers). Nothing that owns threads or sockets is ever
 forked: each worker makes its own ZeroMQ context. Workers are children of the forkserver, which
-dies with the controller, and each worker watches the controller's heartbeat channel and exits
-rather than linger as an orphan.
+exits once they have, and each worker exits by itself within seconds when the controller is gone
+(its process ended, its connection closed, or its heartbeat answers stopped): see
+:class:`~system.run.control_channel.ConnectionWatch`.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 from multiprocessing.process import BaseProcess
 
 from system.run import worker_process
@@ -22,8 +24,13 @@ logger = logging.getLogger(__name__)
 
 class LocalLauncher:
     start_grace_s = 120.0
+    restart_grace_s = 120.0
+    restarts_workers = False
 
-    PRELOAD = ["numpy", "torch", "zmq", "gymnasium", "system.run.worker_process", "legacy.plugin"]
+    PRELOAD = [
+        "system.run.forkserver_guard",  # first: the forkserver dies with the controller
+        *("numpy", "torch", "zmq", "gymnasium", "system.run.worker_process", "legacy.plugin"),
+    ]
 
     def __init__(self) -> None:
         self._ctx = mp.get_context("forkserver")
@@ -33,7 +40,7 @@ class LocalLauncher:
     def start(self, worker_id: str, role: str, controller: str) -> None:
         process = self._ctx.Process(
             target=worker_process.main,
-            args=(worker_id, role, controller),
+            args=(worker_id, role, controller, None, os.getpid()),
             name=f"troupe-{worker_id}",
             daemon=False,
         )
@@ -70,6 +77,11 @@ class ExternalLauncher:
     again and is configured again; the controller never starts or kills anything."""
 
     start_grace_s = 600.0
+    """Image pulls and first imports on a fresh node take minutes."""
+    restart_grace_s = 60.0
+    """A worker that was running and died or went silent: its scheduler restarts it in seconds
+    (a local image, a restart policy) or not at all; minutes of "waiting" would only hide that."""
+    restarts_workers = True
 
     def start(self, worker_id: str, role: str, controller: str) -> None:
         """The scheduler starts every worker; nothing to do."""

@@ -19,7 +19,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from api.config import ExperimentConfig
-from api.errors import UserError
+from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
 
 logger = logging.getLogger(__name__)
@@ -48,15 +48,32 @@ def prepare(
         if not config_file.exists():
             raise UserError(f"{folder} is not a run folder: it has no config.json")
         config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
+        _check_writable(folder)
         return load_experiment(config, overrides, imports), folder
-    if experiment is None or experiment == "":
+    if not experiment:
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
     config = load_experiment(experiment, overrides, imports)
     folder = Path(run_dir) if run_dir else default_run_dir(config.name)
     if folder.exists() and any(folder.iterdir()):
         raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError.from_os_error(folder, e) from e
+    _check_writable(folder)
     return config, folder
+
+
+def _check_writable(folder: Path) -> None:
+    """Fail before any process starts if the run folder cannot be written (read-only mount,
+    permissions, a full disk): a message now, not a traceback from the controller later."""
+    probe = folder / f".troupe-write-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"x" * 4096)
+    except OSError as e:
+        raise RunFolderError.from_os_error(folder, e) from e
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
@@ -97,6 +99,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         imports=args.imports,
     )
     console.print(f"run folder: {run_dir}")
+    started = time.time()
     display = False if args.no_display else None
     if args.launcher == "docker":  # every role in its own container; CURVE always on
         from distributed.launch.docker_run import run_docker
@@ -105,14 +108,30 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         code = run_docker(config, run_dir, image=args.image, display=display)
     else:
         code = run_local(config, run_dir, display=display, secure=args.secure)
-    summary_file = run_dir / SUMMARY_FILE
-    if summary_file.exists():
-        summary = json.loads(summary_file.read_text())
-        keys = ("solved", "stop_reason", "wall_s", "env_frames", "fps", "best_eval_return")
-        console.print({k: summary.get(k) for k in keys})
-        if summary.get("failure"):
-            console.print(Text(f"run failed: {summary['failure']}", style="red"))
-    console.print(f"results in {run_dir} (metrics.jsonl, learning_curve.png, summary.json)")
+    if code < 0:  # the controller was killed: its workers leave by themselves
+        console.print(
+            Text(
+                f"the controller process was killed (signal {-code}); its workers exit by "
+                f"themselves. Continue with: troupe run --resume {run_dir}",
+                style="red",
+            )
+        )
+        code = 128 - code
+    summary = _fresh_summary(run_dir / SUMMARY_FILE, started)
+    if summary is None:
+        # A resumed run's old summary.json is not this run's: never show it as the result.
+        console.print(
+            Text(f"no summary.json for this run in {run_dir} (see the error above)", style="red")
+        )
+        return code or 1
+    keys = ("solved", "stop_reason", "wall_s", "env_frames", "fps", "best_eval_return")
+    console.print({k: summary.get(k) for k in keys})
+    if summary.get("confirmation"):
+        console.print(f"solved: {summary['confirmation']}")
+    if summary.get("failure"):
+        console.print(Text(f"run failed: {summary['failure']}", style="red"))
+    written = [n for n in RESULT_FILES if (run_dir / n).exists()]
+    console.print(f"results in {run_dir} ({', '.join(written)})")
     return code
 
 
@@ -174,6 +193,20 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(table)
     return 0
+
+
+RESULT_FILES = ("metrics.jsonl", "learning_curve.png", "summary.json")
+
+
+def _fresh_summary(path: Path, since: float) -> dict | None:
+    """The summary this run wrote, or None (not written, unreadable, or an older run's)."""
+    try:
+        if path.stat().st_mtime < since - 1.0:  # mtime granularity: allow a second
+            return None
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 # --------------------------------------------------------------------- troupe eval

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from api.errors import TroupeError, UserError, WireError
+from api.errors import RunFolderError, TroupeError, UserError, WireError
 from system.parameters.store import (
     ParameterNotFoundError,
     PolicyNameError,
@@ -41,7 +41,14 @@ DEFAULT_TIMEOUT_S = 10.0
 
 REMOTE_ERRORS: dict[str, type[TroupeError]] = {
     cls.__name__: cls
-    for cls in (VersionError, ParameterNotFoundError, PolicyNameError, UserError, WireError)
+    for cls in (
+        VersionError,
+        ParameterNotFoundError,
+        PolicyNameError,
+        RunFolderError,
+        UserError,
+        WireError,
+    )
 }
 """The only error types a reply may name; a client raises anything else as OperationalError."""
 

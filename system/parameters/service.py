@@ -38,7 +38,7 @@ from typing import Any
 
 import zmq
 
-from api.errors import PeerTimeoutError, TroupeError, WireError
+from api.errors import PeerTimeoutError, RunFolderError, TroupeError, WireError
 from system.parameters.protocol import (
     PUSH_HWM,
     SHM_TOPIC,
@@ -239,6 +239,10 @@ class ParameterServer:
             wire.send(self._router, kind, reply, envelope=envelope, flags=zmq.NOBLOCK)
         except zmq.Again:
             logger.warning("parameter server could not reply to a '%s' request", message.kind)
+        if kind == "error" and reply["type"] == RunFolderError.__name__:
+            # A version that cannot be made durable must not be served: the run stops, with
+            # the cause named (the controller does not restart a worker for a full disk).
+            raise RunFolderError(reply["error"])
 
     def _publish(self, body: dict) -> tuple[str, dict]:
         request = Publish.from_body(body)

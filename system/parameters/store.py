@@ -9,6 +9,13 @@ for it, a checkpoint file on disk so a run can resume::
 
     root_dir/checkpoints/<policy>/v00000042.ckpt
     root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
+    root_dir/checkpoints/<policy>/latest.ckpt     (``durable=True``: every version, see below)
+
+``durable=True`` (the parameter service of a run) writes every version to ``latest.ckpt`` before
+:meth:`ParameterStore.publish` returns, that is before the service announces it, so a service
+that is killed and restarted loses no version it ever announced. It is written by rename but not
+fsynced: a killed process loses nothing the kernel has, and the fsynced ``v*.ckpt`` files are
+what survives a lost machine; the cost is one write of the parameters to the page cache.
 
 Files are written atomically (temporary file, fsync, ``os.replace``) so a crash never leaves a
 half-written checkpoint under a real name. A checkpoint file holds the wire codec's frames (a
@@ -22,20 +29,26 @@ import json
 import logging
 import os
 import re
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from api.errors import OperationalError, UserError, WireError
-from system.streams import wire
+from api.errors import OperationalError, UserError
+from system.parameters.checkpoint_file import (
+    CHECKPOINT_SUFFIX,
+    load_checkpoint_file,
+    write_atomically,
+    write_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
 _POLICY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 _CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
+_TMP_RE = re.compile(r"\..+\.tmp-(\d+)-\d+")
+LATEST_FILE = "latest.ckpt"
 
 
 class VersionError(OperationalError):
@@ -76,10 +89,15 @@ class ParameterStore:
     error). Thread-safe: one lock guards every method.
     """
 
-    def __init__(self, root_dir: str | os.PathLike | None = None, *, keep: int = 3):
+    def __init__(
+        self, root_dir: str | os.PathLike | None = None, *, keep: int = 3, durable: bool = False
+    ):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        if durable and root_dir is None:
+            raise UserError("ParameterStore(durable=True) needs a root_dir to write versions to")
         self.root_dir = None if root_dir is None else Path(root_dir)
+        self.durable = durable
         self.keep = keep
         self._policies: dict[str, _Policy] = {}
         self._lock = threading.Lock()
@@ -157,6 +175,8 @@ class ParameterStore:
             if persist:
                 self._save(policy, version, params)
                 entry.on_disk.add(version)
+            elif self.durable:
+                self._save_latest(policy, version, params)
             entry.memory[version] = params
             entry.latest = version
             self._evict(policy, entry)
@@ -242,10 +262,15 @@ class ParameterStore:
     def _save(self, policy: str, version: int, params: Any) -> None:
         record = {"policy": policy, "version": version, "params": params}
         path = self.checkpoint_path(policy, version)
-        _write_atomically(path, lambda f: write_checkpoint(f, record))
+        write_atomically(path, lambda f: write_checkpoint(f, record))
 
-    def _load(self, policy: str, version: int) -> Any:
-        path = self.checkpoint_path(policy, version)
+    def _save_latest(self, policy: str, version: int, params: Any) -> None:
+        record = {"policy": policy, "version": version, "params": params}
+        path = self._folder(policy) / LATEST_FILE
+        write_atomically(path, lambda f: write_checkpoint(f, record), sync=False)
+
+    def _load(self, policy: str, version: int, path: Path | None = None) -> Any:
+        path = path or self.checkpoint_path(policy, version)
         try:
             record = load_checkpoint_file(path)
         except Exception as e:
@@ -256,7 +281,7 @@ class ParameterStore:
 
     def _save_tags(self, policy: str, entry: _Policy) -> None:
         text = json.dumps(entry.tags, sort_keys=True).encode()
-        _write_atomically(self._folder(policy) / "tags.json", lambda f: f.write(text))
+        write_atomically(self._folder(policy) / "tags.json", lambda f: f.write(text))
 
     # ------------------------------------------------------------------------------- restore
     @classmethod
@@ -289,9 +314,12 @@ class ParameterStore:
             logger.warning("skipping %s: not a policy name", policy_dir)
             return None
         versions = sorted(_checkpoint_versions(policy_dir), reverse=True)
+        if self.durable:  # the run's own service; a reader (troupe eval) leaves files alone
+            _remove_partial_files(policy_dir)
         with self._lock:
             entry = self._policies.setdefault(policy, _Policy())
             entry.on_disk.update(versions)
+            self._restore_latest_file(policy, policy_dir, entry)
             for version in versions:
                 try:
                     params = self._load(policy, version)
@@ -306,6 +334,23 @@ class ParameterStore:
             entry.tags.update(self._read_tags(policy_dir, entry))
             self._evict(policy, entry)
             return entry.latest
+
+    def _restore_latest_file(self, policy: str, policy_dir: Path, entry: _Policy) -> None:
+        """``latest.ckpt``, if it is newer than every numbered checkpoint, becomes ``latest``."""
+        path = policy_dir / LATEST_FILE
+        if not path.is_file():
+            return
+        try:
+            record = load_checkpoint_file(path)
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring unreadable %s: %s", path, e)
+            return
+        version = record.get("version")
+        if record.get("policy") != policy or type(version) is not int:
+            logger.warning("ignoring %s: it holds another policy or no version", path)
+        elif entry.latest is None or version > entry.latest:
+            entry.memory[version] = record["params"]
+            entry.latest = version
 
     def _read_tags(self, policy_dir: Path, entry: _Policy) -> dict[str, int]:
         path = policy_dir / "tags.json"
@@ -337,50 +382,20 @@ def _checkpoint_versions(policy_dir: Path) -> Iterator[int]:
             yield int(match.group(1))
 
 
-def _write_atomically(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+def _remove_partial_files(policy_dir: Path) -> None:
+    """Temporary files of a process killed while writing: never a real checkpoint."""
+    for path in policy_dir.iterdir():
+        match = _TMP_RE.fullmatch(path.name)
+        if match and not _process_exists(int(match.group(1))):
+            logger.info("removing %s, left by a process killed while writing it", path)
+            path.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-CHECKPOINT_SUFFIX = ".ckpt"
-_MAGIC = b"TROUPECK"
-
-
-def write_checkpoint(f, record: dict[str, Any]) -> None:
-    """The wire codec's frames, length-prefixed: no pickle, and no torch needed to read it."""
-    frames = wire.encode("checkpoint", record)
-    f.write(_MAGIC + struct.pack("<I", len(frames)))
-    for frame in frames:
-        view = memoryview(frame).cast("B")
-        f.write(struct.pack("<Q", view.nbytes))
-        f.write(view)
-
-
-def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by the store; a damaged or foreign file raises ValueError."""
-    data = memoryview(Path(path).read_bytes())
-    if bytes(data[:8]) != _MAGIC:
-        raise ValueError(f"{path} is not a Troupe checkpoint (bad magic)")
-    (count,), offset, frames = struct.unpack_from("<I", data, 8), 12, []
-    for _ in range(count):
-        if offset + 8 > len(data):
-            raise ValueError(f"{path} is truncated")
-        (size,) = struct.unpack_from("<Q", data, offset)
-        frames.append(data[offset + 8 : offset + 8 + size])
-        offset += 8 + size
-    try:
-        record = wire.decode(frames, copy=True).body
-    except WireError as e:
-        raise ValueError(f"{path} is damaged: {e}") from e
-    if not isinstance(record, dict) or "params" not in record:
-        raise ValueError(f"{path} is not a parameter-store checkpoint")
-    return record
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -124,6 +124,9 @@ class Wiring(Protocol):
     """Whether a policy worker waits for its policy's first version before serving: true where
     a trainer elsewhere publishes it; in one process nothing could publish while we waited."""
 
+    def keep_alive(self) -> None:
+        """Called while a builder waits for a peer: a process answers its controller here."""
+
     def parameter_client(self, subscribe: list[str]) -> ParameterClientBase: ...
     def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> InferenceServer: ...
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> InferenceClient: ...
@@ -144,7 +147,9 @@ class Built:
 
 # ----------------------------------------------------------------------- one builder per role
 def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, wiring: Wiring):
-    store = ParameterStore(wiring.run_dir, keep=3)
+    # durable: every version reaches the run folder before it is announced, so a restarted
+    # service loses none (serial mode has no run folder, and nothing to restart).
+    store = ParameterStore(wiring.run_dir, keep=3, durable=wiring.run_dir is not None)
     restored = store.load_from_disk()
     if restored:
         logger.info("parameter service restored versions %s", restored)
@@ -178,7 +183,7 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
     params = wiring.parameter_client(subscribe=[plan.policy])
     if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
-        _, checkpoint = _wait_first_version(params, plan.policy)
+        _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)
     server = wiring.inference_server(plan, policy)
     return Built(PolicyWorker(plan.worker_id, plan.policy, policy, server, params))
@@ -234,9 +239,12 @@ def latest_version(params: ParameterClientBase, name: str) -> tuple[int, Any] | 
         return None
 
 
-def _wait_first_version(params: ParameterClientBase, name: str) -> tuple[int, Any]:
+def _wait_first_version(
+    params: ParameterClientBase, name: str, keep_alive: Callable[[], None]
+) -> tuple[int, Any]:
     deadline = time.monotonic() + FIRST_VERSION_TIMEOUT_S
     while True:
+        keep_alive()
         latest = latest_version(params, name)
         if latest is not None:
             return latest

@@ -8,18 +8,26 @@ with its traceback, and receives ``stop``.
 Messages (kind: body):
   worker -> controller: hello {role, pid} | register {name, address} | lookup {name}
                         heartbeat {stats} | error {message, traceback} | bye {}
-  controller -> worker: configure {config, run_dir, args} | lookup_result {name, address}
-                        stop {}
+  controller -> worker: configure {config, run_dir, plan, previous} | lookup_result {name,
+                        address} | ack {} (one per heartbeat) | moved {name, address} | stop {}
+
+Every heartbeat is answered with ``ack``, so a worker knows within a few heartbeats that its
+controller is gone (killed, its host lost), whichever launcher started either of them: the parent
+process of a worker is not the controller (a forkserver, a container runtime, a scheduler's agent).
+``moved`` tells a worker that looked ``name`` up that its owner was restarted at a new address.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from api.errors import PeerTimeoutError, WireError
 from system.ratelimit import BadMessages
@@ -36,22 +44,80 @@ class StopRequested(Exception):
     """The controller said stop while this worker was still waiting to be set up."""
 
 
+HEARTBEAT_S = 0.25
+"""How often a worker sends a heartbeat (also while it waits for an answer)."""
+CONTROLLER_SILENCE_S = 2.5
+"""A worker whose heartbeats the controller has not answered for this long leaves (ten
+heartbeats: a busy controller answers within one loop, a gone one never does)."""
+
+
+class ControllerGoneError(PeerTimeoutError):
+    """The controller stopped answering heartbeats: it was killed or its host was lost."""
+
+
 class ControlClient:
     """The worker's end of the control channel."""
 
-    def __init__(self, controller: str, worker_id: str, *, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        controller: str,
+        worker_id: str,
+        *,
+        timeout_s: float = 60.0,
+        controller_pid: int | None = None,
+    ):
         self.worker_id = worker_id
         self.timeout_s = timeout_s
         self.socket = wire.make_socket(
             zmq.DEALER, server=False, max_message_bytes=CONTROL_MAX_BYTES
         )
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
+        self.watch = ConnectionWatch(self.socket, worker_id, controller_pid)
         self.socket.connect(controller)
         self.inbox: list[wire.Message] = []
+        self.heard = False
+        """Whether the controller ever answered (before that, it may still be starting)."""
+        self.unanswered_since: float | None = None
+        """When the oldest heartbeat the controller has not answered yet (nor said anything
+        since) was sent; None while it answers."""
         self.bad_messages = BadMessages(logger, f"control channel of {worker_id}")
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
         wire.send(self.socket, kind, body)
+
+    def heartbeat(self, stats: dict[str, Any]) -> None:
+        """Send stats; the controller's ``ack`` proves it is still there."""
+        self.send("heartbeat", {"stats": stats})
+        if self.unanswered_since is None:
+            self.unanswered_since = time.monotonic()
+
+    def controller_silent_s(self) -> float:
+        """Seconds since the oldest heartbeat still unanswered was sent (0: all answered).
+
+        Read the socket first (:meth:`stop_requested` does): the answers that came while this
+        worker was busy count, so a long trainer step is not mistaken for a dead controller.
+        """
+        if self.unanswered_since is None:
+            return 0.0
+        return time.monotonic() - self.unanswered_since
+
+    def check_controller(self) -> None:
+        """Raise :class:`ControllerGoneError` once the controller has been silent too long."""
+        silent = self.controller_silent_s()
+        if silent > CONTROLLER_SILENCE_S:
+            raise ControllerGoneError(
+                f"{self.worker_id}: the controller answered no heartbeat for {silent:.1f}s; it "
+                "is gone, so this worker exits (resume with `troupe run --resume RUN_DIR`)"
+            )
+
+    def moved(self) -> dict[str, str]:
+        """Names whose owner moved since the last call, and their new addresses."""
+        moved: dict[str, str] = {}
+        for m in self.inbox:
+            if m.kind == "moved" and isinstance(m.body, dict):
+                moved[str(m.body.get("name"))] = str(m.body.get("address"))
+        self.inbox = [m for m in self.inbox if m.kind != "moved"]
+        return moved
 
     def hello(self, role: str) -> dict[str, Any]:
         """Announce this worker and wait for its configuration."""
@@ -70,7 +136,10 @@ class ControlClient:
                 return str(message.body["address"])
 
     def wait_for(self, kind: str) -> wire.Message:
+        """The next message of ``kind``. While waiting, heartbeats go out, so a controller that
+        is gone is noticed in :data:`CONTROLLER_SILENCE_S`, not at the end of the timeout."""
         deadline = time.monotonic() + self.timeout_s
+        next_beat = time.monotonic() + HEARTBEAT_S
         while time.monotonic() < deadline:
             for i, message in enumerate(self.inbox):
                 if message.kind == kind:
@@ -78,6 +147,10 @@ class ControlClient:
                 if message.kind == "stop":  # e.g. the run failed while we wait for a peer
                     raise StopRequested(f"{self.worker_id} was told to stop")
             self._receive(timeout_ms=100)
+            if self.heard and time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + HEARTBEAT_S
+                self.heartbeat({})
+                self.check_controller()
         raise PeerTimeoutError(
             f"{self.worker_id} waited {self.timeout_s:.0f}s for '{kind}' from the controller; "
             "is the controller running and reachable?"
@@ -89,7 +162,11 @@ class ControlClient:
         except WireError as e:
             self.bad_messages.record(e)
             return
-        if got is not None:
+        if got is None:
+            return
+        self.unanswered_since = None  # any message proves the controller is there
+        self.heard = True
+        if got[1].kind != "ack":
             self.inbox.append(got[1])
 
     def stop_requested(self) -> bool:
@@ -102,4 +179,71 @@ class ControlClient:
         return any(m.kind == "stop" for m in self.inbox)
 
     def close(self) -> None:
+        self.watch.stop()
         self.socket.close(linger=200)  # let bye/error reach the controller
+
+
+class ConnectionWatch:
+    """Ends the process when the controller's connection stays closed, whatever it is doing.
+
+    Heartbeat answers are read between two polls of the worker; a worker blocked for a while
+    (a long trainer step, a publish waiting for a parameter service that died with the
+    controller, a builder waiting for a peer) would linger that long. A process that ends
+    closes its TCP connections, so the control socket's monitor, read on a thread of its own,
+    sees the controller go at once; if no new connection comes within
+    :data:`CONTROLLER_SILENCE_S` (a controller restarted by a scheduler), the worker exits with
+    :data:`EXIT_ORPHANED`. A host that vanishes closes nothing: heartbeats catch that.
+    ``controller_pid`` (a controller on this machine): its end is seen even before a connection
+    was made.
+    """
+
+    EXIT_ORPHANED = 3
+
+    def __init__(self, socket: zmq.Socket, worker_id: str, controller_pid: int | None = None):
+        self.worker_id = worker_id
+        self.controller_pid = controller_pid
+        self._socket = socket
+        self._monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        connected, lost_at = False, None
+        try:
+            while not self._stopping.is_set():
+                if self._monitor.poll(100):
+                    event = recv_monitor_message(self._monitor)["event"]
+                    if event == zmq.EVENT_CONNECTED:
+                        connected, lost_at = True, None
+                    elif event == zmq.EVENT_DISCONNECTED and connected:
+                        lost_at = time.monotonic()
+                if lost_at is not None and time.monotonic() - lost_at > CONTROLLER_SILENCE_S:
+                    self._exit(f"closed its connection {time.monotonic() - lost_at:.1f}s ago")
+                if self.controller_pid is not None and not _process_exists(self.controller_pid):
+                    self._exit(f"process {self.controller_pid} ended")
+        finally:
+            self._monitor.close(linger=0)
+
+    def _exit(self, why: str) -> None:
+        logger.error(
+            "%s: the controller %s; this worker exits (resume with `troupe run --resume RUN_DIR`)",
+            *(self.worker_id, why),
+        )
+        os._exit(self.EXIT_ORPHANED)  # the main thread may be blocked: no cleanup
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=1.0)
+        with contextlib.suppress(zmq.ZMQError):
+            self._socket.disable_monitor()
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: exists
+        return True
+    return True

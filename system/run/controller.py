@@ -29,7 +29,7 @@ import zmq
 
 from api.code import load_code
 from api.config import ExperimentConfig
-from api.errors import WireError, WorkerFailure
+from api.errors import RunFolderError, WireError, WorkerFailure
 from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.display import LiveDisplay
@@ -37,6 +37,7 @@ from system.run.episodes import CallbackError, Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
 from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary
+from system.run.stopping import EvaluationWindows
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,11 @@ MAX_RESTARTS = 5
 class Launcher(Protocol):
     start_grace_s: float
     """How long a worker may take from start to its first message (image pulls, imports)."""
+    restart_grace_s: float
+    """How long a worker that was running may take to be back after it died or went silent:
+    restarted by us, or by its scheduler (which may also never do it: ``docker kill``)."""
+    restarts_workers: bool
+    """Whether a scheduler restarts workers (the controller then only waits for their hello)."""
 
     def start(self, worker_id: str, role: str, controller: str) -> None: ...
     def is_alive(self, worker_id: str) -> bool: ...
@@ -79,8 +85,10 @@ class Controller:
         bind: str = "tcp://127.0.0.1:*",
         advertise_host: str | None = None,
         display: bool | None = None,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
     ):
         self.config = config
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.run_dir = Path(run_dir)
         self.launcher = launcher
         self.socket = wire.make_socket(
@@ -92,24 +100,35 @@ class Controller:
         self.address = f"tcp://{advertise_host}:{port}" if advertise_host else endpoint
         self.workers = {p.worker_id: WorkerRecord(p) for p in plan_workers(config)}
         self.start_grace_s = float(getattr(launcher, "start_grace_s", 120.0))
+        self.restart_grace_s = float(getattr(launcher, "restart_grace_s", self.start_grace_s))
+        self.silent_since: dict[str, float] = {}
+        """Workers that died or went silent after running, and since when: a restart that has
+        not brought one back within ``restart_grace_s`` fails the run."""
+        self.why_restarted: dict[str, str] = {}
         self.endpoints: dict[str, str] = {}
         self.lookups: dict[str, list[bytes]] = {}
+        self.watchers: dict[str, set[bytes]] = {}
+        """Who looked each name up: they are told (``moved``) when its owner registers anew."""
+        self.registered: set[str] = set()
         self.bad_messages = BadMessages(logger, "controller")
         self.metrics = MetricsWriter(self.run_dir)
         self.display = LiveDisplay(config.name, enabled=display)
         self.totals = {"env_frames": 0, "eval_env_frames": 0}
         self.returns: deque[float] = deque(maxlen=100)
-        self.eval_returns: deque[float] = deque(maxlen=config.evaluation.episodes)
-        self.eval_count = 0
+        self.evaluation = EvaluationWindows(
+            config.stop.eval_return, config.evaluation.episodes, config.stop.confirm_windows
+        )
         self.trainer_stats: dict[str, dict[str, float]] = {}
         self.train_window = EpisodeWindow(100)
         self.eval_window = EpisodeWindow(config.evaluation.episodes)
+        self.eval_count = 0
         load_code(config.code)  # the user's callbacks may live in the user's own files
         self.callbacks = Callbacks(config.callbacks)
         self.started = time.monotonic()
         self._continue_counts()
         self.stop_reason = ""
         self.failure: WorkerFailure | None = None
+        self.folder_error: RunFolderError | None = None
 
     def _continue_counts(self) -> None:
         """On resume, frames and wall-clock go on from where the stopped run left them."""
@@ -121,9 +140,9 @@ class Controller:
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> dict[str, Any]:
         """Start every worker, supervise until a stopping rule holds, stop, write the summary."""
-        (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2))
-        for state in self.workers.values():
-            self.launcher.start(state.plan.worker_id, state.plan.role.value, self.address)
+        if self._write(lambda: _write_json(self.run_dir / "config.json", self.config.to_dict())):
+            for state in self.workers.values():
+                self.launcher.start(state.plan.worker_id, state.plan.role.value, self.address)
         self.display.start()
         next_stats = time.monotonic() + STATS_EVERY_S
         try:
@@ -132,11 +151,11 @@ class Controller:
                 self._check_stop()  # every loop: a solved run ends the moment it is known
                 if time.monotonic() >= next_stats:
                     next_stats += STATS_EVERY_S
-                    self._report()
+                    self._write(self._report)
                     self._supervise()
             # The record that met the stopping rule, at the moment it did: episodes that finish
             # during shutdown would move the evaluation mean away from what decided.
-            self._report()
+            self._write(self._report)
         except KeyboardInterrupt:
             self.stop_reason = "interrupted"
         finally:
@@ -161,14 +180,41 @@ class Controller:
         while waiting and time.monotonic() < deadline:
             self._receive(timeout_ms=100)
             waiting = {w for w in waiting if self.workers[w].state.running}
-            waiting = {w for w in waiting if self.launcher.is_alive(w)}
+            gone = {w for w in waiting if not self.launcher.is_alive(w)}
+            if gone:
+                # A worker sends bye, then exits: its bye may still be on its way to us.
+                self._receive(timeout_ms=200)
+                for w in gone:
+                    if self.workers[w].state.running:
+                        logger.warning("%s exited on stop without saying bye", w)
+                        self.workers[w].state = WorkerState.FAILED
+                waiting -= gone
         for w in waiting:
             logger.warning("%s did not stop in %.0fs; killing it", w, timeout_s)
             self.launcher.kill(w)
+            self.workers[w].state = WorkerState.FAILED
+
+    def _write(self, write) -> bool:
+        """Do one of the run folder's writes; if the folder cannot be written (a full disk, a
+        read-only mount), stop the run with that one-line cause instead of a traceback."""
+        try:
+            write()
+            return True
+        except OSError as e:
+            self._folder_failed(RunFolderError.from_os_error(self.run_dir, e))
+            return False
+
+    def _folder_failed(self, error: RunFolderError) -> None:
+        if self.folder_error is None:
+            self.folder_error = error
+            logger.error("%s", error)
+        self.failure = self.failure or WorkerFailure("controller", str(error))
+        self.stop_reason = self.stop_reason or "failed"
 
     def _finish(self) -> dict[str, Any]:
-        self._report(show=False)  # the last counts, for metrics.jsonl; the display has closed
-        self.metrics.close()
+        # The last counts, for metrics.jsonl; the display has closed.
+        self._write(lambda: self._report(show=False))
+        self._write(self.metrics.close)
         wall = time.monotonic() - self.started
         target = self.config.stop.eval_return
         solved = self.stop_reason == "eval_return"
@@ -181,8 +227,14 @@ class Controller:
         )
         if self.failure is not None:
             summary["failure"] = str(self.failure)
-        write_summary(self.run_dir, summary)
-        write_learning_curve(self.run_dir, title=self.config.name, target=target)
+        if solved:
+            summary["confirmation"] = self.evaluation.describe()
+            summary["eval_window_means"] = list(self.evaluation.confirmed)
+        summary["summary_written"] = self._write(lambda: write_summary(self.run_dir, summary))
+        if summary["summary_written"]:
+            self._write(
+                lambda: write_learning_curve(self.run_dir, title=self.config.name, target=target)
+            )
         self.socket.close(linger=0)
         return summary
 
@@ -223,16 +275,19 @@ class Controller:
             state.pid = int(body.get("pid", 0)) or None
             self._send(worker_id, "configure", self._configuration(state.plan))
         elif message.kind == "register":
-            self.endpoints[str(body["name"])] = str(body["address"])
-            self._answer_lookups(str(body["name"]))
+            self._register(str(body["name"]), str(body["address"]))
         elif message.kind == "lookup":
             self.lookups.setdefault(str(body["name"]), []).append(worker_id.encode())
+            self.watchers.setdefault(str(body["name"]), set()).add(worker_id.encode())
             self._answer_lookups(str(body["name"]))
         elif message.kind == "ready":
             state.state = WorkerState.ALIVE
         elif message.kind == "heartbeat":
+            self._send(worker_id, "ack", {})  # a worker leaves when these stop coming
             self._absorb(worker_id, body.get("stats") or {})
         elif message.kind == "error":
+            if body.get("type") == RunFolderError.__name__:  # no restart can fix a full disk
+                self._folder_failed(RunFolderError(str(body["message"])))
             fatal = bool(body.get("fatal", False))
             self._on_error(state, str(body["message"]), str(body.get("traceback", "")), fatal)
         elif message.kind == "bye":
@@ -250,6 +305,20 @@ class Controller:
             "plan": plan.to_wire(),
         }
 
+    def _register(self, name: str, address: str) -> None:
+        """A worker bound ``name``. If another process had it before (a restart), everyone who
+        looked it up is told, so peers that keep a connection (to the parameter service, say)
+        reconnect at once instead of waiting for a timeout."""
+        known = self.watchers.get(name, set())
+        self.endpoints[name] = address
+        if name in self.registered:
+            for ident in known:
+                wire.send(
+                    self.socket, "moved", {"name": name, "address": address}, envelope=[ident]
+                )
+        self.registered.add(name)
+        self._answer_lookups(name)
+
     def _answer_lookups(self, name: str) -> None:
         address = self.endpoints.get(name)
         if address is None:
@@ -262,7 +331,10 @@ class Controller:
     def _on_error(self, state: WorkerRecord, message: str, tb: str, fatal: bool = False) -> None:
         """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix."""
         state.state = WorkerState.FAILED
-        logger.error("%s failed: %s\n%s", state.plan.worker_id, message, tb)
+        if self.folder_error is not None:  # the cause is known and said; the rest follows from it
+            logger.warning("%s failed: %s", state.plan.worker_id, message)
+        else:
+            logger.error("%s failed: %s\n%s", state.plan.worker_id, message, tb)
         if fatal or not state.plan.restartable or state.restarts >= MAX_RESTARTS:
             self.failure = WorkerFailure(state.plan.worker_id, message, tb)
             self.stop_reason = "failed"
@@ -273,21 +345,53 @@ class Controller:
         for wid, state in self.workers.items():
             if state.state is WorkerState.STOPPED or self.stop_reason:
                 continue
+            if state.state is WorkerState.ALIVE:
+                self.silent_since.pop(wid, None)
             dead = not self.launcher.is_alive(wid)
-            alive = state.state is WorkerState.ALIVE
-            silent = now - state.last_seen > (HEARTBEAT_TIMEOUT_S if alive else self.start_grace_s)
+            silent = now - state.last_seen > self._silence_limit(wid, state)
             if not (dead or silent or state.state is WorkerState.FAILED):
                 continue
-            if not state.plan.restartable or state.restarts >= MAX_RESTARTS:
-                why = "exited" if dead else "went silent" if silent else "failed"
-                self.failure = self.failure or WorkerFailure(wid, f"{wid} {why}; not restarted")
-                self.stop_reason = "failed"
+            why = "exited" if dead else "went silent" if silent else "failed"
+            if silent and wid in self.silent_since and state.state is WorkerState.RESTARTING:
+                lost = now - self.silent_since[wid]
+                why = f"was not back {lost:.0f}s after it {self.why_restarted[wid]}"
+                self._fail(wid, f"{wid} {why}; {self._restart_hint()}")
                 return
-            self._restart(state, "exited" if dead else "went silent" if silent else "failed")
+            if not state.plan.restartable or state.restarts >= MAX_RESTARTS:
+                self._fail(wid, f"{wid} {why}; not restarted")
+                return
+            self._restart(state, why)
+
+    def _silence_limit(self, wid: str, state: WorkerRecord) -> float:
+        """How long a worker may go without a message: a heartbeat interval when running; after
+        a restart, the restart grace; the start grace before its first message."""
+        if state.state is WorkerState.ALIVE:
+            return self.heartbeat_timeout_s
+        return self.restart_grace_s if wid in self.silent_since else self.start_grace_s
+
+    def _fail(self, wid: str, message: str) -> None:
+        self.failure = self.failure or WorkerFailure(wid, message)
+        self.stop_reason = "failed"
+
+    def _restart_hint(self) -> str:
+        if getattr(self.launcher, "restarts_workers", False):
+            return (
+                "its scheduler did not restart it (Docker does not restart a container stopped "
+                "by `docker kill` or `docker stop`); see `docker ps -a` or the scheduler's events"
+            )
+        return "see its log lines above for why it does not start"
 
     def _restart(self, state: WorkerRecord, why: str) -> None:
         wid = state.plan.worker_id
-        logger.warning("%s %s; restarting it (restart %d)", wid, why, state.restarts + 1)
+        self.silent_since.setdefault(wid, time.monotonic())
+        self.why_restarted[wid] = why
+        if getattr(self.launcher, "restarts_workers", False):
+            logger.warning(
+                "%s %s; waiting up to %.0fs for its scheduler to restart it",
+                *(wid, why, self.restart_grace_s),
+            )
+        else:
+            logger.warning("%s %s; restarting it (restart %d)", wid, why, state.restarts + 1)
         self.launcher.kill(wid)
         self._forget_endpoints(state.plan)  # peers must look up the new address
         state.restarts += 1
@@ -320,7 +424,7 @@ class Controller:
             self.train_window.extend(episodes)
             self._callback(self.callbacks.episodes, episodes)
             for e in stats.get("eval_episodes", []):
-                self.eval_returns.append(e["episode_return"])
+                self.evaluation.add(e["episode_return"])
                 self.eval_window.extend([e])
                 self.eval_count += 1
                 if self.eval_count % self.config.evaluation.episodes == 0:
@@ -344,9 +448,7 @@ class Controller:
             self.stop_reason = "failed"
 
     def _eval_mean(self) -> float | None:
-        if len(self.eval_returns) < self.config.evaluation.episodes:
-            return None
-        return float(np.mean(self.eval_returns))
+        return self.evaluation.mean()
 
     def _report(self, show: bool = True) -> None:
         elapsed = time.monotonic() - self.started
@@ -381,6 +483,8 @@ class Controller:
                 "state": s.state.value,
                 "restarts": s.restarts,
                 "peak_rss_mb": round(s.peak_rss_mb, 1),
+                # the parameters a policy worker serves, or a trainer last published
+                "version": s.stats.get("version"),
             }
             for wid, s in self.workers.items()
         }
@@ -418,8 +522,7 @@ class Controller:
 
     def _check_stop(self) -> None:
         stop = self.config.stop
-        evald = self._eval_mean()
-        if stop.eval_return is not None and evald is not None and evald >= stop.eval_return:
+        if self.evaluation.solved():
             self.stop_reason = "eval_return"
         elif stop.env_frames is not None and self.totals["env_frames"] >= stop.env_frames:
             self.stop_reason = "env_frames"
@@ -435,5 +538,8 @@ class Controller:
 
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a replace there is nothing; after a failure, no .tmp

@@ -99,8 +99,9 @@ class WorkerPlan:
 class ParameterServicePlan(WorkerPlan):
     role: ClassVar[Role] = Role.PARAMETER_SERVICE
     stop_order: ClassVar[int] = 2
-    restartable: ClassVar[bool] = False
-    """Versions since the last checkpoint live only in its memory: a restart would lose them."""
+    restartable: ClassVar[bool] = True
+    """Every version is on disk before it is announced (``latest.ckpt``), so a restarted
+    service starts from the newest one; its peers are told its new address (``moved``)."""
 
     def endpoints(self) -> list[str]:
         return [PARAMS_REQUEST, PARAMS_PUSH]

@@ -288,7 +288,11 @@ def write_learning_curve(
     fig.suptitle(title or run_dir.name)
     fig.tight_layout()
     tmp = run_dir / f".{LEARNING_CURVE_FILE}.tmp.png"
-    fig.savefig(tmp, format="png")
-    path = run_dir / LEARNING_CURVE_FILE
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, format="png")
+        path = run_dir / LEARNING_CURVE_FILE
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half picture behind
+        raise
     return path

@@ -77,6 +77,9 @@ class InprocWiring:
         self.inference = InprocInferenceHub()
         self.samples = InprocSampleHub()
 
+    def keep_alive(self) -> None:
+        """No controller to answer in one process."""
+
     def parameter_client(self, subscribe: list[str]) -> InprocParameterService:
         return InprocParameterService(self.store)
 

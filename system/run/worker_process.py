@@ -27,7 +27,13 @@ from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
-from system.run.control_channel import ControlClient, StopRequested
+from system.run.control_channel import (
+    HEARTBEAT_S,
+    ControlClient,
+    ControllerGoneError,
+    StopRequested,
+)
+from system.run.peer_watch import ParameterServiceWatch
 from system.run.plan import (
     PARAMS_PUSH,
     PARAMS_REQUEST,
@@ -48,7 +54,6 @@ from system.workers.parameter_worker import ParameterServiceWorker
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_S = 0.25
 STOP_CHECK_S = 0.05
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
 
@@ -88,6 +93,14 @@ class SocketWiring:
         if self._spaces is None:
             self._spaces = builders.probe_spaces(self.config)
         return self._spaces
+
+    def keep_alive(self) -> None:
+        """While a builder waits (for a first version, say): heartbeats go out, a stop request
+        is noticed, and a controller that is gone ends the wait."""
+        if self.ctl.stop_requested():
+            raise _Stop()
+        self.ctl.heartbeat({})
+        self.ctl.check_controller()
 
     def parameter_client(self, subscribe: list[str]) -> ParameterClient:
         push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
@@ -132,10 +145,16 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
         import torch  # only trainers and policy workers pay for importing torch
 
         torch.set_num_threads(1)
-    built = builders.build(plan, cfg, SocketWiring(ctl, place, Path(conf["run_dir"]), cfg))
+    wiring = SocketWiring(ctl, place, Path(conf["run_dir"]), cfg)
+    built = builders.build(plan, cfg, wiring)
     if isinstance(plan, ActorPlan):
         built.on_heartbeat = ActorPeerWatchdog(
             ctl, built.worker, plan.inference_endpoints(cfg), plan.sample_endpoints(cfg)
+        )
+    elif isinstance(plan, (TrainerPlan, PolicyWorkerPlan)):
+        subscribe = [plan.policy] if isinstance(plan, PolicyWorkerPlan) else []
+        built.on_heartbeat = ParameterServiceWatch(
+            ctl, built.worker, lambda: wiring.parameter_client(subscribe), built.on_heartbeat
         )
     return built
 
@@ -159,6 +178,7 @@ class ActorPeerWatchdog:
         self.backlogged_since: float | None = None
 
     def __call__(self) -> None:
+        self._follow(self.ctl.moved())
         stalled = self.worker.stalled_policies(self.STALL_S)
         if stalled:
             logger.warning("%s: no answer from %s; reconnecting", self.ctl.worker_id, stalled)
@@ -183,9 +203,29 @@ class ActorPeerWatchdog:
                                    policy)  # fmt: skip
                     samples.connect(policy, addresses)
 
+    def _follow(self, moved: dict[str, str]) -> None:
+        """Peers the controller says were restarted at new addresses: reconnect now, rather
+        than after a stall."""
+        for policy, name in self.inference_names.items():
+            if name in moved:
+                self.worker.inference.connect(policy, moved[name])
+                self.worker.repost({policy})
+        samples = self.worker.samples
+        for policy, names in self.sample_names.items():
+            if samples is not None and any(n in moved for n in names):
+                samples.connect(policy, [self.ctl.lookup(n) for n in names])
 
-def main(worker_id: str, role: str, controller: str, placement: dict | None = None) -> int:
-    """Run one worker until stopped; the process's exit code is the return value."""
+
+def main(
+    worker_id: str,
+    role: str,
+    controller: str,
+    placement: dict | None = None,
+    controller_pid: int | None = None,
+) -> int:
+    """Run one worker until stopped; the process's exit code is the return value.
+
+    ``controller_pid``: the controller's process, when it runs on this machine (local runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
     signal.signal(signal.SIGTERM, _raise_stop)
     logging.basicConfig(
@@ -194,7 +234,7 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
     )
     place = Placement(**(placement or {}))
     wire.secure_from_environment()  # cluster runs: CURVE on every socket
-    ctl = ControlClient(controller, worker_id)
+    ctl = ControlClient(controller, worker_id, controller_pid=controller_pid)
     worker: Worker | None = None
     try:
         conf = ctl.hello(role)
@@ -204,23 +244,41 @@ def main(worker_id: str, role: str, controller: str, placement: dict | None = No
         ctl.send("ready", {})
         return _loop(ctl, worker, built.on_heartbeat)
     except (_Stop, StopRequested):
+        ctl.send("bye", {})  # a stop before the loop (SIGTERM, or stop while being built)
         return EXIT_OK
+    except ControllerGoneError as e:
+        logger.error("%s", e)  # nobody to report to
+        return EXIT_ORPHANED
     except Exception as e:
         message = f"{type(e).__name__}: {e}"
         # An unknown name or a bad argument fails the same way in every restart: say so, and
         # the controller ends the run with this message instead of restarting the worker.
         fatal = isinstance(e, (RegistryError, ConfigError))
-        body = {"message": message, "traceback": traceback.format_exc(), "fatal": fatal}
+        tb = traceback.format_exc()
+        body = {"message": message, "traceback": tb, "type": type(e).__name__, "fatal": fatal}
         ctl.send("error", body)
         return EXIT_FAILED
     finally:
         if worker is not None:
             _close(worker)
         ctl.close()
+        _flush_sockets()
+
+
+def _flush_sockets(linger_ms: int = 1000) -> None:
+    """Deliver what is still queued (the bye, an error report) before the process exits.
+
+    Closing a socket only hands its messages to ZeroMQ's I/O thread; a process that then exits
+    without terminating its context kills that thread with them, and the controller would never
+    hear that this worker stopped. Terminating waits for them, at most ``linger_ms``.
+    """
+    from system.streams import security
+
+    security.shutdown()  # its ZAP thread owns sockets of this context
+    wire.context().destroy(linger=linger_ms)
 
 
 def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
-    parent = os.getppid()
     next_beat = next_check = 0.0
     while True:
         worker.poll()
@@ -232,7 +290,7 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
         next_check = now + STOP_CHECK_S
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
-            ctl.send("heartbeat", {"stats": _with_memory(worker.collect_stats())})
+            ctl.heartbeat(_with_memory(worker.collect_stats()))
             if watchdog is not None:
                 watchdog()
         if ctl.stop_requested():
@@ -240,9 +298,7 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
             ctl.send("heartbeat", {"stats": worker.collect_stats()})
             ctl.send("bye", {})
             return EXIT_OK
-        if os.getppid() != parent:
-            logger.error("controller process is gone; %s exits", ctl.worker_id)
-            return EXIT_ORPHANED
+        ctl.check_controller()
 
 
 def _with_memory(stats: dict[str, Any]) -> dict[str, Any]:

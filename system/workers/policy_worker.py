@@ -12,9 +12,11 @@ import time
 
 import numpy as np
 
+from api.errors import PeerTimeoutError
 from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
 from system.parameters.interfaces import ParameterSubscriber
+from system.parameters.store import ParameterNotFoundError
 from system.streams.inference import InferenceServer, PendingRequest
 from system.workers.base import Worker
 
@@ -74,11 +76,25 @@ class PolicyWorker(Worker):
         latest = self.params.poll_latest(self.policy_name)
         if latest is None:
             return
-        version, checkpoint = latest
-        if version == self.policy.version:
+        self._load(*latest)
+
+    def _load(self, version: int, checkpoint) -> None:
+        if version <= self.policy.version:  # unchanged, or older: versions only go up
             return
         self.policy.load_checkpoint(checkpoint)
         self.stats["parameter_loads"] = self.stats.get("parameter_loads", 0) + 1
+
+    def reconnect(self, params: ParameterSubscriber) -> None:
+        """The parameter service was restarted at new addresses: listen there from now on, and
+        take the newest version at once (one pushed before the new subscription is missed)."""
+        old, self.params = self.params, params
+        if old is not None:
+            old.close()
+        try:
+            self._load(*params.get(self.policy_name))
+        except (ParameterNotFoundError, PeerTimeoutError) as e:
+            logger.warning("%s: the restarted service has no parameters yet: %s", self.worker_id,
+                           e)  # fmt: skip
 
     def _with_state(self, request: RolloutRequest) -> RolloutRequest:
         """Fill the memory of a request that came without one (an actor's first request)."""

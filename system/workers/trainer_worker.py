@@ -17,15 +17,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from api.errors import OperationalError
+from api.errors import OperationalError, PeerTimeoutError, RunFolderError
 from api.policy import SampleBatch
 from api.trainer import Trainer
 from system.parameters.interfaces import ParameterPublisher
+from system.parameters.store import ParameterNotFoundError
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
 
 logger = logging.getLogger(__name__)
+
+
+PUBLISH_RETRY_S = 10.0
+"""How long a trainer trains on without publishing after the parameter service did not answer,
+unless the controller says where the restarted service is first (then it publishes at once)."""
 
 
 class NonFiniteLossError(OperationalError):
@@ -59,9 +65,12 @@ class TrainerWorker(Worker):
         self.last_batch: SampleBatch | None = None
         self.steps = 0
         self._published = False
+        self._retry_at = 0.0
+        """After a publish timed out: when to try again on the same client (a restarted
+        service's new address, from :meth:`reconnect`, comes sooner)."""
 
     def poll(self) -> int:
-        if not self._published:
+        if not self._published and time.monotonic() >= self._retry_at:
             self.publish(persist=False)  # policy workers start from the trainer's weights
         batch = self.take_batch(timeout_ms=20)
         if batch is None:
@@ -119,6 +128,18 @@ class TrainerWorker(Worker):
         return stats
 
     def publish(self, persist: bool) -> None:
+        """Publish the current version. If the parameter service does not answer (it is being
+        restarted), training goes on and the newest version is published once it is back."""
+        try:
+            self._publish(persist)
+        except PeerTimeoutError as e:
+            self._published = False
+            self._retry_at = time.monotonic() + PUBLISH_RETRY_S
+            self.stats["publish_timeouts"] = self.stats.get("publish_timeouts", 0) + 1
+            logger.warning("%s: version %d not published yet: %s", self.worker_id,
+                           self.trainer.policy.version, e)  # fmt: skip
+
+    def _publish(self, persist: bool) -> None:
         policy = self.trainer.policy
         self.params.publish(
             self.policy_name, policy.version, policy.get_checkpoint(), persist=persist
@@ -127,13 +148,26 @@ class TrainerWorker(Worker):
         if persist:
             self.save_trainer_state()
 
+    def reconnect(self, params: ParameterPublisher) -> None:
+        """The parameter service was restarted at new addresses: publish there from now on. It
+        starts from the newest version it announced; if that is older than ours, ours follows
+        on the next poll."""
+        old, self.params = self.params, params
+        old.close()
+        self._retry_at = 0.0
+        try:
+            version, _ = params.get(self.policy_name)
+        except (ParameterNotFoundError, PeerTimeoutError):
+            version = None
+        self._published = version is not None and version >= self.trainer.policy.version
+
     def mark_published(self) -> None:
         """The current version is already in the parameter service (resume, restart)."""
         self._published = True
 
     def on_stop(self) -> None:
         """Persist the final version, so the run folder ends with its last parameters."""
-        self.publish(persist=True)
+        self._publish(persist=True)  # no service to take it is an error worth reporting
 
     def save_trainer_state(self) -> None:
         """Write the optimiser state beside the parameter checkpoints (atomically)."""
@@ -143,8 +177,14 @@ class TrainerWorker(Worker):
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / "trainer.pt.tmp"
         state = {"version": self.trainer.policy.version, "trainer": self.trainer.get_checkpoint()}
-        torch.save(state, tmp)
-        tmp.replace(folder / "trainer.pt")
+        try:
+            torch.save(state, tmp)
+            tmp.replace(folder / "trainer.pt")
+        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                raise RunFolderError.from_os_error(folder / "trainer.pt", e) from e
+            raise
 
     def restore(self, policy_checkpoint: dict[str, Any] | None) -> None:
         """Resume: load published parameters and, if saved, this trainer's own state."""

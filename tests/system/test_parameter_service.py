@@ -887,3 +887,30 @@ def test_shm_falls_back_to_the_socket(shm_dir, tmp_path, monkeypatch):
         assert client.poll_latest("p", timeout_s=TIMEOUT_S)[0] == version + 4
     finally:
         svc.close()
+
+
+def test_durable_store_writes_every_version_and_a_restart_starts_from_the_newest(tmp_path):
+    store = ParameterStore(tmp_path, keep=2, durable=True)
+    for version in range(1, 6):
+        store.publish("p", version, {"w": np.full(3, float(version), np.float32)}, persist=False)
+    store.publish("p", 6, {"w": np.full(3, 6.0, np.float32)}, persist=True)  # a checkpoint
+    store.publish("p", 7, {"w": np.full(3, 7.0, np.float32)})
+    folder = tmp_path / "checkpoints" / "p"
+    (folder / ".latest.ckpt.tmp-999999999-1").write_bytes(b"half")  # a writer killed mid-way
+    restarted = ParameterStore(tmp_path, keep=2, durable=True)
+    assert restarted.load_from_disk() == {"p": 7}  # latest.ckpt is newer than v00000006.ckpt
+    version, params = restarted.get("p")
+    assert version == 7 and params["w"].tolist() == [7.0, 7.0, 7.0]
+    assert restarted.get("p", 6)[0] == 6
+    assert not list(folder.glob(".*tmp*"))
+
+
+def test_a_full_disk_is_a_run_folder_error_naming_the_file_and_leaves_no_tmp(tmp_path):
+    from api.errors import RunFolderError
+
+    store = ParameterStore(tmp_path, durable=True)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "p").write_text("not a folder")  # writes under it must fail
+    with pytest.raises(RunFolderError, match=r"cannot write .*latest\.ckpt: .*; "):
+        store.publish("p", 1, {"w": np.zeros(3, np.float32)})
+    assert store.latest_version("p") is None  # not durable: not published, not announced

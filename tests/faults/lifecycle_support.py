@@ -1,0 +1,110 @@
+"""Helpers for fault tests that run the real ``troupe`` command and kill parts of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from system.run.report import read_metrics
+
+TROUPE = [sys.executable, "-m", "distributed.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+# Small and steady: two actors, evaluation off, a run that only ends on its frame budget.
+SMALL = ["stop.eval_return=None", "evaluation.workers=0", "actors.envs_per_worker=4"]
+
+
+def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*TROUPE, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: every process of the run is in it
+        env={**os.environ, **(env or {})},
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"troupe did not finish in {timeout}s:\n{out[-3000:]}")
+    return out
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def frames(run_dir: Path) -> int:
+    records = read_metrics(run_dir)
+    return int(records[-1].get("env_frames") or 0) if records else 0
+
+
+def wait_for(condition, proc: subprocess.Popen | None, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"troupe exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        time.sleep(0.1)
+    if proc is not None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"timed out ({timeout}s) waiting for {what}")
+
+
+def group(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    out = subprocess.run(["ps", "-o", "pid=,pgid=,stat=", "-e"], capture_output=True, text=True)
+    rows = [line.split() for line in out.stdout.splitlines()]
+    return [int(r[0]) for r in rows if r[1] == str(pgid) and not r[2].startswith("Z")]
+
+
+def describe(pids: list[int]) -> str:
+    out = subprocess.run(["ps", "-o", "pid,ppid,stat,args", "-p", ",".join(map(str, pids)) or "0"],
+                         capture_output=True, text=True)  # fmt: skip
+    return "\n".join(line[:160] for line in out.stdout.splitlines())
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def workers(run_dir: Path) -> dict:
+    return read_json(run_dir / "workers.json")
+
+
+def all_alive(run_dir: Path) -> bool:
+    table = workers(run_dir)
+    return bool(table) and all(w["state"] == "alive" for w in table.values())
+
+
+def latest_version(run_dir: Path, policy: str = "default") -> int | None:
+    """The version in the run folder's ``latest.ckpt`` (what a restarted service starts from)."""
+    from system.parameters.store import LATEST_FILE, load_checkpoint_file
+
+    path = run_dir / "checkpoints" / policy / LATEST_FILE
+    try:
+        return int(load_checkpoint_file(path)["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def leftovers(run_dir: Path) -> list[Path]:
+    """Temporary files a write left behind."""
+    return [p for p in run_dir.rglob("*") if ".tmp" in p.name]

@@ -1,0 +1,97 @@
+"""SIGKILL of each role in turn mid-run: actor, policy worker, trainer, parameter service.
+
+The run goes on after each kill; versions never go backwards (per process, and in the metrics);
+the parameter service comes back from the run folder with every version it had announced (its
+``latest.ckpt`` is written before a version is pushed); no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from lifecycle_support import (
+    SMALL,
+    all_alive,
+    finish,
+    group,
+    latest_version,
+    leftovers,
+    read_json,
+    start,
+    wait_for,
+    workers,
+)
+
+from system.run.report import read_metrics
+
+pytestmark = [pytest.mark.faults, pytest.mark.multiprocess]
+
+ROLES = ["actor/0", "policy/default/0", "trainer/default/0", "params"]
+
+
+class Versions:
+    """Versions each worker process reported (workers.json), checked as they come."""
+
+    def __init__(self):
+        self.by_process: dict[tuple[str, int], int] = {}
+        self.served = 0  # the newest version any policy worker served
+        self.trained = 0  # the newest version a trainer published
+
+    def read(self, run_dir) -> None:
+        for wid, w in workers(run_dir).items():
+            if w.get("version") is None or w.get("pid") is None or w["state"] != "alive":
+                continue
+            key, version = (wid, w["pid"]), int(w["version"])
+            assert version >= self.by_process.get(key, -1), f"{wid} went back to {version}"
+            self.by_process[key] = version
+            if w["role"] == "policy":
+                self.served = max(self.served, version)
+            if w["role"] == "trainer":
+                self.trained = max(self.trained, version)
+
+
+def test_each_role_killed_in_turn_the_run_goes_on_and_loses_no_version(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["run", "cartpole-ppo", *SMALL, "stop.env_frames=100000000", "--run-dir", str(run_dir)]
+    proc = start([*args, "--no-display"])
+    seen = Versions()
+
+    def progressing(after: int):
+        def check():
+            seen.read(run_dir)
+            return all_alive(run_dir) and min(seen.served, seen.trained) > after
+
+        return check
+
+    wait_for(progressing(2), proc, 300, "every worker alive, version 3 served")
+    for wid in ROLES:
+        before = workers(run_dir)[wid]
+        served = max(seen.served, seen.trained, latest_version(run_dir) or 0)
+        os.kill(before["pid"], signal.SIGKILL)
+        if wid == "params":  # announced means on disk: nothing a policy worker had is lost
+            assert (latest_version(run_dir) or -1) >= served
+
+        def restarted(wid=wid, before=before):
+            w = workers(run_dir)[wid]
+            return w["restarts"] == before["restarts"] + 1 and w["pid"] != before["pid"]
+
+        wait_for(restarted, proc, 120, f"{wid} restarted")
+        wait_for(progressing(served), proc, 180, f"new versions served after killing {wid}")
+
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C: the orderly stop
+    out = finish(proc)
+    assert proc.returncode == 130, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "interrupted"
+    table = workers(run_dir)
+    assert {w: table[w]["restarts"] for w in ROLES} == dict.fromkeys(ROLES, 1)
+    assert {w: s["state"] for w, s in table.items() if s["state"] != "stopped"} == {}, out
+    versions = [r["policy/default/version"] for r in read_metrics(run_dir)
+                if r.get("policy/default/version") is not None]  # fmt: skip
+    assert versions == sorted(versions), "a version went backwards in metrics.jsonl"
+    final = latest_version(run_dir)
+    assert (run_dir / "checkpoints" / "default" / f"v{final:08d}.ckpt").exists()
+    assert not group(proc.pid), "processes outlived the run"
+    assert not leftovers(run_dir)
