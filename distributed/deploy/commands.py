@@ -165,8 +165,14 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     add("--partition", default=None)
     add("--time", default="04:00:00", help="the job's time limit, HH:MM:SS or D-HH:MM:SS")
     add("--nodes", type=int, default=None, help="default: as many as the tasks need")
-    add("--cpus-per-task", type=int, default=2, help="CPUs of every worker")
-    add("--gpus-per-trainer", type=int, default=0)
+    add("--gpus-per-trainer", type=int, default=0, help="GPUs of each trainer task (--gres)")
+    _add_sizing(parser)
+    add(
+        "--interface",
+        default=None,
+        help="network interface whose address workers advertise, e.g. ib0 (default: the one "
+        "their route to the controller goes through)",
+    )
     add("--max-restarts", type=int, default=3, help="restarts of a failing worker task")
     add(
         "--sbatch",
@@ -198,12 +204,51 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
         partition=args.partition,
         time=args.time,
         nodes=args.nodes,
-        cpus_per_task=args.cpus_per_task,
         gpus_per_trainer=args.gpus_per_trainer,
         max_restarts=args.max_restarts,
         extra_sbatch=tuple(args.sbatch),
+        needs=_needs(args),
+        interface=args.interface,
     ).check()
     files = slurm.write_deployment(config, options, RunKeys.generate().to_text())
     console.print(f"wrote {', '.join(str(f) for f in files)}")
-    console.print(f"submit with: sbatch {files[0]}")
+    console.print(f"submit with: {files[0]}")
     return 0
+
+
+def _add_sizing(parser: argparse.ArgumentParser) -> None:
+    """What each role asks for: measured figures, overridable (``deploy/sizing.py``)."""
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="size memory from a finished run folder (its workers.json) or a troupe bench "
+        "--json result, instead of the built-in cartpole figures",
+    )
+    parser.add_argument(
+        "--cpus",
+        action="append",
+        default=[],
+        metavar="COMPONENT=N",
+        help="CPUs one worker of COMPONENT (controller, params, trainer, policy, actor, eval) "
+        "uses, e.g. trainer=8; repeatable",
+    )
+    parser.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="COMPONENT=MIB",
+        help="peak memory (MiB) of one worker of COMPONENT, e.g. trainer=6000 (a margin is "
+        "added); repeatable",
+    )
+
+
+def _needs(args: argparse.Namespace) -> dict:
+    from distributed.deploy import sizing
+
+    return sizing.role_needs(
+        measured=sizing.measured_from(args.measured) if args.measured else None,
+        cpus=sizing.parse_overrides(args.cpus, "--cpus"),
+        memory_mib=sizing.parse_overrides(args.memory, "--memory"),
+    )
