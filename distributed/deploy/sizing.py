@@ -27,8 +27,6 @@ COMPONENTS = ("controller", "params", "trainer", "policy", "actor", "eval")
 MEMORY_MARGIN = 1.25
 """Memory asked for = measured peak x this, rounded up to 16 MiB (the peak moves a little with
 batch sizes and allocator timing)."""
-LIMIT_FACTOR = 2.0
-"""Kubernetes memory limit = request x this: a worker over it is OOM-killed and restarted."""
 
 
 @dataclass(frozen=True)

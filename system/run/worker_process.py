@@ -286,6 +286,7 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
             ctl.send("heartbeat", {"stats": _with_memory(worker.collect_stats())})
+            _mark_alive()
             if watchdog is not None:
                 watchdog()
         if ctl.stop_requested():
@@ -296,6 +297,15 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
         if os.getppid() != parent:
             logger.error("controller process is gone; %s exits", ctl.worker_id)
             return EXIT_ORPHANED
+
+
+def _mark_alive() -> None:
+    """Touch ``$TROUPE_HEARTBEAT_FILE``, when set, with every heartbeat: a cluster's liveness
+    probe checks its age, so a worker whose loop hangs is restarted (distributed/deploy/k8s.py)."""
+    path = os.environ.get("TROUPE_HEARTBEAT_FILE")
+    if path:
+        with open(path, "a"):
+            os.utime(path)
 
 
 def _with_memory(stats: dict[str, Any]) -> dict[str, Any]:
