@@ -108,6 +108,7 @@ def _build_trainer(ctl: ControlClient, cfg: ExperimentConfig, conf: dict, place)
         batch_segments=cfg.policies[name].batch_segments,
         checkpoint_every=cfg.checkpoint_every,
         checkpoint_dir=Path(conf["run_dir"]) / "checkpoints",
+        max_policy_lag=cfg.policies[name].max_policy_lag,
     )
     latest = _latest(params, name)
     if latest is not None:  # resuming, or restarted after a failure
