@@ -458,10 +458,11 @@ class _Builder:
         limit = self.o.probe_stale_seconds
         check = f'test $(( $(date +%s) - $(stat -c %Y "$TROUPE_HEARTBEAT_FILE") )) -lt {limit}'
         probe = {"exec": {"command": ["sh", "-c", check]}, "timeoutSeconds": 5}
+        period = max(5, limit // 3)  # a hung worker is restarted within about twice the limit
         return {
             "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
-            "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
-            "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 1},
+            "livenessProbe": {**probe, "periodSeconds": period, "failureThreshold": 3},
+            "readinessProbe": {**probe, "periodSeconds": period, "failureThreshold": 1},
         }
 
     def pod_spec(

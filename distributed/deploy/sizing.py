@@ -7,7 +7,7 @@ reports in its heartbeat and the controller keeps in the run folder's ``workers.
 margin, and the CPU a worker can use: actors, policy workers and trainers are one busy process
 each (one core); the controller and the parameter service mostly wait on sockets.
 
-:data:`MEASURED` holds the figures of ``troupe bench memory`` (cartpole-ppo, BENCHMARKS.md);
+:data:`MEASURED` holds the figures of a cartpole-ppo run from the worker image;
 :func:`measured_from` reads a finished run (``workers.json``) or a ``troupe bench --json`` result
 instead, so a big model's trainer asks for what it used. Every figure can be overridden.
 """
@@ -52,14 +52,16 @@ class RoleNeeds:
         return max(1, math.ceil(self.cpus))
 
 
-# Peak RSS from `troupe bench memory` (cartpole-ppo, BENCHMARKS.md): importing torch is most of it.
+# Peak RSS of each worker of a cartpole-ppo run from the worker image, one process per worker as
+# on a cluster (workers.json of tests/docker/test_k8s_pods.py's run): actors and the parameter
+# service never import torch there. The controller's is `troupe bench memory`'s (BENCHMARKS.md).
 MEASURED: dict[str, RoleNeeds] = {
     "controller": RoleNeeds(0.25, 1, 208),
-    "params": RoleNeeds(0.25, 1, 162),
-    "trainer": RoleNeeds(1, 2, 273),
-    "policy": RoleNeeds(1, 2, 184),
-    "actor": RoleNeeds(1, 1, 164),
-    "eval": RoleNeeds(0.25, 1, 164),
+    "params": RoleNeeds(0.25, 1, 52),
+    "trainer": RoleNeeds(1, 2, 323),
+    "policy": RoleNeeds(1, 2, 241),
+    "actor": RoleNeeds(1, 1, 53),
+    "eval": RoleNeeds(0.25, 1, 53),
 }
 
 

@@ -10,6 +10,7 @@ cannot say (rules the API server checks in code) :func:`check_api_server_rules` 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -283,18 +284,18 @@ def test_keys_are_only_in_the_secret():
 
 
 def test_requests_and_limits_come_from_the_measured_figures():
-    """BENCHMARKS.md's peaks (actor 164, trainer 273 MiB) plus 25 %, not 1-2 CPUs and GiBs."""
+    """Measured peaks (actor 53, trainer 323 MiB) plus 25 %, not 1-2 CPUs and GiBs each."""
     jobs = by_kind(manifests("cartpole-ppo"), "Job")
 
     def resources(name: str) -> dict:
         return jobs[name]["spec"]["template"]["spec"]["containers"][0]["resources"]
 
     assert resources("r1-actor") == {
-        "requests": {"cpu": "1", "memory": "208Mi"},
-        "limits": {"cpu": "1", "memory": "416Mi"},
+        "requests": {"cpu": "1", "memory": "80Mi"},
+        "limits": {"cpu": "1", "memory": "160Mi"},
     }
-    assert resources("r1-trainer-default")["requests"] == {"cpu": "1", "memory": "352Mi"}
-    assert resources("r1-params")["requests"] == {"cpu": "250m", "memory": "208Mi"}
+    assert resources("r1-trainer-default")["requests"] == {"cpu": "1", "memory": "416Mi"}
+    assert resources("r1-params")["requests"] == {"cpu": "250m", "memory": "80Mi"}
     assert resources("r1-controller")["requests"] == {"cpu": "250m", "memory": "272Mi"}
 
 
@@ -302,13 +303,37 @@ def test_resource_overrides_and_their_errors():
     objects = manifests("cartpole-ppo", resources=parse_resource_overrides(["actor=cpu:3/4"]))
     (c,) = by_kind(objects, "Job")["r1-actor"]["spec"]["template"]["spec"]["containers"]
     assert c["resources"] == {
-        "requests": {"cpu": "3", "memory": "208Mi"},
-        "limits": {"cpu": "4", "memory": "416Mi"},
+        "requests": {"cpu": "3", "memory": "80Mi"},
+        "limits": {"cpu": "4", "memory": "160Mi"},
     }
     with pytest.raises(DeployError, match="request 2Gi exceeds limit 1Gi"):
         parse_resource_overrides(["trainer=memory:2Gi/1Gi"])
     with pytest.raises(DeployError, match="'4 cores' is not a quantity"):
         parse_resource_overrides(["trainer=cpu:4 cores"])
+
+
+def test_workers_have_heartbeat_probes_and_the_probe_tells_fresh_from_stale(tmp_path):
+    jobs = by_kind(manifests("cartpole-ppo", probe_stale_seconds=30), "Job")
+    assert "livenessProbe" not in jobs["r1-controller"]["spec"]["template"]["spec"]["containers"][0]
+    (actor,) = jobs["r1-actor"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in actor["env"]}
+    assert env["TROUPE_HEARTBEAT_FILE"] == "/tmp/troupe-heartbeat"
+    live = actor["livenessProbe"]
+    assert (live["periodSeconds"], live["failureThreshold"]) == (10, 3)
+    assert actor["startupProbe"]["periodSeconds"] * actor["startupProbe"]["failureThreshold"] == 300
+    beat = tmp_path / "beat"
+    beat.touch()
+
+    def probe() -> int:
+        environ = {"TROUPE_HEARTBEAT_FILE": str(beat), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(live["exec"]["command"], env=environ).returncode
+
+    assert probe() == 0
+    old = beat.stat().st_mtime - 31
+    os.utime(beat, (old, old))
+    assert probe() != 0
+    beat.unlink()
+    assert probe() != 0  # before the first heartbeat (the startup probe waits for it)
 
 
 def test_bad_run_names_are_refused_with_the_fix():

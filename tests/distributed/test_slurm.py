@@ -154,8 +154,8 @@ def step_options(text: str, job_name: str) -> dict[str, str]:
 
 def test_64_actors_ask_for_the_cpus_and_memory_the_roles_need_and_no_more(tmp_path):
     """Every worker is one process that keeps at most one CPU busy; its memory is the measured
-    peak (BENCHMARKS.md: actor 164, controller 208, params 162, policy 184, trainer 273 MiB)
-    plus 25 %. 64 actors + params, trainer, policy, eval and the controller: 69 CPUs."""
+    peak (actor 53, controller 208, params 52, policy 241, trainer 323 MiB) plus 25 %.
+    64 actors + params, trainer, policy, eval and the controller: 69 CPUs."""
     deploy(
         "cartpole-ppo",
         "actors.workers=64",
@@ -169,8 +169,8 @@ def test_64_actors_ask_for_the_cpus_and_memory_the_roles_need_and_no_more(tmp_pa
     text = script(tmp_path)
     options = sbatch_options(text)
     assert (options["ntasks"], options["cpus-per-task"]) == ("69", "1")
-    peaks = {"controller": 208, "params": 162, "trainer/default": 273, "policy/default": 184,
-             "actor": 164, "eval": 164}  # fmt: skip
+    peaks = {"controller": 208, "params": 52, "trainer/default": 323, "policy/default": 241,
+             "actor": 53, "eval": 53}  # fmt: skip
     replicas = {"actor": 64}
     needed = sum(peak * 1.25 * replicas.get(name, 1) for name, peak in peaks.items())
     asked = 69 * int(options["mem-per-cpu"].removesuffix("M"))
