@@ -51,6 +51,9 @@ class PolicyConfig:
     """Trainer worker processes (more than one form a data-parallel group)."""
     batch_segments: int = 16
     """Trajectory segments per trainer step."""
+    max_policy_lag: int | None = None
+    """Drop segments whose oldest step is more than this many versions behind the trainer
+    (counted as ``stale_segments_dropped``, with a warning naming the fix); None keeps all."""
 
 
 @dataclass
@@ -246,6 +249,10 @@ def validate(config: ExperimentConfig) -> list[str]:
         for key in ("policy_workers", "trainer_workers", "batch_segments"):
             if _below(getattr(pc, key), 1):
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
+        if pc.max_policy_lag is not None and pc.max_policy_lag < 1:
+            errors.append(
+                f"policies.{pname}.max_policy_lag: must be at least 1, or None for no cap"
+            )
     for i, callback in enumerate(config.callbacks):
         errors += _check_component("callback", f"callbacks[{i}]", callback)
     for i, pname in enumerate(config.agent_policies):

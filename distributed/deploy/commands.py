@@ -90,13 +90,45 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def add_k8s_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
     add = parser.add_argument
-    add("--image", default=DEFAULT_TAG, help="worker image, pushed where the cluster pulls from")
+    add("--image", default=DEFAULT_TAG, help="worker image (under --registry when given)")
+    add(
+        "--registry",
+        default=None,
+        help="registry the nodes pull from, e.g. registry.example.com/rl",
+    )
+    add(
+        "--image-pull-policy",
+        default="IfNotPresent",
+        choices=["Always", "IfNotPresent", "Never"],
+        help="Never: the image is loaded on every node already (kind load, ctr import)",
+    )
+    add(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="an existing dockerconfigjson Secret for a private registry; repeatable",
+    )
     add("--gpu-image", default=None, help="image of GPU trainers (default: IMAGE-gpu)")
     add("--namespace", default="troupe")
     add("--no-namespace-object", action="store_true", help="the namespace exists: don't create it")
+    add(
+        "--storage",
+        default="claim",
+        choices=["claim", "none"],
+        help="claim: the run folder on a ReadWriteMany claim; none: no shared volume (results "
+        "and checkpoints go with the pods, the summary stays in the controller's log)",
+    )
     add("--storage-class", default=None, help="a storage class offering ReadWriteMany")
     add("--storage-size", default="10Gi", help="size of the run folder's claim")
     add("--existing-claim", default=None, help="a ReadWriteMany PVC for run folders, not a new one")
+    add(
+        "--keys-secret",
+        default=None,
+        metavar="SECRET",
+        help="an existing Secret (key 'keys') with the run's CURVE keys, e.g. from a secret "
+        "manager (default: RUN-keys, made by the command this prints, or by --apply)",
+    )
     add(
         "--trainer-gpus",
         type=int,
@@ -104,18 +136,46 @@ def add_k8s_arguments(parser: argparse.ArgumentParser) -> None:
         help="nvidia.com/gpu per trainer pod "
         "(default: 1 when the policy has device=cuda..., else 0)",
     )
+    _add_sizing(parser)
     add(
         "--resources",
         action="append",
         default=[],
         metavar="COMPONENT=SPEC",
-        help="e.g. actor=cpu:2/4,memory:2Gi/4Gi (request/limit); repeatable",
+        help="e.g. actor=cpu:2/4,memory:2Gi/4Gi (request/limit, over the measured figures); "
+        "repeatable",
+    )
+    add(
+        "--node-selector",
+        action="append",
+        default=[],
+        metavar="[COMPONENT:]KEY=VALUE",
+        help="node label the pods (or COMPONENT's only, e.g. trainer:gpu=a100) must land on",
+    )
+    add("--priority-class", default=None, help="PriorityClass of every pod")
+    add(
+        "--disruption-budget",
+        action="store_true",
+        help="a PodDisruptionBudget keeping drains off the controller, params and trainers",
+    )
+    add(
+        "--network-policy",
+        action="store_true",
+        help="a NetworkPolicy: the run's pods take traffic only from each other",
+    )
+    add(
+        "--probe-stale-seconds",
+        type=int,
+        default=60,
+        help="restart a worker whose heartbeat is older than this (liveness probe)",
     )
     add("--apply", action="store_true", help="also create the objects (kubeconfig context)")
 
 
 def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | None = None) -> int:
     """Write the manifests; with ``--apply`` create them through the Kubernetes API too."""
+    import sys
+
     from distributed.deploy import k8s
     from distributed.deploy.manifests import default_run_name, load_config
     from distributed.deploy.manifests import parse_resource_overrides as resources
@@ -124,27 +184,66 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     if args.trainer_gpus is not None and args.trainer_gpus < 0:
         raise DeployError(f"--trainer-gpus {args.trainer_gpus}: must be 0 or more")
     config = load_config(args.experiment, args.overrides)
+    needs = _needs(args)
     options = k8s.K8sOptions(
         run_name=args.run_name or default_run_name(config.name),
         image=args.image,
+        registry=args.registry,
+        pull_secrets=tuple(args.image_pull_secret),
         gpu_image=args.gpu_image,
         namespace=args.namespace,
         namespace_object=not args.no_namespace_object,
+        storage=args.storage,
         storage_class=args.storage_class,
         storage_size=args.storage_size,
         existing_claim=args.existing_claim,
+        keys_secret=args.keys_secret,
         trainer_gpus=args.trainer_gpus,
-        resources=resources(args.resources),
-    )
-    objects = k8s.build_manifests(config, options, RunKeys.generate().to_text())
-    files = k8s.write_manifests(objects, [k8s.fetch_pod(options)], Path(args.out))
+        resources=resources(args.resources, needs),
+        needs=needs,
+        image_pull_policy=args.image_pull_policy,
+        node_selectors=_node_selectors(args.node_selector),
+        priority_class=args.priority_class,
+        disruption_budget=args.disruption_budget,
+        network_policy=args.network_policy,
+        probe_stale_seconds=args.probe_stale_seconds,
+    ).check()
+    make_secret = args.apply and args.keys_secret is None
+    keys = RunKeys.generate().to_text() if make_secret else None
+    objects = k8s.build_manifests(config, options, keys)
+    extras = [k8s.fetch_pod(options)] if options.storage == "claim" else []
+    files = k8s.write_manifests(objects, extras, Path(args.out))
     console.print(f"wrote {len(files)} files to {args.out} (run {options.run_name})")
+    if "/" not in options.worker_image.split(":")[0] and args.image_pull_policy != "Never":
+        console.print(
+            f"note: {options.worker_image} names no registry: every node must have it already "
+            "(then pass --image-pull-policy Never), or push it and pass --registry"
+        )
     if not args.apply:
-        console.print(f"create them with: kubectl apply -k {args.out}")
+        if args.keys_secret is None:
+            console.print(f"make the run's keys (once, kept out of {args.out}):", highlight=False)
+            console.print(f"  {k8s.secret_command(options, sys.executable)}", highlight=False)
+        console.print(f"then create the run with: kubectl apply -k {args.out}")
         return 0
     for line in k8s.apply_objects(objects, (connect_api or k8s.connect)()):
         console.print(line)
     return 0
+
+
+def _node_selectors(items: list[str]) -> dict[str, dict[str, str]]:
+    from distributed.deploy.sizing import COMPONENTS
+
+    result: dict[str, dict[str, str]] = {}
+    for item in items:
+        head, sep, value = item.partition("=")
+        component, _, key = head.rpartition(":") if ":" in head else ("*", "", head)
+        if not sep or not key or component not in ("*", *COMPONENTS):
+            raise DeployError(
+                f"--node-selector '{item}': write KEY=VALUE or COMPONENT:KEY=VALUE with "
+                f"COMPONENT one of {', '.join(COMPONENTS)}"
+            )
+        result.setdefault(component, {})[key] = value
+    return result
 
 
 # --------------------------------------------------------------------- troupe deploy slurm
@@ -165,8 +264,14 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     add("--partition", default=None)
     add("--time", default="04:00:00", help="the job's time limit, HH:MM:SS or D-HH:MM:SS")
     add("--nodes", type=int, default=None, help="default: as many as the tasks need")
-    add("--cpus-per-task", type=int, default=2, help="CPUs of every worker")
-    add("--gpus-per-trainer", type=int, default=0)
+    add("--gpus-per-trainer", type=int, default=0, help="GPUs of each trainer task (--gres)")
+    _add_sizing(parser)
+    add(
+        "--interface",
+        default=None,
+        help="network interface whose address workers advertise, e.g. ib0 (default: the one "
+        "their route to the controller goes through)",
+    )
     add("--max-restarts", type=int, default=3, help="restarts of a failing worker task")
     add(
         "--sbatch",
@@ -198,12 +303,51 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
         partition=args.partition,
         time=args.time,
         nodes=args.nodes,
-        cpus_per_task=args.cpus_per_task,
         gpus_per_trainer=args.gpus_per_trainer,
         max_restarts=args.max_restarts,
         extra_sbatch=tuple(args.sbatch),
+        needs=_needs(args),
+        interface=args.interface,
     ).check()
     files = slurm.write_deployment(config, options, RunKeys.generate().to_text())
     console.print(f"wrote {', '.join(str(f) for f in files)}")
-    console.print(f"submit with: sbatch {files[0]}")
+    console.print(f"submit with: {files[0]}")
     return 0
+
+
+def _add_sizing(parser: argparse.ArgumentParser) -> None:
+    """What each role asks for: measured figures, overridable (``deploy/sizing.py``)."""
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="size memory from a finished run folder (its workers.json) or a troupe bench "
+        "--json result, instead of the built-in cartpole figures",
+    )
+    parser.add_argument(
+        "--cpus",
+        action="append",
+        default=[],
+        metavar="COMPONENT=N",
+        help="CPUs one worker of COMPONENT (controller, params, trainer, policy, actor, eval) "
+        "uses, e.g. trainer=8; repeatable",
+    )
+    parser.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="COMPONENT=MIB",
+        help="peak memory (MiB) of one worker of COMPONENT, e.g. trainer=6000 (a margin is "
+        "added); repeatable",
+    )
+
+
+def _needs(args: argparse.Namespace) -> dict:
+    from distributed.deploy import sizing
+
+    return sizing.role_needs(
+        measured=sizing.measured_from(args.measured) if args.measured else None,
+        cpus=sizing.parse_overrides(args.cpus, "--cpus"),
+        memory_mib=sizing.parse_overrides(args.memory, "--memory"),
+    )

@@ -38,7 +38,7 @@ from typing import Any
 from api.config import ExperimentConfig
 from distributed.deploy.cluster_commands import CONTROLLER_PORT
 from distributed.deploy.manifests import (
-    DEFAULT_RESOURCES,
+    HELPER_RESOURCES,
     DeployError,
     Resources,
     RoleGroup,
@@ -46,8 +46,8 @@ from distributed.deploy.manifests import (
     config_json,
     role_groups,
     to_yaml,
-    write_private,
 )
+from distributed.deploy.sizing import MEASURED, RoleNeeds
 from distributed.images.build import DEFAULT_TAG
 
 MOUNT = "/troupe/run"
@@ -56,6 +56,11 @@ UID = 10001  # the image's troupe user (docker/Dockerfile)
 MAX_RUN_NAME = 40  # leaves room for "-trainer-<policy>" within a 52-character Job name
 MAX_JOB_NAME = 52  # pod host names are "<job>-<index>", a DNS label of at most 63 characters
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+HEARTBEAT_FILE = "/tmp/troupe-heartbeat"
+"""Touched by the worker loop with every heartbeat (``TROUPE_HEARTBEAT_FILE``); /tmp is an
+emptyDir, the root file system is read-only."""
+RUNTIME_COMPONENTS = ("controller", "params", "trainer")
+"""Pods whose eviction stops or sets back the run (the disruption budget's)."""
 RESTARTS_PER_WORKER = 10
 """A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
 Job: crashes and kills are retried, a worker that can never start does not loop for ever."""
@@ -67,19 +72,42 @@ class K8sOptions:
 
     run_name: str
     image: str = DEFAULT_TAG
+    """Worker image; with ``registry`` its name is put under the registry."""
+    registry: str | None = None
+    """Registry host (and path) the nodes pull from, e.g. ``registry.example.com/rl``."""
+    pull_secrets: tuple[str, ...] = ()
+    """Names of existing ``kubernetes.io/dockerconfigjson`` Secrets for a private registry."""
     gpu_image: str | None = None
     """Image of GPU trainers (default: IMAGE with ``-gpu`` after its tag, as ``troupe image
     build --gpu`` names it)."""
     namespace: str = "troupe"
     namespace_object: bool = True
+    storage: str = "claim"
+    """``claim``: the run folder on a ReadWriteMany claim (new, or ``existing_claim``);
+    ``none``: no shared volume, each pod writes an emptyDir that goes with it."""
     storage_class: str | None = None
     storage_size: str = "10Gi"
     existing_claim: str | None = None
+    keys_secret: str | None = None
+    """An existing Secret holding the run's keys (key ``keys``); None: ``RUN-keys``."""
     trainer_gpus: int | None = None
     """GPUs per trainer pod; ``None``: 1 when the policy asks for ``device=cuda...``, else 0."""
     resources: dict[str, Resources] = field(default_factory=dict)
-    """Per component (``controller``, ``params``, ``trainer``...): overrides of the defaults."""
+    """Per component (``controller``, ``params``, ``trainer``...): requests and limits; what is
+    not here comes from ``needs``."""
+    needs: dict[str, RoleNeeds] = field(default_factory=lambda: dict(MEASURED))
+    """Measured CPU and memory per component (``deploy/sizing.py``)."""
     image_pull_policy: str = "IfNotPresent"
+    node_selectors: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per component, or ``*`` for every pod: node labels a pod must land on."""
+    priority_class: str | None = None
+    disruption_budget: bool = False
+    """A PodDisruptionBudget keeping voluntary evictions (drains) off the controller,
+    parameter service and trainers, whose loss stops or sets back the run."""
+    network_policy: bool = False
+    """A NetworkPolicy: the run's pods take traffic only from each other."""
+    probe_stale_seconds: int = 60
+    """A worker whose heartbeat file is older than this is restarted (liveness probe)."""
     finished_ttl_seconds: int | None = 86400
     """Worker Jobs are deleted this long after they finish (their logs go with them); ``None``
     keeps them. The controller Job is kept: its log holds the run's summary."""
@@ -89,17 +117,44 @@ class K8sOptions:
         return self.existing_claim or f"{self.run_name}-run"
 
     @property
+    def secret_name(self) -> str:
+        return self.keys_secret or f"{self.run_name}-keys"
+
+    @property
+    def worker_image(self) -> str:
+        return f"{self.registry.rstrip('/')}/{self.image}" if self.registry else self.image
+
+    def check(self) -> K8sOptions:
+        """Every problem with the options at once."""
+        errors = []
+        if self.storage not in ("claim", "none"):
+            errors.append(f"--storage {self.storage}: use claim or none")
+        if self.storage == "none" and self.existing_claim:
+            errors.append("--existing-claim needs --storage claim")
+        if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+            errors.append(
+                f"--image-pull-policy {self.image_pull_policy}: Always, IfNotPresent or Never"
+            )
+        if self.probe_stale_seconds < 5:
+            errors.append("--probe-stale-seconds must be at least 5")
+        if errors:
+            raise DeployError("cannot write the manifests:\n  - " + "\n  - ".join(errors))
+        return self
+
+    @property
     def run_dir(self) -> str:
         return f"{MOUNT}/{self.run_name}"
 
 
 # --------------------------------------------------------------------- building
 def build_manifests(
-    config: ExperimentConfig, options: K8sOptions, keys_text: str
+    config: ExperimentConfig, options: K8sOptions, keys_text: str | None = None
 ) -> list[dict[str, Any]]:
     """Every object of the run, in the order to create them (controller before workers: a
-    worker waits only a minute for the controller's answer before it exits and is restarted)."""
+    worker waits only a minute for the controller's answer before it exits and is restarted).
+    The keys' Secret is among them only when ``keys_text`` is given (``--apply``)."""
     check_run_name(options.run_name, MAX_RUN_NAME)
+    options.check()
     groups = role_groups(config)
     b = _Builder(options)
     objects: list[dict[str, Any]] = []
@@ -111,8 +166,10 @@ def build_manifests(
                 "metadata": {"name": options.namespace, "labels": b.labels("namespace")},
             }
         )
-    objects += [b.config_map(config_json(config)), b.secret(keys_text)]
-    if options.existing_claim is None:
+    objects.append(b.config_map(config_json(config)))
+    if keys_text is not None:  # only for --apply: created from memory, never written to a file
+        objects.append(b.secret(keys_text))
+    if options.storage == "claim" and options.existing_claim is None:
         objects.append(b.claim())
     objects += [
         b.service(b.controller_host, b.select("controller"), ports=True),
@@ -122,6 +179,10 @@ def build_manifests(
         if group.component == "params":  # the subdomain of its pods: stable per-pod DNS
             objects.append(b.service(b.workload_name(group), b.select("params")))
         objects.append(b.worker_job(group, _gpus(config, group, options)))
+    if options.disruption_budget:
+        objects.append(b.disruption_budget(groups))
+    if options.network_policy:
+        objects.append(b.network_policy())
     return objects
 
 
@@ -253,12 +314,12 @@ class _Builder:
             self.controller_host,
             "--no-display",
         ]
-        container = self.container("controller", self.o.image, args, writes_run=True)
+        container = self.container("controller", self.o.worker_image, args, writes_run=True)
         container["ports"] = [{"name": "control", "containerPort": CONTROLLER_PORT}]
         script = 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
         copy = self.container(
             "copy-config",
-            self.o.image,
+            self.o.worker_image,
             command=["sh", "-c", script],
             writes_run=True,
             component="init",
@@ -268,7 +329,7 @@ class _Builder:
             {"name": "CONFIG", "value": f"{CONFIG_DIR}/config.json"},
         ]
         copy["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
-        pod = self.pod_spec([container], writes_run=True, restart="Never")
+        pod = self.pod_spec([container], writes_run=True, restart="Never", component="controller")
         pod["initContainers"] = [copy]
         pod["volumes"].append(
             {"name": "config", "configMap": {"name": f"{self.o.run_name}-config"}}
@@ -297,14 +358,20 @@ class _Builder:
             f"tcp://{self.controller_host}:{CONTROLLER_PORT}",
         ]
         writes = group.component in ("params", "trainer")
-        image = (self.o.gpu_image or gpu_image(self.o.image)) if gpus else self.o.image
+        image = self.o.worker_image
+        if gpus:
+            image = self.o.gpu_image or gpu_image(image)
         container = self.container(group.component, image, args, writes_run=writes, gpus=gpus)
+        container["env"].append({"name": "TROUPE_HEARTBEAT_FILE", "value": HEARTBEAT_FILE})
+        container.update(self.probes())
         # The Job controller injects JOB_COMPLETION_INDEX after the template's own variables,
         # where $(JOB_COMPLETION_INDEX) could not refer to it: read the annotation it comes from.
         container["env"].append(
             {"name": "TROUPE_ORDINAL", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}
         )
-        pod = self.pod_spec([container], writes_run=writes, restart="OnFailure")
+        pod = self.pod_spec(
+            [container], writes_run=writes, restart="OnFailure", component=group.component
+        )
         if group.component == "params":
             pod["subdomain"] = name  # the headless Service of that name: <name>-0.<name>
         if gpus:
@@ -349,7 +416,7 @@ class _Builder:
         component: str | None = None,
     ) -> dict[str, Any]:
         """One container; ``component`` picks its resources (default: its name)."""
-        resources = self.o.resources.get(component or name, DEFAULT_RESOURCES[component or name])
+        resources = self.resources(component or name)
         mounts = [
             {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -376,18 +443,56 @@ class _Builder:
             },
         }
 
-    def pod_spec(self, containers: list[dict], *, writes_run: bool, restart: str) -> dict:
+    def resources(self, component: str) -> Resources:
+        """Overrides first; else the component's measured needs; small fixed asks for helpers."""
+        if component in self.o.resources:
+            return self.o.resources[component]
+        if component in self.o.needs:
+            return Resources.from_needs(self.o.needs[component])
+        return HELPER_RESOURCES[component]
+
+    def probes(self) -> dict[str, Any]:
+        """Exec probes on the age of the heartbeat file the worker loop touches: a worker that
+        hangs (its loop stops) is restarted by the kubelet, one that is slow to start is not.
+        Startup allows five minutes for importing torch and the controller's configuration."""
+        limit = self.o.probe_stale_seconds
+        check = f'test $(( $(date +%s) - $(stat -c %Y "$TROUPE_HEARTBEAT_FILE") )) -lt {limit}'
+        probe = {"exec": {"command": ["sh", "-c", check]}, "timeoutSeconds": 5}
+        period = max(5, limit // 3)  # a hung worker is restarted within about twice the limit
+        return {
+            "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
+            "livenessProbe": {**probe, "periodSeconds": period, "failureThreshold": 3},
+            "readinessProbe": {**probe, "periodSeconds": period, "failureThreshold": 1},
+        }
+
+    def pod_spec(
+        self, containers: list[dict], *, writes_run: bool, restart: str, component: str = ""
+    ) -> dict:
         # 0o440 and fsGroup: the keys are readable by the troupe user only, never world-readable.
         volumes: list[dict[str, Any]] = [
             {
                 "name": "keys",
-                "secret": {"secretName": f"{self.o.run_name}-keys", "defaultMode": 0o440},
+                "secret": {"secretName": self.o.secret_name, "defaultMode": 0o440},
             },
             {"name": "tmp", "emptyDir": {}},
         ]
-        if writes_run:
+        if writes_run and self.o.storage == "claim":
             volumes.append({"name": "run", "persistentVolumeClaim": {"claimName": self.o.claim}})
+        elif writes_run:  # --storage none: the pod's own folder, gone with the pod
+            volumes.append({"name": "run", "emptyDir": {}})
+        extra: dict[str, Any] = {}
+        selector = {
+            **self.o.node_selectors.get("*", {}),
+            **self.o.node_selectors.get(component, {}),
+        }
+        if selector:
+            extra["nodeSelector"] = selector
+        if self.o.priority_class:
+            extra["priorityClassName"] = self.o.priority_class
+        if self.o.pull_secrets:
+            extra["imagePullSecrets"] = [{"name": n} for n in self.o.pull_secrets]
         return {
+            **extra,
             "restartPolicy": restart,
             "automountServiceAccountToken": False,  # no pod talks to the Kubernetes API
             "enableServiceLinks": False,
@@ -402,12 +507,52 @@ class _Builder:
             "volumes": volumes,
         }
 
+    def disruption_budget(self, groups: list[RoleGroup]) -> dict[str, Any]:
+        """Job pods have no scale subresource, so only an absolute minAvailable is allowed."""
+        count = 1 + sum(g.replicas for g in groups if g.component in RUNTIME_COMPONENTS)
+        selector = {
+            "matchLabels": {"app.kubernetes.io/instance": self.o.run_name},
+            "matchExpressions": [
+                {
+                    "key": "app.kubernetes.io/component",
+                    "operator": "In",
+                    "values": list(RUNTIME_COMPONENTS),
+                }
+            ],
+        }
+        return {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": self.meta(f"{self.o.run_name}-runtime", "disruption-budget"),
+            "spec": {"minAvailable": count, "selector": selector},
+        }
+
+    def network_policy(self) -> dict[str, Any]:
+        """The run's pods talk to each other and look names up (DNS); nothing else reaches
+        them or is reached by them (the image needs no network beyond the run)."""
+        run = {"podSelector": {"matchLabels": {"troupe.run": self.o.run_name}}}
+        dns = {
+            "to": [{"namespaceSelector": {}}],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        }
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": self.meta(f"{self.o.run_name}-run-only", "network-policy"),
+            "spec": {
+                **run,
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": [run]}],
+                "egress": [{"to": [run]}, dns],
+            },
+        }
+
 
 def fetch_pod(options: K8sOptions) -> dict[str, Any]:
     """A pod that mounts the run folder and idles, to copy results out with ``kubectl cp``
     once the run's workers are gone (not part of the kustomization)."""
     b = _Builder(options)
-    container = b.container("fetch", options.image, [], writes_run=True)
+    container = b.container("fetch", options.worker_image, [], writes_run=True)
     container["command"] = ["sleep", "infinity"]
     pod = b.pod_spec([container], writes_run=True, restart="Never")
     return {
@@ -420,15 +565,13 @@ def fetch_pod(options: K8sOptions) -> dict[str, Any]:
 
 # --------------------------------------------------------------------- files
 def write_manifests(objects: Sequence[dict], extras: Sequence[dict], out: Path) -> list[Path]:
-    """One numbered file per object, a kustomization listing them, ``extras/`` apart."""
+    """One numbered file per object, a kustomization listing them, ``extras/`` apart. A Secret
+    is never written: keys stay out of the output folder (see :func:`secret_command`)."""
     out.mkdir(parents=True, exist_ok=True)
     files = []
-    for i, obj in enumerate(objects):
-        path = out / f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
-        if obj["kind"] == "Secret":
-            write_private(path, to_yaml(obj))
-        else:
-            path.write_text(to_yaml(obj))
+    for obj in (o for o in objects if o["kind"] != "Secret"):
+        path = out / f"{len(files):02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path.write_text(to_yaml(obj))
         files.append(path)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -442,6 +585,15 @@ def write_manifests(objects: Sequence[dict], extras: Sequence[dict], out: Path) 
         path.write_text(to_yaml(obj))
         files.append(path)
     return files
+
+
+def secret_command(options: K8sOptions, python: str) -> str:
+    """The shell line that makes the run's keys and stores them as its Secret in one pipe: the
+    keys touch no file and no terminal."""
+    return (
+        f"{python} -m distributed.deploy.keys | kubectl create secret generic "
+        f"{options.secret_name} --namespace {options.namespace} --from-file=keys=/dev/stdin"
+    )
 
 
 # --------------------------------------------------------------------- apply
@@ -462,6 +614,8 @@ CREATORS: dict[str, tuple[str, str, bool]] = {
     "Service": ("CoreV1Api", "create_namespaced_service", True),
     "Pod": ("CoreV1Api", "create_namespaced_pod", True),
     "Job": ("BatchV1Api", "create_namespaced_job", True),
+    "PodDisruptionBudget": ("PolicyV1Api", "create_namespaced_pod_disruption_budget", True),
+    "NetworkPolicy": ("NetworkingV1Api", "create_namespaced_network_policy", True),
 }
 
 
@@ -485,7 +639,8 @@ def connect() -> dict[str, Any]:
                 "with kubectl get ns, or leave out --apply and use kubectl apply -k"
             ) from e
     client = kubernetes.client
-    return {name: getattr(client, name)() for name in ("CoreV1Api", "BatchV1Api")}
+    apis = ("CoreV1Api", "BatchV1Api", "PolicyV1Api", "NetworkingV1Api")
+    return {name: getattr(client, name)() for name in apis}
 
 
 def apply_objects(objects: Sequence[dict], apis: Mapping[str, Any]) -> list[str]:

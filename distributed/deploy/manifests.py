@@ -14,16 +14,21 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.config import ExperimentConfig
 from api.errors import UserError
 from api.resolve import load_experiment
 
+if TYPE_CHECKING:
+    from distributed.deploy.sizing import RoleNeeds
+
 ORDINAL = "{ordinal}"
+LIMIT_FACTOR = 2.0
+"""Kubernetes memory limit = request x this."""
 
 
 class DeployError(UserError):
@@ -228,30 +233,44 @@ class Resources:
             limits["nvidia.com/gpu"] = str(gpus)
         return {"requests": {"cpu": self.cpu[0], "memory": self.memory[0]}, "limits": limits}
 
+    @classmethod
+    def from_needs(cls, needs: RoleNeeds) -> Resources:
+        """Request what was measured; limit CPU at what the process can use and memory at
+        twice the request (a worker over it is OOM-killed and restarted)."""
+        memory = needs.memory_mib
+        return cls(
+            (_cpu(needs.cpus), _cpu(needs.cpu_limit)),
+            (f"{memory}Mi", f"{int(memory * LIMIT_FACTOR)}Mi"),
+        )
 
-# Memory: importing torch alone takes 300-400 MB; trainers hold a batch and optimiser state.
-DEFAULT_RESOURCES: dict[str, Resources] = {
-    "controller": Resources(("250m", "1"), ("512Mi", "1Gi")),
+
+def _cpu(cores: float) -> str:
+    return str(int(cores)) if float(cores).is_integer() else f"{round(cores * 1000)}m"
+
+
+HELPER_RESOURCES: dict[str, Resources] = {
     "init": Resources(("50m", "100m"), ("32Mi", "64Mi")),
-    "params": Resources(("250m", "1"), ("768Mi", "2Gi")),
-    "trainer": Resources(("1", "2"), ("2Gi", "4Gi")),
-    "policy": Resources(("500m", "1"), ("1Gi", "2Gi")),
-    "actor": Resources(("1", "2"), ("1Gi", "2Gi")),
-    "eval": Resources(("500m", "1"), ("1Gi", "2Gi")),
     "fetch": Resources(("50m", "200m"), ("64Mi", "256Mi")),
 }
+"""Containers that are not workers: the config copy and the results pod."""
 
 
-def parse_resource_overrides(items: Sequence[str]) -> dict[str, Resources]:
+def parse_resource_overrides(
+    items: Sequence[str], needs: Mapping[str, RoleNeeds] | None = None
+) -> dict[str, Resources]:
     """``["actor=cpu:2/4,memory:2Gi"]`` -> actor asks 2 CPUs (at most 4) and 2Gi (at most 2Gi);
-    what an item does not name keeps its default."""
+    what an item does not name keeps what ``needs`` (measured figures) gives."""
+    from distributed.deploy.sizing import MEASURED
+
+    defaults = {c: Resources.from_needs(n) for c, n in (needs or MEASURED).items()}
+    defaults.update(HELPER_RESOURCES)
     result: dict[str, Resources] = {}
     for item in items:
         component, sep, spec = item.partition("=")
-        if not sep or component not in DEFAULT_RESOURCES:
+        if not sep or component not in defaults:
             raise DeployError(
                 f"--resources '{item}': write COMPONENT=cpu:REQ[/LIMIT],memory:REQ[/LIMIT] with "
-                f"COMPONENT one of {', '.join(DEFAULT_RESOURCES)}"
+                f"COMPONENT one of {', '.join(defaults)}"
             )
         values = {"cpu": None, "memory": None}
         for part in spec.split(","):
@@ -262,6 +281,6 @@ def parse_resource_overrides(items: Sequence[str]) -> dict[str, Resources]:
             if quantity(request) > quantity(limit or request):
                 raise DeployError(f"--resources '{item}': request {request} exceeds limit {limit}")
             values[kind] = (request, limit or request)
-        base = result.get(component, DEFAULT_RESOURCES[component])
+        base = result.get(component, defaults[component])
         result[component] = Resources(values["cpu"] or base.cpu, values["memory"] or base.memory)
     return result

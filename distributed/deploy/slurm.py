@@ -1,14 +1,25 @@
-"""``troupe deploy slurm``: one experiment as an sbatch script.
+"""``troupe deploy slurm``: one experiment as an sbatch script sized per role, and ``submit.sh``.
 
 The script asks for one allocation and starts one ``srun`` step per role group of the controller's
 plan (``params``, ``trainer/<policy>``, ``policy/<policy>``, ``actor``, ``eval``), each with as many
 tasks as the group has workers; task N of a step is worker ``<group>/N``. The controller runs as
 its own step on the allocation's first node, and the script ends when the controller does.
 
+**Sizing.** Each step asks for the CPUs and memory of its role (``deploy/sizing.py``: measured
+peak memory plus a margin, one CPU per busy process, overridable), with ``--exact`` so steps do
+not share CPUs. The allocation is the sum: ``--ntasks`` = total CPUs at one CPU per slot, and
+``--mem-per-cpu`` = total memory / total CPUs, rounded up to a MiB. A 64-actor cartpole run asks
+for 69 CPUs, not the 136 a flat two CPUs per worker did.
+
 Why one allocation and not a heterogeneous job: every Slurm site runs plain allocations with
-``srun`` steps, while heterogeneous jobs are disabled at some sites and schedule worse (all
-components must fit at once, some plugins do not support them); the roles here differ in CPU
-count and GPUs only, which ``srun --cpus-per-task``/``--gpus-per-task`` already express per step.
+``srun`` steps, while heterogeneous jobs are disabled at some sites, and on the Slurm 22.05 we
+tried, the components of one were never scheduled side by side on a node.
+
+**Addresses.** Workers advertise the address of ``--interface`` (e.g. ``ib0``) when given, else
+the source address of their route to the controller: the interface the cluster uses to reach it,
+never a name that may resolve to a management network. **The image** is pulled once, on the
+submit host, by ``submit.sh`` (``apptainer pull`` to a .sif, or ``enroot import`` to a .sqsh, in
+the deploy folder), never by every node at job start.
 
 Nobody restarts a step's task when it dies, so each task restarts its own worker a few times
 (``worker_task`` in the script), as the controller expects of a scheduler; a worker that the
@@ -17,16 +28,19 @@ controller stopped exits 0 and is not restarted.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.config import ExperimentConfig
 from distributed.deploy.manifests import DeployError, RoleGroup, config_json, role_groups
+from distributed.deploy.sizing import MEASURED, RoleNeeds
 
 RUNTIMES = ("apptainer", "singularity", "enroot", "none")
 SCRIPT_NAME = "troupe.sbatch"
+SUBMIT_NAME = "submit.sh"
 _TIME = r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$"
 
 
@@ -48,11 +62,14 @@ class SlurmOptions:
     runtime: str = "apptainer"
     partition: str | None = None
     time: str = "04:00:00"
-    cpus_per_task: int = 2
     gpus_per_trainer: int = 0
     nodes: int | None = None
     max_restarts: int = 3
     extra_sbatch: tuple[str, ...] = ()
+    needs: dict[str, RoleNeeds] = field(default_factory=lambda: dict(MEASURED))
+    """CPUs and peak memory per component (``deploy/sizing.py``)."""
+    interface: str | None = None
+    """Network interface whose address workers and the controller advertise (e.g. ``ib0``)."""
 
     def check(self) -> SlurmOptions:
         """Every problem with the options at once."""
@@ -72,10 +89,12 @@ class SlurmOptions:
             errors.append("enroot (pyxis) takes an image reference or .sqsh, not a .sif")
         if not re.match(_TIME, self.time):
             errors.append(f"--time {self.time}: write HH:MM:SS or D-HH:MM:SS")
-        if self.gpus_per_trainer < 0 or self.cpus_per_task < 1 or self.max_restarts < 0:
-            errors.append(
-                "--gpus-per-trainer and --max-restarts must be >= 0, --cpus-per-task >= 1"
-            )
+        if self.gpus_per_trainer < 0 or self.max_restarts < 0:
+            errors.append("--gpus-per-trainer and --max-restarts must be >= 0")
+        if self.interface is not None and not re.fullmatch(
+            r"[A-Za-z0-9_.:@-]{1,15}", self.interface
+        ):
+            errors.append(f"--interface {self.interface}: not a network interface name (ib0, eth1)")
         if errors:
             raise DeployError("cannot write the sbatch script:\n  - " + "\n  - ".join(errors))
         return self
@@ -86,6 +105,36 @@ class SlurmOptions:
         return str((self.venv or self.code / ".venv") / "bin" / "troupe")
 
 
+@dataclass(frozen=True)
+class StepSize:
+    """What one task of a step asks for."""
+
+    cpus: int
+    memory_mib: int
+
+    @property
+    def mem_per_cpu(self) -> int:
+        return math.ceil(self.memory_mib / self.cpus)
+
+
+def step_sizes(groups: list[RoleGroup], options: SlurmOptions) -> dict[str, StepSize]:
+    """Per group name (and ``controller``): CPUs and memory of one task."""
+    sizes = {}
+    for name, component in [("controller", "controller")] + [(g.name, g.component) for g in groups]:
+        need = options.needs[component]
+        sizes[name] = StepSize(need.slurm_cpus, need.memory_mib)
+    return sizes
+
+
+def allocation(groups: list[RoleGroup], options: SlurmOptions) -> tuple[int, int]:
+    """``(CPUs, memory per CPU in MiB)`` of the whole job: the sum of its steps."""
+    sizes = step_sizes(groups, options)
+    replicas = {"controller": 1, **{g.name: g.replicas for g in groups}}
+    cpus = sum(sizes[n].cpus * r for n, r in replicas.items())
+    memory = sum(sizes[n].cpus * sizes[n].mem_per_cpu * r for n, r in replicas.items())
+    return cpus, math.ceil(memory / cpus)
+
+
 def build_script(config: ExperimentConfig, options: SlurmOptions) -> str:
     """The sbatch script's text."""
     groups = role_groups(config)
@@ -94,7 +143,7 @@ def build_script(config: ExperimentConfig, options: SlurmOptions) -> str:
             *_header(groups, options),
             *_setup(options),
             *_runtime(options),
-            *_worker_task(),
+            *_worker_task(options),
             *_steps(groups, options),
             *_finish(),
         ]
@@ -107,14 +156,26 @@ def _total_gpus(groups: list[RoleGroup], options: SlurmOptions) -> int:
 
 
 def _header(groups: list[RoleGroup], options: SlurmOptions) -> list[str]:
-    tasks = 1 + sum(g.replicas for g in groups)
+    cpus, mem_per_cpu = allocation(groups, options)
+    sizes = step_sizes(groups, options)
     lines = [
         "#!/bin/bash",
         f"# Troupe run {options.run_name}, generated by troupe deploy slurm.",
-        f"# Submit with: sbatch {options.deploy_dir / SCRIPT_NAME}",
+        f"# Submit with: {options.deploy_dir / SUBMIT_NAME} (pulls the image once, then sbatch)",
+        "#",
+        "# What each step asks for (troupe deploy slurm --cpus/--memory/--measured change it):",
+        f"#   {'step':<20} {'tasks':>5} {'CPUs/task':>9} {'MiB/task':>8}",
+    ]
+    replicas = {"controller": 1, **{g.name: g.replicas for g in groups}}
+    for name, size in sizes.items():
+        memory = size.cpus * size.mem_per_cpu
+        lines.append(f"#   {name:<20} {replicas[name]:>5} {size.cpus:>9} {memory:>8}")
+    lines += [
+        f"#   total: {cpus} CPUs, {cpus * mem_per_cpu} MiB",
         f"#SBATCH --job-name=troupe-{options.run_name}",
-        f"#SBATCH --ntasks={tasks}",
-        f"#SBATCH --cpus-per-task={options.cpus_per_task}",
+        f"#SBATCH --ntasks={cpus}",
+        "#SBATCH --cpus-per-task=1",
+        f"#SBATCH --mem-per-cpu={mem_per_cpu}M",
         f"#SBATCH --time={options.time}",
         f"#SBATCH --output={options.deploy_dir}/slurm-%j.out",
     ]
@@ -134,6 +195,10 @@ def _setup(options: SlurmOptions) -> list[str]:
     The keys are copied from the deploy folder, never written into this script: Slurm keeps
     scripts in its accounting database, readable by administrators."""
     q = shlex.quote
+    if options.interface:
+        controller_address = f"address_on {q(options.interface)}"
+    else:  # the batch script runs on the controller's node: its name's address
+        controller_address = "getent ahostsv4 \"$CONTROLLER_HOST\" | awk 'NR == 1 {print $1}'"
     return [
         f"export RUN_DIR={q(str(options.run_dir))}",
         f"DEPLOY_DIR={q(str(options.deploy_dir))}",
@@ -141,12 +206,30 @@ def _setup(options: SlurmOptions) -> list[str]:
         'cp "$DEPLOY_DIR/config.json" "$RUN_DIR/config.json"',
         'install -m 600 "$DEPLOY_DIR/keys" "$RUN_DIR/keys"',
         'export TROUPE_CURVE_KEYS_FILE="$RUN_DIR/keys"',
+        "# The IPv4 address of an interface; the source address of the route to a host.",
+        'address_on() { ip -4 -o addr show dev "$1" | awk \'{split($4, a, "/"); print a[1]; '
+        "exit}'; }",
+        "route_to() { ip -4 route get \"$1\" | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p'; }",
         'export CONTROLLER_HOST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+        f'CONTROLLER_ADDRESS="$({controller_address})"',
+        'if [ -z "$CONTROLLER_ADDRESS" ]; then',
+        '  echo "no address for the controller (interface or host name): see --interface" >&2',
+        "  exit 1",
+        "fi",
+        "export CONTROLLER_ADDRESS",
         'export PORT="${TROUPE_CONTROLLER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"',
-        'export CONTROLLER="tcp://$CONTROLLER_HOST:$PORT"',
+        'export CONTROLLER="tcp://$CONTROLLER_ADDRESS:$PORT"',
         f"export MAX_RESTARTS={options.max_restarts}",
         "",
     ]
+
+
+def image_file(options: SlurmOptions) -> str | None:
+    """Where ``submit.sh`` puts the pulled image (None: nothing to pull)."""
+    if options.runtime == "none" or options.image.endswith((".sif", ".sqsh")):
+        return None
+    suffix = "sqsh" if options.runtime == "enroot" else "sif"
+    return str(options.deploy_dir / f"troupe.{suffix}")
 
 
 def _runtime(options: SlurmOptions) -> list[str]:
@@ -154,61 +237,74 @@ def _runtime(options: SlurmOptions) -> list[str]:
     q = shlex.quote
     if options.runtime == "none":
         return [f'troupe_run() {{ {q(options.troupe_executable() or "troupe")} "$@"; }}', ""]
+    image = image_file(options) or options.image
+    lines = [
+        f"export IMAGE_FILE={q(image)}",
+        'if [ ! -f "$IMAGE_FILE" ]; then',
+        f'  echo "$IMAGE_FILE is missing: run {SUBMIT_NAME} on the submit host, which pulls the '
+        'image once" >&2',
+        "  exit 1",
+        "fi",
+    ]
     if options.runtime == "enroot":  # pyxis: srun starts the container, troupe runs inside it
-        return ['troupe_run() { troupe "$@"; }', ""]
-    tool = options.runtime
-    lines = []
-    if options.image.endswith(".sif"):
-        lines.append(f"export SIF={q(options.image)}")
-    else:  # convert once here, not once per task on every node at the same time
-        image = options.image.removeprefix("docker://")
-        lines += [
-            'export SIF="$DEPLOY_DIR/troupe.sif"',
-            f'[ -f "$SIF" ] || {tool} pull "$SIF" {q("docker://" + image)}',
-        ]
+        return [*lines, 'troupe_run() { troupe "$@"; }', ""]
     gpu = "${TROUPE_GPU:+--nv}"  # set on GPU trainer steps only
-    lines.append(f'troupe_run() {{ {tool} exec {gpu} --bind "$RUN_DIR" "$SIF" troupe "$@"; }}')
+    tool = options.runtime
+    lines.append(
+        f'troupe_run() {{ {tool} exec {gpu} --bind "$RUN_DIR" "$IMAGE_FILE" troupe "$@"; }}'
+    )
     return [*lines, ""]
 
 
-def _worker_task() -> list[str]:
+def _worker_task(options: SlurmOptions) -> list[str]:
+    if options.interface:
+        address = f"address_on {shlex.quote(options.interface)}"
+    else:
+        address = 'route_to "$CONTROLLER_ADDRESS"'
     return [
         "# One task of a worker step: worker <group>/$SLURM_PROCID, restarted when it fails.",
         "worker_task() {",
-        '  local role="$1" id="$2" tries=0',
+        '  local role="$1" id="$2" tries=0 address',
+        f'  address="$({address})"',
         '  export TROUPE_ORDINAL="$SLURM_PROCID"',
         '  until troupe_run worker --role "$role" --id "$id" --controller "$CONTROLLER" \\',
-        '      --advertise-host "$(hostname)"; do',
+        '      --advertise-host "${address:-$(hostname)}"; do',
         "    tries=$((tries + 1))",
         '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then return 1; fi',
         '    echo "worker $id (task $SLURM_PROCID) failed; restart $tries of $MAX_RESTARTS" >&2',
         "  done",
         "}",
-        "export -f troupe_run worker_task",
+        "export -f troupe_run worker_task address_on route_to",
         "",
     ]
 
 
 def _steps(groups: list[RoleGroup], options: SlurmOptions) -> list[str]:
-    common = ["--exact", f"--cpus-per-task={options.cpus_per_task}", "--kill-on-bad-exit=0"]
+    sizes = step_sizes(groups, options)
+    common = ["--exact", "--kill-on-bad-exit=0"]
     gpus = _total_gpus(groups, options) > 0
     if options.runtime == "enroot":
-        image = options.image.removeprefix("docker://")
-        common += [f"--container-image={image}", '--container-mounts="$RUN_DIR:$RUN_DIR"']
+        common += ['--container-image="$IMAGE_FILE"', '--container-mounts="$RUN_DIR:$RUN_DIR"']
+
+    def size(name: str) -> list[str]:
+        return [f"--cpus-per-task={sizes[name].cpus}", f"--mem-per-cpu={sizes[name].mem_per_cpu}M"]
+
     controller = [
         "srun",
         "--nodes=1",
         "--ntasks=1",
         '--nodelist="$CONTROLLER_HOST"',
         "--job-name=controller",
+        *size("controller"),
         *common,
         *(["--gres=none"] if gpus else []),
         'bash -c \'troupe_run controller "$RUN_DIR" --bind "tcp://0.0.0.0:$PORT" '
-        '--advertise-host "$CONTROLLER_HOST" --no-display\'',
+        '--advertise-host "$CONTROLLER_ADDRESS" --no-display\'',
     ]
     lines = [" ".join(controller) + " &", "controller_pid=$!", "worker_pids=()"]
     for group in groups:
-        step = ["srun", f"--ntasks={group.replicas}", f"--job-name={group.name}", *common]
+        step = ["srun", f"--ntasks={group.replicas}", f"--job-name={group.name}"]
+        step += [*size(group.name), *common]
         if group.component == "trainer" and options.gpus_per_trainer:
             step += [f"--gpus-per-task={options.gpus_per_trainer}", "--export=ALL,TROUPE_GPU=1"]
         elif gpus:
@@ -243,14 +339,37 @@ def _finish() -> list[str]:
     ]
 
 
+def submit_script(options: SlurmOptions) -> str:
+    """``submit.sh``: pull the image once here, on the submit host, then ``sbatch``."""
+    q = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"# Submit Troupe run {options.run_name}: pulls the image once (not on every node), then",
+        "# hands the job to Slurm. Extra arguments go to sbatch (e.g. --hold, --test-only).",
+        "set -euo pipefail",
+    ]
+    target = image_file(options)
+    if target is not None:
+        source = q("docker://" + options.image.removeprefix("docker://"))
+        if options.runtime == "enroot":
+            pull = f"enroot import --output {q(target)} {source}"
+        else:
+            pull = f"{options.runtime} pull {q(target)} {source}"
+        lines += [f"if [ ! -f {q(target)} ]; then", f"  {pull}", "fi"]
+    lines.append(f'exec sbatch "$@" {q(str(options.deploy_dir / SCRIPT_NAME))}')
+    return "\n".join(lines) + "\n"
+
+
 def write_deployment(config: ExperimentConfig, options: SlurmOptions, keys_text: str) -> list[Path]:
-    """The script (executable), config.json and the keys (owner-only) in the deploy folder."""
+    """``submit.sh`` and the sbatch script (executable), config.json and the keys (owner-only)."""
     from distributed.deploy.manifests import write_private
 
     out = options.deploy_dir
     out.mkdir(parents=True, exist_ok=True)
-    script = out / SCRIPT_NAME
+    script, submit = out / SCRIPT_NAME, out / SUBMIT_NAME
     script.write_text(build_script(config, options))
-    script.chmod(0o755)
+    submit.write_text(submit_script(options))
+    for path in (script, submit):
+        path.chmod(0o755)
     (out / "config.json").write_text(config_json(config))
-    return [script, out / "config.json", write_private(out / "keys", keys_text)]
+    return [submit, script, out / "config.json", write_private(out / "keys", keys_text)]

@@ -1,21 +1,17 @@
-"""Worker images: an offline wheelhouse of the project, and the image built from it.
+"""Worker images: built from the wheelhouse (``images/wheelhouse.py``) through the Docker SDK.
 
-Two steps, each usable alone:
+:func:`build_image` stages ``docker/Dockerfile`` (or ``Dockerfile.gpu``), the dependency wheels
+(``deps/``) and the project wheel (``project/``) in a fresh build context and builds it with the
+build's network switched off: only the base image comes from outside. The dependencies are a
+stage and an image layer of their own, so after a code-only change Docker's cache supplies them
+and only the small project layer is made again.
 
-1. :func:`build_wheelhouse` runs ``pip wheel`` on the project with this interpreter's pip, so the
-   directory ends up holding troupe-rl and every dependency as wheels for Python 3.11 on Linux.
-   :func:`wheelhouse_problems` checks the result: a CPU image must carry no CUDA (a torch from
-   PyPI for Linux x86_64 is the CUDA build and drags in several GB of ``nvidia-*`` wheels).
-2. :func:`build_image` copies ``docker/Dockerfile`` (or ``Dockerfile.gpu``) and the wheelhouse
-   into a fresh build context and builds it through the Docker SDK with the build's network
-   switched off: only the base image comes from outside (pulled beforehand when absent; when
-   it cannot be, the error says how to make one locally).
+When no base image is given, the Dockerfile's default (``python:3.11-slim``) is used if present
+or pullable, else ``troupe-base:bookworm-py311`` (made offline by ``docker/make-base-image.sh``);
+with neither, the error names the command that makes it, and ``--make-base-image`` runs it.
 
 Errors are :class:`ImageError` subclasses (user errors) whose messages say what to do next. The
 ``docker`` SDK is imported only when an image is built, so ``troupe list`` does not pay for it.
-
-Longer than 400 lines because the wheelhouse and the image build are one pipeline with shared checks
-(CUDA wheels, base image present, build context), each step usable alone.
 """
 
 from __future__ import annotations
@@ -26,15 +22,21 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from api.errors import UserError
+from distributed.images.wheelhouse import (
+    CPU_TORCH_INDEX,
+    ImageError,
+    Wheelhouse,
+    WheelhouseError,
+    build_wheelhouse,
+    link_or_copy,
+    make_wheelhouse,
+)
 
 if TYPE_CHECKING:
     import docker
@@ -42,25 +44,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["ImageError", "WheelhouseError", "build_image", "build_wheelhouse", "push_image"]
+
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 DOCKER_DIR = PROJECT_DIR / "docker"
 DEFAULT_TAG = "troupe-worker:latest"
 DEFAULT_GPU_TAG = "troupe-worker:latest-gpu"
-IMAGE_PYTHON = (3, 11)
-"""The Python of every base image the Dockerfiles accept; the wheelhouse must be built for it."""
-CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-BUILD_STAGE_LABEL = "org.troupe.stage=build"
-"""Set in the Dockerfiles' build stage, so that stage's leftover image can be found."""
-MAKE_BASE_HINT = "make one with docker/make-base-image.sh or pass --base-image"
-
-
-# --------------------------------------------------------------------- errors
-class ImageError(UserError):
-    """Making a wheelhouse, or building or pushing a worker image, failed."""
-
-
-class WheelhouseError(ImageError):
-    """``pip wheel`` failed, or the wheelhouse holds wheels the image cannot use."""
+LOCAL_BASE = "troupe-base:bookworm-py311"
+"""What ``docker/make-base-image.sh`` makes: Debian bookworm's Python 3.11, no registry needed."""
+MAKE_BASE_SCRIPT = DOCKER_DIR / "make-base-image.sh"
+DEPS_STAGE_LABEL = "org.troupe.stage=deps"
+PROJECT_STAGE_LABEL = "org.troupe.stage=project"
+DEPS_KEY_LABEL = "org.troupe.deps"
+MAKE_BASE_HINT = (
+    f"make {LOCAL_BASE} offline (root, debootstrap from a Debian mirror, about a minute) with "
+    f"`sudo {MAKE_BASE_SCRIPT.relative_to(PROJECT_DIR)}` and build again, or pass "
+    "--make-base-image to do both now, or --base-image IMAGE"
+)
 
 
 class DockerUnavailableError(ImageError):
@@ -77,165 +77,6 @@ class ImageBuildError(ImageError):
 
 class ImagePushError(ImageError):
     """The registry refused the image or cannot be reached."""
-
-
-# --------------------------------------------------------------------- wheelhouse
-@dataclass(frozen=True)
-class WheelName:
-    """The fields of a wheel's file name (PEP 427), e.g. ``torch-2.13.0+cpu-cp311-cp311-...``."""
-
-    filename: str
-    project: str
-    """Normalised project name (PEP 503): lower case, runs of ``-_.`` as one ``-``."""
-    version: str
-    python_tags: tuple[str, ...]
-    abi_tags: tuple[str, ...]
-    platform_tags: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, filename: str) -> WheelName:
-        parts = filename.removesuffix(".whl").split("-")
-        if not filename.endswith(".whl") or len(parts) not in (5, 6):
-            raise WheelhouseError(f"{filename} is not a wheel file name (name-version-py-abi-plat)")
-        project, version, python, abi, platform = parts[0], parts[1], *parts[-3:]
-        return cls(
-            filename=filename,
-            project=re.sub(r"[-_.]+", "-", project).lower(),
-            version=version,
-            python_tags=tuple(python.split(".")),
-            abi_tags=tuple(abi.split(".")),
-            platform_tags=tuple(platform.split(".")),
-        )
-
-    @property
-    def local_version(self) -> str:
-        """The part after ``+`` (``cpu``, ``cu124``), or ``""``."""
-        return self.version.partition("+")[2]
-
-
-def _is_cuda_library(wheel: WheelName) -> bool:
-    return wheel.project.startswith("nvidia-") or wheel.project in ("triton", "pytorch-triton")
-
-
-def _runs_on_python(wheel: WheelName, python: tuple[int, int]) -> bool:
-    """Whether an installer for CPython ``python`` accepts this wheel's interpreter tags."""
-    major, minor = python
-    for tag in wheel.python_tags:
-        if tag in (f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"):
-            return True
-        # A stable-ABI wheel (cp38-abi3) runs on its CPython and every later one.
-        match = re.fullmatch(rf"cp{major}(\d+)", tag)
-        if match and "abi3" in wheel.abi_tags and int(match.group(1)) <= minor:
-            return True
-    return False
-
-
-def wheelhouse_problems(
-    filenames: Iterable[str], *, gpu: bool, python: tuple[int, int] = IMAGE_PYTHON
-) -> list[str]:
-    """Everything that keeps these wheels from making a working image; empty when they can.
-
-    Checked: a troupe-rl wheel is there; every wheel installs on CPython ``python`` on Linux; a
-    CPU wheelhouse (``gpu=False``) holds no CUDA build of torch and no ``nvidia-*``/triton
-    wheels; a GPU wheelhouse holds a torch that is not a ``+cpu`` build.
-    """
-    wheels = [WheelName.parse(name) for name in sorted(filenames)]
-    problems = []
-    if not any(w.project == "troupe-rl" for w in wheels):
-        problems.append("there is no troupe-rl wheel")
-    version = f"{python[0]}.{python[1]}"
-    for w in wheels:
-        if not _runs_on_python(w, python):
-            problems.append(
-                f"{w.filename} is built for {'.'.join(w.python_tags)}, not Python {version} "
-                f"(the image's): build the wheelhouse with a Python {version} interpreter"
-            )
-        if not any(p == "any" or "linux" in p for p in w.platform_tags):
-            problems.append(
-                f"{w.filename} is built for {'.'.join(w.platform_tags)}, not Linux: build the "
-                "wheelhouse on Linux"
-            )
-    torch = [w for w in wheels if w.project == "torch"]
-    if gpu:
-        problems += [
-            f"{w.filename} is a CPU build of torch: a GPU image needs a CUDA build (pass "
-            "--torch-index https://download.pytorch.org/whl/cu124 and keep +cpu wheels out of "
-            "pip's find-links)"
-            for w in torch
-            if w.local_version == "cpu"
-        ]
-    else:
-        cuda = [w.filename for w in wheels if _is_cuda_library(w)]
-        cuda += [w.filename for w in torch if w.local_version.startswith(("cu", "rocm"))]
-        if cuda:
-            problems.append(
-                f"CUDA wheels in a CPU wheelhouse: {', '.join(cuda)}. PyPI's torch for Linux is "
-                f"the CUDA build: pass --torch-index {CPU_TORCH_INDEX} (or a --find-links "
-                "directory holding a +cpu torch wheel), and empty the wheelhouse directory first"
-            )
-    return problems
-
-
-def build_wheelhouse(
-    out_dir: Path | str,
-    project_dir: Path | str = PROJECT_DIR,
-    *,
-    gpu: bool = False,
-    torch_index: str | None = None,
-) -> list[Path]:
-    """``pip wheel`` the project and all its dependencies into ``out_dir``; returns the wheels.
-
-    Uses this interpreter's pip (the project's venv), so its configuration applies: a
-    ``find-links`` directory with a ``+cpu`` torch wheel is preferred over PyPI's CUDA build,
-    because a local version label sorts above the plain release. ``torch_index`` adds an index
-    (e.g. :data:`CPU_TORCH_INDEX`) for machines without such a wheel. Raises
-    :class:`WheelhouseError` if pip fails or :func:`wheelhouse_problems` finds anything.
-    """
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    if sys.version_info[:2] != IMAGE_PYTHON:
-        version = ".".join(map(str, IMAGE_PYTHON))
-        raise WheelhouseError(
-            f"this is Python {sys.version_info[0]}.{sys.version_info[1]}, but the image runs "
-            f"Python {version}: run troupe from a Python {version} venv to build the wheelhouse"
-        )
-    command = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check"]
-    command += ["--wheel-dir", str(out), str(Path(project_dir).resolve())]
-    if torch_index:
-        command += ["--extra-index-url", torch_index]
-    logger.info("building the wheelhouse in %s", out)
-    _run_logged(command, what="pip wheel")
-    wheels = sorted(out.glob("*.whl"))
-    problems = wheelhouse_problems([w.name for w in wheels], gpu=gpu)
-    if problems:
-        raise WheelhouseError(
-            f"the wheelhouse {out} cannot make a {_kind(gpu)} image:\n  - "
-            + "\n  - ".join(problems)
-        )
-    size = sum(w.stat().st_size for w in wheels) / 2**20
-    logger.info("wheelhouse ready: %d wheels, %.0f MiB", len(wheels), size)
-    return wheels
-
-
-def _run_logged(command: list[str], *, what: str) -> None:
-    """Run ``command``, its output to the debug log; on failure raise with the last lines."""
-    tail: deque[str] = deque(maxlen=25)
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            tail.append(line.rstrip())
-            logger.debug("%s: %s", what, line.rstrip())
-    if process.returncode != 0:
-        raise WheelhouseError(
-            f"{what} failed with exit code {process.returncode}; its last lines:\n"
-            + "\n".join(tail)
-        )
-
-
-def _kind(gpu: bool) -> str:
-    return "GPU" if gpu else "CPU"
 
 
 # --------------------------------------------------------------------- docker
@@ -267,11 +108,8 @@ def ensure_base_image(client: docker.DockerClient, base_image: str) -> None:
     """Make sure ``base_image`` is present, pulling it once if it is not."""
     import docker
 
-    try:
-        client.images.get(base_image)
+    if _image_id(client, base_image) is not None:
         return
-    except docker.errors.ImageNotFound:
-        pass
     logger.info("pulling the base image %s", base_image)
     try:
         client.images.pull(base_image)
@@ -279,6 +117,47 @@ def ensure_base_image(client: docker.DockerClient, base_image: str) -> None:
         raise BaseImageMissingError(
             f"base image {base_image} is not present and cannot be pulled ({e}): " + MAKE_BASE_HINT
         ) from e
+
+
+def resolve_base_image(
+    client: docker.DockerClient, requested: str | None, *, gpu: bool, make_base: bool = False
+) -> str:
+    """The base to build on: ``requested`` if given; else the Dockerfile's default when present
+    or pullable, else :data:`LOCAL_BASE` (made here first with ``make_base``)."""
+    if requested is not None:
+        ensure_base_image(client, requested)
+        return requested
+    default = default_base_image(DOCKER_DIR / ("Dockerfile.gpu" if gpu else "Dockerfile"))
+    if gpu:  # the local base has no CUDA hooks: the GPU image needs its own default
+        ensure_base_image(client, default)
+        return default
+    for present in (default, LOCAL_BASE):
+        if _image_id(client, present) is not None:
+            return present
+    try:
+        ensure_base_image(client, default)
+        return default
+    except BaseImageMissingError:
+        if not make_base:
+            raise
+    make_base_image(LOCAL_BASE)
+    return LOCAL_BASE
+
+
+def make_base_image(tag: str) -> None:
+    """Run ``docker/make-base-image.sh`` (debootstrap + ``docker import``); needs root."""
+    if os.geteuid() != 0:
+        raise BaseImageMissingError(
+            f"making {tag} needs root (debootstrap): run `sudo {MAKE_BASE_SCRIPT} --tag {tag}`"
+        )
+    logger.info("making the base image %s with %s (about a minute)", tag, MAKE_BASE_SCRIPT.name)
+    done = subprocess.run(
+        ["bash", str(MAKE_BASE_SCRIPT), "--tag", tag], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise BaseImageMissingError(
+            f"{MAKE_BASE_SCRIPT.name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+        )
 
 
 def build_image(
@@ -290,36 +169,38 @@ def build_image(
     push: bool = False,
     client: docker.DockerClient | None = None,
     torch_index: str | None = None,
+    make_base: bool = False,
+    refresh_deps: bool = False,
 ) -> str:
     """Build the worker image ``tag`` on ``base_image``; returns the image id.
 
-    ``base_image`` None means the Dockerfile's default (``python:3.11-slim``, or the CUDA image
-    for ``gpu``); it must be present or pullable, and it must have Python 3.11. The wheels come
-    from ``wheelhouse`` when given (checked with :func:`wheelhouse_problems`), otherwise
-    :func:`build_wheelhouse` makes them in a temporary directory. The CPU build runs with no
-    network, so nothing but the base image is ever fetched. ``push`` then pushes ``tag``. The
-    image ``tag`` named before is removed when nothing else uses it.
+    ``base_image`` None: see :func:`resolve_base_image`; it must have Python 3.11. The wheels
+    come from ``wheelhouse`` when given, otherwise the dependency wheels from the cache (made on
+    the first build, or again with ``refresh_deps``) and a project wheel built out of tree. The
+    CPU build runs with no network. ``push`` then pushes ``tag``. The image ``tag`` named before
+    is removed when nothing else uses it.
     """
     dockerfile = DOCKER_DIR / ("Dockerfile.gpu" if gpu else "Dockerfile")
     client = client or connect()
-    base = base_image or default_base_image(dockerfile)
-    ensure_base_image(client, base)
+    base = resolve_base_image(client, base_image, gpu=gpu, make_base=make_base)
     previous = _image_id(client, tag)
     with tempfile.TemporaryDirectory(prefix="troupe-image-") as tmp:
         context = Path(tmp)
-        shutil.copy2(dockerfile, context / dockerfile.name)
-        shutil.copy2(DOCKER_DIR / ".dockerignore", context / ".dockerignore")
-        if wheelhouse is None:
-            build_wheelhouse(context / "wheelhouse", gpu=gpu, torch_index=torch_index)
-        else:
-            _stage_wheelhouse(Path(wheelhouse), context / "wheelhouse", gpu=gpu)
+        wheels = make_wheelhouse(
+            context / "scratch",
+            wheelhouse=Path(wheelhouse) if wheelhouse is not None else None,
+            gpu=gpu,
+            torch_index=torch_index,
+            refresh=refresh_deps,
+        )
+        deps_key = _stage_context(context, dockerfile, wheels)
         logger.info("building %s on %s from %s", tag, base, dockerfile.name)
         try:
             image_id = _stream_build(
                 lambda: client.api.build(
                     path=str(context),
                     dockerfile=dockerfile.name,
-                    buildargs={"BASE_IMAGE": base},
+                    buildargs={"BASE_IMAGE": base, "DEPS_KEY": deps_key},
                     tag=tag,
                     rm=True,
                     forcerm=True,
@@ -331,17 +212,62 @@ def build_image(
                 tag=tag,
                 base=base,
             )
+            _keep_deps_stage(client, tag, deps_key)
         finally:
-            # The build stage (a venv plus the wheels, over 1 GB) is left behind as an untagged
-            # image, also by a failed build; it is only ever reused for the very same wheels.
-            pruned = client.images.prune(filters={"dangling": True, "label": BUILD_STAGE_LABEL})
-            logger.debug("removed build stages: %s", pruned)
+            _prune_stages(client)
     logger.info("built %s (%s)", tag, image_id)
     if previous not in (None, image_id):
         _remove_if_untagged(client, previous)
     if push:
         push_image(tag, client=client)
     return image_id
+
+
+def _stage_context(context: Path, dockerfile: Path, wheels: Wheelhouse) -> str:
+    """Dockerfile, ``deps/`` and ``project/`` in ``context``; returns the dependency set's key
+    (a digest of the dependency wheels' names and sizes: the same wheels, the same key)."""
+    import hashlib
+
+    shutil.copy2(dockerfile, context / dockerfile.name)
+    shutil.copy2(DOCKER_DIR / ".dockerignore", context / ".dockerignore")
+    digest = hashlib.sha256()
+    for folder, files in (("deps", wheels.dependencies), ("project", [wheels.project])):
+        (context / folder).mkdir()
+        for wheel in files:
+            link_or_copy(wheel, context / folder / wheel.name)
+    for wheel in sorted(wheels.dependencies):
+        digest.update(f"{wheel.name} {wheel.stat().st_size}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _keep_deps_stage(client: docker.DockerClient, tag: str, deps_key: str) -> None:
+    """Tag the dependency stage ``REPO:deps-KEY``, the next build's cache; untag older ones.
+
+    A tag is what keeps Docker from removing the stage with the project stage built on it
+    (removing an image removes its untagged parents). Stages of older dependency sets (over
+    1 GB each) lose their tags, and :func:`_prune_stages` removes them.
+    """
+    import docker
+
+    repository = docker.utils.parse_repository_tag(tag)[0]
+    keep = f"{repository}:deps-{deps_key}"
+    stages = client.images.list(
+        all=True, filters={"label": [DEPS_STAGE_LABEL, f"{DEPS_KEY_LABEL}={deps_key}"]}
+    )
+    if stages:  # the stage's last image has the most layers
+        last = max(stages, key=lambda i: len(i.attrs.get("RootFS", {}).get("Layers", [])))
+        last.tag(repository, f"deps-{deps_key}")
+    for image in client.images.list(name=repository, filters={"label": [DEPS_STAGE_LABEL]}):
+        for stale in [t for t in image.tags if t.startswith(f"{repository}:deps-") and t != keep]:
+            client.images.remove(stale)
+
+
+def _prune_stages(client: docker.DockerClient) -> None:
+    """Remove untagged build stages, also a failed build's: project stages are made anew each
+    time, and an untagged dependency stage is a failed or superseded one."""
+    for label in (PROJECT_STAGE_LABEL, DEPS_STAGE_LABEL):
+        pruned = client.images.prune(filters={"dangling": True, "label": [label]})
+        logger.debug("removed build stages: %s", pruned)
 
 
 def _image_id(client: docker.DockerClient, name: str) -> str | None:
@@ -367,27 +293,6 @@ def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
         logger.debug("removed the image %s replaced", image_id)
     except docker.errors.APIError as e:  # a container still uses it: keep it
         logger.debug("kept the replaced image %s: %s", image_id, e)
-
-
-def _stage_wheelhouse(source: Path, target: Path, *, gpu: bool) -> None:
-    """Check the wheels in ``source`` and hard-link (or copy) them into the build context."""
-    wheels = sorted(source.glob("*.whl"))
-    if not wheels:
-        raise WheelhouseError(
-            f"{source} holds no wheels: make them with `troupe image wheelhouse {source}`"
-        )
-    problems = wheelhouse_problems([w.name for w in wheels], gpu=gpu)
-    if problems:
-        raise WheelhouseError(
-            f"the wheelhouse {source} cannot make a {_kind(gpu)} image:\n  - "
-            + "\n  - ".join(problems)
-        )
-    target.mkdir()
-    for wheel in wheels:
-        try:
-            os.link(wheel, target / wheel.name)
-        except OSError:  # another file system: the context needs its own copy
-            shutil.copy2(wheel, target / wheel.name)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -459,8 +364,19 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument(
         "--base-image",
         metavar="IMAGE",
-        help="image with Python 3.11 to build on (default: python:3.11-slim, or a CUDA image "
-        "with --gpu); without a registry, make one with docker/make-base-image.sh",
+        help="image with Python 3.11 to build on (default: python:3.11-slim if present or "
+        f"pullable, else {LOCAL_BASE}; a CUDA image with --gpu)",
+    )
+    build.add_argument(
+        "--make-base-image",
+        action="store_true",
+        help=f"when no base image is present or pullable, make {LOCAL_BASE} offline first "
+        "(root; docker/make-base-image.sh)",
+    )
+    build.add_argument(
+        "--refresh-deps",
+        action="store_true",
+        help="make the cached dependency wheels again (after changing pip's find-links or index)",
     )
     build.add_argument(
         "--tag", help=f"name of the image (default: {DEFAULT_TAG}, with --gpu {DEFAULT_GPU_TAG})"
@@ -517,6 +433,8 @@ def run_image(args: argparse.Namespace, console: Console) -> int:
             gpu=args.gpu,
             push=args.push,
             torch_index=args.torch_index,
+            make_base=args.make_base_image,
+            refresh_deps=args.refresh_deps,
         )
         if args.add:  # user code: a thin layer on top (distributed/images/user_layer.py)
             from distributed.images.user_layer import add_user_code

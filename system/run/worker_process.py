@@ -291,6 +291,7 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
             ctl.heartbeat(_with_memory(worker.collect_stats()))
+            _mark_alive()
             if watchdog is not None:
                 watchdog()
         if ctl.stop_requested():
@@ -299,6 +300,15 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
             ctl.send("bye", {})
             return EXIT_OK
         ctl.check_controller()
+
+
+def _mark_alive() -> None:
+    """Touch ``$TROUPE_HEARTBEAT_FILE``, when set, with every heartbeat: a cluster's liveness
+    probe checks its age, so a worker whose loop hangs is restarted (distributed/deploy/k8s.py)."""
+    path = os.environ.get("TROUPE_HEARTBEAT_FILE")
+    if path:
+        with open(path, "a"):
+            os.utime(path)
 
 
 def _with_memory(stats: dict[str, Any]) -> dict[str, Any]:

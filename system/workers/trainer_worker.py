@@ -27,6 +27,7 @@ from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
 
 logger = logging.getLogger(__name__)
+LAG_WARNING_EVERY_S = 30.0
 
 
 PUBLISH_RETRY_S = 10.0
@@ -52,6 +53,7 @@ class TrainerWorker(Worker):
         batch_segments: int,
         checkpoint_every: int = 50,
         checkpoint_dir: str | Path | None = None,
+        max_policy_lag: int | None = None,
     ):
         super().__init__(worker_id)
         self.policy_name = policy_name
@@ -68,6 +70,8 @@ class TrainerWorker(Worker):
         self._retry_at = 0.0
         """After a publish timed out: when to try again on the same client (a restarted
         service's new address, from :meth:`reconnect`, comes sooner)."""
+        self.max_policy_lag = max_policy_lag
+        self._next_lag_warning = 0.0
 
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:
@@ -92,8 +96,36 @@ class TrainerWorker(Worker):
             chunks = self.samples.poll(timeout_ms=timeout_ms, max_items=1)
             if not chunks:
                 return
-            self.buffer.extend(chunks)
+            self.buffer.extend(c for c in map(self._drop_stale, chunks) if c is not None)
             timeout_ms = 0
+
+    def _drop_stale(self, chunk: SampleBatch) -> SampleBatch | None:
+        """Without the segments whose oldest step is more than ``max_policy_lag`` versions
+        behind (None when none is left): on-policy losses go wrong on samples that old."""
+        if self.max_policy_lag is None:
+            return chunk
+        count = segment_count(chunk)
+        versions = np.reshape(chunk.policy_version, (len(chunk.policy_version), count, -1))
+        lag = self.trainer.policy.version - versions.min(axis=(0, 2))
+        keep = np.flatnonzero(lag <= self.max_policy_lag)
+        dropped = count - len(keep)
+        if dropped == 0:
+            return chunk
+        self.stats["stale_segments_dropped"] = self.stats.get("stale_segments_dropped", 0) + dropped
+        now = time.monotonic()
+        if now >= self._next_lag_warning:
+            self._next_lag_warning = now + LAG_WARNING_EVERY_S
+            logger.warning(
+                "trainer of policy '%s' dropped %d segment(s) more than max_policy_lag=%d "
+                "versions old (%d so far): the trainer cannot keep up with the actors; use fewer "
+                "actors (actors.workers), more trainer workers or a larger batch_segments, or "
+                "raise max_policy_lag",
+                self.policy_name,
+                dropped,
+                self.max_policy_lag,
+                self.stats["stale_segments_dropped"],
+            )
+        return chunk[:, keep] if len(keep) else None
 
     def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
         """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in."""

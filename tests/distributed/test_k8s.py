@@ -10,9 +10,9 @@ cannot say (rules the API server checks in code) :func:`check_api_server_rules` 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import types
@@ -20,7 +20,7 @@ import types
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes_validate.utils import latest_version
+from kubernetes_validate.utils import all_versions, latest_version
 from rich.console import Console
 
 from api.config import make_experiment
@@ -30,7 +30,8 @@ from distributed.deploy.commands import add_deploy_arguments, run_deploy, run_k8
 from distributed.deploy.manifests import DeployError, parse_resource_overrides, to_yaml
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
-SCHEMA_VERSIONS = ("1.28", latest_version())
+SCHEMA_VERSIONS = tuple(sorted(all_versions(), key=lambda v: tuple(map(int, v.split("."))))[-3:])
+"""The three latest Kubernetes minor versions kubernetes-validate knows."""
 
 
 def manifests(experiment: str, *overrides: str, **options) -> list[dict]:
@@ -77,9 +78,25 @@ def check_api_server_rules(obj: dict) -> None:
     assert len(hostname) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", hostname)
 
 
+EVERY_OPTION = {
+    "trainer_gpus": 1,
+    "registry": "registry.example.com/rl",
+    "pull_secrets": ("regcred",),
+    "node_selectors": {"*": {"pool": "rl"}, "trainer": {"gpu": "a100"}},
+    "priority_class": "batch-low",
+    "disruption_budget": True,
+    "network_policy": True,
+}
+
+
+def test_the_schemas_are_the_three_latest_minor_versions():
+    assert len(SCHEMA_VERSIONS) == 3 and SCHEMA_VERSIONS[-1] == latest_version()
+
+
 @pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo"])
-def test_every_object_validates_against_the_kubernetes_schemas(experiment):
-    for obj in manifests(experiment, trainer_gpus=1):
+@pytest.mark.parametrize("storage", ["claim", "none"])
+def test_every_object_validates_against_the_kubernetes_schemas(experiment, storage):
+    for obj in manifests(experiment, storage=storage, **EVERY_OPTION):
         written = yaml.safe_load(to_yaml(obj))
         assert written == obj  # what the files hold is what was validated
         for version in SCHEMA_VERSIONS:
@@ -202,6 +219,16 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
     assert service["ports"][0]["port"] == 5555 and service["publishNotReadyAddresses"] is True
 
 
+def test_without_storage_writers_get_pod_folders_and_no_claim_is_made():
+    objects = manifests("cartpole-ppo", storage="none")[:-1]  # the fetch pod needs a claim
+    assert not by_kind(objects, "PersistentVolumeClaim")
+    for name in ("r1-controller", "r1-params", "r1-trainer-default"):
+        volumes = by_kind(objects, "Job")[name]["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "run", "emptyDir": {}} in volumes, name
+    with pytest.raises(DeployError, match="--existing-claim needs --storage claim"):
+        manifests("cartpole-ppo", storage="none", existing_claim="shared")
+
+
 def test_writers_share_the_run_folder_and_every_pod_gets_keys_limits_and_non_root():
     objects = manifests("gather-2p-ppo")
     (claim,) = by_kind(objects, "PersistentVolumeClaim").values()
@@ -248,19 +275,65 @@ def test_keys_are_only_in_the_secret():
     assert secret["stringData"] == {"keys": KEYS}
     assert yaml.safe_load(config_map["data"]["config.json"])["name"] == "cartpole-ppo"
     assert [o["kind"] for o in objects if KEYS in to_yaml(o)] == ["Secret"]
+    config = make_experiment("cartpole-ppo", [])
+    external = k8s.K8sOptions(run_name="r1", keys_secret="vault-troupe")
+    without = k8s.build_manifests(config, external)  # no keys given: no Secret object
+    assert not by_kind(without, "Secret")
+    pod = by_kind(without, "Job")["r1-actor"]["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["secret"]["secretName"] == "vault-troupe"
+
+
+def test_requests_and_limits_come_from_the_measured_figures():
+    """Measured peaks (actor 53, trainer 323 MiB) plus 25 %, not 1-2 CPUs and GiBs each."""
+    jobs = by_kind(manifests("cartpole-ppo"), "Job")
+
+    def resources(name: str) -> dict:
+        return jobs[name]["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+    assert resources("r1-actor") == {
+        "requests": {"cpu": "1", "memory": "80Mi"},
+        "limits": {"cpu": "1", "memory": "160Mi"},
+    }
+    assert resources("r1-trainer-default")["requests"] == {"cpu": "1", "memory": "416Mi"}
+    assert resources("r1-params")["requests"] == {"cpu": "250m", "memory": "80Mi"}
+    assert resources("r1-controller")["requests"] == {"cpu": "250m", "memory": "272Mi"}
 
 
 def test_resource_overrides_and_their_errors():
     objects = manifests("cartpole-ppo", resources=parse_resource_overrides(["actor=cpu:3/4"]))
     (c,) = by_kind(objects, "Job")["r1-actor"]["spec"]["template"]["spec"]["containers"]
     assert c["resources"] == {
-        "requests": {"cpu": "3", "memory": "1Gi"},
-        "limits": {"cpu": "4", "memory": "2Gi"},
+        "requests": {"cpu": "3", "memory": "80Mi"},
+        "limits": {"cpu": "4", "memory": "160Mi"},
     }
     with pytest.raises(DeployError, match="request 2Gi exceeds limit 1Gi"):
         parse_resource_overrides(["trainer=memory:2Gi/1Gi"])
     with pytest.raises(DeployError, match="'4 cores' is not a quantity"):
         parse_resource_overrides(["trainer=cpu:4 cores"])
+
+
+def test_workers_have_heartbeat_probes_and_the_probe_tells_fresh_from_stale(tmp_path):
+    jobs = by_kind(manifests("cartpole-ppo", probe_stale_seconds=30), "Job")
+    assert "livenessProbe" not in jobs["r1-controller"]["spec"]["template"]["spec"]["containers"][0]
+    (actor,) = jobs["r1-actor"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in actor["env"]}
+    assert env["TROUPE_HEARTBEAT_FILE"] == "/tmp/troupe-heartbeat"
+    live = actor["livenessProbe"]
+    assert (live["periodSeconds"], live["failureThreshold"]) == (10, 3)
+    assert actor["startupProbe"]["periodSeconds"] * actor["startupProbe"]["failureThreshold"] == 300
+    beat = tmp_path / "beat"
+    beat.touch()
+
+    def probe() -> int:
+        environ = {"TROUPE_HEARTBEAT_FILE": str(beat), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(live["exec"]["command"], env=environ).returncode
+
+    assert probe() == 0
+    old = beat.stat().st_mtime - 31
+    os.utime(beat, (old, old))
+    assert probe() != 0
+    beat.unlink()
+    assert probe() != 0  # before the first heartbeat (the startup probe waits for it)
 
 
 def test_bad_run_names_are_refused_with_the_fix():
@@ -275,7 +348,7 @@ def deploy(*argv: str) -> int:
     return run_deploy(parser.parse_args(argv), Console(file=sys.stderr))
 
 
-def test_the_command_writes_numbered_files_a_kustomization_and_a_private_secret(tmp_path):
+def test_the_command_writes_numbered_files_a_kustomization_and_no_keys(tmp_path, capsys):
     out = tmp_path / "m"
     assert (
         deploy(
@@ -296,19 +369,32 @@ def test_the_command_writes_numbered_files_a_kustomization_and_a_private_secret(
     assert names[:3] == [
         "00-namespace-rl.yaml",
         "01-configmap-cp-config.yaml",
-        "02-secret-cp-keys.yaml",
+        "02-persistentvolumeclaim-cp-run.yaml",
     ]
     assert sorted(p.name for p in out.glob("*.yaml")) == sorted([*names, "kustomization.yaml"])
-    assert stat.S_IMODE((out / "02-secret-cp-keys.yaml").stat().st_mode) == 0o600
-    assert names[4:8] == [
-        "04-service-cp-controller.yaml",
-        "05-job-cp-controller.yaml",
-        "06-service-cp-params.yaml",
-        "07-job-cp-params.yaml",
+    assert not [p for p in out.rglob("*") if "secret" in p.name or "keys" in p.name]
+    assert names[3:7] == [
+        "03-service-cp-controller.yaml",
+        "04-job-cp-controller.yaml",
+        "05-service-cp-params.yaml",
+        "06-job-cp-params.yaml",
     ]
-    actor = yaml.safe_load((out / "10-job-cp-actor.yaml").read_text())
+    actor = yaml.safe_load((out / "09-job-cp-actor.yaml").read_text())
     assert actor["spec"]["completions"] == 3 and actor["metadata"]["namespace"] == "rl"
     assert (out / "extras" / "pod-cp-fetch.yaml").exists()
+    printed = " ".join(capsys.readouterr().err.split())
+    command = (
+        f"{sys.executable} -m distributed.deploy.keys | kubectl create secret generic cp-keys "
+        "--namespace rl --from-file=keys=/dev/stdin"
+    )
+    assert command in printed
+    # the printed pipe makes keys the controller and workers can load
+    made = subprocess.run(
+        [sys.executable, "-m", "distributed.deploy.keys"], capture_output=True, text=True
+    )
+    from system.streams.security import RunKeys
+
+    assert RunKeys.from_text(made.stdout).to_text() == made.stdout
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
@@ -319,7 +405,7 @@ def test_kubectl_kustomize_reads_the_output(tmp_path):
     )
     assert built.returncode == 0, built.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
-    assert len(kinds) == 14 and kinds.count("Job") == 8 and kinds.count("Service") == 2
+    assert len(kinds) == 13 and kinds.count("Job") == 8 and kinds.count("Service") == 2
 
 
 # --------------------------------------------------------------------- --apply
@@ -346,7 +432,8 @@ class FakeApi:
 
 
 def fake_apis(calls: list, existing: set[str] = frozenset()) -> dict:
-    return {name: FakeApi(calls, existing) for name in ("CoreV1Api", "BatchV1Api")}
+    apis = ("CoreV1Api", "BatchV1Api", "PolicyV1Api", "NetworkingV1Api")
+    return {name: FakeApi(calls, existing) for name in apis}
 
 
 def test_apply_creates_every_object_in_order_controller_before_workers(tmp_path):
@@ -433,7 +520,7 @@ def troupe_with_deploy(monkeypatch):
 
 def test_troupe_deploy_k8s_through_the_command_line(troupe_with_deploy, tmp_path, capsys):
     assert troupe_with_deploy(["deploy", "k8s", "cartpole-ppo", "--out", str(tmp_path)]) == 0
-    assert "create them with: kubectl apply -k" in capsys.readouterr().out
+    assert "then create the run with: kubectl apply -k" in capsys.readouterr().out
     code = troupe_with_deploy(
         ["deploy", "k8s", "cartpole-ppo", "--out", str(tmp_path), "--run-name", "x" * 41]
     )

@@ -14,6 +14,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,115 @@ def test_one_step_per_group_with_the_planned_ids_and_gpus_on_trainers(tmp_path):
         (False, True),
         (False, True),
     ]
-    assert "apptainer pull" in text and "${TROUPE_GPU:+--nv}" in text
+    assert "${TROUPE_GPU:+--nv}" in text and "apptainer pull" not in text
+    submit = (tmp_path / "submit.sh").read_text()
+    assert (
+        f"apptainer pull {tmp_path}/troupe.sif docker://registry.example.com/troupe-worker:0.1"
+        in (submit)
+    )
+    assert submit.endswith(f'exec sbatch "$@" {tmp_path}/troupe.sbatch\n')
+
+
+def sbatch_options(text: str) -> dict[str, str]:
+    return dict(
+        line.removeprefix("#SBATCH --").split("=", 1)
+        for line in text.splitlines()
+        if line.startswith("#SBATCH --")
+    )
+
+
+def step_options(text: str, job_name: str) -> dict[str, str]:
+    [step] = [
+        s for s in text.splitlines() if s.startswith("srun ") and f"--job-name={job_name} " in s
+    ]
+    return dict(
+        w.removeprefix("--").split("=", 1) for w in step.split() if w.startswith("--") and "=" in w
+    )
+
+
+def test_64_actors_ask_for_the_cpus_and_memory_the_roles_need_and_no_more(tmp_path):
+    """Every worker is one process that keeps at most one CPU busy; its memory is the measured
+    peak (actor 53, controller 208, params 52, policy 241, trainer 323 MiB) plus 25 %.
+    64 actors + params, trainer, policy, eval and the controller: 69 CPUs."""
+    deploy(
+        "cartpole-ppo",
+        "actors.workers=64",
+        "--out",
+        str(tmp_path),
+        "--code",
+        ".",
+        "--run-name",
+        "c",
+    )
+    text = script(tmp_path)
+    options = sbatch_options(text)
+    assert (options["ntasks"], options["cpus-per-task"]) == ("69", "1")
+    peaks = {"controller": 208, "params": 52, "trainer/default": 323, "policy/default": 241,
+             "actor": 53, "eval": 53}  # fmt: skip
+    replicas = {"actor": 64}
+    needed = sum(peak * 1.25 * replicas.get(name, 1) for name, peak in peaks.items())
+    asked = 69 * int(options["mem-per-cpu"].removesuffix("M"))
+    assert needed <= asked <= needed + 69 + 16 * 69  # rounding: 16 MiB per task, 1 MiB per CPU
+    for name, peak in peaks.items():
+        step = step_options(text, name)
+        assert step["cpus-per-task"] == "1", name
+        assert peak * 1.25 <= int(step["mem-per-cpu"].removesuffix("M")) < peak * 1.25 + 16, name
+    assert "gpus" not in options and "gres" not in " ".join(options)
+
+
+def test_measured_figures_and_overrides_size_the_steps(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    workers = {
+        "params": {"role": "parameter_service", "peak_rss_mb": 100.0},
+        "trainer/default/0": {"role": "trainer", "peak_rss_mb": 3000.0},
+        "actor/0": {"role": "actor", "peak_rss_mb": 80.0},
+        "actor/1": {"role": "actor", "peak_rss_mb": 96.0},
+        "eval/0": {"role": "actor", "peak_rss_mb": 90.0},
+    }
+    (run / "workers.json").write_text(json.dumps(workers))
+    out = tmp_path / "deploy"
+    deploy("cartpole-ppo", "--out", str(out), "--code", ".", "--measured", str(run),
+           "--cpus", "trainer=4", "--memory", "policy=1000", "--gpus-per-trainer", "1")  # fmt: skip
+    text = script(out)
+    assert step_options(text, "actor")["mem-per-cpu"] == "128M"  # 96 x 1.25 = 120 -> 128
+    assert step_options(text, "eval")["mem-per-cpu"] == "128M"  # 90 x 1.25 = 112.5 -> 128
+    trainer = step_options(text, "trainer/default")
+    assert (trainer["cpus-per-task"], trainer["mem-per-cpu"]) == ("4", "940M")  # 3760 / 4
+    assert trainer["gpus-per-task"] == "1" and sbatch_options(text)["gpus"] == "1"
+    assert step_options(text, "policy/default")["mem-per-cpu"] == "1264M"
+    assert step_options(text, "controller")["mem-per-cpu"] == "272M"  # not measured: built-in
+    assert sbatch_options(text)["ntasks"] == "10"  # 4 for the trainer, 1 for each of 6 others
+
+
+def test_bad_sizing_options_name_the_flag(tmp_path):
+    with pytest.raises(DeployError) as caught:
+        deploy("cartpole-ppo", "--out", str(tmp_path), "--code", ".", "--cpus", "learner=2",
+               "--cpus", "actor=0")  # fmt: skip
+    assert str(caught.value) == (
+        "--cpus 'learner=2': write COMPONENT=NUMBER with COMPONENT one of controller, params, "
+        "trainer, policy, actor, eval\n--cpus 'actor=0': must be more than 0"
+    )
+    with pytest.raises(DeployError, match="holds no peak_rss_mb figure"):
+        (tmp_path / "w.json").write_text("{}")
+        deploy("cartpole-ppo", "--out", str(tmp_path), "--code", ".", "--measured",
+               str(tmp_path / "w.json"))  # fmt: skip
+
+
+def test_workers_advertise_the_address_of_the_named_interface(tmp_path):
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--code", ".", "--interface", "ib0")
+    text = script(tmp_path)
+    assert 'CONTROLLER_ADDRESS="$(address_on ib0)"' in text
+    assert '  address="$(address_on ib0)"' in text
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--code", ".")
+    assert '  address="$(route_to "$CONTROLLER_ADDRESS")"' in script(tmp_path)
+    address_on = next(
+        line for line in script(tmp_path).splitlines() if line.startswith("address_on")
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"{address_on}\naddress_on lo"], capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "127.0.0.1"
 
 
 def test_option_errors_are_listed_together(tmp_path):
@@ -208,3 +317,90 @@ def test_the_script_runs_cartpole_through_fake_slurm(tmp_path):
         "policy policy/default/{ordinal}",
         "trainer trainer/default/{ordinal}",
     ]
+
+
+# --------------------------------------------------------------------- a real Slurm
+def slurm_answers() -> bool:
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
+
+
+needs_slurm = pytest.mark.skipif(
+    not slurm_answers(), reason="no Slurm controller answers: run .ci/slurm-setup as root"
+)
+
+
+def submit(out: Path, *sbatch_args: str, env: dict | None = None) -> str:
+    done = subprocess.run(
+        [str(out / "submit.sh"), "--parsable", *sbatch_args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
+    )
+    return dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+
+
+@pytest.mark.slurm
+@needs_slurm
+def test_slurm_itself_reads_the_64_actor_request_as_69_cpus_and_the_measured_memory(tmp_path):
+    deploy(
+        "cartpole-ppo",
+        "actors.workers=64",
+        "--out",
+        str(tmp_path),
+        "--code",
+        ".",
+        "--run-name",
+        "c",
+    )
+    job = submit(tmp_path, "--hold")
+    try:
+        fields = job_fields(job)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    assert fields["NumCPUs"] == "69" and fields["CPUs/Task"] == "1"
+    tres = dict(item.split("=") for item in fields["TRES"].split(","))
+    mem_per_cpu = int(sbatch_options(script(tmp_path))["mem-per-cpu"].removesuffix("M"))
+    assert (tres["cpu"], tres["mem"]) == ("69", f"{69 * mem_per_cpu}M")
+    assert "gres/gpu" not in tres
+
+
+@pytest.mark.slurm
+@pytest.mark.multiprocess
+@needs_slurm
+def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "deploy"
+    overrides = ("stop.eval_return=None", "stop.env_frames=3000")
+    options = ("--run-name", "cp", "--code", str(repo), "--venv", sys.prefix, "--time", "00:10:00")
+    deploy("cartpole-ppo", *overrides, "--out", str(out), *options)
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TROUPE_CONTROLLER_PORT": str(free_port())}
+    job = submit(out, env=env)
+    try:
+        for _ in range(300):
+            if job_fields(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+                break
+            time.sleep(1)
+        fields = job_fields(job)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    log = next(out.glob("slurm-*.out")).read_text()
+    assert fields["JobState"] == "COMPLETED", log[-3000:]
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames"
+    workers = json.loads((out / "run" / "workers.json").read_text())
+    assert len(workers) == 6 and all(w["state"] == "stopped" for w in workers.values())
+    endpoints = json.loads((out / "run" / "endpoints.json").read_text())
+    assert endpoints["controller"].startswith("tcp://127.0.0.1:")  # vm's address, not its name

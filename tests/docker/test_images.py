@@ -107,7 +107,7 @@ def test_missing_base_image_says_what_to_do(client):
     assert message.startswith(
         "base image troupe-test/absent:never is not present and cannot be pulled ("
     )
-    assert message.endswith("): make one with docker/make-base-image.sh or pass --base-image")
+    assert message.endswith("or pass --make-base-image to do both now, or --base-image IMAGE")
 
 
 def test_failed_build_says_which_step_and_leaves_no_build_stage(client, tmp_path):
@@ -127,7 +127,38 @@ def test_failed_build_says_which_step_and_leaves_no_build_stage(client, tmp_path
         assert str(e.value).startswith(
             "building troupe-test:broken on troupe-test/empty:1 failed: "
         )
-        assert "Step 6/16 : RUN ${PYTHON} -m venv /opt/venv" in str(e.value)
-        assert client.images.list(filters={"label": images.BUILD_STAGE_LABEL}) == []
+        assert "Step 7/21 : RUN ${PYTHON} -m venv /opt/venv" in str(e.value)
+        for label in (images.DEPS_STAGE_LABEL, images.PROJECT_STAGE_LABEL):
+            assert client.images.list(filters={"label": label, "dangling": True}) == []
     finally:
         client.images.remove("troupe-test/empty:1", force=True)
+
+
+def test_a_code_only_rebuild_takes_the_dependency_layer_from_the_cache(client, image, caplog):
+    """The dependency stage of the image under test is tagged and reused: a build of the same
+    dependencies runs only the project's steps (the cached steps say "Using cache")."""
+    import logging
+
+    base = next(b for b in BASE_IMAGES if client.images.list(name=b))
+    tag = "troupe-test-cluster:cache"
+    caplog.set_level(logging.DEBUG, logger="distributed.images.build")
+    try:
+        image_id = images.build_image(base, tag, client=client)
+        lines = [r.getMessage().strip() for r in caplog.records]
+        deps_run = lines.index(next(m for m in lines if m.startswith("Step 7/21 : RUN")))
+        project_copy = lines.index(next(m for m in lines if m.startswith("Step 10/21 : COPY")))
+        assert "---> Using cache" in lines[deps_run:project_copy]
+        layers = client.images.get(image_id).attrs["RootFS"]["Layers"]
+        assert set(image.attrs["RootFS"]["Layers"]) & set(layers)  # the venv layer is shared
+        deps = [t for i in client.images.list(name="troupe-test-cluster") for t in i.tags]
+        assert any(t.startswith("troupe-test-cluster:deps-") for t in deps)
+    finally:
+        for i in client.images.list(name="troupe-test-cluster"):  # ours only: the dependency
+            for t in i.tags:  # stage also carries troupe-worker:deps-KEY
+                if t.startswith("troupe-test-cluster:"):
+                    client.images.remove(t)
+    assert any(t.startswith("troupe-worker:deps-") for t in deps_of(client))
+
+
+def deps_of(client) -> list[str]:
+    return [t for i in client.images.list(name="troupe-worker") for t in i.tags]

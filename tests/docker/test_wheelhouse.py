@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import docker
 import pytest
 
 from distributed.images import build as images
-from distributed.images.build import (
-    BaseImageMissingError,
-    DockerUnavailableError,
-    WheelhouseError,
-    WheelName,
-    wheelhouse_problems,
-)
+from distributed.images import wheelhouse
+from distributed.images.build import BaseImageMissingError, DockerUnavailableError
+from distributed.images.wheelhouse import WheelhouseError, WheelName, wheelhouse_problems
 
 TROUPE = "troupe_rl-0.1.0-py3-none-any.whl"
 CPU_TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -126,8 +123,17 @@ def test_missing_base_image_says_how_to_make_one():
         images.build_image("troupe-test/absent:1", "troupe-test:1", client=FakeClient())
     assert str(e.value) == (
         "base image troupe-test/absent:1 is not present and cannot be pulled (pull access denied "
-        "for troupe-test/absent:1): make one with docker/make-base-image.sh or pass --base-image"
+        "for troupe-test/absent:1): make troupe-base:bookworm-py311 offline (root, debootstrap "
+        "from a Debian mirror, about a minute) with `sudo docker/make-base-image.sh` and build "
+        "again, or pass --make-base-image to do both now, or --base-image IMAGE"
     )
+
+
+def test_without_any_base_image_the_error_names_the_command_that_makes_one():
+    with pytest.raises(BaseImageMissingError) as e:
+        images.build_image(None, "troupe-test:1", client=FakeClient())
+    assert str(e.value).startswith("base image python:3.11-slim is not present and cannot be ")
+    assert "`sudo docker/make-base-image.sh`" in str(e.value)
 
 
 def test_empty_wheelhouse_says_how_to_fill_it(tmp_path, monkeypatch):
@@ -166,7 +172,14 @@ def test_image_build_arguments_reach_build_image(monkeypatch):
     assert calls == [
         (
             ("troupe-base:bookworm-py311", images.DEFAULT_GPU_TAG),
-            {"wheelhouse": None, "gpu": True, "push": True, "torch_index": None},
+            {
+                "wheelhouse": None,
+                "gpu": True,
+                "push": True,
+                "torch_index": None,
+                "make_base": False,
+                "refresh_deps": False,
+            },
         )
     ]
 
@@ -179,3 +192,27 @@ def test_image_build_defaults():
 class _QuietConsole:
     def print(self, *args, **kwargs):
         pass
+
+
+# --------------------------------------------------------------------- the two parts
+def test_the_project_wheel_is_built_out_of_tree(tmp_path):
+    before = sorted(p.name for p in wheelhouse.PROJECT_DIR.iterdir())
+    wheel = wheelhouse.project_wheel(tmp_path)
+    assert wheel.name == "troupe_rl-0.1.0-py3-none-any.whl"
+    assert sorted(p.name for p in wheelhouse.PROJECT_DIR.iterdir()) == before
+    assert not (wheelhouse.PROJECT_DIR / "build").exists()
+
+
+def test_the_dependency_cache_key_follows_what_picks_the_wheels(monkeypatch):
+    reqs = wheelhouse.project_dependencies()
+    assert "torch>=2.2,<2.14" in reqs and not any(r.startswith("troupe") for r in reqs)
+    key = wheelhouse.dependency_key(reqs, gpu=False, torch_index=None)
+    assert key == wheelhouse.dependency_key(list(reversed(reqs)), gpu=False, torch_index=None)
+    others = {
+        wheelhouse.dependency_key(reqs, gpu=True, torch_index=None),
+        wheelhouse.dependency_key(reqs, gpu=False, torch_index=images.CPU_TORCH_INDEX),
+        wheelhouse.dependency_key([*reqs, "scipy"], gpu=False, torch_index=None),
+    }
+    assert key not in others and len(others) == 3
+    monkeypatch.setenv("TROUPE_CACHE_DIR", "/somewhere")
+    assert wheelhouse.cache_root() == Path("/somewhere")

@@ -6,8 +6,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from api.config import make_experiment
 from api.environment import Environment, StepResult
-from api.errors import PipelineCheckError
+from api.errors import ConfigError, PipelineCheckError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
@@ -253,6 +254,36 @@ def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
     assert worker.pending_segments == 1  # the extra segment waits for the next batch
     assert store.latest_version("p") == 1
     assert worker.collect_stats()["version_lag"] == 0.0
+
+
+def test_trainer_worker_drops_segments_older_than_max_policy_lag(caplog):
+    samples, store = InprocSampleHub(), ParameterStore()
+    trainer = StubTrainer(EchoPolicy())
+    trainer.policy._version = 5
+    worker = TrainerWorker(
+        "t", "p", trainer, samples.consumer("p"), InprocParameterService(store),
+        batch_segments=2, max_policy_lag=2,
+    )  # fmt: skip
+    producer = samples.producer()
+    mixed = segment(version=4, segments=3)
+    mixed.policy_version[:2, 1] = 2  # the oldest step decides: 3 versions behind
+    producer.post("p", segment(version=1))  # 4 behind: dropped whole
+    producer.post("p", mixed)  # columns 0 and 2 kept
+    with caplog.at_level("WARNING"):
+        assert worker.poll() == 1
+    assert trainer.seen == [(5, 2, 1)]
+    stats = worker.collect_stats()
+    assert stats["stale_segments_dropped"] == 2 and stats["version_lag"] == 1.0
+    (warning,) = [r.getMessage() for r in caplog.records if "max_policy_lag" in r.getMessage()]
+    assert warning.startswith(
+        "trainer of policy 'p' dropped 1 segment(s) more than max_policy_lag=2 versions old (1 "
+        "so far): the trainer cannot keep up with the actors; use fewer actors"
+    )  # rate-limited: the second drop, right after, is counted but not repeated
+
+
+def test_max_policy_lag_must_be_positive():
+    with pytest.raises(ConfigError, match=r"policies\.default\.max_policy_lag: must be at least 1"):
+        make_experiment("cartpole-ppo", ["policies.default.max_policy_lag=0"])
 
 
 def test_trainer_worker_refuses_to_publish_non_finite_losses():

@@ -1,0 +1,139 @@
+"""How much CPU and memory each kind of worker asks a cluster for, from measured figures.
+
+A scheduler reserves what a job asks for, so over-asking costs as much as a real need: the first
+generators asked every role for 1-2 CPUs and 1-4 GiB where a worker used a sixth of that. Here
+the ask is the measured peak resident memory of each role (``peak_rss_mb``, which every worker
+reports in its heartbeat and the controller keeps in the run folder's ``workers.json``) with a
+margin, and the CPU a worker can use: actors, policy workers and trainers are one busy process
+each (one core); the controller and the parameter service mostly wait on sockets.
+
+:data:`MEASURED` holds the figures of a cartpole-ppo run from the worker image;
+:func:`measured_from` reads a finished run (``workers.json``) or a ``troupe bench --json`` result
+instead, so a big model's trainer asks for what it used. Every figure can be overridden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from distributed.deploy.manifests import DeployError
+
+COMPONENTS = ("controller", "params", "trainer", "policy", "actor", "eval")
+MEMORY_MARGIN = 1.25
+"""Memory asked for = measured peak x this, rounded up to 16 MiB (the peak moves a little with
+batch sizes and allocator timing)."""
+
+
+@dataclass(frozen=True)
+class RoleNeeds:
+    """What one worker of a component needs."""
+
+    cpus: float
+    """CPU cores it keeps busy (Kubernetes request; Slurm asks for at least one whole CPU)."""
+    cpu_limit: float
+    """Cores it may use at most (Kubernetes limit): torch's threads in trainers and policy
+    workers can use a second core; a single-threaded actor cannot."""
+    peak_memory_mib: float
+    """Measured peak resident memory of one worker (MiB)."""
+
+    @property
+    def memory_mib(self) -> int:
+        """What to ask for: the peak plus :data:`MEMORY_MARGIN`, in whole 16 MiB."""
+        return 16 * math.ceil(self.peak_memory_mib * MEMORY_MARGIN / 16)
+
+    @property
+    def slurm_cpus(self) -> int:
+        """Slurm allocates whole CPUs."""
+        return max(1, math.ceil(self.cpus))
+
+
+# Peak RSS of each worker of a cartpole-ppo run from the worker image, one process per worker as
+# on a cluster (workers.json of tests/docker/test_k8s_pods.py's run): actors and the parameter
+# service never import torch there. The controller's is `troupe bench memory`'s (BENCHMARKS.md).
+MEASURED: dict[str, RoleNeeds] = {
+    "controller": RoleNeeds(0.25, 1, 208),
+    "params": RoleNeeds(0.25, 1, 52),
+    "trainer": RoleNeeds(1, 2, 323),
+    "policy": RoleNeeds(1, 2, 241),
+    "actor": RoleNeeds(1, 1, 53),
+    "eval": RoleNeeds(0.25, 1, 53),
+}
+
+
+def component_of(worker_id: str, role: str) -> str:
+    """``actor/3`` -> actor, ``eval/0`` -> eval, ``params`` -> params, ``trainer/red/0``..."""
+    head = worker_id.split("/", 1)[0]
+    if head in COMPONENTS:
+        return head
+    return "params" if role == "parameter_service" else role
+
+
+def measured_from(path: Path) -> dict[str, float]:
+    """Peak memory (MiB) per component from a run folder (its ``workers.json``), a
+    ``workers.json`` itself, or a ``troupe bench --json`` result (its memory suite)."""
+    file = path / "workers.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise DeployError(
+            f"--measured {path}: cannot read it ({e}); pass a finished run folder (it has "
+            "workers.json) or the JSON that troupe bench memory --json wrote"
+        ) from e
+    if "suites" in data:  # a bench result: suites.memory.<experiment>.peak_rss_mb_by_role
+        peaks: dict[str, float] = {}
+        for figures in data["suites"].get("memory", {}).values():
+            for role, mb in (figures or {}).get("peak_rss_mb_by_role", {}).items():
+                component = component_of(role, role)
+                peaks[component] = max(peaks.get(component, 0.0), float(mb))
+        if "actor" in peaks:
+            peaks.setdefault("eval", peaks["actor"])
+    else:
+        peaks = {}
+        for worker_id, worker in data.items():
+            component = component_of(worker_id, str(worker.get("role")))
+            peaks[component] = max(peaks.get(component, 0.0), float(worker.get("peak_rss_mb", 0)))
+    peaks = {c: mb for c, mb in peaks.items() if c in COMPONENTS and mb > 0}
+    if not peaks:
+        raise DeployError(f"--measured {path}: holds no peak_rss_mb figure of any worker")
+    return peaks
+
+
+def role_needs(
+    measured: Mapping[str, float] | None = None,
+    cpus: Mapping[str, float] | None = None,
+    memory_mib: Mapping[str, float] | None = None,
+) -> dict[str, RoleNeeds]:
+    """:data:`MEASURED`, updated by figures from a run (``measured``, MiB per component), then
+    by explicit ``cpus`` and ``memory_mib`` (a peak in MiB; the margin is still added)."""
+    needs = dict(MEASURED)
+    for source, field in ((measured, "peak_memory_mib"), (memory_mib, "peak_memory_mib")):
+        for component, value in (source or {}).items():
+            needs[component] = replace(needs[component], **{field: float(value)})
+    for component, value in (cpus or {}).items():
+        old = needs[component]
+        needs[component] = replace(old, cpus=float(value), cpu_limit=max(old.cpu_limit, value))
+    return needs
+
+
+def parse_overrides(items: Sequence[str], flag: str) -> dict[str, float]:
+    """``["actor=2", "trainer=8"]`` -> ``{"actor": 2.0, "trainer": 8.0}``, every error at once."""
+    result, errors = {}, []
+    for item in items:
+        component, sep, value = item.partition("=")
+        if not sep or component not in COMPONENTS or not re.fullmatch(r"\d+(\.\d+)?", value):
+            errors.append(
+                f"{flag} '{item}': write COMPONENT=NUMBER with COMPONENT one of "
+                f"{', '.join(COMPONENTS)}"
+            )
+        elif float(value) <= 0:
+            errors.append(f"{flag} '{item}': must be more than 0")
+        else:
+            result[component] = float(value)
+    if errors:
+        raise DeployError("\n".join(errors))
+    return result

@@ -1,0 +1,360 @@
+"""The wheels a worker image is made of, in two parts that change at different speeds.
+
+- **Dependencies** (torch, numpy, gymnasium... about 1 GB): made once by ``pip wheel`` of the
+  project's ``[project].dependencies`` and kept in a cache folder keyed by those requirements,
+  the image kind (CPU/GPU), the torch index and the Python version. A code-only change finds
+  them there, and the image build finds its dependency layer in Docker's cache.
+- **The project** (troupe-rl, a few hundred kB): built again every time, from a copy of the
+  source in a temporary folder, so the checkout gets no ``build/`` or ``*.egg-info``.
+
+:func:`wheelhouse_problems` checks a set of wheels: a CPU image must carry no CUDA (PyPI's torch
+for Linux x86_64 is the CUDA build and drags in several GB of ``nvidia-*`` wheels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from api.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+PROJECT = "troupe-rl"
+IMAGE_PYTHON = (3, 11)
+"""The Python of every base image the Dockerfiles accept; the wheelhouse must be built for it."""
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+COMPLETE = ".complete"
+"""Written last into a cached dependency folder: a folder without it was cut short."""
+# Never part of the project wheel; copying them would only slow the out-of-tree build down.
+_NOT_SOURCE = (".git", ".venv", "build", "dist", "runs", "wheelhouse", "tests", "docker")
+_NOT_SOURCE_GLOBS = ("*.egg-info", "__pycache__", ".*_cache", "*.pyc")
+
+
+class ImageError(UserError):
+    """Making a wheelhouse, or building or pushing a worker image, failed."""
+
+
+class WheelhouseError(ImageError):
+    """``pip wheel`` failed, or the wheelhouse holds wheels the image cannot use."""
+
+
+# --------------------------------------------------------------------- wheel names
+@dataclass(frozen=True)
+class WheelName:
+    """The fields of a wheel's file name (PEP 427), e.g. ``torch-2.13.0+cpu-cp311-cp311-...``."""
+
+    filename: str
+    project: str
+    """Normalised project name (PEP 503): lower case, runs of ``-_.`` as one ``-``."""
+    version: str
+    python_tags: tuple[str, ...]
+    abi_tags: tuple[str, ...]
+    platform_tags: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, filename: str) -> WheelName:
+        parts = filename.removesuffix(".whl").split("-")
+        if not filename.endswith(".whl") or len(parts) not in (5, 6):
+            raise WheelhouseError(f"{filename} is not a wheel file name (name-version-py-abi-plat)")
+        project, version, python, abi, platform = parts[0], parts[1], *parts[-3:]
+        return cls(
+            filename=filename,
+            project=re.sub(r"[-_.]+", "-", project).lower(),
+            version=version,
+            python_tags=tuple(python.split(".")),
+            abi_tags=tuple(abi.split(".")),
+            platform_tags=tuple(platform.split(".")),
+        )
+
+    @property
+    def local_version(self) -> str:
+        """The part after ``+`` (``cpu``, ``cu124``), or ``""``."""
+        return self.version.partition("+")[2]
+
+
+def _is_cuda_library(wheel: WheelName) -> bool:
+    return wheel.project.startswith("nvidia-") or wheel.project in ("triton", "pytorch-triton")
+
+
+def _runs_on_python(wheel: WheelName, python: tuple[int, int]) -> bool:
+    """Whether an installer for CPython ``python`` accepts this wheel's interpreter tags."""
+    major, minor = python
+    for tag in wheel.python_tags:
+        if tag in (f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"):
+            return True
+        # A stable-ABI wheel (cp38-abi3) runs on its CPython and every later one.
+        match = re.fullmatch(rf"cp{major}(\d+)", tag)
+        if match and "abi3" in wheel.abi_tags and int(match.group(1)) <= minor:
+            return True
+    return False
+
+
+def is_project_wheel(path: Path | str) -> bool:
+    return WheelName.parse(Path(path).name).project == PROJECT
+
+
+def wheelhouse_problems(
+    filenames: Iterable[str], *, gpu: bool, python: tuple[int, int] = IMAGE_PYTHON
+) -> list[str]:
+    """Everything that keeps these wheels from making a working image; empty when they can.
+
+    Checked: a troupe-rl wheel is there; every wheel installs on CPython ``python`` on Linux; a
+    CPU wheelhouse (``gpu=False``) holds no CUDA build of torch and no ``nvidia-*``/triton
+    wheels; a GPU wheelhouse holds a torch that is not a ``+cpu`` build.
+    """
+    wheels = [WheelName.parse(name) for name in sorted(filenames)]
+    problems = []
+    if not any(w.project == PROJECT for w in wheels):
+        problems.append("there is no troupe-rl wheel")
+    version = f"{python[0]}.{python[1]}"
+    for w in wheels:
+        if not _runs_on_python(w, python):
+            problems.append(
+                f"{w.filename} is built for {'.'.join(w.python_tags)}, not Python {version} "
+                f"(the image's): build the wheelhouse with a Python {version} interpreter"
+            )
+        if not any(p == "any" or "linux" in p for p in w.platform_tags):
+            problems.append(
+                f"{w.filename} is built for {'.'.join(w.platform_tags)}, not Linux: build the "
+                "wheelhouse on Linux"
+            )
+    torch = [w for w in wheels if w.project == "torch"]
+    if gpu:
+        problems += [
+            f"{w.filename} is a CPU build of torch: a GPU image needs a CUDA build (pass "
+            "--torch-index https://download.pytorch.org/whl/cu124 and keep +cpu wheels out of "
+            "pip's find-links)"
+            for w in torch
+            if w.local_version == "cpu"
+        ]
+    else:
+        cuda = [w.filename for w in wheels if _is_cuda_library(w)]
+        cuda += [w.filename for w in torch if w.local_version.startswith(("cu", "rocm"))]
+        if cuda:
+            problems.append(
+                f"CUDA wheels in a CPU wheelhouse: {', '.join(cuda)}. PyPI's torch for Linux is "
+                f"the CUDA build: pass --torch-index {CPU_TORCH_INDEX} (or a --find-links "
+                "directory holding a +cpu torch wheel), and empty the wheelhouse directory first"
+            )
+    return problems
+
+
+def check_wheels(wheels: list[Path], *, gpu: bool, where: Path) -> None:
+    """Raise :class:`WheelhouseError` listing every :func:`wheelhouse_problems`."""
+    problems = wheelhouse_problems([w.name for w in wheels], gpu=gpu)
+    if problems:
+        kind = "GPU" if gpu else "CPU"
+        raise WheelhouseError(
+            f"the wheelhouse {where} cannot make a {kind} image:\n  - " + "\n  - ".join(problems)
+        )
+
+
+# --------------------------------------------------------------------- the two parts
+@dataclass(frozen=True)
+class Wheelhouse:
+    """The wheels of one image: the cached dependencies and this build's project wheel."""
+
+    dependencies: list[Path]
+    project: Path
+
+    @property
+    def all(self) -> list[Path]:
+        return [*self.dependencies, self.project]
+
+
+def cache_root() -> Path:
+    """``$TROUPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/troupe``, else ``~/.cache/troupe``."""
+    if os.environ.get("TROUPE_CACHE_DIR"):
+        return Path(os.environ["TROUPE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "troupe"
+
+
+def project_dependencies(project_dir: Path = PROJECT_DIR) -> list[str]:
+    """``[project].dependencies`` of ``pyproject.toml``: what the image installs besides us."""
+    import tomllib  # Python 3.11+, as every image build is (see _check_python)
+
+    with open(project_dir / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["project"]["dependencies"])
+
+
+def dependency_key(requirements: list[str], *, gpu: bool, torch_index: str | None) -> str:
+    """Names the cached dependency folder: anything that changes which wheels pip picks."""
+    described = {
+        "requirements": sorted(requirements),
+        "gpu": gpu,
+        "torch_index": torch_index,
+        "python": list(IMAGE_PYTHON),
+        "pip_find_links": os.environ.get("PIP_FIND_LINKS"),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def dependency_wheels(
+    project_dir: Path = PROJECT_DIR,
+    *,
+    gpu: bool = False,
+    torch_index: str | None = None,
+    refresh: bool = False,
+) -> list[Path]:
+    """The dependency wheels, from the cache when they are there (``refresh``: made again).
+
+    Made with this interpreter's pip (the project's venv), so its configuration applies: a
+    ``find-links`` directory with a ``+cpu`` torch wheel is preferred over PyPI's CUDA build,
+    because a local version label sorts above the plain release.
+    """
+    _check_python()
+    requirements = project_dependencies(project_dir)
+    key = dependency_key(requirements, gpu=gpu, torch_index=torch_index)
+    folder = cache_root() / "wheels" / key
+    if (folder / COMPLETE).exists() and not refresh:
+        logger.info("dependency wheels from the cache %s", folder)
+        return sorted(folder.glob("*.whl"))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    making = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
+    try:
+        listed = making / "requirements.txt"
+        listed.write_text("\n".join(requirements) + "\n")
+        command = [*_pip("wheel"), "--wheel-dir", str(making), "-r", str(listed)]
+        if torch_index:
+            command += ["--extra-index-url", torch_index]
+        logger.info("making the dependency wheels in %s (once per dependency set)", folder)
+        _run_logged(command, what="pip wheel")
+        (making / COMPLETE).write_text(json.dumps(requirements) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        making.rename(folder)
+    finally:
+        shutil.rmtree(making, ignore_errors=True)
+    return sorted(folder.glob("*.whl"))
+
+
+def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
+    """Build the troupe-rl wheel from a copy of the source: the checkout stays as it was."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="troupe-source-") as tmp:
+        source = Path(tmp) / "src"
+        shutil.copytree(
+            project_dir,
+            source,
+            ignore=shutil.ignore_patterns(*_NOT_SOURCE, *_NOT_SOURCE_GLOBS),
+            symlinks=True,
+        )
+        command = [*_pip("wheel"), "--no-deps", "--wheel-dir", str(out_dir), str(source)]
+        if _has_build_backend():  # no isolated build env: no index, a second instead of ten
+            command.insert(-1, "--no-build-isolation")
+        _run_logged(command, what="pip wheel (troupe-rl)")
+    [wheel] = [w for w in out_dir.glob("*.whl") if is_project_wheel(w)]
+    return wheel
+
+
+def build_wheelhouse(
+    out_dir: Path | str,
+    project_dir: Path | str = PROJECT_DIR,
+    *,
+    gpu: bool = False,
+    torch_index: str | None = None,
+) -> list[Path]:
+    """Every wheel an image needs in one folder (``troupe image wheelhouse``, to carry to an
+    air-gapped machine); returns them. Raises :class:`WheelhouseError` if pip fails or
+    :func:`wheelhouse_problems` finds anything."""
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("troupe_rl-*.whl"):
+        stale.unlink()
+    for wheel in dependency_wheels(Path(project_dir), gpu=gpu, torch_index=torch_index):
+        link_or_copy(wheel, out / wheel.name)
+    project_wheel(out, Path(project_dir))
+    wheels = sorted(out.glob("*.whl"))
+    check_wheels(wheels, gpu=gpu, where=out)
+    size = sum(w.stat().st_size for w in wheels) / 2**20
+    logger.info("wheelhouse ready: %d wheels, %.0f MiB", len(wheels), size)
+    return wheels
+
+
+def make_wheelhouse(
+    scratch: Path,
+    *,
+    wheelhouse: Path | None,
+    gpu: bool,
+    torch_index: str | None = None,
+    refresh: bool = False,
+) -> Wheelhouse:
+    """The wheels of one image build: from ``wheelhouse`` (a folder the user made) when given,
+    else the cached dependencies and a fresh project wheel built into ``scratch``."""
+    if wheelhouse is not None:
+        wheels = sorted(Path(wheelhouse).glob("*.whl"))
+        if not wheels:
+            raise WheelhouseError(
+                f"{wheelhouse} holds no wheels: make them with `troupe image wheelhouse "
+                f"{wheelhouse}`"
+            )
+        check_wheels(wheels, gpu=gpu, where=Path(wheelhouse))
+    else:
+        deps = dependency_wheels(gpu=gpu, torch_index=torch_index, refresh=refresh)
+        wheels = [*deps, project_wheel(scratch)]
+        check_wheels(wheels, gpu=gpu, where=scratch)
+    [project] = [w for w in wheels if is_project_wheel(w)]
+    return Wheelhouse([w for w in wheels if w is not project], project)
+
+
+# --------------------------------------------------------------------- helpers
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link (same file system) or copy; an existing target is replaced."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _check_python() -> None:
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        version = ".".join(map(str, IMAGE_PYTHON))
+        raise WheelhouseError(
+            f"this is Python {sys.version_info[0]}.{sys.version_info[1]}, but the image runs "
+            f"Python {version}: run troupe from a Python {version} venv to build the wheelhouse"
+        )
+
+
+def _pip(action: str) -> list[str]:
+    return [sys.executable, "-m", "pip", action, "--disable-pip-version-check"]
+
+
+def _has_build_backend() -> bool:
+    """setuptools >= 68 in this interpreter, as ``[build-system]`` asks for."""
+    try:
+        from importlib.metadata import version
+
+        return int(version("setuptools").split(".")[0]) >= 68
+    except Exception:  # not installed, or an unusual version string: let pip isolate the build
+        return False
+
+
+def _run_logged(command: list[str], *, what: str) -> None:
+    """Run ``command``, its output to the debug log; on failure raise with the last lines."""
+    tail: deque[str] = deque(maxlen=25)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail.append(line.rstrip())
+            logger.debug("%s: %s", what, line.rstrip())
+    if process.returncode != 0:
+        raise WheelhouseError(
+            f"{what} failed with exit code {process.returncode}; its last lines:\n"
+            + "\n".join(tail)
+        )

@@ -1,0 +1,72 @@
+"""The Kubernetes manifests' pods, carried out under Docker by ``kubelet.py`` (no Kubernetes node
+can be started here): cartpole-ppo solves from them, and a worker that hangs is restarted by its
+liveness probe (the heartbeat file goes stale) and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from kubelet import Kubelet
+
+from api.config import make_experiment
+from distributed.deploy import k8s
+from distributed.images import build as images
+from system.streams.security import RunKeys
+
+pytestmark = pytest.mark.docker
+
+RUN = "kc"
+IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
+    docker_client, tmp_path
+):
+    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=400"])
+    options = k8s.K8sOptions(run_name=RUN, image=IMAGE, probe_stale_seconds=6)
+    objects = k8s.build_manifests(config, options)
+    kubelet = Kubelet(docker_client, objects, RunKeys.generate().to_text(), tmp_path, RUN)
+    run_dir = tmp_path / "claim" / RUN
+    hung = False
+    try:
+        kubelet.start()
+        deadline = time.monotonic() + 480
+        while not kubelet.controller_done():
+            assert time.monotonic() < deadline, "the run did not end in 480 s"
+            kubelet.tick()
+            actor = kubelet.pod(f"{RUN}-actor-1")
+            if not hung and actor.started:  # configured and beating: hang it
+                actor.container.kill(signal="SIGSTOP")
+                hung = True
+            time.sleep(1)
+        logs = kubelet.pod(f"{RUN}-controller").container.logs().decode()[-6000:]
+    finally:
+        kubelet.stop()
+    assert hung, f"the run ended before a worker could be hung:\n{logs}"
+    summary = read_json(run_dir / "summary.json")
+    assert summary.get("solved") is True, logs
+    assert summary["stop_reason"] == "eval_return"
+    actor = kubelet.pod(f"{RUN}-actor-1")
+    assert actor.probe_restarts == 1  # stopped, never crashed: only its probe could tell
+    assert sum(p.probe_restarts for p in kubelet.pods) == 1
+    # every pod ended with exit 0 (a worker that failed while the run started up, e.g. on a
+    # peer's timeout on these 2 shared cores, was restarted by its OnFailure policy, as on k8s)
+    assert all(p.exits[-1:] in ([], [0]) for p in kubelet.pods), (
+        [(p.name, p.exits) for p in kubelet.pods],
+        [line for line in logs.splitlines() if "failed" in line or "error" in line.lower()],
+    )
+    workers = read_json(run_dir / "workers.json")
+    assert workers["actor/1"]["restarts"] >= 1, f"{workers}\n{logs}"
+    assert workers["actor/1"]["state"] == "stopped"
+    assert docker_client.containers.list(all=True, filters={"label": f"troupe.kubelet={RUN}"}) == []
