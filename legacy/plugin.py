@@ -50,7 +50,12 @@ def _register_trainers() -> None:
     registry.register_trainer(
         "ppo",
         "algorithm.ppo.trainer:PPOTrainer",
-        description="Proximal Policy Optimization with GAE, clipping and minibatch epochs.",
+        description="Proximal Policy Optimization with GAE (or V-trace), clipping and epochs.",
+    )
+    registry.register_trainer(
+        "impala",
+        "algorithm.impala.trainer:ImpalaTrainer",
+        description="IMPALA: actor-critic with V-trace correction for stale actor samples.",
     )
 
 
@@ -60,6 +65,7 @@ def _register_experiments() -> None:
         ("pendulum-ppo", "pendulum_ppo", "PPO with Gaussian actions on Pendulum-v1."),
         ("memory-gru-ppo", "memory_gru_ppo", "PPO with a GRU policy on the MemoryCue-v0 task."),
         ("gather-2p-ppo", "gather_two_policies", "Two PPO policies on GridGather-v0 agents."),
+        ("cartpole-impala", "cartpole_impala", "IMPALA on CartPole-v1 with 4 actor workers."),
     ):
         registry.register_experiment(
             name, f"legacy.experiments.examples:{attr}", description=description
