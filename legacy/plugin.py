@@ -44,6 +44,11 @@ def _register_policies() -> None:
         "algorithm.actor_critic_policies.policy:ActorCriticPolicy",
         description="Actor-critic policy: separate or shared backbone, optional GRU memory.",
     )
+    registry.register_policy(
+        "q-network",
+        "algorithm.q_policies.policy:QPolicy",
+        description="Q-network for Discrete actions: optional dueling head, epsilon-greedy.",
+    )
 
 
 def _register_trainers() -> None:
@@ -56,6 +61,11 @@ def _register_trainers() -> None:
         "impala",
         "algorithm.impala.trainer:ImpalaTrainer",
         description="IMPALA: actor-critic with V-trace correction for stale actor samples.",
+    )
+    registry.register_trainer(
+        "dqn",
+        "algorithm.dqn.trainer:DQNTrainer",
+        description="DQN on replayed transitions: double, n-step, target network, Huber loss.",
     )
 
 
