@@ -49,6 +49,11 @@ def _register_policies() -> None:
         "algorithm.q_policies.policy:QPolicy",
         description="Q-network for Discrete actions: optional dueling head, epsilon-greedy.",
     )
+    registry.register_policy(
+        "sac-policy",
+        "algorithm.sac.policy:SACPolicy",
+        description="SAC for Box actions: tanh-squashed Gaussian actor, twin Q critics.",
+    )
 
 
 def _register_trainers() -> None:
@@ -66,6 +71,11 @@ def _register_trainers() -> None:
         "dqn",
         "algorithm.dqn.trainer:DQNTrainer",
         description="DQN on replayed transitions: double, n-step, target network, Huber loss.",
+    )
+    registry.register_trainer(
+        "sac",
+        "algorithm.sac.trainer:SACTrainer",
+        description="Soft actor-critic on replayed transitions: twin Q, learned temperature.",
     )
 
 

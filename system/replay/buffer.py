@@ -172,7 +172,7 @@ class ReplayBuffer:
         if not self.can_sample(count):
             raise RuntimeError(
                 f"cannot sample {count} transitions now ({self.size} frames held, min_size "
-                f"{self.config.rate_limit.min_size}; inserted {self.limiter.inserted}, sampled "
+                f"{self.limiter.config.min_size}; inserted {self.limiter.inserted}, sampled "
                 f"{self.limiter.sampled}): check can_sample() first"
             )
         items = self._tree.sample(count, self._rng)
