@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from api.namedarray import namedarray
+from api.errors import ConfigError
+from api.namedarray import NamedArray, namedarray
 
 
 @namedarray
@@ -39,3 +40,16 @@ class TransitionBatch:
     """``[B]`` int64: the buffer's keys of these transitions, to update their priorities."""
     policy_version: np.ndarray | None = None
     """``[B, 1]`` int64: the policy version that chose the action."""
+
+
+def require_transitions(samples: Any, trainer: str) -> None:
+    """Fail clearly when an off-policy trainer is handed trajectory segments, not transitions."""
+    if not isinstance(samples, NamedArray) or "discount" not in samples:
+        raise ConfigError(
+            [
+                f"{trainer} learns from replayed transitions (api.replay.TransitionBatch, "
+                f"sampled from a system.replay.ReplayBuffer), got {type(samples).__name__}; it "
+                "cannot train on the actors' segments directly: put a replay buffer between "
+                "actors and trainer"
+            ]
+        )

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
-from api.replay import TransitionBatch
+from api.replay import TransitionBatch, require_transitions
 from api.trainer import Trainer, TrainerStepResult
 
 
@@ -101,6 +101,7 @@ class DQNTrainer(Trainer):
         return self._policy
 
     def step(self, samples: TransitionBatch) -> TrainerStepResult:
+        require_transitions(samples, "DQNTrainer")
         device = getattr(self._policy, "device", torch.device("cpu"))
         batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
         self._policy.train_mode()

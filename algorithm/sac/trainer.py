@@ -28,7 +28,7 @@ import torch
 
 from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
-from api.replay import TransitionBatch
+from api.replay import TransitionBatch, require_transitions
 from api.trainer import Trainer, TrainerStepResult
 
 
@@ -115,6 +115,7 @@ class SACTrainer(Trainer):
         return float(self.log_alpha.detach().exp())
 
     def step(self, samples: TransitionBatch) -> TrainerStepResult:
+        require_transitions(samples, "SACTrainer")
         device = getattr(self._policy, "device", torch.device("cpu"))
         batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
         self._policy.train_mode()

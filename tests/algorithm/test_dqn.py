@@ -174,3 +174,21 @@ def test_dqn_improves_cartpole_in_an_in_process_replay_loop():
     after = np.mean(greedy_returns("CartPole-v1", policy, 5))
     print(f"DQN CartPole greedy return {before:.1f} -> {after:.1f} after 6000 frames")
     assert before < 30 and after >= 100
+
+
+def test_registered_names_build_and_segments_are_refused_with_a_clear_error(make_batch):
+    from api import policy as policy_api
+    from api import trainer as trainer_api
+    from api.errors import ConfigError
+
+    policy = policy_api.make(
+        "q-network",
+        observation_space=ENV.observation_space,
+        action_space=ENV.action_space,
+        epsilon=dict(start=0.5, end=0.1, decay_frames=100),
+    )
+    trainer = trainer_api.make("dqn", policy, target_update_every=10)
+    assert isinstance(trainer, DQNTrainer) and policy.current_epsilon == 0.5
+    segments = make_batch(policy, ENV.observation_space, steps=5, segments=2)
+    with pytest.raises(ConfigError, match="put a replay buffer between actors and trainer"):
+        trainer.step(segments)
