@@ -149,6 +149,9 @@ def test_capacity_overwrites_the_oldest_segments():
     assert buffer.size == 36
     drawn = buffer.sample(500).action
     assert drawn.min() >= 3000  # the first 1.5 inserts are gone
+    one = _buffer(capacity_frames=9)  # one segment: of three inserted at once, the last stays
+    one.insert(_segments(10, 3, done_p=0.0, truncated_p=0.0))
+    assert set(one.sample(50).action % 3) == {2} and one.size == 9
     with pytest.raises(ValueError, match="T=5 steps but this buffer holds T=10"):
         buffer.insert(_segments(5, 2))
     with pytest.raises(ValueError, match="raise capacity_frames"):
