@@ -2,8 +2,6 @@
 gymnasium environments, the policy's own rollout, ``system.replay.ReplayBuffer``, the trainer):
 what the replay worker role will run over sockets. Run alone with ``pytest -m learning -s``.
 
-* DQN on CartPole-v1: greedy return 475 (10 episodes) within 100k frames, a fifth of CleanRL's
-  DQN budget (500k).
 * SAC on Pendulum-v1: greedy return above -250 (10 episodes) within 20k frames.
 """
 
@@ -13,8 +11,6 @@ import pytest
 import torch
 from replay_loop import SegmentCollector, greedy_returns, train_off_policy
 
-from algorithm.dqn.trainer import DQNTrainer
-from algorithm.q_policies.policy import QPolicy
 from algorithm.sac.policy import SACPolicy
 from algorithm.sac.trainer import SACTrainer
 from system.replay import RateLimiterConfig, ReplayBuffer, ReplayConfig
@@ -38,34 +34,6 @@ def _train_until(env_id, collector, buffer, trainer, target, budget, every, upda
         if greedy >= target:
             break
     return collector.frames, greedy
-
-
-def test_dqn_solves_cartpole_within_100k_frames():
-    env = gym.make("CartPole-v1")
-    policy = QPolicy(
-        env.observation_space,
-        env.action_space,
-        hidden_sizes=(64, 64),
-        dueling=True,
-        epsilon=dict(start=1.0, end=0.05, decay_frames=10_000),
-        seed=0,
-    )
-    buffer = ReplayBuffer(
-        ReplayConfig(
-            capacity_frames=50_000,
-            n_step=3,
-            gamma=0.99,
-            prioritized=True,
-            seed=0,
-            rate_limit=RateLimiterConfig(min_size=1000),
-        )
-    )
-    trainer = DQNTrainer(policy, lr=1e-3, target_update_every=200)
-    collector = SegmentCollector("CartPole-v1", policy, envs=4, segment_length=8)
-    frames, greedy = _train_until(
-        "CartPole-v1", collector, buffer, trainer, 475.0, 100_000, 5000, updates=8, batch=64
-    )
-    assert greedy >= 475.0, f"greedy return {greedy} after {frames} frames"
 
 
 def test_sac_beats_minus_250_on_pendulum_within_20k_frames():
