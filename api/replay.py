@@ -48,8 +48,8 @@ def require_transitions(samples: Any, trainer: str) -> None:
         raise ConfigError(
             [
                 f"{trainer} learns from replayed transitions (api.replay.TransitionBatch, "
-                f"sampled from a system.replay.ReplayBuffer), got {type(samples).__name__}; it "
-                "cannot train on the actors' segments directly: put a replay buffer between "
-                "actors and trainer"
+                "sampled from a system.replay.buffer.ReplayBuffer), got "
+                f"{type(samples).__name__}; it cannot train on the actors' segments directly: "
+                "put a replay buffer between actors and trainer"
             ]
         )

@@ -10,7 +10,8 @@ from replay_loop import SegmentCollector, greedy_returns, train_off_policy
 from algorithm.dqn.trainer import DQNAnalyzedResult, DQNTrainer
 from algorithm.q_policies.policy import EpsilonSchedule, QPolicy
 from api.policy import RolloutRequest
-from system.replay import RateLimiterConfig, ReplayBuffer, ReplayConfig
+from system.replay.buffer import ReplayBuffer, ReplayConfig
+from system.replay.rate_limiter import RateLimiterConfig
 
 ENV = gym.make("CartPole-v1")
 

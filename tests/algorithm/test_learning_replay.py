@@ -1,6 +1,7 @@
 """Learning checks for the off-policy algorithms, through an in-process replay loop (real
-gymnasium environments, the policy's own rollout, ``system.replay.ReplayBuffer``, the trainer):
-what the replay worker role will run over sockets. Run alone with ``pytest -m learning -s``.
+gymnasium environments, the policy's own rollout, ``system.replay.buffer.ReplayBuffer``, the
+trainer): what the replay worker role will run over sockets. Run alone with
+``pytest -m learning -s``.
 
 * SAC on Pendulum-v1: greedy return above -250 (10 episodes) within 20k frames.
 """
@@ -13,7 +14,8 @@ from replay_loop import SegmentCollector, greedy_returns, train_off_policy
 
 from algorithm.sac.policy import SACPolicy
 from algorithm.sac.trainer import SACTrainer
-from system.replay import RateLimiterConfig, ReplayBuffer, ReplayConfig
+from system.replay.buffer import ReplayBuffer, ReplayConfig
+from system.replay.rate_limiter import RateLimiterConfig
 
 pytestmark = pytest.mark.learning
 

@@ -12,7 +12,8 @@ from replay_loop import SegmentCollector
 from algorithm.sac.policy import SACPolicy
 from algorithm.sac.trainer import SACAnalyzedResult, SACTrainer
 from api.policy import RolloutRequest
-from system.replay import RateLimiterConfig, ReplayBuffer, ReplayConfig
+from system.replay.buffer import ReplayBuffer, ReplayConfig
+from system.replay.rate_limiter import RateLimiterConfig
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))

@@ -5,7 +5,9 @@ import pytest
 
 from api.namedarray import NamedArray
 from api.policy import SampleBatch
-from system.replay import RateLimiter, RateLimiterConfig, ReplayBuffer, ReplayConfig, SumTree
+from system.replay.buffer import ReplayBuffer, ReplayConfig
+from system.replay.rate_limiter import RateLimiter, RateLimiterConfig
+from system.replay.sum_tree import SumTree
 
 # ------------------------------------------------------------------------------ sum tree
 
