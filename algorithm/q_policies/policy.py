@@ -32,6 +32,7 @@ from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
 from api.namedarray import namedarray
 from api.policy import RolloutRequest, RolloutResult
+from api.replay import require_transitions
 
 
 @dataclass
@@ -173,6 +174,7 @@ class QPolicy(SingleModelPytorchPolicy):
         gradient), online and target at ``next_obs`` (without)."""
         if target != "dqn":
             raise ValueError(f"QPolicy analyzes for target 'dqn' only, got '{target}'")
+        require_transitions(sample, "QPolicy")
         q = self.net(self.to_tensor(sample.obs))
         with torch.no_grad():
             next_obs = self.to_tensor(sample.next_obs)

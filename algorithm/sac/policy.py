@@ -36,6 +36,7 @@ from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.sac.trainer import SACAnalyzedResult
 from api.namedarray import namedarray
 from api.policy import RolloutRequest, RolloutResult
+from api.replay import require_transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 """The actor's log-std range: wide enough to explore, narrow enough to keep log-probs finite."""
@@ -189,6 +190,7 @@ class SACPolicy(SingleModelPytorchPolicy):
         :class:`~algorithm.sac.trainer.SACAnalyzedResult` for what carries gradients)."""
         if target != "sac":
             raise ValueError(f"SACPolicy analyzes for target 'sac' only, got '{target}'")
+        require_transitions(sample, "SACPolicy")
         net = self.module
         obs, next_obs = (
             self._flat(self.to_tensor(sample.obs)),
