@@ -87,13 +87,38 @@ def _register_policies() -> None:
         "algorithm.scripted_policies:ConnectFourHeuristicPolicy",
         description="Scripted connect four: win, else block, else centre columns; no trainer.",
     )
+    registry.register_policy(
+        "q-network",
+        "algorithm.q_policies.policy:QPolicy",
+        description="Q-network for Discrete actions: optional dueling head, epsilon-greedy.",
+    )
+    registry.register_policy(
+        "sac-policy",
+        "algorithm.sac.policy:SACPolicy",
+        description="SAC for Box actions: tanh-squashed Gaussian actor, twin Q critics.",
+    )
 
 
 def _register_trainers() -> None:
     registry.register_trainer(
         "ppo",
         "algorithm.ppo.trainer:PPOTrainer",
-        description="Proximal Policy Optimization with GAE, clipping and minibatch epochs.",
+        description="Proximal Policy Optimization with GAE (or V-trace), clipping and epochs.",
+    )
+    registry.register_trainer(
+        "impala",
+        "algorithm.impala.trainer:ImpalaTrainer",
+        description="IMPALA: actor-critic with V-trace correction for stale actor samples.",
+    )
+    registry.register_trainer(
+        "dqn",
+        "algorithm.dqn.trainer:DQNTrainer",
+        description="DQN on replayed transitions: double, n-step, target network, Huber loss.",
+    )
+    registry.register_trainer(
+        "sac",
+        "algorithm.sac.trainer:SACTrainer",
+        description="Soft actor-critic on replayed transitions: twin Q, learned temperature.",
     )
 
 
@@ -114,6 +139,7 @@ def _register_experiments() -> None:
         ("pendulum-ppo", "pendulum_ppo", "PPO with Gaussian actions on Pendulum-v1."),
         ("memory-gru-ppo", "memory_gru_ppo", "PPO with a GRU policy on the MemoryCue-v0 task."),
         ("gather-2p-ppo", "gather_two_policies", "Two PPO policies on GridGather-v0 agents."),
+        ("cartpole-impala", "cartpole_impala", "IMPALA on CartPole-v1 with 4 actor workers."),
     ):
         registry.register_experiment(
             name, f"legacy.experiments.examples:{attr}", description=description

@@ -1,4 +1,4 @@
-"""``ActorCriticPolicy`` (registered as ``actor-critic``): PPO's default policy.
+"""``ActorCriticPolicy`` (registered as ``actor-critic``): the policy for PPO and IMPALA.
 
 The network is built from the agent's gymnasium spaces, which the runtime passes as
 ``observation_space`` and ``action_space``:
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from algorithm.impala.trainer import ImpalaAnalyzedResult
 from algorithm.modules import numpy_inference as numpy_inference_lib
 from algorithm.modules.distributions import (
     ActionDistribution,
@@ -306,8 +307,14 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
 
     # ----------------------------------------------------------------- training
     def analyze(self, sample: SampleBatch, target: str = "ppo", **kwargs: Any) -> PPOAnalyzedResult:
+        """For ``ppo``: :class:`PPOAnalyzedResult`; for ``impala``: its subset, IMPALA's."""
+        if target == "impala":
+            out = self.analyze(sample, target="ppo")
+            return ImpalaAnalyzedResult(out.new_log_prob, out.old_log_prob, out.entropy, out.value)
         if target != "ppo":
-            raise ValueError(f"ActorCriticPolicy analyzes for target 'ppo' only, got '{target}'")
+            raise ValueError(
+                f"ActorCriticPolicy analyzes for targets 'ppo' and 'impala', got '{target}'"
+            )
         obs = self._normalized(self.to_tensor(sample.obs))
         steps, batch = sample.reward.shape[:2]
         hx = None

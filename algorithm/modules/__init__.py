@@ -1,4 +1,4 @@
-"""Building blocks shared by policies and trainers: distributions, GAE, encoders, init."""
+"""Building blocks shared by policies and trainers: distributions, GAE, V-trace, encoders, init."""
 
 from algorithm.modules.distributions import (
     ActionDistribution,
@@ -9,6 +9,8 @@ from algorithm.modules.distributions import (
 from algorithm.modules.encoders import CNNEncoder, NatureCNN, ObservationEncoder, mlp
 from algorithm.modules.gae import gae_advantages
 from algorithm.modules.init import orthogonal_init
+from algorithm.modules.policy_lag import policy_lag_stats
+from algorithm.modules.vtrace import vtrace_targets
 
 __all__ = [
     "ActionDistribution",
@@ -21,4 +23,6 @@ __all__ = [
     "gae_advantages",
     "mlp",
     "orthogonal_init",
+    "policy_lag_stats",
+    "vtrace_targets",
 ]

@@ -4,6 +4,13 @@ One :meth:`PPOTrainer.step` is one PPO iteration on a ``SampleBatch`` of ``B`` s
 ``T = segment_length + 1`` steps: GAE once with the values recorded at rollout time, then
 ``epochs`` passes of ``minibatches`` gradient steps each, then ``policy.inc_version()``.
 
+With ``vtrace=True`` (asynchronous PPO, as Sample Factory's APPO) the targets come from V-trace
+instead of GAE: before the epochs, the current parameters evaluate the whole batch once, and the
+ratios of their log-probs to the behaviour policy's (recorded at rollout, possibly many versions
+ago) weigh the value targets and advantages, clipped at ``rho_bar`` and ``c_bar``. GAE assumes
+the actions came from the parameters being trained; with several actors and a busy trainer they
+come from older ones (the ``policy_lag_*`` statistics say how much older).
+
 Feed-forward policies (``default_policy_state is None``) are trained on shuffled single
 transitions: the valid ``(t, b)`` entries. Recurrent policies are trained on whole segments
 (minibatches along ``B``), so the policy can unroll its memory from the state recorded at ``t=0``.
@@ -22,6 +29,8 @@ import numpy as np
 import torch
 
 from algorithm.modules.gae import gae_advantages
+from algorithm.modules.policy_lag import policy_lag_stats
+from algorithm.modules.vtrace import vtrace_targets
 from api.namedarray import NamedArray
 from api.policy import Policy, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
@@ -123,6 +132,11 @@ class PPOTrainer(Trainer):
         total_steps: trainer steps of the whole run; needed by the linear schedule.
         adam_eps: Adam's epsilon.
         fused_adam: Adam's fused kernel (faster steps, slower first step; see ``_adam_impl``).
+        vtrace: V-trace value targets and advantages instead of GAE (see the module docstring).
+        rho_bar: V-trace's clip of the importance weights in the targets and advantages. The
+            traces also decay by ``gae_lambda``: on on-policy data the value targets are GAE's
+            returns (and at ``gae_lambda=1`` the advantages are GAE's too).
+        c_bar: V-trace's clip of the trace-cutting weights (at most ``rho_bar``).
         seed: seeds minibatch shuffling (None: derived from torch's current seed, so a run that
             seeds torch before building its trainer shuffles reproducibly).
     """
@@ -148,8 +162,13 @@ class PPOTrainer(Trainer):
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,
+        vtrace: bool = False,
+        rho_bar: float = 1.0,
+        c_bar: float = 1.0,
         seed: int | None = None,
     ):
+        if vtrace and c_bar > rho_bar:
+            raise ValueError(f"c_bar ({c_bar}) must not exceed rho_bar ({rho_bar}): see IMPALA")
         if lr_schedule not in ("constant", "linear"):
             raise ValueError(f"lr_schedule must be 'constant' or 'linear', got '{lr_schedule}'")
         if lr_schedule == "linear" and not total_steps:
@@ -167,6 +186,7 @@ class PPOTrainer(Trainer):
         self.epochs, self.minibatches = epochs, minibatches
         self.normalize_advantages = normalize_advantages
         self.lr_schedule, self.total_steps = lr_schedule, total_steps
+        self.vtrace, self.rho_bar, self.c_bar = vtrace, rho_bar, c_bar
         self._params = [p for p in policy.parameters() if p.requires_grad]
         self._adam_impl = _adam_impl(self._params, fused_adam)
         self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, **self._adam_impl)
@@ -182,21 +202,10 @@ class PPOTrainer(Trainer):
         device = getattr(self._policy, "device", torch.device("cpu"))
         batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
         old_value = batch.policy_output.value.float()
-        with torch.no_grad():
-            # A policy that keeps running statistics (observation, return normalisation)
-            # updates them here, once a batch, and may scale the rewards.
-            normalize = getattr(self._policy, "normalize_batch", None)
-            reward = batch.reward.float() if normalize is None else normalize(batch, self.gamma)
-            advantages, returns, mask = gae_advantages(
-                reward,
-                old_value,
-                batch.done,
-                batch.truncated,
-                self.gamma,
-                self.gae_lambda,
-            )
         lr = self._set_lr()
         self._policy.train_mode()
+        advantages, returns, mask = self._targets(batch, old_value)
+        lag = policy_lag_stats(self._policy.version, batch.policy_version, mask)
         pool, pool_adv, pool_ret, pool_mask = self._training_pool(batch, advantages, returns, mask)
         rows = []
         for _ in range(self.epochs):
@@ -206,8 +215,40 @@ class PPOTrainer(Trainer):
         self._policy.inc_version()
         self._steps += 1
         stats = self._mean_update_stats(rows)
-        stats.update(self._batch_stats(batch, advantages, returns, old_value, mask), lr=lr)
+        stats.update(self._batch_stats(advantages, returns, old_value, mask), lr=lr, **lag)
         return TrainerStepResult(stats=stats, step=self._steps)
+
+    @torch.no_grad()
+    def _targets(self, batch: NamedArray, old_value: torch.Tensor) -> tuple:
+        """``(advantages, returns, mask)``: GAE on the rollout values, or V-trace on the current
+        parameters' values and log-probs against the behaviour log-probs.
+
+        A policy that keeps running statistics (observation, return normalisation) updates them
+        here, once a batch, and may scale the rewards."""
+        normalize = getattr(self._policy, "normalize_batch", None)
+        reward = batch.reward.float() if normalize is None else normalize(batch, self.gamma)
+        if not self.vtrace:
+            return gae_advantages(
+                reward,
+                old_value,
+                batch.done,
+                batch.truncated,
+                self.gamma,
+                self.gae_lambda,
+            )
+        out: PPOAnalyzedResult = self._policy.analyze(batch, target=self.analyze_target)
+        returns, advantages, mask = vtrace_targets(
+            reward,
+            out.value,
+            batch.done,
+            batch.truncated,
+            out.new_log_prob - out.old_log_prob,
+            self.gamma,
+            self.rho_bar,
+            self.c_bar,
+            lam=self.gae_lambda,
+        )
+        return advantages, returns, mask
 
     def _update(self, mb: NamedArray, adv, ret, mask) -> torch.Tensor:
         """One gradient step; returns the :data:`UPDATE_STATS` as one detached tensor, so that
@@ -277,7 +318,7 @@ class PPOTrainer(Trainer):
             group["lr"] = lr
         return lr
 
-    def _batch_stats(self, batch, advantages, returns, old_value, mask) -> dict[str, float]:
+    def _batch_stats(self, advantages, returns, old_value, mask) -> dict[str, float]:
         valid = mask.bool()
         ret, val = returns[valid], old_value[valid]
         var = ret.var() if ret.numel() > 1 else torch.tensor(0.0)
@@ -288,9 +329,6 @@ class PPOTrainer(Trainer):
             "return_mean": float(ret.mean()) if ret.numel() else 0.0,
             "valid_fraction": float(mask.mean()),
         }
-        if batch.policy_version is not None:
-            lag = self._policy.version - 1 - batch.policy_version.float()[valid]
-            stats["policy_lag"] = float(lag.mean()) if lag.numel() else 0.0
         return stats
 
     # ----------------------------------------------------------------- checkpoints

@@ -164,7 +164,7 @@ def test_analyze_returns_exactly_the_declared_fields(make_batch, rnn_hidden):
         assert getattr(out, name).shape == (5, 4, 1), name
     assert torch.allclose(out.new_log_prob, out.old_log_prob, atol=1e-5)
     assert out.new_log_prob.requires_grad and out.value.requires_grad
-    with pytest.raises(ValueError, match="target 'ppo' only"):
+    with pytest.raises(ValueError, match="targets 'ppo' and 'impala'"):
         policy.analyze(batch, target="dqn")
 
 

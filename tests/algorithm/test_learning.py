@@ -8,6 +8,7 @@ Targets (training-episode returns, stochastic actions, averaged over the last ``
 * CartPole-v1: 475 within 175k environment steps, for 3 of 3 seeds (and 475 greedily).
 * MemoryCue-v0: +0.9 with a GRU policy; a feed-forward policy stays at chance (about 0).
 * Pendulum-v1: -200 within the example's 300k-step budget (and -300 or better greedily).
+* CartPole-v1 with IMPALA (4 actors): 475 within 300k environment steps (and 475 greedily).
 """
 
 import numpy as np
@@ -72,3 +73,9 @@ def test_pendulum_reaches_minus_200(seed):
     progress, mean, greedy = _train("pendulum-ppo", seed, 300_000, -200.0, 40, evaluate=True)
     assert mean >= -200.0, f"mean return {mean} after {progress.env_frames} frames"
     assert greedy >= -300.0
+
+
+def test_cartpole_impala_reaches_475_within_300k_steps():
+    progress, mean, greedy = _train("cartpole-impala", 0, 300_000, 475.0, 50, evaluate=True)
+    assert mean >= 475.0, f"mean return {mean} after {progress.env_frames} frames"
+    assert greedy >= 475.0

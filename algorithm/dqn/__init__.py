@@ -1,0 +1,1 @@
+"""DQN: double, n-step, dueling Q-learning from replayed transitions."""

@@ -1,0 +1,153 @@
+"""DQN (Mnih et al., 2015) with double Q-learning, n-step targets and prioritised replay weights.
+
+One :meth:`DQNTrainer.step` takes a :class:`~api.replay.TransitionBatch` sampled from a replay
+buffer (``system.replay``), whose n-step returns are already summed::
+
+    a*      = argmax_a Q_online(next_obs, a)      (double DQN; plain DQN: argmax of Q_target)
+    y       = reward + discount * Q_target(next_obs, a*)
+    loss    = mean(weight * huber(Q_online(obs, action) - y))
+
+then clips the gradient norm, takes an Adam step, moves the target network every
+``target_update_every`` steps (``tau=1``: a copy; ``tau<1``: Polyak averaging) and calls
+``policy.inc_version()``. ``discount`` is ``gamma ** k`` (0 at a terminal), so the trainer has no
+``gamma`` of its own: the buffer's ``n_step`` and ``gamma`` define the target.
+
+After each step :attr:`DQNTrainer.priorities` holds ``|y - Q|`` per transition, row for row the
+batch: hand them to ``ReplayBuffer.update_priorities(batch.key, trainer.priorities)``.
+
+A policy serves this trainer by returning :class:`DQNAnalyzedResult` from ``analyze(transitions,
+target="dqn")`` and providing ``parameters()``, ``update_target(tau)`` and ``inc_version()``
+(``algorithm.q_policies.policy.QPolicy`` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from algorithm.modules.policy_lag import policy_lag_stats
+from api.policy import Policy
+from api.replay import TransitionBatch, require_transitions
+from api.trainer import Trainer, TrainerStepResult
+
+
+@dataclass
+class DQNAnalyzedResult:
+    """What ``policy.analyze(transitions, target="dqn")`` returns, for a batch of ``B``."""
+
+    q: torch.Tensor
+    """``[B, A]`` online Q-values at ``obs`` (with gradient)."""
+    action: torch.Tensor
+    """``[B]`` int64: the actions taken, counted from 0 (as columns of ``q``)."""
+    next_q_online: torch.Tensor
+    """``[B, A]`` online Q-values at ``next_obs`` (no gradient; double DQN's argmax)."""
+    next_q_target: torch.Tensor
+    """``[B, A]`` target-network Q-values at ``next_obs`` (no gradient)."""
+
+
+class DQNTrainer(Trainer):
+    """Double DQN on replayed n-step transitions.
+
+    Args:
+        policy: the Q policy to train (see the module docstring for what it must provide).
+        lr: Adam learning rate.
+        double: pick the bootstrap action with the online network (double DQN).
+        target_update_every: trainer steps between target-network updates.
+        tau: how far each update moves the target towards the online network (1.0: a copy).
+        huber_delta: where the Huber loss turns from quadratic to linear.
+        max_grad_norm: global gradient-norm clip (None: no clip).
+        adam_eps: Adam's epsilon.
+    """
+
+    AnalyzedResult = DQNAnalyzedResult
+    analyze_target = "dqn"
+
+    def __init__(
+        self,
+        policy: Policy,
+        lr: float = 2.5e-4,
+        double: bool = True,
+        target_update_every: int = 500,
+        tau: float = 1.0,
+        huber_delta: float = 1.0,
+        max_grad_norm: float | None = 10.0,
+        adam_eps: float = 1e-8,
+    ):
+        if target_update_every < 1:
+            raise ValueError(f"target_update_every must be at least 1, got {target_update_every}")
+        if not 0.0 < tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {tau}")
+        if not callable(getattr(policy, "update_target", None)):
+            raise TypeError(
+                f"DQNTrainer needs a policy with update_target(tau); {type(policy).__name__} has "
+                "none. Use the q-network policy or give yours a target network."
+            )
+        self._policy = policy
+        self.double, self.tau = double, tau
+        self.target_update_every = target_update_every
+        self.huber_delta, self.max_grad_norm = huber_delta, max_grad_norm
+        self._params = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, foreach=True)
+        self._steps = 0
+        self.priorities: np.ndarray | None = None
+        """``[B]`` new priorities (absolute TD errors) of the last step's batch."""
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def step(self, samples: TransitionBatch) -> TrainerStepResult:
+        require_transitions(samples, "DQNTrainer")
+        device = getattr(self._policy, "device", torch.device("cpu"))
+        batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
+        self._policy.train_mode()
+        out: DQNAnalyzedResult = self._policy.analyze(batch, target=self.analyze_target)
+        with torch.no_grad():
+            chooser = out.next_q_online if self.double else out.next_q_target
+            best = chooser.argmax(dim=-1, keepdim=True)
+            bootstrap = out.next_q_target.gather(-1, best)
+            target = batch.reward.float() + batch.discount.float() * bootstrap
+        q = out.q.gather(-1, out.action.reshape(-1, 1))
+        error = q - target
+        weight = torch.ones_like(q) if batch.weight is None else batch.weight.float()
+        huber = F.huber_loss(q, target, reduction="none", delta=self.huber_delta)
+        loss = (weight * huber).mean()
+        for p in self._params:
+            p.grad = None
+        loss.backward()
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self._steps += 1
+        if self._steps % self.target_update_every == 0:
+            self._policy.update_target(self.tau)
+        stats = {}
+        if batch.policy_version is not None:
+            stats = policy_lag_stats(self._policy.version, batch.policy_version, torch.ones_like(q))
+        self._policy.inc_version()
+        self.priorities = error.detach().abs().reshape(-1).cpu().numpy()
+        stats.update(
+            loss=float(loss.detach()),
+            q_mean=float(q.detach().mean()),
+            target_mean=float(target.mean()),
+            td_abs_mean=float(self.priorities.mean()),
+            grad_norm=grad_norm,
+        )
+        epsilon = getattr(self._policy, "current_epsilon", None)
+        if epsilon is not None:
+            stats["epsilon"] = float(epsilon)
+        return TrainerStepResult(stats=stats, step=self._steps)
+
+    def _clip(self) -> float:
+        limit = float("inf") if self.max_grad_norm is None else self.max_grad_norm
+        return float(torch.nn.utils.clip_grad_norm_(self._params, limit))
+
+    def get_checkpoint(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
+
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self._steps = int(checkpoint["steps"])

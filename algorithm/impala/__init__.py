@@ -1,0 +1,1 @@
+"""IMPALA: actor-critic with V-trace off-policy correction."""

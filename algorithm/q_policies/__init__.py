@@ -1,0 +1,1 @@
+"""Q-network policies (DQN)."""

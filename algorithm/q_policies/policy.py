@@ -1,0 +1,222 @@
+"""``QPolicy`` (registered as ``q-network``): action values for a Discrete action space.
+
+* The network: :class:`~algorithm.modules.encoders.ObservationEncoder` (MLP, CNN for images,
+  Dict per key) and a head with one output per action; with ``dueling=True`` the head is split
+  into a state value and action advantages, ``Q = V + A - mean(A)`` (Wang et al., 2016).
+* A target network, a frozen copy of the online one, lives in the same module, so checkpoints
+  carry it and a resumed run keeps its targets; the trainer moves it with :meth:`update_target`.
+* Exploration is epsilon-greedy: a uniformly random action with probability ``epsilon``, which
+  falls linearly from ``start`` to ``end`` over ``decay_frames`` frames that *this policy* has
+  acted on (it counts the training rows of every ``rollout``; evaluation rows are greedy and not
+  counted). The count travels in checkpoints and loading one never moves it backwards; whoever
+  knows the run's frames (the replay buffer) can advance it with :meth:`observe_frames` in the
+  trainer's copy, so that every policy worker, a restarted one too, follows the same schedule.
+* ``policy_output.q``: the online Q-value of the chosen action, ``[B, 1]`` (for statistics).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from algorithm.dqn.trainer import DQNAnalyzedResult
+from algorithm.modules.encoders import ObservationEncoder
+from algorithm.modules.init import orthogonal_init
+from algorithm.policy import SingleModelPytorchPolicy
+from api.namedarray import namedarray
+from api.policy import RolloutRequest, RolloutResult
+from api.replay import require_transitions
+
+
+@dataclass
+class EpsilonSchedule:
+    """Linear epsilon decay over the frames a policy has acted on."""
+
+    start: float = 1.0
+    """Epsilon at frame 0."""
+    end: float = 0.05
+    """Epsilon from ``decay_frames`` on."""
+    decay_frames: int = 10_000
+    """Frames over which epsilon falls from ``start`` to ``end``."""
+
+    def __post_init__(self):
+        for name in ("start", "end"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"epsilon.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.decay_frames < 0:
+            raise ValueError(f"epsilon.decay_frames must be >= 0, got {self.decay_frames}")
+
+    def value(self, frames: int) -> float:
+        if frames >= self.decay_frames:
+            return self.end
+        return self.start + (self.end - self.start) * frames / self.decay_frames
+
+
+@namedarray
+class QOutput:
+    """What a Q policy reports from rollout: ``q`` ``[B, 1]``, the chosen action's value."""
+
+    q: np.ndarray
+
+
+class QNet(nn.Module):
+    """``forward(obs [N, ...]) -> Q [N, actions]``, plain or dueling."""
+
+    def __init__(self, observation_space, actions, hidden_sizes, activation, dueling):
+        super().__init__()
+        self.encoder = ObservationEncoder(observation_space, hidden_sizes, activation)
+        width = self.encoder.out_features
+        self.dueling = dueling
+        self.head = orthogonal_init(nn.Linear(width, actions), gain=1.0)
+        self.value = orthogonal_init(nn.Linear(width, 1), gain=1.0) if dueling else None
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        features = self.encoder(obs)
+        q = self.head(features)
+        if self.value is None:
+            return q
+        # centring the advantages makes V and A identifiable (otherwise any constant can move)
+        return self.value(features) + q - q.mean(dim=-1, keepdim=True)
+
+
+class QNetworks(nn.Module):
+    """The online network and its target, as one module (one checkpoint)."""
+
+    def __init__(self, online: QNet):
+        super().__init__()
+        self.online = online
+        self.target = copy.deepcopy(online).requires_grad_(False)
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        return self.online(obs)
+
+
+class QPolicy(SingleModelPytorchPolicy):
+    """Q-network policy for DQN; see the module docstring.
+
+    Args:
+        observation_space: the agent's observation space (filled in by the runtime).
+        action_space: the agent's action space, Discrete (filled in by the runtime).
+        hidden_sizes: widths of the encoder MLP.
+        activation: ``relu``, ``tanh``, ``elu`` or ``gelu``.
+        dueling: split the head into state value and action advantages.
+        epsilon: the exploration schedule, an :class:`EpsilonSchedule` or a dict of its fields.
+        device: ``cpu`` or ``cuda`` (falls back to the CPU when no GPU is available).
+        seed: seeds parameter initialisation and exploration.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int] = (120, 84),
+        activation: str = "relu",
+        dueling: bool = False,
+        epsilon: EpsilonSchedule | dict | None = None,
+        device: str = "cpu",
+        seed: int | None = None,
+    ):
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise TypeError(
+                f"q-network needs a Discrete action space, got {action_space}; for Box actions "
+                "use sac-policy (or actor-critic)"
+            )
+        self.observation_space, self.action_space = observation_space, action_space
+        self.epsilon = _schedule(epsilon)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            online = QNet(
+                observation_space, int(action_space.n), tuple(hidden_sizes), activation, dueling
+            )
+        super().__init__(QNetworks(online), device=device)
+        self._rng = np.random.default_rng(seed)
+        self.explore_frames = 0
+
+    # ----------------------------------------------------------------- acting
+    def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
+        with torch.no_grad():
+            q = self.module.online(self.to_tensor(request.obs))
+        q = self.to_numpy(q)
+        action = q.argmax(axis=-1)
+        explore = np.ones(len(action), dtype=bool)
+        if request.is_evaluation is not None:
+            explore = ~np.asarray(request.is_evaluation, dtype=bool).reshape(-1)
+        epsilon = self.epsilon.value(self.explore_frames)
+        random = explore & (self._rng.random(len(action)) < epsilon)
+        action = np.where(random, self._rng.integers(q.shape[-1], size=len(action)), action)
+        self.explore_frames += int(explore.sum())
+        return RolloutResult(
+            action=action.astype(np.int64) + int(self.action_space.start),
+            policy_output=QOutput(q=np.take_along_axis(q, action[:, None], axis=-1)),
+            client_id=request.client_id,
+            request_id=request.request_id,
+        )
+
+    @property
+    def current_epsilon(self) -> float:
+        return self.epsilon.value(self.explore_frames)
+
+    def observe_frames(self, frames: int) -> None:
+        """Move the exploration count to ``frames`` if that is further along."""
+        self.explore_frames = max(self.explore_frames, int(frames))
+
+    # ----------------------------------------------------------------- training
+    def analyze(self, sample: Any, target: str = "dqn", **kwargs: Any) -> DQNAnalyzedResult:
+        """Q-values of a :class:`~api.replay.TransitionBatch`: online at ``obs`` (with
+        gradient), online and target at ``next_obs`` (without)."""
+        if target != "dqn":
+            raise ValueError(f"QPolicy analyzes for target 'dqn' only, got '{target}'")
+        require_transitions(sample, "QPolicy")
+        q = self.net(self.to_tensor(sample.obs))
+        with torch.no_grad():
+            next_obs = self.to_tensor(sample.next_obs)
+            next_q_online = self.module.online(next_obs)
+            next_q_target = self.module.target(next_obs)
+        action = self.to_tensor(sample.action).long().reshape(-1) - int(self.action_space.start)
+        return DQNAnalyzedResult(
+            q=q,
+            action=action,
+            next_q_online=next_q_online,
+            next_q_target=next_q_target,
+        )
+
+    def parameters(self):
+        """The online network's parameters: what the optimiser updates."""
+        return self.module.online.parameters()
+
+    @torch.no_grad()
+    def update_target(self, tau: float = 1.0) -> None:
+        """``target <- tau * online + (1 - tau) * target`` (1.0: a copy)."""
+        online, target = self.module.online.parameters(), self.module.target.parameters()
+        for o, t in zip(online, target, strict=True):
+            t.lerp_(o, tau)
+
+    # ----------------------------------------------------------------- checkpoints
+    def get_checkpoint(self) -> dict[str, Any]:
+        return {**super().get_checkpoint(), "explore_frames": self.explore_frames}
+
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().load_checkpoint(checkpoint)
+        frames = int(checkpoint.get("explore_frames", 0))
+        self.explore_frames = max(self.explore_frames, frames)
+
+
+def _schedule(epsilon: EpsilonSchedule | dict | None) -> EpsilonSchedule:
+    if epsilon is None:
+        return EpsilonSchedule()
+    if isinstance(epsilon, EpsilonSchedule):
+        return epsilon
+    try:
+        return EpsilonSchedule(**epsilon)
+    except TypeError as e:
+        raise ValueError(
+            f"epsilon must be a dict of start, end, decay_frames; got {epsilon!r} ({e})"
+        ) from e

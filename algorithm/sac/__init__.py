@@ -1,0 +1,1 @@
+"""SAC: soft actor-critic for Box actions, from replayed transitions."""

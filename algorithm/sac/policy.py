@@ -1,0 +1,263 @@
+"""``SACPolicy`` (registered as ``sac-policy``): soft actor-critic networks for a Box action space.
+
+* The actor maps a (flattened) Box observation to the mean and log-std of a diagonal Gaussian
+  over ``u``; the action is ``tanh(u)`` rescaled from ``[-1, 1]`` to the Box's bounds, so every
+  action is legal. Its log-probability takes the change of variables into account::
+
+      log pi(a|s) = log N(u; mean, std) - sum log(1 - tanh(u)^2) - sum log(scale)
+
+  (``scale`` is half the width of the Box; the tanh term is computed in a stable form).
+* Twin Q critics ``Q1, Q2(s, a)`` take the observation and the action normalised to ``[-1, 1]``;
+  their target copies (frozen, moved by Polyak averaging with :meth:`update_target`) live in the
+  same module, so a checkpoint carries everything.
+* Exploration is the Gaussian's own noise; ``warmup_frames`` training rows are acted uniformly at
+  random first (counted by this policy, as the q-network's epsilon schedule is). Evaluation rows
+  act with ``tanh(mean)``.
+* ``policy_output.log_prob``: the chosen action's log-probability ``[B, 1]`` (for statistics).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from algorithm.modules.encoders import mlp
+from algorithm.modules.init import orthogonal_init
+from algorithm.policy import SingleModelPytorchPolicy
+from algorithm.sac.trainer import SACAnalyzedResult
+from api.namedarray import namedarray
+from api.policy import RolloutRequest, RolloutResult
+from api.replay import require_transitions
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+"""The actor's log-std range: wide enough to explore, narrow enough to keep log-probs finite."""
+
+
+@namedarray
+class SACOutput:
+    """What a SAC policy reports from rollout: ``log_prob`` ``[B, 1]``."""
+
+    log_prob: np.ndarray
+
+
+def _critic(in_features: int, hidden_sizes: Sequence[int], activation: str) -> nn.Module:
+    width = hidden_sizes[-1] if hidden_sizes else in_features
+    return nn.Sequential(
+        mlp(in_features, hidden_sizes, activation), orthogonal_init(nn.Linear(width, 1), 1.0)
+    )
+
+
+class SACNetworks(nn.Module):
+    """Actor, twin critics and their targets. ``forward(obs)`` is the actor: ``(mean, log_std)``."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        width = hidden_sizes[-1] if hidden_sizes else obs_dim
+        self.actor = mlp(obs_dim, hidden_sizes, activation)
+        self.mean = orthogonal_init(nn.Linear(width, act_dim), 0.01)
+        self.log_std = orthogonal_init(nn.Linear(width, act_dim), 0.01)
+        self.q1 = _critic(obs_dim + act_dim, hidden_sizes, activation)
+        self.q2 = _critic(obs_dim + act_dim, hidden_sizes, activation)
+        self.q1_target = copy.deepcopy(self.q1).requires_grad_(False)
+        self.q2_target = copy.deepcopy(self.q2).requires_grad_(False)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.actor(obs)
+        # a smooth squash of the log-std into its range (a clamp would stop its gradient)
+        log_std = torch.tanh(self.log_std(features))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
+        return self.mean(features), log_std
+
+
+@contextmanager
+def _frozen(*modules: nn.Module):
+    """Parameters treated as constants by autograd inside the block (gradients flow through the
+    modules to their inputs, but not into them)."""
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+class SACPolicy(SingleModelPytorchPolicy):
+    """Soft actor-critic networks for Box actions; see the module docstring.
+
+    Args:
+        observation_space: the agent's observation space, a Box (filled in by the runtime).
+        action_space: the agent's action space, a bounded Box (filled in by the runtime).
+        hidden_sizes: widths of the actor's and each critic's MLP.
+        activation: ``relu``, ``tanh``, ``elu`` or ``gelu``.
+        warmup_frames: training rows acted uniformly at random before the actor takes over.
+        device: ``cpu`` or ``cuda`` (falls back to the CPU when no GPU is available).
+        seed: seeds parameter initialisation and action sampling.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        warmup_frames: int = 0,
+        device: str = "cpu",
+        seed: int | None = None,
+    ):
+        _check_spaces(observation_space, action_space)
+        self.observation_space, self.action_space = observation_space, action_space
+        self.act_dim = int(np.prod(action_space.shape))
+        obs_dim = int(np.prod(observation_space.shape))
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            net = SACNetworks(obs_dim, self.act_dim, tuple(hidden_sizes), activation)
+        super().__init__(net, device=device)
+        low = np.asarray(action_space.low, np.float32).reshape(-1)
+        high = np.asarray(action_space.high, np.float32).reshape(-1)
+        self._center = torch.as_tensor((high + low) / 2, device=self.device)
+        self._scale = torch.as_tensor((high - low) / 2, device=self.device)
+        self._log_scale = float(torch.log(self._scale).sum())
+        self.warmup_frames = warmup_frames
+        self.explore_frames = 0
+        self._generator = torch.Generator(device=self.device)
+        self._generator.manual_seed(seed if seed is not None else torch.initial_seed())
+
+    # ----------------------------------------------------------------- the actor
+    def sample(self, obs: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action in ``[-1, 1]`` and its log-probability ``[N, 1]`` (in the
+        Box's units: the rescale's Jacobian included)."""
+        mean, log_std = self.module(obs)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        u = mean + log_std.exp() * noise
+        return torch.tanh(u), self._log_prob(u, noise, log_std)
+
+    def log_prob_of(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """``log pi(action|obs)`` ``[N, 1]`` of given Box actions (strictly inside the bounds)."""
+        mean, log_std = self.module(obs)
+        u = torch.atanh(self.from_env(action).clamp(-1.0 + 1e-6, 1.0 - 1e-6))
+        return self._log_prob(u, (u - mean) / log_std.exp(), log_std)
+
+    def _log_prob(self, u: torch.Tensor, noise: torch.Tensor, log_std: torch.Tensor):
+        gaussian = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), exact and stable for large |u|
+        squash = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        return (gaussian - squash - self._log_scale)[:, None]
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        """``[-1, 1]`` actions to the Box's units."""
+        return self._center + self._scale * action
+
+    def from_env(self, action: torch.Tensor) -> torch.Tensor:
+        """Box actions to ``[-1, 1]`` (what the critics take)."""
+        return ((action.reshape(len(action), -1) - self._center) / self._scale).clamp(-1.0, 1.0)
+
+    # ----------------------------------------------------------------- acting
+    def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
+        obs = self._flat(self.to_tensor(request.obs))
+        greedy = torch.zeros(len(obs), 1, dtype=torch.bool, device=self.device)
+        if request.is_evaluation is not None:
+            greedy = self.to_tensor(request.is_evaluation).bool().reshape(-1, 1)
+        with torch.no_grad():
+            action, log_prob = self.sample(obs, self._generator)
+            action = torch.where(greedy, torch.tanh(self.module(obs)[0]), action)
+            if self.explore_frames < self.warmup_frames:
+                uniform = torch.rand(action.shape, generator=self._generator) * 2.0 - 1.0
+                action = torch.where(greedy, action, uniform.to(self.device))
+        self.explore_frames += int((~greedy).sum())
+        env_action = self.to_numpy(self.to_env(action)).reshape(-1, *self.action_space.shape)
+        return RolloutResult(
+            action=env_action.astype(np.float32),
+            policy_output=SACOutput(log_prob=self.to_numpy(log_prob)),
+            client_id=request.client_id,
+            request_id=request.request_id,
+        )
+
+    # ----------------------------------------------------------------- training
+    def analyze(self, sample: Any, target: str = "sac", **kwargs: Any) -> SACAnalyzedResult:
+        """Evaluate a :class:`~api.replay.TransitionBatch` for the SAC losses (see
+        :class:`~algorithm.sac.trainer.SACAnalyzedResult` for what carries gradients)."""
+        if target != "sac":
+            raise ValueError(f"SACPolicy analyzes for target 'sac' only, got '{target}'")
+        require_transitions(sample, "SACPolicy")
+        net = self.module
+        obs, next_obs = (
+            self._flat(self.to_tensor(sample.obs)),
+            self._flat(self.to_tensor(sample.next_obs)),
+        )
+        taken = torch.cat([obs, self.from_env(self.to_tensor(sample.action).float())], -1)
+        with torch.no_grad():
+            next_action, next_log_prob = self.sample(next_obs)
+            pair = torch.cat([next_obs, next_action], -1)
+            next_q = torch.min(net.q1_target(pair), net.q2_target(pair))
+        action, log_prob = self.sample(obs)
+        with _frozen(net.q1, net.q2):  # the actor's loss must not move the critics
+            fresh = torch.cat([obs, action], -1)
+            q_new = torch.min(net.q1(fresh), net.q2(fresh))
+        return SACAnalyzedResult(
+            q1=net.q1(taken),
+            q2=net.q2(taken),
+            next_q_target=next_q,
+            next_log_prob=next_log_prob,
+            log_prob=log_prob,
+            q_new=q_new,
+        )
+
+    def actor_parameters(self) -> Iterator[nn.Parameter]:
+        net = self.module
+        for part in (net.actor, net.mean, net.log_std):
+            yield from part.parameters()
+
+    def critic_parameters(self) -> Iterator[nn.Parameter]:
+        yield from self.module.q1.parameters()
+        yield from self.module.q2.parameters()
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Actor and critics: everything an optimiser updates (the targets are not)."""
+        yield from self.actor_parameters()
+        yield from self.critic_parameters()
+
+    @torch.no_grad()
+    def update_target(self, tau: float) -> None:
+        """``target <- tau * critic + (1 - tau) * target`` for both critics."""
+        net = self.module
+        targets = [*net.q1_target.parameters(), *net.q2_target.parameters()]
+        torch._foreach_lerp_(targets, list(self.critic_parameters()), tau)
+
+    def get_checkpoint(self) -> dict[str, Any]:
+        return {**super().get_checkpoint(), "explore_frames": self.explore_frames}
+
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().load_checkpoint(checkpoint)
+        frames = int(checkpoint.get("explore_frames", 0))
+        self.explore_frames = max(self.explore_frames, frames)
+
+    @staticmethod
+    def _flat(obs: torch.Tensor) -> torch.Tensor:
+        return obs.float().reshape(len(obs), -1)
+
+
+def _check_spaces(observation_space: gym.Space, action_space: gym.Space) -> None:
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise TypeError(f"sac-policy needs a Box observation space, got {observation_space}")
+    if not isinstance(action_space, gym.spaces.Box):
+        raise TypeError(
+            f"sac-policy needs a Box action space, got {action_space}; for Discrete actions "
+            "use q-network or actor-critic"
+        )
+    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+        raise ValueError(
+            "sac-policy squashes actions into the Box's bounds, so they must be finite; got "
+            f"low={action_space.low}, high={action_space.high}"
+        )

@@ -1,0 +1,101 @@
+"""How often a trainer may replay each inserted frame: a samples-per-insert ratio with slack.
+
+An off-policy learner that samples much faster than actors insert overfits a small, stale buffer;
+one that samples much slower wastes the actors' frames. The limiter keeps the number of sampled
+transitions near ``samples_per_insert`` times the number of inserted frames, as DeepMind Reverb's
+``SampleToInsertRatio`` does: with ``diff = inserted * samples_per_insert - sampled``, sampling
+``n`` is allowed while ``diff - n >= offset - tolerance`` and inserting ``k`` frames while
+``diff + k * samples_per_insert <= offset + tolerance``, where ``offset = samples_per_insert *
+min_size``. Nothing is sampled before ``min_size`` frames are in. Whoever is refused waits for
+the other side (the buffer worker holds back a trainer's request, or stops taking segments from
+the sample stream, which back-pressures the actors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class RateLimiterConfig:
+    """When a replay buffer may be sampled and written."""
+
+    min_size: int = 1000
+    """Frames that must be in the buffer before the first sample."""
+    samples_per_insert: float | None = None
+    """Target of sampled transitions per inserted frame (None: no ratio, only ``min_size``)."""
+    tolerance: float = 1000.0
+    """How far (in sampled transitions) the count may run ahead of or behind the ratio. It must
+    fit one sampled batch and one inserted segment times ``samples_per_insert``, or the two sides
+    wait for each other forever."""
+
+    def errors(self) -> list[str]:
+        problems = []
+        if self.min_size < 1:
+            problems.append(f"min_size must be at least 1, got {self.min_size}")
+        if self.samples_per_insert is not None and self.samples_per_insert <= 0:
+            problems.append(
+                f"samples_per_insert must be positive (or None), got {self.samples_per_insert}"
+            )
+        if self.tolerance <= 0:
+            problems.append(f"tolerance must be positive, got {self.tolerance}")
+        return problems
+
+
+class RateLimiter:
+    """Counts inserted frames and sampled transitions; says whether the next one may go."""
+
+    def __init__(self, config: RateLimiterConfig):
+        problems = config.errors()
+        if problems:
+            raise ValueError("RateLimiterConfig: " + "; ".join(problems))
+        self.config = config
+        self.inserted = 0
+        self.sampled = 0
+
+    @property
+    def _diff(self) -> float:
+        return self.inserted * (self.config.samples_per_insert or 0.0) - self.sampled
+
+    @property
+    def _offset(self) -> float:
+        return (self.config.samples_per_insert or 0.0) * self.config.min_size
+
+    def can_sample(self, count: int, size: int) -> bool:
+        """May ``count`` transitions be sampled from a buffer holding ``size`` frames?"""
+        if size < self.config.min_size or size == 0:
+            return False
+        if self.config.samples_per_insert is None:
+            return True
+        self._check_fits(count, "sample")
+        return self._diff - count >= self._offset - self.config.tolerance
+
+    def can_insert(self, frames: int) -> bool:
+        """May ``frames`` more frames be inserted?"""
+        spi = self.config.samples_per_insert
+        if spi is None:
+            return True
+        self._check_fits(frames * spi, "insert")
+        return self._diff + frames * spi <= self._offset + self.config.tolerance
+
+    def _check_fits(self, amount: float, what: str) -> None:
+        if amount > 2 * self.config.tolerance:
+            raise ValueError(
+                f"one {what} of {amount:g} sampled-transition units exceeds the rate limiter's "
+                f"window of 2 * tolerance = {2 * self.config.tolerance:g}: it could never go. "
+                "Raise RateLimiterConfig.tolerance (or use smaller batches / segments)."
+            )
+
+    def record_insert(self, frames: int) -> None:
+        self.inserted += int(frames)
+
+    def record_sample(self, count: int) -> None:
+        self.sampled += int(count)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"inserted": np.array(self.inserted), "sampled": np.array(self.sampled)}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.inserted, self.sampled = int(state["inserted"]), int(state["sampled"])

@@ -1,0 +1,78 @@
+"""A sum tree: priorities at the leaves, every inner node the sum of its two children.
+
+Prioritised replay samples item ``i`` with probability ``p_i / sum(p)``. Finding the item where
+a running sum crosses ``u * total`` walks down from the root in ``log2(capacity)`` steps, and a
+priority change walks up as many. Both are written for whole batches: each of the ``log2`` steps
+is one numpy operation over all the items of the batch, so there is no Python loop per item.
+
+Layout: a flat array of ``2 * size`` floats, ``size`` the capacity rounded up to a power of two;
+node ``k`` has children ``2k`` and ``2k + 1``, the root is node 1 and leaf ``i`` is node
+``size + i``. Float64, so that sums of many small priorities keep their precision.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class SumTree:
+    """Non-negative priorities for ``capacity`` items; batched update and prefix-sum search."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"SumTree capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.size = 1 << max(0, (capacity - 1).bit_length())
+        self.nodes = np.zeros(2 * self.size, dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self.nodes[1])
+
+    def get(self, items: np.ndarray) -> np.ndarray:
+        """The priorities of ``items``."""
+        return self.nodes[self.size + np.asarray(items, dtype=np.int64)]
+
+    def update(self, items: np.ndarray, priorities: np.ndarray) -> None:
+        """Set the priorities of ``items`` (the last one wins for an item given twice)."""
+        items = np.asarray(items, dtype=np.int64).reshape(-1)
+        priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if items.size == 0:
+            return
+        if items.min() < 0 or items.max() >= self.capacity:
+            raise IndexError(f"SumTree items must be in [0, {self.capacity}), got {items}")
+        if not np.all(np.isfinite(priorities)) or priorities.min() < 0:
+            raise ValueError(f"priorities must be finite and non-negative, got {priorities}")
+        nodes = self.size + items
+        self.nodes[nodes] = priorities
+        # Recompute each touched parent from its two children, level by level: duplicates
+        # collapse (np.unique), so two items under one parent cannot race.
+        while nodes[0] > 1:
+            nodes = np.unique(nodes >> 1)
+            self.nodes[nodes] = self.nodes[2 * nodes] + self.nodes[2 * nodes + 1]
+
+    def find(self, prefix: np.ndarray) -> np.ndarray:
+        """For each value ``v`` in ``[0, total)``, the item whose running sum crosses ``v``.
+
+        Items of priority 0 are never returned (values at or above ``total`` are clipped to the
+        last item of positive priority).
+        """
+        value = np.asarray(prefix, dtype=np.float64).reshape(-1).copy()
+        node = np.ones(value.shape, dtype=np.int64)
+        for _ in range(self.size.bit_length() - 1):  # one level down per pass
+            left = 2 * node
+            left_sum = self.nodes[left]
+            go_right = (value >= left_sum) & (self.nodes[left + 1] > 0)
+            value = np.where(go_right, value - left_sum, value)
+            node = np.where(go_right, left + 1, left)
+        return node - self.size
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """``count`` items drawn with probability proportional to priority, stratified: one draw
+        from each of ``count`` equal slices of the total (less variance than independent draws).
+        """
+        total = self.total
+        if total <= 0:
+            raise ValueError("cannot sample from a SumTree whose priorities are all zero")
+        edges = np.arange(count, dtype=np.float64) * (total / count)
+        return self.find(edges + rng.random(count) * (total / count))

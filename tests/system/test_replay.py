@@ -1,0 +1,229 @@
+"""The replay buffer's parts: sum tree, rate limiter, n-step sampling, priorities, checkpoints."""
+
+import numpy as np
+import pytest
+
+from api.namedarray import NamedArray
+from api.policy import SampleBatch
+from system.replay.buffer import ReplayBuffer, ReplayConfig
+from system.replay.rate_limiter import RateLimiter, RateLimiterConfig
+from system.replay.sum_tree import SumTree
+
+# ------------------------------------------------------------------------------ sum tree
+
+
+def test_sum_tree_finds_what_a_cumulative_sum_finds():
+    rng = np.random.default_rng(0)
+    tree = SumTree(37)  # not a power of two
+    priorities = rng.random(37) * (rng.random(37) < 0.7)  # some zeros
+    tree.update(np.arange(37), priorities)
+    assert tree.total == pytest.approx(priorities.sum())
+    values = rng.random(500) * priorities.sum()
+    expected = np.searchsorted(np.cumsum(priorities), values, side="right")
+    assert tree.find(values).tolist() == expected.tolist()
+    assert np.all(priorities[tree.find(values)] > 0)
+
+
+def test_sum_tree_updates_batches_with_repeated_items():
+    tree = SumTree(8)
+    tree.update(np.arange(8), np.ones(8))
+    tree.update(np.array([3, 5, 3]), np.array([10.0, 0.0, 4.0]))  # the last 3 wins
+    assert tree.get(np.array([3, 5])).tolist() == [4.0, 0.0]
+    assert tree.total == pytest.approx(6 + 4.0)
+    with pytest.raises(IndexError, match=r"\[0, 8\)"):
+        tree.update(np.array([8]), np.array([1.0]))
+    with pytest.raises(ValueError, match="non-negative"):
+        tree.update(np.array([1]), np.array([-1.0]))
+
+
+def test_sum_tree_samples_in_proportion_to_priority():
+    tree = SumTree(4)
+    tree.update(np.arange(4), np.array([1.0, 0.0, 3.0, 6.0]))
+    rng = np.random.default_rng(1)
+    counts = np.bincount(tree.sample(20_000, rng), minlength=4) / 20_000
+    assert counts[1] == 0.0
+    np.testing.assert_allclose(counts, [0.1, 0.0, 0.3, 0.6], atol=0.01)
+    with pytest.raises(ValueError, match="all zero"):
+        SumTree(3).sample(1, rng)
+
+
+# ------------------------------------------------------------------------------ rate limiter
+
+
+def test_rate_limiter_waits_for_min_size_then_keeps_the_ratio():
+    limiter = RateLimiter(RateLimiterConfig(min_size=100, samples_per_insert=2.0, tolerance=64))
+    assert not limiter.can_sample(32, size=99)
+    limiter.record_insert(100)
+    # at min_size the sampler may run `tolerance` ahead of the ratio, then must wait
+    sampled = 0
+    while limiter.can_sample(32, size=100):
+        limiter.record_sample(32)
+        sampled += 32
+    assert sampled == 64
+    # ... and the inserter may run `tolerance` ahead of the sampler
+    assert limiter.can_insert(64)
+    limiter.record_insert(1)
+    assert not limiter.can_insert(64)
+    limiter.record_insert(50)  # 102 more samples are owed now
+    assert limiter.can_sample(32, size=150)
+
+
+def test_rate_limiter_without_a_ratio_only_waits_for_min_size():
+    limiter = RateLimiter(RateLimiterConfig(min_size=10))
+    assert not limiter.can_sample(1000, size=9) and limiter.can_sample(1000, size=10)
+    assert limiter.can_insert(10**9)
+
+
+def test_rate_limiter_refuses_a_request_that_could_never_fit():
+    limiter = RateLimiter(RateLimiterConfig(min_size=1, samples_per_insert=1.0, tolerance=10))
+    limiter.record_insert(100)
+    with pytest.raises(ValueError, match=r"Raise RateLimiterConfig\.tolerance"):
+        limiter.can_sample(64, size=100)
+    with pytest.raises(ValueError, match="samples_per_insert must be positive"):
+        RateLimiter(RateLimiterConfig(samples_per_insert=0.0))
+
+
+# ------------------------------------------------------------------------------ the buffer
+
+
+def _segments(steps, batch, seed=0, done_p=0.15, truncated_p=0.1, start=0):
+    """``[steps, batch]`` segments whose obs and actions number the steps (to find them again)."""
+    rng = np.random.default_rng(seed)
+    shape = (steps, batch, 1)
+    ids = start + np.arange(steps * batch).reshape(steps, batch)
+    done = rng.random(shape) < done_p
+    return SampleBatch(
+        obs=np.stack([ids, -ids], axis=-1).astype(np.float32),
+        action=ids.astype(np.int64),
+        reward=rng.normal(size=shape).astype(np.float32),
+        done=done,
+        truncated=~done & (rng.random(shape) < truncated_p),
+        on_reset=np.zeros(shape, dtype=bool),
+        policy_version=np.full(shape, 7, dtype=np.int64),
+    )
+
+
+def _reference_n_step(seg, t, n, gamma):
+    """Reward sum, discount and bootstrap step of the transition at ``t`` of one segment."""
+    total, scale, k = 0.0, 1.0, t
+    for step in range(t + 1, min(t + n, len(seg.reward) - 1) + 1):
+        total += scale * float(seg.reward[step, 0])
+        scale *= gamma
+        k = step
+        if seg.done[step, 0]:
+            return total, 0.0, k
+        if seg.truncated[step, 0]:
+            break
+    return total, scale, k
+
+
+def _buffer(**kwargs):
+    kwargs.setdefault("rate_limit", RateLimiterConfig(min_size=1))
+    return ReplayBuffer(ReplayConfig(seed=0, **kwargs))
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_sampled_transitions_carry_their_n_step_returns(n_step):
+    segments = _segments(steps=10, batch=6, seed=n_step)
+    buffer = _buffer(capacity_frames=1000, n_step=n_step, gamma=0.9)
+    assert buffer.insert(segments) == 9 * 6 and buffer.size == 54
+    batch = buffer.sample(300)
+    seen = set()
+    for i, ident in enumerate(batch.action):
+        t, b = divmod(int(ident), 6)
+        seg = segments[:, b]
+        assert t < 9 and not seg.done[t, 0] and not seg.truncated[t, 0]
+        total, discount, k = _reference_n_step(seg, t, n_step, 0.9)
+        assert batch.reward[i, 0] == pytest.approx(total, abs=1e-5)
+        assert batch.discount[i, 0] == pytest.approx(discount, abs=1e-6)
+        assert batch.next_obs[i, 0] == seg.obs[k, 0]
+        assert batch.obs[i, 0] == seg.obs[t, 0] and batch.policy_version[i, 0] == 7
+        seen.add((t, b))
+    valid = ~(segments.done | segments.truncated)[:-1, :, 0]
+    assert len(seen) == int(valid.sum())  # every drawable transition was drawn, no other
+    assert batch.weight.tolist() == [[1.0]] * 300
+
+
+def test_capacity_overwrites_the_oldest_segments():
+    buffer = _buffer(capacity_frames=4 * 9)
+    for i in range(5):
+        buffer.insert(_segments(10, 2, seed=i, start=1000 * i))
+    assert buffer.size == 36
+    drawn = buffer.sample(500).action
+    assert drawn.min() >= 3000  # the first 1.5 inserts are gone
+    one = _buffer(capacity_frames=9)  # one segment: of three inserted at once, the last stays
+    one.insert(_segments(10, 3, done_p=0.0, truncated_p=0.0))
+    assert set(one.sample(50).action % 3) == {2} and one.size == 9
+    with pytest.raises(ValueError, match="T=5 steps but this buffer holds T=10"):
+        buffer.insert(_segments(5, 2))
+    with pytest.raises(ValueError, match="raise capacity_frames"):
+        _buffer(capacity_frames=5).insert(_segments(10, 1))
+
+
+def test_sampling_respects_the_rate_limiter():
+    buffer = _buffer(
+        capacity_frames=1000,
+        rate_limit=RateLimiterConfig(min_size=50, samples_per_insert=1.0, tolerance=40),
+    )
+    buffer.insert(_segments(10, 4))  # 36 frames
+    assert not buffer.can_sample(8)
+    with pytest.raises(RuntimeError, match="check can_sample"):
+        buffer.sample(8)
+    buffer.insert(_segments(10, 4, seed=1))
+    assert buffer.can_sample(8)
+
+
+def test_priorities_steer_sampling_and_weights_undo_the_bias():
+    buffer = _buffer(capacity_frames=1000, prioritized=True, priority_exponent=1.0)
+    buffer.insert(_segments(10, 4, done_p=0.0, truncated_p=0.0))
+    batch = buffer.sample(36)
+    favourite = batch.key[0]
+    others = batch.key[batch.key != favourite]
+    assert buffer.update_priorities(others, np.full(len(others), 0.01)) == len(others)
+    buffer.update_priorities([favourite], [100.0])
+    again = buffer.sample(200)
+    assert np.mean(again.key == favourite) > 0.5
+    # the favourite is overrepresented, so it weighs least; weights are at most 1
+    assert again.weight[again.key == favourite].max() < again.weight.max() == 1.0
+    beta, n, p = buffer.beta, buffer.transitions, again.weight  # (N * P)^-beta, normalised
+    # one segment in slot 0: a key (serial * T + t) is its item in the tree
+    probability = buffer._tree.get(again.key) / buffer._tree.total
+    raw = (n * probability) ** -beta
+    np.testing.assert_allclose(p[:, 0], raw / raw.max(), rtol=1e-5)
+
+
+def test_stale_keys_do_not_touch_new_segments():
+    buffer = _buffer(capacity_frames=9, prioritized=True)  # room for one segment
+    buffer.insert(_segments(10, 1, done_p=0.0, truncated_p=0.0))
+    old_keys = buffer.sample(4).key
+    buffer.insert(_segments(10, 1, seed=1, done_p=0.0, truncated_p=0.0))
+    assert buffer.update_priorities(old_keys, np.full(4, 50.0)) == 0
+    assert buffer.update_priorities(buffer.sample(4).key, np.ones(4)) == 4
+
+
+def test_dict_observations_are_stored_per_key():
+    segments = _segments(6, 3)
+    segments.obs = NamedArray(pos=segments.obs, mask=segments.obs[..., :1] > 2)
+    buffer = _buffer(capacity_frames=100)
+    buffer.insert(segments)
+    batch = buffer.sample(10)
+    assert batch.obs.pos.shape == (10, 2) and batch.next_obs.mask.dtype == bool
+    np.testing.assert_array_equal(batch.obs.pos[:, 0], batch.action)
+
+
+def test_state_dict_is_plain_arrays_and_restores_the_buffer(tmp_path):
+    config = dict(capacity_frames=60, prioritized=True, n_step=2)
+    buffer = _buffer(**config)
+    for i in range(3):
+        buffer.insert(_segments(10, 3, seed=i, start=100 * i))
+    batch = buffer.sample(16)
+    buffer.update_priorities(batch.key, np.arange(16.0))
+    np.savez(tmp_path / "replay.npz", **buffer.state_dict())
+    with np.load(tmp_path / "replay.npz", allow_pickle=False) as saved:
+        restored = _buffer(**config)
+        restored.load_state_dict(dict(saved))
+    for name, array in buffer.state_dict().items():
+        np.testing.assert_array_equal(restored.state_dict()[name], array, err_msg=name)
+    assert restored.size == buffer.size and restored.limiter.sampled == 16
+    restored.insert(_segments(10, 1, seed=9, start=900))  # and it goes on
+    assert restored.sample(8).obs.shape == (8, 2)
