@@ -65,23 +65,6 @@ class OperationalError(TroupeError):
     """A run-time condition outside the user's code: lost peers, timeouts, dead workers."""
 
 
-class WireError(OperationalError):
-    """A message on a socket could not be decoded: malformed, truncated or foreign."""
-
-
-class PeerTimeoutError(OperationalError):
-    """A peer did not answer within the time allowed."""
-
-
-class WorkerFailure(OperationalError):
-    """A worker raised an exception; ``remote_traceback`` holds the worker's traceback text."""
-
-    def __init__(self, worker: str, message: str, remote_traceback: str = ""):
-        self.worker = worker
-        self.remote_traceback = remote_traceback
-        super().__init__(f"worker {worker} failed: {message}")
-
-
 class RunFolderError(OperationalError):
     """The run folder cannot be written: the disk is full, read-only, or not ours to write."""
 

@@ -33,6 +33,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from algorithm.actor_critic_policies.network import (
+    ActorCriticNet,
+    ActorCriticOutput,
+    PolicyState,
+)
 from algorithm.impala.trainer import ImpalaAnalyzedResult
 from algorithm.modules import numpy_inference as numpy_inference_lib
 from algorithm.modules.distributions import (
@@ -41,121 +46,12 @@ from algorithm.modules.distributions import (
     DiagGaussian,
     MultiDiscrete,
 )
-from algorithm.modules.encoders import ACTION_MASK_KEY, ObservationEncoder
-from algorithm.modules.init import orthogonal_init
+from algorithm.modules.encoders import ACTION_MASK_KEY
 from algorithm.modules.normalization import RunningMeanStd, discounted_returns
 from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.ppo.trainer import PPOAnalyzedResult
-from api.namedarray import NamedArray, namedarray
+from api.namedarray import NamedArray
 from api.policy import RolloutRequest, RolloutResult, SampleBatch
-
-
-@namedarray
-class ActorCriticOutput:
-    """What PPO keeps from rollout: ``[B, 1]`` each."""
-
-    log_prob: np.ndarray
-    value: np.ndarray
-
-
-@namedarray
-class PolicyState:
-    """A recurrent actor-critic's memory: GRU hidden states ``[B, layers, hidden]``."""
-
-    hx: np.ndarray
-
-
-class _Body(nn.Module):
-    """Encoder, then an optional GRU: observations ``[T*B, ...]`` (time and batch flattened) to
-    features ``[T*B, F]``."""
-
-    def __init__(self, space, hidden_sizes, activation, rnn_hidden, rnn_layers):
-        super().__init__()
-        self.encoder = ObservationEncoder(space, hidden_sizes, activation)
-        self.out_features = self.encoder.out_features
-        self.rnn = None
-        if rnn_hidden > 0:
-            self.rnn = orthogonal_init(
-                nn.GRU(self.out_features, rnn_hidden, num_layers=rnn_layers), gain=1.0
-            )
-            self.out_features = rnn_hidden
-
-    def forward(self, obs, hx, on_reset):
-        x = self.encoder(obs)
-        if self.rnn is None:
-            return x, None
-        x = x.reshape(*on_reset.shape[:2], x.shape[-1])  # the GRU runs along time
-        # hx: [layers, B, H]; on_reset: [T, B, 1] -> zero memory before the step that starts.
-        keep = (~on_reset.bool()).float()
-        if not bool(on_reset[1:].any()):
-            out, hx = self.rnn(x, hx * keep[0][None])
-            return out.flatten(0, 1), hx
-        outs = []
-        for t in range(x.shape[0]):
-            out, hx = self.rnn(x[t : t + 1], hx * keep[t][None])
-            outs.append(out)
-        return torch.cat(outs).flatten(0, 1), hx
-
-
-class ActorCriticNet(nn.Module):
-    """``forward(obs [T,B,...], hx [B, n*layers, H] | None, on_reset [T,B,1])`` ->
-    ``(distribution parameters [T,B,P], value [T,B,1], hx after)``."""
-
-    def __init__(
-        self,
-        observation_space,
-        action_space,
-        hidden_sizes,
-        shared_backbone,
-        rnn_hidden,
-        rnn_layers,
-        activation,
-    ):
-        super().__init__()
-        self.rnn_layers = rnn_layers
-        self.actor_body = _Body(observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers)
-        self.critic_body = None
-        if not shared_backbone:
-            self.critic_body = _Body(
-                observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers
-            )
-        width = self.actor_body.out_features
-        self.policy_head = orthogonal_init(nn.Linear(width, _param_count(action_space)), 0.01)
-        self.value_head = orthogonal_init(nn.Linear(width, 1), 1.0)
-        self.log_std = None
-        if isinstance(action_space, gym.spaces.Box):
-            self.log_std = nn.Parameter(torch.zeros(int(np.prod(action_space.shape))))
-
-    def forward(self, obs, hx, on_reset):
-        steps, batch = on_reset.shape[:2]
-        # The layers see [T*B, ...]: a Linear on a 3-D input adds a reshape each way, in the
-        # forward pass and again in the backward pass.
-        obs = _flatten_time(obs)
-        actor_hx = critic_hx = None
-        if hx is not None:
-            hx = hx.transpose(0, 1).contiguous()  # [n*layers, B, H]
-            actor_hx, critic_hx = hx[: self.rnn_layers], hx[self.rnn_layers :]
-        features, actor_hx = self.actor_body(obs, actor_hx, on_reset)
-        if self.critic_body is None:
-            value_features, new_hx = features, actor_hx
-        else:
-            value_features, critic_hx = self.critic_body(obs, critic_hx, on_reset)
-            new_hx = None if actor_hx is None else torch.cat([actor_hx, critic_hx])
-        new_hx = None if new_hx is None else new_hx.transpose(0, 1)
-        params = self.policy_head(features).reshape(steps, batch, self.policy_head.out_features)
-        return params, self.value_head(value_features).reshape(steps, batch, 1), new_hx
-
-
-def _param_count(space: gym.Space) -> int:
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return int(np.sum(space.nvec))
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape))
-    raise TypeError(
-        f"actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {space}"
-    )
 
 
 class ActorCriticPolicy(SingleModelPytorchPolicy):
@@ -407,13 +303,6 @@ def _action_start(space: gym.Space) -> np.ndarray | int:
     if isinstance(space, gym.spaces.Discrete):
         return int(space.start)
     return np.asarray(space.start, dtype=np.int64).reshape(-1)
-
-
-def _flatten_time(obs: Any) -> Any:
-    """``[T, B, ...]`` observations (a tensor or a NamedArray of them) to ``[T*B, ...]``."""
-    if isinstance(obs, NamedArray):
-        return obs.apply(lambda x: x.flatten(0, 1))
-    return obs.flatten(0, 1)
 
 
 def _add_time(obs: Any) -> Any:

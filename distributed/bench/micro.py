@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from api.errors import PeerTimeoutError
+from system.errors import PeerTimeoutError
 
 START_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 10.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from distributed.deploy.manifests import DeployError
+from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 
 SWARM_MODULE = "distributed.deploy.swarm"

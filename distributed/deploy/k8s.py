@@ -39,7 +39,6 @@ from api.config import ExperimentConfig
 from distributed.deploy.cluster_commands import CONTROLLER_PORT
 from distributed.deploy.manifests import (
     HELPER_RESOURCES,
-    DeployError,
     Resources,
     RoleGroup,
     check_run_name,
@@ -48,6 +47,7 @@ from distributed.deploy.manifests import (
     to_yaml,
 )
 from distributed.deploy.sizing import MEASURED, RoleNeeds
+from distributed.errors import ApplyError, DeployError, KubernetesClientError
 from distributed.images.build import DEFAULT_TAG
 
 MOUNT = "/troupe/run"
@@ -597,12 +597,6 @@ def secret_command(options: K8sOptions, python: str) -> str:
 
 
 # --------------------------------------------------------------------- apply
-class KubernetesClientError(DeployError):
-    """The ``kubernetes`` package or a cluster to talk to is missing."""
-
-
-class ApplyError(DeployError):
-    """The API refused an object (it exists already, no permission, invalid)."""
 
 
 # kind -> (API class of the kubernetes client, its create method, namespaced?)

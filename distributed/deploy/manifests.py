@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from api.config import ExperimentConfig
-from api.errors import UserError
 from api.resolve import load_experiment
+from distributed.errors import DeployError
 
 if TYPE_CHECKING:
     from distributed.deploy.sizing import RoleNeeds
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 ORDINAL = "{ordinal}"
 LIMIT_FACTOR = 2.0
 """Kubernetes memory limit = request x this."""
-
-
-class DeployError(UserError):
-    """A deployment cannot be generated or applied as asked; the message says what to change."""
 
 
 @dataclass(frozen=True)

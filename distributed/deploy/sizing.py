@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from distributed.deploy.manifests import DeployError
+from distributed.errors import DeployError
 
 COMPONENTS = ("controller", "params", "trainer", "policy", "actor", "eval")
 MEMORY_MARGIN = 1.25

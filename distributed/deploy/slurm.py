@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.config import ExperimentConfig
-from distributed.deploy.manifests import DeployError, RoleGroup, config_json, role_groups
+from distributed.deploy.manifests import RoleGroup, config_json, role_groups
 from distributed.deploy.sizing import MEASURED, RoleNeeds
+from distributed.errors import DeployError
 
 RUNTIMES = ("apptainer", "singularity", "enroot", "none")
 SCRIPT_NAME = "troupe.sbatch"

@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from api.config import ExperimentConfig
-from distributed.deploy.manifests import DeployError
+from distributed.errors import SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.launch import docker_run as dl
 
@@ -48,10 +48,6 @@ LABEL_RUN_DIR = "troupe.run_dir"
 DEFAULT_TRAINER_CONSTRAINT = "node.role==manager"
 SECOND_NS = 1_000_000_000
 FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
-
-
-class SwarmError(DeployError):
-    """The engine is not a swarm manager, a run is not found, or a run already exists."""
 
 
 # --------------------------------------------------------------------- the services of a run

@@ -12,6 +12,10 @@ with neither, the error names the command that makes it, and ``--make-base-image
 
 Errors are :class:`ImageError` subclasses (user errors) whose messages say what to do next. The
 ``docker`` SDK is imported only when an image is built, so ``troupe list`` does not pay for it.
+
+Longer than 400 lines because the wheelhouse, the cached dependency stage and the image build are
+one pipeline with shared checks (CUDA wheels, base image present, build context), each step usable
+alone.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distributed.errors import (
+    BaseImageMissingError,
+    DockerUnavailableError,
+    ImageBuildError,
+    ImageError,
+    ImagePushError,
+    WheelhouseError,
+)
 from distributed.images.wheelhouse import (
     CPU_TORCH_INDEX,
-    ImageError,
     Wheelhouse,
-    WheelhouseError,
     build_wheelhouse,
     link_or_copy,
     make_wheelhouse,
@@ -61,22 +71,6 @@ MAKE_BASE_HINT = (
     f"`sudo {MAKE_BASE_SCRIPT.relative_to(PROJECT_DIR)}` and build again, or pass "
     "--make-base-image to do both now, or --base-image IMAGE"
 )
-
-
-class DockerUnavailableError(ImageError):
-    """No Docker engine answers."""
-
-
-class BaseImageMissingError(ImageError):
-    """The base image is not present locally and cannot be pulled."""
-
-
-class ImageBuildError(ImageError):
-    """A step of the Dockerfile failed."""
-
-
-class ImagePushError(ImageError):
-    """The registry refused the image or cannot be reached."""
 
 
 # --------------------------------------------------------------------- docker

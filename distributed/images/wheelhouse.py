@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.errors import UserError
+from distributed.errors import WheelhouseError
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +41,6 @@ COMPLETE = ".complete"
 # Never part of the project wheel; copying them would only slow the out-of-tree build down.
 _NOT_SOURCE = (".git", ".venv", "build", "dist", "runs", "wheelhouse", "tests", "docker")
 _NOT_SOURCE_GLOBS = ("*.egg-info", "__pycache__", ".*_cache", "*.pyc")
-
-
-class ImageError(UserError):
-    """Making a wheelhouse, or building or pushing a worker image, failed."""
-
-
-class WheelhouseError(ImageError):
-    """``pip wheel`` failed, or the wheelhouse holds wheels the image cannot use."""
 
 
 # --------------------------------------------------------------------- wheel names

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from api.config import ExperimentConfig
-from api.errors import UserError
 from distributed.deploy.cluster_commands import CONTROLLER_PORT
+from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
 
@@ -49,10 +49,6 @@ LABEL_RUN, LABEL_ROLE, LABEL_WORKER = "troupe.run", "troupe.role", "troupe.worke
 EXIT_INTERRUPTED = 130
 STOP_GRACE_S = 120.0
 """How long the controller gets to stop the run in order after Ctrl+C."""
-
-
-class DockerRunError(UserError):
-    """A docker run cannot start: a leftover of an earlier run, a missing image, ..."""
 
 
 # --------------------------------------------------------------------- naming and roles

@@ -16,7 +16,8 @@ from typing import Any
 
 import zmq
 
-from api.errors import OperationalError, PeerTimeoutError, WireError
+from api.errors import OperationalError
+from system.errors import PeerTimeoutError, WireError
 from system.parameters.protocol import REMOTE_ERRORS, ms_left
 from system.streams import wire
 

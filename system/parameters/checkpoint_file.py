@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from api.errors import RunFolderError, WireError
+from api.errors import RunFolderError
+from system.errors import WireError
 from system.streams import wire
 
 

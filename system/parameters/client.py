@@ -18,7 +18,8 @@ from typing import Any
 
 import zmq
 
-from api.errors import PeerTimeoutError, UserError, WireError
+from api.errors import UserError
+from system.errors import PeerTimeoutError, WireError
 from system.parameters.channel import RequestChannel, hello_info, owns_frames
 from system.parameters.interfaces import ParameterClientBase
 from system.parameters.protocol import DEFAULT_TIMEOUT_S, PUSH_HWM, Get, Publish, Tag, ms_left

@@ -23,12 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from api.errors import RunFolderError, TroupeError, UserError, WireError
-from system.parameters.store import (
-    ParameterNotFoundError,
-    PolicyNameError,
-    VersionError,
-)
+from api.errors import RunFolderError, TroupeError, UserError
+from system.errors import ParameterNotFoundError, PolicyNameError, VersionError, WireError
 
 PUSH_HWM = 16
 """Pushes queued per subscriber. Only the newest one matters to a subscriber, so a short queue is

@@ -38,7 +38,8 @@ from typing import Any
 
 import zmq
 
-from api.errors import PeerTimeoutError, RunFolderError, TroupeError, WireError
+from api.errors import RunFolderError, TroupeError
+from system.errors import PeerTimeoutError, PolicyNameError, WireError
 from system.parameters.protocol import (
     PUSH_HWM,
     SHM_TOPIC,
@@ -47,7 +48,7 @@ from system.parameters.protocol import (
     Tag,
     ms_left,
 )
-from system.parameters.store import ParameterStore, PolicyNameError, check_policy_name
+from system.parameters.store import ParameterStore, check_policy_name
 from system.ratelimit import BadMessages
 from system.streams import shm, wire
 from system.streams.validation import ParamsLayout

@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from api.errors import WireError
-from system.parameters.store import PolicyNameError, check_policy_name
+from system.errors import PolicyNameError, WireError
+from system.parameters.store import check_policy_name
 from system.streams import shm, wire
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from api.errors import OperationalError, UserError
+from api.errors import UserError
+from system.errors import ParameterNotFoundError, PolicyNameError, VersionError
 from system.parameters.checkpoint_file import (
     CHECKPOINT_SUFFIX,
     load_checkpoint_file,
@@ -49,18 +50,6 @@ _POLICY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 _CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
 _TMP_RE = re.compile(r"\..+\.tmp-(\d+)-\d+")
 LATEST_FILE = "latest.ckpt"
-
-
-class VersionError(OperationalError):
-    """A version was published out of order (not newer than the latest) or is not an int >= 0."""
-
-
-class ParameterNotFoundError(OperationalError):
-    """The policy, version or tag asked for is not in the store (nor on its disk)."""
-
-
-class PolicyNameError(UserError):
-    """A policy name cannot name a checkpoint folder and a topic (letters, digits, _ . -)."""
 
 
 def check_policy_name(policy: Any) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import zmq
 
-from api.errors import WireError
+from system.errors import WireError
 from system.parameters.protocol import SHM_TOPIC
 from system.streams import shm, wire
 

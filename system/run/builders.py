@@ -29,11 +29,12 @@ from api import trainer as trainer_api
 from api.code import load_code
 from api.config import ExperimentConfig
 from api.environment import Environment
-from api.errors import ConfigError, PeerTimeoutError
+from api.errors import ConfigError
 from api.policy import Policy
 from api.trainer import Trainer
+from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterClientBase
-from system.parameters.store import ParameterNotFoundError, ParameterStore
+from system.parameters.store import ParameterStore
 from system.run.plan import (
     ActorPlan,
     ParameterServicePlan,

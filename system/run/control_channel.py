@@ -29,7 +29,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from api.errors import PeerTimeoutError, WireError
+from system.errors import ControllerGoneError, PeerTimeoutError, WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
 
@@ -49,10 +49,6 @@ HEARTBEAT_S = 0.25
 CONTROLLER_SILENCE_S = 2.5
 """A worker whose heartbeats the controller has not answered for this long leaves (ten
 heartbeats: a busy controller answers within one loop, a gone one never does)."""
-
-
-class ControllerGoneError(PeerTimeoutError):
-    """The controller stopped answering heartbeats: it was killed or its host was lost."""
 
 
 class ControlClient:

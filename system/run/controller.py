@@ -29,11 +29,12 @@ import zmq
 
 from api.code import load_code
 from api.config import ExperimentConfig
-from api.errors import RunFolderError, WireError, WorkerFailure
+from api.errors import RunFolderError
+from system.errors import CallbackError, WireError, WorkerFailure
 from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.display import LiveDisplay
-from system.run.episodes import CallbackError, Callbacks, EpisodeWindow
+from system.run.episodes import Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
 from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary

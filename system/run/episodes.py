@@ -24,6 +24,7 @@ import numpy as np
 from api.config import ComponentConfig
 from api.errors import ConfigError
 from api.registry import callbacks as callback_registry
+from system.errors import CallbackError
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ class EpisodeWindow:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     values.setdefault(key, []).append(float(value))
         return {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}
-
-
-class CallbackError(Exception):
-    """A user callback raised; the controller ends the run with this message."""
 
 
 class Callbacks:

@@ -154,7 +154,7 @@ def _check_analyze(trainer, batch: SampleBatch, name: str) -> None:
 
 
 def _run(run, trainer_steps: int, episodes: int, max_env_frames: int) -> None:
-    from system.workers.trainer_worker import NonFiniteLossError
+    from system.errors import NonFiniteLossError
 
     started = time.perf_counter()
     try:

@@ -23,16 +23,12 @@ from typing import Any
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError
 from api.policy import Policy
+from system.errors import ControllerGoneError
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
-from system.run.control_channel import (
-    HEARTBEAT_S,
-    ControlClient,
-    ControllerGoneError,
-    StopRequested,
-)
+from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
 from system.run.peer_watch import ParameterServiceWatch
 from system.run.plan import (
     PARAMS_PUSH,

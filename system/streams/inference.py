@@ -20,8 +20,9 @@ from typing import Any
 
 import zmq
 
-from api.errors import NamedArrayError, WireError
+from api.errors import NamedArrayError
 from api.policy import RolloutRequest, RolloutResult
+from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
 from system.streams.validation import RequestLayout

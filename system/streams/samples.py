@@ -23,8 +23,9 @@ import time
 
 import zmq
 
-from api.errors import NamedArrayError, WireError
+from api.errors import NamedArrayError
 from api.policy import SampleBatch
+from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
 from system.streams.validation import SegmentLayout

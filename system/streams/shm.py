@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from api.errors import WireError
 from api.namedarray import NamedArray
+from system.errors import WireError
 from system.streams import wire
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from api.errors import WireError
 from api.namedarray import NamedArray
+from system.errors import WireError
 
 MAX_ITEMSIZE = 8
 """Widest element accepted in place of a declared one (bytes)."""

@@ -53,8 +53,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from api.errors import WireError
 from api.namedarray import NamedArray
+from system.errors import WireError
 
 PROTOCOL_VERSION = 1
 MAX_DEPTH = 32

@@ -22,7 +22,8 @@ import gymnasium as gym
 import numpy as np
 
 from api.environment import Environment, StepResult
-from api.errors import NonFiniteError, PipelineCheckError, UserError
+from api.errors import NonFiniteError, PipelineCheckError
+from system.errors import EnvironmentFailure
 from system.ratelimit import BadMessages, Pace
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
@@ -31,10 +32,6 @@ from system.workers.lanes import Lane, Slot, nonfinite_rows
 from system.workers.trajectory import SegmentBuffer
 
 logger = logging.getLogger(__name__)
-
-
-class EnvironmentFailure(UserError):
-    """An environment raised; the message names the environment slot and the method."""
 
 
 @dataclass

@@ -12,11 +12,10 @@ import time
 
 import numpy as np
 
-from api.errors import PeerTimeoutError
 from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
+from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterSubscriber
-from system.parameters.store import ParameterNotFoundError
 from system.streams.inference import InferenceServer, PendingRequest
 from system.workers.base import Worker
 

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from api.errors import OperationalError, PeerTimeoutError, RunFolderError
+from api.errors import RunFolderError
 from api.policy import SampleBatch
 from api.trainer import Trainer
+from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterPublisher
-from system.parameters.store import ParameterNotFoundError
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
@@ -33,10 +33,6 @@ LAG_WARNING_EVERY_S = 30.0
 PUBLISH_RETRY_S = 10.0
 """How long a trainer trains on without publishing after the parameter service did not answer,
 unless the controller says where the restarted service is first (then it publishes at once)."""
-
-
-class NonFiniteLossError(OperationalError):
-    """A trainer step reported a NaN or infinite statistic; the parameters are not published."""
 
 
 class TrainerWorker(Worker):

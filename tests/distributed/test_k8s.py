@@ -27,7 +27,8 @@ from api.config import make_experiment
 from distributed.deploy import k8s
 from distributed.deploy.cluster_commands import resolve_worker_id
 from distributed.deploy.commands import add_deploy_arguments, run_deploy, run_k8s
-from distributed.deploy.manifests import DeployError, parse_resource_overrides, to_yaml
+from distributed.deploy.manifests import parse_resource_overrides, to_yaml
+from distributed.errors import DeployError
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
 SCHEMA_VERSIONS = tuple(sorted(all_versions(), key=lambda v: tuple(map(int, v.split("."))))[-3:])

@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from distributed.deploy.commands import add_deploy_arguments, run_deploy
-from distributed.deploy.manifests import DeployError
+from distributed.errors import DeployError
 
 FAKE_SRUN = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$FAKE_SLURM_LOG"

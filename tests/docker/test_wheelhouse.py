@@ -8,10 +8,10 @@ from pathlib import Path
 import docker
 import pytest
 
+from distributed.errors import BaseImageMissingError, DockerUnavailableError, WheelhouseError
 from distributed.images import build as images
 from distributed.images import wheelhouse
-from distributed.images.build import BaseImageMissingError, DockerUnavailableError
-from distributed.images.wheelhouse import WheelhouseError, WheelName, wheelhouse_problems
+from distributed.images.wheelhouse import WheelName, wheelhouse_problems
 
 TROUPE = "troupe_rl-0.1.0-py3-none-any.whl"
 CPU_TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"

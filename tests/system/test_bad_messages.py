@@ -17,9 +17,9 @@ import zmq
 from test_parameter_service import Service
 
 from api.config import make_experiment
-from api.errors import WireError
 from api.namedarray import NamedArray
 from api.policy import RolloutRequest
+from system.errors import WireError
 from system.parameters.inproc import InprocParameterService
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore

@@ -18,18 +18,19 @@ import pytest
 import torch
 import zmq
 
-from api.errors import OperationalError, PeerTimeoutError, UserError, WireError
+from api.errors import OperationalError, UserError
+from system.errors import (
+    ParameterNotFoundError,
+    PeerTimeoutError,
+    PolicyNameError,
+    VersionError,
+    WireError,
+)
 from system.parameters.client import ParameterClient
 from system.parameters.inproc import InprocParameterService
 from system.parameters.interfaces import ParameterClientBase
 from system.parameters.service import SHM_TOPIC, ParameterServer
-from system.parameters.store import (
-    ParameterNotFoundError,
-    ParameterStore,
-    PolicyNameError,
-    VersionError,
-    load_checkpoint_file,
-)
+from system.parameters.store import ParameterStore, load_checkpoint_file
 from system.streams import shm, wire
 
 TIMEOUT_S = 5.0

@@ -11,8 +11,8 @@ import pytest
 import torch
 import zmq
 
-from api.errors import WireError
 from api.namedarray import NamedArray, namedarray
+from system.errors import WireError
 from system.streams import wire
 
 TIMEOUT_MS = 5000

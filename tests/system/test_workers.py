@@ -12,13 +12,14 @@ from api.errors import ConfigError, PipelineCheckError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
+from system.errors import EnvironmentFailure, NonFiniteLossError
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.streams.inference import InferenceReply, InprocInferenceHub
 from system.streams.samples import InprocSampleHub
-from system.workers.actor_worker import ActorWorker, EnvironmentFailure
+from system.workers.actor_worker import ActorWorker
 from system.workers.policy_worker import PolicyWorker
-from system.workers.trainer_worker import NonFiniteLossError, TrainerWorker
+from system.workers.trainer_worker import TrainerWorker
 
 
 class CountingEnv(Environment):

@@ -1,0 +1,58 @@
+"""Errors the runtime raises: operational conditions (malformed messages, silent peers, dead
+workers, lost versions) and the user errors only a running worker can find (a broken environment
+at run time, a policy name that cannot be a file name).
+
+They belong to the two families of :mod:`api.errors`: catch ``api.errors.OperationalError`` or
+``api.errors.UserError`` to handle every one of them.
+"""
+
+from __future__ import annotations
+
+from api.errors import OperationalError, UserError
+
+
+# ------------------------------------------------------------------------ operational
+class WireError(OperationalError):
+    """A message on a socket could not be decoded: malformed, truncated or foreign."""
+
+
+class PeerTimeoutError(OperationalError):
+    """A peer did not answer within the time allowed."""
+
+
+class ControllerGoneError(PeerTimeoutError):
+    """The controller stopped answering heartbeats: it was killed or its host was lost."""
+
+
+class WorkerFailure(OperationalError):
+    """A worker raised an exception; ``remote_traceback`` holds the worker's traceback text."""
+
+    def __init__(self, worker: str, message: str, remote_traceback: str = ""):
+        self.worker = worker
+        self.remote_traceback = remote_traceback
+        super().__init__(f"worker {worker} failed: {message}")
+
+
+class VersionError(OperationalError):
+    """A version was published out of order (not newer than the latest) or is not an int >= 0."""
+
+
+class ParameterNotFoundError(OperationalError):
+    """The policy, version or tag asked for is not in the store (nor on its disk)."""
+
+
+class NonFiniteLossError(OperationalError):
+    """A trainer step reported a NaN or infinite statistic; the parameters are not published."""
+
+
+# ------------------------------------------------------------------------ user
+class PolicyNameError(UserError):
+    """A policy name cannot name a checkpoint folder and a topic (letters, digits, _ . -)."""
+
+
+class EnvironmentFailure(UserError):
+    """An environment raised; the message names the environment slot and the method."""
+
+
+class CallbackError(UserError):
+    """A user callback raised; the controller ends the run with this message."""
