@@ -41,19 +41,21 @@ class RequestChannel:
         on_hello: Callable[[wire.Message], None],
         *,
         copy_replies: bool,
+        max_message_bytes: int | None = None,
     ):
         self.endpoint = endpoint
         self.stats = stats
         self._bad = bad
         self._on_hello = on_hello
         self._copy = copy_replies
+        self._max_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self.hello_id: int | None = None
         """The id of the ``hello`` waiting for its answer, if one is."""
         self.socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
-        dealer = wire.make_socket(zmq.DEALER, server=False)
+        dealer = wire.make_socket(zmq.DEALER, server=False, max_message_bytes=self._max_bytes)
         dealer.connect(self.endpoint)
         return dealer
 

@@ -48,6 +48,10 @@ class ParameterClient(ParameterClientBase):
     publisher before its first publish), else the socket; a publisher sends versions with fewer
     than ``shm_min_bytes`` bytes of arrays over the socket all the same. ``shm=False``: always
     the socket.
+
+    ``max_message_bytes``: ZeroMQ's ``MAXMSGSIZE`` on both sockets (the largest reply or push a
+    peer may send; from the run's declared parameter layout), so that a foreign peer cannot make
+    this process allocate more; None: no bound.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class ParameterClient(ParameterClientBase):
         push_hwm: int = PUSH_HWM,
         shm: bool = True,
         shm_min_bytes: int | None = None,
+        max_message_bytes: int | None = None,
     ):
         super().__init__()
         self.request_endpoint = request_endpoint
@@ -84,6 +89,7 @@ class ParameterClient(ParameterClientBase):
             self._bad,
             lambda reply: self.link.on_hello(hello_info(reply)),
             copy_replies=writable and not self._own_replies,
+            max_message_bytes=max_message_bytes,
         )
         self.pushes: PushSubscription | None = None
         if subscribed:
@@ -95,6 +101,7 @@ class ParameterClient(ParameterClientBase):
                 own_frames=owns_frames(push_endpoint),
                 stats=self.stats,
                 bad=self._bad,
+                max_message_bytes=max_message_bytes,
             )
             if not self.link.known:
                 self.channel.send_hello()

@@ -33,13 +33,16 @@ class PushSubscription:
         own_frames: bool,
         stats: Counter[str],
         bad: Callable[[Exception], None],
+        max_message_bytes: int | None = None,
     ):
         self.policies = policies
         self.stats = stats
         self._bad = bad
         self._writable = writable
         self._copy = writable and not own_frames
-        self.socket = wire.make_socket(zmq.SUB, server=False, hwm=hwm)
+        self.socket = wire.make_socket(
+            zmq.SUB, server=False, hwm=hwm, max_message_bytes=max_message_bytes
+        )
         self._topics: set[bytes] = set()  # subscribed topics
         self._retire: dict[bytes, bytes] = {}  # topic -> topic to drop once this one delivers
         self._received: dict[str, int] = {}  # newest version pushed per policy, either topic

@@ -82,6 +82,7 @@ class SocketWiring:
         self.run_dir = run_dir
         self.config = config
         self._spaces: builders.AgentSpaces | None = None
+        self._params_max_bytes: int | None = None
 
     @property
     def spaces(self) -> builders.AgentSpaces:
@@ -100,7 +101,16 @@ class SocketWiring:
 
     def parameter_client(self, subscribe: list[str]) -> ParameterClient:
         push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
-        return ParameterClient(self.ctl.lookup(PARAMS_REQUEST), push, subscribe=subscribe)
+        request = self.ctl.lookup(PARAMS_REQUEST)
+        limit = self._params_limit()
+        return ParameterClient(request, push, subscribe=subscribe, max_message_bytes=limit)
+
+    def _params_limit(self) -> int:
+        """The largest reply or push a parameter client accepts: from the declared checkpoint
+        layout, as the service bounds what it takes (computed once per process)."""
+        if self._params_max_bytes is None:
+            self._params_max_bytes = declared.params_layout(self.config).max_message_bytes
+        return self._params_max_bytes
 
     def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> ZmqInferenceServer:
         layout = declared.request_layout(self.config, self.spaces, policy, plan.policy)
