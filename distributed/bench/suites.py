@@ -44,10 +44,16 @@ class Size:
     latency_requests: int
     push_publishes: int
     scaling_workers: tuple[int, ...]
+    by_frames: bool = False
+    """Throughput runs stop after ``run_s`` at a nominal rate's worth of frames instead of after
+    ``run_s`` of wall-clock: a start-up slowed by a busy machine then still leaves a
+    steady-state window to measure (``--quick``, whose runs are short)."""
 
 
 FULL = Size(40.0, 8.0, 3.0, 5, 150.0, 500, 10, (1, 2, 4))
-QUICK = Size(10.0, 2.0, 0.3, 1, 15.0, 30, 2, (1, 2))
+QUICK = Size(10.0, 2.0, 0.3, 1, 15.0, 30, 2, (1, 2), by_frames=True)
+CARTPOLE_NOMINAL_FPS = 10_000
+"""Frames/s a quick cartpole-ppo run is sized by (a third of a quiet 2-core machine's rate)."""
 
 
 def cores() -> int:
@@ -134,6 +140,14 @@ def _wall(seconds: float) -> list[str]:
     return ["stop.eval_return=None", "stop.env_frames=None", f"stop.wall_seconds={seconds}"]
 
 
+def _length(size: Size, nominal_fps: float) -> list[str]:
+    """The stopping rule of a throughput run of ``size`` (see :attr:`Size.by_frames`)."""
+    if not size.by_frames:
+        return _wall(size.run_s)
+    frames = int(size.run_s * nominal_fps)
+    return ["stop.eval_return=None", f"stop.env_frames={frames}", "stop.wall_seconds=None"]
+
+
 def synthetic_ceiling(raw_steps_per_s: float) -> tuple[float, float]:
     """The most frames/s Synthetic-v0 could give on this machine: (every core stepping it as
     fast as one process alone does, every core spending exactly the asked 1 ms a step).
@@ -148,11 +162,17 @@ def throughput(size: Size, workdir: Path, context: dict) -> tuple[dict, list[Row
     raw = {kind: raw_step_rate(kind, size.raw_s) for kind in ("gymnasium", "api", "synthetic")}
     deadline = size.run_s + 150.0
     cartpole = watch_run(
-        "cartpole-ppo", _wall(size.run_s), workdir / "throughput-cartpole", deadline_s=deadline
+        "cartpole-ppo",
+        _length(size, CARTPOLE_NOMINAL_FPS),
+        workdir / "throughput-cartpole",
+        deadline_s=deadline,
     )
     synthetic = watch_run(
         "synthetic-ppo",
-        [f"environment.args.step_cost_us={SYNTHETIC_COST_US}", *_wall(size.run_s)],
+        [
+            f"environment.args.step_cost_us={SYNTHETIC_COST_US}",
+            *_length(size, 0.5e6 / SYNTHETIC_COST_US * cores()),
+        ],
         workdir / "throughput-synthetic",
         deadline_s=deadline,
     )
