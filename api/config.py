@@ -47,9 +47,13 @@ class PolicyConfig:
     policy_workers: int = 1
     """Policy worker processes serving this policy's inference."""
     trainer_workers: int = 1
-    """Trainer worker processes (more than one form a data-parallel group)."""
+    """Trainer worker processes. More than one form a data-parallel group: each takes its own
+    share of the samples, gradients are averaged over the group (torch.distributed, gloo), and
+    one of them publishes versions. Needs a policy with ``distributed_setup`` (any
+    ``algorithm.policy.SingleModelPytorchPolicy``); serial mode trains such a policy with one."""
     batch_segments: int = 16
-    """Trajectory segments per trainer step."""
+    """Trajectory segments per trainer step, per trainer worker: with ``trainer_workers=N`` one
+    step of the group trains on ``N x batch_segments`` segments."""
 
 
 @dataclass
@@ -217,6 +221,7 @@ def validate(config: ExperimentConfig) -> list[str]:
         for key in ("policy_workers", "trainer_workers", "batch_segments"):
             if getattr(pc, key) < 1:
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
+        errors += _check_data_parallel(f"policies.{pname}", pc)
     for i, pname in enumerate(config.agent_policies):
         if pname not in config.policies:
             errors.append(
@@ -273,6 +278,28 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
     if stop.eval_return is not None and config.evaluation.workers < 1:
         errors.append("stop.eval_return: needs evaluation.workers >= 1")
     return errors
+
+
+def _check_data_parallel(path: str, pc: PolicyConfig) -> list[str]:
+    """Several trainers of one policy average gradients through the policy's model, so they need a
+    trainer to run and a policy that can wrap its model for that (``distributed_setup``)."""
+    n = pc.trainer_workers
+    if n <= 1:
+        return []
+    if not pc.trainer.type:
+        return [f"{path}.trainer_workers: {n} trainers for a policy without a trainer; set it to 1"]
+    try:
+        cls = REGISTRIES["policy"].spec(pc.policy.type).load()
+    except RegistryError:
+        return []  # the policy's own check reports it
+    if isinstance(cls, type) and not callable(getattr(cls, "distributed_setup", None)):
+        return [
+            f"{path}.trainer_workers: {n} trainers train data-parallel, which needs a policy with "
+            f"distributed_setup() (a subclass of algorithm.policy.SingleModelPytorchPolicy); "
+            f"'{pc.policy.type}' ({cls.__module__}.{cls.__qualname__}) has none: set "
+            "trainer_workers=1"
+        ]
+    return []
 
 
 def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> list[str]:

@@ -18,8 +18,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
 
@@ -46,6 +47,9 @@ from system.streams.samples import SampleConsumer, SampleProducer
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
 from system.workers.policy_worker import PolicyWorker
+
+if TYPE_CHECKING:
+    from system.workers.trainer_group import TrainerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +135,9 @@ class Wiring(Protocol):
         self, plan: ActorPlan, endpoints: dict[str, list[str]]
     ) -> SampleProducer: ...
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker: ...
+    def trainer_group(self, plan: TrainerPlan, size: int) -> TrainerGroup | None:
+        """Rank ``plan.index`` of the policy's data-parallel group of ``size`` trainers, formed
+        (blocks until every rank has joined); None where this trainer trains alone."""
 
 
 @dataclass
@@ -151,12 +158,16 @@ def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, w
 
 
 def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    from system.workers.trainer_worker import TrainerWorker  # imports torch: trainers only
+    # imports torch: trainers only
+    from system.workers.trainer_group import GroupTrainerWorker
+    from system.workers.trainer_worker import TrainerWorker
 
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     params = wiring.parameter_client(subscribe=[])
-    worker = TrainerWorker(
+    group = wiring.trainer_group(plan, cfg.policies[plan.policy].trainer_workers)
+    make_worker = TrainerWorker if group is None else partial(GroupTrainerWorker, group=group)
+    worker = make_worker(
         plan.worker_id,
         plan.policy,
         trainer,
@@ -170,6 +181,8 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
+    if group is not None:
+        worker.join()  # after restoring: every rank starts from rank 0's parameters
     return Built(worker)
 
 

@@ -36,6 +36,7 @@ from system.run.plan import (
     TrainerPlan,
     WorkerPlan,
     plan_from_wire,
+    samples_endpoint,
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
@@ -90,8 +91,18 @@ class SocketWiring:
 
     def sample_consumer(self, plan: TrainerPlan) -> ZmqSampleConsumer:
         consumer = ZmqSampleConsumer(self.place.bind())
-        self._register(plan, consumer.endpoint)
+        name = samples_endpoint(plan.policy, plan.index)  # rank 0 also owns the group's name
+        self.ctl.register(name, self.place.advertise(consumer.endpoint))
         return consumer
+
+    def trainer_group(self, plan: TrainerPlan, size: int):
+        """Trainers of one policy form a data-parallel group (system.workers.trainer_group)."""
+        if size < 2:
+            return None
+        from system.workers.trainer_group import ControlRendezvous, form_group
+
+        rendezvous = ControlRendezvous(self.ctl, self.place.advertise_host)
+        return form_group(plan.policy, plan.index, size, rendezvous, self.place.bind_host)
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
         return ZmqSampleProducer(
