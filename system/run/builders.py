@@ -165,13 +165,15 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     params = wiring.parameter_client(subscribe=[])
+    # The consumer first: actors look its address up while the group waits for its last rank.
+    samples = wiring.sample_consumer(plan)
     group = wiring.trainer_group(plan, cfg.policies[plan.policy].trainer_workers)
     make_worker = TrainerWorker if group is None else partial(GroupTrainerWorker, group=group)
     worker = make_worker(
         plan.worker_id,
         plan.policy,
         trainer,
-        wiring.sample_consumer(plan),
+        samples,
         params,
         batch_segments=cfg.policies[plan.policy].batch_segments,
         checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
