@@ -37,6 +37,7 @@ from system.run.plan import (
     WorkerPlan,
     plan_from_wire,
     samples_endpoint,
+    trainer_group_endpoint,
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
@@ -102,7 +103,8 @@ class SocketWiring:
         from system.workers.trainer_group import ControlRendezvous, form_group
 
         rendezvous = ControlRendezvous(self.ctl, self.place.advertise_host)
-        return form_group(plan.policy, plan.index, size, rendezvous, self.place.bind_host)
+        name = trainer_group_endpoint(plan.policy)
+        return form_group(plan.policy, plan.index, size, rendezvous, name, self.place.bind_host)
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
         return ZmqSampleProducer(

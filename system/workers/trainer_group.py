@@ -117,12 +117,15 @@ class TrainerGroup:
 
 
 def form_group(
-    policy: str, rank: int, size: int, rendezvous: Rendezvous, bind_host: str = "127.0.0.1"
+    policy: str,
+    rank: int,
+    size: int,
+    rendezvous: Rendezvous,
+    name: str,
+    bind_host: str = "127.0.0.1",
 ) -> TrainerGroup:
-    """Join (rank 0: open) a new generation of ``policy``'s group; returns once all have joined."""
-    from system.run.plan import trainer_group_endpoint
-
-    name = trainer_group_endpoint(policy)
+    """Join (rank 0: open) a new generation of ``policy``'s group, found through ``rendezvous``
+    under ``name``; returns once all ``size`` ranks have joined."""
     timeout = datetime.timedelta(seconds=FORM_TIMEOUT_S)
     if rank == 0:
         store = dist.TCPStore(bind_host, 0, size, True, timeout=timeout, wait_for_workers=False)
