@@ -8,8 +8,10 @@ parameters), ``workers.json`` and ``summary.json``.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import time
 
 import pytest
 from e2e_support import finish, read_json, start, wait_for
@@ -114,3 +116,75 @@ def test_config_rejects_groups_it_cannot_train():
     assert (
         "policies.default.trainer_workers: 3 trainers for a policy without a trainer; set it to 1"
     ) in str(e.value)
+
+
+# ------------------------------------------------------------- rendezvous generations
+class FileRendezvous:
+    """The control channel's register/lookup, as files in a folder (real processes share it);
+    every lookup is counted, so the test can wait until a joiner has looked more than once."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def announce(self, name: str, port: int) -> None:
+        tmp = self.folder / "address.tmp"
+        tmp.write_text(f"127.0.0.1:{port}")
+        tmp.replace(self.folder / "address")
+
+    def lookup(self, name: str) -> tuple[str, int]:
+        with open(self.folder / "lookups", "a") as f:
+            f.write(".")
+        deadline = time.monotonic() + 60
+        while not (self.folder / "address").exists():
+            assert time.monotonic() < deadline, "nothing announced"
+            time.sleep(0.05)
+        host, port = (self.folder / "address").read_text().rsplit(":", 1)
+        return host, int(port)
+
+
+def _member(rank: int, folder, value: float, results, hold) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from system.workers.trainer_group import form_group
+
+    torch.set_num_threads(1)
+    group = form_group("p", rank, 2, FileRendezvous(folder), "trainer_group/p")
+    total = torch.tensor([value])
+    dist.all_reduce(total)
+    results.put((rank, float(total)))
+    if hold is not None:
+        hold.wait(120)
+    group.close()
+
+
+@pytest.mark.multiprocess
+def test_a_joiner_waits_for_a_new_generation_instead_of_joining_a_closed_one(tmp_path):
+    """A restarted rank 1 finds the old rank 0's store still up but its group formed (closed):
+    it must not join it, and joins the new rank 0 once that one announces itself."""
+    ctx = multiprocessing.get_context("spawn")
+    results, hold = ctx.Queue(), ctx.Event()
+    old = [ctx.Process(target=_member, args=(0, tmp_path, 1.0, results, hold))]
+    old.append(ctx.Process(target=_member, args=(1, tmp_path, 2.0, results, None)))
+    new: list = []
+    try:
+        for p in old:
+            p.start()
+        assert sorted(results.get(timeout=180) for _ in old) == [(0, 3.0), (1, 3.0)]
+        old[1].join(60)  # the old rank 1 left; the old rank 0 lives on with its closed store
+        lookups = (tmp_path / "lookups").read_text()
+        new.append(ctx.Process(target=_member, args=(1, tmp_path, 20.0, results, None)))
+        new[0].start()
+        deadline = time.monotonic() + 120
+        while len((tmp_path / "lookups").read_text()) < len(lookups) + 2:  # it looked again
+            assert time.monotonic() < deadline and new[0].is_alive(), "the joiner did not retry"
+            time.sleep(0.1)
+        hold.set()  # the old rank 0 goes; its successor opens a new generation
+        new.append(ctx.Process(target=_member, args=(0, tmp_path, 10.0, results, None)))
+        new[1].start()
+        assert sorted(results.get(timeout=180) for _ in new) == [(0, 30.0), (1, 30.0)]
+    finally:
+        for p in [*old, *new]:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
