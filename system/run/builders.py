@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -135,9 +134,10 @@ class Wiring(Protocol):
         self, plan: ActorPlan, endpoints: dict[str, list[str]]
     ) -> SampleProducer: ...
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker: ...
+
     def trainer_group(self, plan: TrainerPlan, size: int) -> TrainerGroup | None:
         """Rank ``plan.index`` of the policy's data-parallel group of ``size`` trainers, formed
-        (blocks until every rank has joined); None where this trainer trains alone."""
+        (blocks until every rank has joined); None where the trainer trains alone."""
 
 
 @dataclass
@@ -158,22 +158,15 @@ def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, w
 
 
 def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    # imports torch: trainers only
-    from system.workers.trainer_group import GroupTrainerWorker
-    from system.workers.trainer_worker import TrainerWorker
-
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     params = wiring.parameter_client(subscribe=[])
-    # The consumer first: actors look its address up while the group waits for its last rank.
-    samples = wiring.sample_consumer(plan)
-    group = wiring.trainer_group(plan, cfg.policies[plan.policy].trainer_workers)
-    make_worker = TrainerWorker if group is None else partial(GroupTrainerWorker, group=group)
-    worker = make_worker(
+    group_size = cfg.policies[plan.policy].trainer_workers
+    worker = _trainer_worker_class(group_size)(
         plan.worker_id,
         plan.policy,
         trainer,
-        samples,
+        wiring.sample_consumer(plan),
         params,
         batch_segments=cfg.policies[plan.policy].batch_segments,
         checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
@@ -183,9 +176,20 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
-    if group is not None:
-        worker.join()  # after restoring: every rank starts from rank 0's parameters
+    group = wiring.trainer_group(plan, group_size) if group_size > 1 else None
+    if group is not None:  # after restoring: every rank starts from rank 0's parameters
+        worker.join(group)
     return Built(worker)
+
+
+def _trainer_worker_class(group_size: int) -> type:
+    """A trainer that may be one of several of its policy is a group member (alone until it joins
+    a group, and in serial mode). The group forms once the worker is built: actors look up its
+    sample consumer meanwhile."""
+    from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
+    from system.workers.trainer_worker import TrainerWorker
+
+    return GroupTrainerWorker if group_size > 1 else TrainerWorker
 
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:

@@ -96,7 +96,8 @@ class InprocWiring:
 
     def trainer_group(self, plan: TrainerPlan, size: int) -> None:
         """Serial mode builds one trainer per policy whatever ``trainer_workers`` says: its
-        in-process queue is the policy's whole sample stream, so there is no group to form."""
+        in-process queue is the policy's whole sample stream, so there is no group to form and
+        the trainer trains alone."""
         return None
 
 

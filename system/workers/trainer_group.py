@@ -187,13 +187,25 @@ def parameter_checksum(module: torch.nn.Module) -> int:
 class GroupTrainerWorker(TrainerWorker):
     """A :class:`TrainerWorker` that is one rank of a data-parallel group (see module docstring).
 
+    Built like a trainer worker; :meth:`join` makes it a member. Until then (and for good in
+    serial mode, where no group forms) it trains alone, exactly as a :class:`TrainerWorker`.
     Rank 0 reports its stats as the policy's trainer stats, as a single trainer does; every other
     rank reports its own under ``rank<r>/``. Each adds ``param_checksum``
     (:func:`parameter_checksum`), so divergence between ranks is visible in ``metrics.jsonl``.
     """
 
-    def __init__(self, *args: Any, group: TrainerGroup, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.group: TrainerGroup | None = None
+        self.ready: SampleBatch | None = None
+        self.group_stopped = False
+
+    def join(self, group: TrainerGroup) -> None:
+        """Become rank ``group.rank``: wrap the model so that gradients are averaged over the
+        group; DDP gives every rank rank 0's parameters as it does.
+
+        Called once the worker's parameters are restored, so a restarted group goes on from rank
+        0's restored version on every rank."""
         policy = self.trainer.policy
         if not callable(getattr(policy, "distributed_setup", None)):
             raise ConfigError(
@@ -204,22 +216,16 @@ class GroupTrainerWorker(TrainerWorker):
                 ]
             )
         self.group = group
-        self.ready: SampleBatch | None = None
-        self.group_stopped = False
-
-    def join(self) -> None:
-        """Wrap the model for gradient averaging; DDP gives every rank rank 0's parameters.
-
-        Called once the worker's parameters are restored, so a restarted group goes on from rank
-        0's restored version on every rank."""
-        self.trainer.policy.distributed_setup()
-        self.stats["param_checksum"] = parameter_checksum(self.trainer.policy.module)
+        policy.distributed_setup()
+        self.stats["param_checksum"] = parameter_checksum(policy.module)
 
     @property
     def publishes(self) -> bool:
-        return self.group.rank == 0
+        return self.group is None or self.group.rank == 0
 
     def poll(self) -> int:
+        if self.group is None:
+            return super().poll()
         if self.group_stopped:
             return 0
         if not self._published:
@@ -253,14 +259,14 @@ class GroupTrainerWorker(TrainerWorker):
 
     def collect_stats(self) -> dict[str, Any]:
         stats = super().collect_stats()
-        if self.group.rank == 0:
+        if self.publishes:
             return stats
         return {f"rank{self.group.rank}/{k}": v for k, v in stats.items()}
 
     def on_stop(self) -> None:
         """Tell the group (the ranks still polling learn it from their next agreement), then let
         rank 0 write the final version."""
-        if not self.group_stopped:
+        if self.group is not None and not self.group_stopped:
             self.group_stopped = True
             try:
                 self.group.agree(False, stopping=True)
@@ -273,4 +279,5 @@ class GroupTrainerWorker(TrainerWorker):
         try:
             super().close()
         finally:
-            self.group.close()
+            if self.group is not None:
+                self.group.close()
