@@ -221,7 +221,6 @@ def validate(config: ExperimentConfig) -> list[str]:
         for key in ("policy_workers", "trainer_workers", "batch_segments"):
             if getattr(pc, key) < 1:
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
-        errors += _check_data_parallel(f"policies.{pname}", pc)
     for i, pname in enumerate(config.agent_policies):
         if pname not in config.policies:
             errors.append(
@@ -230,6 +229,8 @@ def validate(config: ExperimentConfig) -> list[str]:
             )
     if not config.agent_policies and len(config.policies) > 1:
         errors.append("agent_policies: must map every agent to a policy when there are several")
+    for pname, pc in config.policies.items():
+        errors += _check_data_parallel(f"policies.{pname}", pc)
     errors += _check_positive(
         config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
     )
@@ -252,6 +253,28 @@ def check(config: ExperimentConfig) -> ExperimentConfig:
     if errors:
         raise ConfigError(errors)
     return config
+
+
+def _check_data_parallel(path: str, pc: PolicyConfig) -> list[str]:
+    """Several trainers of one policy average gradients through the policy's model, so they need a
+    trainer to run and a policy that can wrap its model for that (``distributed_setup``)."""
+    n = pc.trainer_workers
+    if not isinstance(n, int) or n <= 1:  # a wrong type is the type check's to report
+        return []
+    if not pc.trainer.type:
+        return [f"{path}.trainer_workers: {n} trainers for a policy without a trainer; set it to 1"]
+    try:
+        cls = REGISTRIES["policy"].spec(pc.policy.type).load()
+    except RegistryError:
+        return []  # the policy's own check reports it
+    if isinstance(cls, type) and not callable(getattr(cls, "distributed_setup", None)):
+        return [
+            f"{path}.trainer_workers: {n} trainers train data-parallel, which needs a policy with "
+            f"distributed_setup() (a subclass of algorithm.policy.SingleModelPytorchPolicy); "
+            f"'{pc.policy.type}' ({cls.__module__}.{cls.__qualname__}) has none: set "
+            "trainer_workers=1"
+        ]
+    return []
 
 
 def _check_types(config: ExperimentConfig) -> list[str]:
@@ -278,28 +301,6 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
     if stop.eval_return is not None and config.evaluation.workers < 1:
         errors.append("stop.eval_return: needs evaluation.workers >= 1")
     return errors
-
-
-def _check_data_parallel(path: str, pc: PolicyConfig) -> list[str]:
-    """Several trainers of one policy average gradients through the policy's model, so they need a
-    trainer to run and a policy that can wrap its model for that (``distributed_setup``)."""
-    n = pc.trainer_workers
-    if n <= 1:
-        return []
-    if not pc.trainer.type:
-        return [f"{path}.trainer_workers: {n} trainers for a policy without a trainer; set it to 1"]
-    try:
-        cls = REGISTRIES["policy"].spec(pc.policy.type).load()
-    except RegistryError:
-        return []  # the policy's own check reports it
-    if isinstance(cls, type) and not callable(getattr(cls, "distributed_setup", None)):
-        return [
-            f"{path}.trainer_workers: {n} trainers train data-parallel, which needs a policy with "
-            f"distributed_setup() (a subclass of algorithm.policy.SingleModelPytorchPolicy); "
-            f"'{pc.policy.type}' ({cls.__module__}.{cls.__qualname__}) has none: set "
-            "trainer_workers=1"
-        ]
-    return []
 
 
 def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> list[str]:
