@@ -47,10 +47,8 @@ class PolicyConfig:
     policy_workers: int = 1
     """Policy worker processes serving this policy's inference."""
     trainer_workers: int = 1
-    """Trainer worker processes. More than one form a data-parallel group: each takes its own
-    share of the samples, gradients are averaged over the group (torch.distributed, gloo), and
-    one of them publishes versions. Needs a policy with ``distributed_setup`` (any
-    ``algorithm.policy.SingleModelPytorchPolicy``); serial mode trains such a policy with one."""
+    """Trainer worker processes; several train as one data-parallel group (gradients averaged,
+    one publisher: ``system/workers/trainer_group.py``). Serial mode trains with one."""
     batch_segments: int = 16
     """Trajectory segments per trainer step, per trainer worker: with ``trainer_workers=N`` one
     step of the group trains on ``N x batch_segments`` segments."""
@@ -229,8 +227,10 @@ def validate(config: ExperimentConfig) -> list[str]:
             )
     if not config.agent_policies and len(config.policies) > 1:
         errors.append("agent_policies: must map every agent to a policy when there are several")
+    from api.config_parallel import check_data_parallel  # its own module: keeps this one short
+
     for pname, pc in config.policies.items():
-        errors += _check_data_parallel(f"policies.{pname}", pc)
+        errors += check_data_parallel(f"policies.{pname}", pc)
     errors += _check_positive(
         config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
     )
@@ -253,28 +253,6 @@ def check(config: ExperimentConfig) -> ExperimentConfig:
     if errors:
         raise ConfigError(errors)
     return config
-
-
-def _check_data_parallel(path: str, pc: PolicyConfig) -> list[str]:
-    """Several trainers of one policy average gradients through the policy's model, so they need a
-    trainer to run and a policy that can wrap its model for that (``distributed_setup``)."""
-    n = pc.trainer_workers
-    if not isinstance(n, int) or n <= 1:  # a wrong type is the type check's to report
-        return []
-    if not pc.trainer.type:
-        return [f"{path}.trainer_workers: {n} trainers for a policy without a trainer; set it to 1"]
-    try:
-        cls = REGISTRIES["policy"].spec(pc.policy.type).load()
-    except RegistryError:
-        return []  # the policy's own check reports it
-    if isinstance(cls, type) and not callable(getattr(cls, "distributed_setup", None)):
-        return [
-            f"{path}.trainer_workers: {n} trainers train data-parallel, which needs a policy with "
-            f"distributed_setup() (a subclass of algorithm.policy.SingleModelPytorchPolicy); "
-            f"'{pc.policy.type}' ({cls.__module__}.{cls.__qualname__}) has none: set "
-            "trainer_workers=1"
-        ]
-    return []
 
 
 def _check_types(config: ExperimentConfig) -> list[str]:
