@@ -8,17 +8,15 @@ before any process starts, rather than in a trainer process.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from api.errors import RegistryError
 from api.registry import REGISTRIES
 
-if TYPE_CHECKING:
-    from api.config import PolicyConfig
 
-
-def check_data_parallel(path: str, pc: PolicyConfig) -> list[str]:
-    """What stops the policy at ``path`` from training with ``pc.trainer_workers`` trainers."""
+def check_data_parallel(path: str, pc: Any) -> list[str]:
+    """What stops the policy at ``path`` (an ``api.config.PolicyConfig``, which imports this
+    module) from training with ``pc.trainer_workers`` trainers."""
     n = pc.trainer_workers
     if not isinstance(n, int) or n <= 1:  # a wrong type is the type check's to report
         return []
