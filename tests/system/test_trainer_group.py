@@ -19,6 +19,7 @@ from e2e_support import finish, read_json, start, wait_for
 from api.config import make_experiment
 from api.errors import ConfigError
 from system.run.report import read_metrics
+from system.run.serial import SerialRun
 
 GROUP = ["policies.default.trainer_workers=2", "stop.eval_return=None", "evaluation.workers=0"]
 
@@ -94,6 +95,18 @@ def test_two_trainers_solve_cartpole(tmp_path):
     print(f"trainer_workers=2: solved {solved} in {wall}s, {frames} frames")
     assert summary["solved"] is True, out
     _assert_ranks_agree(run_dir)
+
+
+def test_serial_mode_trains_a_group_config_with_one_trainer():
+    config = make_experiment("cartpole-ppo", ["policies.default.trainer_workers=2"])
+    run = SerialRun(config)
+    try:
+        progress = run.run(trainer_steps=2)
+    finally:
+        run.close()
+    assert list(run.trainers) == ["default"] and run.trainers["default"].group is None
+    assert progress.trainer_steps("default") >= 2
+    assert run.store.latest_version("default") == run.trainers["default"].trainer.policy.version
 
 
 def test_config_rejects_groups_it_cannot_train():
