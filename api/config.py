@@ -47,11 +47,10 @@ class PolicyConfig:
     policy_workers: int = 1
     """Policy worker processes serving this policy's inference."""
     trainer_workers: int = 1
-    """Trainer worker processes; several train as one data-parallel group (gradients averaged,
-    one publisher: ``system/workers/trainer_group.py``). Serial mode trains with one."""
+    """Trainer worker processes; several train as one data-parallel group, each on its own
+    ``batch_segments`` a step (``system/workers/trainer_group.py``). Serial mode trains with one."""
     batch_segments: int = 16
-    """Trajectory segments per trainer step, per trainer worker: with ``trainer_workers=N`` one
-    step of the group trains on ``N x batch_segments`` segments."""
+    """Trajectory segments per trainer step."""
 
 
 @dataclass

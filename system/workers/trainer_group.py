@@ -223,15 +223,14 @@ class GroupTrainerWorker(TrainerWorker):
     def publishes(self) -> bool:
         return self.group is None or self.group.rank == 0
 
-    def poll(self) -> int:
+    def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
+        """A batch once every rank holds one (the base class's poll then trains on it)."""
         if self.group is None:
-            return super().poll()
+            return super().take_batch(timeout_ms)
         if self.group_stopped:
-            return 0
-        if not self._published:
-            self.publish(persist=False)
+            return None
         if self.ready is None:
-            self.ready = self.take_batch(timeout_ms=20)
+            self.ready = super().take_batch(timeout_ms)
         else:
             # Waiting for a peer's batch: keep taking (and acking) up to one more batch, or the
             # actors' credits would sit in this rank's queue while the peer starves.
@@ -239,12 +238,11 @@ class GroupTrainerWorker(TrainerWorker):
         everyone_ready, stopping = self.group.agree(self.ready is not None, stopping=False)
         if stopping:  # a peer is stopping: no step may start that it would not join
             self.group_stopped = True
-            return 0
+            return None
         if not everyone_ready:
-            return 0
+            return None
         batch, self.ready = self.ready, None
-        self.train(batch)
-        return 1
+        return batch
 
     def train(self, batch: SampleBatch) -> dict[str, float]:
         stats = super().train(batch)
