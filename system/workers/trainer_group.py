@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from api.errors import ConfigError, OperationalError, PeerTimeoutError
+from api.errors import ConfigError, OperationalError
 from api.policy import SampleBatch
 from system.workers.trainer_worker import TrainerWorker
 
@@ -169,7 +169,7 @@ def _find_open_generation(
         except RuntimeError as e:  # torch's DistNetworkError: a store that is gone
             logger.info("trainer rank %d of '%s': store %s:%d: %s", rank, policy, host, port, e)
         if time.monotonic() > deadline:
-            raise PeerTimeoutError(
+            raise TrainerGroupError(
                 f"trainer rank {rank} of policy '{policy}' found no open group at '{name}' in "
                 f"{FORM_TIMEOUT_S:.0f}s; is trainer rank 0 of the policy running?"
             )
