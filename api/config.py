@@ -52,7 +52,8 @@ class PolicyConfig:
     policy_workers: int = 1
     """Policy worker processes serving this policy's inference."""
     trainer_workers: int = 1
-    """Trainer worker processes (more than one form a data-parallel group)."""
+    """Trainer worker processes; several train as one data-parallel group, each on its own
+    ``batch_segments`` a step (``system/workers/trainer_group.py``). Serial mode trains with one."""
     batch_segments: int = 16
     """Trajectory segments per trainer step."""
     max_policy_lag: int | None = None
@@ -267,6 +268,10 @@ def validate(config: ExperimentConfig) -> list[str]:
             )
     if not config.agent_policies and len(config.policies) > 1:
         errors.append("agent_policies: must map every agent to a policy when there are several")
+    from api.config_parallel import check_data_parallel  # its own module: keeps this one short
+
+    for pname, pc in config.policies.items():
+        errors += check_data_parallel(f"policies.{pname}", pc)
     errors += _check_positive(
         config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
     )

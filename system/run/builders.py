@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
 
@@ -48,6 +48,9 @@ from system.streams.samples import SampleConsumer, SampleProducer
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
 from system.workers.policy_worker import PolicyWorker
+
+if TYPE_CHECKING:
+    from system.workers.trainer_group import TrainerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +140,10 @@ class Wiring(Protocol):
     ) -> SampleProducer: ...
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker: ...
 
+    def trainer_group(self, plan: TrainerPlan, size: int) -> TrainerGroup | None:
+        """Rank ``plan.index`` of the policy's data-parallel group of ``size`` trainers, formed
+        (blocks until every rank has joined); None where the trainer trains alone."""
+
 
 @dataclass
 class Built:
@@ -158,12 +165,11 @@ def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, w
 
 
 def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    from system.workers.trainer_worker import TrainerWorker  # imports torch: trainers only
-
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     params = wiring.parameter_client(subscribe=[])
-    worker = TrainerWorker(
+    group_size = cfg.policies[plan.policy].trainer_workers
+    worker = _trainer_worker_class(group_size)(
         plan.worker_id,
         plan.policy,
         trainer,
@@ -178,7 +184,20 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
+    group = wiring.trainer_group(plan, group_size) if group_size > 1 else None
+    if group is not None:  # after restoring: every rank starts from rank 0's parameters
+        worker.join(group)
     return Built(worker)
+
+
+def _trainer_worker_class(group_size: int) -> type:
+    """A trainer that may be one of several of its policy is a group member (alone until it joins
+    a group, and in serial mode). The group forms once the worker is built: actors look up its
+    sample consumer meanwhile."""
+    from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
+    from system.workers.trainer_worker import TrainerWorker
+
+    return GroupTrainerWorker if group_size > 1 else TrainerWorker
 
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:

@@ -74,6 +74,12 @@ def samples_endpoint(policy: str, index: int) -> str:
     return f"samples/{policy}/{index}"
 
 
+def trainer_group_endpoint(policy: str) -> str:
+    """The name rank 0 of ``policy``'s data-parallel trainer group registers its rendezvous
+    store under (``tcp://host:port``); the other ranks look it up to join the group."""
+    return f"trainer_group/{policy}"
+
+
 # ------------------------------------------------------------------------------ the plans
 @dataclass(frozen=True)
 class WorkerPlan:
@@ -114,10 +120,15 @@ class TrainerPlan(WorkerPlan):
     policy: str = ""
     """The policy this trainer trains."""
     index: int = 0
-    """Its place in the policy's data-parallel group (0 .. trainer_workers - 1)."""
+    """Its place in the policy's data-parallel group (0 .. trainer_workers - 1): its rank."""
 
     def endpoints(self) -> list[str]:
-        return [samples_endpoint(self.policy, self.index)]
+        """Its sample consumer; rank 0 also owns the group's rendezvous name, so that when it
+        restarts the controller forgets the old store and joining ranks wait for the new one."""
+        names = [samples_endpoint(self.policy, self.index)]
+        if self.index == 0:
+            names.append(trainer_group_endpoint(self.policy))
+        return names
 
 
 @dataclass(frozen=True)

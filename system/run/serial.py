@@ -98,13 +98,23 @@ class InprocWiring:
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
         raise NotImplementedError("serial mode serves parameters from its in-process store")
 
+    def trainer_group(self, plan: TrainerPlan, size: int) -> None:
+        """Serial mode builds one trainer per policy whatever ``trainer_workers`` says: its
+        in-process queue is the policy's whole sample stream, so there is no group to form and
+        the trainer trains alone."""
+        return None
+
 
 def serial_plans(
     config: ExperimentConfig, *, train: bool, evaluation: bool, validate_actions: bool
 ) -> list[WorkerPlan]:
     """The run's plan as serial mode builds it: no parameter-service worker (the store is in this
     process), one policy worker and one trainer per policy (the in-process queues are the whole
-    group), training actors if ``train``, evaluation actors if ``evaluation``."""
+    group), training actors if ``train``, evaluation actors if ``evaluation``.
+
+    So ``trainer_workers=N`` is a process-mode feature: serially, such a policy trains as one
+    trainer on ``batch_segments`` segments a step, not ``N x batch_segments``; test data-parallel
+    training with real processes (``tests/system/test_trainer_group.py``)."""
     plans: list[WorkerPlan] = []
     for plan in plan_workers(config):
         if isinstance(plan, TrainerPlan):

@@ -40,6 +40,7 @@ from system.run.plan import (
     TrainerPlan,
     WorkerPlan,
     plan_from_wire,
+    trainer_group_endpoint,
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
@@ -141,8 +142,16 @@ class SocketWiring:
         return ParameterServiceWorker(self.ctl.worker_id, server)
 
     def _register(self, plan: WorkerPlan, endpoint: str) -> None:
-        (name,) = plan.endpoints()
+        name = plan.endpoints()[0]  # a trainer of rank 0 also owns its group's name (below)
         self.ctl.register(name, self.place.advertise(endpoint))
+
+    def trainer_group(self, plan: TrainerPlan, size: int):
+        """Trainers of one policy form a data-parallel group (system.workers.trainer_group)."""
+        from system.workers.trainer_group import ControlRendezvous, form_group
+
+        rendezvous = ControlRendezvous(self.ctl, self.place.advertise_host)
+        name = trainer_group_endpoint(plan.policy)
+        return form_group(plan.policy, plan.index, size, rendezvous, name, self.place.bind_host)
 
 
 def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, place: Placement):
