@@ -1,0 +1,253 @@
+"""Experiments as files (.yaml, .toml, .py), ``troupe show-config`` and the checks every
+override passes before anything starts, through the command line as a user runs it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+from algorithm.ppo.trainer import PPOTrainer
+from api.config import ExperimentConfig
+from api.errors import ConfigError
+from api.resolve import load_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def troupe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a fresh process, so wide that rich wraps no table row."""
+    env = {**os.environ, "COLUMNS": "3000", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "distributed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=cwd,
+    )
+
+
+# --------------------------------------------------------------------- show-config
+def _leaves(node, path=""):
+    """Every leaf key path of a config dict, component arguments one by one."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, f"{path}.{key}" if path else key)
+    elif path and not path.startswith("code."):
+        yield path
+
+
+def _rows(stdout: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 5 and cells[0] and cells[0] != "key":
+            rows[cells[0]] = cells
+    return rows
+
+
+@pytest.mark.multiprocess
+def test_show_config_prints_every_key_with_type_default_value_and_doc():
+    result = troupe("show-config", "cartpole-ppo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(result.stdout)
+    config = load_experiment("cartpole-ppo")
+    expected = set(_leaves(config.to_dict()))
+    # every argument the trainer's and the policy's constructors take, set or not
+    for cls, path, skip in (
+        (PPOTrainer, "policies.default.trainer.args", {"policy", "self"}),
+        (ActorCriticPolicy, "policies.default.policy.args", {"observation_space", "action_space"}),
+    ):  # fmt: skip
+        params = inspect.signature(cls).parameters
+        expected |= {f"{path}.{p}" for p in params if p not in skip and not p.startswith("*")}
+    missing = sorted(k for k in expected if k not in rows and not k.endswith(".args"))
+    assert not missing, f"keys not shown: {missing}"
+    # every field of the config's own dataclasses has its type, default and doc
+    for key, (_, type_, default, value, doc) in rows.items():
+        assert type_ and default and value, (key, rows[key])
+        if ".args." not in key:
+            assert doc, f"{key} has no doc"
+    lr = rows["policies.default.trainer.args.lr"]
+    signature_default = inspect.signature(PPOTrainer).parameters["lr"].default
+    assert lr[1:4] == [
+        "float",
+        repr(signature_default),
+        repr(config.policies["default"].trainer.args["lr"]),
+    ]
+    assert "learning rate" in lr[4].lower()
+    workers = rows["actors.workers"]
+    assert workers[1] == "int" and workers[3] == str(config.actors.workers)
+
+
+@pytest.mark.multiprocess
+def test_show_config_json_round_trips_to_the_experiment():
+    result = troupe("show-config", "cartpole-ppo", "seed=7", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = ExperimentConfig.from_dict(json.loads(result.stdout))
+    assert isinstance(shown, ExperimentConfig)
+    assert shown == load_experiment("cartpole-ppo", ["seed=7"])
+    assert shown.seed == 7 and shown != load_experiment("cartpole-ppo")
+
+
+# --------------------------------------------------------------------- experiment files
+YAML = """\
+environment:
+  type: CartPole-v1
+policies:
+  default:
+    policy: {type: actor-critic, args: {hidden_sizes: [32, 32]}}
+    trainer: {type: ppo, args: {lr: 0.01, epochs: 2}}
+    batch_segments: 4
+actors: {workers: 1, envs_per_worker: 4, segment_length: 32}
+stop: {env_frames: 3000}
+seed: 5
+"""
+
+TOML = """\
+seed = 5
+
+[environment]
+type = "CartPole-v1"
+
+[policies.default]
+batch_segments = 4
+policy = {type = "actor-critic", args = {hidden_sizes = [32, 32]}}
+trainer = {type = "ppo", args = {lr = 0.01, epochs = 2}}
+
+[actors]
+workers = 1
+envs_per_worker = 4
+segment_length = 32
+
+[stop]
+env_frames = 3000
+"""
+
+PYTHON = """\
+from api.config import (ActorConfig, ComponentConfig, ExperimentConfig, PolicyConfig,
+                        StopConfig)
+
+
+def _config(seed):
+    return ExperimentConfig(
+        name="exp",
+        environment=ComponentConfig("CartPole-v1"),
+        policies={"default": PolicyConfig(
+            policy=ComponentConfig("actor-critic", {"hidden_sizes": [32, 32]}),
+            trainer=ComponentConfig("ppo", {"lr": 0.01, "epochs": 2}),
+            batch_segments=4,
+        )},
+        actors=ActorConfig(workers=1, envs_per_worker=4, segment_length=32),
+        stop=StopConfig(env_frames=3000),
+        seed=seed,
+    )
+
+
+def experiment():
+    return _config(5)
+
+
+def other():
+    return _config(6)
+"""
+
+
+@pytest.fixture
+def files(tmp_path) -> Path:
+    (tmp_path / "exp.yaml").write_text(YAML)
+    (tmp_path / "exp.toml").write_text(TOML)
+    (tmp_path / "exp.py").write_text(PYTHON)
+    return tmp_path
+
+
+def _comparable(config: ExperimentConfig) -> dict:
+    """Everything but where the config came from (name, user code)."""
+    data = config.to_dict()
+    data.pop("code")
+    data.pop("name")
+    return data
+
+
+def test_yaml_toml_and_python_files_resolve_to_the_same_experiment(files):
+    configs = {s: load_experiment(str(files / f"exp{s}")) for s in (".yaml", ".toml", ".py")}
+    first = configs[".yaml"]
+    assert first.environment.type == "CartPole-v1"
+    assert first.policies["default"].trainer.args == {"lr": 0.01, "epochs": 2}
+    assert first.policies["default"].policy.args == {"hidden_sizes": [32, 32]}
+    assert (first.actors.workers, first.actors.envs_per_worker, first.seed) == (1, 4, 5)
+    assert first.stop.env_frames == 3000
+    assert first.name == "exp"  # the file's stem
+    for suffix, config in configs.items():
+        assert _comparable(config) == _comparable(first), suffix
+    # keys a file leaves out keep the config's defaults
+    assert first.evaluation == dataclasses.replace(ExperimentConfig().evaluation)
+    # a .py file goes to every worker: it is one of the run's imports
+    assert str((files / "exp.py").resolve()) in configs[".py"].code.imports
+
+
+def test_a_python_file_names_its_function_and_overrides_apply(files):
+    other = load_experiment(f"{files / 'exp.py'}:other", ["actors.workers=2"])
+    assert other.seed == 6 and other.actors.workers == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("suffix", [".yaml", ".toml", ".py"])
+def test_show_config_json_of_a_file_is_what_run_resolves(files, suffix):
+    result = troupe("show-config", str(files / f"exp{suffix}"), "seed=9", "--json", cwd=files)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = ExperimentConfig.from_dict(json.loads(result.stdout))
+    expected = load_experiment(str(files / f"exp{suffix}"), ["seed=9"])
+    assert _comparable(shown) == _comparable(expected)
+    assert shown.seed == 9 and shown.policies["default"].trainer.args["lr"] == 0.01
+
+
+# --------------------------------------------------------------------- bad overrides
+P = "policies.default."
+BAD_OVERRIDES = [
+    # (override, what the error must say: the key and the fix)
+    ("nmae=x", ["nmae", "name"]),
+    ("environment.typ=x", ["environment.typ", "'type'"]),
+    (P + "policy.args.hiden_sizes=[8]", [P + "policy.args.hiden_sizes", "'hidden_sizes'"]),
+    ("policies.default.trainer.args.lrr=0.1", ["policies.default.trainer.args.lrr", "'lr'"]),
+    ("policies.default.batch_segmens=4", ["policies.default.batch_segmens", "'batch_segments'"]),
+    ("actors.worker=2", ["actors.worker", "'workers'"]),
+    ("evaluation.episods=3", ["evaluation.episods", "'episodes'"]),
+    ("stop.env_frame=5", ["stop.env_frame", "'env_frames'"]),
+    ("sed=1", ["sed", "'seed'"]),
+    (P + "trainer.args.lr=abc", [P + "trainer.args.lr", "expected float", "'abc'"]),
+    ("stop.env_frames=-5", ["stop.env_frames", "more than 0", "-5"]),
+    ("trainer.lerning_rate=1e-3", ["trainer.lerning_rate", "policies.default.trainer.args.lr"]),
+]  # fmt: skip
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("override", "expected"), BAD_OVERRIDES, ids=[b[0] for b in BAD_OVERRIDES])
+def test_a_bad_override_fails_before_anything_starts(tmp_path, override, expected):
+    result = troupe("run", "cartpole-ppo", override, "--no-display", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    out = result.stdout + result.stderr
+    assert "invalid experiment configuration" in out, out[-3000:]
+    for text in expected:
+        assert text in out, f"{text!r} not in: {out[-3000:]}"
+    assert "Traceback" not in out
+    # no run folder, so no controller and no worker was started
+    assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))
+    assert "run folder:" not in out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a gymnasium id's arguments go to gymnasium.make unchecked (GymnasiumEnvironment "
+    "takes **gym_kwargs): a misspelt one fails only in the workers",
+)
+def test_a_misspelt_gymnasium_argument_fails_the_check():
+    with pytest.raises(ConfigError, match="max_episode_step"):
+        load_experiment("cartpole-ppo", ["environment.args.max_episode_step=100"])

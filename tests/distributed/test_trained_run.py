@@ -1,0 +1,262 @@
+"""One short real run from a .yaml experiment file, then what a user does with it: their own
+callbacks saw the run, ``troupe.load_policy(run).act`` plays as ``troupe eval`` does, and
+``troupe eval --video`` writes a playable video.
+
+The run trains CartPole through a user file (``user_env.py`` beside the .yaml, named in its
+``code.imports``) that registers a gymnasium id wrapping CartPole, whose last ``info`` of every
+episode carries a unique number, and a ``recorder`` callback writing every hook to a file.
+The unique numbers tell one evaluation episode from another in the callback's windows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EVAL_EPISODES = 4
+"""evaluation.episodes: the size of one evaluation window."""
+
+USER_FILE = """\
+import itertools
+import json
+import os
+
+import gymnasium as gym
+
+from api.registry import register_callback, register_environment
+
+_numbers = itertools.count()
+
+
+class Numbered(gym.Wrapper):
+    \"\"\"CartPole whose last info of an episode has a number no other episode has.\"\"\"
+
+    def __init__(self, log, **kwargs):
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        self.log = log
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            info = {**info, "uid": float(os.getpid() * 1_000_000 + next(_numbers))}
+            with open(self.log, "a") as f:
+                f.write(json.dumps(info["uid"]) + "\\n")
+        return obs, reward, terminated, truncated, info
+
+
+class Recorder:
+    \"\"\"Writes every hook it receives, one JSON line each.\"\"\"
+
+    def __init__(self, path):
+        self.path = path
+
+    def _write(self, **record):
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\\n")
+
+    def on_episode_end(self, episode):
+        self._write(hook="on_episode_end", episode=episode)
+
+    def on_train_result(self, policy, stats):
+        self._write(hook="on_train_result", policy=policy, steps=stats["steps"])
+
+    def on_evaluation(self, mean_return, episodes):
+        self._write(hook="on_evaluation", mean_return=mean_return, episodes=episodes)
+
+
+gym.register("NumberedCartPole-v0", entry_point=Numbered)
+register_environment(
+    "NumberedCartPole-v0",
+    "legacy.environment.gym_adapter:GymnasiumEnvironment",
+    gym_id="NumberedCartPole-v0",
+)
+register_callback("recorder", Recorder)
+"""
+
+EXPERIMENT = """\
+environment:
+  type: NumberedCartPole-v0
+  args: {{log: {episodes_log}}}
+policies:
+  default:
+    policy: {{type: actor-critic, args: {{hidden_sizes: [32, 32]}}}}
+    trainer: {{type: ppo, args: {{lr: 0.005, epochs: 4, minibatches: 2}}}}
+    batch_segments: 8
+actors: {{workers: 1, envs_per_worker: 8, segment_length: 64}}
+evaluation: {{workers: 1, envs_per_worker: 2, episodes: {eval_episodes}}}
+stop: {{env_frames: 12000}}
+checkpoint_every: 5
+seed: 3
+callbacks:
+  - {{type: recorder, args: {{path: {hooks_log}}}}}
+code:
+  imports: [user_env.py]
+"""
+
+
+def troupe(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "distributed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
+
+
+def _lines(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """``troupe run exp.yaml``; what the hooks and the environments wrote during it."""
+    folder = tmp_path_factory.mktemp("byo")
+    (folder / "user_env.py").write_text(USER_FILE)
+    (folder / "exp.yaml").write_text(
+        EXPERIMENT.format(
+            episodes_log=json.dumps(str(folder / "episodes.jsonl")),
+            hooks_log=json.dumps(str(folder / "hooks.jsonl")),
+            eval_episodes=EVAL_EPISODES,
+        )
+    )
+    result = troupe("run", "exp.yaml", "--run-dir", "runs/exp", "--no-display", cwd=folder)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {
+        "folder": folder,
+        "run_dir": folder / "runs" / "exp",
+        "hooks": _lines(folder / "hooks.jsonl"),
+        "episode_uids": _lines(folder / "episodes.jsonl"),  # read now: eval adds to it later
+    }
+
+
+@pytest.mark.multiprocess
+def test_a_yaml_experiment_runs_as_written(trained):
+    run_dir = trained["run_dir"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames", summary
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["name"] == "exp"
+    assert config["environment"]["type"] == "NumberedCartPole-v0"
+    assert config["policies"]["default"]["trainer"]["args"]["lr"] == 0.005
+    assert config["evaluation"]["episodes"] == EVAL_EPISODES
+    assert config["seed"] == 3
+    assert any((run_dir / "checkpoints" / "default").glob("v*"))
+
+
+@pytest.mark.multiprocess
+def test_user_callbacks_receive_every_hook(trained):
+    hooks = trained["hooks"]
+    by_hook: dict[str, list] = {}
+    for h in hooks:
+        by_hook.setdefault(h["hook"], []).append(h)
+    assert set(by_hook) == {"on_episode_end", "on_train_result", "on_evaluation"}, set(by_hook)
+    uids = set(trained["episode_uids"])
+    for h in by_hook["on_episode_end"]:
+        episode = h["episode"]
+        assert episode["episode_length"] >= 1
+        assert episode["policy/default/episode_return"] == pytest.approx(episode["episode_return"])
+        assert episode["episode_info/uid"] in uids  # a real episode of the run's environments
+    trained_uids = [h["episode"]["episode_info/uid"] for h in by_hook["on_episode_end"]]
+    assert len(trained_uids) == len(set(trained_uids)), "an episode reached on_episode_end twice"
+    steps = [h["steps"] for h in by_hook["on_train_result"]]
+    assert {h["policy"] for h in by_hook["on_train_result"]} == {"default"}
+    assert steps == sorted(set(steps)), f"trainer steps repeated or out of order: {steps}"
+
+
+@pytest.mark.multiprocess
+def test_on_evaluation_is_called_once_per_window_of_fresh_episodes(trained):
+    """Each call gets one window: ``evaluation.episodes`` episodes none of which an earlier
+    call saw, and the mean of exactly those returns."""
+    calls = [h for h in trained["hooks"] if h["hook"] == "on_evaluation"]
+    assert calls, "no evaluation window completed in the run"
+    uids = set(trained["episode_uids"])
+    seen: list[float] = []
+    for call in calls:
+        episodes = call["episodes"]
+        assert len(episodes) == EVAL_EPISODES
+        returns = [e["episode_return"] for e in episodes]
+        assert call["mean_return"] == pytest.approx(np.mean(returns))
+        window = [e["episode_info/uid"] for e in episodes]
+        assert set(window) <= uids
+        assert not set(window) & set(seen), f"call {calls.index(call)} repeats episodes {window}"
+        seen += window
+    assert len(seen) == len(set(seen))
+    # and no episode skipped: the windows are the evaluation actor's first episodes, in order
+    # (its uids count up from 0 in its process; one evaluation worker, never restarted)
+    (pid,) = {int(u) // 1_000_000 for u in seen}
+    assert [int(u) - pid * 1_000_000 for u in seen] == list(range(len(seen)))
+    evaluated = [u for u in trained["episode_uids"] if int(u) // 1_000_000 == pid]
+    assert len(calls) == len(seen) // EVAL_EPISODES <= len(evaluated) // EVAL_EPISODES
+
+
+def _play(policy, seed: int, episodes: int) -> list[float]:
+    """Greedy episodes one after another in one environment seeded once, as an evaluation
+    actor with one environment plays them."""
+    env = policy.make_env()
+    env.seed(seed)
+    returns = []
+    try:
+        for _ in range(episodes):
+            (result,), state, total = env.reset(), None, 0.0
+            while not (result.done or result.truncated):
+                action, state = policy.act(result.obs, state)
+                (result,) = env.step([action])
+                total += float(np.asarray(result.reward).reshape(-1)[0])
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
+@pytest.mark.multiprocess
+def test_load_policy_act_reproduces_evaluate(trained):
+    """``troupe eval`` with one environment plays its episodes in one environment seeded with
+    its evaluation actor's seed; ``act`` on the same environment and seed must give the very
+    same returns (greedy both)."""
+    import troupe
+
+    from system.run.plan import ActorPlan
+
+    run_dir = trained["run_dir"]
+    episodes = 6
+    result = troupe.evaluate(run_dir, episodes=episodes, envs=1)
+    policy = troupe.load_policy(run_dir)
+    assert policy.version == result.versions["default"]
+    # the first environment of evaluation actor 0, which SerialRun builds for troupe eval
+    seed = ActorPlan("eval/0", index=0, evaluation=True).seed(policy.config)
+    returns = _play(policy, seed, episodes)
+    assert result.episodes == episodes
+    assert np.mean(returns) == pytest.approx(result.mean_return, abs=1e-9)
+    assert min(returns) == result.min_return and max(returns) == result.max_return
+    # and from the checkpoint file itself
+    (checkpoint,) = sorted((run_dir / "checkpoints" / "default").glob("v*"))[-1:]
+    again = troupe.load_policy(checkpoint)
+    assert _play(again, seed, episodes) == returns
+
+
+@pytest.mark.multiprocess
+def test_eval_video_writes_a_playable_mp4(trained, tmp_path):
+    imageio = pytest.importorskip("imageio.v3")
+    out = tmp_path / "out.mp4"
+    result = troupe(
+        "eval", str(trained["run_dir"]), "--episodes", "2", "--video", str(out),
+        cwd=trained["folder"], timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    printed = result.stdout.split("(returns ")[1].split(")")[0]
+    (episode_return,) = json.loads(printed)
+    frames = imageio.imread(out, index=None)
+    # one frame after the reset and one per step: a CartPole step earns 1
+    assert frames.shape[0] == int(episode_return) + 1, (frames.shape, episode_return)
+    assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.shape[1] > 100
+    assert frames.std() > 1.0  # a drawing, not a blank
