@@ -45,6 +45,10 @@ class NonFiniteLossError(OperationalError):
     """A trainer step reported a NaN or infinite statistic; the parameters are not published."""
 
 
+class TrainerGroupError(OperationalError):
+    """A rank of a data-parallel trainer group could not join it, or lost a peer."""
+
+
 # ------------------------------------------------------------------------ user
 class PolicyNameError(UserError):
     """A policy name cannot name a checkpoint folder and a topic (letters, digits, _ . -)."""

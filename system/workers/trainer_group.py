@@ -46,8 +46,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from api.errors import ConfigError, OperationalError
+from api.errors import ConfigError
 from api.policy import SampleBatch
+from system.errors import TrainerGroupError
 from system.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
@@ -60,10 +61,6 @@ heartbeat timeout, so this only bounds a wait nothing else would end."""
 STORE_CONNECT_TIMEOUT_S = 5.0
 """A joining rank's wait for a store to answer before it looks the name up again."""
 OPEN_KEY = "open_generation"
-
-
-class TrainerGroupError(OperationalError):
-    """A rank of a data-parallel trainer group could not join it, or lost a peer."""
 
 
 class Rendezvous(Protocol):
