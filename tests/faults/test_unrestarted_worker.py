@@ -116,5 +116,6 @@ def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_pat
     assert summary.get("stop_reason") == "failed", summary
     failure = summary.get("failure", "")
     assert VICTIM in failure and "scheduler did not restart it" in failure, failure
-    assert f"{VICTIM}" in out and "waiting up to" in out, out[-3000:]
+    # It waited once for the scheduler, then gave up: no loop of restarts nothing performs.
+    assert out.count("waiting up to") == 1 and VICTIM in out, out[-3000:]
     assert took >= RESTART_GRACE_S, f"failed after {took:.0f}s: the grace was not given"
