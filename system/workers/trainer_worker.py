@@ -8,8 +8,11 @@ worker writes its own state (optimiser, schedules) beside them so a run can resu
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
 
 logger = logging.getLogger(__name__)
+FULL_DISK_BYTES = 16 << 20
+"""Below this much free space, a failed write is taken for a full disk."""
 LAG_WARNING_EVERY_S = 30.0
 
 
@@ -210,9 +215,10 @@ class TrainerWorker(Worker):
             tmp.replace(folder / "trainer.pt")
         except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
             tmp.unlink(missing_ok=True)
-            if isinstance(e, OSError):
-                raise RunFolderError.from_os_error(folder / "trainer.pt", e) from e
-            raise
+            error = e if isinstance(e, OSError) else _write_failure(folder, e)
+            if error is None:
+                raise
+            raise RunFolderError.from_os_error(folder / "trainer.pt", error) from e
 
     def restore(self, policy_checkpoint: dict[str, Any] | None) -> None:
         """Resume: load published parameters and, if saved, this trainer's own state."""
@@ -228,3 +234,15 @@ class TrainerWorker(Worker):
     def close(self) -> None:
         self.samples.close()
         self.params.close()
+
+
+def _write_failure(folder: Path, error: RuntimeError) -> OSError | None:
+    """The OSError behind a failed ``torch.save``: torch's writer reports a short write (a full
+    disk) as a RuntimeError; None when the disk has room (the error is something else)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({error})")

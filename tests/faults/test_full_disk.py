@@ -79,12 +79,6 @@ def test_full_disk_fails_with_one_line_and_leaves_the_folder_consistent(full_run
         assert "no summary.json" in out, out[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by this test: on a full disk the trainer's torch.save raises RuntimeError "
-    "(not OSError), so the trainer crashes with a traceback and is restarted, and tensorboard's "
-    "writer thread prints its own OSError traceback (system/run/monitor.py)",
-)
 def test_full_disk_prints_no_traceback(full_run):
     _, _, out = full_run
     assert "Traceback" not in out, out[-5000:]
