@@ -200,6 +200,9 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
         wiring.sample_consumer(plan, policy),
         wiring.replay_server(plan),
         batch_size=cfg.policies[plan.policy].replay.batch_size,
+        checkpoint_path=(
+            wiring.run_dir / "checkpoints" / plan.policy / "replay.npz" if wiring.run_dir else None
+        ),
     )
     return Built(worker)
 

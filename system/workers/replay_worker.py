@@ -13,9 +13,13 @@ actors' credit runs out and they wait: the same back-pressure a slow on-policy t
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from api.config import ExperimentConfig
+from api.errors import RunFolderError
 from api.policy import SampleBatch
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
@@ -67,8 +71,11 @@ class ReplayWorker(Worker):
         server: Any,
         *,
         batch_size: int,
+        checkpoint_path: Path | None = None,
     ):
-        """``server``: the replay stream's serving end (``ZmqReplayServer`` or in process)."""
+        """``server``: the replay stream's serving end (``ZmqReplayServer`` or in process).
+        ``checkpoint_path``: where the buffer is saved when the run stops, and loaded from when
+        it resumes (None: not saved, as in serial mode)."""
         super().__init__(worker_id)
         self.policy_name = policy_name
         self.buffer = buffer
@@ -80,6 +87,9 @@ class ReplayWorker(Worker):
         self.waiting: list[ReplayRequest] = []
         """Requests the rate limiter has not let through yet, oldest first."""
         self.batches_served = 0
+        self.checkpoint_path = checkpoint_path
+        if checkpoint_path is not None and checkpoint_path.exists():
+            self.restore(checkpoint_path)
 
     def poll(self) -> int:
         idle = self.held is not None or not self.waiting
@@ -127,6 +137,27 @@ class ReplayWorker(Worker):
         self.stats["sampled_transitions"] = limiter.sampled
         self.stats["batches_served"] = self.batches_served
         self.stats["waiting_requests"] = len(self.waiting)
+
+    def on_stop(self) -> None:
+        """Save the buffer beside the run's checkpoints, so a resumed run starts with it full."""
+        if self.checkpoint_path is None:
+            return
+        path = self.checkpoint_path
+        tmp = path.with_name(path.name + ".tmp.npz")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(tmp, **self.buffer.state_dict())
+            tmp.replace(path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise RunFolderError.from_os_error(path, e) from e
+        logger.info("%s: saved %d replay frames to %s", self.worker_id, self.buffer.size, path)
+
+    def restore(self, path: Path) -> None:
+        """Load a buffer saved by :meth:`on_stop` (arrays only: no pickle is ever loaded)."""
+        with np.load(path, allow_pickle=False) as saved:
+            self.buffer.load_state_dict({k: saved[k] for k in saved.files})
+        logger.info("%s: resumed %d replay frames from %s", self.worker_id, self.buffer.size, path)
 
     def close(self) -> None:
         self.samples.close()

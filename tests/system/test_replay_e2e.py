@@ -40,3 +40,5 @@ def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path
     assert versions and versions[-1] > 10, versions
     assert versions == sorted(versions)
     assert summary["policy_versions"]["default"] > 10
+    # the buffer was saved with the run's checkpoints, for a resume
+    assert (run_dir / "checkpoints" / "default" / "replay.npz").stat().st_size > 0

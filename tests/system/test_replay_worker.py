@@ -208,3 +208,23 @@ def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
         assert sampled <= 8 * (inserted - 1000) + tolerance
     finally:
         run.close()
+
+
+def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_path):
+    path = tmp_path / "checkpoints" / "p" / "replay.npz"
+    worker, producer, _ = _worker(min_size=8)
+    worker.checkpoint_path = path
+    for i in range(3):
+        producer.post("p", _segments(5, 4, start=100.0 * i))
+    worker.poll()
+    worker.on_stop()
+    assert path.exists() and not list(path.parent.glob("*.tmp*"))
+
+    resumed, _, client = _worker(min_size=8)
+    resumed.restore(path)
+    assert resumed.buffer.size == worker.buffer.size == 48
+    assert resumed.buffer.limiter.inserted == 48
+    client.take(0)
+    resumed.poll()
+    batch = client.take(0)
+    assert batch is not None and batch.obs.min() >= 0.0  # sampled from the restored segments
