@@ -5,17 +5,13 @@ experiment ``pendulum-sac``. Run alone with ``pytest -m learning -s``."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from replay_loop import greedy_returns
 
 from api.config import StopConfig, make_experiment
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "algorithm"))
-from replay_loop import greedy_returns  # noqa: E402
 
 pytestmark = pytest.mark.learning
 
