@@ -77,24 +77,30 @@ class InprocReplayServer:
 
 
 class ReplayClient:
-    """A trainer's end of the replay stream. One request in flight: :meth:`take` sends one
-    (with the pending priorities) when there is none, and returns the batch once it has come."""
+    """A trainer's end of the replay stream, one request in flight. The trainer asks for its
+    next batch the moment it has trained on one (:meth:`request`, with that batch's new
+    priorities), so the replay worker samples it while the trainer publishes its version."""
 
     def __init__(self) -> None:
         self.waiting = False
-        self._keys: np.ndarray | None = None
-        self._priorities: np.ndarray | None = None
 
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
-        """Priorities of the last batch; they travel with the next request."""
-        self._keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-        self._priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    def request(self, keys: np.ndarray | None = None, priorities: np.ndarray | None = None) -> None:
+        """Ask for the next batch, handing back the last one's priorities (unless a request is
+        already in flight)."""
+        if self.waiting:
+            return
+        if keys is not None and priorities is not None:
+            keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+            priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        else:
+            keys = priorities = None
+        self._send(keys, priorities)
+        self.waiting = True
 
     def take(self, timeout_ms: int) -> TransitionBatch | None:
-        if not self.waiting:
-            self._send(self._keys, self._priorities)
-            self._keys = self._priorities = None
-            self.waiting = True
+        """The batch asked for (asking first if nothing is in flight), or None if it has not
+        come within ``timeout_ms``."""
+        self.request()
         batch = self._receive(timeout_ms)
         if batch is not None:
             self.waiting = False

@@ -154,9 +154,8 @@ class TrainerWorker(Worker):
             )
         self.steps += 1
         self.last_batch = batch
-        priorities = getattr(self.trainer, "priorities", None)
-        if self.replay is not None and priorities is not None and batch.key is not None:
-            self.replay.update_priorities(batch.key, priorities)
+        if self.replay is not None:
+            self.replay.request(batch.key, getattr(self.trainer, "priorities", None))
         version = self.trainer.policy.version
         persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
         self.publish(persist=persist)

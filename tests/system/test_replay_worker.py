@@ -107,8 +107,7 @@ def test_batches_and_priorities_travel_over_sockets_and_garbage_is_dropped():
                 break
         assert got is not None and got.key.tolist() == [10, 11, 12, 13]
         assert np.array_equal(got.obs, batch.obs)
-        client.update_priorities(got.key, np.array([1.0, 2.0, 3.0, 4.0]))
-        assert client.take(timeout_ms=0) is None  # the next request carries them
+        client.request(got.key, np.array([1.0, 2.0, 3.0, 4.0]))  # the next request carries them
         requests = []
         for _ in range(100):
             requests += server.poll(timeout_ms=50)
@@ -168,7 +167,7 @@ def test_the_rate_limiter_holds_the_actors_back_and_priorities_come_back():
         worker.poll()
         if batch is not None:
             served += 1
-            client.update_priorities(batch.key, np.full(len(batch.key), 5.0))
+            client.request(batch.key, np.full(len(batch.key), 5.0))
     assert worker.buffer.limiter.inserted == 160  # sampling let every segment in
     assert served >= 10
     assert worker.buffer._max_priority >= 5.0  # priorities reached the buffer
