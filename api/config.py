@@ -286,7 +286,7 @@ def validate(config: ExperimentConfig) -> list[str]:
             if _below(getattr(pc, key), 1):
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
         if pc.trainer.type and uses_replay(pc):
-            errors += _check_replay(f"policies.{pname}.replay", pc.replay)
+            errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
         if pc.max_policy_lag is not None and pc.max_policy_lag < 1:
             errors.append(
                 f"policies.{pname}.max_policy_lag: must be at least 1, or None for no cap"
@@ -335,7 +335,7 @@ def uses_replay(pc: PolicyConfig) -> bool:
     return bool(getattr(cls, "needs_replay", False))
 
 
-def _check_replay(path: str, rc: ReplayConfig) -> list[str]:
+def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
     errors = [
         f"{path}.{k}: must be at least 1"
         for k in ("capacity_frames", "batch_size", "n_step", "min_size")
@@ -350,6 +350,15 @@ def _check_replay(path: str, rc: ReplayConfig) -> list[str]:
         errors.append(f"{path}.samples_per_insert: must be more than 0, or None for no limit")
     if rc.tolerance is not None and _below(rc.tolerance, 1e-300):
         errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
+    elif rc.tolerance is not None and rc.samples_per_insert is not None:
+        chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert
+        need = max(rc.batch_size, chunk)
+        if rc.tolerance < need:
+            errors.append(
+                f"{path}.tolerance: {rc.tolerance:g} is less than one batch ({rc.batch_size}) or "
+                f"one actor's segments times samples_per_insert ({chunk:g}), so the trainer and "
+                f"the actors could wait for each other forever; use at least {need:g}, or None"
+            )
     sizes = (rc.min_size, rc.capacity_frames)
     if all(isinstance(v, int) for v in sizes) and rc.min_size > rc.capacity_frames:
         errors.append(

@@ -67,6 +67,9 @@ def test_replay_config_errors_name_the_field():
     errors = validate(cfg)
     for field in ("min_size", "batch_size", "gamma", "samples_per_insert"):
         assert any(e.startswith(f"policies.default.replay.{field}") for e in errors), errors
+    cfg.policies["default"].replay = ReplayConfig(samples_per_insert=8.0, tolerance=100.0)
+    (error,) = validate(cfg)
+    assert error.startswith("policies.default.replay.tolerance") and "at least 512" in error
     # the same settings mean nothing to an on-policy trainer: not checked there
     ppo = make_experiment("cartpole-ppo")
     ppo.policies["default"].replay = cfg.policies["default"].replay
