@@ -22,7 +22,9 @@ def cartpole_dqn() -> ExperimentConfig:
 
     Exploration decays from 1.0 to 0.05 over the first 10k actions; the trainer may sample each
     inserted frame 8 times on average (``samples_per_insert``), so it neither overfits a small
-    buffer while the actors are slow nor falls behind them. Stops at a greedy return of 475.
+    buffer while the actors are slow nor falls behind them. Stops at a greedy return of 475: one
+    ``troupe run cartpole-dqn`` on a shared 2-core machine met it at 83k frames (283 s wall,
+    about 8 sampled transitions per inserted frame throughout), CleanRL's DQN budget is 500k.
     """
     return ExperimentConfig(
         name="cartpole-dqn",
