@@ -11,7 +11,7 @@ from e2e_support import finish, read_json, start
 pytestmark = pytest.mark.multiprocess
 
 
-def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path):
+def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     out = finish(
         start(
@@ -42,3 +42,13 @@ def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path
     assert summary["policy_versions"]["default"] > 10
     # the buffer was saved with the run's checkpoints, for a resume
     assert (run_dir / "checkpoints" / "default" / "replay.npz").stat().st_size > 0
+
+    # resumed, the replay worker starts from the saved buffer (its log line says how full)
+    monkeypatch.setenv("TROUPE_LOG_LEVEL", "INFO")
+    target = summary["env_frames"] + 1000
+    out = finish(
+        start(["run", "--resume", str(run_dir), f"stop.env_frames={target}", "--no-display"])
+    )
+    assert read_json(run_dir / "summary.json").get("stop_reason") == "env_frames", out[-3000:]
+    saved = [line for line in out.splitlines() if "resumed" in line and "replay frames" in line]
+    assert saved and int(saved[0].split("resumed ")[1].split()[0]) >= 1000, out[-3000:]
