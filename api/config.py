@@ -42,6 +42,35 @@ class ComponentConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """The replay buffer worker of an off-policy policy (its trainer says ``needs_replay``)."""
+
+    capacity_frames: int = 100_000
+    """Frames the buffer keeps; the oldest segments are overwritten first."""
+    batch_size: int = 128
+    """Transitions in each batch the buffer hands the trainer."""
+    n_step: int = 1
+    """Rewards summed per transition before bootstrapping (fewer at an episode end)."""
+    gamma: float = 0.99
+    """Discount of the n-step sum; the trainer's target uses it (``discount = gamma ** k``)."""
+    prioritized: bool = False
+    """Prioritised replay (sum tree, priorities from the trainer's TD errors); else uniform."""
+    alpha: float = 0.6
+    """Priority exponent of prioritised replay: 0 is uniform, 1 fully proportional."""
+    beta: float = 0.4
+    """Importance-sampling exponent of prioritised replay (1 undoes its bias fully)."""
+    min_size: int = 1000
+    """Frames in the buffer before the trainer gets its first batch."""
+    samples_per_insert: float | None = None
+    """Sampled transitions per inserted frame the buffer allows (None: no limit). When the
+    trainer is ahead its requests wait; when the actors are, the buffer stops taking segments
+    and the sample stream holds the actors back."""
+    tolerance: float | None = None
+    """Slack of the samples-per-insert ratio, in sampled transitions (None: enough for one batch
+    and one chunk of segments, so neither side can wait forever)."""
+
+
+@dataclass
 class PolicyConfig:
     """One policy of the experiment and the trainer that improves it."""
 
@@ -59,6 +88,9 @@ class PolicyConfig:
     max_policy_lag: int | None = None
     """Drop segments whose oldest step is more than this many versions behind the trainer
     (counted as ``stale_segments_dropped``, with a warning naming the fix); None keeps all."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """The replay buffer between actors and trainer; used only when the trainer declares
+    ``needs_replay`` (DQN, SAC), ignored otherwise."""
 
 
 @dataclass
@@ -254,6 +286,8 @@ def validate(config: ExperimentConfig) -> list[str]:
         for key in ("policy_workers", "trainer_workers", "batch_segments"):
             if _below(getattr(pc, key), 1):
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
+        if pc.trainer.type and uses_replay(pc):
+            errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
         if pc.max_policy_lag is not None and pc.max_policy_lag < 1:
             errors.append(
                 f"policies.{pname}.max_policy_lag: must be at least 1, or None for no cap"
@@ -291,6 +325,51 @@ def validate(config: ExperimentConfig) -> list[str]:
             f"'{config.actors.on_nonfinite}'"
         )
     errors += _check_stop(config)
+    return errors
+
+
+def uses_replay(pc: PolicyConfig) -> bool:
+    """Whether this policy's trainer learns from a replay buffer (its class says
+    ``needs_replay = True``); False for an unknown trainer (validation reports that)."""
+    if not pc.trainer.type:
+        return False
+    try:
+        cls = REGISTRIES["trainer"].spec(pc.trainer.type).load()
+    except RegistryError:
+        return False
+    return bool(getattr(cls, "needs_replay", False))
+
+
+def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
+    errors = [
+        f"{path}.{k}: must be at least 1"
+        for k in ("capacity_frames", "batch_size", "n_step", "min_size")
+        if _below(getattr(rc, k), 1)
+    ]
+    if isinstance(rc.gamma, (int, float)) and not 0.0 <= rc.gamma <= 1.0:
+        errors.append(f"{path}.gamma: must be in [0, 1], got {rc.gamma}")
+    for key in ("alpha", "beta"):
+        if _below(getattr(rc, key), 0):
+            errors.append(f"{path}.{key}: must be 0 or more")
+    if rc.samples_per_insert is not None and _below(rc.samples_per_insert, 1e-300):
+        errors.append(f"{path}.samples_per_insert: must be more than 0, or None for no limit")
+    if rc.tolerance is not None and _below(rc.tolerance, 1e-300):
+        errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
+    elif rc.tolerance is not None and rc.samples_per_insert is not None:
+        chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert
+        need = max(rc.batch_size, chunk)
+        if rc.tolerance < need:
+            errors.append(
+                f"{path}.tolerance: {rc.tolerance:g} is less than one batch ({rc.batch_size}) or "
+                f"one actor's segments times samples_per_insert ({chunk:g}), so the trainer and "
+                f"the actors could wait for each other forever; use at least {need:g}, or None"
+            )
+    sizes = (rc.min_size, rc.capacity_frames)
+    if all(isinstance(v, int) for v in sizes) and rc.min_size > rc.capacity_frames:
+        errors.append(
+            f"{path}.min_size: {rc.min_size} frames can never be in a buffer of "
+            f"capacity_frames={rc.capacity_frames}; lower min_size or raise capacity_frames"
+        )
     return errors
 
 

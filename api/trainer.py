@@ -36,6 +36,11 @@ class Trainer(abc.ABC):
     analyze_target: ClassVar[str] = ""
     """The ``target`` this trainer passes to ``analyze``."""
 
+    needs_replay: ClassVar[bool] = False
+    """True for an off-policy trainer whose ``step`` takes replayed transitions
+    (``api.replay.TransitionBatch``): the runtime puts a replay buffer worker between the actors
+    and it, configured by ``PolicyConfig.replay``."""
+
     @property
     @abc.abstractmethod
     def policy(self) -> Policy:

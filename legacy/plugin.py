@@ -145,6 +145,13 @@ def _register_experiments() -> None:
             name, f"legacy.experiments.examples:{attr}", description=description
         )
     for name, attr, description in (
+        ("cartpole-dqn", "cartpole_dqn", "Double dueling DQN with a replay worker, CartPole-v1."),
+        ("pendulum-sac", "pendulum_sac", "SAC with a replay worker on Pendulum-v1."),
+    ):
+        registry.register_experiment(
+            name, f"legacy.experiments.off_policy:{attr}", description=description
+        )
+    for name, attr, description in (
         ("pong-ppo", "pong_ppo", "PPO, Nature CNN on Atari Pong (needs the atari extra)."),
         ("breakout-ppo", "breakout_ppo", "PPO, Nature CNN on Atari Breakout (atari extra)."),
     ):

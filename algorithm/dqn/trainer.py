@@ -65,6 +65,7 @@ class DQNTrainer(Trainer):
 
     AnalyzedResult = DQNAnalyzedResult
     analyze_target = "dqn"
+    needs_replay = True
 
     def __init__(
         self,

@@ -67,6 +67,7 @@ class SACTrainer(Trainer):
 
     AnalyzedResult = SACAnalyzedResult
     analyze_target = "sac"
+    needs_replay = True
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from api import environment as env_api
 from api import policy as policy_api
 from api import trainer as trainer_api
 from api.code import load_code
-from api.config import ExperimentConfig
+from api.config import ExperimentConfig, uses_replay
 from api.environment import Environment
 from api.errors import ConfigError
 from api.policy import Policy
@@ -39,11 +39,13 @@ from system.run.plan import (
     ActorPlan,
     ParameterServicePlan,
     PolicyWorkerPlan,
+    ReplayPlan,
     Role,
     TrainerPlan,
     WorkerPlan,
 )
 from system.streams.inference import InferenceClient, InferenceServer
+from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer, SampleProducer
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
@@ -134,7 +136,9 @@ class Wiring(Protocol):
     def parameter_client(self, subscribe: list[str]) -> ParameterClientBase: ...
     def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> InferenceServer: ...
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> InferenceClient: ...
-    def sample_consumer(self, plan: TrainerPlan, policy: Policy) -> SampleConsumer: ...
+    def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy) -> SampleConsumer: ...
+    def replay_server(self, plan: ReplayPlan) -> Any: ...
+    def replay_client(self, plan: TrainerPlan) -> ReplayClient: ...
     def sample_producer(
         self, plan: ActorPlan, endpoints: dict[str, list[str]]
     ) -> SampleProducer: ...
@@ -168,13 +172,15 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     params = wiring.parameter_client(subscribe=[])
+    replay = wiring.replay_client(plan) if uses_replay(cfg.policies[plan.policy]) else None
     group_size = cfg.policies[plan.policy].trainer_workers
     worker = _trainer_worker_class(group_size)(
         plan.worker_id,
         plan.policy,
         trainer,
-        wiring.sample_consumer(plan, policy),
+        None if replay else wiring.sample_consumer(plan, policy),
         params,
+        replay=replay,
         batch_segments=cfg.policies[plan.policy].batch_segments,
         checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
@@ -198,6 +204,26 @@ def _trainer_worker_class(group_size: int) -> type:
     from system.workers.trainer_worker import TrainerWorker
 
     return GroupTrainerWorker if group_size > 1 else TrainerWorker
+
+
+def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
+    from system.replay.buffer import ReplayBuffer
+    from system.workers.replay_worker import ReplayWorker, buffer_config
+
+    # The policy is built only for the layout of the segments its actors may send.
+    policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
+    worker = ReplayWorker(
+        plan.worker_id,
+        plan.policy,
+        ReplayBuffer(buffer_config(cfg, plan.policy)),
+        wiring.sample_consumer(plan, policy),
+        wiring.replay_server(plan),
+        batch_size=cfg.policies[plan.policy].replay.batch_size,
+        checkpoint_path=(
+            wiring.run_dir / "checkpoints" / plan.policy / "replay.npz" if wiring.run_dir else None
+        ),
+    )
+    return Built(worker)
 
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
@@ -242,6 +268,7 @@ BUILDERS: dict[Role, Callable[[Any, ExperimentConfig, Wiring], Built]] = {
     Role.TRAINER: build_trainer,
     Role.POLICY: build_policy_worker,
     Role.ACTOR: build_actor,
+    Role.REPLAY: build_replay,
 }
 
 

@@ -24,6 +24,7 @@ from api.config import (
     EvaluationConfig,
     ExperimentConfig,
     PolicyConfig,
+    ReplayConfig,
     StopConfig,
     make_experiment,
 )
@@ -88,6 +89,10 @@ def _config(
                 policy=_component(policy, "policy"),
                 trainer=_component(trainer, "trainer"),
                 batch_segments=batch_segments,
+                # an off-policy trainer's first batch as soon as one chunk is in
+                replay=ReplayConfig(
+                    capacity_frames=10_000, batch_size=32, min_size=envs * segment_length
+                ),
             )
         },
         actors=ActorConfig(workers=1, envs_per_worker=envs, segment_length=segment_length),
@@ -99,6 +104,8 @@ def _config(
 
 def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str, Any]:
     """Fill the trainer's first batch, then check its shapes and what analyze returns."""
+    if worker.replay is not None:
+        return _check_first_replay_batch(run, name, worker, max_env_frames)
     while worker.pending_segments < worker.batch_segments:
         for other in [*run.actors, *run.policy_workers]:
             other.poll()
@@ -114,6 +121,25 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
     batch = batch_segments(worker.buffer)[:, : worker.batch_segments]
     _check_batch_shapes(batch, run.config.actors.segment_length + 1, worker.batch_segments)
     _check_analyze(worker.trainer, batch, name)
+    return batch.shape
+
+
+def _check_first_replay_batch(run, name: str, worker, max_env_frames: int) -> dict[str, Any]:
+    """A replay trainer's first batch comes from its replay worker: check what analyze returns
+    for it, then train on it (it was taken from the stream)."""
+    batch = None
+    while batch is None:
+        for other in [*run.actors, *run.policy_workers, *run.replays]:
+            other.poll()
+        batch = worker.take_batch(timeout_ms=0)
+        run._collect()
+        if batch is None and run.progress.env_frames > max_env_frames:
+            raise PipelineCheckError(
+                f"no replayed batch for policy '{name}' after {max_env_frames} env frames: do "
+                "the agents of this policy ever act? (is replay.min_size reachable?)"
+            )
+    _check_analyze(worker.trainer, batch, name)
+    worker.train(batch)
     return batch.shape
 
 

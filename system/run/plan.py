@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from api.config import ExperimentConfig
+from api.config import ExperimentConfig, uses_replay
 from api.errors import ConfigError
 
 
@@ -29,6 +29,7 @@ class Role(str, enum.Enum):
     TRAINER = "trainer"
     POLICY = "policy"
     ACTOR = "actor"
+    REPLAY = "replay"
 
     def __str__(self) -> str:
         return self.value
@@ -78,6 +79,16 @@ def trainer_group_endpoint(policy: str) -> str:
     """The name rank 0 of ``policy``'s data-parallel trainer group registers its rendezvous
     store under (``tcp://host:port``); the other ranks look it up to join the group."""
     return f"trainer_group/{policy}"
+
+
+def replay_samples_endpoint(policy: str) -> str:
+    """The name the replay worker of ``policy`` registers its sample consumer under."""
+    return f"replay/{policy}/samples"
+
+
+def replay_batches_endpoint(policy: str) -> str:
+    """The name the replay worker of ``policy`` serves sampled transition batches under."""
+    return f"replay/{policy}/batches"
 
 
 # ------------------------------------------------------------------------------ the plans
@@ -132,6 +143,23 @@ class TrainerPlan(WorkerPlan):
 
 
 @dataclass(frozen=True)
+class ReplayPlan(WorkerPlan):
+    """The replay buffer of an off-policy policy: actors' segments in, transition batches out
+    to the policy's trainer, priorities back."""
+
+    role: ClassVar[Role] = Role.REPLAY
+    stop_order: ClassVar[int] = 1
+    restartable: ClassVar[bool] = False
+    """Not yet: the buffer is not checkpointed, and its trainer does not follow a restarted one
+    to its new address; a dead replay worker ends the run with its error."""
+    policy: str = ""
+    """The policy whose samples this buffer holds."""
+
+    def endpoints(self) -> list[str]:
+        return [replay_samples_endpoint(self.policy), replay_batches_endpoint(self.policy)]
+
+
+@dataclass(frozen=True)
 class PolicyWorkerPlan(WorkerPlan):
     role: ClassVar[Role] = Role.POLICY
     stop_order: ClassVar[int] = 1
@@ -167,11 +195,16 @@ class ActorPlan(WorkerPlan):
         }
 
     def sample_endpoints(self, config: ExperimentConfig) -> dict[str, list[str]]:
-        """Every trainer of every trained policy (none for evaluation actors)."""
+        """Every trainer of every trained policy, or its replay worker when the trainer learns
+        from replay (none for evaluation actors)."""
         if self.evaluation:
             return {}
         return {
-            name: [samples_endpoint(name, i) for i in range(pc.trainer_workers)]
+            name: (
+                [replay_samples_endpoint(name)]
+                if uses_replay(pc)
+                else [samples_endpoint(name, i) for i in range(pc.trainer_workers)]
+            )
             for name, pc in config.policies.items()
             if pc.trainer.type
         }
@@ -182,6 +215,7 @@ PLAN_TYPES: dict[Role, type[WorkerPlan]] = {
     Role.TRAINER: TrainerPlan,
     Role.POLICY: PolicyWorkerPlan,
     Role.ACTOR: ActorPlan,
+    Role.REPLAY: ReplayPlan,
 }
 
 
@@ -198,9 +232,12 @@ def plan_from_wire(role: Role | str, fields: Any) -> WorkerPlan:
 
 
 def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
-    """Every worker of ``config``, in start order: parameters, trainers, policy workers, actors."""
+    """Every worker of ``config``, in start order: parameters, replay buffers, trainers, policy
+    workers, actors."""
     plans: list[WorkerPlan] = [ParameterServicePlan("params")]
     for name, pc in config.policies.items():
+        if pc.trainer.type and uses_replay(pc):
+            plans.append(ReplayPlan(f"replay/{name}", policy=name))
         if pc.trainer.type:
             plans += [
                 TrainerPlan(f"trainer/{name}/{i}", policy=name, index=i)

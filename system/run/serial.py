@@ -29,11 +29,13 @@ from system.run.plan import (
     ActorPlan,
     ParameterServicePlan,
     PolicyWorkerPlan,
+    ReplayPlan,
     TrainerPlan,
     WorkerPlan,
     plan_workers,
 )
 from system.streams.inference import InprocInferenceHub
+from system.streams.replay import InprocReplayHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
@@ -76,6 +78,7 @@ class InprocWiring:
         self.store = store
         self.inference = InprocInferenceHub()
         self.samples = InprocSampleHub()
+        self.replay = InprocReplayHub()
 
     def keep_alive(self) -> None:
         """No controller to answer in one process."""
@@ -89,8 +92,14 @@ class InprocWiring:
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]):
         return self.inference.client(plan.worker_id)
 
-    def sample_consumer(self, plan: TrainerPlan, policy: Policy):
+    def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy):
         return self.samples.consumer(plan.policy)
+
+    def replay_server(self, plan: ReplayPlan):
+        return self.replay.server(plan.policy)
+
+    def replay_client(self, plan: TrainerPlan):
+        return self.replay.client(plan.policy, plan.worker_id)
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
         return self.samples.producer()
@@ -121,6 +130,8 @@ def serial_plans(
             keep = train and plan.index == 0
         elif isinstance(plan, PolicyWorkerPlan):
             keep = plan.index == 0
+        elif isinstance(plan, ReplayPlan):
+            keep = train
         elif isinstance(plan, ActorPlan):
             keep = evaluation if plan.evaluation else train
             plan = dataclasses.replace(plan, validate_actions=validate_actions)
@@ -164,11 +175,14 @@ class SerialRun:
         self.actors: list[ActorWorker] = [
             built[p.worker_id] for p in plans if isinstance(p, ActorPlan)
         ]
+        self.replays: list[Worker] = [
+            built[p.worker_id] for p in plans if isinstance(p, ReplayPlan)
+        ]
         self.progress = SerialProgress()
 
     @property
     def workers(self) -> list[Worker]:
-        return [*self.actors, *self.policy_workers, *self.trainers.values()]
+        return [*self.actors, *self.policy_workers, *self.replays, *self.trainers.values()]
 
     # ----------------------------------------------------------------- running
     def poll(self) -> int:

@@ -36,14 +36,18 @@ from system.run.plan import (
     ActorPlan,
     ParameterServicePlan,
     PolicyWorkerPlan,
+    ReplayPlan,
     Role,
     TrainerPlan,
     WorkerPlan,
     plan_from_wire,
+    replay_batches_endpoint,
+    replay_samples_endpoint,
     trainer_group_endpoint,
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
+from system.streams.replay import ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
@@ -122,11 +126,25 @@ class SocketWiring:
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> ZmqInferenceClient:
         return ZmqInferenceClient({p: self.ctl.lookup(n) for p, n in endpoints.items()})
 
-    def sample_consumer(self, plan: TrainerPlan, policy: Policy) -> ZmqSampleConsumer:
+    def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy) -> ZmqSampleConsumer:
         layout = declared.segment_layout(self.config, self.spaces, policy, plan.policy)
         consumer = ZmqSampleConsumer(self.place.bind(), layout=layout)
-        self._register(plan, consumer.endpoint)
+        if isinstance(plan, ReplayPlan):
+            self.ctl.register(
+                replay_samples_endpoint(plan.policy), self.place.advertise(consumer.endpoint)
+            )
+        else:
+            self._register(plan, consumer.endpoint)
         return consumer
+
+    def replay_server(self, plan: ReplayPlan) -> ZmqReplayServer:
+        server = ZmqReplayServer(self.place.bind())
+        name = replay_batches_endpoint(plan.policy)
+        self.ctl.register(name, self.place.advertise(server.endpoint))
+        return server
+
+    def replay_client(self, plan: TrainerPlan) -> ZmqReplayClient:
+        return ZmqReplayClient(self.ctl.lookup(replay_batches_endpoint(plan.policy)))
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
         return ZmqSampleProducer(
@@ -156,7 +174,7 @@ class SocketWiring:
 
 def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, place: Placement):
     plan = plan_from_wire(role, conf["plan"])
-    if plan.role in (Role.TRAINER, Role.POLICY):
+    if plan.role in (Role.TRAINER, Role.POLICY, Role.REPLAY):
         import torch  # only trainers and policy workers pay for importing torch
 
         torch.set_num_threads(1)

@@ -1,5 +1,9 @@
 """The trainer worker: turns sample segments into trainer steps and publishes each new version.
 
+An off-policy trainer (``needs_replay``) takes no segments: it asks its policy's replay worker for
+transition batches instead (``replay``), and the priorities of each batch go back with the request
+for the next one.
+
 Back-pressure comes from the sample stream (bounded queues), so actors slow down when training
 does. After every step the new parameters go to the parameter service, which pushes them to the
 policy workers; every ``checkpoint_every`` versions the service also writes them to disk, and this
@@ -25,6 +29,7 @@ from api.policy import SampleBatch
 from api.trainer import Trainer
 from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterPublisher
+from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
@@ -48,9 +53,10 @@ class TrainerWorker(Worker):
         worker_id: str,
         policy_name: str,
         trainer: Trainer,
-        samples: SampleConsumer,
+        samples: SampleConsumer | None,
         params: ParameterPublisher,
         *,
+        replay: ReplayClient | None = None,
         batch_segments: int,
         checkpoint_every: int = 50,
         checkpoint_dir: str | Path | None = None,
@@ -60,6 +66,8 @@ class TrainerWorker(Worker):
         self.policy_name = policy_name
         self.trainer = trainer
         self.samples = samples
+        self.replay = replay
+        """Where batches come from instead of ``samples``, for a trainer that needs replay."""
         self.params = params
         self.batch_segments = batch_segments
         self.checkpoint_every = checkpoint_every
@@ -129,7 +137,10 @@ class TrainerWorker(Worker):
         return chunk[:, keep] if len(keep) else None
 
     def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
-        """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in."""
+        """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in;
+        or, for a replay trainer, the next transition batch from the replay worker."""
+        if self.replay is not None:
+            return self.replay.take(timeout_ms)
         self.gather(timeout_ms)
         if self.pending_segments < self.batch_segments:
             return None
@@ -148,6 +159,8 @@ class TrainerWorker(Worker):
             )
         self.steps += 1
         self.last_batch = batch
+        if self.replay is not None:
+            self.replay.request(batch.key, getattr(self.trainer, "priorities", None))
         version = self.trainer.policy.version
         persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
         self.publish(persist=persist)
@@ -232,7 +245,9 @@ class TrainerWorker(Worker):
             self.trainer.load_checkpoint(state["trainer"])
 
     def close(self) -> None:
-        self.samples.close()
+        for stream in (self.samples, self.replay):
+            if stream is not None:
+                stream.close()
         self.params.close()
 
 

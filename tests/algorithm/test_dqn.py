@@ -193,15 +193,3 @@ def test_registered_names_build_and_segments_are_refused_with_a_clear_error(make
     segments = make_batch(policy, ENV.observation_space, steps=5, segments=2)
     with pytest.raises(ConfigError, match="put a replay buffer between actors and trainer"):
         trainer.step(segments)
-
-
-@pytest.mark.parametrize(
-    ("env", "policy", "trainer"),
-    [("CartPole-v1", "q-network", "dqn"), ("Pendulum-v1", "sac-policy", "sac")],
-)
-def test_pipeline_check_says_replay_is_needed(env, policy, trainer):
-    from api import testing
-    from api.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="put a replay buffer between actors and trainer"):
-        testing.test_pipeline(env, policy, trainer)

@@ -9,7 +9,15 @@ from api import testing
 
 @pytest.mark.parametrize(
     "experiment",
-    ["cartpole-ppo", "pendulum-ppo", "memory-gru-ppo", "gather-2p-ppo", "cartpole-impala"],
+    [
+        "cartpole-ppo",
+        "pendulum-ppo",
+        "memory-gru-ppo",
+        "gather-2p-ppo",
+        "cartpole-impala",
+        "cartpole-dqn",
+        "pendulum-sac",
+    ],
 )
 def test_example_experiment_passes_the_pipeline_check(experiment):
     report = testing.test_pipeline(experiment=experiment, trainer_steps=2, envs=2)

@@ -134,7 +134,8 @@ def test_endpoint_names_are_made_once():
     wanted += [n for names in actor.sample_endpoints(config).values() for n in names]
     assert set(wanted) <= set(owned)  # everything an actor looks up, someone registers
     by_role = {p.role for p in plans}
-    assert by_role == set(Role)
+    assert by_role == set(Role) - {Role.REPLAY}  # an on-policy trainer takes segments itself
+    assert Role.REPLAY in {p.role for p in plan_workers(make_experiment("cartpole-dqn"))}
     assert [p.worker_id for p in plans if isinstance(p, PolicyWorkerPlan)] == [
         "policy/default/0",
         "policy/default/1",

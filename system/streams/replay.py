@@ -1,0 +1,209 @@
+"""The replay stream: a trainer asks its policy's replay worker for transition batches.
+
+Request/reply, one request in flight per trainer. A request carries the priorities of the batch
+the trainer trained on last (keys and new priorities, or none), so priorities go back to the
+buffer without a message of their own and before the next batch is drawn. The replay worker
+answers when its rate limiter lets it sample; until then the request waits on its side, so a
+trainer that is ahead of the actors simply waits for data.
+
+Process mode: the replay worker binds a ROUTER, each trainer connects a DEALER. Serial mode: the
+same calls on in-process queues (:class:`InprocReplayHub`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from api.errors import NamedArrayError
+from api.replay import TransitionBatch
+from system.errors import WireError
+from system.ratelimit import BadMessages
+from system.streams import wire
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplayRequest:
+    """A trainer's request for one batch, with the priorities of its last one."""
+
+    client: bytes
+    """Who asked (the ROUTER identity, or the trainer's id in one process)."""
+    keys: np.ndarray | None = None
+    """``[B]`` int64 buffer keys of the last batch (None: no priorities to update)."""
+    priorities: np.ndarray | None = None
+    """``[B]`` float new priorities, row for row ``keys``."""
+
+
+# ------------------------------------------------------------------------------ in process
+class InprocReplayHub:
+    """Serial mode: the requests and replies of every policy's replay stream, as queues."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, collections.deque[ReplayRequest]] = collections.defaultdict(
+            collections.deque
+        )
+        self.replies: dict[bytes, collections.deque[TransitionBatch]] = collections.defaultdict(
+            collections.deque
+        )
+
+    def server(self, policy: str) -> InprocReplayServer:
+        return InprocReplayServer(self, policy)
+
+    def client(self, policy: str, client_id: str) -> InprocReplayClient:
+        return InprocReplayClient(self, policy, client_id.encode())
+
+
+class InprocReplayServer:
+    def __init__(self, hub: InprocReplayHub, policy: str):
+        self.hub, self.policy = hub, policy
+
+    def poll(self, timeout_ms: int) -> list[ReplayRequest]:
+        queue = self.hub.requests[self.policy]
+        out = list(queue)
+        queue.clear()
+        return out
+
+    def reply(self, client: bytes, batch: TransitionBatch) -> None:
+        self.hub.replies[client].append(batch)
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayClient:
+    """A trainer's end of the replay stream, one request in flight. The trainer asks for its
+    next batch the moment it has trained on one (:meth:`request`, with that batch's new
+    priorities), so the replay worker samples it while the trainer publishes its version."""
+
+    def __init__(self) -> None:
+        self.waiting = False
+
+    def request(self, keys: np.ndarray | None = None, priorities: np.ndarray | None = None) -> None:
+        """Ask for the next batch, handing back the last one's priorities (unless a request is
+        already in flight)."""
+        if self.waiting:
+            return
+        if keys is not None and priorities is not None:
+            keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+            priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        else:
+            keys = priorities = None
+        self._send(keys, priorities)
+        self.waiting = True
+
+    def take(self, timeout_ms: int) -> TransitionBatch | None:
+        """The batch asked for (asking first if nothing is in flight), or None if it has not
+        come within ``timeout_ms``."""
+        self.request()
+        batch = self._receive(timeout_ms)
+        if batch is not None:
+            self.waiting = False
+        return batch
+
+    def _send(self, keys, priorities) -> None:
+        raise NotImplementedError
+
+    def _receive(self, timeout_ms: int) -> TransitionBatch | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the connection (nothing to release in one process)."""
+
+
+class InprocReplayClient(ReplayClient):
+    def __init__(self, hub: InprocReplayHub, policy: str, client: bytes):
+        super().__init__()
+        self.hub, self.policy, self.client = hub, policy, client
+
+    def _send(self, keys, priorities) -> None:
+        self.hub.requests[self.policy].append(ReplayRequest(self.client, keys, priorities))
+
+    def _receive(self, timeout_ms: int) -> TransitionBatch | None:
+        replies = self.hub.replies[self.client]
+        return replies.popleft() if replies else None
+
+
+# ------------------------------------------------------------------------------ sockets
+class ZmqReplayServer:
+    """The replay worker's ROUTER; every trainer of the policy is a peer."""
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:*"):
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=16)
+        self.socket.bind(bind)
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bad_messages = BadMessages(logger, "replay server")
+
+    def poll(self, timeout_ms: int) -> list[ReplayRequest]:
+        out: list[ReplayRequest] = []
+        while True:
+            try:
+                got = wire.recv(self.socket, timeout_ms=timeout_ms if not out else 0, copy=True)
+                if got is None:
+                    return out
+                envelope, message = got
+                out.append(_request_from(envelope, message))
+            except WireError as e:
+                self.bad_messages.record(e)
+            timeout_ms = 0
+
+    def reply(self, client: bytes, batch: TransitionBatch) -> None:
+        wire.send(self.socket, "replay_batch", {"batch": batch}, envelope=[client])
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def _request_from(envelope: list[bytes], message: wire.Message) -> ReplayRequest:
+    body = message.body
+    if message.kind != "replay_sample" or not isinstance(body, dict) or len(envelope) != 1:
+        raise WireError(f"replay server expects 'replay_sample' requests, got '{message.kind}'")
+    keys, priorities = body.get("keys"), body.get("priorities")
+    if (keys is None) != (priorities is None):
+        raise WireError("replay request: keys and priorities come together or not at all")
+    if keys is not None:
+        if not isinstance(keys, np.ndarray) or not isinstance(priorities, np.ndarray):
+            raise WireError("replay request: keys and priorities must be arrays")
+        if keys.shape != priorities.shape or keys.ndim != 1 or keys.dtype.kind not in "iu":
+            raise WireError("replay request: keys [B] ints and priorities [B], row for row")
+        if priorities.dtype.kind != "f" or not np.all(np.isfinite(priorities)):
+            raise WireError("replay request: priorities must be finite floats")
+    return ReplayRequest(envelope[0], keys, priorities)
+
+
+class ZmqReplayClient(ReplayClient):
+    """A trainer's DEALER to its policy's replay worker."""
+
+    def __init__(self, address: str):
+        super().__init__()
+        self.socket = wire.make_socket(zmq.DEALER, server=False, hwm=16)
+        self.socket.connect(address)
+        self.bad_messages = BadMessages(logger, "replay client")
+
+    def _send(self, keys, priorities) -> None:
+        wire.send(self.socket, "replay_sample", {"keys": keys, "priorities": priorities})
+
+    def _receive(self, timeout_ms: int) -> TransitionBatch | None:
+        try:
+            got = wire.recv(self.socket, timeout_ms=timeout_ms, copy=True)
+            if got is None:
+                return None
+            _, message = got
+            if message.kind != "replay_batch" or not isinstance(message.body, dict):
+                raise WireError(f"replay client expects 'replay_batch', got '{message.kind}'")
+            batch = TransitionBatch(**dict(message.body["batch"].items()))
+            len(batch.reward)
+            return batch
+        except (KeyError, TypeError, AttributeError, NamedArrayError) as e:
+            self.bad_messages.record(WireError(f"malformed replay batch: {e}"))
+        except WireError as e:
+            self.bad_messages.record(e)
+        return None
+
+    def close(self) -> None:
+        self.socket.close(linger=0)

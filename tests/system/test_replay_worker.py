@@ -1,0 +1,232 @@
+"""The replay worker role: planned for off-policy trainers, its stream over real sockets, its
+rate limiting, and DQN / SAC through the runtime's serial mode."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from api.config import ReplayConfig, StopConfig, make_experiment, validate
+from api.namedarray import NamedArray
+from api.policy import SampleBatch
+from api.replay import TransitionBatch
+from system.replay.buffer import ReplayBuffer
+from system.replay.buffer import ReplayConfig as BufferConfig
+from system.replay.rate_limiter import RateLimiterConfig
+from system.run.plan import (
+    ActorPlan,
+    ReplayPlan,
+    TrainerPlan,
+    plan_workers,
+    replay_samples_endpoint,
+)
+from system.streams import wire
+from system.streams.replay import InprocReplayHub, ZmqReplayClient, ZmqReplayServer
+from system.streams.samples import InprocSampleHub
+from system.workers.replay_worker import ReplayWorker
+
+
+def _segments(steps: int, batch: int, start: float = 0.0) -> SampleBatch:
+    shape = (steps, batch, 1)
+    return SampleBatch(
+        obs=np.arange(steps * batch * 3, dtype=np.float32).reshape(steps, batch, 3) + start,
+        action=np.zeros((steps, batch), dtype=np.int64),
+        policy_output=NamedArray(),
+        reward=np.ones(shape, dtype=np.float32),
+        done=np.zeros(shape, dtype=bool),
+        truncated=np.zeros(shape, dtype=bool),
+        on_reset=np.zeros(shape, dtype=bool),
+        policy_version=np.zeros(shape, dtype=np.int64),
+    )
+
+
+# ------------------------------------------------------------------------------ plan, config
+def test_an_off_policy_trainer_gets_a_replay_worker_and_actors_send_to_it():
+    cfg = make_experiment("cartpole-dqn")
+    plans = plan_workers(cfg)
+    replays = [p for p in plans if isinstance(p, ReplayPlan)]
+    assert [(p.worker_id, p.policy) for p in replays] == [("replay/default", "default")]
+    trainers = [i for i, p in enumerate(plans) if isinstance(p, TrainerPlan)]
+    assert plans.index(replays[0]) < min(trainers)
+    actor = next(p for p in plans if isinstance(p, ActorPlan) and not p.evaluation)
+    assert actor.sample_endpoints(cfg) == {"default": [replay_samples_endpoint("default")]}
+
+    ppo = make_experiment("cartpole-ppo")
+    assert not [p for p in plan_workers(ppo) if isinstance(p, ReplayPlan)]
+    actor = next(p for p in plan_workers(ppo) if isinstance(p, ActorPlan))
+    assert actor.sample_endpoints(ppo) == {"default": ["samples/default/0"]}
+
+
+def test_replay_config_errors_name_the_field():
+    cfg = make_experiment("cartpole-dqn")
+    cfg.policies["default"].replay = ReplayConfig(
+        capacity_frames=500, min_size=1000, batch_size=0, gamma=1.5, samples_per_insert=-1.0
+    )
+    errors = validate(cfg)
+    for field in ("min_size", "batch_size", "gamma", "samples_per_insert"):
+        assert any(e.startswith(f"policies.default.replay.{field}") for e in errors), errors
+    cfg.policies["default"].replay = ReplayConfig(samples_per_insert=8.0, tolerance=100.0)
+    (error,) = validate(cfg)
+    assert error.startswith("policies.default.replay.tolerance") and "at least 512" in error
+    # the same settings mean nothing to an on-policy trainer: not checked there
+    ppo = make_experiment("cartpole-ppo")
+    ppo.policies["default"].replay = cfg.policies["default"].replay
+    assert not [e for e in validate(ppo) if ".replay." in e]
+
+
+# ------------------------------------------------------------------------------ the stream
+def test_batches_and_priorities_travel_over_sockets_and_garbage_is_dropped():
+    server = ZmqReplayServer("tcp://127.0.0.1:*")
+    client = ZmqReplayClient(server.endpoint)
+    garbage = wire.make_socket(__import__("zmq").DEALER, server=False)
+    garbage.connect(server.endpoint)
+    try:
+        assert client.take(timeout_ms=0) is None  # sends the first request
+        wire.send(garbage, "replay_sample", {"keys": np.array([1]), "priorities": None})
+        requests = []
+        for _ in range(100):
+            requests += server.poll(timeout_ms=50)
+            if requests and server.bad_messages.count:
+                break
+        assert len(requests) == 1 and requests[0].keys is None
+        assert server.bad_messages.count == 1
+        batch = TransitionBatch(
+            obs=np.ones((4, 3), np.float32),
+            action=np.arange(4),
+            reward=np.ones((4, 1), np.float32),
+            discount=np.full((4, 1), 0.99, np.float32),
+            next_obs=np.zeros((4, 3), np.float32),
+            weight=np.ones((4, 1), np.float32),
+            key=np.arange(4, dtype=np.int64) + 10,
+            policy_version=np.zeros((4, 1), np.int64),
+        )
+        server.reply(requests[0].client, batch)
+        got = None
+        for _ in range(100):
+            got = client.take(timeout_ms=50)
+            if got is not None:
+                break
+        assert got is not None and got.key.tolist() == [10, 11, 12, 13]
+        assert np.array_equal(got.obs, batch.obs)
+        client.request(got.key, np.array([1.0, 2.0, 3.0, 4.0]))  # the next request carries them
+        requests = []
+        for _ in range(100):
+            requests += server.poll(timeout_ms=50)
+            if requests:
+                break
+        assert requests[0].keys.tolist() == [10, 11, 12, 13]
+        assert requests[0].priorities.tolist() == [1.0, 2.0, 3.0, 4.0]
+    finally:
+        for s in (client, server):
+            s.close()
+        garbage.close(linger=0)
+
+
+# ------------------------------------------------------------------------------ the worker
+def _worker(samples_per_insert=None, min_size=20, prioritized=False):
+    samples, hub = InprocSampleHub(), InprocReplayHub()
+    buffer = ReplayBuffer(
+        BufferConfig(
+            capacity_frames=1000,
+            prioritized=prioritized,
+            seed=0,
+            rate_limit=RateLimiterConfig(
+                min_size=min_size, samples_per_insert=samples_per_insert, tolerance=40.0
+            ),
+        )
+    )
+    worker = ReplayWorker(
+        "replay/p", "p", buffer, samples.consumer("p"), hub.server("p"), batch_size=8
+    )
+    return worker, samples.producer(), hub.client("p", "trainer/p/0")
+
+
+def test_requests_wait_for_min_size_then_get_batches():
+    worker, producer, client = _worker(min_size=20)
+    assert client.take(0) is None
+    producer.post("p", _segments(5, 4))  # 16 frames: below min_size
+    worker.poll()
+    assert client.take(0) is None and worker.stats["waiting_requests"] == 1
+    producer.post("p", _segments(5, 4, start=100.0))
+    worker.poll()
+    batch = client.take(0)
+    assert isinstance(batch, TransitionBatch) and batch.reward.shape == (8, 1)
+    assert worker.stats["batches_served"] == 1
+
+
+def test_the_rate_limiter_holds_the_actors_back_and_priorities_come_back():
+    worker, producer, client = _worker(samples_per_insert=1.0, min_size=8, prioritized=True)
+    for i in range(10):
+        producer.post("p", _segments(5, 4, start=100.0 * i))  # 160 frames offered
+    worker.poll()
+    # no sampling yet: inserts may run only ``tolerance`` ahead of the ratio
+    inserted = worker.buffer.limiter.inserted
+    assert 8 <= inserted < 160 and worker.held is not None
+    served = 0
+    for _ in range(200):
+        batch = client.take(0)
+        worker.poll()
+        if batch is not None:
+            served += 1
+            client.request(batch.key, np.full(len(batch.key), 5.0))
+    assert worker.buffer.limiter.inserted == 160  # sampling let every segment in
+    assert served >= 10
+    assert worker.buffer._max_priority >= 5.0  # priorities reached the buffer
+
+
+# ------------------------------------------------------------------------------ serial mode
+@pytest.mark.parametrize(
+    ("env", "policy", "trainer"),
+    [("CartPole-v1", "q-network", "dqn"), ("Pendulum-v1", "sac-policy", "sac")],
+)
+def test_pipeline_trains_off_policy_through_the_replay_worker(env, policy, trainer):
+    from api import testing
+
+    report = testing.test_pipeline(env, policy, trainer, trainer_steps=3)
+    versions = report.versions["default"]
+    assert len(versions) >= 3 and versions == sorted(versions)
+    assert report.trainer_steps["default"] >= 3
+
+
+def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
+    from system.run.serial import SerialRun
+
+    cfg = make_experiment("cartpole-dqn")
+    cfg.actors = dataclasses.replace(cfg.actors, workers=1)
+    cfg.evaluation = dataclasses.replace(cfg.evaluation, workers=0)
+    cfg.stop = StopConfig(env_frames=20_000)
+    run = SerialRun(cfg)
+    try:
+        progress = run.run(trainer_steps=20, env_frames=20_000)
+        assert progress.trainer_steps("default") >= 20
+        stats = progress.trainer_stats["default"][-1]
+        assert stats["samples"] > 0 and np.isfinite(stats["loss"])
+        # samples_per_insert=8 with batch 64: about one step per 8 new frames, never far more
+        inserted = run.replays[0].buffer.limiter.inserted
+        sampled = run.replays[0].buffer.limiter.sampled
+        tolerance = run.replays[0].buffer.limiter.config.tolerance
+        assert sampled <= 8 * (inserted - 1000) + tolerance
+    finally:
+        run.close()
+
+
+def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_path):
+    path = tmp_path / "checkpoints" / "p" / "replay.npz"
+    worker, producer, _ = _worker(min_size=8)
+    worker.checkpoint_path = path
+    for i in range(3):
+        producer.post("p", _segments(5, 4, start=100.0 * i))
+    worker.poll()
+    worker.on_stop()
+    assert path.exists() and not list(path.parent.glob("*.tmp*"))
+
+    resumed, _, client = _worker(min_size=8)
+    resumed.restore(path)
+    assert resumed.buffer.size == worker.buffer.size == 48
+    assert resumed.buffer.limiter.inserted == 48
+    client.take(0)
+    resumed.poll()
+    batch = client.take(0)
+    assert batch is not None and batch.obs.min() >= 0.0  # sampled from the restored segments
