@@ -190,6 +190,11 @@ class Registry:
         self._specs.pop(name, None)
         self._user.discard(name)
 
+    def restore(self, spec: Spec, *, user: bool = False) -> None:
+        """Put ``spec`` back exactly as it was registered (e.g. a built-in a test replaced)."""
+        self._specs[spec.name] = spec
+        (self._user.add if user else self._user.discard)(spec.name)
+
     def user_specs(self) -> list[Spec]:
         """Specs registered outside any plugin, in name order."""
         return [self._specs[n] for n in sorted(self._user) if n in self._specs]

@@ -184,11 +184,12 @@ def test_plugin_loading_finds_the_builtins():
 def test_gymnasium_ids_do_not_replace_existing_registrations():
     from legacy.environment.gym_adapter import register_gymnasium_ids
 
+    builtin = registry.environments.spec("CartPole-v1")
     environment.register("CartPole-v1", CountingEnv, override=True)
     try:
         register_gymnasium_ids()
         assert registry.environments.spec("CartPole-v1").entry_point == "test_registry:CountingEnv"
     finally:
-        registry.environments.unregister("CartPole-v1")
-        register_gymnasium_ids()
+        registry.environments.restore(builtin)  # the built-in again, not a user registration
     assert registry.environments.spec("CartPole-v1").kwargs == {"gym_id": "CartPole-v1"}
+    assert "CartPole-v1" not in [s.name for s in registry.user_specs()]
