@@ -58,10 +58,11 @@ logger = logging.getLogger(__name__)
 SHM_SWEEP_S = 10.0
 RELEASE_AFTER_S = 0.05
 """A dropped version's file is unlinked when the server is idle, or this long after at most."""
-SUBSCRIPTION_MAX_BYTES = 256
-"""The longest message the push socket takes: a (un)subscription to a policy's topic (1 flag
-byte, 1 prefix byte, a policy name of at most 128). ZeroMQ keeps every subscription a peer sends
-in memory, so an unbounded one (50 MB, say) could exhaust it."""
+SUBSCRIPTION_MAX_BYTES = 4096
+"""The longest message the push socket takes: a (un)subscription to a policy's topic is at most
+130 bytes, but with CURVE the handshake's INITIATE command (about 300 bytes and its metadata)
+must pass the same limit, or every encrypted subscriber is dropped before it subscribes. ZeroMQ
+keeps every subscription a peer sends in memory, so an unbounded one (50 MB) could exhaust it."""
 AUTO = "auto"
 """``ParameterServer(shm_dir=AUTO)``: :func:`system.streams.shm.configured_dir` (``/dev/shm``)."""
 
