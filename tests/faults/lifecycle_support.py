@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -10,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import e2e_support
 import pytest
-
-from system.run.report import read_metrics
+from e2e_support import frames, read_json  # noqa: F401 - used by the fault tests
 
 TROUPE = [sys.executable, "-m", "distributed.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,25 +32,8 @@ def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"troupe did not finish in {timeout}s:\n{out[-3000:]}")
-    return out
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def frames(run_dir: Path) -> int:
-    records = read_metrics(run_dir)
-    return int(records[-1].get("env_frames") or 0) if records else 0
+    """:func:`e2e_support.finish` with room for a run that is killed and restarted."""
+    return e2e_support.finish(proc, timeout)
 
 
 def wait_for(condition, proc: subprocess.Popen | None, timeout: float, what: str) -> None:
