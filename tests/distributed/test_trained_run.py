@@ -224,7 +224,6 @@ def test_load_policy_act_reproduces_evaluate(trained):
     its evaluation actor's seed; ``act`` on the same environment and seed must give the very
     same returns (greedy both)."""
     import troupe
-
     from system.run.plan import ActorPlan
 
     run_dir = trained["run_dir"]
