@@ -29,6 +29,7 @@ from api.code import CodeConfig, attach_user_code, load_code
 from api.config_check import check_arguments, check_ranges, suggest_key
 from api.errors import ConfigError, RegistryError
 from api.registry import REGISTRIES, experiments
+from api.signatures import UNKNOWN, static_class_attribute
 
 
 @dataclass
@@ -334,7 +335,13 @@ def uses_replay(pc: PolicyConfig) -> bool:
     if not pc.trainer.type:
         return False
     try:
-        cls = REGISTRIES["trainer"].spec(pc.trainer.type).load()
+        spec = REGISTRIES["trainer"].spec(pc.trainer.type)
+        if isinstance(spec.entry_point, str) and not spec.source:
+            # read from source when it says so plainly: a config check then imports no torch
+            declared = static_class_attribute(spec.entry_point, "needs_replay")
+            if declared is not UNKNOWN:
+                return bool(declared)
+        cls = spec.load()
     except RegistryError:
         return False
     return bool(getattr(cls, "needs_replay", False))

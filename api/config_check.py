@@ -3,6 +3,10 @@
 * :func:`check_arguments`: a component's ``args`` against its constructor's signature: unknown
   names (with a suggestion) and values whose type does not fit the parameter's annotation
   (``policies.default.trainer.args.lr: expected float, got str 'abc'``).
+  A constructor that takes ``**kwargs`` (e.g. one that forwards them to another library) can
+  still be checked: give the class a ``check_args(args) -> list[str]`` static or class method;
+  it gets the registered defaults merged with the user's ``args`` and returns ``"key: problem"``
+  messages.
 * :func:`check_ranges`: numeric fields that must be positive or non-negative.
 * :func:`suggest_key`: for a key path that does not exist, the closest real ones across every
   section of the config and every component's arguments, knowing the names other libraries use
@@ -22,6 +26,7 @@ from typing import Any
 
 from api.errors import RegistryError
 from api.registry import REGISTRIES, Spec
+from api.signatures import static_signature
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "lr": ("learning_rate", "lr_rate", "step_size", "alpha"),
@@ -59,8 +64,7 @@ RANGES: dict[str, tuple[str, float]] = {
 def check_arguments(spec: Spec, args: dict[str, Any], path: str, skip=()) -> list[str]:
     """Unknown argument names and ill-typed values of ``args`` for ``spec``'s constructor."""
     try:
-        factory = spec.load()
-        sig = inspect.signature(factory)
+        sig, hints, factory = _signature(spec)
     except (RegistryError, TypeError, ValueError) as e:
         return [f"{path}.type: {e}"]
     params = {n: p for n, p in sig.parameters.items() if n not in skip}
@@ -74,20 +78,42 @@ def check_arguments(spec: Spec, args: dict[str, Any], path: str, skip=()) -> lis
                 errors.append(
                     f"{path}.args.{key}: unknown key; {hint} ({spec.entry_point} takes no '{key}')"
                 )
-    hints = _hints(factory)
     for key, value in args.items():
         if key in params and key in hints and not matches(hints[key], value):
             errors.append(
                 f"{path}.args.{key}: expected {describe(hints[key])}, got "
                 f"{type(value).__name__} {value!r}"
             )
+    if factory is not None:
+        errors += _own_check(factory, {**spec.kwargs, **args}, path)
     return errors
+
+
+def _signature(spec: Spec) -> tuple[inspect.Signature, dict[str, Any], Any]:
+    """Signature, resolved annotations and (when it had to be imported) the factory.
+
+    Read from the source when possible (:mod:`api.signatures`), so that checking a config does
+    not import torch; imported otherwise."""
+    if isinstance(spec.entry_point, str) and not spec.source:
+        static = static_signature(spec.entry_point)
+        if static is not None:
+            return static.signature, static.hints, None
+    factory = spec.load()
+    return inspect.signature(factory), _hints(factory), factory
+
+
+def _own_check(factory: Any, args: dict[str, Any], path: str) -> list[str]:
+    """The component's own ``check_args`` hook, for arguments its signature cannot show."""
+    check = getattr(factory, "check_args", None)
+    if not callable(check):
+        return []
+    return [f"{path}.args.{message}" for message in check(args)]
 
 
 def parameters_of(kind: str, name: str, skip=()) -> dict[str, inspect.Parameter]:
     """The constructor parameters of a registered component (empty if it cannot be loaded)."""
     try:
-        sig = inspect.signature(REGISTRIES[kind].spec(name).load())
+        sig = _signature(REGISTRIES[kind].spec(name))[0]
     except (RegistryError, TypeError, ValueError, KeyError):
         return {}
     return {

@@ -27,7 +27,8 @@ class ConfigError(UserError):
     def __init__(self, errors: list[str]):
         self.errors = list(errors)
         lines = "\n".join(f"  - {e}" for e in self.errors)
-        super().__init__(f"invalid experiment configuration ({len(self.errors)} errors):\n{lines}")
+        count = f"{len(self.errors)} error" + ("s" if len(self.errors) != 1 else "")
+        super().__init__(f"invalid experiment configuration ({count}):\n{lines}")
 
 
 class NamedArrayError(UserError):

@@ -11,10 +11,13 @@ an actor that forgets to reset fails loudly instead of training on garbage.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 from api import registry
 from api.environment import Environment, StepResult
@@ -35,6 +38,16 @@ class GymnasiumEnvironment(Environment):
         self._env = _make_gym_env(gym_id, gym_kwargs)
         self._next_seed: int | None = None
         self._episode_over = True  # nothing to step until the first reset
+
+    @staticmethod
+    def check_args(args: dict[str, Any]) -> list[str]:
+        """Argument names that neither ``gymnasium.make`` nor the id's constructor takes.
+
+        Called by the config check before any process starts, so that a misspelt
+        ``max_episode_step`` is a config error and not a crash in every worker."""
+        return check_gym_kwargs(
+            args.get("gym_id", ""), {k: v for k, v in args.items() if k != "gym_id"}
+        )
 
     @property
     def agent_count(self) -> int:
@@ -117,6 +130,34 @@ def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
         ) from e
     except gym.error.Error as e:
         raise UserError(f"gymnasium could not make '{gym_id}': {e}") from e
+
+
+MAKE_ARGUMENTS = ("max_episode_steps", "disable_env_checker")
+"""What ``gymnasium.make`` itself takes besides the id; the rest goes to the constructor."""
+
+
+def check_gym_kwargs(gym_id: str, gym_kwargs: dict[str, Any]) -> list[str]:
+    """``"key: problem"`` for every argument the environment would reject, without making it."""
+    if not gym_kwargs:
+        return []
+    try:
+        spec = gym.spec(gym_id)
+        creator = spec.entry_point
+        if isinstance(creator, str):
+            creator = load_env_creator(creator)
+        params = inspect.signature(creator).parameters
+    except (gym.error.Error, ImportError, AttributeError, TypeError, ValueError):
+        return []  # the id itself is reported when an environment is made; not our question here
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return []
+    names = [*MAKE_ARGUMENTS, *params]
+    errors = []
+    for key in gym_kwargs:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(names)}"
+            errors.append(f"{key}: unknown key for '{gym_id}'; {hint}")
+    return errors
 
 
 def register_gymnasium_ids() -> None:

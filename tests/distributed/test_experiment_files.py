@@ -243,11 +243,14 @@ def test_a_bad_override_fails_before_anything_starts(tmp_path, override, expecte
     assert "run folder:" not in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a gymnasium id's arguments go to gymnasium.make unchecked (GymnasiumEnvironment "
-    "takes **gym_kwargs): a misspelt one fails only in the workers",
-)
 def test_a_misspelt_gymnasium_argument_fails_the_check():
     with pytest.raises(ConfigError, match="max_episode_step"):
         load_experiment("cartpole-ppo", ["environment.args.max_episode_step=100"])
+
+
+def test_gymnasium_arguments_the_environment_takes_pass_the_check():
+    config = load_experiment(
+        "cartpole-ppo",
+        ["environment.args.max_episode_steps=100", "environment.args.sutton_barto_reward=True"],
+    )
+    assert config.environment.args["max_episode_steps"] == 100

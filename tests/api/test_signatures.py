@@ -1,0 +1,94 @@
+"""The source-read signatures the config check uses must agree with the imported ones."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from api.config_check import _hints
+from api.registry import REGISTRIES
+from api.signatures import UNKNOWN, static_class_attribute, static_signature
+
+
+def _registered(kind: str) -> list:
+    registry = REGISTRIES[kind]
+    return [
+        registry.spec(name)
+        for name in registry.names()
+        if isinstance(registry.spec(name).entry_point, str)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["trainer", "policy", "environment", "policy_mapping"])
+def test_every_static_signature_matches_the_imported_one(kind):
+    read = 0
+    for spec in _registered(kind):
+        static = static_signature(spec.entry_point)
+        if static is None:
+            continue
+        read += 1
+        factory = spec.load()
+        real = inspect.signature(factory)
+        assert [
+            (p.name, p.kind, p.default is p.empty) for p in static.signature.parameters.values()
+        ] == [(p.name, p.kind, p.default is p.empty) for p in real.parameters.values()], (
+            spec.entry_point
+        )
+        real_hints = _hints(factory)
+        for name, hint in static.hints.items():
+            assert real_hints.get(name) == hint, (spec.entry_point, name)
+    if kind in ("trainer", "policy"):
+        assert read > 0, f"no {kind} signature could be read from source"
+
+
+def test_a_constructor_the_source_cannot_show_is_imported_instead():
+    # inherited constructors and check_args hooks need the real class
+    assert static_signature("legacy.environment.gym_adapter:GymnasiumEnvironment") is None
+    assert static_signature("api.environment:Environment") is None
+    assert static_signature("no.such.module:Thing") is None
+
+
+def test_annotations_are_never_run_as_code(tmp_path, monkeypatch):
+    (tmp_path / "sneaky.py").write_text(
+        "import pathlib\n"
+        "Marker = pathlib.Path('touched').touch()\n"
+        "class Thing:\n"
+        "    def __init__(self, a: int = 1, b: 'print(1) or int' = 2, c: list[float] = ()):\n"
+        "        pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    static = static_signature("sneaky:Thing")
+    assert static is not None
+    assert static.hints == {"a": int, "c": list[float]}
+    assert not (tmp_path / "touched").exists()
+
+
+def test_a_bad_override_is_reported_without_importing_torch():
+    code = (
+        "import sys\n"
+        "from api.errors import ConfigError\n"
+        "from api.resolve import load_experiment\n"
+        "try:\n"
+        "    load_experiment('cartpole-ppo', ['policies.default.trainer.args.lr=abc'])\n"
+        "except ConfigError as e:\n"
+        "    print(e)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "policies.default.trainer.args.lr: expected float, got str 'abc'" in out.stdout
+    assert out.stdout.strip().endswith("False"), out.stdout
+
+
+def test_needs_replay_read_from_source_matches_the_class():
+    read = 0
+    for spec in _registered("trainer"):
+        declared = static_class_attribute(spec.entry_point, "needs_replay")
+        if declared is UNKNOWN:
+            continue
+        read += 1
+        assert declared == getattr(spec.load(), "needs_replay", False), spec.entry_point
+    assert read >= 3  # ppo (inherited from api.trainer.Trainer), dqn, sac at least
