@@ -67,7 +67,11 @@ class Callbacks:
             self._call("on_episode_end", dict(record))
 
     def train_result(self, policy: str, stats: dict[str, float]) -> None:
-        """Once per trainer step (heartbeats repeat the same stats between steps)."""
+        """With a trainer's newest stats whenever its step count moved.
+
+        Stats reach the controller on the trainer's heartbeat, so this is at most once per
+        trainer step, not every step: several steps between two heartbeats arrive as one call
+        with the latest stats (``stats["steps"]`` says how many steps the trainer has done)."""
         steps = stats.get("steps")
         if steps is None or self._train_steps.get(policy) == steps:
             return
