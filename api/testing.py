@@ -84,19 +84,8 @@ def test_pipeline(
     the action space; after the run, that versions went up, the policy workers loaded them and
     losses stayed finite. Any problem raises :class:`~api.errors.PipelineCheckError`.
     """
-    return _runtime_check()(
-        environment,
-        policy,
-        trainer,
-        experiment=experiment,
-        trainer_steps=trainer_steps,
-        episodes=episodes,
-        envs=envs,
-        segment_length=segment_length,
-        batch_segments=batch_segments,
-        seed=seed,
-        max_env_frames=max_env_frames,
-    )
+    arguments = dict(locals())  # every parameter, by name: nothing to forget when one is added
+    return _runtime_check()(**arguments)
 
 
 test_pipeline.__test__ = False  # a "test_" function imported into a test module is not a test
