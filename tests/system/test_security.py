@@ -63,6 +63,12 @@ def probes(endpoints: dict) -> list[tuple[str, str, dict, bytes | None]]:
     ]
 
 
+def _served_version(run_dir) -> int:
+    """The version the run's policy worker has loaded, as workers.json reports it."""
+    worker = read_json(run_dir / "workers.json").get("policy/default/0") or {}
+    return worker.get("version") or 0
+
+
 def test_only_a_peer_with_the_run_keys_is_answered(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(
@@ -93,6 +99,15 @@ def test_only_a_peer_with_the_run_keys_is_answered(tmp_path):
             sock = client(ctx, address, keys, identity=identity)
             assert answered(sock, kind, body), f"{address} did not answer the run's own keys"
             sock.close()
+        # and the run's own workers still get what they need through CURVE: new versions are
+        # pushed to the policy worker (a handshake larger than the push socket's message cap
+        # once dropped every encrypted subscriber, so policy workers never left version 0)
+        wait_for(
+            lambda: _served_version(run_dir) >= 3,
+            proc,
+            timeout=300,
+            what="the policy worker loading version 3 from the parameter service",
+        )
     finally:
         ctx.term()
         os.killpg(proc.pid, signal.SIGINT)
