@@ -231,6 +231,7 @@ class Controller:
         )
         if self.failure is not None:
             summary["failure"] = str(self.failure)
+        summary.update(self.coordination.summary())
         if solved:
             summary["confirmation"] = self.evaluation.describe()
             summary["eval_window_means"] = list(self.evaluation.confirmed)

@@ -72,6 +72,15 @@ class Coordination:
         self.store.save(self.run_dir)
         return extra
 
+    def summary(self) -> dict[str, Any]:
+        """What the drivers add to summary.json."""
+        out: dict[str, Any] = {}
+        if self.curriculum is not None:
+            out["curriculum_stage"] = self.curriculum.index
+        if self.pbt is not None:
+            out["pbt"] = self.pbt.summary()
+        return out
+
     def stop_reason(self) -> str:
         return self.pbt.stop_reason() if self.pbt is not None else ""
 

@@ -149,8 +149,26 @@ class PBTDriver:
         with open(self.run_dir / HISTORY_FILE, "a") as f:
             f.write(json.dumps(line) + "\n")
 
+    def summary(self) -> dict[str, Any]:
+        """For summary.json: the best member, its score, and how many exploits were applied."""
+        scores = self.scores()
+        best = max(scores, key=scores.__getitem__) if scores else None
+        target = self.config.target_return
+        return {
+            "best_member": best,
+            "best_score": scores.get(best) if best else None,
+            "scores": scores,
+            "exploits_applied": sum(m.applied for m in self.members.values()),
+            "target_return": target,
+            "reached_target": bool(best and target is not None and scores[best] >= target),
+        }
+
     def close(self) -> None:
-        """Draw the population's history (if there is any)."""
+        """Log every member's last score, then draw the population's history."""
+        scores = self.scores()
+        for member in self.members.values():
+            if member.name in scores:
+                self._log("final", member, score=scores[member.name])
         path = self.run_dir / HISTORY_FILE
         if not path.exists():
             return
@@ -184,7 +202,7 @@ def plot_history(history: Path, out: Path, hyperparameters: list[str]) -> None:
     )
     for i, name in enumerate(members):
         color = f"C{i % 10}"
-        ready = [e for e in events if e["member"] == name and e["event"] == "ready"]
+        ready = [e for e in events if e["member"] == name and e["event"] in ("ready", "final")]
         axes[0][0].plot(
             [e["step"] for e in ready],
             [e["score"] for e in ready],
@@ -199,7 +217,7 @@ def plot_history(history: Path, out: Path, hyperparameters: list[str]) -> None:
             points = [
                 (e["step"], e["hyperparameters"][hp])
                 for e in events
-                if e["member"] == name and e["event"] in ("ready", "applied")
+                if e["member"] == name and e["event"] in ("ready", "applied", "final")
             ]
             if points:
                 axes[row][0].step(*zip(*points), where="post", color=color)
