@@ -4,7 +4,8 @@ One object the controller consults at a few points of its loop: a worker's confi
 state as it is), each heartbeat (the entries that worker lacks go back in the ``ack``), a
 ``state_write`` (answered, or refused with the reason), finished episodes and trainer stats (for
 the curriculum and PBT drivers), and each metrics record (the drivers decide; their figures join
-the record; the state is saved to the run folder when it changed).
+the record; the state is saved to the run folder when it changed). In a worker,
+:func:`follow_coordination` adds following the curriculum or PBT orders to its heartbeat.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any
 
 from api import global_state
 from api.config import ExperimentConfig
+from api.global_state import GlobalState
 from system.ratelimit import BadMessages
-from system.run.curriculum import CurriculumDriver
+from system.run.curriculum import CurriculumDriver, CurriculumFollower
 from system.run.global_state import StateStore, answer_write
 from system.run.pbt_driver import PBTDriver
+from system.run.plan import ActorPlan, TrainerPlan, WorkerPlan
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +92,27 @@ class Coordination:
         if self.pbt is not None:
             self.pbt.close()
         global_state.install(None)
+
+
+# ----------------------------------------------------------------------- in a worker
+def follow_coordination(state: GlobalState, plan: WorkerPlan, cfg: ExperimentConfig, built):
+    """A worker's heartbeat hook, plus following the run's curriculum (actors) or PBT orders (a
+    PBT member's trainer) in the global state."""
+    follow = None
+    if isinstance(plan, ActorPlan) and cfg.curriculum.metric:
+        follow = CurriculumFollower(state, built.worker, cfg.curriculum.key)
+    elif isinstance(plan, TrainerPlan) and plan.policy in cfg.pbt.members:
+        from system.workers.pbt_member import PBTMember
+
+        args = cfg.policies[plan.policy].trainer.args
+        follow = PBTMember(state, built.worker, {k: args[k] for k in cfg.pbt.hyperparameters})
+    if follow is None:
+        return built.on_heartbeat
+    follow()  # before the first step: a restarted worker joins the run's stage or order at once
+    hooks = [h for h in (follow, built.on_heartbeat) if h is not None]
+
+    def run() -> None:
+        for hook in hooks:
+            hook()
+
+    return run

@@ -12,10 +12,12 @@ the global state, so an actor restarted mid-run, or a resumed run, starts in the
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from api.config_league import CurriculumConfig
 from api.global_state import GlobalState
+from system.errors import EnvironmentFailure
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,10 @@ class CurriculumDriver:
 
 
 class CurriculumFollower:
-    """Keeps an actor's environments in the run's stage (on the actor's heartbeat)."""
+    """Keeps an actor's environments in the run's stage (on the actor's heartbeat).
+
+    An environment the actor rebuilt after an error is found on the next heartbeat and moved
+    to the stage then."""
 
     def __init__(self, state: GlobalState, worker: Any, key: str):
         self.state = state
@@ -64,10 +69,27 @@ class CurriculumFollower:
         self.key = key
         self.seen = 0
         """The version of the key last applied."""
+        self.stage: Any = None
+        self.staged: weakref.WeakSet = weakref.WeakSet()
+        """The environments already told ``stage``."""
 
     def __call__(self) -> None:
         value, version = self.state.get(self.key)
-        if version == self.seen or not isinstance(value, dict) or "stage" not in value:
+        if version != self.seen and isinstance(value, dict) and "stage" in value:
+            self.seen, self.stage = version, value["stage"]
+            self.staged = weakref.WeakSet()
+        if self.seen == 0:
             return
-        self.seen = version
-        self.worker.set_curriculum_stage(value["stage"])
+        for e, env in enumerate(self.worker.envs):
+            if env not in self.staged:
+                self._tell(e, env)
+
+    def _tell(self, e: int, env: Any) -> None:
+        try:
+            env.set_curriculum_stage(self.stage)
+        except Exception as err:
+            raise EnvironmentFailure(
+                f"environment {e} of {self.worker.worker_id} raised in "
+                f"set_curriculum_stage({self.stage!r}): {err!r}"
+            ) from err
+        self.staged.add(env)

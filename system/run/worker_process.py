@@ -30,6 +30,7 @@ from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
+from system.run.coordination import follow_coordination
 from system.run.peer_watch import ParameterServiceWatch
 from system.run.plan import (
     PARAMS_PUSH,
@@ -190,38 +191,8 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
         built.on_heartbeat = ParameterServiceWatch(
             ctl, built.worker, lambda: wiring.parameter_client(subscribe), built.on_heartbeat
         )
-    built.on_heartbeat = _with_coordination(ctl, plan, cfg, built)
+    built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
     return built
-
-
-def _with_coordination(ctl: ControlClient, plan: WorkerPlan, cfg: ExperimentConfig, built):
-    """The heartbeat hook, plus following the run's curriculum (actors) or PBT orders (a PBT
-    member's trainer) in the global state."""
-    follow = None
-    if isinstance(plan, ActorPlan) and cfg.curriculum.metric:
-        from system.run.curriculum import CurriculumFollower
-
-        follow = CurriculumFollower(ctl.state, built.worker, cfg.curriculum.key)
-    elif isinstance(plan, TrainerPlan) and plan.policy in cfg.pbt.members:
-        from system.workers.pbt_member import PBTMember
-
-        args = cfg.policies[plan.policy].trainer.args
-        starting = {k: args[k] for k in cfg.pbt.hyperparameters}
-        follow = PBTMember(ctl.state, built.worker, starting)
-    if follow is None:
-        return built.on_heartbeat
-    follow()  # before the first step: a restarted worker joins the run's stage at once
-    return _chain(follow, built.on_heartbeat)
-
-
-def _chain(*hooks):
-    present = [h for h in hooks if h is not None]
-
-    def run() -> None:
-        for hook in present:
-            hook()
-
-    return run
 
 
 class ActorPeerWatchdog:

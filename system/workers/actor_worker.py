@@ -77,8 +77,6 @@ class ActorWorker(Worker):
         self.validate_actions = validate_actions
         self.env_factory = env_factory
         self.seed = seed
-        self.curriculum_stage: Any = None
-        """The curriculum stage every environment is in (None: never set)."""
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
         self.env_name = env_name or type(self.envs[0]).__name__
         self.episode_steps = [0] * n_envs
@@ -261,16 +259,7 @@ class ActorWorker(Worker):
     def _make_env(self, e: int) -> Environment:
         env = self.env_factory(e)
         env.seed(self.seed + e)
-        if self.curriculum_stage is not None:  # one rebuilt after an error joins its peers
-            env.set_curriculum_stage(self.curriculum_stage)
         return env
-
-    def set_curriculum_stage(self, stage: Any) -> None:
-        """Move every environment to ``stage`` (the next episode of each is played in it)."""
-        self.curriculum_stage = stage
-        for e in range(len(self.envs)):
-            self._call_env(e, "set_curriculum_stage", stage)
-        self.stats["curriculum_changes"] = self.stats.get("curriculum_changes", 0) + 1
 
     def _reset_env(self, e: int) -> None:
         self.episode_steps[e] = 0
