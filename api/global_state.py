@@ -67,7 +67,7 @@ def global_state() -> GlobalState:
     if _current is None:
         raise GlobalStateError(
             "no run is active in this process, so there is no global state; it exists in the "
-            "controller and the workers of a run (`troupe run`) and in test_pipeline"
+            "controller and the workers of a run (`troupe run`, `troupe.train`)"
         )
     return _current
 
