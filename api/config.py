@@ -27,6 +27,7 @@ from typing import Any
 
 from api.code import CodeConfig, attach_user_code, load_code
 from api.config_check import check_arguments, check_ranges, suggest_key
+from api.config_league import CurriculumConfig, PBTConfig, check_league
 from api.errors import ConfigError, RegistryError
 from api.registry import REGISTRIES, experiments
 from api.signatures import UNKNOWN, static_class_attribute
@@ -177,11 +178,25 @@ class ExperimentConfig:
     callbacks: list[ComponentConfig] = field(default_factory=list)
     """Registered callbacks (``register_callback``) the controller calls: ``on_episode_end``,
     ``on_train_result`` and ``on_evaluation``; see ``system.run.episodes``."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """A curriculum driven by a metric (``api.config_league``); off by default."""
+    pbt: PBTConfig = field(default_factory=PBTConfig)
+    """Population-based training over several policies (``api.config_league``); off by
+    default."""
 
     def policy_of_agent(self, agent: int) -> str:
         if self.agent_policies:
             return self.agent_policies[agent]
         return next(iter(self.policies))
+
+    def agent_of_policy(self, name: str) -> int:
+        """The first agent ``name`` plays, whose spaces its network is built for (agent 0 for a
+        PBT member: it plays every agent of its own actors)."""
+        if name in self.pbt.members:
+            return 0
+        return next(
+            a for a in range(max(len(self.agent_policies), 1)) if self.policy_of_agent(a) == name
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -301,7 +316,7 @@ def validate(config: ExperimentConfig) -> list[str]:
                 f"agent_policies[{i}]: unknown policy '{pname}'; policies are "
                 f"{sorted(config.policies)}"
             )
-    if not config.agent_policies and len(config.policies) > 1:
+    if not config.agent_policies and len(config.policies) > 1 and not config.pbt.members:
         errors.append("agent_policies: must map every agent to a policy when there are several")
     from api.config_parallel import check_data_parallel  # its own module: keeps this one short
 
@@ -326,6 +341,7 @@ def validate(config: ExperimentConfig) -> list[str]:
             f"'{config.actors.on_nonfinite}'"
         )
     errors += _check_stop(config)
+    errors += check_league(config)
     return errors
 
 

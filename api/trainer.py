@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from api.errors import UserError
 from api.policy import Policy, SampleBatch
 from api.registry import Spec, make_spec, trainers
 
@@ -56,6 +57,22 @@ class Trainer(abc.ABC):
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore what ``get_checkpoint`` returned."""
+
+    def set_hyperparameters(self, values: dict[str, float]) -> None:
+        """Change hyper-parameters between two steps, without a restart (population-based
+        training's explore).
+
+        The default sets the numeric attributes of those names, which suits a trainer that reads
+        them on every step (PPO's ``lr`` and ``entropy_coef``). A trainer that derives something
+        from one when it is built overrides this and updates what it derived."""
+        for name, value in values.items():
+            current = getattr(self, name, None)
+            if isinstance(current, bool) or not isinstance(current, (int, float)):
+                raise UserError(
+                    f"{type(self).__name__} has no numeric hyper-parameter '{name}' to set; "
+                    "explore attributes it reads on every step, or override set_hyperparameters"
+                )
+            setattr(self, name, float(value) if isinstance(current, float) else value)
 
     @classmethod
     def required_fields(cls) -> list[str]:

@@ -42,6 +42,11 @@ def _register_environments() -> None:
         "legacy.environment.synthetic:SyntheticEnvironment",
         description="Benchmark environment: each step burns a set CPU time (step_cost_us).",
     )
+    registry.register_environment(
+        "StagedCartPole-v0",
+        "legacy.environment.staged_cartpole:StagedCartPole",
+        description="CartPole with curriculum stages: longer episodes, shorter pole per stage.",
+    )
     _register_pettingzoo()
 
 
@@ -163,6 +168,13 @@ def _register_experiments() -> None:
         "legacy.experiments.auto:ppo",
         description="PPO on any environment (env=NAME), set up from its spaces: troupe train ENV.",
     )
+    for name, attr, description in (
+        ("cartpole-curriculum", "cartpole_curriculum", "PPO on StagedCartPole-v0's 3 stages."),
+        ("cartpole-pbt", "cartpole_pbt", "Population-based training: 4 PPO members, CartPole."),
+    ):
+        registry.register_experiment(
+            name, f"legacy.experiments.league:{attr}", description=description
+        )
     registry.register_experiment(
         "synthetic-ppo",
         "legacy.experiments.synthetic:synthetic_ppo",

@@ -100,7 +100,7 @@ def make_policy(config: ExperimentConfig, name: str, spaces: AgentSpaces, seed: 
     """Build policy ``name`` for the spaces of the first agent it controls."""
     import torch  # not at module level: actor processes never need it
 
-    agent = next(a for a in range(spaces.agent_count) if config.policy_of_agent(a) == name)
+    agent = config.agent_of_policy(name)
     torch.manual_seed(seed)
     comp = config.policies[name].policy
     return policy_api.make(
@@ -246,7 +246,7 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
         plan.worker_id,
         env_factory(cfg),
         group.envs_per_worker,
-        cfg.policy_of_agent,
+        (lambda _agent: plan.member) if plan.member else cfg.policy_of_agent,
         inference,
         samples,
         segment_length=cfg.actors.segment_length,

@@ -7,9 +7,14 @@ with its traceback, and receives ``stop``.
 
 Messages (kind: body):
   worker -> controller: hello {role, pid} | register {name, address} | lookup {name}
-                        heartbeat {stats} | error {message, traceback} | bye {}
-  controller -> worker: configure {config, run_dir, plan, previous} | lookup_result {name,
-                        address} | ack {} (one per heartbeat) | moved {name, address} | stop {}
+                        heartbeat {stats, state_revision} | error {message, traceback} | bye {}
+                        state_write {id, key, value, expected_version}
+  controller -> worker: configure {config, run_dir, plan, previous, global_state} |
+                        lookup_result {name, address} | ack {state?} (one per heartbeat) |
+                        moved {name, address} | stop {} | state_result {id, ok, key, version}
+
+The global state's messages (``state_*``, the ``state`` of an ``ack``) are described in
+:mod:`system.run.global_state`.
 
 Every heartbeat is answered with ``ack``, so a worker knows within a few heartbeats that its
 controller is gone (killed, its host lost), whichever launcher started either of them: the parent
@@ -31,6 +36,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from system.errors import ControllerGoneError, PeerTimeoutError, WireError
 from system.ratelimit import BadMessages
+from system.run.global_state import StateReplica
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -77,13 +83,15 @@ class ControlClient:
         """When the oldest heartbeat the controller has not answered yet (nor said anything
         since) was sent; None while it answers."""
         self.bad_messages = BadMessages(logger, f"control channel of {worker_id}")
+        self.state = StateReplica(self)
+        """This worker's copy of the run's global state, brought up to date by every ``ack``."""
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
         wire.send(self.socket, kind, body)
 
     def heartbeat(self, stats: dict[str, Any]) -> None:
         """Send stats; the controller's ``ack`` proves it is still there."""
-        self.send("heartbeat", {"stats": stats})
+        self.send("heartbeat", {"stats": stats, "state_revision": self.state.revision})
         if self.unanswered_since is None:
             self.unanswered_since = time.monotonic()
 
@@ -118,7 +126,10 @@ class ControlClient:
     def hello(self, role: str) -> dict[str, Any]:
         """Announce this worker and wait for its configuration."""
         self.send("hello", {"role": role, "pid": os.getpid()})
-        return self.wait_for("configure").body
+        configuration = self.wait_for("configure").body
+        if "global_state" in configuration:  # a restarted worker starts from the current state
+            self.state.apply(configuration["global_state"])
+        return configuration
 
     def register(self, name: str, address: str) -> None:
         self.send("register", {"name": name, "address": address})
@@ -164,6 +175,11 @@ class ControlClient:
         self.heard = True
         if got[1].kind != "ack":
             self.inbox.append(got[1])
+        elif isinstance(got[1].body, dict) and "state" in got[1].body:
+            try:
+                self.state.apply(got[1].body["state"])
+            except WireError as e:
+                self.bad_messages.record(e)
 
     def stop_requested(self) -> bool:
         """Non-blocking: has the controller said stop?"""

@@ -33,6 +33,7 @@ from api.errors import RunFolderError
 from system.errors import CallbackError, WireError, WorkerFailure
 from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
+from system.run.coordination import Coordination
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
@@ -124,6 +125,7 @@ class Controller:
         self.eval_window = EpisodeWindow(config.evaluation.episodes)
         self.eval_count = 0
         load_code(config.code)  # the user's callbacks may live in the user's own files
+        self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)
         self.started = time.monotonic()
         self._continue_counts()
@@ -216,6 +218,7 @@ class Controller:
         # The last counts, for metrics.jsonl; the display has closed.
         self._write(lambda: self._report(show=False))
         self._write(self.metrics.close)
+        self._write(self.coordination.close)  # the state's last save, PBT's plot
         wall = time.monotonic() - self.started
         target = self.config.stop.eval_return
         solved = self.stop_reason == "eval_return"
@@ -228,6 +231,7 @@ class Controller:
         )
         if self.failure is not None:
             summary["failure"] = str(self.failure)
+        summary.update(self.coordination.summary())
         if solved:
             summary["confirmation"] = self.evaluation.describe()
             summary["eval_window_means"] = list(self.evaluation.confirmed)
@@ -284,7 +288,8 @@ class Controller:
         elif message.kind == "ready":
             state.state = WorkerState.ALIVE
         elif message.kind == "heartbeat":
-            self._send(worker_id, "ack", {})  # a worker leaves when these stop coming
+            # a worker leaves when these stop coming; they carry the global state it lacks
+            self._send(worker_id, "ack", self.coordination.ack(body))
             self._absorb(worker_id, body.get("stats") or {})
         elif message.kind == "error":
             if body.get("type") == RunFolderError.__name__:  # no restart can fix a full disk
@@ -293,6 +298,9 @@ class Controller:
             self._on_error(state, str(body["message"]), str(body.get("traceback", "")), fatal)
         elif message.kind == "bye":
             state.state = WorkerState.STOPPED
+        elif message.kind == "state_write":
+            may_write = state.plan.role is Role.TRAINER
+            self._send(worker_id, "state_result", self.coordination.write(body, may_write))
         else:
             raise ValueError(f"unknown control message kind '{message.kind}'")
 
@@ -304,6 +312,7 @@ class Controller:
             "config": self.config.to_dict(),
             "run_dir": str(self.run_dir),
             "plan": plan.to_wire(),
+            "global_state": self.coordination.snapshot(),
         }
 
     def _register(self, name: str, address: str) -> None:
@@ -423,6 +432,8 @@ class Controller:
             episodes = stats.get("episodes", [])
             self.returns.extend(e["episode_return"] for e in episodes)
             self.train_window.extend(episodes)
+            self.coordination.on_episodes(episodes, evaluation=False)
+            self.coordination.on_episodes(stats.get("eval_episodes", []), evaluation=True)
             self._callback(self.callbacks.episodes, episodes)
             for e in stats.get("eval_episodes", []):
                 self.evaluation.add(e["episode_return"])
@@ -435,6 +446,7 @@ class Controller:
             numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             if numeric:
                 self.trainer_stats.setdefault(state.plan.policy, {}).update(numeric)
+                self.coordination.on_train_stats(state.plan.policy, numeric)
                 self._callback(self.callbacks.train_result, state.plan.policy, numeric)
         state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
         state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
@@ -466,6 +478,7 @@ class Controller:
         # episode_length, policy/<name>/episode_return, episode_info/<key>: means of the window
         record.update({k: v for k, v in self.train_window.means().items() if k not in record})
         record.update(self.eval_window.means("eval/"))
+        record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
         for name, stats in self.trainer_stats.items():
             record[f"policy/{name}/version"] = stats.get("version")
             for k, v in stats.items():
@@ -535,6 +548,8 @@ class Controller:
             and all(s.get("steps", 0) >= stop.trainer_steps for s in self.trainer_stats.values())
         ):
             self.stop_reason = "trainer_steps"
+        else:
+            self.stop_reason = self.coordination.stop_reason()
 
 
 def _write_json(path: Path, data: Any) -> None:

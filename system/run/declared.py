@@ -71,7 +71,7 @@ def params_layout(config: ExperimentConfig) -> ParamsLayout:
 
 
 def _lane(config, spaces, name: str, buffer: SegmentBuffer | None) -> Lane:
-    agent = next(a for a in range(spaces.agent_count) if config.policy_of_agent(a) == name)
+    agent = config.agent_of_policy(name)
     space = spaces.observation[agent]
     space.seed(config.seed)
     slot = Slot(0, agent, name, result=StepResult(space.sample()))

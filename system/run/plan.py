@@ -182,6 +182,14 @@ class ActorPlan(WorkerPlan):
     """Evaluation actors act greedily, send no samples and report evaluation episodes."""
     validate_actions: bool = False
     """Check every action against the action space (``test_pipeline``; costs CPU)."""
+    member: str = ""
+    """A PBT member's own actor: this policy plays every agent (empty: ``agent_policies``)."""
+
+    def policies(self, config: ExperimentConfig) -> dict[str, Any]:
+        """The policies this actor asks for actions and sends samples to."""
+        if self.member:
+            return {self.member: config.policies[self.member]}
+        return dict(config.policies)
 
     def seed(self, config: ExperimentConfig) -> int:
         """Distinct for every actor of a run, training and evaluation alike."""
@@ -190,9 +198,13 @@ class ActorPlan(WorkerPlan):
     def inference_endpoints(self, config: ExperimentConfig) -> dict[str, str]:
         """The policy worker each policy's requests go to: actors spread over them by index."""
         return {
-            name: inference_endpoint(name, self.index % pc.policy_workers)
-            for name, pc in config.policies.items()
+            name: inference_endpoint(name, self._index_in_member(config) % pc.policy_workers)
+            for name, pc in self.policies(config).items()
         }
+
+    def _index_in_member(self, config: ExperimentConfig) -> int:
+        """Its number among the actors of its PBT member (its number in the group otherwise)."""
+        return self.index // len(config.pbt.members) if self.member else self.index
 
     def sample_endpoints(self, config: ExperimentConfig) -> dict[str, list[str]]:
         """Every trainer of every trained policy, or its replay worker when the trainer learns
@@ -205,7 +217,7 @@ class ActorPlan(WorkerPlan):
                 if uses_replay(pc)
                 else [samples_endpoint(name, i) for i in range(pc.trainer_workers)]
             )
-            for name, pc in config.policies.items()
+            for name, pc in self.policies(config).items()
             if pc.trainer.type
         }
 
@@ -247,8 +259,18 @@ def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
             PolicyWorkerPlan(f"policy/{name}/{i}", policy=name, index=i)
             for i in range(pc.policy_workers)
         ]
-    plans += [ActorPlan(f"actor/{i}", index=i) for i in range(config.actors.workers)]
+    members = config.pbt.members
     plans += [
-        ActorPlan(f"eval/{i}", index=i, evaluation=True) for i in range(config.evaluation.workers)
+        ActorPlan(f"actor/{i}", index=i, member=members[i % len(members)] if members else "")
+        for i in range(config.actors.workers)
+    ]
+    plans += [
+        ActorPlan(
+            f"eval/{i}",
+            index=i,
+            evaluation=True,
+            member=members[i % len(members)] if members else "",
+        )
+        for i in range(config.evaluation.workers)
     ]
     return plans

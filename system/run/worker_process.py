@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from api import global_state
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError
 from api.policy import Policy
@@ -29,6 +30,7 @@ from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
+from system.run.coordination import follow_coordination
 from system.run.peer_watch import ParameterServiceWatch
 from system.run.plan import (
     PARAMS_PUSH,
@@ -189,6 +191,7 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
         built.on_heartbeat = ParameterServiceWatch(
             ctl, built.worker, lambda: wiring.parameter_client(subscribe), built.on_heartbeat
         )
+    built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
     return built
 
 
@@ -271,6 +274,7 @@ def main(
     worker: Worker | None = None
     try:
         conf = ctl.hello(role)
+        global_state.install(ctl.state)  # user code in this process reads the run's state
         cfg = ExperimentConfig.from_dict(conf["config"])
         built = _build(ctl, role, cfg, conf, place)
         worker = built.worker

@@ -1,0 +1,145 @@
+"""The experiment sections that coordinate a run as a whole: a curriculum and population-based
+training (PBT). Both are driven by the controller through the run's global state
+(:mod:`api.global_state`); their checks live here to keep ``api.config`` short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from api.config import ExperimentConfig
+
+
+@dataclass
+class CurriculumConfig:
+    """A curriculum: when a metric crosses a threshold, every actor's environments move to the
+    next stage (``Environment.set_curriculum_stage``)."""
+
+    metric: str = ""
+    """The metrics.jsonl key watched, e.g. ``episode_return`` or ``episode_info/solved``; empty:
+    no curriculum."""
+    thresholds: list[float] = field(default_factory=list)
+    """Increasing values: reaching ``thresholds[k]`` in stage ``k`` moves the run to stage
+    ``k + 1`` (one stage at a time; a stage is never left for an easier one)."""
+    stages: list[Any] = field(default_factory=list)
+    """What ``set_curriculum_stage`` receives in each stage (one more than ``thresholds``);
+    empty: the stage numbers 0, 1, ..."""
+    min_episodes: int = 0
+    """Training episodes that must finish in a stage before the next may start (so the metric
+    is measured on the stage it is in, not on the last one)."""
+    key: str = "curriculum/stage"
+    """The global state key holding the current stage (``{"index", "stage"}``)."""
+
+
+@dataclass
+class PBTConfig:
+    """Population-based training: members (policies, each with its own trainer, policy worker
+    and actors) are ranked by greedy evaluation return; a member in the bottom share copies the
+    weights of one in the top share through the parameter service (exploit) and continues with
+    perturbed hyper-parameters (explore)."""
+
+    members: list[str] = field(default_factory=list)
+    """Policy names of the population (at least 2); empty: no PBT. The actors and evaluation
+    actors are dealt out among them, each playing every agent of its environments."""
+    interval_steps: int = 10
+    """Trainer steps of a member between two exploit/explore decisions about it."""
+    eval_episodes: int = 10
+    """A member's score: the mean return of its last this many evaluation episodes (played by
+    its current weights); a member with fewer is not ranked yet."""
+    truncation: float = 0.25
+    """Share of the population in the bottom (exploits) and the top (is copied from)."""
+    hyperparameters: dict[str, list[float]] = field(default_factory=dict)
+    """Trainer hyper-parameters explored, each ``[low, high]``; every member's trainer args
+    give its starting value, e.g. ``{"lr": [1e-4, 1e-2], "entropy_coef": [0.0, 0.05]}``."""
+    perturb_factors: list[float] = field(default_factory=lambda: [0.8, 1.25])
+    """Explore multiplies each copied hyper-parameter by one of these, drawn at random."""
+    resample_probability: float = 0.0
+    """Chance that explore draws a hyper-parameter afresh from its range instead."""
+    target_return: float | None = None
+    """Stop the run once the best member's score reaches this (None: the other stop rules)."""
+
+
+def check_league(config: ExperimentConfig) -> list[str]:
+    """Every problem with the curriculum and PBT sections."""
+    return _check_curriculum(config.curriculum) + _check_pbt(config)
+
+
+def _check_curriculum(c: CurriculumConfig) -> list[str]:
+    if not c.metric:
+        return ["curriculum.metric: set it, or leave thresholds empty"] if c.thresholds else []
+    errors = []
+    if not c.thresholds:
+        errors.append("curriculum.thresholds: give at least one threshold for the metric")
+    if any(b <= a for a, b in zip(c.thresholds, c.thresholds[1:])):
+        errors.append(f"curriculum.thresholds: must increase, got {c.thresholds}")
+    if c.stages and len(c.stages) != len(c.thresholds) + 1:
+        errors.append(
+            f"curriculum.stages: needs {len(c.thresholds) + 1} entries (one more than "
+            f"thresholds), got {len(c.stages)}"
+        )
+    if c.min_episodes < 0:
+        errors.append("curriculum.min_episodes: must be 0 or more")
+    if not c.key:
+        errors.append("curriculum.key: must name a global state key")
+    return errors
+
+
+def _check_pbt(config: ExperimentConfig) -> list[str]:
+    p = config.pbt
+    if not p.members:
+        return []
+    n, errors = len(p.members), []
+    if n < 2 or len(set(p.members)) != n:
+        errors.append(f"pbt.members: needs 2 or more distinct policies, got {p.members}")
+    for m in p.members:
+        pc = config.policies.get(m)
+        if pc is None:
+            known = sorted(config.policies)
+            errors.append(f"pbt.members: '{m}' is not a policy; policies: {known}")
+            continue
+        if not pc.trainer.type:
+            errors.append(f"policies.{m}.trainer: a PBT member must be trained")
+        if pc.trainer_workers != 1:
+            errors.append(f"policies.{m}.trainer_workers: a PBT member trains with exactly 1")
+        for name, bounds in p.hyperparameters.items():
+            start = pc.trainer.args.get(name)
+            if not isinstance(start, (int, float)) or isinstance(start, bool):
+                errors.append(
+                    f"policies.{m}.trainer.args.{name}: PBT explores '{name}'; give the "
+                    "member's starting value here"
+                )
+            elif len(bounds) == 2 and not bounds[0] <= start <= bounds[1]:
+                errors.append(
+                    f"policies.{m}.trainer.args.{name}: {start} is outside pbt.hyperparameters."
+                    f"{name} {bounds}"
+                )
+    if config.agent_policies:
+        errors.append("agent_policies: leave empty with pbt (each member plays its own actors)")
+    for group in ("actors", "evaluation"):
+        workers = getattr(config, group).workers
+        if workers < n or workers % n:
+            errors.append(
+                f"{group}.workers: {workers} cannot be dealt out evenly to {n} PBT members; "
+                f"use a multiple of {n}"
+            )
+    for name, bounds in p.hyperparameters.items():
+        if len(bounds) != 2 or not bounds[0] < bounds[1]:
+            errors.append(f"pbt.hyperparameters.{name}: must be [low, high], got {bounds}")
+    if not p.hyperparameters:
+        errors.append("pbt.hyperparameters: name at least one trainer hyper-parameter to explore")
+    if not p.perturb_factors or any(f <= 0 for f in p.perturb_factors):
+        errors.append(f"pbt.perturb_factors: must be positive numbers, got {p.perturb_factors}")
+    if not 0 < p.truncation <= 0.5:
+        errors.append(f"pbt.truncation: must be in (0, 0.5], got {p.truncation}")
+    if not 0 <= p.resample_probability <= 1:
+        errors.append("pbt.resample_probability: must be in [0, 1]")
+    if p.interval_steps < 1 or p.eval_episodes < 1:
+        errors.append("pbt.interval_steps and pbt.eval_episodes: must be at least 1")
+    if config.stop.eval_return is not None:
+        errors.append(
+            "stop.eval_return: averages every member's evaluation; with pbt use "
+            "pbt.target_return (the best member's score)"
+        )
+    return errors

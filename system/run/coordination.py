@@ -1,0 +1,118 @@
+"""The controller's global coordination: the run's key/value state and what drives it.
+
+One object the controller consults at a few points of its loop: a worker's configuration (the
+state as it is), each heartbeat (the entries that worker lacks go back in the ``ack``), a
+``state_write`` (answered, or refused with the reason), finished episodes and trainer stats (for
+the curriculum and PBT drivers), and each metrics record (the drivers decide; their figures join
+the record; the state is saved to the run folder when it changed). In a worker,
+:func:`follow_coordination` adds following the curriculum or PBT orders to its heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from api import global_state
+from api.config import ExperimentConfig
+from api.global_state import GlobalState
+from system.ratelimit import BadMessages
+from system.run.curriculum import CurriculumDriver, CurriculumFollower
+from system.run.global_state import StateStore, answer_write
+from system.run.pbt_driver import PBTDriver
+from system.run.plan import ActorPlan, TrainerPlan, WorkerPlan
+
+logger = logging.getLogger(__name__)
+
+
+class Coordination:
+    def __init__(self, config: ExperimentConfig, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.store = StateStore.load(self.run_dir)  # a resumed run goes on with its state
+        global_state.install(self.store)  # the controller's callbacks read and write this one
+        self.curriculum = (
+            CurriculumDriver(config.curriculum, self.store) if config.curriculum.metric else None
+        )
+        self.pbt = PBTDriver(config, self.store, self.run_dir) if config.pbt.members else None
+        self.bad_writes = BadMessages(logger, "global state writes")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state, for a worker's configuration."""
+        return self.store.snapshot()
+
+    def ack(self, heartbeat: dict[str, Any]) -> dict[str, Any]:
+        """The answer to a heartbeat: the entries changed since the revision the worker has."""
+        revision = heartbeat.get("state_revision")
+        if type(revision) is not int:
+            return {}
+        changes = self.store.changes_since(revision)
+        return {} if changes is None else {"state": changes}
+
+    def write(self, body: Any, may_write: bool) -> dict[str, Any]:
+        reply, error = answer_write(self.store, body, may_write)
+        if error is not None:
+            self.bad_writes.record(error)
+        return reply
+
+    def on_episodes(self, episodes: list[dict[str, Any]], evaluation: bool) -> None:
+        if self.curriculum is not None and not evaluation:
+            self.curriculum.on_episodes(len(episodes))
+        if self.pbt is not None and evaluation:
+            self.pbt.on_eval_episodes(episodes)
+
+    def on_train_stats(self, policy: str, stats: dict[str, float]) -> None:
+        if self.pbt is not None:
+            self.pbt.on_train_stats(policy, stats)
+
+    def on_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The drivers' figures for this metrics record (after they acted on it)."""
+        extra: dict[str, Any] = {}
+        if self.curriculum is not None:
+            extra.update(self.curriculum.on_record(record))
+        if self.pbt is not None:
+            extra.update(self.pbt.on_record(record))
+        self.store.save(self.run_dir)
+        return extra
+
+    def summary(self) -> dict[str, Any]:
+        """What the drivers add to summary.json."""
+        out: dict[str, Any] = {}
+        if self.curriculum is not None:
+            out["curriculum_stage"] = self.curriculum.index
+        if self.pbt is not None:
+            out["pbt"] = self.pbt.summary()
+        return out
+
+    def stop_reason(self) -> str:
+        return self.pbt.stop_reason() if self.pbt is not None else ""
+
+    def close(self) -> None:
+        self.store.save(self.run_dir)
+        if self.pbt is not None:
+            self.pbt.close()
+        global_state.install(None)
+
+
+# ----------------------------------------------------------------------- in a worker
+def follow_coordination(state: GlobalState, plan: WorkerPlan, cfg: ExperimentConfig, built):
+    """A worker's heartbeat hook, plus following the run's curriculum (actors) or PBT orders (a
+    PBT member's trainer) in the global state."""
+    follow = None
+    if isinstance(plan, ActorPlan) and cfg.curriculum.metric:
+        follow = CurriculumFollower(state, built.worker, cfg.curriculum.key)
+    elif isinstance(plan, TrainerPlan) and plan.policy in cfg.pbt.members:
+        from system.workers.pbt_member import PBTMember
+
+        args = cfg.policies[plan.policy].trainer.args
+        follow = PBTMember(state, built.worker, {k: args[k] for k in cfg.pbt.hyperparameters})
+    if follow is None:
+        return built.on_heartbeat
+    follow()  # before the first step: a restarted worker joins the run's stage or order at once
+    hooks = [h for h in (follow, built.on_heartbeat) if h is not None]
+
+    def run() -> None:
+        for hook in hooks:
+            hook()
+
+    return run

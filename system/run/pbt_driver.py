@@ -1,0 +1,232 @@
+"""Population-based training in a run: the controller's part.
+
+The driver follows each member's trainer steps (heartbeat stats) and evaluation returns (its own
+evaluation actors' episodes), and when a member is ready applies :mod:`system.run.pbt`'s
+decisions. An exploit is an *order* in the global state, ``pbt/<member>/order`` =
+``{generation, source, hyperparameters}``; the member's trainer carries it out
+(:mod:`system.workers.pbt_member`: the source's weights through the parameter service, the new
+hyper-parameters without a restart) and reports under ``pbt/<member>/applied``. Until then the
+member is not ranked again, and its old evaluation returns are dropped once the order is applied.
+
+The population's history goes to ``pbt.jsonl`` in the run folder, one event a line: ``ready``
+(a member's score, step, version and hyper-parameters at a decision), ``exploit`` (the order)
+and ``applied`` (what its trainer did: versions and weight digests before and after); and at the
+end to ``pbt.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from api.config import ExperimentConfig
+from api.global_state import GlobalState
+from system.run import pbt
+from system.run.pbt import Member
+
+logger = logging.getLogger(__name__)
+
+HISTORY_FILE = "pbt.jsonl"
+PLOT_FILE = "pbt.png"
+
+
+def order_key(member: str) -> str:
+    return f"pbt/{member}/order"
+
+
+def applied_key(member: str) -> str:
+    return f"pbt/{member}/applied"
+
+
+class PBTDriver:
+    def __init__(self, config: ExperimentConfig, state: GlobalState, run_dir: Path):
+        self.config = config.pbt
+        self.state = state
+        self.run_dir = Path(run_dir)
+        self.rng = np.random.default_rng(config.seed + 7_919)
+        self.started = time.monotonic()
+        self.members = {
+            m: Member(
+                m,
+                {k: float(config.policies[m].trainer.args[k]) for k in self.config.hyperparameters},
+            )
+            for m in self.config.members
+        }
+        for member in self.members.values():  # a resumed run goes on from its last orders
+            order, _ = state.get(order_key(member.name))
+            if isinstance(order, dict):
+                member.generation = member.applied = int(order["generation"])
+                member.hyperparameters = dict(order["hyperparameters"])
+
+    # ----------------------------------------------------------------- what the run reports
+    def on_eval_episodes(self, episodes: list[dict[str, Any]]) -> None:
+        for episode in episodes:
+            for name, member in self.members.items():
+                value = episode.get(f"policy/{name}/episode_return")
+                if value is not None:
+                    member.returns.append(float(value))
+
+    def on_train_stats(self, policy: str, stats: dict[str, float]) -> None:
+        member = self.members.get(policy)
+        if member is not None:
+            member.steps = int(stats.get("steps", member.steps))
+            member.version = int(stats.get("version", member.version))
+
+    # ----------------------------------------------------------------- decisions
+    def on_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Take applied orders, decide for the ready members; the metrics to add."""
+        for member in self.members.values():
+            self._take_applied(member)
+        scores = self.scores()
+        for member in self.members.values():
+            if member.ready(self.config):
+                self._decide(member, scores)
+        out: dict[str, Any] = {f"pbt/{m}/score": s for m, s in scores.items()}
+        out["pbt/best_score"] = max(scores.values()) if scores else None
+        return out
+
+    def scores(self) -> dict[str, float]:
+        found = {m.name: m.score(self.config.eval_episodes) for m in self.members.values()}
+        return {k: v for k, v in found.items() if v is not None}
+
+    def _decide(self, member: Member, scores: dict[str, float]) -> None:
+        member.last_decision_step = member.steps
+        self._log("ready", member, score=scores[member.name])
+        source = pbt.choose_source(member.name, scores, self.config.truncation, self.rng)
+        if source is None:
+            return
+        new = pbt.explore(self.members[source].hyperparameters, self.config, self.rng)
+        member.generation += 1
+        order = {"generation": member.generation, "source": source, "hyperparameters": new}
+        self.state.set(order_key(member.name), order)
+        self._log(
+            "exploit",
+            member,
+            source=source,
+            score=scores[member.name],
+            source_score=scores[source],
+            old_hyperparameters=member.hyperparameters,
+            new_hyperparameters=new,
+            generation=member.generation,
+        )
+        logger.warning(
+            "pbt: %s (%.1f) copies %s (%.1f), hyper-parameters %s",
+            *(member.name, scores[member.name], source, scores[source], new),
+        )
+        member.hyperparameters = new
+
+    def _take_applied(self, member: Member) -> None:
+        applied, _ = self.state.get(applied_key(member.name))
+        if not isinstance(applied, dict) or int(applied.get("generation", 0)) <= member.applied:
+            return
+        member.applied = int(applied["generation"])
+        member.returns.clear()  # those were played by the weights it just replaced
+        self._log("applied", member, **{k: v for k, v in applied.items() if k != "member"})
+
+    def stop_reason(self) -> str:
+        target = self.config.target_return
+        scores = self.scores()
+        if target is not None and scores and max(scores.values()) >= target:
+            return "pbt_target_return"
+        return ""
+
+    # ----------------------------------------------------------------- history
+    def _log(self, event: str, member: Member, **fields: Any) -> None:
+        line = {
+            "event": event,
+            "member": member.name,
+            "step": member.steps,
+            "version": member.version,
+            "wall_s": round(time.monotonic() - self.started, 3),
+            "hyperparameters": member.hyperparameters,
+            **fields,
+        }
+        with open(self.run_dir / HISTORY_FILE, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        """For summary.json: the best member, its score, and how many exploits were applied."""
+        scores = self.scores()
+        best = max(scores, key=scores.__getitem__) if scores else None
+        target = self.config.target_return
+        return {
+            "best_member": best,
+            "best_score": scores.get(best) if best else None,
+            "scores": scores,
+            "exploits_applied": sum(m.applied for m in self.members.values()),
+            "target_return": target,
+            "reached_target": bool(best and target is not None and scores[best] >= target),
+        }
+
+    def close(self) -> None:
+        """Log every member's last score, then draw the population's history."""
+        scores = self.scores()
+        for member in self.members.values():
+            if member.name in scores:
+                self._log("final", member, score=scores[member.name])
+        path = self.run_dir / HISTORY_FILE
+        if not path.exists():
+            return
+        try:
+            plot_history(path, self.run_dir / PLOT_FILE, list(self.config.hyperparameters))
+        except OSError:
+            raise  # the run folder's problem: the controller reports it
+        except Exception:  # a picture is not worth failing the run's summary for
+            logger.warning("could not draw %s", PLOT_FILE, exc_info=True)
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_history(history: Path, out: Path, hyperparameters: list[str]) -> None:
+    """Scores by trainer step per member (exploits marked) and each hyper-parameter below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    events = read_history(history)
+    members = sorted({e["member"] for e in events})
+    fig, axes = plt.subplots(
+        1 + len(hyperparameters),
+        1,
+        figsize=(8, 3 + 2 * len(hyperparameters)),
+        sharex=True,
+        squeeze=False,
+    )
+    for i, name in enumerate(members):
+        color = f"C{i % 10}"
+        ready = [e for e in events if e["member"] == name and e["event"] in ("ready", "final")]
+        axes[0][0].plot(
+            [e["step"] for e in ready],
+            [e["score"] for e in ready],
+            "-o",
+            color=color,
+            label=name,
+            markersize=3,
+        )
+        for e in (e for e in events if e["member"] == name and e["event"] == "exploit"):
+            axes[0][0].plot(e["step"], e["score"], "x", color=color, markersize=10)
+        for row, hp in enumerate(hyperparameters, start=1):
+            points = [
+                (e["step"], e["hyperparameters"][hp])
+                for e in events
+                if e["member"] == name and e["event"] in ("ready", "applied", "final")
+            ]
+            if points:
+                axes[row][0].step(*zip(*points), where="post", color=color)
+            axes[row][0].set_ylabel(hp)
+            axes[row][0].set_yscale("log" if all(p[1] > 0 for p in points) else "linear")
+    axes[0][0].set_ylabel("evaluation return")
+    axes[0][0].set_title("population (x: exploit, then a copy of a better member)")
+    axes[0][0].legend(loc="lower right", fontsize="small")
+    axes[-1][0].set_xlabel("trainer steps of the member")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)

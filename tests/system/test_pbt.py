@@ -1,0 +1,127 @@
+"""Population-based training's decisions (who exploits whom, how hyper-parameters are explored)
+and the controller's driver on a real global state store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from api.config import ExperimentConfig, apply_overrides, make_experiment, validate
+from api.config_league import PBTConfig
+from system.run import pbt
+from system.run.global_state import StateStore
+from system.run.pbt_driver import HISTORY_FILE, PLOT_FILE, PBTDriver, applied_key, order_key
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def test_only_the_bottom_share_exploits_and_only_a_better_top_member():
+    scores = {"a": 10.0, "b": 50.0, "c": 30.0, "d": 40.0}
+    assert pbt.choose_source("a", scores, 0.25, rng()) == "b"  # worst copies the best
+    for member in ("b", "c", "d"):
+        assert pbt.choose_source(member, scores, 0.25, rng()) is None
+    # with a share of 2, the two worst each copy one of the two best, chosen at random
+    picks = {pbt.choose_source("c", scores, 0.5, rng(s)) for s in range(40)}
+    assert picks == {"b", "d"}
+    assert pbt.choose_source("a", {"a": 5.0, "b": 5.0}, 0.5, rng()) is None  # none is better
+    assert pbt.choose_source("a", {"a": 5.0}, 0.5, rng()) is None  # nobody to rank against
+    assert pbt.choose_source("z", scores, 0.5, rng()) is None  # not scored yet
+
+
+def test_explore_perturbs_by_the_factors_and_stays_in_range():
+    config = PBTConfig(
+        hyperparameters={"lr": [1e-4, 1e-2], "entropy_coef": [0.0, 0.05]},
+        perturb_factors=[0.5, 2.0],
+    )
+    seen = set()
+    for s in range(30):
+        out = pbt.explore({"lr": 1e-3, "entropy_coef": 0.04}, config, rng(s))
+        seen.add(out["lr"])
+        assert out["entropy_coef"] in (0.02, 0.05)  # 0.08 is clipped to the top of its range
+    assert seen == {5e-4, 2e-3}
+    high = pbt.explore({"lr": 8e-3, "entropy_coef": 0.0}, config, rng(1))
+    assert high["lr"] in (4e-3, 1e-2)
+
+
+def test_resampling_draws_from_the_range():
+    config = PBTConfig(hyperparameters={"lr": [1e-4, 1e-2]}, resample_probability=1.0)
+    draws = [pbt.explore({"lr": 1e-3}, config, rng(s))["lr"] for s in range(200)]
+    assert min(draws) >= 1e-4 and max(draws) <= 1e-2
+    assert min(draws) < 3e-4 and max(draws) > 3e-3  # log-uniform: both decades are reached
+
+
+def population(tmp_path, **pbt_overrides) -> tuple[ExperimentConfig, StateStore, PBTDriver]:
+    config = make_experiment("cartpole-pbt", [f"pbt.{k}={v}" for k, v in pbt_overrides.items()])
+    store = StateStore()
+    return config, store, PBTDriver(config, store, tmp_path)
+
+
+def report(driver: PBTDriver, steps: int, returns: dict[str, float], episodes: int = 8) -> None:
+    for name, value in returns.items():
+        driver.on_train_stats(name, {"steps": steps, "version": steps})
+        driver.on_eval_episodes([{f"policy/{name}/episode_return": value}] * episodes)
+
+
+def test_the_worst_ready_member_is_ordered_to_copy_and_waits_until_it_is_applied(tmp_path):
+    config, store, driver = population(tmp_path)
+    returns = {"member0": 20.0, "member1": 200.0, "member2": 100.0, "member3": 150.0}
+    report(driver, 5, returns)
+    assert driver.on_record({})["pbt/best_score"] == 200.0
+    assert store.get(order_key("member0")) == (None, 0)  # not ready: 5 of 10 steps
+    report(driver, 10, returns)
+    driver.on_record({})
+    order, version = store.get(order_key("member0"))
+    assert version == 1 and order["source"] == "member1" and order["generation"] == 1
+    for name, value in order["hyperparameters"].items():
+        start = config.policies["member1"].trainer.args[name]
+        assert any(value == pytest.approx(start * f) for f in (0.8, 1.25))
+    for other in ("member1", "member2", "member3"):
+        assert store.get(order_key(other)) == (None, 0)
+
+    report(driver, 25, returns)  # ready again by steps, but its order is not applied yet
+    driver.on_record({})
+    assert store.get(order_key("member0"))[1] == 1
+    store.set(applied_key("member0"), {"generation": 1, "source": "member1", "version_after": 11})
+    driver.on_record({})
+    assert len(driver.members["member0"].returns) == 0  # its old weights' returns are gone
+    driver.close()
+    events = [json.loads(line) for line in (tmp_path / HISTORY_FILE).read_text().splitlines()]
+    kinds = [(e["event"], e["member"]) for e in events]
+    assert ("exploit", "member0") in kinds and ("applied", "member0") in kinds
+    assert kinds.index(("exploit", "member0")) < kinds.index(("applied", "member0"))
+    assert {"ready", "final"} <= {e["event"] for e in events}
+    assert (tmp_path / PLOT_FILE).stat().st_size > 0
+    assert driver.summary()["exploits_applied"] == 1
+
+
+def test_a_resumed_driver_goes_on_from_the_orders_in_the_state(tmp_path):
+    _, store, _ = population(tmp_path)
+    hyperparameters = {"lr": 5e-3, "entropy_coef": 0.01}
+    order = {"generation": 3, "source": "member1", "hyperparameters": hyperparameters}
+    store.set(order_key("member2"), order)
+    config = make_experiment("cartpole-pbt")
+    again = PBTDriver(config, store, tmp_path)
+    assert again.members["member2"].generation == 3
+    assert again.members["member2"].hyperparameters["lr"] == 5e-3
+
+
+def test_pbt_config_errors_name_the_field():
+    config = make_experiment("cartpole-pbt")
+    bad = apply_overrides(config, [])
+    bad.pbt.members = ["member0", "nobody"]
+    bad.pbt.hyperparameters = {"lr": [1e-2, 1e-4], "value_coef": [0.1, 1.0]}
+    bad.actors.workers = 3
+    bad.stop.eval_return = 400.0
+    errors = "\n".join(validate(bad))
+    for expected in (
+        "pbt.members: 'nobody' is not a policy",
+        "pbt.hyperparameters.lr: must be [low, high]",
+        "policies.member0.trainer.args.value_coef: PBT explores 'value_coef'",
+        "actors.workers: 3 cannot be dealt out evenly to 2 PBT members",
+        "stop.eval_return: averages every member's evaluation",
+    ):
+        assert expected in errors
