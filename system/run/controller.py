@@ -96,6 +96,10 @@ class Controller:
         self.socket = wire.make_socket(
             zmq.ROUTER, server=True, hwm=10_000, max_message_bytes=CONTROL_MAX_BYTES
         )
+        # A worker's replacement (restarted by Docker, Kubernetes, Slurm) connects under the same
+        # identity while the hung original's connection may still be open: the newcomer takes
+        # the name over, or every message meant for the worker would go to the dead one.
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.socket.bind(bind)
         endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         port = endpoint.rsplit(":", 1)[1]

@@ -1,0 +1,58 @@
+"""A worker replaced by its scheduler takes over its name on the control channel at once.
+
+A hung worker's connection can outlive it on the controller's side (a container killed by a
+liveness probe, a host that vanished): its replacement connects with the same identity while the
+old connection is still open. The controller's socket must hand the identity over to the new
+connection; otherwise every message to the worker (configure, stop) goes to the dead one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from api.config import make_experiment
+from distributed.launch.local import ExternalLauncher
+from system.run.control_channel import ControlClient
+from system.run.controller import Controller
+from system.streams import wire
+
+
+@pytest.fixture
+def controller(tmp_path):
+    config = make_experiment("cartpole-ppo")
+    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            ctl._receive(timeout_ms=20)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield ctl
+    stop.set()
+    thread.join(timeout=5)
+    ctl.socket.close(linger=0)
+    ctl.metrics.close()
+
+
+def _configured(client: ControlClient) -> bool:
+    client.send("hello", {"pid": 1})
+    received = wire.recv(client.socket, timeout_ms=10_000)
+    return received is not None and received[1].kind == "configure"
+
+
+def test_a_replacement_with_the_same_name_is_answered_while_the_old_one_hangs(controller):
+    old = ControlClient(controller.address, "actor/1")
+    clients = [old]
+    try:
+        assert _configured(old)
+        # the old process hangs (still connected, reads nothing); its replacement says hello
+        new = ControlClient(controller.address, "actor/1")
+        clients.append(new)
+        assert _configured(new), "the controller answered the hung connection, not the new one"
+        assert controller.workers["actor/1"].restarts == 1  # counted as restarted elsewhere
+    finally:
+        for client in clients:
+            client.close()
