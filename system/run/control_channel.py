@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import zmq
@@ -114,13 +115,25 @@ class ControlClient:
                 "is gone, so this worker exits (resume with `troupe run --resume RUN_DIR`)"
             )
 
-    def moved(self) -> dict[str, str]:
-        """Names whose owner moved since the last call, and their new addresses."""
+    def moved(self, names: Iterable[str]) -> dict[str, str]:
+        """Which of ``names`` moved since the last call, and their new addresses.
+
+        Each watcher of a worker asks for its own names, so one does not swallow the notices
+        another is waiting for (a trainer follows both the parameter service and its replay
+        worker)."""
+        wanted = set(names)
         moved: dict[str, str] = {}
+        kept, unclaimed = [], {}
         for m in self.inbox:
-            if m.kind == "moved" and isinstance(m.body, dict):
-                moved[str(m.body.get("name"))] = str(m.body.get("address"))
-        self.inbox = [m for m in self.inbox if m.kind != "moved"]
+            if m.kind != "moved":
+                kept.append(m)
+            elif isinstance(m.body, dict):  # a malformed notice is dropped
+                name = str(m.body.get("name"))
+                if name in wanted:
+                    moved[name] = str(m.body.get("address"))
+                else:
+                    unclaimed[name] = m  # only the newest notice of a name matters
+        self.inbox = kept + list(unclaimed.values())
         return moved
 
     def hello(self, role: str) -> dict[str, Any]:

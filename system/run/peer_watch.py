@@ -1,4 +1,4 @@
-"""Keeping a worker connected to the parameter service across the service's restarts.
+"""Keeping a worker connected to the parameter service (and a replay worker) across restarts.
 
 A trainer publishes through, and a policy worker listens on, sockets connected to the addresses
 the parameter service registered. When the service dies and the controller restarts it, the new
@@ -19,6 +19,7 @@ from typing import Protocol
 from system.parameters.interfaces import ParameterClientBase
 from system.run.control_channel import ControlClient
 from system.run.plan import PARAMS_PUSH, PARAMS_REQUEST
+from system.streams.replay import ZmqReplayClient
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ParameterServiceWatch:
         self.reconnects = 0
 
     def __call__(self) -> None:
-        moved = self.ctl.moved()
+        moved = self.ctl.moved(self.NAMES)
         if any(name in moved for name in self.NAMES):
             self.reconnects += 1
             logger.warning(
@@ -58,5 +59,36 @@ class ParameterServiceWatch:
             # Both names are looked up again: the second may not be registered yet, and a
             # lookup waits for it, so the new client never mixes old and new addresses.
             self.worker.reconnect(self.new_client())
+        if self.then is not None:
+            self.then()
+
+
+class ReplayWorkerWatch:
+    """Moves an off-policy trainer's replay client to a restarted replay worker's new address.
+
+    Runs on the trainer's heartbeat, before the watches it wraps (``then``)."""
+
+    def __init__(
+        self,
+        ctl: ControlClient,
+        client: ZmqReplayClient,
+        name: str,
+        then: Callable[[], None] | None = None,
+    ):
+        self.ctl = ctl
+        self.client = client
+        self.name = name
+        self.then = then
+        self.reconnects = 0
+
+    def __call__(self) -> None:
+        moved = self.ctl.moved([self.name])
+        if self.name in moved:
+            self.reconnects += 1
+            logger.warning(
+                "%s: the replay worker was restarted; reconnecting (%d)",
+                *(self.ctl.worker_id, self.reconnects),
+            )
+            self.client.reconnect(moved[self.name])
         if self.then is not None:
             self.then()

@@ -149,9 +149,10 @@ class ReplayPlan(WorkerPlan):
 
     role: ClassVar[Role] = Role.REPLAY
     stop_order: ClassVar[int] = 1
-    restartable: ClassVar[bool] = False
-    """Not yet: the buffer is not checkpointed, and its trainer does not follow a restarted one
-    to its new address; a dead replay worker ends the run with its error."""
+    restartable: ClassVar[bool] = True
+    """A restarted replay worker starts from the buffer saved at the last stop (a resumed run) or
+    empty, and refills from the actors before it serves again (``replay.min_size``); its trainer
+    and actors follow it to its new address (``moved``)."""
     policy: str = ""
     """The policy whose samples this buffer holds."""
 

@@ -31,7 +31,7 @@ from system.parameters.store import ParameterStore
 from system.run import builders, declared
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
 from system.run.coordination import follow_coordination
-from system.run.peer_watch import ParameterServiceWatch
+from system.run.peer_watch import ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import (
     PARAMS_PUSH,
     PARAMS_REQUEST,
@@ -191,6 +191,10 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
         built.on_heartbeat = ParameterServiceWatch(
             ctl, built.worker, lambda: wiring.parameter_client(subscribe), built.on_heartbeat
         )
+        replay = getattr(built.worker, "replay", None)
+        if isinstance(replay, ZmqReplayClient):
+            name = replay_batches_endpoint(plan.policy)
+            built.on_heartbeat = ReplayWorkerWatch(ctl, replay, name, built.on_heartbeat)
     built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
     return built
 
@@ -214,7 +218,11 @@ class ActorPeerWatchdog:
         self.backlogged_since: float | None = None
 
     def __call__(self) -> None:
-        self._follow(self.ctl.moved())
+        names = [
+            *self.inference_names.values(),
+            *(n for ns in self.sample_names.values() for n in ns),
+        ]
+        self._follow(self.ctl.moved(names))
         stalled = self.worker.stalled_policies(self.STALL_S)
         if stalled:
             logger.warning("%s: no answer from %s; reconnecting", self.ctl.worker_id, stalled)

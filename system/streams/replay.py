@@ -181,9 +181,23 @@ class ZmqReplayClient(ReplayClient):
 
     def __init__(self, address: str):
         super().__init__()
-        self.socket = wire.make_socket(zmq.DEALER, server=False, hwm=16)
-        self.socket.connect(address)
+        self.socket = self._connect(address)
         self.bad_messages = BadMessages(logger, "replay client")
+
+    @staticmethod
+    def _connect(address: str) -> zmq.Socket:
+        socket = wire.make_socket(zmq.DEALER, server=False, hwm=16)
+        socket.connect(address)
+        return socket
+
+    def reconnect(self, address: str) -> None:
+        """Follow a restarted replay worker to its new address. The request in flight died
+        with the old process, so a fresh one goes out; the priorities it carried are dropped
+        (their keys named slots of the old buffer)."""
+        self.socket.close(linger=0)
+        self.socket = self._connect(address)
+        self.waiting = False
+        self.request()
 
     def _send(self, keys, priorities) -> None:
         wire.send(self.socket, "replay_sample", {"keys": keys, "priorities": priorities})

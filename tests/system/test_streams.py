@@ -163,7 +163,9 @@ def test_a_backlogged_actor_reconnects_only_to_trainers_that_moved(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(worker_process.time, "monotonic", lambda: clock[0])
     samples = _FakeSamples()
-    ctl = SimpleNamespace(worker_id="actor/0", lookup=lambda name: where[name], moved=lambda: {})
+    ctl = SimpleNamespace(
+        worker_id="actor/0", lookup=lambda name: where[name], moved=lambda names: {}
+    )
     worker = SimpleNamespace(samples=samples, stalled_policies=lambda timeout_s: set())
     watchdog = worker_process.ActorPeerWatchdog(ctl, worker, {}, {"p": ["samples/p/0"]})
     where = {"samples/p/0": "tcp://old:1"}
