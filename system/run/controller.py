@@ -436,7 +436,8 @@ class Controller:
             if numeric:
                 self.trainer_stats.setdefault(state.plan.policy, {}).update(numeric)
                 self._callback(self.callbacks.train_result, state.plan.policy, numeric)
-        state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+        if stats:  # a heartbeat sent during a long poll carries none: keep the last ones
+            state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
         state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
 
     def _callback(self, hook, *args) -> None:

@@ -28,7 +28,12 @@ from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
-from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
+from system.run.control_channel import (
+    HEARTBEAT_S,
+    BusyHeartbeat,
+    ControlClient,
+    StopRequested,
+)
 from system.run.peer_watch import ParameterServiceWatch
 from system.run.plan import (
     PARAMS_PUSH,
@@ -312,9 +317,18 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
 
 
 def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
+    busy = BusyHeartbeat(ctl, on_beat=_mark_alive)
+    try:
+        return _polls(ctl, worker, watchdog, busy)
+    finally:
+        busy.stop()
+
+
+def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) -> int:
     next_beat = next_check = 0.0
     while True:
-        worker.poll()
+        with busy:  # a poll that runs long (a trainer step) still sends heartbeats
+            worker.poll()
         now = time.monotonic()
         if now < next_check:
             continue
