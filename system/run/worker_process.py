@@ -52,6 +52,7 @@ from system.run.plan import (
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
+from system.streams.obs_slots import SlotWriter
 from system.streams.replay import ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
 from system.workers.actor_worker import ActorWorker
@@ -93,6 +94,7 @@ class SocketWiring:
         self.config = config
         self._spaces: builders.AgentSpaces | None = None
         self._params_max_bytes: int | None = None
+        self._obs_slots: SlotWriter | bool | None = None
 
     @property
     def spaces(self) -> builders.AgentSpaces:
@@ -129,7 +131,20 @@ class SocketWiring:
         return server
 
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> ZmqInferenceClient:
-        return ZmqInferenceClient({p: self.ctl.lookup(n) for p, n in endpoints.items()})
+        return ZmqInferenceClient(
+            {p: self.ctl.lookup(n) for p, n in endpoints.items()}, slots=self.obs_slots()
+        )
+
+    def obs_slots(self) -> SlotWriter | None:
+        """This actor's shared memory for observations (one for both streams), or None when
+        this host has none to offer (``TROUPE_SHM_DIR=off``, no writable directory)."""
+        if self._obs_slots is None:
+            try:
+                self._obs_slots = SlotWriter()
+            except OSError as e:
+                logger.info("observations go over sockets only: %s", e)
+                self._obs_slots = False
+        return self._obs_slots or None
 
     def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy) -> ZmqSampleConsumer:
         layout = declared.segment_layout(self.config, self.spaces, policy, plan.policy)
@@ -153,7 +168,8 @@ class SocketWiring:
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
         return ZmqSampleProducer(
-            {p: [self.ctl.lookup(n) for n in names] for p, names in endpoints.items()}
+            {p: [self.ctl.lookup(n) for n in names] for p, names in endpoints.items()},
+            slots=self.obs_slots(),
         )
 
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
