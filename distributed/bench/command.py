@@ -2,6 +2,7 @@
 
     troupe bench                      # every suite, full size (about 10-15 minutes on 2 cores)
     troupe bench throughput latency   # some suites
+    troupe bench pixels               # Pong end to end against the raw emulator (atari extra)
     troupe bench --quick --json b.json  # every suite at minimum size: proves the command works
 
 Each suite lives in :mod:`distributed.bench.suites`; whole runs are watched by
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_SUITE_FAILED, EXIT_INTERRUPTED = 0, 1, 130
-SUITE_NAMES = ("throughput", "solve", "latency", "push", "scaling", "memory", "profile")
+SUITE_NAMES = ("throughput", "solve", "latency", "push", "scaling", "memory", "profile", "pixels")
 """The suites in their default order; :data:`distributed.bench.suites.SUITES` runs them. Named
 here so that building the ``troupe`` parser does not import the suites (numpy, multiprocessing)."""
 
@@ -82,7 +83,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
     from distributed.bench.suites import FULL, QUICK, SUITES, Row
     from system.run.report import jsonable
 
-    names = list(args.suites) or list(SUITE_NAMES)
+    names = list(args.suites) or default_suites()
     unknown = [n for n in names if n not in SUITE_NAMES]
     if unknown:
         raise UserError(
@@ -142,6 +143,13 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
     if args.markdown:
         Path(args.markdown).write_text(table)
     return code
+
+
+def default_suites() -> list[str]:
+    """Every suite; ``pixels`` only where the atari extra is installed (it needs ale-py)."""
+    from importlib.util import find_spec
+
+    return [n for n in SUITE_NAMES if n != "pixels" or find_spec("ale_py") is not None]
 
 
 def markdown_table(rows: list[Row], machine: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 
 from distributed.bench import micro as bench_micro
 from distributed.bench.cpu_profile import profile
+from distributed.bench.pixel_suite import pixel_suite
 from distributed.bench.rows import Row
 from distributed.bench.runs import RunResult, steady_fps, watch_run
 
@@ -374,4 +375,5 @@ SUITES = {
     "scaling": scaling,
     "memory": memory,
     "profile": profile,
+    "pixels": pixel_suite,
 }

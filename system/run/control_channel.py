@@ -53,6 +53,10 @@ class StopRequested(Exception):
 
 HEARTBEAT_S = 0.25
 """How often a worker sends a heartbeat (also while it waits for an answer)."""
+BUSY_AFTER_S = 1.0
+"""A poll running this long gets heartbeats from :class:`BusyHeartbeat`'s thread."""
+BUSY_MAX_S = 600.0
+"""...and for at most this long: a poll still running then is taken for a hung worker."""
 CONTROLLER_SILENCE_S = 2.5
 """A worker whose heartbeats the controller has not answered for this long leaves (ten
 heartbeats: a busy controller answers within one loop, a gone one never does)."""
@@ -86,15 +90,20 @@ class ControlClient:
         self.bad_messages = BadMessages(logger, f"control channel of {worker_id}")
         self.state = StateReplica(self)
         """This worker's copy of the run's global state, brought up to date by every ``ack``."""
+        self.lock = threading.RLock()
+        """Held around every use of the socket: a :class:`BusyHeartbeat` thread sends on it
+        too (a ZeroMQ socket may change threads only across a full memory barrier)."""
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
-        wire.send(self.socket, kind, body)
+        with self.lock:
+            wire.send(self.socket, kind, body)
 
     def heartbeat(self, stats: dict[str, Any]) -> None:
         """Send stats; the controller's ``ack`` proves it is still there."""
-        self.send("heartbeat", {"stats": stats, "state_revision": self.state.revision})
-        if self.unanswered_since is None:
-            self.unanswered_since = time.monotonic()
+        with self.lock:
+            self.send("heartbeat", {"stats": stats, "state_revision": self.state.revision})
+            if self.unanswered_since is None:
+                self.unanswered_since = time.monotonic()
 
     def controller_silent_s(self) -> float:
         """Seconds since the oldest heartbeat still unanswered was sent (0: all answered).
@@ -177,22 +186,23 @@ class ControlClient:
         )
 
     def _receive(self, timeout_ms: int) -> None:
-        try:
-            got = wire.recv(self.socket, timeout_ms=timeout_ms)
-        except WireError as e:
-            self.bad_messages.record(e)
-            return
-        if got is None:
-            return
-        self.unanswered_since = None  # any message proves the controller is there
-        self.heard = True
-        if got[1].kind != "ack":
-            self.inbox.append(got[1])
-        elif isinstance(got[1].body, dict) and "state" in got[1].body:
+        with self.lock:
             try:
-                self.state.apply(got[1].body["state"])
+                got = wire.recv(self.socket, timeout_ms=timeout_ms)
             except WireError as e:
                 self.bad_messages.record(e)
+                return
+            if got is None:
+                return
+            self.unanswered_since = None  # any message proves the controller is there
+            self.heard = True
+            if got[1].kind != "ack":
+                self.inbox.append(got[1])
+            elif isinstance(got[1].body, dict) and "state" in got[1].body:
+                try:
+                    self.state.apply(got[1].body["state"])
+                except WireError as e:
+                    self.bad_messages.record(e)
 
     def stop_requested(self) -> bool:
         """Non-blocking: has the controller said stop?"""
@@ -205,7 +215,56 @@ class ControlClient:
 
     def close(self) -> None:
         self.watch.stop()
-        self.socket.close(linger=200)  # let bye/error reach the controller
+        with self.lock:
+            self.socket.close(linger=200)  # let bye/error reach the controller
+
+
+class BusyHeartbeat:
+    """Heartbeats from a thread of its own while the worker is inside one long ``poll``.
+
+    A trainer's step on pixels (a Nature-CNN update over thousands of frames) can take longer
+    than the controller's heartbeat timeout on a loaded machine, and the worker loop beats only
+    between polls: the controller took such a trainer for dead and restarted it. While a poll
+    runs longer than :data:`BUSY_AFTER_S`, this thread sends the heartbeats instead (no stats,
+    so the controller keeps the worker's last figures), for at most :data:`BUSY_MAX_S`: a poll
+    that never returns is a hung worker, which must still go silent and be restarted. The
+    torch work of a step releases the GIL, so the thread runs while the main thread computes.
+    """
+
+    def __init__(self, ctl: ControlClient, on_beat=None):
+        self.ctl = ctl
+        self.on_beat = on_beat
+        self.busy_since: float | None = None
+        self.beats = 0
+        """Heartbeats this thread sent (tests and the worker's stats read it)."""
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="busy-heartbeat", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> BusyHeartbeat:
+        self.busy_since = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.busy_since = None
+
+    def _run(self) -> None:
+        while not self._stopping.wait(HEARTBEAT_S):
+            since = self.busy_since
+            busy = 0.0 if since is None else time.monotonic() - since
+            if not BUSY_AFTER_S <= busy <= BUSY_MAX_S:
+                continue
+            try:
+                self.ctl.heartbeat({})
+            except zmq.ZMQError:  # the socket is being closed: the worker is leaving
+                return
+            self.beats += 1
+            if self.on_beat is not None:
+                self.on_beat()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=2.0)
 
 
 class ConnectionWatch:

@@ -121,6 +121,9 @@ class Controller:
         self.display = LiveDisplay(config.name, enabled=display)
         self.totals = {"env_frames": 0, "eval_env_frames": 0}
         self.returns: deque[float] = deque(maxlen=100)
+        self.game_returns: deque[float] = deque(maxlen=100)
+        """Whole games' unclipped scores, where the environment reports one at a game's end
+        (``info["game_return"]``, as Atari-v0 does: its episodes are lives, rewards clipped)."""
         self.evaluation = EvaluationWindows(
             config.stop.eval_return, config.evaluation.episodes, config.stop.confirm_windows
         )
@@ -435,6 +438,9 @@ class Controller:
             self.totals["eval_env_frames"] += int(stats.get("eval_env_frames", 0))
             episodes = stats.get("episodes", [])
             self.returns.extend(e["episode_return"] for e in episodes)
+            self.game_returns.extend(
+                e["episode_info/game_return"] for e in episodes if "episode_info/game_return" in e
+            )
             self.train_window.extend(episodes)
             self.coordination.on_episodes(episodes, evaluation=False)
             self.coordination.on_episodes(stats.get("eval_episodes", []), evaluation=True)
@@ -452,7 +458,8 @@ class Controller:
                 self.trainer_stats.setdefault(state.plan.policy, {}).update(numeric)
                 self.coordination.on_train_stats(state.plan.policy, numeric)
                 self._callback(self.callbacks.train_result, state.plan.policy, numeric)
-        state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+        if stats:  # a heartbeat sent during a long poll carries none: keep the last ones
+            state.stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
         state.peak_rss_mb = max(state.peak_rss_mb, float(stats.get("peak_rss_mb", 0.0)))
 
     def _callback(self, hook, *args) -> None:
@@ -476,6 +483,7 @@ class Controller:
             "eval_env_frames": self.totals["eval_env_frames"],
             "episode_return": float(np.mean(self.returns)) if self.returns else None,
             "eval_return": self._eval_mean(),
+            "game_return": float(np.mean(self.game_returns)) if self.game_returns else None,
             "worker_health/alive": sum(w.state is WorkerState.ALIVE for w in self.workers.values()),
             "worker_health/restarts": sum(w.restarts for w in self.workers.values()),
         }
@@ -517,6 +525,7 @@ class Controller:
             "fps": record["fps"],
             "episode_return": record["episode_return"],
             "eval_return": record["eval_return"],
+            "game_return": record["game_return"],
             "target": self.config.stop.eval_return,
             "policies": {
                 name: {

@@ -70,6 +70,8 @@ def plain_line(snapshot: Mapping[str, Any]) -> str:
         f"return {_fmt(snapshot.get('episode_return'), '.1f')}",
         f"eval {_fmt(snapshot.get('eval_return'), '.1f')}/{_fmt(snapshot.get('target'), 'g')}",
     ]
+    if _num(snapshot.get("game_return")) is not None:  # the unclipped score (Atari)
+        parts.insert(4, f"game {_fmt(snapshot.get('game_return'), '.1f')}")
     policies = _policies(snapshot)
     for name, policy in policies.items():
         label = "" if len(policies) == 1 else f"{name}:"

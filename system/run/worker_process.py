@@ -29,7 +29,12 @@ from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
-from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
+from system.run.control_channel import (
+    HEARTBEAT_S,
+    BusyHeartbeat,
+    ControlClient,
+    StopRequested,
+)
 from system.run.coordination import follow_coordination
 from system.run.peer_watch import ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import (
@@ -49,6 +54,7 @@ from system.run.plan import (
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
+from system.streams.obs_slots import SlotWriter
 from system.streams.replay import ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
 from system.workers.actor_worker import ActorWorker
@@ -90,6 +96,7 @@ class SocketWiring:
         self.config = config
         self._spaces: builders.AgentSpaces | None = None
         self._params_max_bytes: int | None = None
+        self._obs_slots: SlotWriter | bool | None = None
 
     @property
     def spaces(self) -> builders.AgentSpaces:
@@ -126,7 +133,20 @@ class SocketWiring:
         return server
 
     def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> ZmqInferenceClient:
-        return ZmqInferenceClient({p: self.ctl.lookup(n) for p, n in endpoints.items()})
+        return ZmqInferenceClient(
+            {p: self.ctl.lookup(n) for p, n in endpoints.items()}, slots=self.obs_slots()
+        )
+
+    def obs_slots(self) -> SlotWriter | None:
+        """This actor's shared memory for observations (one for both streams), or None when
+        this host has none to offer (``TROUPE_SHM_DIR=off``, no writable directory)."""
+        if self._obs_slots is None:
+            try:
+                self._obs_slots = SlotWriter()
+            except OSError as e:
+                logger.info("observations go over sockets only: %s", e)
+                self._obs_slots = False
+        return self._obs_slots or None
 
     def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy) -> ZmqSampleConsumer:
         layout = declared.segment_layout(self.config, self.spaces, policy, plan.policy)
@@ -150,7 +170,8 @@ class SocketWiring:
 
     def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
         return ZmqSampleProducer(
-            {p: [self.ctl.lookup(n) for n in names] for p, names in endpoints.items()}
+            {p: [self.ctl.lookup(n) for n in names] for p, names in endpoints.items()},
+            slots=self.obs_slots(),
         )
 
     def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
@@ -324,9 +345,18 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
 
 
 def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
+    busy = BusyHeartbeat(ctl, on_beat=_mark_alive)
+    try:
+        return _polls(ctl, worker, watchdog, busy)
+    finally:
+        busy.stop()
+
+
+def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) -> int:
     next_beat = next_check = 0.0
     while True:
-        worker.poll()
+        with busy:  # a poll that runs long (a trainer step) still sends heartbeats
+            worker.poll()
         now = time.monotonic()
         if now < next_check:
             continue

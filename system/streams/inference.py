@@ -25,10 +25,13 @@ from api.policy import RolloutRequest, RolloutResult
 from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
+from system.streams.obs_slots import SlotReader, SlotWriter
 from system.streams.validation import RequestLayout
 
 logger = logging.getLogger(__name__)
 
+INFERENCE_SLOTS = 8
+"""Slots of an actor's inference ring at first: one per environment group and policy."""
 _MALFORMED = (WireError, KeyError, TypeError, AttributeError, ValueError, NamedArrayError)
 
 
@@ -51,6 +54,8 @@ class PendingRequest:
     group: int
     seq: int
     request: RolloutRequest
+    shm_answer: bool | None = None
+    """The answer to the sender's shared-memory offer, sent back with the reply."""
 
     @property
     def rows(self) -> int:
@@ -158,6 +163,7 @@ class ZmqInferenceServer(InferenceServer):
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "inference server")
+        self.slots = SlotReader()
 
     def gather(self, max_rows: int, max_wait_ms: float) -> list[PendingRequest]:
         out: list[PendingRequest] = []
@@ -184,13 +190,15 @@ class ZmqInferenceServer(InferenceServer):
                 if got is None:
                     return None
                 envelope, message = got
-                return _pending_from(envelope, message, self.layout)
+                return _pending_from(envelope, message, self.layout, self.slots)
             except WireError as e:
                 self.bad_messages.record(e)
                 timeout_ms = 0
 
     def reply(self, pending: PendingRequest, result: RolloutResult, version: int) -> None:
         body = {"group": pending.group, "seq": pending.seq, "result": result, "version": version}
+        if pending.shm_answer is not None:
+            body["shm"] = pending.shm_answer
         wire.send(self.socket, "rollout_result", body, envelope=pending.route)
 
     def close(self) -> None:
@@ -198,30 +206,47 @@ class ZmqInferenceServer(InferenceServer):
 
 
 def _pending_from(
-    envelope: list[bytes], message: wire.Message, layout: RequestLayout | None
+    envelope: list[bytes],
+    message: wire.Message,
+    layout: RequestLayout | None,
+    slots: SlotReader | None = None,
 ) -> PendingRequest:
     body = message.body
     if message.kind != "rollout" or not isinstance(body, dict):
         raise WireError(f"inference server expects 'rollout' messages, got '{message.kind}'")
+    answer = None
+    if "shm_offer" in body:
+        answer = slots is not None and slots.accepts(body["shm_offer"])
     try:
         request = body["request"]
         group, seq = int(body["group"]), int(body["seq"])
-        request = RolloutRequest(**dict(request.items()))
+        fields = dict(request.items())
+        if "shm_obs" in body:  # the observations are in the actor's shared memory
+            if slots is None:
+                raise WireError("observations in shared memory, which this server does not read")
+            fields["obs"] = slots.view(body["shm_obs"])
+        request = RolloutRequest(**fields)
         len(request.on_reset)
     except (KeyError, TypeError, AttributeError, ValueError, NamedArrayError) as e:
         raise WireError(f"malformed rollout request: {e}") from e
     if layout is not None:
         layout.check(request)
-    return PendingRequest(envelope, group, seq, request)
+    return PendingRequest(envelope, group, seq, request, answer)
 
 
 class ZmqInferenceClient(InferenceClient):
     """One DEALER socket per policy, connected to one of that policy's workers."""
 
-    def __init__(self, endpoints: dict[str, str]):
+    def __init__(self, endpoints: dict[str, str], *, slots: SlotWriter | None = None):
+        """``slots``: this actor's shared memory; observations go through it to a policy worker
+        that said it can read it (see :mod:`system.streams.obs_slots`)."""
         self.sockets: dict[str, zmq.Socket] = {}
         self.poller = zmq.Poller()
         self.bad_messages = BadMessages(logger, "inference client")
+        self.slots = slots
+        self.shm: dict[str, bool | None] = {}
+        """Per policy: whether its worker reads our shared memory (None: not answered yet)."""
+        self._slot_of: dict[tuple[str, int], int] = {}
         for policy, endpoint in endpoints.items():
             self.connect(policy, endpoint)
 
@@ -235,10 +260,27 @@ class ZmqInferenceClient(InferenceClient):
         sock.connect(endpoint)
         self.sockets[policy] = sock
         self.poller.register(sock, zmq.POLLIN)
+        self.shm[policy] = None  # ask the (maybe new) worker again
 
     def post(self, policy: str, group: int, seq: int, request: RolloutRequest) -> None:
-        body = {"group": group, "seq": seq, "request": request}
+        body: dict[str, Any] = {"group": group, "seq": seq, "request": request}
+        if self.slots is not None and self.slots.wants(request.obs):
+            if self.shm.get(policy):
+                self._through_slot(body, policy, group, request)
+            elif self.shm.get(policy) is None:
+                body["shm_offer"] = self.slots.info
         wire.send(self.sockets[policy], "rollout", body)
+
+    def _through_slot(self, body: dict, policy: str, group: int, request: RolloutRequest) -> None:
+        """Put the observations in this group's slot; the message names it instead. The slot is
+        rewritten only by this group's next request, which waits for this one's reply."""
+        slot = self._slot_of.setdefault((policy, group), len(self._slot_of))
+        desc = self.slots.put("inference", max(INFERENCE_SLOTS, slot + 1), slot, request.obs)
+        if desc is None:
+            return
+        request = request[:]  # shallow: the caller's request keeps its observations
+        request.obs = None
+        body["request"], body["shm_obs"] = request, desc
 
     def poll(self, timeout_ms: int) -> list[InferenceReply]:
         out: list[InferenceReply] = []
@@ -264,6 +306,8 @@ class ZmqInferenceClient(InferenceClient):
                 if message.kind != "rollout_result":
                     raise WireError(f"expected 'rollout_result', got '{message.kind}'")
                 result = RolloutResult(**dict(body["result"].items()))
+                if "shm" in body and self.shm.get(policy) is None:
+                    self.shm[policy] = bool(body["shm"])
                 return InferenceReply(
                     policy, int(body["group"]), int(body["seq"]), result, int(body["version"])
                 )
@@ -281,3 +325,5 @@ class ZmqInferenceClient(InferenceClient):
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()
+        if self.slots is not None:
+            self.slots.close()

@@ -28,6 +28,7 @@ from api.policy import SampleBatch
 from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
+from system.streams.obs_slots import SlotReader, SlotWriter
 from system.streams.validation import SegmentLayout
 
 logger = logging.getLogger(__name__)
@@ -108,12 +109,20 @@ class InprocSampleConsumer(SampleConsumer):
 class ZmqSampleProducer(SampleProducer):
     """One DEALER socket per policy, connected to every trainer worker of that policy."""
 
-    def __init__(self, endpoints: dict[str, list[str]], *, hwm: int = 4):
+    def __init__(
+        self, endpoints: dict[str, list[str]], *, hwm: int = 4, slots: SlotWriter | None = None
+    ):
+        """``slots``: this actor's shared memory, for the observations of chunks going to
+        trainers that said they can read it (see :mod:`system.streams.obs_slots`)."""
         self.hwm = hwm
         self.sockets: dict[str, zmq.Socket] = {}
         self.addresses: dict[str, list[str]] = {}
         self.credit: dict[str, int] = {}
         self.in_flight: dict[str, collections.deque[float]] = {}
+        self.slots = slots
+        self.shm: dict[str, int] = {}
+        """Per policy: trainers that said they read our shared memory (-1: one said no)."""
+        self.free_slots: dict[str, list[int]] = {}
         self.bad_messages = BadMessages(logger, "sample producer")
         for policy, addresses in endpoints.items():
             self.connect(policy, addresses)
@@ -134,6 +143,10 @@ class ZmqSampleProducer(SampleProducer):
         self.addresses[policy] = list(addresses)
         self.credit[policy] = max(1, len(addresses))
         self.in_flight[policy] = collections.deque()
+        self.shm[policy] = 0
+        # Chunks in flight, plus one. A slot is free again only when the ack of its own chunk
+        # names it (a chunk given up as lost keeps its slot: its trainer may still read it).
+        self.free_slots[policy] = list(range(self.credit[policy] + 1))
 
     def post(self, policy: str, segment: SampleBatch) -> None:
         self.outbox.append((policy, segment))
@@ -149,12 +162,36 @@ class ZmqSampleProducer(SampleProducer):
                 self._take_acks()
                 timeout_ms = 0
                 continue
+            body, slot = self._body(policy, segment)
             try:
-                wire.send(self.sockets[policy], "samples", {"segment": segment}, flags=zmq.NOBLOCK)
+                wire.send(self.sockets[policy], "samples", body, flags=zmq.NOBLOCK)
             except zmq.Again:  # no trainer connected yet
+                if slot is not None:
+                    self.free_slots[policy].append(slot)
                 return
             self.in_flight[policy].append(time.monotonic())
             self.outbox.popleft()
+
+    def _body(self, policy: str, segment: SampleBatch) -> tuple[dict, int | None]:
+        """The message of a chunk, and the shared-memory slot its observations are in, if so:
+        once every trainer of the policy said it reads our shared memory (else an offer)."""
+        body: dict = {"segment": segment}
+        if self.slots is None or not self.slots.wants(segment.obs) or self.shm[policy] < 0:
+            return body, None
+        if self.shm[policy] < len(self.addresses[policy]):
+            body["shm_offer"] = self.slots.info
+            return body, None
+        free = self.free_slots[policy]
+        if not free:
+            return body, None
+        slot = free.pop()
+        desc = self.slots.put(f"samples/{policy}", self.credit[policy] + 1, slot, segment.obs)
+        if desc is None:
+            free.append(slot)
+            return body, None
+        segment = segment[:]  # shallow: the observations travel as the descriptor
+        segment.obs = None
+        return {"segment": segment, "shm_obs": desc}, slot
 
     def _has_credit(self, policy: str) -> bool:
         sent = self.in_flight[policy]
@@ -180,8 +217,19 @@ class ZmqSampleProducer(SampleProducer):
                     break
                 if got[1].kind != "samples_ack":
                     self.bad_messages.record(WireError(f"unexpected '{got[1].kind}'"))
-                elif self.in_flight[policy]:
+                    continue
+                self._shm_ack(policy, got[1].body if isinstance(got[1].body, dict) else {})
+                if self.in_flight[policy]:
                     self.in_flight[policy].popleft()
+
+    def _shm_ack(self, policy: str, body: dict) -> None:
+        """What an ack says about shared memory: the answer to an offer, the slot now free."""
+        answer, slot = body.get("shm"), body.get("slot")
+        if answer is not None and self.shm[policy] >= 0:
+            self.shm[policy] = self.shm[policy] + 1 if answer is True else -1
+        free = self.free_slots[policy]
+        if type(slot) is int and 0 <= slot <= self.credit[policy] and slot not in free:
+            free.append(slot)
 
     @property
     def backlog(self) -> int:
@@ -190,6 +238,8 @@ class ZmqSampleProducer(SampleProducer):
     def close(self) -> None:
         for sock in self.sockets.values():
             sock.close(linger=0)
+        if self.slots is not None:
+            self.slots.close()
 
 
 class ZmqSampleConsumer(SampleConsumer):
@@ -208,6 +258,9 @@ class ZmqSampleConsumer(SampleConsumer):
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "sample consumer")
+        self.slots = SlotReader()
+        self.reused_slots = 0
+        """Chunks dropped because their slot was written again before they were read."""
 
     def poll(self, timeout_ms: int, max_items: int) -> list[SampleBatch]:
         out: list[SampleBatch] = []
@@ -217,25 +270,51 @@ class ZmqSampleConsumer(SampleConsumer):
                 if got is None:
                     break
                 envelope, message = got
-                self._ack(envelope)
-                out.append(_segment_from(message, self.layout))
+                segment = self._take(envelope, message)
+                if segment is not None:
+                    out.append(segment)
             except WireError as e:
                 self.bad_messages.record(e)
         return out
 
-    def _ack(self, envelope: list[bytes]) -> None:
+    def _take(self, envelope: list[bytes], message: wire.Message) -> SampleBatch | None:
+        """The chunk of a message, its observations copied out of the sender's slot first (then
+        acked, which frees the slot); None if the slot was reused meanwhile."""
+        body = message.body if isinstance(message.body, dict) else {}
+        ack: dict = {}
+        if "shm_offer" in body:
+            ack["shm"] = self.slots.accepts(body["shm_offer"])
+        obs = None
+        try:
+            if "shm_obs" in body:
+                obs = self.slots.copy(body["shm_obs"])
+                if obs is None:
+                    self.reused_slots += 1
+                    logger.warning("a sample chunk's slot was reused before it was read: dropped")
+                ack["slot"] = body["shm_obs"].get("slot")
+        finally:
+            self._ack(envelope, ack)
+        if "shm_obs" in body and obs is None:
+            return None
+        return _segment_from(message, self.layout, obs)
+
+    def _ack(self, envelope: list[bytes], body: dict | None = None) -> None:
+        """``body``: the answer to a shared-memory offer (``shm``), the slot read (``slot``)."""
         if envelope:
-            wire.send(self.socket, "samples_ack", {}, envelope=envelope, flags=zmq.NOBLOCK)
+            wire.send(self.socket, "samples_ack", body or {}, envelope=envelope, flags=zmq.NOBLOCK)
 
     def close(self) -> None:
         self.socket.close(linger=0)
 
 
-def _segment_from(message: wire.Message, layout: SegmentLayout | None) -> SampleBatch:
+def _segment_from(message: wire.Message, layout: SegmentLayout | None, obs=None) -> SampleBatch:
     if message.kind != "samples" or not isinstance(message.body, dict):
         raise WireError(f"sample consumer expects 'samples' messages, got '{message.kind}'")
     try:
-        segment = SampleBatch(**dict(message.body["segment"].items()))
+        fields = dict(message.body["segment"].items())
+        if obs is not None:
+            fields["obs"] = obs
+        segment = SampleBatch(**fields)
         len(segment.reward)
     except (KeyError, TypeError, AttributeError, NamedArrayError) as e:
         raise WireError(f"malformed sample segment: {e}") from e

@@ -379,6 +379,9 @@ class ActorWorker(Worker):
         stats = super().collect_stats()
         prefix = "eval_" if self.is_evaluation else ""
         stats[f"{prefix}env_frames"] = self.env_frames
+        slots = getattr(self.inference, "slots", None)  # one per actor, shared by both streams
+        if slots is not None:
+            stats["shm_obs_bytes"] = slots.bytes_written  # since the worker started
         stats[f"{prefix}episodes"] = self.episodes
         self.env_frames = 0
         self.episodes = []

@@ -1,0 +1,153 @@
+"""The ``pixels`` suite of ``troupe bench``: Pong end to end while training, against the emulator.
+
+In one command run, so the ratio holds on a shared machine: the raw emulator rate in this
+process (ALE Pong, ``frameskip=4``, no preprocessing; measured before and after the run, the mean
+taken), then ``troupe run pong-ppo`` for a fixed window after its first frames. Reported: the
+run's emulator frames/s (agent steps x 4), the ``cores``-core raw ceiling and the ratio to it;
+CPU microseconds a frame by role (``/proc/<pid>/stat`` over the window); peak resident memory by
+role (each worker's own ``ru_maxrss``, from ``workers.json``); and the bytes each frame costs in
+copies on the observation path, with shared memory (this run) and over sockets (what it was
+before, and still is across hosts), from the wire codec's own message sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed.bench import pixels
+from distributed.bench.cpu_profile import _cpu, _frames
+from distributed.bench.rows import Row
+from distributed.bench.runs import troupe_command
+
+FIRST_FRAMES_S = 240.0
+"""How long Pong may take to start on a loaded machine (torch imports, ROM loads)."""
+
+
+def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
+    cores = len(os.sched_getaffinity(0))
+    window = max(size.run_s, 10.0)
+    raw_before = pixels.raw_rate(seconds=max(size.raw_s, 1.0))
+    run = pong_run(workdir / "pixels-pong", size.warmup_s, window)
+    raw_after = pixels.raw_rate(seconds=max(size.raw_s, 1.0))
+    raw_fps = (raw_before.frames_per_s + raw_after.frames_per_s) / 2
+    ceiling = cores * raw_fps
+    raw_cpu = (raw_before.frames_per_cpu_s + raw_after.frames_per_cpu_s) / 2
+    copies = copied_bytes_per_frame()
+    figures = {
+        "raw_before": raw_before.to_dict(),
+        "raw_after": raw_after.to_dict(),
+        "raw_fps": raw_fps,
+        "cores": cores,
+        "ceiling_fps": ceiling,
+        **run,
+        "ratio_to_ceiling": run["fps"] / ceiling,
+        # Per CPU second: what a frame costs whoever else runs (the wall-clock ratio above
+        # depends on the share of the cores the run and the raw loop each got).
+        "fps_per_cpu_s": run["fps"] / max(run["cpu_percent"] / 100.0, 1e-9),
+        "raw_fps_per_cpu_s": raw_cpu,
+        "ratio_per_cpu_s": run["fps"] / max(run["cpu_percent"] / 100.0, 1e-9) / raw_cpu,
+        "bytes_copied_per_frame": copies,
+        "load_average": list(os.getloadavg()),
+    }
+    by_role = ", ".join(f"{w} {us:,.0f}" for w, us in run["us_per_frame"].items())
+    memory = ", ".join(f"{w} {mb:,.0f}" for w, mb in run["peak_rss_mb"].items())
+    rows = [
+        Row("pixels", "ALE Pong raw emulator frames/s, 1 core (before / after the run)",
+            f"{raw_before.frames_per_s:,.0f} / {raw_after.frames_per_s:,.0f}"),
+        Row("pixels", f"pong-ppo emulator frames/s end to end, training ({window:.0f} s window)",
+            f"{run['fps']:,.0f}"),
+        Row("pixels", f"pong-ppo / {cores}-core raw ceiling ({ceiling:,.0f})",
+            f"{100 * figures['ratio_to_ceiling']:.1f}%", ">= 60%",
+            figures["ratio_to_ceiling"] >= 0.6),
+        Row("pixels", "emulator frames per CPU second: pong-ppo (all workers) / raw loop",
+            f"{figures['fps_per_cpu_s']:,.0f} / {raw_cpu:,.0f} "
+            f"({100 * figures['ratio_per_cpu_s']:.1f}%)"),
+        Row("pixels", f"CPU us an emulator frame, by worker ({run['cpu_percent']:.0f}% CPU)",
+            by_role),
+        Row("pixels", "peak RSS by worker (MiB)", memory),
+        Row("pixels", "observation bytes copied an emulator frame: shared memory / sockets",
+            f"{copies['shm']:,.0f} / {copies['socket']:,.0f}"),
+    ]  # fmt: skip
+    return figures, rows
+
+
+def pong_run(run_dir: Path, warmup_s: float, window_s: float) -> dict[str, Any]:
+    """``troupe run pong-ppo`` (no evaluation workers): frames/s and CPU a frame by worker over
+    ``window_s`` after ``warmup_s`` past the first frames; peak memory by worker at the end."""
+    command = [
+        *troupe_command(), "run", "pong-ppo", "stop.eval_return=None", "evaluation.workers=0",
+        "stop.env_frames=1000000000", "--run-dir", str(run_dir), "--no-display",
+        f"stop.wall_seconds={FIRST_FRAMES_S + warmup_s + window_s}",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    started = time.monotonic()
+    try:
+        while _frames(run_dir) == 0:
+            if process.poll() is not None or time.monotonic() - started > FIRST_FRAMES_S:
+                raise RuntimeError(f"pong-ppo gave no frames in {FIRST_FRAMES_S:.0f}s")
+            time.sleep(0.2)
+        first_frames_s = time.monotonic() - started
+        time.sleep(warmup_s)
+        pids = {w: v["pid"] for w, v in _workers(run_dir).items()}
+        cpu0, frames0, t0 = _cpu(pids), _frames(run_dir), time.monotonic()
+        time.sleep(window_s)
+        cpu1, frames1, t1 = _cpu(pids), _frames(run_dir), time.monotonic()
+    finally:
+        process.send_signal(2)  # SIGINT: the controller stops every worker in order
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    emulator = (frames1 - frames0) * pixels.FRAME_SKIP
+    used = {w: cpu1[w] - cpu0[w] for w in pids if w in cpu0 and w in cpu1}
+    workers = _workers(run_dir)
+    return {
+        "first_frames_s": first_frames_s,
+        "window_s": t1 - t0,
+        "agent_steps": frames1 - frames0,
+        "fps": emulator / (t1 - t0),
+        "cpu_percent": 100.0 * sum(used.values()) / (t1 - t0),
+        "us_per_frame": {w: 1e6 * s / max(emulator, 1) for w, s in used.items()},
+        "peak_rss_mb": {w: float(v.get("peak_rss_mb") or 0.0) for w, v in workers.items()},
+        "restarts": sum(int(v.get("restarts") or 0) for v in workers.values()),
+    }
+
+
+def copied_bytes_per_frame(batch: int = 4, segment_length: int = 128) -> dict[str, float]:
+    """Bytes copied on the observation path for one emulator frame, as pong-ppo sends them
+    (``batch`` environments a request, ``segment_length``-step segments).
+
+    Counted copies, from the code path: the actor stacks a request's observations (1x) and
+    records the step into its segment buffer (1x) and the completed segment out of it (1x a
+    trained step, plus the bootstrap step). Over a socket, every byte of a message is copied
+    into the kernel and out of it again (2x the message), and the trainer copies a chunk out
+    of its frame (1x). Through shared memory, the actor writes the request and the chunk into
+    slots once each, the policy worker reads the request in place, the trainer copies the chunk
+    out (1x). The message sizes are the wire codec's (:func:`pixels.wire_bytes`).
+    """
+    wire = pixels.wire_bytes(batch=batch, segment_length=segment_length)
+    obs, boot = wire.obs_bytes, (segment_length + 1) / segment_length
+    actor = obs + obs + obs * boot  # stack, record, cut the segment out
+    socket = actor + 2 * wire.inference_per_obs + 3 * wire.samples_per_step
+    shared = actor + obs + 2 * obs * boot  # slot writes, and the trainer's copy out
+    return {
+        "socket": socket / pixels.FRAME_SKIP,
+        "shm": shared / pixels.FRAME_SKIP,
+        "obs_bytes": obs,
+        "per": "emulator frame (agent step / frame skip)",
+    }
+
+
+def _workers(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "workers.json").read_text())
+    except (OSError, ValueError):
+        return {}

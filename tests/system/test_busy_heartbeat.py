@@ -1,0 +1,47 @@
+"""Issue 15, item 3: a trainer whose step outlasts the controller's heartbeat timeout is not taken
+for dead. Before the busy heartbeat thread, the worker loop beat only between polls, so a trainer
+silent for longer than the timeout (a CNN update on a loaded machine) was restarted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from api import registry
+from api.config import make_experiment
+from distributed.launch.local import LocalLauncher
+from system.run.controller import Controller
+from system.run.report import read_metrics
+
+pytestmark = pytest.mark.multiprocess
+
+SLOW = Path(__file__).resolve().parent / "user_code" / "slow_trainer.py"
+HEARTBEAT_TIMEOUT_S = 2.0
+"""Much shorter than one trainer step (``slow_trainer.STEP_S`` = 5 s plus PPO itself)."""
+
+
+def test_a_trainer_step_longer_than_the_heartbeat_timeout_is_not_restarted(tmp_path):
+    registry.register_trainer(
+        "slow-ppo", "slow_trainer:SlowPPOTrainer", source=str(SLOW), override=True
+    )
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "policies.default.trainer.type=slow-ppo", "actors.workers=1",
+            "actors.envs_per_worker=16", "evaluation.workers=0", "stop.eval_return=None",
+            "stop.env_frames=6000",
+        ])  # fmt: skip
+    finally:
+        registry.trainers.unregister("slow-ppo")
+    assert [r.name for r in config.code.registrations] == ["slow-ppo"]
+    controller = Controller(
+        config, tmp_path, LocalLauncher(), display=False, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S
+    )
+    summary = controller.run()
+    assert summary["stop_reason"] == "env_frames", summary
+    workers = json.loads((tmp_path / "workers.json").read_text())
+    assert {w: s["restarts"] for w, s in workers.items() if s["restarts"]} == {}, workers
+    steps = [r["trainer/default/step_s"] for r in read_metrics(tmp_path)
+             if r.get("trainer/default/step_s") is not None]  # fmt: skip
+    assert steps and min(steps) > 2 * HEARTBEAT_TIMEOUT_S, steps  # the steps were that long
