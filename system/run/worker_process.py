@@ -36,7 +36,7 @@ from system.run.control_channel import (
     StopRequested,
 )
 from system.run.coordination import follow_coordination
-from system.run.peer_watch import ParameterServiceWatch, ReplayWorkerWatch
+from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import (
     PARAMS_PUSH,
     PARAMS_REQUEST,
@@ -57,7 +57,6 @@ from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.obs_slots import SlotWriter
 from system.streams.replay import ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
-from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
 from system.workers.parameter_worker import ParameterServiceWorker
 
@@ -218,67 +217,6 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
             built.on_heartbeat = ReplayWorkerWatch(ctl, replay, name, built.on_heartbeat)
     built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
     return built
-
-
-class ActorPeerWatchdog:
-    """Reconnects an actor to peers that were restarted elsewhere (new addresses).
-
-    A request that no policy worker answers for ``STALL_S`` seconds, or a sample backlog that
-    does not drain for as long, means the peer may have been restarted: look its name up again,
-    reconnect (the sample stream only if a trainer's address changed), and send the unanswered
-    requests again.
-    """
-
-    STALL_S = 5.0
-
-    def __init__(self, ctl: ControlClient, worker: ActorWorker, inference_names, sample_names):
-        self.ctl = ctl
-        self.worker = worker
-        self.inference_names = inference_names
-        self.sample_names = sample_names
-        self.backlogged_since: float | None = None
-
-    def __call__(self) -> None:
-        names = [
-            *self.inference_names.values(),
-            *(n for ns in self.sample_names.values() for n in ns),
-        ]
-        self._follow(self.ctl.moved(names))
-        stalled = self.worker.stalled_policies(self.STALL_S)
-        if stalled:
-            logger.warning("%s: no answer from %s; reconnecting", self.ctl.worker_id, stalled)
-            for policy in stalled:
-                self.worker.inference.connect(policy, self.ctl.lookup(self.inference_names[policy]))
-            self.worker.repost(stalled)
-        samples = self.worker.samples
-        if samples is None or not samples.backlogged:
-            self.backlogged_since = None
-            return
-        now = time.monotonic()
-        if self.backlogged_since is None:
-            self.backlogged_since = now
-        elif now - self.backlogged_since > self.STALL_S:
-            # A slow trainer also leaves actors backlogged: reconnect only to trainers that moved
-            # (reconnecting drops what the old socket still held).
-            self.backlogged_since = None
-            for policy, names in self.sample_names.items():
-                addresses = [self.ctl.lookup(n) for n in names]
-                if addresses != samples.addresses.get(policy):
-                    logger.warning("%s: trainers of '%s' moved; reconnecting", self.ctl.worker_id,
-                                   policy)  # fmt: skip
-                    samples.connect(policy, addresses)
-
-    def _follow(self, moved: dict[str, str]) -> None:
-        """Peers the controller says were restarted at new addresses: reconnect now, rather
-        than after a stall."""
-        for policy, name in self.inference_names.items():
-            if name in moved:
-                self.worker.inference.connect(policy, moved[name])
-                self.worker.repost({policy})
-        samples = self.worker.samples
-        for policy, names in self.sample_names.items():
-            if samples is not None and any(n in moved for n in names):
-                samples.connect(policy, [self.ctl.lookup(n) for n in names])
 
 
 def main(

@@ -158,23 +158,23 @@ class _FakeSamples:
 def test_a_backlogged_actor_reconnects_only_to_trainers_that_moved(monkeypatch):
     from types import SimpleNamespace
 
-    from system.run import worker_process
+    from system.run import peer_watch
 
     clock = [0.0]
-    monkeypatch.setattr(worker_process.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(peer_watch.time, "monotonic", lambda: clock[0])
     samples = _FakeSamples()
     ctl = SimpleNamespace(
         worker_id="actor/0", lookup=lambda name: where[name], moved=lambda names: {}
     )
     worker = SimpleNamespace(samples=samples, stalled_policies=lambda timeout_s: set())
-    watchdog = worker_process.ActorPeerWatchdog(ctl, worker, {}, {"p": ["samples/p/0"]})
+    watchdog = peer_watch.ActorPeerWatchdog(ctl, worker, {}, {"p": ["samples/p/0"]})
     where = {"samples/p/0": "tcp://old:1"}
     for _ in range(3):  # a slow trainer: backlogged for long, same address
         watchdog()
-        clock[0] += worker_process.ActorPeerWatchdog.STALL_S + 1
+        clock[0] += peer_watch.ActorPeerWatchdog.STALL_S + 1
     assert samples.connected == []
     where["samples/p/0"] = "tcp://new:2"  # restarted elsewhere
     watchdog()
-    clock[0] += worker_process.ActorPeerWatchdog.STALL_S + 1
+    clock[0] += peer_watch.ActorPeerWatchdog.STALL_S + 1
     watchdog()
     assert samples.connected == [("p", ["tcp://new:2"])]
