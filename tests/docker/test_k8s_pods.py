@@ -1,5 +1,5 @@
 """The Kubernetes manifests' pods, carried out under Docker by ``kubelet.py`` (no Kubernetes node
-can be started here): cartpole-ppo solves from them, and a worker that hangs is restarted by its
+can be started here): cartpole-ppo learns from them, and a worker that hangs is restarted by its
 liveness probe (the heartbeat file goes stale) and the run goes on."""
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ def read_json(path: Path) -> dict:
 def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
     docker_client, tmp_path
 ):
-    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=400"])
+    # a frame budget, not the solve target, ends the run: solving can take less time than the
+    # probe needs to see the hung worker (stale heartbeat file, then a restart)
+    config = make_experiment(
+        "cartpole-ppo", ["stop.eval_return=None", "stop.env_frames=300000", "stop.wall_seconds=400"]
+    )
     options = k8s.K8sOptions(run_name=RUN, image=IMAGE, probe_stale_seconds=6)
     objects = k8s.build_manifests(config, options)
     kubelet = Kubelet(docker_client, objects, RunKeys.generate().to_text(), tmp_path, RUN)
@@ -55,8 +59,8 @@ def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
         kubelet.stop()
     assert hung, f"the run ended before a worker could be hung:\n{logs}"
     summary = read_json(run_dir / "summary.json")
-    assert summary.get("solved") is True, logs
-    assert summary["stop_reason"] == "eval_return"
+    assert summary["stop_reason"] == "env_frames", logs
+    assert summary["best_eval_return"] >= 475, logs  # CartPole learned, from the pods
     actor = kubelet.pod(f"{RUN}-actor-1")
     assert actor.probe_restarts == 1  # stopped, never crashed: only its probe could tell
     assert sum(p.probe_restarts for p in kubelet.pods) == 1
@@ -69,8 +73,4 @@ def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
     workers = read_json(run_dir / "workers.json")
     assert workers["actor/1"]["restarts"] >= 1, f"{workers}\n{logs}"
     assert docker_client.containers.list(all=True, filters={"label": f"troupe.kubelet={RUN}"}) == []
-    if workers["actor/1"]["state"] != "stopped":  # everything above holds; this is still open
-        pytest.xfail(
-            "known defect: the probe-restarted actor/1 ends as 'failed' in workers.json, not "
-            "'stopped' (seen at main 801ce0e after the lifecycle merge)"
-        )
+    assert {w: s["state"] for w, s in workers.items() if s["state"] != "stopped"} == {}, logs
