@@ -60,6 +60,7 @@ class _ScalarEvents:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        _quiet_writer_thread_errors()
         self._writer = EventFileWriter(str(run_dir), flush_secs=_TB_FLUSH_SECS)
 
     def add_scalar(self, tag: str, value: float, global_step: int) -> None:
@@ -73,6 +74,28 @@ class _ScalarEvents:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def _quiet_writer_thread_errors() -> None:
+    """Keep an OSError of tensorboard's writer thread (a full disk) from printing a traceback.
+
+    The thread keeps the error and tensorboard raises it again in the thread that writes or
+    flushes next: there the controller turns it into its one-line run-folder error. Every other
+    exception of every other thread still reaches the previous hook."""
+    previous = threading.excepthook
+    if getattr(previous, "troupe_quiet", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(
+            args.exc_type, OSError
+        ):
+            logger.debug("tensorboard's writer thread stopped: %s", args.exc_value)
+            return
+        previous(args)
+
+    hook.troupe_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def _open_summary_writer(run_dir: Path) -> Any | None:
