@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from distributed.bench import lag as bench_lag
 from distributed.bench import micro as bench_micro
 from distributed.bench.cpu_profile import profile
 from distributed.bench.rows import Row
@@ -374,4 +375,5 @@ SUITES = {
     "scaling": scaling,
     "memory": memory,
     "profile": profile,
+    "lag": bench_lag.suite,
 }
