@@ -80,7 +80,7 @@ def _register_policies() -> None:
     registry.register_policy(
         "actor-critic",
         "algorithm.actor_critic_policies.policy:ActorCriticPolicy",
-        description="Actor-critic policy: separate or shared backbone, optional GRU memory.",
+        description="Actor-critic, Discrete/MultiDiscrete/Box actions (ppo, impala); optional GRU.",
     )
     registry.register_policy(
         "random-legal",
@@ -108,22 +108,22 @@ def _register_trainers() -> None:
     registry.register_trainer(
         "ppo",
         "algorithm.ppo.trainer:PPOTrainer",
-        description="Proximal Policy Optimization with GAE (or V-trace), clipping and epochs.",
+        description="PPO (actor-critic, any action space): GAE or V-trace, clipping, epochs.",
     )
     registry.register_trainer(
         "impala",
         "algorithm.impala.trainer:ImpalaTrainer",
-        description="IMPALA: actor-critic with V-trace correction for stale actor samples.",
+        description="IMPALA (actor-critic, any action space): V-trace corrects stale samples.",
     )
     registry.register_trainer(
         "dqn",
         "algorithm.dqn.trainer:DQNTrainer",
-        description="DQN on replayed transitions: double, n-step, target network, Huber loss.",
+        description="DQN (q-network, Discrete actions) on a replay worker: double, n-step.",
     )
     registry.register_trainer(
         "sac",
         "algorithm.sac.trainer:SACTrainer",
-        description="Soft actor-critic on replayed transitions: twin Q, learned temperature.",
+        description="SAC (sac-policy, Box actions) on a replay worker: twin Q, learned alpha.",
     )
 
 

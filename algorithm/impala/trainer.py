@@ -21,15 +21,15 @@ A policy serves this trainer by returning :class:`ImpalaAnalyzedResult` from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from algorithm.modules.actor_critic_trainer import ActorCriticTrainer, masked_mean
 from algorithm.modules.policy_lag import policy_lag_stats
 from algorithm.modules.vtrace import vtrace_targets
 from api.policy import Policy, SampleBatch
-from api.trainer import Trainer, TrainerStepResult
+from api.trainer import TrainerStepResult
 
 
 @dataclass
@@ -60,12 +60,12 @@ UPDATE_STATS = (
 order."""
 
 
-class ImpalaTrainer(Trainer):
+class ImpalaTrainer(ActorCriticTrainer):
     """IMPALA: V-trace actor-critic, one pass over each batch.
 
     Args:
         policy: the policy to train (see the module docstring for what it must provide).
-        lr: Adam learning rate.
+        lr: Adam learning rate (the starting one under ``lr_schedule="linear"``).
         gamma: discount factor.
         rho_bar: clip of the importance weight in the value targets' TD errors (the paper's
             rho-bar; 1.0 in the paper). Larger trusts stale actions more.
@@ -77,7 +77,11 @@ class ImpalaTrainer(Trainer):
         value_coef: weight of the value loss ``0.5 * (V - vs)^2``.
         max_grad_norm: global gradient-norm clip.
         minibatches: gradient steps per batch, each on a share of the segments.
+        lr_schedule: ``"constant"`` or ``"linear"`` (to zero at ``total_steps`` trainer steps).
+        total_steps: trainer steps of the whole run; needed by the linear schedule.
         adam_eps: Adam's epsilon.
+        fused_adam: Adam's fused kernel (faster steps, slower first step; see
+            ``algorithm.modules.actor_critic_trainer.adam_impl``).
         seed: seeds the split of segments into minibatches (None: from torch's seed).
     """
 
@@ -97,49 +101,43 @@ class ImpalaTrainer(Trainer):
         value_coef: float = 0.5,
         max_grad_norm: float = 40.0,
         minibatches: int = 1,
+        lr_schedule: str = "constant",
+        total_steps: int | None = None,
         adam_eps: float = 1e-5,
+        fused_adam: bool = False,
         seed: int | None = None,
     ):
         if c_bar > rho_bar:
             raise ValueError(f"c_bar ({c_bar}) must not exceed rho_bar ({rho_bar}): see IMPALA")
-        if minibatches < 1:
-            raise ValueError(f"minibatches must be at least 1, got {minibatches}")
-        if not callable(getattr(policy, "parameters", None)):
-            raise TypeError(
-                f"ImpalaTrainer needs a policy with parameters(); {type(policy).__name__} has "
-                "none. Subclass algorithm.policy.SingleModelPytorchPolicy."
-            )
-        self._policy = policy
+        super().__init__(
+            policy,
+            lr=lr,
+            minibatches=minibatches,
+            max_grad_norm=max_grad_norm,
+            lr_schedule=lr_schedule,
+            total_steps=total_steps,
+            adam_eps=adam_eps,
+            fused_adam=fused_adam,
+            seed=seed,
+        )
         self.gamma, self.rho_bar, self.c_bar = gamma, rho_bar, c_bar
         self.pg_rho_bar, self.vtrace_lambda = pg_rho_bar, vtrace_lambda
         self.entropy_coef, self.value_coef = entropy_coef, value_coef
-        self.max_grad_norm, self.minibatches = max_grad_norm, minibatches
-        self._params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, foreach=True)
-        self._steps = 0
-        self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
-
-    @property
-    def policy(self) -> Policy:
-        return self._policy
 
     def step(self, samples: SampleBatch) -> TrainerStepResult:
-        device = getattr(self._policy, "device", torch.device("cpu"))
+        device = self._device()
         batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
         trained = ~(batch.done | batch.truncated)[:-1]
         stats = policy_lag_stats(self._policy.version, batch.policy_version[:-1], trained)
+        lr = self._set_lr()
         self._policy.train_mode()
-        segments = batch.reward.shape[1]
-        order = self._rng.permutation(segments)
         rows = []
-        for chunk in np.array_split(order, min(self.minibatches, segments)):
-            index = torch.as_tensor(np.sort(chunk), device=device)
+        # whole segments, in their order: V-trace runs along time inside each
+        for index in self._minibatch_indices(batch.reward.shape[1], device, sort=True):
             rows.append(self._update(batch.apply(lambda x, i=index: x.index_select(1, i))))
-        self._policy.inc_version()
-        self._steps += 1
-        means = torch.stack(rows).double().mean(dim=0).tolist()
-        stats.update(zip(UPDATE_STATS, means, strict=True))
-        return TrainerStepResult(stats=stats, step=self._steps)
+        step = self._finish_step()
+        stats.update(self._mean_update_stats(rows, UPDATE_STATS), lr=lr)
+        return TrainerStepResult(stats=stats, step=step)
 
     def _update(self, minibatch: SampleBatch) -> torch.Tensor:
         """One gradient step on whole segments; the :data:`UPDATE_STATS` as one tensor."""
@@ -158,30 +156,14 @@ class ImpalaTrainer(Trainer):
                 self.pg_rho_bar,
                 self.vtrace_lambda,
             )
-        valid, count = mask.bool(), mask.sum().clamp(min=1.0)
-
-        def mean(x: torch.Tensor) -> torch.Tensor:
-            # where, not a product: an untrained step's log-prob may be -inf
-            return torch.where(valid, x, torch.zeros_like(x)).sum() / count
-
+        valid, mean = mask.bool(), masked_mean(mask)
         policy_loss = -mean(advantages * out.new_log_prob)
         value_loss = 0.5 * mean((out.value - vs).pow(2))
         entropy = mean(out.entropy)
         loss = policy_loss + self.value_coef * value_loss - self.entropy_coef * entropy
-        for p in self._params:
-            p.grad = None
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = self._gradient_step(loss)
         with torch.no_grad():
             ratio = torch.where(valid, log_rho, torch.zeros_like(log_rho)).exp()
             clipped = mean((ratio > self.rho_bar).float())
             row = (policy_loss, value_loss, entropy, grad_norm, loss, mean(ratio), clipped)
             return torch.stack([*row, mean(vs)])
-
-    def get_checkpoint(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
-
-    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self._steps = int(checkpoint["steps"])

@@ -23,17 +23,17 @@ A policy serves this trainer by returning :class:`PPOAnalyzedResult` from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from algorithm.modules.actor_critic_trainer import ActorCriticTrainer, masked_mean
 from algorithm.modules.gae import gae_advantages
 from algorithm.modules.policy_lag import policy_lag_stats
 from algorithm.modules.vtrace import vtrace_targets
 from api.namedarray import NamedArray
 from api.policy import Policy, SampleBatch
-from api.trainer import Trainer, TrainerStepResult
+from api.trainer import TrainerStepResult
 
 
 @dataclass
@@ -66,45 +66,6 @@ UPDATE_STATS = (
 order."""
 
 
-def _mean_fn(mask: torch.Tensor | None):
-    """The loss's mean over valid steps. ``mask=None`` means every step is valid (feed-forward
-    minibatches are drawn from valid transitions only), which saves the masking ops."""
-    if mask is None:
-        # an empty minibatch (no valid transition at all) gives 0, as the masked version does
-        return lambda x: x.mean() if x.numel() else x.sum()
-    valid = mask.bool()
-    denom = mask.sum().clamp(min=1.0)
-
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        # where, not a product: a masked-out step must not leak inf or nan into the loss
-        return torch.where(valid, x, torch.zeros_like(x)).sum() / denom
-
-    return mean
-
-
-def _adam_impl(params: list[torch.Tensor], fused: bool) -> dict[str, bool]:
-    """How Adam runs: ``foreach`` (a few kernels for all parameters), or ``fused`` (one) when
-    asked and this torch has it for the parameters' device and dtype (CPU since torch 2.4).
-
-    All compute the default per-parameter loop's update up to float rounding; that loop, the
-    CPU's default, costs more than the update itself for small nets. Fused is faster still
-    (measured 59 against 170 us a step for cartpole-ppo's nets) but its first step imports
-    torch's compiler stack, 0.8 s on an idle core and seconds while a run's other workers start:
-    that delays the first weights every policy worker waits for, so it is opt-in.
-    """
-    if not fused:
-        return {"fused": False, "foreach": True}
-    for dtype, device in {(p.dtype, p.device) for p in params}:
-        probe = torch.zeros(1, dtype=dtype, device=device, requires_grad=True)
-        probe.grad = torch.zeros_like(probe)
-        try:
-            # older torch refuses in the constructor, newer ones on the first step
-            torch.optim.Adam([probe], fused=True).step()
-        except RuntimeError:
-            return {"fused": False, "foreach": True}
-    return {"fused": True, "foreach": False}
-
-
 def _take(x: NamedArray | torch.Tensor | None, index: torch.Tensor):
     """Entries ``index`` along dimension 1 of a tensor, or of every leaf of a NamedArray."""
     if isinstance(x, NamedArray):
@@ -112,7 +73,7 @@ def _take(x: NamedArray | torch.Tensor | None, index: torch.Tensor):
     return None if x is None else x.index_select(1, index)
 
 
-class PPOTrainer(Trainer):
+class PPOTrainer(ActorCriticTrainer):
     """PPO with GAE, clipped surrogate, optional value clipping and an entropy bonus.
 
     Args:
@@ -131,7 +92,8 @@ class PPOTrainer(Trainer):
         lr_schedule: ``"constant"`` or ``"linear"`` (to zero at ``total_steps`` trainer steps).
         total_steps: trainer steps of the whole run; needed by the linear schedule.
         adam_eps: Adam's epsilon.
-        fused_adam: Adam's fused kernel (faster steps, slower first step; see ``_adam_impl``).
+        fused_adam: Adam's fused kernel (faster steps, slower first step; see
+            ``algorithm.modules.actor_critic_trainer.adam_impl``).
         vtrace: V-trace value targets and advantages instead of GAE (see the module docstring).
         rho_bar: V-trace's clip of the importance weights in the targets and advantages. The
             traces also decay by ``gae_lambda``: on on-policy data the value targets are GAE's
@@ -169,37 +131,27 @@ class PPOTrainer(Trainer):
     ):
         if vtrace and c_bar > rho_bar:
             raise ValueError(f"c_bar ({c_bar}) must not exceed rho_bar ({rho_bar}): see IMPALA")
-        if lr_schedule not in ("constant", "linear"):
-            raise ValueError(f"lr_schedule must be 'constant' or 'linear', got '{lr_schedule}'")
-        if lr_schedule == "linear" and not total_steps:
-            raise ValueError("lr_schedule='linear' needs total_steps (trainer steps of the run)")
-        if not callable(getattr(policy, "parameters", None)):
-            raise TypeError(
-                f"PPOTrainer needs a policy with parameters(); {type(policy).__name__} has none. "
-                "Subclass algorithm.policy.SingleModelPytorchPolicy."
-            )
-        self._policy = policy
-        self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
+        super().__init__(
+            policy,
+            lr=lr,
+            minibatches=minibatches,
+            max_grad_norm=max_grad_norm,
+            lr_schedule=lr_schedule,
+            total_steps=total_steps,
+            adam_eps=adam_eps,
+            fused_adam=fused_adam,
+            seed=seed,
+        )
+        self.gamma, self.gae_lambda = gamma, gae_lambda
         self.clip, self.value_clip = clip, value_clip
         self.entropy_coef, self.value_coef = entropy_coef, value_coef
-        self.max_grad_norm = max_grad_norm
-        self.epochs, self.minibatches = epochs, minibatches
+        self.epochs = epochs
         self.normalize_advantages = normalize_advantages
-        self.lr_schedule, self.total_steps = lr_schedule, total_steps
         self.vtrace, self.rho_bar, self.c_bar = vtrace, rho_bar, c_bar
-        self._params = [p for p in policy.parameters() if p.requires_grad]
-        self._adam_impl = _adam_impl(self._params, fused_adam)
-        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, **self._adam_impl)
-        self._steps = 0
-        self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
-
-    @property
-    def policy(self) -> Policy:
-        return self._policy
 
     # ----------------------------------------------------------------- one iteration
     def step(self, samples: SampleBatch) -> TrainerStepResult:
-        device = getattr(self._policy, "device", torch.device("cpu"))
+        device = self._device()
         batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
         old_value = batch.policy_output.value.float()
         lr = self._set_lr()
@@ -212,11 +164,10 @@ class PPOTrainer(Trainer):
             for index in self._minibatch_indices(pool_adv.shape[1], pool_adv.device):
                 minibatch = (_take(x, index) for x in (pool, pool_adv, pool_ret, pool_mask))
                 rows.append(self._update(*minibatch))
-        self._policy.inc_version()
-        self._steps += 1
-        stats = self._mean_update_stats(rows)
+        step = self._finish_step()
+        stats = self._mean_update_stats(rows, UPDATE_STATS)
         stats.update(self._batch_stats(advantages, returns, old_value, mask), lr=lr, **lag)
-        return TrainerStepResult(stats=stats, step=self._steps)
+        return TrainerStepResult(stats=stats, step=step)
 
     @torch.no_grad()
     def _targets(self, batch: NamedArray, old_value: torch.Tensor) -> tuple:
@@ -254,7 +205,7 @@ class PPOTrainer(Trainer):
         """One gradient step; returns the :data:`UPDATE_STATS` as one detached tensor, so that
         the step reads them back once instead of once per statistic and minibatch."""
         out: PPOAnalyzedResult = self._policy.analyze(mb, target=self.analyze_target)
-        mean = _mean_fn(mask)
+        mean = masked_mean(mask)
         if self.normalize_advantages:
             centred = adv - mean(adv)
             adv = centred / (mean(centred.pow(2)).sqrt() + 1e-8)
@@ -273,25 +224,13 @@ class PPOTrainer(Trainer):
         value_loss = 0.5 * mean(value_error)
         entropy = mean(out.entropy)
         loss = policy_loss - self.entropy_coef * entropy + self.value_coef * value_loss
-        for p in self._params:  # zero_grad(set_to_none=True) without the optimizer's overhead
-            p.grad = None
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = self._gradient_step(loss)
         with torch.no_grad():
             ratio_change = ratio - 1.0
             approx_kl = mean(ratio_change - log_ratio)
             clip_fraction = mean((ratio_change.abs() > self.clip).float())
             row = (policy_loss, value_loss, entropy, approx_kl, clip_fraction, grad_norm, loss)
             return torch.stack(row)
-
-    @staticmethod
-    def _mean_update_stats(rows: list[torch.Tensor]) -> dict[str, float]:
-        """Average the per-minibatch rows of :meth:`_update` (one device-to-host read)."""
-        if not rows:
-            return {}
-        means = torch.stack(rows).double().mean(dim=0).tolist()
-        return dict(zip(UPDATE_STATS, means, strict=True))
 
     def _training_pool(self, batch: NamedArray, advantages, returns, mask) -> tuple:
         """What minibatches are drawn from, along dimension 1, as ``(batch, advantages, returns,
@@ -303,20 +242,6 @@ class PPOTrainer(Trainer):
             return batch, advantages, returns, mask
         t, b = (i[None] for i in mask[..., 0].nonzero(as_tuple=True))
         return batch[t, b], advantages[t, b], returns[t, b], None
-
-    def _minibatch_indices(self, count: int, device: torch.device) -> list[torch.Tensor]:
-        """One epoch: a shuffle of the pool's ``count`` entries, split into minibatches."""
-        order = self._rng.permutation(count)
-        chunks = np.array_split(order, min(self.minibatches, max(count, 1)))
-        return [torch.as_tensor(c, device=device) for c in chunks]
-
-    def _set_lr(self) -> float:
-        lr = self.lr
-        if self.lr_schedule == "linear":
-            lr = self.lr * max(0.0, 1.0 - self._steps / self.total_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
 
     def _batch_stats(self, advantages, returns, old_value, mask) -> dict[str, float]:
         valid = mask.bool()
@@ -330,16 +255,3 @@ class PPOTrainer(Trainer):
             "valid_fraction": float(mask.mean()),
         }
         return stats
-
-    # ----------------------------------------------------------------- checkpoints
-    def get_checkpoint(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
-
-    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint["optimizer"]
-        # A group's settings come from the checkpoint, implementation flags included; keep the
-        # implementation that works here (the checkpoint may come from another torch or
-        # device). Set before loading: fused Adam needs its step counters cast for it.
-        groups = [{**group, **self._adam_impl} for group in state["param_groups"]]
-        self.optimizer.load_state_dict({**state, "param_groups": groups})
-        self._steps = int(checkpoint["steps"])

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from distributed.bench import lag as bench_lag
 from distributed.bench import micro as bench_micro
 from distributed.bench.cpu_profile import profile
 from distributed.bench.pixel_suite import pixel_suite
@@ -376,4 +377,5 @@ SUITES = {
     "memory": memory,
     "profile": profile,
     "pixels": pixel_suite,
+    "lag": bench_lag.suite,
 }

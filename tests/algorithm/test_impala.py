@@ -109,3 +109,16 @@ def test_impala_passes_the_pipeline_check():
     report = testing.test_pipeline("CartPole-v1", "actor-critic", "impala", trainer_steps=3)
     assert report.trainer_steps["default"] >= 3
     assert report.last_stats["default"]["policy_lag_max"] >= 0.0
+
+
+def test_impala_shares_ppos_learning_rate_schedule_and_argument_checks(make_batch):
+    policy = _policy()
+    trainer = ImpalaTrainer(policy, lr=1e-3, lr_schedule="linear", total_steps=4)
+    lrs = [trainer.step(make_batch(policy, OBS, 5, 2)).stats["lr"] for _ in range(4)]
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    with pytest.raises(ValueError, match="needs total_steps"):
+        ImpalaTrainer(policy, lr_schedule="linear")
+    with pytest.raises(ValueError, match="minibatches must be at least 1, got 0"):
+        ImpalaTrainer(policy, minibatches=0)
+    with pytest.raises(TypeError, match=r"^ImpalaTrainer needs a policy with parameters"):
+        ImpalaTrainer(object())

@@ -10,6 +10,9 @@ Targets (training-episode returns, stochastic actions, averaged over the last ``
 * Pendulum-v1: -200 within the example's 300k-step budget for 2 of 3 seeds (and -300 or better
   greedily for all three).
 * CartPole-v1 with IMPALA (4 actors): 475 within 300k environment steps (and 475 greedily).
+* CartPole-v1 with DQN (cartpole-dqn, replay worker): greedy 475 within 200k environment steps,
+  under CleanRL's DQN budget (``dqn.py``'s default ``--total-timesteps`` of 500k, the budget of
+  its CartPole-v1 result on https://docs.cleanrl.dev/rl-algorithms/dqn/).
 """
 
 import numpy as np
@@ -43,14 +46,20 @@ def _train(experiment, seed, env_frames, target, window, *overrides, evaluate=Fa
     )
     if not evaluate:
         return progress, mean, None
-    evaluation = SerialRun(config, train=False, store=run.store)
+    greedy = _greedy(config, run.store)
+    print(f"  greedy evaluation: {greedy:.1f} over {config.evaluation.episodes} episodes")
+    return progress, mean, greedy
+
+
+def _greedy(config, store) -> float:
+    """Mean return of the config's evaluation episodes, played greedily with the newest
+    parameters in ``store``."""
+    evaluation = SerialRun(config, train=False, store=store)
     try:
         episodes = evaluation.eval_until(config.evaluation.episodes)
     finally:
         evaluation.close()
-    greedy = float(np.mean([e["episode_return"] for e in episodes]))
-    print(f"  greedy evaluation: {greedy:.1f} over {len(episodes)} episodes")
-    return progress, mean, greedy
+    return float(np.mean([e["episode_return"] for e in episodes]))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -87,3 +96,28 @@ def test_cartpole_impala_reaches_475_within_300k_steps():
     progress, mean, greedy = _train("cartpole-impala", 0, 300_000, 475.0, 50, evaluate=True)
     assert mean >= 475.0, f"mean return {mean} after {progress.env_frames} frames"
     assert greedy >= 475.0
+
+
+CLEANRL_DQN_BUDGET = 500_000
+"""CleanRL's ``dqn.py`` default ``--total-timesteps``, the budget of its CartPole-v1 result."""
+
+
+@pytest.mark.timeout(900)
+def test_cartpole_dqn_reaches_greedy_475_within_cleanrl_budget():
+    """cartpole-dqn as registered (actors -> replay worker -> trainer, serially): greedy play after
+    every 10k frames, until 10 greedy episodes average 475. Seed 0 met it at 100k and 120k frames in
+    two runs here (serial mode with replay is not deterministic); the cap of 200k keeps a failing
+    check short and is well inside CleanRL's 500k."""
+    config = make_experiment("cartpole-dqn", ["seed=0"])
+    run = SerialRun(config)
+    greedy, frames = -np.inf, 0
+    try:
+        while frames < 200_000 and greedy < 475.0:
+            frames = run.run(env_frames=frames + 10_000).env_frames
+            greedy = _greedy(config, run.store)
+            print(f"cartpole-dqn: greedy {greedy:.1f} after {frames} frames", flush=True)
+    finally:
+        run.close()
+    print(f"cartpole-dqn: {run.progress.wall_s:.0f}s training wall-clock", flush=True)
+    assert greedy >= 475.0, f"greedy return {greedy} after {frames} frames"
+    assert frames <= CLEANRL_DQN_BUDGET

@@ -1,0 +1,176 @@
+"""What the actor-critic trainers on sample segments (PPO, IMPALA) have in common.
+
+Both train a ``SingleModelPytorchPolicy`` with one Adam over its trainable parameters, may decay
+the learning rate linearly over the run, split each batch into shuffled minibatches with one
+clipped gradient step each, average the per-minibatch statistics once a step, and checkpoint
+the optimizer with their step count. :class:`ActorCriticTrainer` holds that once, so the two
+trainers differ only in their targets and losses (their ``step`` and ``_update``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from api.policy import Policy
+from api.trainer import Trainer
+
+LR_SCHEDULES = ("constant", "linear")
+
+
+def masked_mean(mask: torch.Tensor | None):
+    """The loss's mean over valid steps. ``mask=None`` means every step is valid (feed-forward
+    minibatches are drawn from valid transitions only), which saves the masking ops."""
+    if mask is None:
+        # an empty minibatch (no valid transition at all) gives 0, as the masked version does
+        return lambda x: x.mean() if x.numel() else x.sum()
+    valid = mask.bool()
+    denom = mask.sum().clamp(min=1.0)
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        # where, not a product: a masked-out step must not leak inf or nan (an untrained step's
+        # log-prob may be -inf) into the loss
+        return torch.where(valid, x, torch.zeros_like(x)).sum() / denom
+
+    return mean
+
+
+def adam_impl(params: list[torch.Tensor], fused: bool) -> dict[str, bool]:
+    """How Adam runs: ``foreach`` (a few kernels for all parameters), or ``fused`` (one) when
+    asked and this torch has it for the parameters' device and dtype (CPU since torch 2.4).
+
+    All compute the default per-parameter loop's update up to float rounding; that loop, the
+    CPU's default, costs more than the update itself for small nets. Fused is faster still
+    (measured 59 against 170 us a step for cartpole-ppo's nets) but its first step imports
+    torch's compiler stack, 0.8 s on an idle core and seconds while a run's other workers start:
+    that delays the first weights every policy worker waits for, so it is opt-in.
+    """
+    if not fused:
+        return {"fused": False, "foreach": True}
+    for dtype, device in {(p.dtype, p.device) for p in params}:
+        probe = torch.zeros(1, dtype=dtype, device=device, requires_grad=True)
+        probe.grad = torch.zeros_like(probe)
+        try:
+            # older torch refuses in the constructor, newer ones on the first step
+            torch.optim.Adam([probe], fused=True).step()
+        except RuntimeError:
+            return {"fused": False, "foreach": True}
+    return {"fused": True, "foreach": False}
+
+
+class ActorCriticTrainer(Trainer):
+    """Base of :class:`~algorithm.ppo.trainer.PPOTrainer` and
+    :class:`~algorithm.impala.trainer.ImpalaTrainer`; a subclass implements ``step``.
+
+    Args:
+        policy: the policy to train; it must expose ``parameters()`` (any
+            ``algorithm.policy.SingleModelPytorchPolicy`` does).
+        lr: Adam learning rate (the starting one under ``lr_schedule="linear"``).
+        minibatches: gradient steps per pass over a batch.
+        max_grad_norm: global gradient-norm clip.
+        lr_schedule: ``"constant"`` or ``"linear"`` (to zero at ``total_steps`` trainer steps).
+        total_steps: trainer steps of the whole run; needed by the linear schedule.
+        adam_eps: Adam's epsilon.
+        fused_adam: Adam's fused kernel (faster steps, slower first step; see :func:`adam_impl`).
+        seed: seeds the minibatch shuffling (None: derived from torch's current seed, so a run
+            that seeds torch before building its trainer shuffles reproducibly).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        lr: float,
+        minibatches: int,
+        max_grad_norm: float,
+        lr_schedule: str = "constant",
+        total_steps: int | None = None,
+        adam_eps: float = 1e-5,
+        fused_adam: bool = False,
+        seed: int | None = None,
+    ):
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be 'constant' or 'linear', got '{lr_schedule}'")
+        if lr_schedule == "linear" and not total_steps:
+            raise ValueError("lr_schedule='linear' needs total_steps (trainer steps of the run)")
+        if minibatches < 1:
+            raise ValueError(f"minibatches must be at least 1, got {minibatches}")
+        if not callable(getattr(policy, "parameters", None)):
+            raise TypeError(
+                f"{type(self).__name__} needs a policy with parameters(); "
+                f"{type(policy).__name__} has none. "
+                "Subclass algorithm.policy.SingleModelPytorchPolicy."
+            )
+        self._policy = policy
+        self.lr, self.lr_schedule, self.total_steps = lr, lr_schedule, total_steps
+        self.minibatches, self.max_grad_norm = minibatches, max_grad_norm
+        self._params = [p for p in policy.parameters() if p.requires_grad]
+        self._adam_impl = adam_impl(self._params, fused_adam)
+        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, **self._adam_impl)
+        self._steps = 0
+        self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def _device(self) -> torch.device:
+        return getattr(self._policy, "device", torch.device("cpu"))
+
+    def _set_lr(self) -> float:
+        """Set this step's learning rate on the optimizer and return it."""
+        lr = self.lr
+        if self.lr_schedule == "linear":
+            lr = self.lr * max(0.0, 1.0 - self._steps / self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _minibatch_indices(
+        self, count: int, device: torch.device, sort: bool = False
+    ) -> list[torch.Tensor]:
+        """One pass: a shuffle of ``count`` entries split into ``minibatches`` index tensors
+        (fewer if there are fewer entries), each in ascending order if ``sort``."""
+        order = self._rng.permutation(count)
+        chunks = np.array_split(order, min(self.minibatches, max(count, 1)))
+        return [torch.as_tensor(np.sort(c) if sort else c, device=device) for c in chunks]
+
+    def _gradient_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backpropagate ``loss``, clip the global gradient norm, step Adam; the norm before
+        clipping."""
+        for p in self._params:  # zero_grad(set_to_none=True) without the optimizer's overhead
+            p.grad = None
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+        self.optimizer.step()
+        return grad_norm
+
+    @staticmethod
+    def _mean_update_stats(rows: list[torch.Tensor], names: tuple[str, ...]) -> dict[str, float]:
+        """Average the per-minibatch statistics rows (one tensor each, in ``names``' order) with
+        one device-to-host read."""
+        if not rows:
+            return {}
+        means = torch.stack(rows).double().mean(dim=0).tolist()
+        return dict(zip(names, means, strict=True))
+
+    def _finish_step(self) -> int:
+        """One trainer step is one version: count it, return the step number."""
+        self._policy.inc_version()
+        self._steps += 1
+        return self._steps
+
+    # ----------------------------------------------------------------- checkpoints
+    def get_checkpoint(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
+
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["optimizer"]
+        # A group's settings come from the checkpoint, implementation flags included; keep the
+        # implementation that works here (the checkpoint may come from another torch or
+        # device). Set before loading: fused Adam needs its step counters cast for it.
+        groups = [{**group, **self._adam_impl} for group in state["param_groups"]]
+        self.optimizer.load_state_dict({**state, "param_groups": groups})
+        self._steps = int(checkpoint["steps"])
