@@ -22,13 +22,14 @@ import gymnasium as gym
 import numpy as np
 
 from api.environment import Environment, StepResult
-from api.errors import NonFiniteError, PipelineCheckError
+from api.errors import PipelineCheckError
 from system.errors import EnvironmentFailure
-from system.ratelimit import BadMessages, Pace
+from system.ratelimit import Pace
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.workers.base import Worker
-from system.workers.lanes import Lane, Slot, nonfinite_rows
+from system.workers.lanes import Lane, Slot
+from system.workers.nonfinite import NonFiniteGuard
 from system.workers.trajectory import SegmentBuffer
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class ActorWorker(Worker):
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
         self.env_name = env_name or type(self.envs[0]).__name__
         self.episode_steps = [0] * n_envs
-        self.nonfinite = BadMessages(logger, f"{worker_id}: on_nonfinite=drop_episode")
+        self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
         self.slots = [
             [Slot(e, a, agent_policies(a)) for a in range(env.agent_count)]
             for e, env in enumerate(self.envs)
@@ -154,10 +155,10 @@ class ActorWorker(Worker):
             for policy, lane in group.lanes.items():
                 if lane.build_request(group.seq) is not None:
                     group.waiting.add(policy)
-            bad = self._nonfinite_inputs(group)
+            bad = self.nonfinite.inputs(group)
             if not bad:
                 break
-            self._on_nonfinite(bad, after_reset=retry)
+            self.nonfinite.handle(bad, after_reset=retry)
             for e in bad:
                 self._drop_episode(e)
         if not group.waiting:
@@ -197,9 +198,9 @@ class ActorWorker(Worker):
         """All answers of group ``g`` are in: record the steps, step or reset, ask again."""
         group = self.groups[g]
         actions: dict[int, list[Any]] = {e: [None] * len(self.slots[e]) for e in group.envs}
-        bad = self._nonfinite_actions(group)
+        bad = self.nonfinite.actions(group)
         if bad:
-            self._on_nonfinite(bad, after_reset=False)
+            self.nonfinite.handle(bad, after_reset=False)
             for e in bad:  # nothing of these episodes may complete a segment now
                 self._forget_env(e)
         for policy in group.waiting:
@@ -321,52 +322,11 @@ class ActorWorker(Worker):
         self.episodes.append(record)
 
     # ----------------------------------------------------------------- non-finite values
-    def _nonfinite_inputs(self, group: Group) -> dict[int, str]:
-        """Environments of ``group`` whose latest observation or reward for an agent is NaN or
-        infinite, each with the error to report."""
-        bad: dict[int, str] = {}
-        for policy in group.waiting:
-            for slot, what in group.lanes[policy].nonfinite_inputs():
-                bad.setdefault(slot.env, self._env_error(slot, f"a non-finite {what}"))
-        return bad
-
-    def _nonfinite_actions(self, group: Group) -> dict[int, str]:
-        bad: dict[int, str] = {}
-        for policy in group.waiting:
-            lane, reply = group.lanes[policy], group.replies[policy]
-            for slot in lane.slots_of_rows(nonfinite_rows(reply.result.action)):
-                bad.setdefault(
-                    slot.env,
-                    f"policy '{policy}' answered {self._where(slot)} with a non-finite action "
-                    "(NaN or infinity): its parameters have probably diverged; lower the "
-                    "learning rate or clip gradients, and check the rewards' scale",
-                )
-        return bad
-
-    def _env_error(self, slot: Slot, what: str) -> str:
-        return (
-            f"{self._where(slot)} returned {what} (NaN or infinity); fix the environment "
-            "(look for divisions by zero, unbounded physics or missing clipping)"
-        )
-
     def _where(self, slot: Slot) -> str:
         return (
             f"environment '{self.env_name}' #{slot.env} of {self.worker_id}, agent "
             f"{slot.agent}, at step {self.episode_steps[slot.env]} of its episode"
         )
-
-    def _on_nonfinite(self, bad: dict[int, str], *, after_reset: bool) -> None:
-        """Fail with the first problem, or (``drop_episode``) log them, rate-limited, for the
-        caller to drop those episodes."""
-        first = next(iter(bad.values()))
-        if self.on_nonfinite != "drop_episode":
-            raise NonFiniteError(
-                f"{first}; or set actors.on_nonfinite='drop_episode' to drop such episodes"
-            )
-        if after_reset:
-            raise NonFiniteError(f"{first}, right after a reset: dropping the episode cannot help")
-        for message in bad.values():
-            self.nonfinite.record(NonFiniteError(f"{message}; episode dropped"))
 
     def _drop_episode(self, e: int) -> None:
         """Forget the episode's unsent steps and start a new one (counted in the stats)."""
