@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ast
 import collections.abc
+import importlib.machinery
 import importlib.util
 import inspect
+import sys
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -109,15 +111,35 @@ def static_class_attribute(entry_point: str, name: str, depth: int = 4) -> Any:
 
 
 def _module_tree(module_name: str) -> ast.Module | None:
-    """A module's parsed source, found without running it (its parent packages are imported)."""
+    """A module's parsed source, found without running it or its parent packages."""
     try:
-        spec = importlib.util.find_spec(module_name)
+        spec = _find_spec_without_importing(module_name)
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             return None
         with open(spec.origin, encoding="utf-8") as f:
             return ast.parse(f.read(), filename=spec.origin)
     except (ImportError, OSError, SyntaxError, ValueError):
         return None
+
+
+def _find_spec_without_importing(module_name: str) -> importlib.machinery.ModuleSpec | None:
+    """``importlib.util.find_spec`` imports a dotted name's parent packages, and a package's
+    ``__init__`` may import torch (``algorithm.modules`` does): walk the packages' search
+    locations instead, running none of them."""
+    if module_name in sys.modules:
+        return getattr(sys.modules[module_name], "__spec__", None)
+    top, *rest = module_name.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
+    name = top
+    for part in rest:
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        name = f"{name}.{part}"
+        if name in sys.modules:
+            spec = getattr(sys.modules[name], "__spec__", None)
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(name, spec.submodule_search_locations)
+    return spec
 
 
 def _imported_names(tree: ast.Module, module_name: str) -> dict[str, str]:

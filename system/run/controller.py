@@ -548,6 +548,8 @@ class Controller:
         }
 
     def _check_stop(self) -> None:
+        if self.stop_reason:  # a failure reported in this loop's messages: it decides
+            return
         stop = self.config.stop
         if self.evaluation.solved():
             self.stop_reason = "eval_return"

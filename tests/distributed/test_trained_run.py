@@ -113,6 +113,24 @@ def troupe(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedP
     )
 
 
+@pytest.fixture(autouse=True)
+def _registry_left_as_found():
+    """``troupe.load_policy`` and ``troupe.evaluate`` register the run's user code
+    (``NumberedCartPole-v0``, ``recorder``) in this process, as they must to build it; a later
+    test's ``make_experiment`` would ship those names to its workers as that test's user code."""
+    from api import registry
+
+    registry.environments.names()  # loads the plugins first: the built-ins are part of what is kept
+    kept = {kind: (dict(reg._specs), set(reg._user)) for kind, reg in registry.REGISTRIES.items()}
+    yield
+    for kind, (specs, user) in kept.items():
+        reg = registry.REGISTRIES[kind]
+        reg._specs.clear()
+        reg._specs.update(specs)
+        reg._user.clear()
+        reg._user.update(user)
+
+
 def _lines(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
