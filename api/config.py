@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any
 
 from api.code import CodeConfig, attach_user_code, load_code
 from api.config_check import check_arguments, check_ranges, suggest_key
-from api.config_league import CurriculumConfig, PBTConfig, check_league
+from api.config_league import CurriculumConfig, PBTConfig, SelfPlayConfig, check_league
 from api.errors import ConfigError, RegistryError
 from api.registry import REGISTRIES, experiments
 from api.signatures import UNKNOWN, static_class_attribute
@@ -80,6 +81,10 @@ class PolicyConfig:
     """The registered policy and its arguments."""
     trainer: ComponentConfig = field(default_factory=ComponentConfig)
     """The registered trainer and its arguments (``type`` empty: a frozen policy, not trained)."""
+    checkpoint: str = ""
+    """A frozen policy's weights: a checkpoint file of any run
+    (``runs/<run>/checkpoints/<policy>/v*.ckpt``) its policy workers load at start; empty: as
+    built (or, for a self-play opponent, the learner's snapshots)."""
     policy_workers: int = 1
     """Policy worker processes serving this policy's inference."""
     trainer_workers: int = 1
@@ -131,6 +136,12 @@ class EvaluationConfig:
     max_fps: float | None = None
     """Cap on each evaluation process's environment frames per second (None: as fast as it
     can). Evaluation competes with training for the same CPUs; a cap keeps it a small share."""
+    policy_mapping: ComponentConfig = field(default_factory=ComponentConfig)
+    """The policy mapping of evaluation actors (e.g. the learner against scripted opponents);
+    empty type: the same as training actors."""
+    policy: str = ""
+    """The policy whose return is the evaluation return (stop rule, display, callbacks); empty:
+    the mean over every agent, which says little in a zero-sum game."""
 
 
 @dataclass
@@ -163,6 +174,11 @@ class ExperimentConfig:
     """Policies by name, e.g. ``{"default": PolicyConfig(...)}``."""
     agent_policies: list[str] = field(default_factory=list)
     """The policy name of each agent, by agent index; empty: every agent uses the only policy."""
+    policy_mapping: ComponentConfig = field(default_factory=ComponentConfig)
+    """A registered policy mapping (``api.policy_mapping``, ``troupe list``): which policy plays
+    each agent, chosen afresh at every episode's start (self-play, rotating seats); empty type:
+    ``agent_policies``. Mapped policies share one network shape, so every agent's spaces must
+    be the same."""
     actors: ActorConfig = field(default_factory=ActorConfig)
     """Training actor workers."""
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
@@ -183,8 +199,12 @@ class ExperimentConfig:
     pbt: PBTConfig = field(default_factory=PBTConfig)
     """Population-based training over several policies (``api.config_league``); off by
     default."""
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
+    """A frozen opponent that plays past versions of a learner (``api.config_league``); off by
+    default."""
 
     def policy_of_agent(self, agent: int) -> str:
+        """The policy of ``agent`` without a policy mapping (one with it: any of them)."""
         if self.agent_policies:
             return self.agent_policies[agent]
         return next(iter(self.policies))
@@ -192,7 +212,7 @@ class ExperimentConfig:
     def agent_of_policy(self, name: str) -> int:
         """The first agent ``name`` plays, whose spaces its network is built for (agent 0 for a
         PBT member: it plays every agent of its own actors)."""
-        if name in self.pbt.members:
+        if name in self.pbt.members or self.policy_mapping.type:
             return 0
         return next(
             a for a in range(max(len(self.agent_policies), 1)) if self.policy_of_agent(a) == name
@@ -304,6 +324,8 @@ def validate(config: ExperimentConfig) -> list[str]:
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
         if pc.trainer.type and uses_replay(pc):
             errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
+        if pc.checkpoint:
+            errors += _check_checkpoint(f"policies.{pname}", pc)
         if pc.max_policy_lag is not None and pc.max_policy_lag < 1:
             errors.append(
                 f"policies.{pname}.max_policy_lag: must be at least 1, or None for no cap"
@@ -316,8 +338,7 @@ def validate(config: ExperimentConfig) -> list[str]:
                 f"agent_policies[{i}]: unknown policy '{pname}'; policies are "
                 f"{sorted(config.policies)}"
             )
-    if not config.agent_policies and len(config.policies) > 1 and not config.pbt.members:
-        errors.append("agent_policies: must map every agent to a policy when there are several")
+    errors += _check_mappings(config)
     from api.config_parallel import check_data_parallel  # its own module: keeps this one short
 
     for pname, pc in config.policies.items():
@@ -343,6 +364,64 @@ def validate(config: ExperimentConfig) -> list[str]:
     errors += _check_stop(config)
     errors += check_league(config)
     return errors
+
+
+def _check_checkpoint(path: str, pc: PolicyConfig) -> list[str]:
+    if pc.trainer.type:
+        return [
+            f"{path}.checkpoint: only a frozen policy (no trainer) starts from a checkpoint; a "
+            "trained one continues its own run with `troupe run --resume RUN`"
+        ]
+    if not os.path.isfile(pc.checkpoint):
+        return [f"{path}.checkpoint: no file {pc.checkpoint!r} (a v*.ckpt of a run's checkpoints)"]
+    return []
+
+
+def _check_mappings(config: ExperimentConfig) -> list[str]:
+    """Exactly one way to say who plays whom; a mapping is built and asked about a few
+    episodes (cheap: its factory is plain Python), so a bad argument shows here."""
+    mapped = config.policy_mapping.type
+    if mapped and config.agent_policies:
+        return ["agent_policies: leave empty with policy_mapping (the mapping decides seats)"]
+    if mapped and config.pbt.members:
+        return ["policy_mapping: leave empty with pbt (each member plays its own actors)"]
+    if (
+        not (mapped or config.agent_policies)
+        and len(config.policies) > 1
+        and not config.pbt.members
+    ):
+        return [
+            "agent_policies: must map every agent to a policy when there are several (or set "
+            "policy_mapping)"
+        ]
+    errors = []
+    for path, comp in (
+        ("policy_mapping", config.policy_mapping),
+        ("evaluation.policy_mapping", config.evaluation.policy_mapping),
+    ):
+        if comp.type:
+            errors += _check_mapping(path, comp, config)
+    if config.evaluation.policy and config.evaluation.policy not in config.policies:
+        errors.append(
+            f"evaluation.policy: unknown policy '{config.evaluation.policy}'; policies are "
+            f"{sorted(config.policies)}"
+        )
+    return errors
+
+
+def _check_mapping(path: str, comp: ComponentConfig, config: ExperimentConfig) -> list[str]:
+    from api.policy_mapping import check_policy_mapping, make_policy_mapping
+
+    errors = _check_component("policy_mapping", path, comp)
+    if errors:
+        return errors
+    try:
+        mapping = make_policy_mapping(comp.type, **comp.args)
+    except (ConfigError, RegistryError) as e:
+        problems = e.errors if isinstance(e, ConfigError) else [str(e)]
+        return [f"{path}: {p}" for p in problems]
+    agents = int(comp.args.get("agent_count", 2))  # the env's own count is checked at start
+    return [f"{path}: {p}" for p in check_policy_mapping(mapping, config.policies, agents)]
 
 
 def uses_replay(pc: PolicyConfig) -> bool:

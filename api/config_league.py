@@ -1,6 +1,7 @@
-"""The experiment sections that coordinate a run as a whole: a curriculum and population-based
-training (PBT). Both are driven by the controller through the run's global state
-(:mod:`api.global_state`); their checks live here to keep ``api.config`` short.
+"""The experiment sections that coordinate a run as a whole: a curriculum, population-based
+training (PBT) and self-play against past versions. The first two are driven by the controller
+through the run's global state (:mod:`api.global_state`); their checks live here to keep
+``api.config`` short.
 """
 
 from __future__ import annotations
@@ -61,9 +62,71 @@ class PBTConfig:
     """Stop the run once the best member's score reaches this (None: the other stop rules)."""
 
 
+SAMPLINGS = ("uniform", "latest-heavy", "prioritized")
+
+
+@dataclass
+class SelfPlayConfig:
+    """Self-play against the past: the ``opponent`` policy (frozen: no trainer, the same network
+    as the learner) is played by its policy workers with past versions of the ``learner``. Every
+    ``snapshot_every``-th version the parameter service pushes joins a pool, and every
+    ``swap_every_s`` seconds each opponent worker draws the version it plays from the pool.
+    Which seat each plays is the experiment's ``policy_mapping`` (e.g. ``self-play``)."""
+
+    learner: str = ""
+    """The trained policy whose past versions are played against; empty: no self-play pool."""
+    opponent: str = ""
+    """The frozen policy that plays them (same ``policy`` config as the learner, no trainer)."""
+    snapshot_every: int = 10
+    """Every this many learner versions, one joins the pool (the first one always does)."""
+    pool_size: int = 20
+    """The most recent snapshots kept; older ones leave the pool."""
+    sampling: str = "latest-heavy"
+    """How a worker draws its opponent version: ``uniform`` over the pool; ``latest-heavy``
+    (half the time the newest snapshot, else uniform); ``prioritized`` (by how often each
+    version beat or drew with the learner, from the run's ratings in the global state)."""
+    swap_every_s: float = 5.0
+    """Seconds between two draws of an opponent worker."""
+
+
 def check_league(config: ExperimentConfig) -> list[str]:
-    """Every problem with the curriculum and PBT sections."""
-    return _check_curriculum(config.curriculum) + _check_pbt(config)
+    """Every problem with the curriculum, PBT and self-play sections."""
+    return _check_curriculum(config.curriculum) + _check_pbt(config) + _check_selfplay(config)
+
+
+def _check_selfplay(config: ExperimentConfig) -> list[str]:
+    sp = config.selfplay
+    if not (sp.learner or sp.opponent):
+        return []
+    errors = []
+    learner, opponent = config.policies.get(sp.learner), config.policies.get(sp.opponent)
+    for key, pc in (("learner", learner), ("opponent", opponent)):
+        name = getattr(sp, key)
+        if pc is None:
+            errors.append(
+                f"selfplay.{key}: '{name}' is not a policy; policies: {sorted(config.policies)}"
+            )
+    if learner is not None and not learner.trainer.type:
+        errors.append(f"policies.{sp.learner}.trainer: the self-play learner must be trained")
+    if opponent is not None and opponent.trainer.type:
+        errors.append(
+            f"policies.{sp.opponent}.trainer: leave empty; the opponent plays the learner's "
+            "past versions and is never trained itself"
+        )
+    if learner is not None and opponent is not None and learner.policy != opponent.policy:
+        errors.append(
+            f"policies.{sp.opponent}.policy: must be the learner's ({learner.policy.type} "
+            f"{learner.policy.args}) so that its checkpoints load"
+        )
+    if sp.learner == sp.opponent:
+        errors.append("selfplay.opponent: must differ from selfplay.learner")
+    if sp.snapshot_every < 1 or sp.pool_size < 1:
+        errors.append("selfplay.snapshot_every and selfplay.pool_size: must be at least 1")
+    if sp.sampling not in SAMPLINGS:
+        errors.append(f"selfplay.sampling: one of {list(SAMPLINGS)}, got '{sp.sampling}'")
+    if not sp.swap_every_s > 0:
+        errors.append(f"selfplay.swap_every_s: must be more than 0, got {sp.swap_every_s}")
+    return errors
 
 
 def _check_curriculum(c: CurriculumConfig) -> list[str]:

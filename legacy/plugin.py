@@ -176,6 +176,11 @@ def _register_experiments() -> None:
             name, f"legacy.experiments.league:{attr}", description=description
         )
     registry.register_experiment(
+        "connect4-selfplay",
+        "legacy.experiments.selfplay:connect4_selfplay",
+        description="PPO self-play on connect four against a pool of past versions (multiagent).",
+    )
+    registry.register_experiment(
         "synthetic-ppo",
         "legacy.experiments.synthetic:synthetic_ppo",
         description="Benchmark: PPO on Synthetic-v0 at 1 ms CPU per step; stops at 100k frames.",

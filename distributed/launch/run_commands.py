@@ -246,4 +246,6 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
             f"{result.mean_return:.2f} ± {result.std_return:.2f} "
             f"(min {result.min_return:.1f}, max {result.max_return:.1f})"
         )
+        for matchup, score in result.results.items():  # multi-agent: who beat whom
+            console.print(f"  {matchup.replace('_vs_', ' against ')}: score {score:.3f}")
     return 0

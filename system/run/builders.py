@@ -31,6 +31,7 @@ from api.config import ExperimentConfig, uses_replay
 from api.environment import Environment
 from api.errors import ConfigError
 from api.policy import Policy
+from api.policy_mapping import PolicyMapping, check_policy_mapping, make_policy_mapping
 from api.trainer import Trainer
 from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterClientBase
@@ -93,7 +94,30 @@ def probe_spaces(config: ExperimentConfig) -> AgentSpaces:
                 f"'{config.environment.type}' has {spaces.agent_count} agents"
             ]
         )
+    if config.policy_mapping.type or config.evaluation.policy_mapping.type:
+        _check_mapped_spaces(config, spaces)
     return spaces
+
+
+def _check_mapped_spaces(config: ExperimentConfig, spaces: AgentSpaces) -> None:
+    """A mapped policy may play any agent: one network must fit every agent's spaces, and the
+    mapping must name policies for as many agents as the environment has."""
+    errors = [
+        f"policy_mapping: agent {a}'s spaces ({spaces.observation[a]}, {spaces.action[a]}) "
+        f"differ from agent 0's; a policy mapping needs every agent alike (else agent_policies)"
+        for a in range(1, spaces.agent_count)
+        if (spaces.observation[a], spaces.action[a]) != (spaces.observation[0], spaces.action[0])
+    ]
+    for path, comp in (
+        ("policy_mapping", config.policy_mapping),
+        ("evaluation.policy_mapping", config.evaluation.policy_mapping),
+    ):
+        if comp.type:
+            mapping = make_policy_mapping(comp.type, **comp.args)
+            problems = check_policy_mapping(mapping, config.policies, spaces.agent_count)
+            errors += [f"{path}: {p}" for p in problems]
+    if errors:
+        raise ConfigError(errors)
 
 
 def make_policy(config: ExperimentConfig, name: str, spaces: AgentSpaces, seed: int) -> Policy:
@@ -228,12 +252,49 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
-    params = wiring.parameter_client(subscribe=[plan.policy])
+    if cfg.policies[plan.policy].checkpoint:  # a frozen policy from another run's file
+        policy.load_checkpoint(read_frozen_checkpoint(cfg.policies[plan.policy].checkpoint))
+    params = wiring.parameter_client(subscribe=[weights_source(cfg, plan.policy)])
+    if plan.policy == cfg.selfplay.opponent:
+        from system.workers.opponent_pool import OpponentPolicyWorker
+
+        server = wiring.inference_server(plan, policy)
+        seed = cfg.seed * 7_919 + plan.index
+        return Built(
+            OpponentPolicyWorker(
+                plan.worker_id, plan.policy, policy, server, params, cfg.selfplay, seed=seed
+            )
+        )
     if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
         _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)
     server = wiring.inference_server(plan, policy)
     return Built(PolicyWorker(plan.worker_id, plan.policy, policy, server, params))
+
+
+def read_frozen_checkpoint(path: str) -> Any:
+    from system.parameters.checkpoint_file import load_checkpoint_file
+
+    try:
+        return load_checkpoint_file(path)["params"]
+    except (OSError, ValueError) as e:
+        raise ConfigError([f"checkpoint {path}: {e}"]) from e
+
+
+def weights_source(cfg: ExperimentConfig, policy: str) -> str:
+    """Whose published versions a policy worker of ``policy`` loads: its own, or the learner's
+    for a self-play opponent."""
+    return cfg.selfplay.learner if policy == cfg.selfplay.opponent else policy
+
+
+def actor_mapping(plan: ActorPlan, cfg: ExperimentConfig) -> PolicyMapping | None:
+    """The policy mapping this actor asks at every reset (None: fixed seats)."""
+    comp = cfg.policy_mapping
+    if plan.evaluation and cfg.evaluation.policy_mapping.type:
+        comp = cfg.evaluation.policy_mapping
+    if plan.member or not comp.type:
+        return None
+    return make_policy_mapping(comp.type, **comp.args)
 
 
 def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
@@ -259,6 +320,9 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
         # Evaluation is not in a hurry: one request a step for all its environments is cheaper.
         groups=1 if plan.evaluation else cfg.actors.groups,
         max_fps=cfg.evaluation.max_fps if plan.evaluation else None,
+        policy_mapping=actor_mapping(plan, cfg),
+        mapped_policies=list(plan.policies(cfg)),
+        trained_policies=[p for p in plan.policies(cfg) if cfg.policies[p].trainer.type],
     )
     return Built(worker)
 

@@ -445,8 +445,14 @@ class Controller:
             self.coordination.on_episodes(episodes, evaluation=False)
             self.coordination.on_episodes(stats.get("eval_episodes", []), evaluation=True)
             self._callback(self.callbacks.episodes, episodes)
+            judged = f"policy/{self.config.evaluation.policy}/episode_return"
             for e in stats.get("eval_episodes", []):
-                self.evaluation.add(e["episode_return"])
+                # a mapping may leave the judged policy out of an episode: it does not count
+                if self.config.evaluation.policy and judged not in e:
+                    continue
+                self.evaluation.add(
+                    e[judged] if self.config.evaluation.policy else e["episode_return"]
+                )
                 self.eval_window.extend([e])
                 self.eval_count += 1
                 if self.eval_count % self.config.evaluation.episodes == 0:

@@ -22,6 +22,7 @@ from system.run.curriculum import CurriculumDriver, CurriculumFollower
 from system.run.global_state import StateStore, answer_write
 from system.run.pbt_driver import PBTDriver
 from system.run.plan import ActorPlan, TrainerPlan, WorkerPlan
+from system.run.ratings import Ratings
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class Coordination:
             CurriculumDriver(config.curriculum, self.store) if config.curriculum.metric else None
         )
         self.pbt = PBTDriver(config, self.store, self.run_dir) if config.pbt.members else None
+        self.ratings = Ratings(config, self.run_dir, self.store)
         self.bad_writes = BadMessages(logger, "global state writes")
 
     def snapshot(self) -> dict[str, Any]:
@@ -56,6 +58,7 @@ class Coordination:
         return reply
 
     def on_episodes(self, episodes: list[dict[str, Any]], evaluation: bool) -> None:
+        self.ratings.on_episodes(episodes)
         if self.curriculum is not None and not evaluation:
             self.curriculum.on_episodes(len(episodes))
         if self.pbt is not None and evaluation:
@@ -67,7 +70,7 @@ class Coordination:
 
     def on_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """The drivers' figures for this metrics record (after they acted on it)."""
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = self.ratings.on_record()
         if self.curriculum is not None:
             extra.update(self.curriculum.on_record(record))
         if self.pbt is not None:
@@ -82,6 +85,8 @@ class Coordination:
             out["curriculum_stage"] = self.curriculum.index
         if self.pbt is not None:
             out["pbt"] = self.pbt.summary()
+        if self.ratings.players:
+            out["ratings"] = self.ratings.summary()
         return out
 
     def stop_reason(self) -> str:

@@ -30,6 +30,9 @@ class EvaluationResult:
     max_return: float
     versions: dict[str, int]
     per_policy: dict[str, float]
+    results: dict[str, float] = dataclasses.field(default_factory=dict)
+    """``a_vs_b``: policy ``a``'s mean score against ``b`` (1 a win, 0.5 a draw) in the games
+    they played each other (multi-agent runs)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,13 +83,16 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
         done = run.eval_until(episodes)
     finally:
         run.close()
-    returns = np.array([e["episode_return"] for e in done], dtype=np.float64)
-    per_policy = {
-        k.split("/")[1]: float(np.mean([e[k] for e in done if k in e]))
-        for k in done[0]
-        if k.startswith("policy/")
-    }
+    judged = f"policy/{config.evaluation.policy}/episode_return"
+    returns = np.array(
+        [e[judged] if config.evaluation.policy else e["episode_return"] for e in done],
+        dtype=np.float64,
+    )
+    keys = sorted({k for e in done for k in e})
+    per_policy = {k.split("/")[1]: _mean(done, k) for k in keys if k.startswith("policy/")}
+    results = {k.split("/", 1)[1]: _mean(done, k) for k in keys if k.startswith("result/")}
     return EvaluationResult(
+        results=results,
         episodes=len(done),
         mean_return=float(returns.mean()),
         std_return=float(returns.std()),
@@ -97,17 +103,24 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
     )
 
 
+def _mean(episodes: list[dict[str, Any]], key: str) -> float:
+    return float(np.mean([e[key] for e in episodes if key in e]))
+
+
 def _select(
     store: ParameterStore, config: ExperimentConfig, version: int | str
 ) -> tuple[ParameterStore, dict[str, int]]:
-    """An in-memory store holding just the version to evaluate of every policy.
+    """An in-memory store holding just the version to evaluate of every trained policy (frozen
+    and scripted ones have none: they play as they were built, a self-play opponent from the
+    learner's).
 
     A checkpoint file names one policy's version; the other policies (multi-agent runs) use
     their latest.
     """
     chosen, versions = ParameterStore(), {}
-    for name in config.policies:
-        number, params = store.get(name, version if len(config.policies) == 1 else LATEST)
+    trained = [name for name, pc in config.policies.items() if pc.trainer.type]
+    for name in trained:
+        number, params = store.get(name, version if len(trained) == 1 else LATEST)
         chosen.publish(name, number, params)
         versions[name] = number
     return chosen, versions

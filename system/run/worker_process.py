@@ -207,7 +207,11 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
             ctl, built.worker, plan.inference_endpoints(cfg), plan.sample_endpoints(cfg)
         )
     elif isinstance(plan, (TrainerPlan, PolicyWorkerPlan)):
-        subscribe = [plan.policy] if isinstance(plan, PolicyWorkerPlan) else []
+        subscribe = (
+            [builders.weights_source(cfg, plan.policy)]
+            if isinstance(plan, PolicyWorkerPlan)
+            else []
+        )
         built.on_heartbeat = ParameterServiceWatch(
             ctl, built.worker, lambda: wiring.parameter_client(subscribe), built.on_heartbeat
         )

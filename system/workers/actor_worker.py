@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +22,14 @@ import gymnasium as gym
 import numpy as np
 
 from api.environment import Environment, StepResult
-from api.errors import PipelineCheckError
+from api.errors import ConfigError, PipelineCheckError
+from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
 from system.ratelimit import Pace
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.workers.base import Worker
-from system.workers.lanes import Lane, Slot
+from system.workers.lanes import Lane, Slot, matchups
 from system.workers.nonfinite import NonFiniteGuard
 from system.workers.trajectory import SegmentBuffer
 
@@ -68,6 +69,9 @@ class ActorWorker(Worker):
         max_fps: float | None = None,
         on_nonfinite: str = "fail",
         env_name: str = "",
+        policy_mapping: PolicyMapping | None = None,
+        mapped_policies: Sequence[str] = (),
+        trained_policies: Sequence[str] | None = None,
     ):
         super().__init__(worker_id)
         self.inference = inference
@@ -82,12 +86,19 @@ class ActorWorker(Worker):
         self.env_name = env_name or type(self.envs[0]).__name__
         self.episode_steps = [0] * n_envs
         self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
+        self.mapping = policy_mapping
+        """Chooses every agent's policy at each reset; None: ``agent_policies``, fixed."""
+        self.mapped_policies = list(mapped_policies)
+        self.episode_counts = [0] * n_envs
+        first = (lambda _a: self.mapped_policies[0]) if policy_mapping else agent_policies
         self.slots = [
-            [Slot(e, a, agent_policies(a)) for a in range(env.agent_count)]
+            [Slot(e, a, first(a)) for a in range(env.agent_count)]
             for e, env in enumerate(self.envs)
         ]
         n_groups = max(1, min(groups, n_envs))
         record = samples is not None and not is_evaluation
+        self.trained = None if trained_policies is None else set(trained_policies)
+        """Policies whose steps are recorded and sent (None: all); a frozen one's are not."""
         self.groups = [
             self._group(list(range(g, n_envs, n_groups)), segment_length, record)
             for g in range(n_groups)
@@ -101,13 +112,19 @@ class ActorWorker(Worker):
 
     def _group(self, envs: list[int], segment_length: int, record: bool) -> Group:
         group = Group(envs)
-        for e in envs:
+        if self.mapping is not None:  # any slot may play any policy: each lane holds them all
+            slots = [slot for e in envs for slot in self.slots[e]]
+            group.lanes = {
+                p: Lane(p, slots, None, self.is_evaluation) for p in self.mapped_policies
+            }
+        for e in envs if self.mapping is None else ():
             for slot in self.slots[e]:
                 if slot.policy not in group.lanes:
                     group.lanes[slot.policy] = Lane(slot.policy, [], None, self.is_evaluation)
                 group.lanes[slot.policy].slots.append(slot)
         for lane in group.lanes.values():
-            lane.buffer = SegmentBuffer(len(lane.slots), segment_length) if record else None
+            keep = record and (self.trained is None or lane.policy in self.trained)
+            lane.buffer = SegmentBuffer(len(lane.slots), segment_length) if keep else None
         return group
 
     # ----------------------------------------------------------------- the loop
@@ -264,6 +281,8 @@ class ActorWorker(Worker):
 
     def _reset_env(self, e: int) -> None:
         self.episode_steps[e] = 0
+        if self.mapping is not None:
+            self._map_policies(e)
         for slot in self.slots[e]:
             slot.on_reset = True
             slot.episode_return = 0.0
@@ -271,6 +290,24 @@ class ActorWorker(Worker):
         results = self._call_env(e, "reset")
         if results is not None:
             self._take_results(e, results)
+
+    def _map_policies(self, e: int) -> None:
+        """Ask the policy mapping who plays each agent of environment ``e``'s next episode. The
+        episode id counts up per environment from a base its seed gives, so it names the
+        episode uniquely in the run and consecutive episodes of one environment differ by one."""
+        episode_id = (self.seed + e) * 2**32 + self.episode_counts[e]
+        self.episode_counts[e] += 1
+        info = {"env": e, "actor": self.worker_id, "evaluation": self.is_evaluation}
+        for slot in self.slots[e]:
+            name = self.mapping(episode_id, slot.agent, info)
+            if name not in self.mapped_policies:
+                raise ConfigError(
+                    [
+                        f"policy_mapping: gave '{name}' to agent {slot.agent} of episode "
+                        f"{episode_id}; this actor plays {self.mapped_policies}"
+                    ]
+                )
+            slot.policy = name
 
     def _take_results(self, e: int, results: list[StepResult | None]) -> None:
         for slot, result in zip(self.slots[e], results):
@@ -315,6 +352,8 @@ class ActorWorker(Worker):
         for s in slots:
             key = f"policy/{s.policy}/episode_return"
             record[key] = record.get(key, 0.0) + s.episode_return / _count(slots, s.policy)
+        if len(slots) > 1:
+            record.update(matchups(slots))
         info = next((s.result.info for s in slots if s.result is not None), {})
         for k, v in (info or {}).items():
             if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):

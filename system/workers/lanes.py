@@ -29,6 +29,8 @@ class Slot:
     """The latest result, waiting for an action (None: the agent does not act now)."""
     on_reset: bool = True
     episode_return: float = 0.0
+    version: int = -1
+    """The policy version that answered this agent last (its opponent's, for the ratings)."""
 
 
 @dataclass
@@ -48,7 +50,9 @@ class Lane:
 
     def build_request(self, seq: int) -> RolloutRequest | None:
         """The request for every slot that acts now, or None when none does."""
-        acting = [c for c, s in enumerate(self.slots) if s.result is not None]
+        acting = [
+            c for c, s in enumerate(self.slots) if s.result is not None and s.policy == self.policy
+        ]  # with a policy mapping, a lane holds every slot and this episode's decide
         if not acting:
             self.request = None
             return None
@@ -95,6 +99,7 @@ class Lane:
             self.state[self.acting] = result.policy_state
         for c in self.acting:
             self.slots[c].on_reset = False
+            self.slots[c].version = version
         return segments
 
     def nonfinite_inputs(self) -> list[tuple[Slot, str]]:
@@ -141,3 +146,17 @@ def nonfinite_rows(values: Any) -> np.ndarray:
         rows = ~np.isfinite(leaf.reshape(len(leaf), -1)).all(axis=1)
         bad = rows if bad is None else bad | rows
     return np.zeros(0, np.int64) if bad is None else np.flatnonzero(bad)
+
+
+def matchups(slots: list[Slot]) -> dict[str, Any]:
+    """What a multi-agent episode says about who beat whom: ``result/<a>_vs_<b>`` (1 a won,
+    0.5 a draw, 0 a lost, by return) for every pair of different policies that played it, and
+    ``seats``: ``[policy, version, return]`` per agent, from which the controller rates
+    versions."""
+    record: dict[str, Any] = {"seats": [[s.policy, s.version, s.episode_return] for s in slots]}
+    for a in slots:
+        for b in slots:
+            if a.policy != b.policy:
+                score = 0.5 + 0.5 * float(np.sign(a.episode_return - b.episode_return))
+                record[f"result/{a.policy}_vs_{b.policy}"] = score
+    return record

@@ -90,10 +90,13 @@ class PolicyWorker(Worker):
         if old is not None:
             old.close()
         try:
-            self._load(*params.get(self.policy_name))
+            self._catch_up(params)
         except (ParameterNotFoundError, PeerTimeoutError) as e:
             logger.warning("%s: the restarted service has no parameters yet: %s", self.worker_id,
                            e)  # fmt: skip
+
+    def _catch_up(self, params: ParameterSubscriber) -> None:
+        self._load(*params.get(self.policy_name))
 
     def _with_state(self, request: RolloutRequest) -> RolloutRequest:
         """Fill the memory of a request that came without one (an actor's first request)."""

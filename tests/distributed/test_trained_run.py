@@ -115,14 +115,20 @@ def troupe(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedP
 
 @pytest.fixture(autouse=True)
 def _registry_left_as_found():
-    """``troupe.load_policy`` and ``troupe.evaluate`` register the run's user code
-    (``NumberedCartPole-v0``, ``recorder``) in this process, as they must to build it; a later
-    test's ``make_experiment`` would ship those names to its workers as that test's user code."""
+    """``troupe.load_policy`` and ``troupe.evaluate`` import the run's user code in this
+    process, as they must to build it: it registers ``NumberedCartPole-v0`` with gymnasium and
+    with us, and ``recorder``. A later test's ``make_experiment`` would ship those names to its
+    workers as that test's user code (a gymnasium id joins ours when gymnasium's are listed)."""
+    import gymnasium as gym
+
     from api import registry
 
     registry.environments.names()  # loads the plugins first: the built-ins are part of what is kept
     kept = {kind: (dict(reg._specs), set(reg._user)) for kind, reg in registry.REGISTRIES.items()}
+    gym_ids = set(gym.registry)
     yield
+    for gym_id in set(gym.registry) - gym_ids:
+        del gym.registry[gym_id]
     for kind, (specs, user) in kept.items():
         reg = registry.REGISTRIES[kind]
         reg._specs.clear()

@@ -11,6 +11,8 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -178,3 +180,32 @@ def ask_controller(address: str, keys: RunKeys | None) -> wire.Message | None:
     finally:
         sock.close()
         ctx.term()
+
+
+def test_a_users_own_file_trains_in_containers_with_no_package(client, tmp_path):
+    """Issue 12: the README's Corridor class, in a file of the user's registering it at top
+    level, reaches every container through ``--import`` (the file's folder is mounted at the
+    same path), as ``troupe run`` users type it."""
+    corridor = Path(__file__).resolve().parents[1] / "distributed" / "user_code" / "corridor.py"
+    module = tmp_path / "my_corridor.py"
+    text = corridor.read_text().split('if __name__ == "__main__":')[0]
+    module.write_text(text + '\nregister("Corridor-v0", Corridor, length=6)\n')
+    run_dir = tmp_path / "runs" / "corridor"
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "--import", str(module), "Corridor-v0",
+        "frames=3000", "stop.eval_return=None", "evaluation.workers=1", "--launcher", "docker",
+        "--image", IMAGE, "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "200"}
+    result = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
+    log = result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, log
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 3000, log
+    (registration,) = read_json(run_dir / "config.json")["code"]["registrations"]
+    assert registration["source"] == str(module) and registration["kwargs"] == {"length": 6}
+    workers = read_json(run_dir / "workers.json")
+    assert sum(w["restarts"] for w in workers.values()) == 0, workers
+    assert_nothing_left(client, dl.run_name(run_dir))

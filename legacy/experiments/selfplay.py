@@ -1,0 +1,70 @@
+"""Self-play on a PettingZoo classic game: the learner against its own past versions.
+
+``connect4-selfplay`` trains ``main`` (actor-critic, PPO) on connect four. Every episode the
+``self-play`` policy mapping seats ``main`` first or second (alternately) and draws the other
+seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers play snapshots of
+``main`` (every 5th version joins a pool of 20; each worker draws one every few seconds, the
+newest half of the time), and sometimes ``main`` itself (mirror play). Neither scripted policy is
+ever trained against: evaluation actors play ``main`` greedily against ``random`` (uniform over
+legal columns) and ``heuristic`` (win, else block, else the centre); their mean return is the
+evaluation return (``evaluation.policy``), and the metrics report
+``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a win, 0.5 a draw) over
+the last 100 such games. ``ratings.json`` in the run folder rates every snapshot met.
+
+Needs the ``multiagent`` extra (PettingZoo).
+"""
+
+from __future__ import annotations
+
+from api.config import (
+    ActorConfig,
+    ComponentConfig,
+    EvaluationConfig,
+    ExperimentConfig,
+    PolicyConfig,
+    StopConfig,
+)
+from api.config_league import SelfPlayConfig
+
+_NETWORK = dict(hidden_sizes=[256, 256], activation="relu")
+_PPO = dict(
+    lr=3e-4, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2, entropy_coef=0.01
+)
+
+
+def connect4_selfplay() -> ExperimentConfig:
+    """PPO by self-play on ConnectFour-v3, until ``main``'s greedy mean return against the
+    scripted players (1 a win, -1 a loss) reaches 0.9 in two windows of 100 fresh games, or for
+    15 minutes (or 4M frames)."""
+    learner = ComponentConfig("actor-critic", dict(_NETWORK))
+    return ExperimentConfig(
+        name="connect4-selfplay",
+        environment=ComponentConfig("ConnectFour-v3"),
+        policies={
+            "main": PolicyConfig(
+                policy=learner, trainer=ComponentConfig("ppo", dict(_PPO)), batch_segments=32
+            ),
+            "past": PolicyConfig(policy=ComponentConfig("actor-critic", dict(_NETWORK))),
+            "random": PolicyConfig(policy=ComponentConfig("random-legal")),
+            "heuristic": PolicyConfig(policy=ComponentConfig("connect-four-heuristic")),
+        },
+        policy_mapping=ComponentConfig(
+            "self-play", dict(learner="main", opponents={"past": 0.8, "main": 0.2})
+        ),
+        selfplay=SelfPlayConfig(
+            learner="main", opponent="past", snapshot_every=5, pool_size=50, sampling="uniform"
+        ),
+        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=32, groups=2),
+        evaluation=EvaluationConfig(
+            workers=1,
+            envs_per_worker=8,
+            episodes=100,
+            max_fps=1500.0,
+            policy="main",
+            policy_mapping=ComponentConfig(
+                "self-play", dict(learner="main", opponents=["random", "heuristic"], seed=1)
+            ),
+        ),
+        stop=StopConfig(eval_return=0.95, env_frames=4_000_000, wall_seconds=900.0),
+        checkpoint_every=20,
+    )

@@ -1,0 +1,115 @@
+"""Who beats whom: Elo ratings of every player of a multi-agent run, and the learner's score
+against each past version it plays in self-play.
+
+Actors stamp every multi-agent episode with its ``seats`` (``[policy, version, return]`` per
+agent, :func:`system.workers.lanes.matchups`). A *player* is a policy, except that a self-play
+opponent is a different player for each learner version it played (``main@120``): the pool's
+snapshots are fixed players, rated as they are met. Each pair of different players of an episode
+is one game, scored by return (higher wins, equal draws). Training and evaluation games both
+count; evaluation games against scripted policies anchor the scale.
+
+The controller feeds episodes in, adds the learner's rating to each metrics record, keeps
+``ratings.json`` in the run folder (the table, sorted by rating, with games, wins, draws and
+losses), and writes the learner's score against each snapshot into the global state
+(``selfplay/scores``) for ``prioritized`` opponent sampling.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from api.config import ExperimentConfig
+from api.global_state import GlobalState
+from system.workers.opponent_pool import SCORES_KEY
+
+RATINGS_FILE = "ratings.json"
+INITIAL = 1000.0
+K = 16.0
+"""Elo's step: how far one game moves a rating (16: slow and steady, many games a second)."""
+
+
+@dataclass
+class Player:
+    name: str
+    rating: float = INITIAL
+    games: int = 0
+    wins: int = 0
+    draws: int = 0
+    losses: int = 0
+
+
+class Ratings:
+    def __init__(self, config: ExperimentConfig, run_dir: Path, store: GlobalState):
+        self.learner = config.selfplay.learner
+        self.opponent = config.selfplay.opponent
+        self.path = Path(run_dir) / RATINGS_FILE
+        self.store = store
+        self.players: dict[str, Player] = {}
+        self.scores: dict[int, list[float]] = {}
+        """Opponent version -> [the learner's total score against it, games]."""
+        self.changed = False
+
+    def player(self, policy: str, version: int) -> str:
+        return f"{self.learner}@{version}" if policy == self.opponent else policy
+
+    def on_episodes(self, episodes: list[dict[str, Any]]) -> None:
+        for episode in episodes:
+            seats = episode.get("seats")
+            if isinstance(seats, list):
+                self._games(seats)
+
+    def _games(self, seats: list) -> None:
+        played = [
+            (self.player(str(s[0]), int(s[1])), float(s[2]), str(s[0]), int(s[1]))
+            for s in seats
+            if isinstance(s, (list, tuple)) and len(s) == 3
+        ]
+        for i, (a, ret_a, policy_a, _) in enumerate(played):
+            for b, ret_b, policy_b, version_b in played[i + 1 :]:
+                if a == b:
+                    continue  # mirror play: no information about strength
+                score = 0.5 if ret_a == ret_b else float(ret_a > ret_b)
+                self._elo(a, b, score)
+                if policy_a == self.learner and policy_b == self.opponent:
+                    self._score(version_b, score)
+                elif policy_b == self.learner and policy_a == self.opponent:
+                    self._score(int(played[i][3]), 1.0 - score)
+
+    def _elo(self, a: str, b: str, score_a: float) -> None:
+        pa = self.players.setdefault(a, Player(a))
+        pb = self.players.setdefault(b, Player(b))
+        expected_a = 1.0 / (1.0 + 10 ** ((pb.rating - pa.rating) / 400.0))
+        pa.rating += K * (score_a - expected_a)
+        pb.rating -= K * (score_a - expected_a)
+        for p, s in ((pa, score_a), (pb, 1.0 - score_a)):
+            p.games += 1
+            p.wins += s == 1.0
+            p.draws += s == 0.5
+            p.losses += s == 0.0
+        self.changed = True
+
+    def _score(self, version: int, score: float) -> None:
+        total = self.scores.setdefault(version, [0.0, 0])
+        total[0] += score
+        total[1] += 1
+
+    def table(self) -> list[dict[str, Any]]:
+        ordered = sorted(self.players.values(), key=lambda p: -p.rating)
+        return [{**asdict(p), "rating": round(p.rating, 1)} for p in ordered]
+
+    def on_record(self) -> dict[str, Any]:
+        """Each policy's rating (not the snapshots') for the metrics record; saves the table,
+        and the learner's scores against the snapshots for prioritised sampling."""
+        if not self.changed:
+            return {}
+        self.changed = False
+        self.path.write_text(json.dumps(self.table(), indent=1) + "\n")
+        if self.opponent and self.scores:
+            self.store.set(SCORES_KEY, {str(v): s / n for v, (s, n) in self.scores.items()})
+        return {f"rating/{p.name}": p.rating for p in self.players.values() if "@" not in p.name}
+
+    def summary(self) -> list[dict[str, Any]]:
+        return self.table()[:10]

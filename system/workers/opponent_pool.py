@@ -1,0 +1,138 @@
+"""Self-play against the past: a policy worker that plays versions of another policy it draws
+from a pool of snapshots (``api.config_league.SelfPlayConfig``).
+
+The opponent's policy worker subscribes to the *learner's* parameter pushes. Every
+``snapshot_every``-th version it receives joins a bounded pool, and every ``swap_every_s``
+seconds it draws the version it plays from that pool, by a sampling rule. It answers requests
+exactly as any policy worker does, and the version it reports with every answer is the
+learner's version it plays, so actors record who played whom and the controller rates every
+snapshot (``system.run.ratings``).
+
+``prioritized`` sampling reads the learner's score against each version from the run's global
+state (``selfplay/scores``, written by the controller): versions the learner still loses to are
+drawn more often, as in prioritised fictitious self-play.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from api.config_league import SelfPlayConfig
+from api.global_state import GlobalStateError, global_state
+from api.policy import Policy
+from system.parameters.interfaces import ParameterSubscriber
+from system.streams.inference import InferenceServer
+from system.workers.policy_worker import PolicyWorker
+
+SCORES_KEY = "selfplay/scores"
+"""Global state key: ``{str(version): the learner's mean score against it}`` (1 win, 0 loss)."""
+
+
+class OpponentPool:
+    """Snapshots of a learner's versions, at most ``size``, and the rule that draws one."""
+
+    def __init__(self, snapshot_every: int, size: int, sampling: str, seed: int = 0):
+        self.snapshot_every = snapshot_every
+        self.size = size
+        self.sampling = sampling
+        self.rng = np.random.default_rng(seed)
+        self.snapshots: OrderedDict[int, Any] = OrderedDict()
+        self._last_kept: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.snapshots)
+
+    def offer(self, version: int, checkpoint: Any) -> bool:
+        """Keep ``version`` if it is ``snapshot_every`` past the last one kept (the first one
+        always is); the oldest leaves a full pool. True if it was kept."""
+        if self._last_kept is not None and version < self._last_kept + self.snapshot_every:
+            return False
+        self.snapshots[version] = _own_copy(checkpoint)  # pushed arrays may map shared memory
+        self._last_kept = version
+        while len(self.snapshots) > self.size:
+            self.snapshots.popitem(last=False)
+        return True
+
+    def draw(self, scores: dict[int, float] | None = None) -> tuple[int, Any]:
+        """A ``(version, checkpoint)`` by the sampling rule; ``scores`` (the learner's mean
+        score against a version, 0 to 1) weight ``prioritized``: ``(1 - score) ** 2``, so a
+        version the learner always beats is rarely drawn (unknown versions count as 0.5)."""
+        versions = list(self.snapshots)
+        if self.sampling == "latest-heavy" and self.rng.random() < 0.5:
+            version = versions[-1]
+        elif self.sampling == "prioritized":
+            known = scores or {}
+            weights = np.array([(1.0 - known.get(v, 0.5)) ** 2 + 1e-3 for v in versions])
+            version = versions[int(self.rng.choice(len(versions), p=weights / weights.sum()))]
+        else:
+            version = versions[int(self.rng.integers(len(versions)))]
+        return version, self.snapshots[version]
+
+
+class OpponentPolicyWorker(PolicyWorker):
+    """A policy worker whose weights are a drawn past version of ``learner``, not its own."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        policy_name: str,
+        policy: Policy,
+        server: InferenceServer,
+        params: ParameterSubscriber,
+        selfplay: SelfPlayConfig,
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(worker_id, policy_name, policy, server, params)
+        self.learner = selfplay.learner
+        self.pool = OpponentPool(
+            selfplay.snapshot_every, selfplay.pool_size, selfplay.sampling, seed
+        )
+        self.swap_every_s = selfplay.swap_every_s
+        self.clock = clock
+        self.next_swap = 0.0
+
+    def _update_parameters(self) -> None:
+        latest = self.params.poll_latest(self.learner)
+        if latest is not None and self.pool.offer(*latest):
+            self.stats["pool_size"] = len(self.pool)
+            self.stats["pool_newest"] = latest[0]
+        now = self.clock()
+        if len(self.pool) and now >= self.next_swap:
+            self.next_swap = now + self.swap_every_s
+            version, checkpoint = self.pool.draw(self._scores())
+            if version != self.policy.version:  # older or newer: a drawn version is played
+                self.policy.load_checkpoint(checkpoint)
+                self.stats["parameter_loads"] = self.stats.get("parameter_loads", 0) + 1
+            self.stats["opponent_version"] = version
+
+    def _scores(self) -> dict[int, float] | None:
+        if self.pool.sampling != "prioritized":
+            return None
+        try:
+            value, _ = global_state().get(SCORES_KEY)
+        except GlobalStateError:  # no run state in this process (serial mode): no scores
+            return None
+        if not isinstance(value, dict):
+            return None
+        return {int(k): float(v) for k, v in value.items() if str(k).isdigit()}
+
+    def _catch_up(self, params: ParameterSubscriber) -> None:
+        """After the parameter service moved: the learner's newest joins the pool (if due)."""
+        self.pool.offer(*params.get(self.learner))
+
+
+def _own_copy(tree: Any) -> Any:
+    if isinstance(tree, np.ndarray):
+        return np.array(tree, copy=True)
+    if isinstance(tree, dict):
+        return {k: _own_copy(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_own_copy(v) for v in tree)
+    return tree
