@@ -87,6 +87,9 @@ class SelfPlayConfig:
     version beat or drew with the learner, from the run's ratings in the global state)."""
     swap_every_s: float = 5.0
     """Seconds between two draws of an opponent worker."""
+    random_moves: float = 0.0
+    """Chance that the opponent makes a uniformly random legal move instead of its snapshot's
+    (training games only), so that the learner also meets the odd moves a weak player makes."""
 
 
 def check_league(config: ExperimentConfig) -> list[str]:
@@ -124,6 +127,8 @@ def _check_selfplay(config: ExperimentConfig) -> list[str]:
         errors.append("selfplay.snapshot_every and selfplay.pool_size: must be at least 1")
     if sp.sampling not in SAMPLINGS:
         errors.append(f"selfplay.sampling: one of {list(SAMPLINGS)}, got '{sp.sampling}'")
+    if not 0.0 <= sp.random_moves < 1.0:
+        errors.append(f"selfplay.random_moves: must be in [0, 1), got {sp.random_moves}")
     if not sp.swap_every_s > 0:
         errors.append(f"selfplay.swap_every_s: must be more than 0, got {sp.swap_every_s}")
     return errors

@@ -3,13 +3,14 @@
 ``connect4-selfplay`` trains ``main`` (actor-critic, PPO) on connect four. Every episode the
 ``self-play`` policy mapping seats ``main`` first or second (alternately) and draws the other
 seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers play snapshots of
-``main`` (every 5th version joins a pool of 20; each worker draws one every few seconds, the
-newest half of the time), and sometimes ``main`` itself (mirror play). Neither scripted policy is
-ever trained against: evaluation actors play ``main`` greedily against ``random`` (uniform over
-legal columns) and ``heuristic`` (win, else block, else the centre); their mean return is the
-evaluation return (``evaluation.policy``), and the metrics report
-``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a win, 0.5 a draw) over
-the last 100 such games. ``ratings.json`` in the run folder rates every snapshot met.
+``main`` (every 5th version joins a pool of the last 50; each worker draws one uniformly every 5
+seconds, so early, almost random versions keep being met), and sometimes ``main`` itself (mirror
+play). Neither scripted policy is ever trained against: evaluation actors play ``main`` greedily
+against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else the
+centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
+and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
+win, 0.5 a draw) over the last 100 such games. ``ratings.json`` in the run folder rates every
+snapshot met.
 
 Needs the ``multiagent`` extra (PettingZoo).
 """
@@ -34,7 +35,7 @@ _PPO = dict(
 
 def connect4_selfplay() -> ExperimentConfig:
     """PPO by self-play on ConnectFour-v3, until ``main``'s greedy mean return against the
-    scripted players (1 a win, -1 a loss) reaches 0.9 in two windows of 100 fresh games, or for
+    scripted players (1 a win, -1 a loss) reaches 0.97 in three windows of 100 fresh games, or for
     15 minutes (or 4M frames)."""
     learner = ComponentConfig("actor-critic", dict(_NETWORK))
     return ExperimentConfig(
@@ -52,7 +53,7 @@ def connect4_selfplay() -> ExperimentConfig:
             "self-play", dict(learner="main", opponents={"past": 0.8, "main": 0.2})
         ),
         selfplay=SelfPlayConfig(
-            learner="main", opponent="past", snapshot_every=5, pool_size=50, sampling="uniform"
+            learner="main", opponent="past", snapshot_every=5, pool_size=20, random_moves=0.1
         ),
         actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=32, groups=2),
         evaluation=EvaluationConfig(
@@ -65,6 +66,8 @@ def connect4_selfplay() -> ExperimentConfig:
                 "self-play", dict(learner="main", opponents=["random", "heuristic"], seed=1)
             ),
         ),
-        stop=StopConfig(eval_return=0.95, env_frames=4_000_000, wall_seconds=900.0),
+        stop=StopConfig(
+            eval_return=0.95, confirm_windows=2, env_frames=4_000_000, wall_seconds=900.0
+        ),
         checkpoint_every=20,
     )

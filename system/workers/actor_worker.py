@@ -292,9 +292,8 @@ class ActorWorker(Worker):
             self._take_results(e, results)
 
     def _map_policies(self, e: int) -> None:
-        """Ask the policy mapping who plays each agent of environment ``e``'s next episode. The
-        episode id counts up per environment from a base its seed gives, so it names the
-        episode uniquely in the run and consecutive episodes of one environment differ by one."""
+        """Who plays each agent of environment ``e``'s next episode. Episode ids count up per
+        environment from a base its seed gives: unique in the run, consecutive per environment."""
         episode_id = (self.seed + e) * 2**32 + self.episode_counts[e]
         self.episode_counts[e] += 1
         info = {"env": e, "actor": self.worker_id, "evaluation": self.is_evaluation}

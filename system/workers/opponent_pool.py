@@ -24,11 +24,13 @@ import numpy as np
 
 from api.config_league import SelfPlayConfig
 from api.global_state import GlobalStateError, global_state
-from api.policy import Policy
+from api.policy import Policy, RolloutRequest, RolloutResult
 from system.parameters.interfaces import ParameterSubscriber
 from system.streams.inference import InferenceServer
 from system.workers.policy_worker import PolicyWorker
 
+ACTION_MASK_KEY = "action_mask"
+"""The observation key of legal actions, as environments and policies write and read it."""
 SCORES_KEY = "selfplay/scores"
 """Global state key: ``{str(version): the learner's mean score against it}`` (1 win, 0 loss)."""
 
@@ -89,6 +91,8 @@ class OpponentPolicyWorker(PolicyWorker):
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ):
+        if selfplay.random_moves > 0:
+            policy = RandomMoves(policy, selfplay.random_moves, seed)
         super().__init__(worker_id, policy_name, policy, server, params)
         self.learner = selfplay.learner
         self.pool = OpponentPool(
@@ -126,6 +130,35 @@ class OpponentPolicyWorker(PolicyWorker):
     def _catch_up(self, params: ParameterSubscriber) -> None:
         """After the parameter service moved: the learner's newest joins the pool (if due)."""
         self.pool.offer(*params.get(self.learner))
+
+
+class RandomMoves:
+    """The opponent's policy, except that with probability ``p`` a training row's action is a
+    uniformly random legal one (from the observation's ``action_mask`` when it has one)."""
+
+    def __init__(self, policy: Policy, p: float, seed: int = 0):
+        self.policy = policy
+        self.p = p
+        self.rng = np.random.default_rng(seed)
+
+    def __getattr__(self, name: str) -> Any:  # version, checkpoints, state: the policy's own
+        return getattr(self.policy, name)
+
+    def rollout(self, request: RolloutRequest) -> RolloutResult:
+        result = self.policy.rollout(request)
+        n = len(request.on_reset)
+        rows = np.flatnonzero((self.rng.random(n) < self.p) & ~request.is_evaluation[:, 0])
+        if len(rows) == 0:
+            return result
+        mask = getattr(request.obs, ACTION_MASK_KEY, None)
+        actions = np.array(result.action, copy=True)
+        choices = int(self.policy.action_space.n)
+        for r in rows:
+            legal = np.flatnonzero(mask[r]) if mask is not None else np.arange(choices)
+            if legal.size:
+                actions[r] = self.rng.choice(legal)
+        result.action = actions
+        return result
 
 
 def _own_copy(tree: Any) -> Any:

@@ -225,3 +225,39 @@ def test_a_checkpoint_for_a_trained_policy_or_a_missing_file_is_refused(tmp_path
         )
     assert "policies.main.checkpoint: only a frozen policy (no trainer)" in str(e.value)
     assert "policies.past.checkpoint: no file '/nope'" in str(e.value)
+
+
+def test_random_moves_are_legal_and_leave_evaluation_rows_alone():
+    from api.policy import RolloutRequest
+    from system.workers.opponent_pool import RandomMoves
+
+    class Column3:
+        """Always plays column 3."""
+
+        action_space = gym.spaces.Discrete(7)
+        version = 4
+
+        def rollout(self, request):
+            return RolloutResult(action=np.full(len(request.on_reset), 3, np.int64))
+
+    n = 4000
+    mask = np.zeros((n, 7), np.int8)
+    mask[:, [0, 5]] = 1  # only columns 0 and 5 are legal
+    evaluation = np.zeros((n, 1), bool)
+    evaluation[n // 2 :] = True
+    request = RolloutRequest(
+        obs=NamedArray(observation=np.zeros((n, 6, 7, 2), np.int8), action_mask=mask),
+        policy_state=None,
+        is_evaluation=evaluation,
+        on_reset=np.zeros((n, 1), bool),
+        client_id=np.zeros((n, 1), np.int64),
+        request_id=np.zeros((n, 1), np.int64),
+    )
+    wrapped = RandomMoves(Column3(), p=0.25, seed=0)
+    actions = wrapped.rollout(request).action
+    training, greedy = actions[: n // 2], actions[n // 2 :]
+    assert set(greedy.tolist()) == {3}  # evaluation rows: the policy's own move
+    random = training[training != 3]
+    assert set(random.tolist()) == {0, 5}  # only legal columns
+    assert 0.2 < len(random) / len(training) < 0.3
+    assert wrapped.version == 4  # everything else is the policy's

@@ -3,6 +3,10 @@ no file over 400 lines without a written reason.
 
 Imports are read with ``ast`` (every import statement, including those inside functions), so a
 lazy import cannot hide a dependency that points the wrong way.
+
+It lives in a folder of its own: pytest puts a test module's folder on ``sys.path``, and with
+``tests/`` there, ``tests/algorithm`` (a folder without ``__init__.py``) would shadow the
+``algorithm`` package for every import not made yet.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "algorithm", "legacy", "system", "distributed")
 ALLOWED = {
     "api": {"api"},
