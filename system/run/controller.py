@@ -210,6 +210,9 @@ class Controller:
         try:
             write()
             return True
+        except RunFolderError as e:  # an atomic write (ratings.json) already named its file
+            self._folder_failed(e)
+            return False
         except OSError as e:
             self._folder_failed(RunFolderError.from_os_error(self.run_dir, e))
             return False

@@ -23,6 +23,7 @@ from typing import Any
 
 from api.config import ExperimentConfig
 from api.global_state import GlobalState
+from system.parameters.checkpoint_file import write_atomically
 from system.workers.opponent_pool import SCORES_KEY
 
 RATINGS_FILE = "ratings.json"
@@ -106,7 +107,8 @@ class Ratings:
         if not self.changed:
             return {}
         self.changed = False
-        self.path.write_text(json.dumps(self.table(), indent=1) + "\n")
+        text = (json.dumps(self.table(), indent=1) + "\n").encode()
+        write_atomically(self.path, lambda f: f.write(text), sync=False)
         if self.opponent and self.scores:
             self.store.set(SCORES_KEY, {str(v): s / n for v, (s, n) in self.scores.items()})
         return {f"rating/{p.name}": p.rating for p in self.players.values() if "@" not in p.name}

@@ -52,7 +52,7 @@ class Lane:
         """The request for every slot that acts now, or None when none does."""
         acting = [
             c for c, s in enumerate(self.slots) if s.result is not None and s.policy == self.policy
-        ]  # with a policy mapping, a lane holds every slot and this episode's decide
+        ]  # with a policy mapping a lane holds every slot: the episode's mapping picks ours
         if not acting:
             self.request = None
             return None
