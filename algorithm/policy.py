@@ -69,6 +69,7 @@ the module (e.g. running normalisation statistics) extends both checkpoint metho
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,6 +79,13 @@ from torch import nn
 
 from api.namedarray import NamedArray
 from api.policy import Policy
+
+# Observations arrive as read-only views of received messages and shared-memory slots, which
+# torch.as_tensor shares without a copy (and warns about, once per process, in every worker's
+# log). A policy reads its inputs and never writes them in place, so the warning says nothing.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning
+)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -38,9 +38,9 @@ class _Body(nn.Module):
     """Encoder, then an optional GRU: observations ``[T*B, ...]`` (time and batch flattened) to
     features ``[T*B, F]``."""
 
-    def __init__(self, space, hidden_sizes, activation, rnn_hidden, rnn_layers):
+    def __init__(self, space, hidden_sizes, activation, rnn_hidden, rnn_layers, grid_channels=()):
         super().__init__()
-        self.encoder = ObservationEncoder(space, hidden_sizes, activation)
+        self.encoder = ObservationEncoder(space, hidden_sizes, activation, grid_channels)
         self.out_features = self.encoder.out_features
         self.rnn = None
         if rnn_hidden > 0:
@@ -79,15 +79,13 @@ class ActorCriticNet(nn.Module):
         rnn_hidden,
         rnn_layers,
         activation,
+        grid_channels=(),
     ):
         super().__init__()
         self.rnn_layers = rnn_layers
-        self.actor_body = _Body(observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers)
-        self.critic_body = None
-        if not shared_backbone:
-            self.critic_body = _Body(
-                observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers
-            )
+        body = (observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers, grid_channels)
+        self.actor_body = _Body(*body)
+        self.critic_body = None if shared_backbone else _Body(*body)
         width = self.actor_body.out_features
         self.policy_head = orthogonal_init(nn.Linear(width, _param_count(action_space)), 0.01)
         self.value_head = orthogonal_init(nn.Linear(width, 1), 1.0)

@@ -73,6 +73,10 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             goes through torch.
         normalize_obs: standardise Box observations by their running mean and std.
         normalize_returns: scale rewards by the running std of discounted returns.
+        grid_channels: 3x3 convolutions (their output channels) over board observations (a
+            3-dimensional Box that is not a uint8 image, such as connect four's piece planes)
+            before the MLP; empty: boards are flattened. See
+            :class:`algorithm.modules.encoders.GridEncoder`.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         numpy_inference: bool = True,
         normalize_obs: bool = False,
         normalize_returns: bool = False,
+        grid_channels: Sequence[int] = (),
     ):
         self.observation_space, self.action_space = observation_space, action_space
         with torch.random.fork_rng(devices=[]):
@@ -102,6 +107,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
                 rnn_hidden,
                 rnn_layers,
                 activation,
+                tuple(grid_channels),
             )
         _add_normalizers(net, observation_space, normalize_obs, normalize_returns)
         super().__init__(net, device=device)

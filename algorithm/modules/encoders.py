@@ -7,6 +7,9 @@
   ``[4, 84, 84]``) when the first dimension is smaller than the last, else last (``[H, W, C]``).
   Images of at least 36x36 go through the Nature-DQN CNN (:class:`NatureCNN`, 512 features);
   smaller ones, for which its 8x8 stride-4 first layer is too coarse, through a small CNN;
+* a 3-dimensional ``Box`` of another dtype (a board of piece planes, e.g. connect four's
+  ``[6, 7, 2]``): flattened, or, when ``grid_channels`` is given, through 3x3 convolutions that
+  keep the board's size (:class:`GridEncoder`);
 * any other ``Box``: flattened;
 * ``Discrete``: one-hot;
 * ``Dict``: each key by the rules above, features concatenated in key order. The key
@@ -125,6 +128,33 @@ class NatureCNN(_ImageEncoder):
         self._finish()
 
 
+class GridEncoder(nn.Module):
+    """3x3 convolutions of stride 1 that keep the board's height and width, one per entry of
+    ``channels``, then flattened: a pattern (three in a row, a threat) is detected by the same
+    weights wherever it is on the board, which an MLP over the flat board must learn once per
+    place. Boards ``[..., H, W, planes]`` or ``[..., planes, H, W]``, any numeric dtype, taken
+    as they are (not scaled)."""
+
+    def __init__(self, shape: Sequence[int], channels: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        self.channels_first = channels_first(shape)
+        planes, height, width = shape if self.channels_first else (shape[2], *shape[:2])
+        act = activation_class(activation)
+        layers: list[nn.Module] = []
+        for out in channels:
+            layers += [orthogonal_init(nn.Conv2d(planes, out, 3, padding=1)), act()]
+            planes = out
+        self.net = nn.Sequential(*layers, nn.Flatten())
+        self.out_features = int(planes * height * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-3]
+        x = x.reshape(-1, *x.shape[-3:]).float()
+        if not self.channels_first:
+            x = x.permute(0, 3, 1, 2)
+        return self.net(x).reshape(*lead, -1)
+
+
 def image_encoder(shape: Sequence[int]) -> _ImageEncoder:
     """The Nature CNN for images of at least 36x36, the small CNN for smaller ones."""
     height, width = shape[1:] if channels_first(shape) else shape[:2]
@@ -157,9 +187,13 @@ class _OneHot(nn.Module):
         return nn.functional.one_hot(x - self.start, self.n).float()
 
 
-def _key_encoder(space: gym.Space, key: str) -> nn.Module:
+def _key_encoder(
+    space: gym.Space, key: str, grid_channels: Sequence[int] = (), activation: str = "relu"
+) -> nn.Module:
     if is_image_space(space):
         return image_encoder(space.shape)
+    if grid_channels and isinstance(space, gym.spaces.Box) and len(space.shape) == 3:
+        return GridEncoder(space.shape, grid_channels, activation)
     if isinstance(space, gym.spaces.Box):
         return _Flat(space)
     if isinstance(space, gym.spaces.Discrete):
@@ -171,16 +205,28 @@ def _key_encoder(space: gym.Space, key: str) -> nn.Module:
 
 
 class ObservationEncoder(nn.Module):
-    """Observation (array, dict or NamedArray of tensors ``[N, ...]``) to features ``[N, F]``."""
+    """Observation (array, dict or NamedArray of tensors ``[N, ...]``) to features ``[N, F]``.
 
-    def __init__(self, space: gym.Space, hidden_sizes: Sequence[int], activation: str = "tanh"):
+    ``grid_channels``: the convolutions of :class:`GridEncoder` for 3-dimensional non-image
+    boxes (boards); empty: such boxes are flattened."""
+
+    def __init__(
+        self,
+        space: gym.Space,
+        hidden_sizes: Sequence[int],
+        activation: str = "tanh",
+        grid_channels: Sequence[int] = (),
+    ):
         super().__init__()
+        grid = tuple(grid_channels)
         if isinstance(space, gym.spaces.Dict):
             self.keys = [k for k in space.spaces if k != ACTION_MASK_KEY]
-            self.parts = nn.ModuleDict({k: _key_encoder(space.spaces[k], k) for k in self.keys})
+            self.parts = nn.ModuleDict(
+                {k: _key_encoder(space.spaces[k], k, grid, activation) for k in self.keys}
+            )
         else:
             self.keys = []
-            self.parts = nn.ModuleDict({"obs": _key_encoder(space, "")})
+            self.parts = nn.ModuleDict({"obs": _key_encoder(space, "", grid, activation)})
         width = sum(p.out_features for p in self.parts.values())
         self.trunk = mlp(width, hidden_sizes, activation)
         self.out_features = hidden_sizes[-1] if hidden_sizes else width
