@@ -6,9 +6,9 @@ seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers 
 ``main`` (every 5th version joins a pool of the last 20; every 5 seconds each worker draws the
 newest one half the time, else one uniformly, and makes a random legal move instead of the
 snapshot's one time in ten, so that odd moves keep being met), and sometimes ``main`` itself
-(mirror play). Neither scripted policy is ever trained against: evaluation actors play ``main`` greedily
-against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else the
-centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
+(mirror play). Neither scripted policy is ever trained against: evaluation actors play ``main``
+greedily against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else
+the centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
 and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
 win, 0.5 a draw) over the last 100 such games. ``ratings.json`` in the run folder rates every
 snapshot met.
