@@ -157,7 +157,7 @@ def build_summary(
     """Derive the end-of-run summary from the metrics records.
 
     `trainer_steps` is the last "trainer_steps" value when the controller logs one, otherwise the
-    sum over policies of the last "trainer/<name>/step" values (None when neither is logged).
+    sum over policies of the last "trainer/<name>/steps" values (the steps each trainer reports) (None when neither is logged).
     `frames_to_target` / `wall_s_to_target` come from the first evaluation reaching `target`.
     """
     env_frames = _as_int(_last(records, "env_frames"))
@@ -166,7 +166,7 @@ def build_summary(
     versions = _last_per_policy(records, "policy/", "/version")
     trainer_steps = _last(records, "trainer_steps")
     if trainer_steps is None:
-        per_policy = _last_per_policy(records, "trainer/", "/step")
+        per_policy = _last_per_policy(records, "trainer/", "/steps")
         trainer_steps = sum(per_policy.values()) if per_policy else None
     reached = _first_reaching(records, target)
     return {

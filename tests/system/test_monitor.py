@@ -275,8 +275,8 @@ def synthetic_records() -> list[dict]:
             "eval_return": 120.0,
             "policy/default/version": 4,
             "policy/opponent/version": 2,
-            "trainer/default/step": 7,
-            "trainer/opponent/step": 3,
+            "trainer/default/steps": 7,
+            "trainer/opponent/steps": 3,
         },
         {"env_frames": 4000, "wall_s": 4.0, "episode_return": None, "eval_return": 90.0},
     ]
