@@ -193,7 +193,8 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
 
 def _watch_peers(ctl: ControlClient, wiring: SocketWiring, peers: Peers, built):
     """The heartbeat hook that follows the peers a worker looks up to their new addresses when
-    the controller restarts them (system.run.peer_watch), run before the builder's own hook."""
+    the controller restarts them (system.run.peer_watch), run before the builder's own hook;
+    an actor's watchdog takes its place (no builder gives an actor one)."""
     watch = built.on_heartbeat
     if peers.inference:  # an inference client: also follows the trainers it sends samples to
         watch = ActorPeerWatchdog(ctl, built.worker, peers.inference, peers.samples)
