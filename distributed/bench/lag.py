@@ -98,6 +98,7 @@ def lagged_run(variant: str, lag: int, seed: int, budget_frames: int) -> LagRun:
     import torch
 
     from api.config import make_experiment
+    from system.run.plan import Role
     from system.run.serial import SerialRun
 
     torch.set_num_threads(1)
@@ -108,7 +109,7 @@ def lagged_run(variant: str, lag: int, seed: int, budget_frames: int) -> LagRun:
     started = time.perf_counter()
     try:
         run.poll()  # the trainer publishes its first version
-        for worker in run.policy_workers:
+        for worker in run.workers_of(Role.POLICY):
             worker.reconnect(LaggedParameters(store, lag))
         progress = run.run(env_frames=budget_frames, until_return=TARGET, return_window=WINDOW)
     finally:

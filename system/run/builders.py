@@ -27,7 +27,7 @@ from api import environment as env_api
 from api import policy as policy_api
 from api import trainer as trainer_api
 from api.code import load_code
-from api.config import ExperimentConfig, uses_replay
+from api.config import ExperimentConfig
 from api.environment import Environment
 from api.errors import ConfigError
 from api.policy import Policy
@@ -44,6 +44,11 @@ from system.run.plan import (
     Role,
     TrainerPlan,
     WorkerPlan,
+    inference_endpoint,
+    replay_batches_endpoint,
+    replay_samples_endpoint,
+    samples_endpoint,
+    trainer_group_endpoint,
 )
 from system.streams.inference import InferenceClient, InferenceServer
 from system.streams.replay import ReplayClient
@@ -146,7 +151,11 @@ def trained_policies(config: ExperimentConfig) -> list[str]:
 
 # ----------------------------------------------------------------------- the wiring seam
 class Wiring(Protocol):
-    """How a worker reaches its peers: sockets found through the controller, or queues."""
+    """How a worker reaches its peers: sockets found through the controller, or queues.
+
+    One method per end of each stream, never per role: a server or consumer registers the
+    endpoint name it is given, a client or producer looks up the names it is given (names come
+    from the plan, :mod:`system.run.plan`), so a new role builds from these as it is."""
 
     run_dir: Path | None
     """The run folder (checkpoints), or None when there is none (serial mode)."""
@@ -158,19 +167,27 @@ class Wiring(Protocol):
         """Called while a builder waits for a peer: a process answers its controller here."""
 
     def parameter_client(self, subscribe: list[str]) -> ParameterClientBase: ...
-    def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> InferenceServer: ...
-    def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> InferenceClient: ...
-    def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy) -> SampleConsumer: ...
-    def replay_server(self, plan: ReplayPlan) -> Any: ...
-    def replay_client(self, plan: TrainerPlan) -> ReplayClient: ...
-    def sample_producer(
-        self, plan: ActorPlan, endpoints: dict[str, list[str]]
-    ) -> SampleProducer: ...
-    def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker: ...
+    def parameter_server(self, store: ParameterStore) -> Worker: ...
+    def inference_server(self, name: str, policy_name: str, policy: Policy) -> InferenceServer:
+        """The server of ``policy_name``'s action requests, registered as ``name``; requests
+        are laid out for ``policy``'s spaces."""
 
-    def trainer_group(self, plan: TrainerPlan, size: int) -> TrainerGroup | None:
-        """Rank ``plan.index`` of the policy's data-parallel group of ``size`` trainers, formed
-        (blocks until every rank has joined); None where the trainer trains alone."""
+    def inference_client(self, client_id: str, names: dict[str, str]) -> InferenceClient: ...
+    def sample_consumer(self, name: str, policy_name: str, policy: Policy) -> SampleConsumer:
+        """The consumer of ``policy_name``'s segments, registered as ``name``."""
+
+    def sample_producer(self, names: dict[str, list[str]]) -> SampleProducer: ...
+    def replay_server(self, name: str, policy_name: str) -> Any:
+        """The server of ``policy_name``'s transition batches, registered as ``name``."""
+
+    def replay_client(self, name: str, policy_name: str, client_id: str) -> ReplayClient: ...
+
+    def trainer_group(
+        self, name: str, policy_name: str, rank: int, size: int
+    ) -> TrainerGroup | None:
+        """Rank ``rank`` of the policy's data-parallel group of ``size`` trainers, formed
+        through the rendezvous registered as ``name`` (blocks until every rank has joined); None
+        where the trainer trains alone."""
 
 
 @dataclass
@@ -189,20 +206,26 @@ def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, w
     restored = store.load_from_disk()
     if restored:
         logger.info("parameter service restored versions %s", restored)
-    return Built(wiring.parameter_server(plan, store))
+    return Built(wiring.parameter_server(store))
 
 
 def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
-    params = wiring.parameter_client(subscribe=[])
-    replay = wiring.replay_client(plan) if uses_replay(cfg.policies[plan.policy]) else None
+    peers = plan.peers(cfg)
+    params = wiring.parameter_client(subscribe=peers.parameters or [])
+    replay = samples = None
+    if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
+        replay = wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id)
+    else:
+        name = samples_endpoint(plan.policy, plan.index)
+        samples = wiring.sample_consumer(name, plan.policy, policy)
     group_size = cfg.policies[plan.policy].trainer_workers
     worker = _trainer_worker_class(group_size)(
         plan.worker_id,
         plan.policy,
         trainer,
-        None if replay else wiring.sample_consumer(plan, policy),
+        samples,
         params,
         replay=replay,
         batch_segments=cfg.policies[plan.policy].batch_segments,
@@ -214,9 +237,11 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
-    group = wiring.trainer_group(plan, group_size) if group_size > 1 else None
-    if group is not None:  # after restoring: every rank starts from rank 0's parameters
-        worker.join(group)
+    if group_size > 1:  # after restoring: every rank starts from rank 0's parameters
+        name = trainer_group_endpoint(plan.policy)
+        group = wiring.trainer_group(name, plan.policy, plan.index, group_size)
+        if group is not None:
+            worker.join(group)
     return Built(worker)
 
 
@@ -240,8 +265,8 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
         plan.worker_id,
         plan.policy,
         ReplayBuffer(buffer_config(cfg, plan.policy)),
-        wiring.sample_consumer(plan, policy),
-        wiring.replay_server(plan),
+        wiring.sample_consumer(replay_samples_endpoint(plan.policy), plan.policy, policy),
+        wiring.replay_server(replay_batches_endpoint(plan.policy), plan.policy),
         batch_size=cfg.policies[plan.policy].replay.batch_size,
         checkpoint_path=(
             wiring.run_dir / "checkpoints" / plan.policy / "replay.npz" if wiring.run_dir else None
@@ -254,11 +279,12 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
     if cfg.policies[plan.policy].checkpoint:  # a frozen policy from another run's file
         policy.load_checkpoint(read_frozen_checkpoint(cfg.policies[plan.policy].checkpoint))
-    params = wiring.parameter_client(subscribe=[weights_source(cfg, plan.policy)])
+    params = wiring.parameter_client(subscribe=plan.peers(cfg).parameters or [])
+    name = inference_endpoint(plan.policy, plan.index)
     if plan.policy == cfg.selfplay.opponent:
         from system.workers.opponent_pool import OpponentPolicyWorker
 
-        server = wiring.inference_server(plan, policy)
+        server = wiring.inference_server(name, plan.policy, policy)
         seed = cfg.seed * 7_919 + plan.index
         return Built(
             OpponentPolicyWorker(
@@ -268,7 +294,7 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
         _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)
-    server = wiring.inference_server(plan, policy)
+    server = wiring.inference_server(name, plan.policy, policy)
     return Built(PolicyWorker(plan.worker_id, plan.policy, policy, server, params))
 
 
@@ -279,12 +305,6 @@ def read_frozen_checkpoint(path: str) -> Any:
         return load_checkpoint_file(path)["params"]
     except (OSError, ValueError) as e:
         raise ConfigError([f"checkpoint {path}: {e}"]) from e
-
-
-def weights_source(cfg: ExperimentConfig, policy: str) -> str:
-    """Whose published versions a policy worker of ``policy`` loads: its own, or the learner's
-    for a self-play opponent."""
-    return cfg.selfplay.learner if policy == cfg.selfplay.opponent else policy
 
 
 def actor_mapping(plan: ActorPlan, cfg: ExperimentConfig) -> PolicyMapping | None:
@@ -298,10 +318,9 @@ def actor_mapping(plan: ActorPlan, cfg: ExperimentConfig) -> PolicyMapping | Non
 
 
 def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    inference_names = plan.inference_endpoints(cfg)
-    sample_names = plan.sample_endpoints(cfg)
-    inference = wiring.inference_client(plan, inference_names)
-    samples = None if plan.evaluation else wiring.sample_producer(plan, sample_names)
+    peers = plan.peers(cfg)
+    inference = wiring.inference_client(plan.worker_id, peers.inference)
+    samples = None if plan.evaluation else wiring.sample_producer(peers.samples)
     group = cfg.evaluation if plan.evaluation else cfg.actors
     worker = ActorWorker(
         plan.worker_id,

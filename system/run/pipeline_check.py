@@ -31,6 +31,7 @@ from api.config import (
 from api.errors import PipelineCheckError
 from api.policy import SampleBatch
 from api.testing import PipelineReport
+from system.run.plan import Role
 
 
 def run_pipeline_check(
@@ -107,7 +108,7 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
     if worker.replay is not None:
         return _check_first_replay_batch(run, name, worker, max_env_frames)
     while worker.pending_segments < worker.batch_segments:
-        for other in [*run.actors, *run.policy_workers]:
+        for other in _feeders(run):
             other.poll()
         worker.gather(timeout_ms=0)
         run._collect()
@@ -124,12 +125,18 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
     return batch.shape
 
 
+def _feeders(run) -> list[Any]:
+    """Every worker but the trainers, in poll order: what fills a trainer's first batch."""
+    trainers = list(run.trainers.values())
+    return [w for w in run.workers if all(w is not t for t in trainers)]
+
+
 def _check_first_replay_batch(run, name: str, worker, max_env_frames: int) -> dict[str, Any]:
     """A replay trainer's first batch comes from its replay worker: check what analyze returns
     for it, then train on it (it was taken from the stream)."""
     batch = None
     while batch is None:
-        for other in [*run.actors, *run.policy_workers, *run.replays]:
+        for other in _feeders(run):
             other.poll()
         batch = worker.take_batch(timeout_ms=0)
         run._collect()
@@ -228,7 +235,7 @@ def _check_progress(run, report: PipelineReport) -> None:
             if history
             else {}
         )
-    for worker in run.policy_workers:
+    for worker in run.workers_of(Role.POLICY):
         worker.poll()  # a policy worker takes new parameters at its next poll: give it one
         latest = report.versions.get(worker.policy_name)
         if latest and worker.policy.version < latest[0]:

@@ -7,15 +7,21 @@ its worker inside the ``configure`` message as a plain mapping (:meth:`WorkerPla
 is rebuilt there with :func:`plan_from_wire`, so no role reads untyped arguments.
 
 Endpoint names (``inference/<policy>/<i>``, ...) are made here and only here: a worker registers
-the names its plan :meth:`~WorkerPlan.endpoints` says it owns, peers look up names made by the
-same functions, and the controller forgets exactly those names when a worker restarts.
+the names its plan :meth:`~WorkerPlan.endpoints` says it owns, looks up the names its plan's
+:meth:`~WorkerPlan.peers` gives, and the controller forgets exactly the owned names when a worker
+restarts.
+
+What the runtime decides per role is said here too, on each plan class (whether serial mode
+builds it and in what order it polls it, whether its process imports torch, which peers it
+follows), so that serial mode and worker processes name no role: a new role is its plan class,
+its builder (:mod:`system.run.builders`) and its worker module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from api.config import ExperimentConfig, uses_replay
@@ -93,20 +99,66 @@ def replay_batches_endpoint(policy: str) -> str:
 
 # ------------------------------------------------------------------------------ the plans
 @dataclass(frozen=True)
+class Peers:
+    """The names a worker looks up: its builder connects to them, and in process mode a watch
+    follows each to its new address when the controller restarts the peer behind it."""
+
+    parameters: list[str] | None = None
+    """The policies its parameter client subscribes to ([]: it only requests and publishes);
+    None: it has no parameter client."""
+    replay_batches: str = ""
+    """The replay worker it takes transition batches from (empty: none)."""
+    inference: dict[str, str] = field(default_factory=dict)
+    """Per policy, the policy worker it asks for actions."""
+    samples: dict[str, list[str]] = field(default_factory=dict)
+    """Per policy, the trainers (or the replay worker) it sends its segments to."""
+
+
+@dataclass(frozen=True)
+class SerialOptions:
+    """What a serial run is asked to do; each plan says from these whether serial mode builds it
+    (:meth:`WorkerPlan.in_serial`)."""
+
+    train: bool = True
+    """Train: build the trainers and what feeds them (False: evaluate stored parameters)."""
+    evaluation: bool = False
+    """Build the evaluation actors."""
+    validate_actions: bool = False
+    """Actors check every action against the action space (``test_pipeline``)."""
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
-    """One worker of a run. Subclasses add what their role needs to be built."""
+    """One worker of a run. Subclasses add what their role needs to be built, and say the few
+    things the runtime decides per role (the class attributes below), so that serial mode and
+    worker processes treat every role alike."""
 
     worker_id: str
     role: ClassVar[Role]
     stop_order: ClassVar[int]
     """Workers stop in increasing order: actors 0, policy workers and trainers 1, parameters 2;
     so every sample in flight is trained on and the last checkpoint still reaches the service."""
+    poll_order: ClassVar[int]
+    """Serial mode polls its workers in increasing order, once each per round: actors first
+    (their requests and segments go out), then what answers or consumes them, trainers last."""
+    needs_torch: ClassVar[bool]
+    """Whether the role runs a network: its process imports torch (and sets one thread) before
+    building; actor and parameter-service processes stay small without it."""
     restartable: ClassVar[bool] = True
     """Whether the controller restarts this worker when it dies."""
 
     def endpoints(self) -> list[str]:
         """The endpoint names this worker registers (and that go stale when it restarts)."""
         return []
+
+    def peers(self, config: ExperimentConfig) -> Peers:
+        """The names this worker looks up (none by default)."""
+        return Peers()
+
+    def in_serial(self, options: SerialOptions) -> WorkerPlan | None:
+        """This worker as serial mode builds it, or None where serial mode has none. By
+        default a worker serves training: serial mode builds it when it trains."""
+        return self if options.train else None
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,6 +168,8 @@ class WorkerPlan:
 class ParameterServicePlan(WorkerPlan):
     role: ClassVar[Role] = Role.PARAMETER_SERVICE
     stop_order: ClassVar[int] = 2
+    poll_order: ClassVar[int] = 0  # never polled serially: see in_serial
+    needs_torch: ClassVar[bool] = False
     restartable: ClassVar[bool] = True
     """Every version is on disk before it is announced (``latest.ckpt``), so a restarted
     service starts from the newest one; its peers are told its new address (``moved``)."""
@@ -123,11 +177,17 @@ class ParameterServicePlan(WorkerPlan):
     def endpoints(self) -> list[str]:
         return [PARAMS_REQUEST, PARAMS_PUSH]
 
+    def in_serial(self, options: SerialOptions) -> None:
+        """Serial mode has no parameter-service worker: its store is in the serial process."""
+        return None
+
 
 @dataclass(frozen=True)
 class TrainerPlan(WorkerPlan):
     role: ClassVar[Role] = Role.TRAINER
     stop_order: ClassVar[int] = 1
+    poll_order: ClassVar[int] = 3
+    needs_torch: ClassVar[bool] = True
     policy: str = ""
     """The policy this trainer trains."""
     index: int = 0
@@ -141,6 +201,18 @@ class TrainerPlan(WorkerPlan):
             names.append(trainer_group_endpoint(self.policy))
         return names
 
+    def peers(self, config: ExperimentConfig) -> Peers:
+        """The parameter service it publishes to, and its replay worker if it learns from one."""
+        replay = uses_replay(config.policies[self.policy])
+        return Peers(
+            parameters=[], replay_batches=replay_batches_endpoint(self.policy) if replay else ""
+        )
+
+    def in_serial(self, options: SerialOptions) -> TrainerPlan | None:
+        """Rank 0 only: serially, the in-process queue is the policy's whole sample stream, so
+        one trainer trains alone (:func:`system.run.serial.serial_plans`)."""
+        return self if options.train and self.index == 0 else None
+
 
 @dataclass(frozen=True)
 class ReplayPlan(WorkerPlan):
@@ -149,6 +221,9 @@ class ReplayPlan(WorkerPlan):
 
     role: ClassVar[Role] = Role.REPLAY
     stop_order: ClassVar[int] = 1
+    poll_order: ClassVar[int] = 2
+    needs_torch: ClassVar[bool] = True
+    """It builds its policy, for the layout of the segments the actors send."""
     restartable: ClassVar[bool] = True
     """A restarted replay worker starts from the buffer saved at the last stop (a resumed run) or
     empty, and refills from the actors before it serves again (``replay.min_size``); its trainer
@@ -164,6 +239,8 @@ class ReplayPlan(WorkerPlan):
 class PolicyWorkerPlan(WorkerPlan):
     role: ClassVar[Role] = Role.POLICY
     stop_order: ClassVar[int] = 1
+    poll_order: ClassVar[int] = 1
+    needs_torch: ClassVar[bool] = True
     policy: str = ""
     """The policy this worker serves."""
     index: int = 0
@@ -172,11 +249,27 @@ class PolicyWorkerPlan(WorkerPlan):
     def endpoints(self) -> list[str]:
         return [inference_endpoint(self.policy, self.index)]
 
+    def weights_source(self, config: ExperimentConfig) -> str:
+        """Whose published versions it loads: its own policy's, or the learner's for a
+        self-play opponent."""
+        selfplay = config.selfplay
+        return selfplay.learner if self.policy == selfplay.opponent else self.policy
+
+    def peers(self, config: ExperimentConfig) -> Peers:
+        """The parameter service, subscribed to the versions it loads."""
+        return Peers(parameters=[self.weights_source(config)])
+
+    def in_serial(self, options: SerialOptions) -> PolicyWorkerPlan | None:
+        """The first only: serially, one in-process queue carries all of a policy's requests."""
+        return self if self.index == 0 else None
+
 
 @dataclass(frozen=True)
 class ActorPlan(WorkerPlan):
     role: ClassVar[Role] = Role.ACTOR
     stop_order: ClassVar[int] = 0
+    poll_order: ClassVar[int] = 0
+    needs_torch: ClassVar[bool] = False
     index: int = 0
     """Its number within its group (training actors, or evaluation actors)."""
     evaluation: bool = False
@@ -185,6 +278,17 @@ class ActorPlan(WorkerPlan):
     """Check every action against the action space (``test_pipeline``; costs CPU)."""
     member: str = ""
     """A PBT member's own actor: this policy plays every agent (empty: ``agent_policies``)."""
+
+    def in_serial(self, options: SerialOptions) -> ActorPlan | None:
+        """Training actors when serial mode trains, evaluation actors when it evaluates."""
+        if not (options.evaluation if self.evaluation else options.train):
+            return None
+        return dataclasses.replace(self, validate_actions=options.validate_actions)
+
+    def peers(self, config: ExperimentConfig) -> Peers:
+        return Peers(
+            inference=self.inference_endpoints(config), samples=self.sample_endpoints(config)
+        )
 
     def policies(self, config: ExperimentConfig) -> dict[str, Any]:
         """The policies this actor asks for actions and sends samples to."""

@@ -12,7 +12,6 @@ environment or policy: one process, one stack trace.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,21 +24,12 @@ from api.policy import Policy
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.run import builders
-from system.run.plan import (
-    ActorPlan,
-    ParameterServicePlan,
-    PolicyWorkerPlan,
-    ReplayPlan,
-    TrainerPlan,
-    WorkerPlan,
-    plan_workers,
-)
+from system.run.plan import Role, SerialOptions, WorkerPlan, plan_workers
 from system.streams.inference import InprocInferenceHub
 from system.streams.replay import InprocReplayHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
-from system.workers.policy_worker import PolicyWorker
 from system.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
@@ -86,60 +76,47 @@ class InprocWiring:
     def parameter_client(self, subscribe: list[str]) -> InprocParameterService:
         return InprocParameterService(self.store)
 
-    def inference_server(self, plan: PolicyWorkerPlan, policy: Policy):
-        return self.inference.server(plan.policy)
-
-    def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]):
-        return self.inference.client(plan.worker_id)
-
-    def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy):
-        return self.samples.consumer(plan.policy)
-
-    def replay_server(self, plan: ReplayPlan):
-        return self.replay.server(plan.policy)
-
-    def replay_client(self, plan: TrainerPlan):
-        return self.replay.client(plan.policy, plan.worker_id)
-
-    def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
-        return self.samples.producer()
-
-    def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
+    def parameter_server(self, store: ParameterStore) -> Worker:
         raise NotImplementedError("serial mode serves parameters from its in-process store")
 
-    def trainer_group(self, plan: TrainerPlan, size: int) -> None:
+    # In one process a stream is a queue per policy: the endpoint names have nothing to find.
+    def inference_server(self, name: str, policy_name: str, policy: Policy):
+        return self.inference.server(policy_name)
+
+    def inference_client(self, client_id: str, names: dict[str, str]):
+        return self.inference.client(client_id)
+
+    def sample_consumer(self, name: str, policy_name: str, policy: Policy):
+        return self.samples.consumer(policy_name)
+
+    def sample_producer(self, names: dict[str, list[str]]):
+        return self.samples.producer()
+
+    def replay_server(self, name: str, policy_name: str):
+        return self.replay.server(policy_name)
+
+    def replay_client(self, name: str, policy_name: str, client_id: str):
+        return self.replay.client(policy_name, client_id)
+
+    def trainer_group(self, name: str, policy_name: str, rank: int, size: int) -> None:
         """Serial mode builds one trainer per policy whatever ``trainer_workers`` says: its
         in-process queue is the policy's whole sample stream, so there is no group to form and
         the trainer trains alone."""
         return None
 
 
-def serial_plans(
-    config: ExperimentConfig, *, train: bool, evaluation: bool, validate_actions: bool
-) -> list[WorkerPlan]:
-    """The run's plan as serial mode builds it: no parameter-service worker (the store is in this
-    process), one policy worker and one trainer per policy (the in-process queues are the whole
-    group), training actors if ``train``, evaluation actors if ``evaluation``.
+def serial_plans(config: ExperimentConfig, options: SerialOptions) -> list[WorkerPlan]:
+    """The run's plan as serial mode builds it, in start order; each plan says whether serial
+    mode has it (:meth:`~system.run.plan.WorkerPlan.in_serial`): no parameter-service worker
+    (the store is in this process), one policy worker and one trainer per policy (the in-process
+    queues are the whole group), training actors if ``options.train``, evaluation actors if
+    ``options.evaluation``.
 
     So ``trainer_workers=N`` is a process-mode feature: serially, such a policy trains as one
     trainer on ``batch_segments`` segments a step, not ``N x batch_segments``; test data-parallel
     training with real processes (``tests/system/test_trainer_group.py``)."""
-    plans: list[WorkerPlan] = []
-    for plan in plan_workers(config):
-        if isinstance(plan, TrainerPlan):
-            keep = train and plan.index == 0
-        elif isinstance(plan, PolicyWorkerPlan):
-            keep = plan.index == 0
-        elif isinstance(plan, ReplayPlan):
-            keep = train
-        elif isinstance(plan, ActorPlan):
-            keep = evaluation if plan.evaluation else train
-            plan = dataclasses.replace(plan, validate_actions=validate_actions)
-        else:
-            keep = False
-        if keep:
-            plans.append(plan)
-    return plans
+    plans = (plan.in_serial(options) for plan in plan_workers(config))
+    return [plan for plan in plans if plan is not None]
 
 
 class SerialRun:
@@ -158,31 +135,27 @@ class SerialRun:
         self.config = check(config)
         self.store = store if store is not None else ParameterStore()
         self.wiring = InprocWiring(self.store)
-        plans = serial_plans(
-            config,
-            train=train,
-            evaluation=evaluation or not train,
-            validate_actions=validate_actions,
-        )
-        # Trainers first: each publishes its policy's first version before anything acts.
-        built = {p.worker_id: builders.build(p, self.config, self.wiring).worker for p in plans}
-        self.trainers: dict[str, TrainerWorker] = {
-            p.policy: built[p.worker_id] for p in plans if isinstance(p, TrainerPlan)
+        options = SerialOptions(train, evaluation or not train, validate_actions)
+        self.plans = serial_plans(config, options)
+        # Built in start order (trainers before policy workers and actors): each trainer
+        # publishes its policy's first version before anything acts.
+        self.built: dict[str, Worker] = {
+            p.worker_id: builders.build(p, self.config, self.wiring).worker for p in self.plans
         }
-        self.policy_workers: list[PolicyWorker] = [
-            built[p.worker_id] for p in plans if isinstance(p, PolicyWorkerPlan)
-        ]
-        self.actors: list[ActorWorker] = [
-            built[p.worker_id] for p in plans if isinstance(p, ActorPlan)
-        ]
-        self.replays: list[Worker] = [
-            built[p.worker_id] for p in plans if isinstance(p, ReplayPlan)
-        ]
+        # Every worker, in the order a round polls them (and close closes them); the sort is
+        # stable, so workers of one role keep their plan order.
+        polled = sorted(self.plans, key=lambda p: p.poll_order)
+        self.workers: list[Worker] = [self.built[p.worker_id] for p in polled]
+        # What the progress is counted from: frames and episodes, and training steps.
+        self.actors: list[ActorWorker] = self.workers_of(Role.ACTOR)
+        self.trainers: dict[str, TrainerWorker] = {
+            w.policy_name: w for w in self.workers_of(Role.TRAINER)
+        }
         self.progress = SerialProgress()
 
-    @property
-    def workers(self) -> list[Worker]:
-        return [*self.actors, *self.policy_workers, *self.replays, *self.trainers.values()]
+    def workers_of(self, role: Role) -> list[Any]:
+        """The built workers of ``role``, in plan order."""
+        return [self.built[p.worker_id] for p in self.plans if p.role is role]
 
     # ----------------------------------------------------------------- running
     def poll(self) -> int:

@@ -40,17 +40,9 @@ from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, Repl
 from system.run.plan import (
     PARAMS_PUSH,
     PARAMS_REQUEST,
-    ActorPlan,
-    ParameterServicePlan,
-    PolicyWorkerPlan,
-    ReplayPlan,
+    Peers,
     Role,
-    TrainerPlan,
-    WorkerPlan,
     plan_from_wire,
-    replay_batches_endpoint,
-    replay_samples_endpoint,
-    trainer_group_endpoint,
 )
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
@@ -125,15 +117,15 @@ class SocketWiring:
             self._params_max_bytes = declared.params_layout(self.config).max_message_bytes
         return self._params_max_bytes
 
-    def inference_server(self, plan: PolicyWorkerPlan, policy: Policy) -> ZmqInferenceServer:
-        layout = declared.request_layout(self.config, self.spaces, policy, plan.policy)
+    def inference_server(self, name: str, policy_name: str, policy: Policy) -> ZmqInferenceServer:
+        layout = declared.request_layout(self.config, self.spaces, policy, policy_name)
         server = ZmqInferenceServer(self.place.bind(), layout=layout)
-        self._register(plan, server.endpoint)
+        self._register(name, server.endpoint)
         return server
 
-    def inference_client(self, plan: ActorPlan, endpoints: dict[str, str]) -> ZmqInferenceClient:
+    def inference_client(self, client_id: str, names: dict[str, str]) -> ZmqInferenceClient:
         return ZmqInferenceClient(
-            {p: self.ctl.lookup(n) for p, n in endpoints.items()}, slots=self.obs_slots()
+            {p: self.ctl.lookup(n) for p, n in names.items()}, slots=self.obs_slots()
         )
 
     def obs_slots(self) -> SlotWriter | None:
@@ -147,80 +139,73 @@ class SocketWiring:
                 self._obs_slots = False
         return self._obs_slots or None
 
-    def sample_consumer(self, plan: TrainerPlan | ReplayPlan, policy: Policy) -> ZmqSampleConsumer:
-        layout = declared.segment_layout(self.config, self.spaces, policy, plan.policy)
+    def sample_consumer(self, name: str, policy_name: str, policy: Policy) -> ZmqSampleConsumer:
+        layout = declared.segment_layout(self.config, self.spaces, policy, policy_name)
         consumer = ZmqSampleConsumer(self.place.bind(), layout=layout)
-        if isinstance(plan, ReplayPlan):
-            self.ctl.register(
-                replay_samples_endpoint(plan.policy), self.place.advertise(consumer.endpoint)
-            )
-        else:
-            self._register(plan, consumer.endpoint)
+        self._register(name, consumer.endpoint)
         return consumer
 
-    def replay_server(self, plan: ReplayPlan) -> ZmqReplayServer:
-        server = ZmqReplayServer(self.place.bind())
-        name = replay_batches_endpoint(plan.policy)
-        self.ctl.register(name, self.place.advertise(server.endpoint))
-        return server
-
-    def replay_client(self, plan: TrainerPlan) -> ZmqReplayClient:
-        return ZmqReplayClient(self.ctl.lookup(replay_batches_endpoint(plan.policy)))
-
-    def sample_producer(self, plan: ActorPlan, endpoints: dict[str, list[str]]):
+    def sample_producer(self, names: dict[str, list[str]]) -> ZmqSampleProducer:
         return ZmqSampleProducer(
-            {p: [self.ctl.lookup(n) for n in names] for p, names in endpoints.items()},
+            {p: [self.ctl.lookup(n) for n in ns] for p, ns in names.items()},
             slots=self.obs_slots(),
         )
 
-    def parameter_server(self, plan: ParameterServicePlan, store: ParameterStore) -> Worker:
+    def replay_server(self, name: str, policy_name: str) -> ZmqReplayServer:
+        server = ZmqReplayServer(self.place.bind())
+        self._register(name, server.endpoint)
+        return server
+
+    def replay_client(self, name: str, policy_name: str, client_id: str) -> ZmqReplayClient:
+        return ZmqReplayClient(self.ctl.lookup(name))
+
+    def parameter_server(self, store: ParameterStore) -> Worker:
         layout = declared.params_layout(self.config)
         server = ParameterServer(store, self.place.bind(), self.place.bind(), layout=layout)
-        request, push = plan.endpoints()
-        self.ctl.register(request, self.place.advertise(server.request_endpoint))
-        self.ctl.register(push, self.place.advertise(server.push_endpoint))
+        self._register(PARAMS_REQUEST, server.request_endpoint)
+        self._register(PARAMS_PUSH, server.push_endpoint)
         return ParameterServiceWorker(self.ctl.worker_id, server)
 
-    def _register(self, plan: WorkerPlan, endpoint: str) -> None:
-        name = plan.endpoints()[0]  # a trainer of rank 0 also owns its group's name (below)
+    def _register(self, name: str, endpoint: str) -> None:
+        """Tell the controller that ``name`` is served at ``endpoint`` (its advertised form)."""
         self.ctl.register(name, self.place.advertise(endpoint))
 
-    def trainer_group(self, plan: TrainerPlan, size: int):
+    def trainer_group(self, name: str, policy_name: str, rank: int, size: int):
         """Trainers of one policy form a data-parallel group (system.workers.trainer_group)."""
         from system.workers.trainer_group import ControlRendezvous, form_group
 
         rendezvous = ControlRendezvous(self.ctl, self.place.advertise_host)
-        name = trainer_group_endpoint(plan.policy)
-        return form_group(plan.policy, plan.index, size, rendezvous, name, self.place.bind_host)
+        return form_group(policy_name, rank, size, rendezvous, name, self.place.bind_host)
 
 
 def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, place: Placement):
     plan = plan_from_wire(role, conf["plan"])
-    if plan.role in (Role.TRAINER, Role.POLICY, Role.REPLAY):
-        import torch  # only trainers and policy workers pay for importing torch
+    if plan.needs_torch:
+        import torch  # only the roles that run a network pay for importing torch
 
         torch.set_num_threads(1)
     wiring = SocketWiring(ctl, place, Path(conf["run_dir"]), cfg)
     built = builders.build(plan, cfg, wiring)
-    if isinstance(plan, ActorPlan):
-        built.on_heartbeat = ActorPeerWatchdog(
-            ctl, built.worker, plan.inference_endpoints(cfg), plan.sample_endpoints(cfg)
-        )
-    elif isinstance(plan, (TrainerPlan, PolicyWorkerPlan)):
-        subscribe = (
-            [builders.weights_source(cfg, plan.policy)]
-            if isinstance(plan, PolicyWorkerPlan)
-            else []
-        )
-        built.on_heartbeat = ParameterServiceWatch(
-            ctl, built.worker, lambda: wiring.parameter_client(subscribe), built.on_heartbeat
-        )
-        replay = getattr(built.worker, "replay", None)
-        if isinstance(replay, ZmqReplayClient):
-            name = replay_batches_endpoint(plan.policy)
-            built.on_heartbeat = ReplayWorkerWatch(ctl, replay, name, built.on_heartbeat)
+    built.on_heartbeat = _watch_peers(ctl, wiring, plan.peers(cfg), built)
     built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
     return built
+
+
+def _watch_peers(ctl: ControlClient, wiring: SocketWiring, peers: Peers, built):
+    """The heartbeat hook that follows the peers a worker looks up to their new addresses when
+    the controller restarts them (system.run.peer_watch), run before the builder's own hook;
+    an actor's watchdog takes its place (no builder gives an actor one)."""
+    watch = built.on_heartbeat
+    if peers.inference:  # an inference client: also follows the trainers it sends samples to
+        watch = ActorPeerWatchdog(ctl, built.worker, peers.inference, peers.samples)
+    if peers.parameters is not None:
+        subscribe = peers.parameters
+        watch = ParameterServiceWatch(
+            ctl, built.worker, lambda: wiring.parameter_client(subscribe), watch
+        )
+    if peers.replay_batches:
+        watch = ReplayWorkerWatch(ctl, built.worker.replay, peers.replay_batches, watch)
+    return watch
 
 
 def main(

@@ -6,8 +6,10 @@ registrations and lookups on a real socket, and the roles bind and connect real 
 
 from __future__ import annotations
 
+import ast
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,19 +19,21 @@ from api.errors import ConfigError
 from distributed.launch.local import ExternalLauncher
 from system.parameters.store import ParameterStore
 from system.run import builders
+from system.run import serial as serial_module
+from system.run import worker_process as worker_process_module
 from system.run.control_channel import ControlClient
 from system.run.controller import Controller
 from system.run.plan import (
+    PLAN_TYPES,
     ActorPlan,
-    ParameterServicePlan,
     PolicyWorkerPlan,
     Role,
-    TrainerPlan,
+    SerialOptions,
     plan_from_wire,
     plan_workers,
 )
-from system.run.serial import InprocWiring
-from system.run.worker_process import Placement, SocketWiring
+from system.run.serial import InprocWiring, serial_plans
+from system.run.worker_process import Placement, SocketWiring, _watch_peers
 
 
 def _describe(worker) -> dict:
@@ -46,16 +50,28 @@ def _describe(worker) -> dict:
             "policies": sorted({s.policy for env in worker.slots for s in env}),
         }
     if hasattr(worker, "batch_segments"):  # trainer
-        out |= {"policy": worker.policy_name, "batch_segments": worker.batch_segments}
+        out |= {
+            "policy": worker.policy_name,
+            "batch_segments": worker.batch_segments,
+            "from_replay": worker.replay is not None,
+            "from_samples": worker.samples is not None,
+        }
     if hasattr(worker, "max_batch_rows"):  # policy worker
         out |= {"policy": worker.policy_name, "rows": worker.max_batch_rows}
+    if hasattr(worker, "batches_served"):  # replay worker
+        out |= {
+            "policy": worker.policy_name,
+            "batch_size": worker.batch_size,
+            "buffer": worker.buffer.config,
+        }
     return out
 
 
-@pytest.fixture
-def controller(tmp_path):
-    """A real controller that only resolves names (an external launcher starts nothing)."""
-    config = make_experiment("cartpole-ppo", ["actors.envs_per_worker=2"])
+@pytest.fixture(params=["cartpole-ppo", "cartpole-dqn"])
+def controller(request, tmp_path):
+    """A real controller that only resolves names (an external launcher starts nothing), for an
+    on-policy experiment and one whose trainer learns from a replay worker."""
+    config = make_experiment(request.param, ["actors.envs_per_worker=2"])
     ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
     stop = threading.Event()
 
@@ -78,26 +94,35 @@ def _socket_wiring(controller_address: str, worker_id: str, run_dir: Path, confi
 
 def test_each_role_is_built_alike_in_serial_and_process_mode(controller, tmp_path):
     config, ctl = controller
-    plans = {p.worker_id: p for p in plan_workers(config)}
+    in_serial = {
+        p.worker_id: p for p in serial_plans(config, SerialOptions(train=True, evaluation=True))
+    }
     serial = InprocWiring(ParameterStore())
     built_serial, built_process, wirings = {}, {}, []
     try:
-        # Process mode in start order: the parameter service registers, the trainer publishes
-        # its first version, the policy worker loads it, the actor finds both.
-        for worker_id in ("params", "trainer/default/0", "policy/default/0", "actor/0", "eval/0"):
-            plan = plans[worker_id]
-            wiring = _socket_wiring(ctl.address, worker_id, tmp_path, config)
+        # Process mode in start order: the parameter service registers, a replay worker its
+        # streams, the trainer publishes its first version, the policy worker loads it, the
+        # actors find them all. Serial mode builds the same plan after each.
+        for plan in plan_workers(config):
+            wiring = _socket_wiring(ctl.address, plan.worker_id, tmp_path, config)
             wirings.append(wiring)
             built = builders.build(plan, config, wiring).worker
-            built_process[worker_id] = built
-            if isinstance(plan, ParameterServicePlan):
+            built_process[plan.worker_id] = built
+            if plan.role is Role.PARAMETER_SERVICE:  # serial mode has its store instead
+                assert plan.worker_id not in in_serial
                 threading.Thread(target=_serve_params, args=(built,), daemon=True).start()
                 continue
-            if isinstance(plan, TrainerPlan):
+            if plan.role is Role.TRAINER:
                 built.poll()  # publishes version 0
-            built_serial[worker_id] = builders.build(plan, config, serial).worker
+            assert in_serial[plan.worker_id] == plan  # the same plan, both ways
+            built_serial[plan.worker_id] = builders.build(plan, config, serial).worker
         for worker_id, worker in built_serial.items():
             assert _describe(worker) == _describe(built_process[worker_id]), worker_id
+        roles = {p.role for p in in_serial.values()}
+        assert roles == {p.role for p in plan_workers(config)} - {Role.PARAMETER_SERVICE}
+        trainer = _describe(built_serial["trainer/default/0"])
+        replayed = Role.REPLAY in roles
+        assert (trainer["from_replay"], trainer["from_samples"]) == (replayed, not replayed)
         assert _describe(built_serial["eval/0"])["paced"]  # evaluation's max_fps, both modes
         assert not _describe(built_serial["actor/0"])["paced"]
     finally:
@@ -115,6 +140,30 @@ def _serve_params(worker) -> None:
         return
 
 
+def test_a_worker_process_follows_the_peers_its_plan_looks_up():
+    config = make_experiment("cartpole-dqn")
+    wiring = SimpleNamespace(parameter_client=lambda subscribe: subscribe)
+    chains = {}
+    for plan in plan_workers(config):
+        built = builders.Built(SimpleNamespace(worker_id=plan.worker_id, replay="its client"))
+        watch, chains[plan.worker_id] = _watch_peers(None, wiring, plan.peers(config), built), []
+        while watch is not None:
+            chains[plan.worker_id].append(type(watch).__name__)
+            if hasattr(watch, "new_client"):  # the parameter client it would make again
+                assert watch.new_client() == ([] if "trainer" in plan.worker_id else ["default"])
+            watch = getattr(watch, "then", None)
+    actor = ["ActorPeerWatchdog"]
+    assert chains == {
+        "params": [],
+        "replay/default": [],
+        "trainer/default/0": ["ReplayWorkerWatch", "ParameterServiceWatch"],
+        "policy/default/0": ["ParameterServiceWatch"],
+        "actor/0": actor,
+        "actor/1": actor,
+        "eval/0": actor,
+    }
+
+
 def test_plans_cross_the_wire_typed():
     config = make_experiment("gather-2p-ppo")
     for plan in plan_workers(config):
@@ -124,20 +173,62 @@ def test_plans_cross_the_wire_typed():
         plan_from_wire("trainer", {"worker_id": "trainer/a/0", "polcy": "a"})
 
 
-def test_endpoint_names_are_made_once():
-    config = make_experiment("cartpole-ppo", ["policies.default.policy_workers=2"])
+@pytest.mark.parametrize("experiment", ["cartpole-ppo", "cartpole-dqn"])
+def test_endpoint_names_are_made_once(experiment):
+    config = make_experiment(experiment, ["policies.default.policy_workers=2"])
     plans = plan_workers(config)
     owned = [name for p in plans for name in p.endpoints()]
     assert len(owned) == len(set(owned))  # no two workers register one name
+    wanted = set()
+    for plan in plans:
+        peers = plan.peers(config)
+        wanted |= {*peers.inference.values(), *(n for ns in peers.samples.values() for n in ns)}
+        wanted |= {peers.replay_batches} - {""}
+    assert wanted <= set(owned)  # everything a worker looks up, someone registers
     actor = next(p for p in plans if isinstance(p, ActorPlan) and p.index == 1)
-    wanted = [*actor.inference_endpoints(config).values()]
-    wanted += [n for names in actor.sample_endpoints(config).values() for n in names]
-    assert set(wanted) <= set(owned)  # everything an actor looks up, someone registers
-    by_role = {p.role for p in plans}
-    assert by_role == set(Role) - {Role.REPLAY}  # an on-policy trainer takes segments itself
-    assert Role.REPLAY in {p.role for p in plan_workers(make_experiment("cartpole-dqn"))}
+    assert actor.peers(config).inference == {"default": "inference/default/1"}
+    if experiment == "cartpole-dqn":  # the actors' samples go to the replay worker
+        assert actor.peers(config).samples == {"default": ["replay/default/samples"]}
     assert [p.worker_id for p in plans if isinstance(p, PolicyWorkerPlan)] == [
         "policy/default/0",
         "policy/default/1",
     ]
     assert np.unique([p.stop_order for p in plans]).tolist() == [0, 1, 2]
+
+
+def test_every_role_has_a_plan_and_a_builder():
+    config = make_experiment("gather-2p-ppo")
+    assert {p.role for p in plan_workers(config)} == set(Role) - {Role.REPLAY}
+    assert Role.REPLAY in {p.role for p in plan_workers(make_experiment("cartpole-dqn"))}
+    assert set(PLAN_TYPES) == set(builders.BUILDERS) == set(Role)
+    for role, cls in PLAN_TYPES.items():
+        assert cls.role is role
+        # Each plan class says itself what the runtime decides per role; none inherits it.
+        for decision in ("stop_order", "poll_order", "needs_torch"):
+            assert decision in vars(cls), f"{cls.__name__} does not set {decision}"
+
+
+# Serial mode counts its progress from the actors' frames and the trainers' steps.
+PROGRESS_ROLES = {"Role.ACTOR", "Role.TRAINER"}
+
+
+def _role_names(module) -> set[str]:
+    """The concrete plan classes and ``Role`` members a module's source names."""
+    plan_classes = {cls.__name__ for cls in PLAN_TYPES.values()}
+    names = set()
+    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+        if isinstance(node, ast.Name) and node.id in plan_classes:
+            names.add(node.id)
+        elif isinstance(node, ast.alias) and node.name in plan_classes:
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "Role":
+            names.add(f"Role.{node.attr}")
+    return names
+
+
+def test_a_new_role_needs_no_change_to_serial_or_process_mode():
+    """Adding a role touches its plan class, its builder and its worker module only: what
+    serial mode and worker processes do per role, the plan classes say (the wirings connect
+    streams by name). So these two modules name no plan class and no role beyond progress."""
+    assert _role_names(worker_process_module) == set()
+    assert _role_names(serial_module) <= PROGRESS_ROLES

@@ -191,6 +191,7 @@ def test_pipeline_trains_off_policy_through_the_replay_worker(env, policy, train
 
 
 def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
+    from system.run.plan import Role
     from system.run.serial import SerialRun
 
     cfg = make_experiment("cartpole-dqn")
@@ -204,9 +205,10 @@ def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
         stats = progress.trainer_stats["default"][-1]
         assert stats["samples"] > 0 and np.isfinite(stats["loss"])
         # samples_per_insert=8 with batch 64: about one step per 8 new frames, never far more
-        inserted = run.replays[0].buffer.limiter.inserted
-        sampled = run.replays[0].buffer.limiter.sampled
-        tolerance = run.replays[0].buffer.limiter.config.tolerance
+        (replay,) = run.workers_of(Role.REPLAY)
+        inserted = replay.buffer.limiter.inserted
+        sampled = replay.buffer.limiter.sampled
+        tolerance = replay.buffer.limiter.config.tolerance
         assert sampled <= 8 * (inserted - 1000) + tolerance
     finally:
         run.close()
