@@ -157,7 +157,7 @@ def build_summary(
     """Derive the end-of-run summary from the metrics records.
 
     `trainer_steps` is the last "trainer_steps" value when the controller logs one, otherwise the
-    sum over policies of the last "trainer/<name>/steps" values (the steps each trainer reports) (None when neither is logged).
+    sum over policies of the last "trainer/<name>/steps" values (None when neither is logged).
     `frames_to_target` / `wall_s_to_target` come from the first evaluation reaching `target`.
     """
     env_frames = _as_int(_last(records, "env_frames"))
