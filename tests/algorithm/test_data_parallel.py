@@ -63,8 +63,8 @@ def _rank(algorithm: str, rank: int, init_file: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         policy, make_trainer, batches = {"sac": _sac, "dqn": _dqn}[algorithm](rank)
-        policy.distributed_setup()  # as GroupTrainerWorker.join: before the trainer is built
         trainer = make_trainer()
+        policy.distributed_setup()  # as GroupTrainerWorker.join does, once the trainer is built
         for batch in batches:
             trainer.step(batch)
         state = {k: v.detach().numpy().copy() for k, v in policy.module.state_dict().items()}
