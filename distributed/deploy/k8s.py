@@ -10,9 +10,9 @@ One object per file, numbered in the order they are created, plus a ``kustomizat
   copies ``config.json`` into the run folder; the Job's end is the run's end;
 - one Indexed Job per role group of the controller's plan: ``params``, ``replay-<policy>`` (an
   off-policy policy's replay buffer), ``trainer-<policy>``, ``policy-<policy>``, ``actor``,
-  ``eval``. Index N runs worker ``<group>/N`` (``TROUPE_ORDINAL``
-  comes from the pod's completion-index annotation). The parameter service also gets a headless
-  Service that is its pods' ``subdomain``, so ``<run>-params-0.<run>-params`` resolves.
+  ``eval``. Index N runs worker ``<group>/N`` (``TROUPE_ORDINAL`` comes from the pod's
+  completion-index annotation). The parameter service also gets a headless Service that is its
+  pods' ``subdomain``, so ``<run>-params-0.<run>-params`` resolves.
 
 Why Jobs and not StatefulSets: at the end of a run the controller stops every worker and they
 exit 0. A StatefulSet restarts them, and the restarted workers, unable to reach the finished
