@@ -22,7 +22,7 @@ import copy
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -56,8 +56,34 @@ def _critic(in_features: int, hidden_sizes: Sequence[int], activation: str) -> n
     )
 
 
+class LossInputs(NamedTuple):
+    """What :class:`SACNetworks` needs beyond ``obs`` to compute the loss terms (``[B, ...]``)."""
+
+    action: torch.Tensor
+    """The taken actions, normalised to ``[-1, 1]``."""
+    next_obs: torch.Tensor
+    noise: torch.Tensor
+    """Standard normal noise of the fresh action at ``obs``."""
+    next_noise: torch.Tensor
+    """Standard normal noise of the fresh action at ``next_obs``."""
+
+
+class LossTerms(NamedTuple):
+    """The network outputs of one SAC step (``u`` is a fresh action before its tanh)."""
+
+    q1: torch.Tensor
+    q2: torch.Tensor
+    next_q_target: torch.Tensor
+    next_u: torch.Tensor
+    next_log_std: torch.Tensor
+    u: torch.Tensor
+    log_std: torch.Tensor
+    q_new: torch.Tensor
+
+
 class SACNetworks(nn.Module):
-    """Actor, twin critics and their targets. ``forward(obs)`` is the actor: ``(mean, log_std)``."""
+    """Actor, twin critics and their targets. ``forward(obs)`` is the actor: ``(mean, log_std)``;
+    ``forward(obs, LossInputs(...))`` computes everything one training step differentiates."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int], activation: str):
         super().__init__()
@@ -70,12 +96,46 @@ class SACNetworks(nn.Module):
         self.q1_target = copy.deepcopy(self.q1).requires_grad_(False)
         self.q2_target = copy.deepcopy(self.q2).requires_grad_(False)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, obs: torch.Tensor, losses: LossInputs | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | LossTerms:
+        """The actor, ``(mean, log_std)`` at ``obs``; or, given ``losses``, every network output
+        the SAC losses need, in this one call. Training calls it through the policy's ``net``:
+        under data-parallel training that is the DDP wrapper, whose gradient averaging covers
+        what one forward through it computes (so the critics must not be called on the side)."""
+        if losses is None:
+            return self._actor(obs)
+        return self._loss_terms(obs, losses)
+
+    def _actor(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.actor(obs)
         # a smooth squash of the log-std into its range (a clamp would stop its gradient)
         log_std = torch.tanh(self.log_std(features))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
         return self.mean(features), log_std
+
+    def _loss_terms(self, obs: torch.Tensor, x: LossInputs) -> LossTerms:
+        with torch.no_grad():
+            next_mean, next_log_std = self._actor(x.next_obs)
+            next_u = next_mean + next_log_std.exp() * x.next_noise
+            pair = torch.cat([x.next_obs, torch.tanh(next_u)], -1)
+            next_q = torch.min(self.q1_target(pair), self.q2_target(pair))
+        mean, log_std = self._actor(obs)
+        u = mean + log_std.exp() * x.noise
+        with _frozen(self.q1, self.q2):  # the actor's loss must not move the critics
+            fresh = torch.cat([obs, torch.tanh(u)], -1)
+            q_new = torch.min(self.q1(fresh), self.q2(fresh))
+        taken = torch.cat([obs, x.action], -1)
+        return LossTerms(
+            q1=self.q1(taken),
+            q2=self.q2(taken),
+            next_q_target=next_q,
+            next_u=next_u,
+            next_log_std=next_log_std,
+            u=u,
+            log_std=log_std,
+            q_new=q_new,
+        )
 
 
 @contextmanager
@@ -137,7 +197,8 @@ class SACPolicy(SingleModelPytorchPolicy):
     # ----------------------------------------------------------------- the actor
     def sample(self, obs: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised action in ``[-1, 1]`` and its log-probability ``[N, 1]`` (in the
-        Box's units: the rescale's Jacobian included)."""
+        Box's units: the rescale's Jacobian included). For acting: it calls the bare module, so
+        training differentiates through :meth:`analyze` instead."""
         mean, log_std = self.module(obs)
         noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         u = mean + log_std.exp() * noise
@@ -191,27 +252,24 @@ class SACPolicy(SingleModelPytorchPolicy):
         if target != "sac":
             raise ValueError(f"SACPolicy analyzes for target 'sac' only, got '{target}'")
         require_transitions(sample, "SACPolicy")
-        net = self.module
-        obs, next_obs = (
-            self._flat(self.to_tensor(sample.obs)),
-            self._flat(self.to_tensor(sample.next_obs)),
+        obs = self._flat(self.to_tensor(sample.obs))
+        next_obs = self._flat(self.to_tensor(sample.next_obs))
+        shape = (len(obs), self.act_dim)
+        next_noise = torch.randn(shape, device=self.device)
+        inputs = LossInputs(
+            action=self.from_env(self.to_tensor(sample.action).float()),
+            next_obs=next_obs,
+            noise=torch.randn(shape, device=self.device),
+            next_noise=next_noise,
         )
-        taken = torch.cat([obs, self.from_env(self.to_tensor(sample.action).float())], -1)
-        with torch.no_grad():
-            next_action, next_log_prob = self.sample(next_obs)
-            pair = torch.cat([next_obs, next_action], -1)
-            next_q = torch.min(net.q1_target(pair), net.q2_target(pair))
-        action, log_prob = self.sample(obs)
-        with _frozen(net.q1, net.q2):  # the actor's loss must not move the critics
-            fresh = torch.cat([obs, action], -1)
-            q_new = torch.min(net.q1(fresh), net.q2(fresh))
+        out: LossTerms = self.net(obs, inputs)
         return SACAnalyzedResult(
-            q1=net.q1(taken),
-            q2=net.q2(taken),
-            next_q_target=next_q,
-            next_log_prob=next_log_prob,
-            log_prob=log_prob,
-            q_new=q_new,
+            q1=out.q1,
+            q2=out.q2,
+            next_q_target=out.next_q_target,
+            next_log_prob=self._log_prob(out.next_u, next_noise, out.next_log_std),
+            log_prob=self._log_prob(out.u, inputs.noise, out.log_std),
+            q_new=out.q_new,
         )
 
     def actor_parameters(self) -> Iterator[nn.Parameter]:

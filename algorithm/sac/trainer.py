@@ -10,7 +10,9 @@ One :meth:`SACTrainer.step` takes a :class:`~api.replay.TransitionBatch` from a 
 Each loss moves only its own parameters (critics, actor, ``log_alpha``), each with its own Adam;
 then the target critics move towards the critics by Polyak averaging (``tau``) and
 ``policy.inc_version()``. The temperature ``alpha = exp(log_alpha)`` is learned so that the
-policy's entropy stays near ``target_entropy`` (default ``-action_dim``).
+policy's entropy stays near ``target_entropy`` (default ``-action_dim``). Under data-parallel
+training (``trainer_workers`` > 1) the policy's DDP wrapper averages the networks' gradients and
+the trainer averages ``log_alpha``'s, so every rank takes the same step.
 
 A policy serves this trainer by returning :class:`SACAnalyzedResult` from ``analyze(transitions,
 target="sac")`` and providing ``actor_parameters()``, ``critic_parameters()``,
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
@@ -134,6 +137,8 @@ class SACTrainer(Trainer):
         # the three losses share no parameter (the policy froze the critics in q_new), so one
         # backward pass gives each optimiser exactly its own loss's gradient
         (critic_loss + actor_loss + alpha_loss).backward()
+        if self.learn_alpha:
+            _average_over_group(self._policy, self.log_alpha.grad)
         for optimizer in self._optimizers:
             optimizer.step()
         self._policy.update_target(self.tau)
@@ -173,3 +178,14 @@ class SACTrainer(Trainer):
         with torch.no_grad():
             self.log_alpha.copy_(torch.as_tensor(checkpoint["log_alpha"]))
         self._steps = int(checkpoint["steps"])
+
+
+def _average_over_group(policy: Policy, grad: torch.Tensor | None) -> None:
+    """Under data-parallel training DDP averages the networks' gradients over the ranks; the
+    temperature is the trainer's own tensor, outside the wrapped module, so its gradient is
+    averaged here (else every rank would steer its own ``alpha``)."""
+    net = getattr(policy, "net", None)
+    if grad is None or not isinstance(net, torch.nn.parallel.DistributedDataParallel):
+        return
+    dist.all_reduce(grad, group=net.process_group)
+    grad /= dist.get_world_size(net.process_group)

@@ -129,10 +129,10 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
 
 # --------------------------------------------------------------------- troupe worker
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    from system.run.plan import Role
+
     parser.add_argument("--id", required=True, help="worker id, e.g. actor/{ordinal} or params")
-    parser.add_argument(
-        "--role", required=True, choices=["actor", "policy", "trainer", "parameter_service"]
-    )
+    parser.add_argument("--role", required=True, choices=[r.value for r in Role])
     parser.add_argument("--controller", required=True, help="tcp://HOST:PORT")
     parser.add_argument("--bind-host", default="0.0.0.0")
     parser.add_argument(

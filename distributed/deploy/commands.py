@@ -317,6 +317,8 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
 
 def _add_sizing(parser: argparse.ArgumentParser) -> None:
     """What each role asks for: measured figures, overridable (``deploy/sizing.py``)."""
+    from distributed.deploy.sizing import COMPONENTS
+
     parser.add_argument(
         "--measured",
         type=Path,
@@ -330,8 +332,8 @@ def _add_sizing(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="COMPONENT=N",
-        help="CPUs one worker of COMPONENT (controller, params, trainer, policy, actor, eval) "
-        "uses, e.g. trainer=8; repeatable",
+        help=f"CPUs one worker of COMPONENT ({', '.join(COMPONENTS)}) uses, e.g. trainer=8; "
+        "repeatable",
     )
     parser.add_argument(
         "--memory",

@@ -8,10 +8,11 @@ One object per file, numbered in the order they are created, plus a ``kustomizat
   run folder (unless ``--existing-claim``);
 - the controller: a headless Service (stable DNS for the workers) and a Job whose init container
   copies ``config.json`` into the run folder; the Job's end is the run's end;
-- one Indexed Job per role group of the controller's plan: ``params``, ``trainer-<policy>``,
-  ``policy-<policy>``, ``actor``, ``eval``. Index N runs worker ``<group>/N`` (``TROUPE_ORDINAL``
-  comes from the pod's completion-index annotation). The parameter service also gets a headless
-  Service that is its pods' ``subdomain``, so ``<run>-params-0.<run>-params`` resolves.
+- one Indexed Job per role group of the controller's plan: ``params``, ``replay-<policy>`` (an
+  off-policy policy's replay buffer), ``trainer-<policy>``, ``policy-<policy>``, ``actor``,
+  ``eval``. Index N runs worker ``<group>/N`` (``TROUPE_ORDINAL`` comes from the pod's
+  completion-index annotation). The parameter service also gets a headless Service that is its
+  pods' ``subdomain``, so ``<run>-params-0.<run>-params`` resolves.
 
 Why Jobs and not StatefulSets: at the end of a run the controller stops every worker and they
 exit 0. A StatefulSet restarts them, and the restarted workers, unable to reach the finished
@@ -20,8 +21,9 @@ OnFailure`` an exit 0 completes the index and nothing restarts it; a crashed or 
 exits non-zero and the kubelet restarts it in place (same pod, same IP), and it says hello to the
 controller again. Finished Jobs are deleted ``ttlSecondsAfterFinished`` later.
 
-Every pod that writes the run folder (controller, params, trainers) mounts the claim at the same
-path, because workers write to the path the controller hands them.
+Every pod that writes the run folder (controller, params, trainers, replay buffers, which save
+their buffer there when the run stops) mounts the claim at the same path, because workers write to
+the path the controller hands them.
 
 Longer than 400 lines because one small function per Kubernetes object kind; splitting them would
 scatter the one manifest set a reader wants to see whole.
@@ -59,8 +61,11 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 HEARTBEAT_FILE = "/tmp/troupe-heartbeat"
 """Touched by the worker loop with every heartbeat (``TROUPE_HEARTBEAT_FILE``); /tmp is an
 emptyDir, the root file system is read-only."""
-RUNTIME_COMPONENTS = ("controller", "params", "trainer")
-"""Pods whose eviction stops or sets back the run (the disruption budget's)."""
+RUNTIME_COMPONENTS = ("controller", "params", "trainer", "replay")
+"""Pods whose eviction stops or sets back the run (the disruption budget's): a replay buffer
+evicted mid-run comes back empty and refills before its trainer trains again."""
+WRITER_COMPONENTS = ("params", "trainer", "replay")
+"""Workers that write the run folder (versions, checkpoints, the replay buffer at a stop)."""
 RESTARTS_PER_WORKER = 10
 """A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
 Job: crashes and kills are retried, a worker that can never start does not loop for ever."""
@@ -357,7 +362,7 @@ class _Builder:
             "--controller",
             f"tcp://{self.controller_host}:{CONTROLLER_PORT}",
         ]
-        writes = group.component in ("params", "trainer")
+        writes = group.component in WRITER_COMPONENTS
         image = self.o.worker_image
         if gpus:
             image = self.o.gpu_image or gpu_image(image)

@@ -36,18 +36,19 @@ class RoleGroup:
     """Workers of one role (and policy) that one scheduler object runs as replicas."""
 
     name: str
-    """``params``, ``trainer/<policy>``, ``policy/<policy>``, ``actor`` or ``eval``."""
+    """``params``, ``replay/<policy>``, ``trainer/<policy>``, ``policy/<policy>``, ``actor`` or
+    ``eval``."""
     role: str
-    """The ``--role`` of ``troupe worker``."""
+    """The ``--role`` of ``troupe worker`` (a :class:`system.run.plan.Role` value)."""
     id_template: str
     """The ``--id`` of ``troupe worker``: ``params`` or e.g. ``actor/{ordinal}``."""
     replicas: int
     policy: str | None = None
-    """The policy a trainer or policy worker group serves."""
+    """The policy a replay, trainer or policy worker group serves."""
 
     @property
     def component(self) -> str:
-        """The kind of group: ``params``, ``trainer``, ``policy``, ``actor`` or ``eval``."""
+        """The kind of group, one of ``deploy.sizing.COMPONENTS`` but the controller."""
         return self.name.split("/", 1)[0]
 
 
@@ -62,21 +63,22 @@ def role_groups(config: ExperimentConfig) -> list[RoleGroup]:
 
     groups: dict[str, list[str]] = {}
     roles: dict[str, str] = {}
+    policies: dict[str, str | None] = {}
     for plan in plan_workers(config):
         head, _, index = plan.worker_id.rpartition("/")
         name = head if index.isdigit() else plan.worker_id
         groups.setdefault(name, []).append(plan.worker_id)
         roles[name] = str(plan.role)
+        policies[name] = getattr(plan, "policy", None) or None
     result = []
     for name, ids in groups.items():
         if len(ids) == 1 and ids[0] == name:
-            result.append(RoleGroup(name, roles[name], name, 1))
+            result.append(RoleGroup(name, roles[name], name, 1, policies[name]))
             continue
         expected = [f"{name}/{i}" for i in range(len(ids))]
         if ids != expected:  # a scheduler can only number replicas 0..n-1
             raise DeployError(f"workers {ids} of group '{name}' are not numbered 0..n-1")
-        policy = name.split("/", 1)[1] if "/" in name else None
-        result.append(RoleGroup(name, roles[name], f"{name}/{ORDINAL}", len(ids), policy))
+        result.append(RoleGroup(name, roles[name], f"{name}/{ORDINAL}", len(ids), policies[name]))
     return result
 
 

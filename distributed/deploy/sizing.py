@@ -4,8 +4,12 @@ A scheduler reserves what a job asks for, so over-asking costs as much as a real
 generators asked every role for 1-2 CPUs and 1-4 GiB where a worker used a sixth of that. Here
 the ask is the measured peak resident memory of each role (``peak_rss_mb``, which every worker
 reports in its heartbeat and the controller keeps in the run folder's ``workers.json``) with a
-margin, and the CPU a worker can use: actors, policy workers and trainers are one busy process
-each (one core); the controller and the parameter service mostly wait on sockets.
+margin, and the CPU a worker can use: actors, policy workers, trainers and replay workers are one
+busy process each (one core); the controller and the parameter service mostly wait on sockets.
+
+The components are the runtime's worker roles (:class:`system.run.plan.Role`, so a new role is a
+new component here, and a test asks :data:`MEASURED` for its figures), plus the controller and
+the evaluation actors, which are actors sized on their own.
 
 :data:`MEASURED` holds the figures of a cartpole-ppo run from the worker image;
 :func:`measured_from` reads a finished run (``workers.json``) or a ``troupe bench --json`` result
@@ -22,8 +26,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distributed.errors import DeployError
+from system.run.plan import Role
 
-COMPONENTS = ("controller", "params", "trainer", "policy", "actor", "eval")
+CONTROLLER, EVAL = "controller", "eval"
+ROLE_COMPONENTS: dict[str, str] = {
+    role.value: "params" if role is Role.PARAMETER_SERVICE else role.value for role in Role
+}
+"""Each worker role's component: its own name, but the parameter service's short one (it names
+cluster objects and groups: ``<run>-params``)."""
+COMPONENTS = (CONTROLLER, *ROLE_COMPONENTS.values(), EVAL)
 MEMORY_MARGIN = 1.25
 """Memory asked for = measured peak x this, rounded up to 16 MiB (the peak moves a little with
 batch sizes and allocator timing)."""
@@ -55,12 +66,18 @@ class RoleNeeds:
 # Peak RSS of each worker of a cartpole-ppo run from the worker image, one process per worker as
 # on a cluster (workers.json of tests/docker/test_k8s_pods.py's run): actors and the parameter
 # service never import torch there. The controller's is `troupe bench memory`'s (BENCHMARKS.md).
+# The replay worker's is an estimate, not measured in the image: it imports what an actor does
+# (no torch) and holds its buffer, about 10 MiB for 100k frames of small vector observations
+# (cartpole, pendulum: a local pendulum-sac run's replay worker, 50k frames, peaked 7 MiB above
+# its parameter service). A buffer of images needs capacity_frames x the bytes of one
+# observation more: pass --memory replay=MIB (or --measured with a run's workers.json).
 MEASURED: dict[str, RoleNeeds] = {
     "controller": RoleNeeds(0.25, 1, 208),
     "params": RoleNeeds(0.25, 1, 52),
     "trainer": RoleNeeds(1, 2, 323),
     "policy": RoleNeeds(1, 2, 241),
     "actor": RoleNeeds(1, 1, 53),
+    "replay": RoleNeeds(1, 1, 64),
     "eval": RoleNeeds(0.25, 1, 53),
 }
 
@@ -70,7 +87,7 @@ def component_of(worker_id: str, role: str) -> str:
     head = worker_id.split("/", 1)[0]
     if head in COMPONENTS:
         return head
-    return "params" if role == "parameter_service" else role
+    return ROLE_COMPONENTS.get(role, role)
 
 
 def measured_from(path: Path) -> dict[str, float]:

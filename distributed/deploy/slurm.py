@@ -1,9 +1,10 @@
 """``troupe deploy slurm``: one experiment as an sbatch script sized per role, and ``submit.sh``.
 
 The script asks for one allocation and starts one ``srun`` step per role group of the controller's
-plan (``params``, ``trainer/<policy>``, ``policy/<policy>``, ``actor``, ``eval``), each with as many
-tasks as the group has workers; task N of a step is worker ``<group>/N``. The controller runs as
-its own step on the allocation's first node, and the script ends when the controller does.
+plan (``params``, ``replay/<policy>``, ``trainer/<policy>``, ``policy/<policy>``, ``actor``,
+``eval``), each with as many tasks as the group has workers; task N of a step is worker
+``<group>/N``. The controller runs as its own step on the allocation's first node, and the script
+ends when the controller does.
 
 **Sizing.** Each step asks for the CPUs and memory of its role (``deploy/sizing.py``: measured
 peak memory plus a margin, one CPU per busy process, overridable), with ``--exact`` so steps do

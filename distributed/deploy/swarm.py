@@ -53,19 +53,20 @@ FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "re
 # --------------------------------------------------------------------- the services of a run
 def service_roles(config: ExperimentConfig, run: str) -> list[dl.RoleSpec]:
     """Controller, then one service per fixed worker id, then one per replicated group."""
-    from system.run.plan import plan_workers
+    from system.run.plan import Role, plan_workers
 
     controller = dl.container_name(run, dl.CONTROLLER_ID)
     specs = [dl.RoleSpec(dl.CONTROLLER_ID, "controller", dl.controller_command(controller))]
     for plan in plan_workers(config):
-        if plan.role != "actor":  # actor/i and eval/i become the replicated services below
+        if plan.role is not Role.ACTOR:  # actor/i and eval/i become the replicated services below
             role = str(plan.role)
             command = dl.worker_command(plan.worker_id, role, controller, None)
             specs.append(dl.RoleSpec(plan.worker_id, role, command))
+    actor = str(Role.ACTOR)
     for group, replicas in (("actor", config.actors.workers), ("eval", config.evaluation.workers)):
         if replicas > 0:
-            command = dl.worker_command(f"{group}/{{ordinal}}", "actor", controller, None)
-            specs.append(dl.RoleSpec(f"{group}/{{ordinal}}", "actor", command, replicas))
+            command = dl.worker_command(f"{group}/{{ordinal}}", actor, controller, None)
+            specs.append(dl.RoleSpec(f"{group}/{{ordinal}}", actor, command, replicas))
     return [
         dl.RoleSpec(
             s.worker_id, s.role, s.command, s.replicas, dl.role_labels(run, s.role, s.worker_id)
@@ -136,6 +137,7 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
     from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
 
     from system.run.controller import MAX_RESTARTS
+    from system.run.plan import Role
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())
@@ -158,7 +160,7 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
         "user": f"{uid}:{gid}",
         "init": True,
         "restart_policy": RestartPolicy(condition, delay=SECOND_NS, max_attempts=MAX_RESTARTS),
-        "constraints": [trainer_constraint] if spec.role == "trainer" else None,
+        "constraints": [trainer_constraint] if spec.role == Role.TRAINER else None,
         **_stop_settings(spec),
     }
 

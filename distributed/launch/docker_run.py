@@ -69,7 +69,7 @@ class RoleSpec:
     worker_id: str
     """A worker id from ``plan_workers`` (may hold ``{ordinal}`` for a replicated service)."""
     role: str
-    """``controller``, or a worker role (parameter_service, trainer, policy, actor)."""
+    """``controller``, or a worker role (a :class:`system.run.plan.Role` value)."""
     command: list[str]
     replicas: int = 1
     labels: dict[str, str] = field(default_factory=dict)

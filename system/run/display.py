@@ -20,10 +20,28 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from system.run.plan import WorkerState
+
 _REFRESH_PER_SECOND = 4
 _TRAINER_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-_STATE_STYLES = {"alive": "green", "dead": "bold red", "restarting": "yellow"}
+_STATE_STYLES = {
+    WorkerState.ALIVE: "green",
+    WorkerState.FAILED: "bold red",
+    WorkerState.RESTARTING: "yellow",
+}
 _MISSING = "-"
+
+
+def _state(worker: Mapping[str, Any]) -> WorkerState | None:
+    """A snapshot worker's state (the controller sends its value), None if missing or unknown."""
+    try:
+        return WorkerState(worker.get("state"))
+    except (ValueError, TypeError):
+        return None
+
+
+def _alive(worker: Mapping[str, Any]) -> bool:
+    return _state(worker) is WorkerState.ALIVE
 
 
 def _num(value: Any) -> float | None:
@@ -80,7 +98,7 @@ def plain_line(snapshot: Mapping[str, Any]) -> str:
         parts.append(version if lag is None else f"{version} lag {lag:.1f}")
     workers = _workers(snapshot)
     if workers:
-        alive = sum(1 for w in workers if w.get("state") == "alive")
+        alive = sum(1 for w in workers if _alive(w))
         restarts = sum(int(_num(w.get("restarts")) or 0) for w in workers)
         parts.append(f"workers {alive}/{len(workers)}")
         if restarts:
@@ -136,7 +154,7 @@ def _policy_table(snapshot: Mapping[str, Any]) -> Table:
 
 def _worker_table(snapshot: Mapping[str, Any], max_rows: int) -> Table:
     workers = _workers(snapshot)
-    alive = sum(1 for w in workers if w.get("state") == "alive")
+    alive = sum(1 for w in workers if _alive(w))
     table = Table(
         title=f"workers {alive}/{len(workers)} alive" if workers else "workers -",
         title_justify="left",
@@ -148,13 +166,13 @@ def _worker_table(snapshot: Mapping[str, Any], max_rows: int) -> Table:
     table.add_column("restarts", justify="right")
     table.add_column("heartbeat", justify="right")
     # Trouble first: with dozens of actors the healthy ones are the ones worth hiding.
-    ordered = sorted(workers, key=lambda w: w.get("state") == "alive")
+    ordered = sorted(workers, key=_alive)
     for worker in ordered[:max_rows]:
-        state = str(worker.get("state", _MISSING))
+        state = _state(worker)
         table.add_row(
             str(worker.get("id", _MISSING)),
             str(worker.get("role", _MISSING)),
-            Text(state, style=_STATE_STYLES.get(state, "")),
+            Text(str(worker.get("state", _MISSING)), style=_STATE_STYLES.get(state, "")),
             _fmt(worker.get("restarts"), ".0f"),
             _fmt(worker.get("heartbeat_age_s"), ".1f", "s"),
         )

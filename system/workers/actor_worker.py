@@ -26,6 +26,7 @@ from api.errors import ConfigError, PipelineCheckError
 from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
 from system.ratelimit import Pace
+from system.run.plan import Role
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.workers.base import Worker
@@ -49,7 +50,7 @@ class Group:
 
 
 class ActorWorker(Worker):
-    role = "actor"
+    role = Role.ACTOR
 
     def __init__(
         self,
@@ -74,8 +75,7 @@ class ActorWorker(Worker):
         trained_policies: Sequence[str] | None = None,
     ):
         super().__init__(worker_id)
-        self.inference = inference
-        self.samples = samples
+        self.inference, self.samples = inference, samples
         self.is_evaluation = is_evaluation
         self.on_env_error = on_env_error
         self.on_nonfinite = on_nonfinite

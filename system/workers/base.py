@@ -12,11 +12,14 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
+from system.run.plan import Role
+
 
 class Worker(abc.ABC):
-    """Base class of actor, policy and trainer workers and the parameter service."""
+    """Base class of actor, policy, replay and trainer workers and the parameter service."""
 
-    role: ClassVar[str] = "worker"
+    role: ClassVar[Role]
+    """The role a subclass plays (its plan's role)."""
 
     def __init__(self, worker_id: str):
         self.worker_id = worker_id

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from system.parameters.service import ParameterServer
+from system.run.plan import Role
 from system.workers.base import Worker
 
 
 class ParameterServiceWorker(Worker):
     """Polls the parameter server; its stats are the server's counters."""
 
-    role = "parameter_service"
+    role = Role.PARAMETER_SERVICE
 
     def __init__(self, worker_id: str, server: ParameterServer):
         super().__init__(worker_id)

@@ -16,6 +16,7 @@ from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
 from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterSubscriber
+from system.run.plan import Role
 from system.streams.inference import InferenceServer, PendingRequest
 from system.workers.base import Worker
 
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class PolicyWorker(Worker):
-    role = "policy"
+    role = Role.POLICY
 
     def __init__(
         self,

@@ -24,6 +24,7 @@ from api.policy import SampleBatch
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
+from system.run.plan import Role
 from system.streams.replay import ReplayRequest
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
@@ -60,7 +61,7 @@ def buffer_config(cfg: ExperimentConfig, policy: str) -> BufferConfig:
 
 
 class ReplayWorker(Worker):
-    role = "replay"
+    role = Role.REPLAY
 
     def __init__(
         self,

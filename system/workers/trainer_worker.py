@@ -29,6 +29,7 @@ from api.policy import SampleBatch
 from api.trainer import Trainer
 from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterPublisher
+from system.run.plan import Role
 from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
@@ -46,7 +47,7 @@ unless the controller says where the restarted service is first (then it publish
 
 
 class TrainerWorker(Worker):
-    role = "trainer"
+    role = Role.TRAINER
 
     def __init__(
         self,

@@ -94,7 +94,7 @@ def test_the_schemas_are_the_three_latest_minor_versions():
     assert len(SCHEMA_VERSIONS) == 3 and SCHEMA_VERSIONS[-1] == latest_version()
 
 
-@pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo"])
+@pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo", "cartpole-dqn"])
 @pytest.mark.parametrize("storage", ["claim", "none"])
 def test_every_object_validates_against_the_kubernetes_schemas(experiment, storage):
     for obj in manifests(experiment, storage=storage, **EVERY_OPTION):
@@ -151,6 +151,33 @@ def test_two_policies_get_their_own_workloads_with_the_planned_ids():
     assert jobs["r1-trainer-red"]["metadata"]["labels"]["troupe.policy"] == "red"
     labels = jobs["r1-trainer-red"]["spec"]["template"]["metadata"]["labels"]
     assert labels["troupe.policy"] == "red" and labels["troupe.run"] == "r1"
+
+
+@pytest.mark.parametrize("experiment", ["cartpole-dqn", "pendulum-sac"])
+def test_an_off_policy_run_gets_a_replay_job_that_keeps_its_buffer_in_the_run_folder(experiment):
+    objects = manifests(experiment, disruption_budget=True)
+    jobs = worker_jobs(objects)
+    assert sorted(jobs) == [
+        "r1-actor", "r1-eval", "r1-params", "r1-policy-default", "r1-replay-default",
+        "r1-trainer-default",
+    ]  # fmt: skip
+    replay = jobs["r1-replay-default"]
+    assert replay["spec"]["completions"] == 1
+    assert replay["metadata"]["labels"]["troupe.policy"] == "default"
+    (c,) = replay["spec"]["template"]["spec"]["containers"]
+    assert c["args"][:5] == ["worker", "--id", "replay/default", "--role", "replay"]
+    # its estimate (64 MiB for 100k frames of small observations) plus 25 %, one busy core
+    assert c["resources"] == {
+        "requests": {"cpu": "1", "memory": "80Mi"},
+        "limits": {"cpu": "1", "memory": "160Mi"},
+    }
+    assert "/troupe/run" in {m["mountPath"] for m in c["volumeMounts"]}  # replay.npz at a stop
+    (budget,) = by_kind(objects, "PodDisruptionBudget").values()
+    assert "replay" in budget["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert budget["spec"]["minAvailable"] == 4  # controller, params, trainer, replay
+    bigger = manifests(experiment, resources=parse_resource_overrides(["replay=memory:2Gi"]))
+    (c,) = worker_jobs(bigger)["r1-replay-default"]["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
 
 
 def test_workers_run_as_indexed_jobs_that_finish_when_the_controller_stops_them():

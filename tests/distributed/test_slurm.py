@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from api.config import make_experiment
 from distributed.deploy.commands import add_deploy_arguments, run_deploy
 from distributed.errors import DeployError
+from system.run.plan import plan_workers
 
 FAKE_SRUN = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$FAKE_SLURM_LOG"
@@ -182,6 +184,24 @@ def test_64_actors_ask_for_the_cpus_and_memory_the_roles_need_and_no_more(tmp_pa
     assert "gpus" not in options and "gres" not in " ".join(options)
 
 
+@pytest.mark.parametrize("experiment", ["cartpole-dqn", "pendulum-sac"])
+def test_an_off_policy_run_gets_a_replay_step_sized_as_its_role(tmp_path, experiment):
+    assert deploy(experiment, "--out", str(tmp_path), "--code", ".", "--run-name", "o") == 0
+    text = script(tmp_path)
+    checked = subprocess.run(["bash", "-n", str(tmp_path / "troupe.sbatch")], capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    tails = [line.split(" bash -c ")[1] for line in text.splitlines() if line.startswith("srun ")]
+    assert "'worker_task \"$@\"' worker replay replay/default &" in tails
+    step = step_options(text, "replay/default")
+    assert (step["ntasks"], step["cpus-per-task"], step["mem-per-cpu"]) == ("1", "1", "80M")
+    workers = len(plan_workers(make_experiment(experiment, [])))
+    assert sbatch_options(text)["ntasks"] == str(1 + workers)  # a CPU each, the controller's too
+    deploy(experiment, "--out", str(tmp_path), "--code", ".", "--memory", "replay=2000",
+           "--cpus", "replay=2")  # fmt: skip
+    step = step_options(script(tmp_path), "replay/default")
+    assert (step["cpus-per-task"], step["mem-per-cpu"]) == ("2", "1256M")  # 2000 x 1.25 -> 2512
+
+
 def test_measured_figures_and_overrides_size_the_steps(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -213,7 +233,7 @@ def test_bad_sizing_options_name_the_flag(tmp_path):
                "--cpus", "actor=0")  # fmt: skip
     assert str(caught.value) == (
         "--cpus 'learner=2': write COMPONENT=NUMBER with COMPONENT one of controller, params, "
-        "trainer, policy, actor, eval\n--cpus 'actor=0': must be more than 0"
+        "trainer, policy, actor, replay, eval\n--cpus 'actor=0': must be more than 0"
     )
     with pytest.raises(DeployError, match="holds no peak_rss_mb figure"):
         (tmp_path / "w.json").write_text("{}")

@@ -23,6 +23,7 @@ from system.run.monitor import (
     write_learning_curve,
     write_summary,
 )
+from system.run.plan import WorkerState
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -378,7 +379,8 @@ def test_disabled_display_prints_to_stdout(capsys: pytest.CaptureFixture[str]) -
         {},
         {"elapsed_s": None, "fps": "fast", "policies": None, "workers": "none"},
         {"policies": {"p": None, "q": {"version": "x", "trainer": 3}}, "workers": [None, {}]},
-        {"env_frames": math.nan, "workers": [{"state": "dead", "restarts": 2}]},
+        {"env_frames": math.nan, "workers": [{"state": "failed", "restarts": 2}]},
+        {"workers": [{"state": "dead"}, {"state": ["alive"]}, {"state": None}]},
     ],
 )
 def test_display_renders_missing_keys_as_dashes(snapshot: dict) -> None:
@@ -390,10 +392,10 @@ def test_display_renders_missing_keys_as_dashes(snapshot: dict) -> None:
     Console(file=StringIO(), width=100).print(render_panel("odd", snapshot))
 
 
-def test_plain_line_counts_dead_workers_and_restarts() -> None:
+def test_plain_line_counts_failed_workers_and_restarts() -> None:
     workers = [
         {"state": "alive", "restarts": 1},
-        {"state": "dead", "restarts": 2},
+        {"state": "failed", "restarts": 2},
         {"state": "restarting", "restarts": 0},
     ]
     line = plain_line({"workers": workers, "policies": {"a": {"version": 3}, "b": {"version": 1}}})
@@ -408,7 +410,7 @@ def test_panel_shows_policies_losses_and_worker_health() -> None:
             {
                 "id": "actor/9",
                 "role": "actor",
-                "state": "dead",
+                "state": "failed",
                 "restarts": 3,
                 "heartbeat_age_s": 31.0,
             },
@@ -423,6 +425,23 @@ def test_panel_shows_policies_losses_and_worker_health() -> None:
     assert "workers 6/7 alive" in out
     assert "actor/9" in out and "31.0s" in out  # trouble is listed first
     assert "... 4 more" in out
+
+
+def test_the_panel_colours_each_worker_state_the_controller_reports() -> None:
+    """The controller sends ``WorkerState`` values: failed workers are red, restarting ones
+    yellow, alive ones green; other states (starting, stopped) stay plain."""
+    workers = [
+        {"id": f"w{i}", "role": "actor", "state": state.value}
+        for i, state in enumerate(WorkerState)
+    ]
+    console = Console(file=StringIO(), force_terminal=True, color_system="standard", width=120)
+    console.print(render_panel("cartpole-ppo", {"workers": workers}))
+    out = console.file.getvalue()
+    assert "\x1b[1;31mfailed" in out
+    assert "\x1b[33mrestarting" in out and "\x1b[32malive" in out
+    assert "workers 1/6 alive" in out
+    plain = {"starting", "configuring", "stopped"}
+    assert all(f"m{state}" not in out and state in out for state in plain)
 
 
 def test_live_mode_on_a_terminal_starts_and_stops() -> None:

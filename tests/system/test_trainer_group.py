@@ -62,6 +62,20 @@ def test_two_trainers_step_together_from_their_own_samples(tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("experiment", ["pendulum-sac", "cartpole-dqn"])
+def test_two_off_policy_trainers_share_one_replay_worker_and_step_together(tmp_path, experiment):
+    """Both ranks take their own batches from the policy's replay worker; their parameters (and
+    SAC's temperature, which lives outside the model) stay equal."""
+    run_dir = tmp_path / "run"
+    args = [*GROUP, "stop.trainer_steps=6", "--run-dir", str(run_dir), "--no-display"]
+    out = finish(start(["run", experiment, *args]))
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "trainer_steps", out
+    last = _assert_ranks_agree(run_dir)
+    if experiment == "pendulum-sac":
+        assert last["trainer/default/rank1/alpha"] == last["trainer/default/alpha"], last
+
+
+@pytest.mark.multiprocess
 def test_a_killed_rank_makes_the_group_form_again(tmp_path):
     """Rank 1 is killed: rank 0 fails at its next collective, both restart, and the new group goes
     on from the last published version with versions still monotonic; Ctrl+C then ends the run."""

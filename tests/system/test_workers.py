@@ -15,10 +15,13 @@ from api.trainer import Trainer, TrainerStepResult
 from system.errors import EnvironmentFailure, NonFiniteLossError
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
+from system.run.plan import PLAN_TYPES, Role
 from system.streams.inference import InferenceReply, InprocInferenceHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
+from system.workers.parameter_worker import ParameterServiceWorker
 from system.workers.policy_worker import PolicyWorker
+from system.workers.replay_worker import ReplayWorker
 from system.workers.trainer_worker import TrainerWorker
 
 
@@ -301,3 +304,16 @@ def test_trainer_worker_refuses_to_publish_non_finite_losses():
     with pytest.raises(NonFiniteLossError, match=r"non-finite \['loss'\]"):
         worker.poll()
     assert store.latest_version("p") == 0
+
+
+def test_each_worker_class_plays_the_role_of_its_plan():
+    workers = {
+        Role.PARAMETER_SERVICE: ParameterServiceWorker,
+        Role.TRAINER: TrainerWorker,
+        Role.POLICY: PolicyWorker,
+        Role.ACTOR: ActorWorker,
+        Role.REPLAY: ReplayWorker,
+    }
+    assert set(workers) == set(PLAN_TYPES)
+    assert {role: cls.role for role, cls in workers.items()} == {r: r for r in workers}
+    assert all(isinstance(cls.role, Role) for cls in workers.values())  # the enum, no literals

@@ -1,0 +1,30 @@
+"""What each component asks a cluster for (``distributed/deploy/sizing.py``): one component per
+runtime role, each with figures."""
+
+from __future__ import annotations
+
+import json
+
+from distributed.deploy import sizing
+from system.run.plan import Role
+
+
+def test_every_role_is_a_component_with_figures():
+    assert sizing.COMPONENTS == (
+        "controller", "params", "trainer", "policy", "actor", "replay", "eval",
+    )  # fmt: skip
+    assert {sizing.component_of(r.value, r.value) for r in Role} <= set(sizing.COMPONENTS)
+    assert set(sizing.MEASURED) == set(sizing.COMPONENTS)  # a new role needs its figures here
+
+
+def test_a_runs_workers_json_sizes_the_replay_worker(tmp_path):
+    workers = {
+        "params": {"role": "parameter_service", "peak_rss_mb": 60.0},
+        "replay/default": {"role": "replay", "peak_rss_mb": 900.0},
+        "eval/0": {"role": "actor", "peak_rss_mb": 50.0},
+    }
+    (tmp_path / "workers.json").write_text(json.dumps(workers))
+    peaks = sizing.measured_from(tmp_path)
+    assert peaks == {"params": 60.0, "replay": 900.0, "eval": 50.0}
+    needs = sizing.role_needs(measured=peaks)
+    assert needs["replay"].memory_mib == 1136  # 900 x 1.25 = 1125, in whole 16 MiB
