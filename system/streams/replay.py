@@ -165,12 +165,18 @@ class ZmqReplayServer:
         self.socket.close(linger=0)
 
 
+REQUEST_FIELDS = {"keys", "priorities"}
+"""What a trainer's request holds (either None when it hands back no priorities)."""
+
+
 def _request_from(
     envelope: list[bytes], message: wire.Message, layout: PriorityLayout | None = None
 ) -> ReplayRequest:
     body = message.body
     if message.kind != "replay_sample" or not isinstance(body, dict) or len(envelope) != 1:
         raise WireError(f"replay server expects 'replay_sample' requests, got '{message.kind}'")
+    if set(body) != REQUEST_FIELDS:  # a stranger's dict is no request for a batch
+        raise WireError(f"replay request has fields {sorted(body)}, not {sorted(REQUEST_FIELDS)}")
     keys, priorities = body.get("keys"), body.get("priorities")
     if (keys is None) != (priorities is None):
         raise WireError("replay request: keys and priorities come together or not at all")
