@@ -8,6 +8,7 @@ stop to finish, then exits with the controller's code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -73,7 +74,10 @@ def _check_writable(folder: Path) -> None:
     except OSError as e:
         raise RunFolderError.from_os_error(folder, e) from e
     finally:
-        probe.unlink(missing_ok=True)
+        # On a read-only mount even removing a file that is not there fails (EROFS): the
+        # error above already says so.
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
 
 
 def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> int:

@@ -180,7 +180,11 @@ class Wiring(Protocol):
     def replay_server(self, name: str, policy_name: str) -> Any:
         """The server of ``policy_name``'s transition batches, registered as ``name``."""
 
-    def replay_client(self, name: str, policy_name: str, client_id: str) -> ReplayClient: ...
+    def replay_client(
+        self, name: str, policy_name: str, policy: Policy, client_id: str
+    ) -> ReplayClient:
+        """A client of the replay server registered as ``name``; batches are laid out for
+        ``policy``'s spaces."""
 
     def trainer_group(
         self, name: str, policy_name: str, rank: int, size: int
@@ -216,7 +220,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     params = wiring.parameter_client(subscribe=peers.parameters or [])
     replay = samples = None
     if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
-        replay = wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id)
+        replay = wiring.replay_client(peers.replay_batches, plan.policy, policy, plan.worker_id)
     else:
         name = samples_endpoint(plan.policy, plan.index)
         samples = wiring.sample_consumer(name, plan.policy, policy)

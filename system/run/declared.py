@@ -4,7 +4,8 @@ Each receiving worker builds the layout of what it may receive the way its peers
 thing: a rollout request is made by an actor's own :class:`~system.workers.lanes.Lane` from an
 observation sampled from the policy's observation space; a sample segment by the same lane and a
 :class:`~system.workers.trajectory.SegmentBuffer` from the policy's answer to that request; a
-checkpoint by the policy's ``get_checkpoint``. So the checks cannot drift from what honest peers
+replay batch by a replay buffer from such a segment; a checkpoint by the policy's
+``get_checkpoint``. So the checks cannot drift from what honest peers
 send, and a change of policy or environment needs no second description of its messages.
 """
 
@@ -14,10 +15,17 @@ from typing import Any
 
 from api.config import ExperimentConfig
 from api.environment import StepResult
-from api.policy import Policy, RolloutRequest, RolloutResult
+from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from system.run import builders
 from system.streams import validation, wire
-from system.streams.validation import Maybe, ParamsLayout, RequestLayout, SegmentLayout
+from system.streams.validation import (
+    BatchLayout,
+    Maybe,
+    ParamsLayout,
+    PriorityLayout,
+    RequestLayout,
+    SegmentLayout,
+)
 from system.workers.lanes import Lane, Slot
 from system.workers.trajectory import SegmentBuffer
 
@@ -44,15 +52,44 @@ def segment_layout(
     config: ExperimentConfig, spaces: builders.AgentSpaces, policy: Policy, name: str
 ) -> SegmentLayout:
     """What the trainers of policy ``name`` may receive: segments an actor's lane records from
-    the policy's own answers (two one-step segments, so the bootstrap-step path is exercised)."""
+    the policy's own answers."""
+    step = validation.spec_of(_probe_segment(config, spaces, policy, name), 2)
+    length = config.actors.segment_length + 1
+    return SegmentLayout(step, length, max_lane_rows(config, spaces))
+
+
+def priority_layout(config: ExperimentConfig, name: str) -> PriorityLayout:
+    """What the replay worker of policy ``name`` may receive: a trainer's request, with the
+    priorities of at most one batch."""
+    return PriorityLayout(config.policies[name].replay.batch_size)
+
+
+def batch_layout(
+    config: ExperimentConfig, spaces: builders.AgentSpaces, policy: Policy, name: str
+) -> BatchLayout:
+    """What the trainers of policy ``name`` may receive from its replay worker: batches a
+    replay buffer samples from a segment the policy's actors record (the buffer's own fields:
+    n-step returns, discounts, weights, keys)."""
+    from system.replay.buffer import ReplayBuffer, ReplayConfig
+    from system.replay.rate_limiter import RateLimiterConfig
+
+    buffer = ReplayBuffer(ReplayConfig(capacity_frames=1, rate_limit=RateLimiterConfig(1)))
+    buffer.insert(_probe_segment(config, spaces, policy, name))
+    row = validation.spec_of(buffer.sample(1), 1)
+    return BatchLayout(row, config.policies[name].replay.batch_size)
+
+
+def _probe_segment(
+    config: ExperimentConfig, spaces: builders.AgentSpaces, policy: Policy, name: str
+) -> SampleBatch:
+    """A segment an actor's lane records from the policy's own answers: two one-step segments,
+    so the bootstrap-step path is exercised; the second, ``[2, 1, ...]``."""
     lane = _lane(config, spaces, name, buffer=SegmentBuffer(1, 1))
     segment = None
     for seq in (1, 2):
         request = lane.build_request(seq)
         segment = lane.take_answer(_probe_rollout(policy, request), version=0)
-    step = validation.spec_of(segment, 2)
-    length = config.actors.segment_length + 1
-    return SegmentLayout(step, length, max_lane_rows(config, spaces))
+    return segment
 
 
 def params_layout(config: ExperimentConfig) -> ParamsLayout:

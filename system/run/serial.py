@@ -95,7 +95,7 @@ class InprocWiring:
     def replay_server(self, name: str, policy_name: str):
         return self.replay.server(policy_name)
 
-    def replay_client(self, name: str, policy_name: str, client_id: str):
+    def replay_client(self, name: str, policy_name: str, policy: Policy, client_id: str):
         return self.replay.client(policy_name, client_id)
 
     def trainer_group(self, name: str, policy_name: str, rank: int, size: int) -> None:

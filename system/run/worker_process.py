@@ -152,12 +152,16 @@ class SocketWiring:
         )
 
     def replay_server(self, name: str, policy_name: str) -> ZmqReplayServer:
-        server = ZmqReplayServer(self.place.bind())
+        layout = declared.priority_layout(self.config, policy_name)
+        server = ZmqReplayServer(self.place.bind(), layout=layout)
         self._register(name, server.endpoint)
         return server
 
-    def replay_client(self, name: str, policy_name: str, client_id: str) -> ZmqReplayClient:
-        return ZmqReplayClient(self.ctl.lookup(name))
+    def replay_client(
+        self, name: str, policy_name: str, policy: Policy, client_id: str
+    ) -> ZmqReplayClient:
+        layout = declared.batch_layout(self.config, self.spaces, policy, policy_name)
+        return ZmqReplayClient(self.ctl.lookup(name), layout=layout)
 
     def parameter_server(self, store: ParameterStore) -> Worker:
         layout = declared.params_layout(self.config)

@@ -235,7 +235,11 @@ def _pending_from(
 
 
 class ZmqInferenceClient(InferenceClient):
-    """One DEALER socket per policy, connected to one of that policy's workers."""
+    """One DEALER socket per policy, connected to one of that policy's workers.
+
+    Its sockets have no ``MAXMSGSIZE``: a reply is laid out as the policy's outputs and state,
+    known only to a process that builds the policy, which an actor does not (it never imports
+    torch). Only the policy worker it connected to can send to it."""
 
     def __init__(self, endpoints: dict[str, str], *, slots: SlotWriter | None = None):
         """``slots``: this actor's shared memory; observations go through it to a policy worker

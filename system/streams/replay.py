@@ -24,6 +24,7 @@ from api.replay import TransitionBatch
 from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
+from system.streams.validation import BatchLayout, PriorityLayout
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +134,13 @@ class InprocReplayClient(ReplayClient):
 class ZmqReplayServer:
     """The replay worker's ROUTER; every trainer of the policy is a peer."""
 
-    def __init__(self, bind: str = "tcp://127.0.0.1:*"):
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=16)
+    def __init__(self, bind: str = "tcp://127.0.0.1:*", *, layout: PriorityLayout | None = None):
+        """``layout``: the requests this run's trainers send; a request handing back more
+        priorities than a batch holds is dropped and counted, and the socket refuses messages
+        larger than the largest legal request."""
+        self.layout = layout
+        limit = None if layout is None else layout.max_message_bytes
+        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=16, max_message_bytes=limit)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "replay server")
@@ -147,7 +153,7 @@ class ZmqReplayServer:
                 if got is None:
                     return out
                 envelope, message = got
-                out.append(_request_from(envelope, message))
+                out.append(_request_from(envelope, message, self.layout))
             except WireError as e:
                 self.bad_messages.record(e)
             timeout_ms = 0
@@ -159,10 +165,18 @@ class ZmqReplayServer:
         self.socket.close(linger=0)
 
 
-def _request_from(envelope: list[bytes], message: wire.Message) -> ReplayRequest:
+REQUEST_FIELDS = {"keys", "priorities"}
+"""What a trainer's request holds (either None when it hands back no priorities)."""
+
+
+def _request_from(
+    envelope: list[bytes], message: wire.Message, layout: PriorityLayout | None = None
+) -> ReplayRequest:
     body = message.body
     if message.kind != "replay_sample" or not isinstance(body, dict) or len(envelope) != 1:
         raise WireError(f"replay server expects 'replay_sample' requests, got '{message.kind}'")
+    if set(body) != REQUEST_FIELDS:  # a stranger's dict is no request for a batch
+        raise WireError(f"replay request has fields {sorted(body)}, not {sorted(REQUEST_FIELDS)}")
     keys, priorities = body.get("keys"), body.get("priorities")
     if (keys is None) != (priorities is None):
         raise WireError("replay request: keys and priorities come together or not at all")
@@ -173,20 +187,26 @@ def _request_from(envelope: list[bytes], message: wire.Message) -> ReplayRequest
             raise WireError("replay request: keys [B] ints and priorities [B], row for row")
         if priorities.dtype.kind != "f" or not np.all(np.isfinite(priorities)):
             raise WireError("replay request: priorities must be finite floats")
+        if layout is not None:
+            layout.check(keys)
     return ReplayRequest(envelope[0], keys, priorities)
 
 
 class ZmqReplayClient(ReplayClient):
     """A trainer's DEALER to its policy's replay worker."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, *, layout: BatchLayout | None = None):
+        """``layout``: the batches this run's replay worker sends; the socket refuses messages
+        larger than the largest of them."""
         super().__init__()
+        self.max_message_bytes = None if layout is None else layout.max_message_bytes
         self.socket = self._connect(address)
         self.bad_messages = BadMessages(logger, "replay client")
 
-    @staticmethod
-    def _connect(address: str) -> zmq.Socket:
-        socket = wire.make_socket(zmq.DEALER, server=False, hwm=16)
+    def _connect(self, address: str) -> zmq.Socket:
+        socket = wire.make_socket(
+            zmq.DEALER, server=False, hwm=16, max_message_bytes=self.max_message_bytes
+        )
         socket.connect(address)
         return socket
 

@@ -29,12 +29,15 @@ from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.streams import wire
 from system.streams.obs_slots import SlotReader, SlotWriter
-from system.streams.validation import SegmentLayout
+from system.streams.validation import HEADROOM_BYTES, SegmentLayout
 
 logger = logging.getLogger(__name__)
 
 CREDIT_TIMEOUT_S = 10.0
 """A chunk not acked for this long is given up as lost (its trainer died), freeing its credit."""
+ACK_MAX_BYTES = HEADROOM_BYTES
+"""The largest message an actor's sample socket takes: an ack holds no arrays, only a slot number
+and a yes or no, so the headroom every declared size has for header and scalars bounds it."""
 
 
 class SampleProducer(abc.ABC):
@@ -136,7 +139,9 @@ class ZmqSampleProducer(SampleProducer):
         old = self.sockets.pop(policy, None)
         if old is not None:
             old.close(linger=0)
-        sock = wire.make_socket(zmq.DEALER, server=False, hwm=self.hwm)
+        sock = wire.make_socket(
+            zmq.DEALER, server=False, hwm=self.hwm, max_message_bytes=ACK_MAX_BYTES
+        )
         for address in addresses:
             sock.connect(address)
         self.sockets[policy] = sock

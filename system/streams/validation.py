@@ -201,6 +201,42 @@ class SegmentLayout:
         return max_bytes(self.step, self.length * self.max_segments)
 
 
+@dataclass(frozen=True)
+class PriorityLayout:
+    """What a replay worker accepts: requests handing back the priorities of at most
+    ``max_rows`` transitions (the batch its trainer trained on last)."""
+
+    max_rows: int
+
+    def check(self, keys: np.ndarray) -> None:
+        if len(keys) > self.max_rows:
+            raise WireError(
+                f"replay request hands back {len(keys)} priorities, this run's batches hold "
+                f"{self.max_rows}"
+            )
+
+    @property
+    def max_message_bytes(self) -> int:
+        return max_bytes(PRIORITIES, self.max_rows)
+
+
+PRIORITIES = {"keys": Leaf((), np.dtype(np.int64)), "priorities": Leaf((), np.dtype(np.float64))}
+"""One row of a replay request: a transition's buffer key and its new priority."""
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """What a trainer accepts from its replay worker: batches of ``rows`` transitions, each
+    laid out as ``row`` (a spec of :class:`~api.replay.TransitionBatch`)."""
+
+    row: dict
+    rows: int
+
+    @property
+    def max_message_bytes(self) -> int:
+        return max_bytes(self.row, self.rows)
+
+
 def _leading(value: NamedArray, field: str, axis: int) -> int:
     """The size of ``axis`` of one field, which every other field is then checked against."""
     leaf = getattr(value, field, None)

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from api.config import make_experiment
+from distributed.deploy.swarm import LABEL_RUN_DIR, service_name
+from distributed.launch.docker_run import LABEL_RUN, LABEL_WORKER, run_name
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,14 +33,16 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS_ENV = "TROUPE_CURVE_KEYS_FILE"
 
 
-def _env() -> dict[str, str]:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Wide output (one line per message) and no CURVE keys from the caller's environment."""
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {**os.environ, "COLUMNS": "200", **(extra or {})}
     env.pop(KEYS_ENV, None)
     return env
 
 
-def troupe(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def troupe(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     if not TROUPE.exists():
         pytest.skip(f"no console script at {TROUPE}: install the package (pip install -e .)")
     return subprocess.run(
@@ -47,7 +51,7 @@ def troupe(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=_env(env),
     )
 
 
@@ -133,6 +137,66 @@ def test_eval_json_of_a_finished_run_prints_one_json_object(finished_run):
 def test_eval_of_a_folder_without_checkpoints_is_one_line(tmp_path):
     line = assert_one_line_error(troupe("eval", str(tmp_path), "--json"))
     assert str(tmp_path) in line or "checkpoint" in line
+
+
+# --------------------------------------------------------------------- status, logs, stop: working
+FAKE_ENGINE = Path(__file__).with_name("fake_engine")
+
+
+def swarm_state(run_dir: Path, path: Path) -> dict[str, str]:
+    """A Swarm manager's view of ``run_dir`` deployed (services, their tasks and log lines, its
+    secret and network) for the fake SDK in ``fake_engine``; returns the environment that
+    points ``troupe`` at it. ``troupe status/logs/stop`` support Swarm runs only, and the tests
+    may not turn the shared engine of this machine into a swarm: the fake stands in for it."""
+    run = run_name(run_dir)
+    labels = {LABEL_RUN: run, LABEL_RUN_DIR: str(run_dir)}
+    services = [
+        {
+            "name": service_name(run, wid),
+            "labels": {**labels, LABEL_WORKER: wid},
+            "replicas": 1,
+            "tasks": [{"ID": f"task{i}", "Slot": 1, "Status": {"State": "running"}}],
+            "logs": [f"{wid} line {n}" for n in range(3)],
+        }
+        for i, wid in enumerate(["controller", "actor/0", "trainer/default/0"])
+    ]
+    objects = [{"name": f"troupe-{run}", "labels": labels}]
+    state = {"services": services, "secrets": objects, "networks": objects}
+    path.write_text(json.dumps(state))
+    return {"FAKE_SWARM_STATE": str(path), "PYTHONPATH": f"{FAKE_ENGINE}:{ROOT}"}
+
+
+def test_status_logs_and_stop_of_a_deployed_run(finished_run, tmp_path):
+    """The working path of each command, as a user types it, against a fake Swarm manager whose
+    run folder is a real finished run: status shows the services and the folder's workers and
+    last metrics; logs the lines of one worker; stop stops the controller first, removes
+    everything of the run from the swarm and keeps the run folder."""
+    state = tmp_path / "swarm.json"
+    env = swarm_state(finished_run, state)
+    run = run_name(finished_run)
+
+    status = troupe("status", str(finished_run), env=env)
+    assert status.returncode == 0, status.stderr
+    assert f"run {run}" in status.stdout and "trainer/default/0" in status.stdout
+    assert "1/1" in status.stdout  # running/desired tasks of a service
+    workers = json.loads((finished_run / "workers.json").read_text())
+    assert f"workers: {next(iter(workers))} stopped (restarts 0)" in status.stdout, status.stdout
+    frames = json.loads((finished_run / "summary.json").read_text())["env_frames"]
+    assert f'"env_frames": {frames}' in status.stdout, status.stdout
+
+    logs = troupe("logs", run, "--worker", "actor/0", "--tail", "2", env=env)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.splitlines() == ["[actor/0] actor/0 line 1", "[actor/0] actor/0 line 2"]
+    quiet = troupe("logs", run, "--worker", "actor/9", env=env)
+    assert quiet.returncode == 0 and "no lines from worker 'actor/9'" in quiet.stdout
+
+    stop = troupe("stop", run, env=env)
+    assert stop.returncode == 0, stop.stderr
+    assert f"removed run '{run}' from the swarm; its run folder is kept" in stop.stdout
+    left = json.loads(state.read_text())
+    assert (left["services"], left["secrets"], left["networks"]) == ([], [], [])
+    assert left["calls"][0] == f"scale troupe-{run}-controller 0", left["calls"]
+    assert (finished_run / "summary.json").exists()
 
 
 # --------------------------------------------------------------------- CURVE fails closed

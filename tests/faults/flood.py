@@ -1,16 +1,19 @@
 """Malformed traffic of every kind to every socket of a run: the attacker's side of the fault suite.
 
-Run as its own process (``python tests/faults/flood.py RUN_DIR COUNT BIG_COUNT``) so that
-whatever the traffic does to a ZeroMQ client (libzmq 4.3.5's XSUB crashes on closing after a
+Run as its own process (``python tests/faults/flood.py RUN_DIR COUNT BIG_COUNT [PREFIX]``) so
+that whatever the traffic does to a ZeroMQ client (libzmq 4.3.5's XSUB crashes on closing after a
 huge subscription, for one) cannot take the test process with it. It reads the run's
 ``endpoints.json``, refuses any address that is not 127.0.0.1, sends ``COUNT`` messages of each
-kind (``BIG_COUNT`` of the 50 MB ones) to every socket, and prints what it sent as JSON.
+kind (``BIG_COUNT`` of the 50 MB ones) to every socket (or those whose name starts with
+``PREFIX``), and prints what it sent as JSON.
 
 Kinds: ``random_bytes`` (random frames), ``wrong_types`` (msgpack of the wrong shape of data),
 ``wrong_arrays`` (valid headers of the socket's own message kinds whose arrays have wrong
 shapes, dtypes, row counts or NaN), ``oversized_claims`` (headers that claim arrays far larger
 than their frames, and ZMTP frames that claim 2**62 bytes on a raw connection), ``truncated``
-(valid messages missing frames or bytes), ``frames_50mb``.
+(valid messages missing frames or bytes), ``frames_50mb`` (counted as the connections the
+receiver dropped at the frame's size header, one per message: a socket without ``MAXMSGSIZE``
+would read them whole, and drop none).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import json
 import socket
 import struct
 import sys
+import time
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from api.namedarray import NamedArray
 from api.policy import RolloutRequest, SampleBatch
@@ -31,15 +36,21 @@ from system.streams import wire
 
 BIG = 50_000_000
 SEND_TIMEOUT_MS = 20_000
+BIG_TIMEOUT_S = 20.0
+"""How long one 50 MB message may take to be refused (a millisecond or two, normally)."""
+RESEND_S = 0.5
+"""How long an XSUB waits for its message to be refused before it sends it again."""
 
 
-def main(run_dir: str, count: int, big_count: int) -> None:
+def main(run_dir: str, count: int, big_count: int, prefix: str = "") -> None:
     endpoints = json.loads((Path(run_dir) / "endpoints.json").read_text())
     rng = np.random.default_rng(0)
     ctx = zmq.Context()
     report: dict[str, dict[str, int]] = {}
     big = b"\x02" + bytes(BIG)  # one buffer, sent without copies (0x02: not a subscription)
     for name, address in sorted(endpoints.items()):
+        if not name.startswith(prefix):
+            continue
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
         if host != "127.0.0.1":
             raise SystemExit(f"refusing to send to {address}: not this machine's loopback")
@@ -48,7 +59,7 @@ def main(run_dir: str, count: int, big_count: int) -> None:
         for kind, messages in kinds(name, rng, count):
             sent[kind] = send_all(ctx, address, pub, messages, delimit=kind != "random_bytes")
         sent["oversized_claims"] += raw_length_claims(host, int(port), pub, count)
-        sent["frames_50mb"] = send_all(ctx, address, pub, ([big] for _ in range(big_count)))
+        sent["frames_50mb"] = send_big(ctx, address, pub, big, big_count)
     ctx.term()
     print(json.dumps(report))
 
@@ -91,6 +102,55 @@ def send_all(ctx: zmq.Context, address: str, pub: bool, messages, delimit: bool 
     return sent
 
 
+def send_big(ctx: zmq.Context, address: str, pub: bool, big: bytes, count: int) -> int:
+    """Send ``count`` messages of the one 50 MB buffer (no copies), one per connection; return
+    how many the receiver refused. A receiver with ``MAXMSGSIZE`` drops the connection when it
+    reads the frame's size, and the socket reconnects within a millisecond; the next message goes
+    once it has."""
+    sock = ctx.socket(zmq.XSUB if pub else zmq.DEALER)
+    sock.setsockopt(zmq.RECONNECT_IVL, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+    sock.connect(address)
+    frames = [big] if pub else [b"", big]
+    refused = 0
+    try:
+        for _ in range(count):
+            if not wait_event(monitor, zmq.EVENT_HANDSHAKE_SUCCEEDED, BIG_TIMEOUT_S):
+                break
+            if not refuse_one(sock, monitor, frames, pub):
+                break  # the receiver read it whole: it has no bound
+            refused += 1
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close()
+    return refused
+
+
+def refuse_one(sock: zmq.Socket, monitor: zmq.Socket, frames: list, pub: bool) -> bool:
+    """Send one message; whether the receiver dropped the connection for it. An XSUB drops a
+    message sent before it has taken its new connection (the handshake is reported first, and
+    it drops what it queued when a connection ends), so it sends again until one goes."""
+    deadline = time.monotonic() + BIG_TIMEOUT_S
+    while time.monotonic() < deadline:
+        sock.send_multipart(frames, copy=False)
+        if wait_event(monitor, zmq.EVENT_DISCONNECTED, RESEND_S if pub else BIG_TIMEOUT_S):
+            return True
+        if not pub:
+            return False
+    return False
+
+
+def wait_event(monitor: zmq.Socket, event: int, timeout_s: float) -> bool:
+    """Whether ``event`` happened on the monitored socket within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if monitor.poll(50) and recv_monitor_message(monitor)["event"] == event:
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------------- the kinds
 def random_bytes(name, rng, i):
     return [rng.bytes(int(rng.integers(0, 2000))) for _ in range(int(rng.integers(1, 4)))]
@@ -120,8 +180,10 @@ def wrong_types(name, rng, i):
 def message_kind(name: str) -> str:
     if name.startswith("inference/"):
         return "rollout"
-    if name.startswith("samples/"):
+    if name.startswith("samples/") or name.endswith("/samples"):  # a trainer's, a replay worker's
         return "samples"
+    if name.endswith("/batches"):  # a replay worker's requests
+        return "replay_sample"
     if name == "params/request":
         return "publish"
     return "heartbeat"
@@ -131,8 +193,10 @@ def wrong_arrays(name, rng, i):
     """Valid messages of the socket's own kinds whose arrays do not fit the run."""
     if name.startswith("inference/"):
         body = {"group": 0, "seq": i, "request": bad_request(rng, i)}
-    elif name.startswith("samples/"):
+    elif message_kind(name) == "samples":
         body = {"segment": bad_segment(rng, i)}
+    elif message_kind(name) == "replay_sample":
+        body = bad_priorities(i)
     elif name == "params/request":
         bad = [np.zeros((3, 3), np.float32), np.zeros(0), np.full(4, np.nan, np.float32)]
         params = {"version": 10**9, "model": {"layer.weight": bad[i % len(bad)]}}
@@ -171,11 +235,29 @@ def bad_segment(rng, i) -> SampleBatch:
     )
 
 
+def bad_priorities(i) -> dict:
+    """Replay requests whose keys and priorities do not fit: NaN, mismatched rows, 2-D keys,
+    float keys, more rows than a batch, one without the other."""
+    rows = np.arange(4)
+    bodies = [
+        {"keys": rows, "priorities": np.full(4, np.nan)},
+        {"keys": rows, "priorities": np.ones(3)},
+        {"keys": rows.reshape(2, 2), "priorities": np.ones((2, 2))},
+        {"keys": rows.astype(np.float64), "priorities": np.ones(4)},
+        {"keys": np.arange(10_000), "priorities": np.ones(10_000)},
+        {"keys": rows, "priorities": None},
+        {"keys": rows, "priorities": np.full(4, np.inf, np.float32)},
+        {"keys": rows, "priorities": np.ones(4, np.complex64)},
+    ]
+    return bodies[i % len(bodies)]
+
+
 def oversized_claims(name, rng, i):
     """Headers whose arrays claim far more bytes than the message carries."""
     shape = [[2**40], [2**31, 2**31], [2**61 // 4], [1 << 20, 1 << 20, 1 << 20]][i % 4]
     node = {"__nd__": 1, "dtype": "<f4", "shape": shape}
-    header = {"v": 1, "k": message_kind(name), "b": {"request": node, "segment": node}}
+    body = {"request": node, "segment": node, "keys": node, "priorities": node}
+    header = {"v": 1, "k": message_kind(name), "b": body}
     return [msgpack.packb(header, use_bin_type=True), b"\x00" * 16]
 
 
@@ -212,4 +294,4 @@ def raw_length_claims(host: str, port: int, pub: bool, count: int) -> int:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

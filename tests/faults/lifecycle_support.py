@@ -90,3 +90,19 @@ def latest_version(run_dir: Path, policy: str = "default") -> int | None:
 def leftovers(run_dir: Path) -> list[Path]:
     """Temporary files a write left behind."""
     return [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+
+
+def checkpointed_versions(run_dir: Path, policy: str = "default") -> list[int]:
+    """The versions of the numbered checkpoints (``v00000042.ckpt``) in the run folder."""
+    folder = run_dir / "checkpoints" / policy
+    return sorted(int(p.stem[1:]) for p in folder.glob("v*.ckpt"))
+
+
+def assert_no_version_lost(run_dir: Path, final: int | None, recorded: list[int]) -> None:
+    """The run ended with ``final`` (its ``latest.ckpt``), no older than any version it
+    recorded along the way (``recorded``: metrics, ``latest.ckpt`` read mid-run, workers'
+    reports) or checkpointed."""
+    everything = [*recorded, *checkpointed_versions(run_dir)]
+    assert final is not None, "no latest.ckpt at the end of the run"
+    lost = sorted({v for v in everything if v > final})
+    assert not lost, f"versions announced but not in the final checkpoint {final}: {lost}"

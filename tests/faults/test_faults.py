@@ -28,8 +28,9 @@ pytestmark = pytest.mark.faults
 FLOOD = Path(__file__).with_name("flood.py")
 MESSAGES = 2000
 """Messages of each kind to each socket."""
-BIG_MESSAGES = 20
-"""50 MB messages to each socket (fewer: the sender holds each while it goes)."""
+BIG_MESSAGES = 2000
+"""50 MB messages to each socket: one buffer, sent without copies, each refused at its size
+header (a dropped connection; the sender reconnects within a millisecond)."""
 SMALL_RUN = [
     "cartpole-ppo",
     "stop.eval_return=None",
@@ -37,10 +38,12 @@ SMALL_RUN = [
     "evaluation.envs_per_worker=2",
     "actors.envs_per_worker=8",
 ]
+REPLAY_RUN = ["cartpole-dqn", "stop.eval_return=None", "evaluation.workers=0"]
+"""An off-policy run: its actors send to a replay worker, which serves its trainer."""
 
 
-def start_run(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    args = ["run", *SMALL_RUN, *overrides, "--run-dir", str(run_dir), "--no-display"]
+def start_run(run_dir: Path, *overrides: str, run: list[str] = SMALL_RUN) -> subprocess.Popen:
+    args = ["run", *run, *overrides, "--run-dir", str(run_dir), "--no-display"]
     return start(args)
 
 
@@ -58,11 +61,17 @@ def worker_pids(run_dir: Path) -> dict[str, int]:
     return {wid: w["pid"] for wid, w in read_json(run_dir / "workers.json").items()}
 
 
-def test_malformed_traffic_on_every_socket_crashes_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("run", "sockets", "count"),
+    [(SMALL_RUN, "", 5), (REPLAY_RUN, "replay/", 2)],
+    ids=["every-socket-of-cartpole-ppo", "replay-worker-of-cartpole-dqn"],
+)
+def test_malformed_traffic_crashes_nothing(tmp_path, run, sockets, count):
+    """``sockets``: the names flooded (a prefix); ``count``: how many the run has (at least)."""
     run_dir = tmp_path / "run"
-    proc = start_run(run_dir, "stop.env_frames=1000000000")
+    proc = start_run(run_dir, "stop.env_frames=1000000000", run=run)
     try:
-        out = flood_and_stop(run_dir, proc)
+        out = flood_and_stop(run_dir, proc, sockets, count)
     finally:
         if proc.poll() is None:  # a failed check must not leave the run behind
             os.killpg(proc.pid, signal.SIGKILL)
@@ -73,19 +82,23 @@ def test_malformed_traffic_on_every_socket_crashes_nothing(tmp_path):
     assert "dropped" in out  # the workers said what they dropped
 
 
-def flood_and_stop(run_dir: Path, proc: subprocess.Popen) -> str:
-    """Warm up, flood every socket, check the workers, see the run go on, stop it (Ctrl+C)."""
+def flood_and_stop(run_dir: Path, proc: subprocess.Popen, sockets: str, count: int) -> str:
+    """Warm up, flood the ``count`` (or more) sockets whose names start with ``sockets``, check
+    the workers, see the run go on, stop it (Ctrl+C)."""
+
+    def flooded() -> list[str]:
+        return [n for n in read_json(run_dir / "endpoints.json") if n.startswith(sockets)]
 
     def warmed_up() -> bool:
-        return len(read_json(run_dir / "endpoints.json")) >= 5 and frames(run_dir) > 5000
+        return len(flooded()) >= count and frames(run_dir) > 5000
 
-    wait_for(warmed_up, proc, what="every endpoint registered and 5000 frames")
-    endpoints = read_json(run_dir / "endpoints.json")
+    wait_for(warmed_up, proc, what=f"{count} endpoints '{sockets}*' registered and 5000 frames")
+    endpoints = flooded()
     pids = worker_pids(run_dir)
     before = {wid: memory_mb(pid) for wid, pid in pids.items()}
 
     flood = subprocess.run(
-        [sys.executable, str(FLOOD), str(run_dir), str(MESSAGES), str(BIG_MESSAGES)],
+        [sys.executable, str(FLOOD), str(run_dir), str(MESSAGES), str(BIG_MESSAGES), sockets],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -15,6 +15,7 @@ from api.replay import TransitionBatch
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
+from system.run import builders, declared
 from system.run.plan import (
     ActorPlan,
     ReplayPlan,
@@ -122,6 +123,43 @@ def test_batches_and_priorities_travel_over_sockets_and_garbage_is_dropped():
         for s in (client, server):
             s.close()
         garbage.close(linger=0)
+
+
+def test_the_replay_sockets_take_no_more_than_the_run_declares():
+    """The server's MAXMSGSIZE is one batch of priorities: a request too large for it never
+    arrives (ZeroMQ drops the connection at the size header), one handing back more priorities
+    than a batch holds is counted, and the sender's next request is served. The client's is the
+    largest batch the replay worker can send, and survives a reconnect."""
+    import zmq
+
+    config = make_experiment("cartpole-dqn", ["policies.default.replay.batch_size=4"])
+    spaces = builders.probe_spaces(config)
+    policy = builders.make_policy(config, "default", spaces, 0)
+    server = ZmqReplayServer(layout=declared.priority_layout(config, "default"))
+    layout = declared.batch_layout(config, spaces, policy, "default")
+    client = ZmqReplayClient(server.endpoint, layout=layout)
+    sender = wire.make_socket(zmq.DEALER, server=False)
+    sender.connect(server.endpoint)
+    try:
+        many = 200_000  # 3.2 MB of keys and priorities: over the 1 MiB bound
+        wire.send(sender, "replay_sample", {"keys": np.arange(many), "priorities": np.ones(many)})
+        wire.send(sender, "replay_sample", {"keys": np.arange(5), "priorities": np.ones(5)})
+        wire.send(sender, "replay_sample", {"keys": np.arange(2), "priorities": np.ones(2)})
+        requests = []
+        for _ in range(200):
+            requests += server.poll(timeout_ms=50)
+            if requests:
+                break
+        assert [r.keys.tolist() for r in requests] == [[0, 1]]
+        assert server.bad_messages.count == 1  # the 5 keys; the 3.2 MB never arrived
+
+        assert client.socket.getsockopt(zmq.MAXMSGSIZE) == layout.max_message_bytes
+        client.reconnect(server.endpoint)
+        assert client.socket.getsockopt(zmq.MAXMSGSIZE) == layout.max_message_bytes
+    finally:
+        for s in (client, server):
+            s.close()
+        sender.close(linger=0)
 
 
 # ------------------------------------------------------------------------------ the worker

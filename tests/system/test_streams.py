@@ -10,7 +10,12 @@ from test_workers import CountingEnv, EchoPolicy, StubTrainer, answer_all, eval_
 from system.ratelimit import Pace
 from system.streams import wire
 from system.streams.inference import InprocInferenceHub
-from system.streams.samples import InprocSampleHub, ZmqSampleConsumer, ZmqSampleProducer
+from system.streams.samples import (
+    ACK_MAX_BYTES,
+    InprocSampleHub,
+    ZmqSampleConsumer,
+    ZmqSampleProducer,
+)
 from system.workers.trainer_worker import TrainerWorker
 
 
@@ -65,6 +70,13 @@ def test_reconnecting_forgets_chunks_a_dead_trainer_never_acked(stream):
         assert take(replacement)[0].policy_version[0, 0, 0] == 2
     finally:
         replacement.close()
+
+
+def test_an_actors_sample_socket_takes_no_message_larger_than_an_ack(stream):
+    producer, consumer = stream
+    assert producer.sockets["p"].getsockopt(zmq.MAXMSGSIZE) == ACK_MAX_BYTES
+    producer.connect("p", [consumer.endpoint])  # after a trainer moved: the same bound
+    assert producer.sockets["p"].getsockopt(zmq.MAXMSGSIZE) == ACK_MAX_BYTES
 
 
 def test_foreign_messages_to_the_consumer_are_dropped_and_counted(stream):

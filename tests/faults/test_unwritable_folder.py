@@ -1,0 +1,119 @@
+"""Issue 10, item 6: a run folder that cannot be written (read-only), before and during a run.
+
+``RunFolderError`` names the file, the cause and what to do in one line. Here the real ``troupe``
+command meets a read-only tmpfs: as the place for a new run folder, as the folder itself, as a
+folder to resume, and mounted over the run folder while the run goes (every file the run opens
+from then on is on the read-only mount). Tests run as root, which ``chmod`` does not stop; a
+read-only mount does. Needs root (mount); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from lifecycle_support import ROOT, SMALL, TROUPE, finish, frames, group, start, wait_for
+
+from api.config import make_experiment
+
+pytestmark = pytest.mark.faults
+
+CAUSE = "Read-only file system"
+ADVICE = "make the run folder writable"
+ENV = {"COLUMNS": "400"}  # one line per message, however long
+
+
+def mount(target: Path, *options: str) -> None:
+    """A small tmpfs at ``target`` (``ro``, ``remount``: as ``mount -o`` takes them)."""
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", ",".join(["size=8m", *options]), "tmpfs", str(target)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {detail}")
+
+
+@pytest.fixture
+def mounts():
+    """Mount points to unmount after the test, whatever happened."""
+    points: list[Path] = []
+    yield points
+    for point in reversed(points):
+        subprocess.run(["umount", "-l", str(point)], check=False, timeout=30)
+
+
+@pytest.fixture
+def read_only(tmp_path, mounts) -> Path:
+    point = tmp_path / "ro"
+    point.mkdir()
+    mount(point, "ro")
+    mounts.append(point)
+    return point
+
+
+def troupe(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **ENV}
+    return subprocess.run([*TROUPE, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+
+
+def assert_one_line(result: subprocess.CompletedProcess, folder: Path) -> None:
+    """Exit 1, no traceback, and one ``error:`` line naming the folder, the cause and the fix."""
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: cannot write {folder}: {CAUSE}; {ADVICE}, or pick another one "
+                      "with --run-dir"], result.stderr  # fmt: skip
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["new-folder-inside", "the-mount-itself"])
+def test_a_new_run_in_a_read_only_place_fails_with_one_line(read_only, inside):
+    folder = read_only / "run" if inside else read_only
+    result = troupe("run", "cartpole-ppo", "--run-dir", str(folder), "--no-display")
+    assert_one_line(result, folder)
+
+
+def test_resuming_a_read_only_run_folder_fails_with_one_line(tmp_path, mounts):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    mount(folder)
+    mounts.append(folder)
+    config = make_experiment("cartpole-ppo", ["evaluation.workers=0", "stop.eval_return=None"])
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    mount(folder, "remount", "ro")
+    result = troupe("run", "--resume", str(folder), "--no-display")
+    assert_one_line(result, folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json"]
+
+
+def test_a_run_folder_turning_read_only_mid_run_fails_with_one_line(tmp_path, mounts):
+    """A read-only tmpfs mounted over the run folder mid-run: the files the run keeps open go
+    on, every write that opens a file (workers.json, checkpoints, summary.json) fails."""
+    folder = tmp_path / "run"
+    args = ["run", "cartpole-ppo", *SMALL, "stop.env_frames=1000000000", "--run-dir", str(folder)]
+    proc = start([*args, "--no-display"], env=ENV)
+    try:
+        wait_for(lambda: frames(folder) > 2000, proc, 300, "2000 frames")
+        mount(folder, "ro")
+        mounts.append(folder)
+        out = finish(proc)
+    finally:
+        if proc.poll() is None:  # a failed check must not leave the run behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    cause = [line for line in out.splitlines() if CAUSE in line and ADVICE in line]
+    assert cause, out[-3000:]
+    assert "no summary.json" in out, out[-3000:]  # it could not be written: not claimed
+    assert not group(proc.pid), "processes outlived the run"
