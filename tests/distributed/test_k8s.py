@@ -31,7 +31,20 @@ from distributed.deploy.manifests import parse_resource_overrides, to_yaml
 from distributed.errors import DeployError
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
-SCHEMA_VERSIONS = tuple(sorted(all_versions(), key=lambda v: tuple(map(int, v.split("."))))[-3:])
+
+
+def latest_minor_versions(versions: list[str], count: int) -> tuple[str, ...]:
+    """The newest release of each of the ``count`` newest minor versions; ``all_versions()`` lists
+    a version once per bundled schema folder (``-local`` and ``-local-strict``), so versions are
+    folded by (major, minor)."""
+    newest: dict[tuple[int, int], tuple[int, ...]] = {}
+    for version in versions:
+        parts = tuple(map(int, version.split(".")))
+        newest[parts[:2]] = max(newest.get(parts[:2], parts), parts)
+    return tuple(".".join(map(str, newest[minor])) for minor in sorted(newest)[-count:])
+
+
+SCHEMA_VERSIONS = latest_minor_versions(all_versions(), 3)
 """The three latest Kubernetes minor versions kubernetes-validate knows."""
 
 
@@ -91,7 +104,12 @@ EVERY_OPTION = {
 
 
 def test_the_schemas_are_the_three_latest_minor_versions():
-    assert len(SCHEMA_VERSIONS) == 3 and SCHEMA_VERSIONS[-1] == latest_version()
+    minors = {tuple(v.split(".")[:2]) for v in SCHEMA_VERSIONS}
+    assert len(minors) == 3 and SCHEMA_VERSIONS[-1] == latest_version()
+    assert latest_minor_versions(["1.2.0", "1.3.1", "1.3.1", "1.3.0", "1.4.0", "1.4.0"], 2) == (
+        "1.3.1",
+        "1.4.0",
+    )
 
 
 @pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo"])
