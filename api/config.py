@@ -163,6 +163,32 @@ class StopConfig:
 
 
 @dataclass
+class LivenessConfig:
+    """How long one ``poll`` of a worker may run before the worker counts as hung.
+
+    A worker's loop heartbeats between polls; while one poll runs long, a thread of the worker
+    heartbeats instead (``system.run.control_channel.BusyHeartbeat``), up to this bound. Past it
+    the heartbeats stop, and with them the touches of the file a Kubernetes liveness probe
+    reads: the controller restarts the worker after its heartbeat timeout, or the kubelet after
+    ``--probe-stale-seconds`` (``distributed/DEPLOY.md``)."""
+
+    max_poll_s: float = 60.0
+    """Actors, policy workers, replay workers and the parameter service: one poll steps a
+    group of environments, answers one batch or one request, so a poll this long is a hung
+    environment or a deadlock. Raise it for environments whose step or reset takes minutes."""
+    max_trainer_poll_s: float = 600.0
+    """Trainers: one poll is one training step, which for a large network on a loaded CPU (or
+    a data-parallel group waiting for its slowest rank) takes minutes."""
+
+    def bound(self, role: str) -> tuple[str, float]:
+        """The setting that bounds one poll of ``role`` (a ``system.run.plan.Role`` value) and
+        its value in seconds."""
+        if role == "trainer":
+            return "liveness.max_trainer_poll_s", self.max_trainer_poll_s
+        return "liveness.max_poll_s", self.max_poll_s
+
+
+@dataclass
 class ExperimentConfig:
     """A whole experiment."""
 
@@ -202,6 +228,8 @@ class ExperimentConfig:
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
     """A frozen opponent that plays past versions of a learner (``api.config_league``); off by
     default."""
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    """When a worker whose poll does not return counts as hung and is restarted."""
 
     def policy_of_agent(self, agent: int) -> str:
         """The policy of ``agent`` without a policy mapping (one with it: any of them)."""
