@@ -95,6 +95,11 @@ class PolicyConfig:
     max_policy_lag: int | None = None
     """Drop segments whose oldest step is more than this many versions behind the trainer
     (counted as ``stale_segments_dropped``, with a warning naming the fix); None keeps all."""
+    warn_policy_lag: int | None = 16
+    """Warn (at most every 30 s, samples kept) when a batch's oldest step is more than this many
+    versions behind the trainer: the trainer cannot keep up with the actors, and on-policy
+    learning slows from about this lag on (``BENCHMARKS.md``: PPO needs 2.4 times the frames at
+    32). Off-policy trainers, which learn from a replay buffer, are never warned. None: silent."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """The replay buffer between actors and trainer; used only when the trainer declares
     ``needs_replay`` (DQN, SAC), ignored otherwise."""
@@ -354,10 +359,9 @@ def validate(config: ExperimentConfig) -> list[str]:
             errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
         if pc.checkpoint:
             errors += _check_checkpoint(f"policies.{pname}", pc)
-        if pc.max_policy_lag is not None and pc.max_policy_lag < 1:
-            errors.append(
-                f"policies.{pname}.max_policy_lag: must be at least 1, or None for no cap"
-            )
+        for key, off in (("max_policy_lag", "no cap"), ("warn_policy_lag", "no warning")):
+            if _below(getattr(pc, key), 1):
+                errors.append(f"policies.{pname}.{key}: must be at least 1, or None for {off}")
     for i, callback in enumerate(config.callbacks):
         errors += _check_component("callback", f"callbacks[{i}]", callback)
     for i, pname in enumerate(config.agent_policies):
