@@ -5,19 +5,30 @@ whatever the role, so a hung actor was restarted only after ten minutes."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from api import registry
 from api.config import make_experiment
 from api.errors import ConfigError
+from distributed.launch.local import LocalLauncher
 from system.run import control_channel, worker_process
 from system.run.control_channel import HEARTBEAT_S, BusyHeartbeat
+from system.run.controller import Controller
 from system.workers.base import Worker
+
+HANGING = Path(__file__).resolve().parent / "user_code" / "hanging_env.py"
+BOUND_S = 2.0
+"""``liveness.max_poll_s`` of the process test: the hung actor goes silent this far into it."""
+HEARTBEAT_TIMEOUT_S = 3.0
+"""The controller's: it restarts a worker silent this long."""
 
 
 class FakeControl:
@@ -139,3 +150,32 @@ def test_a_worker_whose_poll_hangs_lets_its_probe_file_go_stale(monkeypatch, tmp
         ctl.stop.set()
         loop.join(timeout=10)
     assert not loop.is_alive() and ctl.sent[-1] == "bye"
+
+
+@pytest.mark.multiprocess
+def test_an_actor_whose_environment_hangs_is_restarted_and_the_run_goes_on(tmp_path, caplog):
+    registry.register_environment(
+        "hanging-cartpole", "hanging_env:HangingCartPole", source=str(HANGING), override=True
+    )
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "environment.type=hanging-cartpole", f"environment.args.marker={tmp_path / 'hung'}",
+            "actors.workers=1", "actors.envs_per_worker=8", "evaluation.workers=0",
+            "stop.eval_return=None", "stop.env_frames=4000", "stop.wall_seconds=240",
+            f"liveness.max_poll_s={BOUND_S}",
+        ])  # fmt: skip
+    finally:
+        registry.environments.unregister("hanging-cartpole")
+    run_dir = tmp_path / "run"
+    controller = Controller(
+        config, run_dir, LocalLauncher(), display=False, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S
+    )
+    with caplog.at_level(logging.WARNING, logger="system.run.controller"):
+        summary = controller.run()
+    assert (tmp_path / "hung").exists()  # the environment did hang
+    # With the busy thread beating for 600 s as before, the hung actor would not be restarted
+    # and the run would end on its wall-clock limit, short of its frames.
+    assert summary["stop_reason"] == "env_frames", summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert {w: s["restarts"] for w, s in workers.items() if s["restarts"]} == {"actor/0": 1}
+    assert "actor/0 went silent; restarting it (restart 1)" in caplog.messages
