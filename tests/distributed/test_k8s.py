@@ -232,6 +232,8 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
         "--advertise-host",
         "r1-controller",
         "--no-display",
+        "--restart-grace",
+        "420",  # 60 s stale, three checks 20 s apart, five minutes to start again
     ]
     service = by_kind(objects, "Service")["r1-controller"]["spec"]
     assert service["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
@@ -340,6 +342,10 @@ def test_workers_have_heartbeat_probes_and_the_probe_tells_fresh_from_stale(tmp_
     live = actor["livenessProbe"]
     assert (live["periodSeconds"], live["failureThreshold"]) == (10, 3)
     assert actor["startupProbe"]["periodSeconds"] * actor["startupProbe"]["failureThreshold"] == 300
+    # the controller waits for the probe to restart a hung worker and for it to start again
+    args = jobs["r1-controller"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    grace = int(args[args.index("--restart-grace") + 1])
+    assert grace >= 30 + live["periodSeconds"] * live["failureThreshold"] + 300
     beat = tmp_path / "beat"
     beat.touch()
 
