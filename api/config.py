@@ -95,6 +95,11 @@ class PolicyConfig:
     max_policy_lag: int | None = None
     """Drop segments whose oldest step is more than this many versions behind the trainer
     (counted as ``stale_segments_dropped``, with a warning naming the fix); None keeps all."""
+    warn_policy_lag: int | None = 16
+    """Warn (at most every 30 s, samples kept) when a batch's oldest step is more than this many
+    versions behind the trainer: the trainer cannot keep up with the actors, and on-policy
+    learning slows from about this lag on (``BENCHMARKS.md``: PPO needs 2.4 times the frames at
+    32). Off-policy trainers, which learn from a replay buffer, are never warned. None: silent."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """The replay buffer between actors and trainer; used only when the trainer declares
     ``needs_replay`` (DQN, SAC), ignored otherwise."""
@@ -163,6 +168,32 @@ class StopConfig:
 
 
 @dataclass
+class LivenessConfig:
+    """How long one ``poll`` of a worker may run before the worker counts as hung.
+
+    A worker's loop heartbeats between polls; while one poll runs long, a thread of the worker
+    heartbeats instead (``system.run.control_channel.BusyHeartbeat``), up to this bound. Past it
+    the heartbeats stop, and with them the touches of the file a Kubernetes liveness probe
+    reads: the controller restarts the worker after its heartbeat timeout, or the kubelet after
+    ``--probe-stale-seconds`` (``distributed/DEPLOY.md``)."""
+
+    max_poll_s: float = 60.0
+    """Actors, policy workers, replay workers and the parameter service: one poll steps a
+    group of environments, answers one batch or one request, so a poll this long is a hung
+    environment or a deadlock. Raise it for environments whose step or reset takes minutes."""
+    max_trainer_poll_s: float = 600.0
+    """Trainers: one poll is one training step, which for a large network on a loaded CPU (or
+    a data-parallel group waiting for its slowest rank) takes minutes."""
+
+    def bound(self, role: str) -> tuple[str, float]:
+        """The setting that bounds one poll of ``role`` (a ``system.run.plan.Role`` value) and
+        its value in seconds."""
+        if role == "trainer":
+            return "liveness.max_trainer_poll_s", self.max_trainer_poll_s
+        return "liveness.max_poll_s", self.max_poll_s
+
+
+@dataclass
 class ExperimentConfig:
     """A whole experiment."""
 
@@ -202,6 +233,8 @@ class ExperimentConfig:
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
     """A frozen opponent that plays past versions of a learner (``api.config_league``); off by
     default."""
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    """When a worker whose poll does not return counts as hung and is restarted."""
 
     def policy_of_agent(self, agent: int) -> str:
         """The policy of ``agent`` without a policy mapping (one with it: any of them)."""
@@ -326,10 +359,9 @@ def validate(config: ExperimentConfig) -> list[str]:
             errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
         if pc.checkpoint:
             errors += _check_checkpoint(f"policies.{pname}", pc)
-        if pc.max_policy_lag is not None and pc.max_policy_lag < 1:
-            errors.append(
-                f"policies.{pname}.max_policy_lag: must be at least 1, or None for no cap"
-            )
+        for key, off in (("max_policy_lag", "no cap"), ("warn_policy_lag", "no warning")):
+            if _below(getattr(pc, key), 1):
+                errors.append(f"policies.{pname}.{key}: must be at least 1, or None for {off}")
     for i, callback in enumerate(config.callbacks):
         errors += _check_component("callback", f"callbacks[{i}]", callback)
     for i, pname in enumerate(config.agent_policies):

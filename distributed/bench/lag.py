@@ -103,7 +103,9 @@ def lagged_run(variant: str, lag: int, seed: int, budget_frames: int) -> LagRun:
 
     torch.set_num_threads(1)
     experiment, overrides = VARIANTS[variant]
-    config = make_experiment(experiment, [f"seed={seed}", *overrides])
+    # the lag is forced here: no warning that the trainer cannot keep up
+    lagged = [f"seed={seed}", "policies.default.warn_policy_lag=None", *overrides]
+    config = make_experiment(experiment, lagged)
     store = ParameterStore(keep=lag + 2)  # the lagged version must still be in memory
     run = SerialRun(config, store=store)
     started = time.perf_counter()

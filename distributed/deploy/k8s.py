@@ -318,6 +318,8 @@ class _Builder:
             "--advertise-host",
             self.controller_host,
             "--no-display",
+            "--restart-grace",
+            str(self.restart_grace_s()),
         ]
         container = self.container("controller", self.o.worker_image, args, writes_run=True)
         container["ports"] = [{"name": "control", "containerPort": CONTROLLER_PORT}]
@@ -469,6 +471,15 @@ class _Builder:
             "livenessProbe": {**probe, "periodSeconds": period, "failureThreshold": 3},
             "readinessProbe": {**probe, "periodSeconds": period, "failureThreshold": 1},
         }
+
+    def restart_grace_s(self) -> int:
+        """The controller's ``--restart-grace``: how long it waits for the kubelet to bring a
+        lost worker back before it fails the run. A hung worker is restarted by its liveness
+        probe (the limit, then up to three failed checks), and the new container has the startup
+        probe's five minutes to import torch and be configured; the controller's default (60 s)
+        could give up before the probe had even fired."""
+        limit = self.o.probe_stale_seconds
+        return limit + 3 * max(5, limit // 3) + 300
 
     def pod_spec(
         self, containers: list[dict], *, writes_run: bool, restart: str, component: str = ""

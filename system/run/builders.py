@@ -236,6 +236,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
         max_policy_lag=cfg.policies[plan.policy].max_policy_lag,
+        warn_policy_lag=cfg.policies[plan.policy].warn_policy_lag,
     )
     latest = latest_version(params, plan.policy)
     if latest is not None:  # resuming, or restarted after a failure

@@ -27,8 +27,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,9 +56,8 @@ class StopRequested(Exception):
 HEARTBEAT_S = 0.25
 """How often a worker sends a heartbeat (also while it waits for an answer)."""
 BUSY_AFTER_S = 1.0
-"""A poll running this long gets heartbeats from :class:`BusyHeartbeat`'s thread."""
-BUSY_MAX_S = 600.0
-"""...and for at most this long: a poll still running then is taken for a hung worker."""
+"""A poll running this long gets heartbeats from :class:`BusyHeartbeat`'s thread (for at most
+the role's ``liveness`` bound, :class:`api.config.LivenessConfig`)."""
 CONTROLLER_SILENCE_S = 2.5
 """A worker whose heartbeats the controller has not answered for this long leaves (ten
 heartbeats: a busy controller answers within one loop, a gone one never does)."""
@@ -226,22 +227,31 @@ class BusyHeartbeat:
     than the controller's heartbeat timeout on a loaded machine, and the worker loop beats only
     between polls: the controller took such a trainer for dead and restarted it. While a poll
     runs longer than :data:`BUSY_AFTER_S`, this thread sends the heartbeats instead (no stats,
-    so the controller keeps the worker's last figures), for at most :data:`BUSY_MAX_S`: a poll
-    that never returns is a hung worker, which must still go silent and be restarted. The
-    torch work of a step releases the GIL, so the thread runs while the main thread computes.
+    so the controller keeps the worker's last figures), for at most ``max_poll``: a poll that
+    runs longer is a hung worker (a stuck environment, a deadlock), which must go silent to be
+    restarted, by the controller or by a liveness probe on ``on_beat``'s file. It says so once,
+    with where the main thread is stuck. The torch work of a step releases the GIL, so the
+    thread runs while the main thread computes.
     """
 
-    def __init__(self, ctl: ControlClient, on_beat=None):
+    def __init__(self, ctl: ControlClient, max_poll: tuple[str, float], on_beat=None):
+        """``max_poll``: the setting that bounds one poll (named in the report) and its value
+        in seconds (:meth:`api.config.LivenessConfig.bound`)."""
         self.ctl = ctl
         self.on_beat = on_beat
+        self.setting, self.max_s = max_poll
         self.busy_since: float | None = None
         self.beats = 0
         """Heartbeats this thread sent (tests and the worker's stats read it)."""
+        self.hung = False
+        """The current (or last) poll outlasted ``max_poll``: no heartbeats until it returns."""
+        self._main = threading.get_ident()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy-heartbeat", daemon=True)
         self._thread.start()
 
     def __enter__(self) -> BusyHeartbeat:
+        self.hung = False
         self.busy_since = time.monotonic()
         return self
 
@@ -252,7 +262,12 @@ class BusyHeartbeat:
         while not self._stopping.wait(HEARTBEAT_S):
             since = self.busy_since
             busy = 0.0 if since is None else time.monotonic() - since
-            if not BUSY_AFTER_S <= busy <= BUSY_MAX_S:
+            if busy > self.max_s:
+                if not self.hung:
+                    self.hung = True
+                    self._report_hang(busy)
+                continue
+            if busy < BUSY_AFTER_S:
                 continue
             try:
                 self.ctl.heartbeat({})
@@ -261,6 +276,16 @@ class BusyHeartbeat:
             self.beats += 1
             if self.on_beat is not None:
                 self.on_beat()
+
+    def _report_hang(self, busy: float) -> None:
+        frame = sys._current_frames().get(self._main)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
+        logger.error(
+            "%s: one poll has run for %.0fs, longer than %s=%g: taken for hung, so its "
+            "heartbeats stop and it is restarted (the controller's heartbeat timeout, or a "
+            "liveness probe); raise %s if this role's polls are that long. The poll is at:\n%s",
+            *(self.ctl.worker_id, busy, self.setting, self.max_s, self.setting, where),
+        )
 
     def stop(self) -> None:
         self._stopping.set()

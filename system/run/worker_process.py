@@ -239,7 +239,7 @@ def main(
         built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
         ctl.send("ready", {})
-        return _loop(ctl, worker, built.on_heartbeat)
+        return _loop(ctl, worker, built.on_heartbeat, cfg.liveness.bound(role))
     except (_Stop, StopRequested):
         ctl.send("bye", {})  # a stop before the loop (SIGTERM, or stop while being built)
         return EXIT_OK
@@ -275,8 +275,8 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
     wire.context().destroy(linger=linger_ms)
 
 
-def _loop(ctl: ControlClient, worker: Worker, watchdog) -> int:
-    busy = BusyHeartbeat(ctl, on_beat=_mark_alive)
+def _loop(ctl: ControlClient, worker: Worker, watchdog, max_poll: tuple[str, float]) -> int:
+    busy = BusyHeartbeat(ctl, max_poll, on_beat=_mark_alive)
     try:
         return _polls(ctl, worker, watchdog, busy)
     finally:

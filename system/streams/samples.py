@@ -33,8 +33,15 @@ from system.streams.validation import HEADROOM_BYTES, SegmentLayout
 
 logger = logging.getLogger(__name__)
 
-CREDIT_TIMEOUT_S = 10.0
-"""A chunk not acked for this long is given up as lost (its trainer died), freeing its credit."""
+SLOW_ACK_S = 10.0
+"""A chunk not acked for this long: the trainers are slower than the actors (many actors' chunks
+wait for them). The actor keeps waiting for its credit, so it slows down to their pace, and
+notes it (INFO, at most this often); the trainer warns, naming the fixes (``warn_policy_lag``)."""
+LOST_ACK_S = 300.0
+"""A chunk not acked for this long is taken for lost with a dropped connection, freeing its
+credit. A trainer that died is not waited for this long: when the controller restarts it, the
+actor reconnects at once (:meth:`ZmqSampleProducer.connect`, from the actor's peer watchdog),
+forgetting what the old one never acked."""
 ACK_MAX_BYTES = HEADROOM_BYTES
 """The largest message an actor's sample socket takes: an ack holds no arrays, only a slot number
 and a yes or no, so the headroom every declared size has for header and scalars bounds it."""
@@ -127,6 +134,7 @@ class ZmqSampleProducer(SampleProducer):
         """Per policy: trainers that said they read our shared memory (-1: one said no)."""
         self.free_slots: dict[str, list[int]] = {}
         self.bad_messages = BadMessages(logger, "sample producer")
+        self._next_slow_note = 0.0
         for policy, addresses in endpoints.items():
             self.connect(policy, addresses)
         self.outbox: collections.deque[tuple[str, SampleBatch]] = collections.deque()
@@ -200,15 +208,26 @@ class ZmqSampleProducer(SampleProducer):
 
     def _has_credit(self, policy: str) -> bool:
         sent = self.in_flight[policy]
-        while sent and time.monotonic() - sent[0] > CREDIT_TIMEOUT_S:
+        if len(sent) < self.credit[policy]:
+            return True
+        now = time.monotonic()
+        waited = now - sent[0]
+        if waited > LOST_ACK_S:
             sent.popleft()
             logger.warning(
-                "samples for policy '%s' not acked in %.0fs: counted as lost with a trainer that "
-                "stopped, and the next chunk goes",
-                policy,
-                CREDIT_TIMEOUT_S,
+                "samples for policy '%s' not acked in %.0fs although no trainer of it was "
+                "restarted: taken for lost with a dropped connection, and the next chunk goes",
+                *(policy, waited),
             )
-        return len(sent) < self.credit[policy]
+            return len(sent) < self.credit[policy]
+        if waited > SLOW_ACK_S and now >= self._next_slow_note:
+            self._next_slow_note = now + SLOW_ACK_S
+            logger.info(
+                "the trainers of policy '%s' have not taken this actor's samples for %.0fs: they "
+                "are slower than the actors, which wait for them",
+                *(policy, waited),
+            )
+        return False
 
     def _take_acks(self) -> None:
         for policy, sock in self.sockets.items():

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 FULL_DISK_BYTES = 16 << 20
 """Below this much free space, a failed write is taken for a full disk."""
 LAG_WARNING_EVERY_S = 30.0
+"""At most one policy-lag warning (samples dropped, or kept but old) this often per trainer."""
 
 
 PUBLISH_RETRY_S = 10.0
@@ -62,6 +63,7 @@ class TrainerWorker(Worker):
         checkpoint_every: int = 50,
         checkpoint_dir: str | Path | None = None,
         max_policy_lag: int | None = None,
+        warn_policy_lag: int | None = None,
     ):
         super().__init__(worker_id)
         self.policy_name = policy_name
@@ -81,6 +83,8 @@ class TrainerWorker(Worker):
         """After a publish timed out: when to try again on the same client (a restarted
         service's new address, from :meth:`reconnect`, comes sooner)."""
         self.max_policy_lag = max_policy_lag
+        self.warn_policy_lag = None if replay is not None else warn_policy_lag
+        """A replay trainer learns from old samples by design: never warned."""
         self._next_lag_warning = 0.0
 
     def poll(self) -> int:
@@ -122,9 +126,7 @@ class TrainerWorker(Worker):
         if dropped == 0:
             return chunk
         self.stats["stale_segments_dropped"] = self.stats.get("stale_segments_dropped", 0) + dropped
-        now = time.monotonic()
-        if now >= self._next_lag_warning:
-            self._next_lag_warning = now + LAG_WARNING_EVERY_S
+        if self._lag_warning_due():
             logger.warning(
                 "trainer of policy '%s' dropped %d segment(s) more than max_policy_lag=%d "
                 "versions old (%d so far): the trainer cannot keep up with the actors; use fewer "
@@ -136,6 +138,31 @@ class TrainerWorker(Worker):
                 self.stats["stale_segments_dropped"],
             )
         return chunk[:, keep] if len(keep) else None
+
+    def _lag_warning_due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_lag_warning:
+            return False
+        self._next_lag_warning = now + LAG_WARNING_EVERY_S
+        return True
+
+    def _warn_lag(self, lag: float) -> None:
+        """The batch just trained on was ``lag`` versions old at its oldest step: say so (and
+        what to change) when that is more than ``warn_policy_lag``."""
+        if self.warn_policy_lag is None or lag <= self.warn_policy_lag:
+            return
+        if not self._lag_warning_due():
+            return
+        p = f"policies.{self.policy_name}"
+        logger.warning(
+            "trainer of policy '%s' trains on samples up to %d versions old "
+            "(%s.warn_policy_lag=%d): the trainer cannot keep up with the actors, whose samples "
+            "wait for it; use fewer actors (actors.workers, actors.envs_per_worker), more "
+            "trainer workers (%s.trainer_workers) or a larger %s.batch_segments, a trainer that "
+            "corrects for lag (impala, or ppo with vtrace=True), or drop older samples with "
+            "%s.max_policy_lag",
+            *(self.policy_name, lag, p, self.warn_policy_lag, p, p, p),
+        )
 
     def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
         """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in;
@@ -168,6 +195,7 @@ class TrainerWorker(Worker):
         stats = dict(result.stats)
         stats["version"] = version
         stats["version_lag"] = float(version_before - np.min(batch.policy_version))
+        self._warn_lag(stats["version_lag"])
         stats["step_s"] = time.perf_counter() - started
         stats["steps"] = self.steps
         self.stats.update(stats)

@@ -31,7 +31,20 @@ from distributed.deploy.manifests import parse_resource_overrides, to_yaml
 from distributed.errors import DeployError
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
-SCHEMA_VERSIONS = tuple(sorted(all_versions(), key=lambda v: tuple(map(int, v.split("."))))[-3:])
+
+
+def latest_minor_versions(versions: list[str], count: int) -> tuple[str, ...]:
+    """The newest release of each of the ``count`` newest minor versions; ``all_versions()`` lists
+    a version once per bundled schema folder (``-local`` and ``-local-strict``), so versions are
+    folded by (major, minor)."""
+    newest: dict[tuple[int, int], tuple[int, ...]] = {}
+    for version in versions:
+        parts = tuple(map(int, version.split(".")))
+        newest[parts[:2]] = max(newest.get(parts[:2], parts), parts)
+    return tuple(".".join(map(str, newest[minor])) for minor in sorted(newest)[-count:])
+
+
+SCHEMA_VERSIONS = latest_minor_versions(all_versions(), 3)
 """The three latest Kubernetes minor versions kubernetes-validate knows."""
 
 
@@ -91,7 +104,12 @@ EVERY_OPTION = {
 
 
 def test_the_schemas_are_the_three_latest_minor_versions():
-    assert len(SCHEMA_VERSIONS) == 3 and SCHEMA_VERSIONS[-1] == latest_version()
+    minors = {tuple(v.split(".")[:2]) for v in SCHEMA_VERSIONS}
+    assert len(minors) == 3 and SCHEMA_VERSIONS[-1] == latest_version()
+    assert latest_minor_versions(["1.2.0", "1.3.1", "1.3.1", "1.3.0", "1.4.0", "1.4.0"], 2) == (
+        "1.3.1",
+        "1.4.0",
+    )
 
 
 @pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo", "cartpole-dqn"])
@@ -241,6 +259,8 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
         "--advertise-host",
         "r1-controller",
         "--no-display",
+        "--restart-grace",
+        "420",  # 60 s stale, three checks 20 s apart, five minutes to start again
     ]
     service = by_kind(objects, "Service")["r1-controller"]["spec"]
     assert service["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
@@ -349,6 +369,10 @@ def test_workers_have_heartbeat_probes_and_the_probe_tells_fresh_from_stale(tmp_
     live = actor["livenessProbe"]
     assert (live["periodSeconds"], live["failureThreshold"]) == (10, 3)
     assert actor["startupProbe"]["periodSeconds"] * actor["startupProbe"]["failureThreshold"] == 300
+    # the controller waits for the probe to restart a hung worker and for it to start again
+    args = jobs["r1-controller"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    grace = int(args[args.index("--restart-grace") + 1])
+    assert grace >= 30 + live["periodSeconds"] * live["failureThreshold"] + 300
     beat = tmp_path / "beat"
     beat.touch()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import zmq
@@ -77,6 +80,52 @@ def test_an_actors_sample_socket_takes_no_message_larger_than_an_ack(stream):
     assert producer.sockets["p"].getsockopt(zmq.MAXMSGSIZE) == ACK_MAX_BYTES
     producer.connect("p", [consumer.endpoint])  # after a trainer moved: the same bound
     assert producer.sockets["p"].getsockopt(zmq.MAXMSGSIZE) == ACK_MAX_BYTES
+
+
+def test_a_slow_trainer_holds_the_actor_back_and_is_not_taken_for_gone(stream, monkeypatch, caplog):
+    """Issue 16: with 64 actors a trainer that was alive but slow left chunks unacked for 10 s,
+    which the actors counted as lost (57 warnings), sending more and deepening the lag."""
+    from system.streams import samples
+
+    clock = [0.0]
+    monkeypatch.setattr(samples, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    producer, consumer = stream
+    producer.post("p", segment(version=1))
+    producer.post("p", segment(version=2))
+    clock[0] = samples.SLOW_ACK_S + 1  # the trainer has not taken the first chunk yet
+    with caplog.at_level(logging.INFO, logger=samples.__name__):
+        producer.flush(timeout_ms=50)
+        producer.flush(timeout_ms=50)
+    assert producer.backlogged  # the actor waits: the second chunk was not sent
+    assert [r.getMessage() for r in caplog.records] == [  # noted once, at INFO, never "lost"
+        "the trainers of policy 'p' have not taken this actor's samples for 11s: they are "
+        "slower than the actors, which wait for them"
+    ]
+    assert caplog.records[0].levelno == logging.INFO
+    assert take(consumer)[0].policy_version[0, 0, 0] == 1
+    assert take(consumer, timeout_ms=50) == []  # nothing more was sent meanwhile
+    producer.flush(timeout_ms=5000)  # the ack of the first frees the credit
+    assert producer.backlog == 0
+    assert take(consumer)[0].policy_version[0, 0, 0] == 2
+
+
+def test_a_chunk_unacked_for_minutes_is_taken_for_lost_in_transit(stream, monkeypatch, caplog):
+    from system.streams import samples
+
+    clock = [0.0]
+    monkeypatch.setattr(samples, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    producer, consumer = stream
+    producer.post("p", segment(version=1))
+    producer.post("p", segment(version=2))
+    clock[0] = samples.LOST_ACK_S + 1  # e.g. its ack went with a dropped connection
+    with caplog.at_level(logging.WARNING, logger=samples.__name__):
+        producer.flush()
+    assert producer.backlog == 0
+    assert [int(take(consumer)[0].policy_version[0, 0, 0]) for _ in range(2)] == [1, 2]
+    assert [r.getMessage() for r in caplog.records] == [
+        "samples for policy 'p' not acked in 301s although no trainer of it was restarted: "
+        "taken for lost with a dropped connection, and the next chunk goes"
+    ]
 
 
 def test_foreign_messages_to_the_consumer_are_dropped_and_counted(stream):

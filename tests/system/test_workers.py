@@ -290,6 +290,47 @@ def test_max_policy_lag_must_be_positive():
         make_experiment("cartpole-ppo", ["policies.default.max_policy_lag=0"])
 
 
+def test_trainer_worker_warns_when_it_trains_on_old_samples_and_keeps_them(caplog):
+    samples, store = InprocSampleHub(), ParameterStore()
+    trainer = StubTrainer(EchoPolicy())
+    trainer.policy._version = 20
+    worker = TrainerWorker(
+        "t", "p", trainer, samples.consumer("p"), InprocParameterService(store),
+        batch_segments=1, warn_policy_lag=16,
+    )  # fmt: skip
+    producer = samples.producer()
+    for version in (4, 2, 1):  # 16 versions behind (not warned), then 19 and 21
+        producer.post("p", segment(version=version))
+    with caplog.at_level("WARNING"):
+        assert [worker.poll() for _ in range(3)] == [1, 1, 1]
+    assert len(trainer.seen) == 3  # nothing dropped: a warning, not a cap
+    stats = worker.collect_stats()
+    assert stats["version_lag"] == 21.0 and "stale_segments_dropped" not in stats
+    (warning,) = [r.getMessage() for r in caplog.records if "warn_policy_lag" in r.getMessage()]
+    assert warning == (
+        "trainer of policy 'p' trains on samples up to 19 versions old "
+        "(policies.p.warn_policy_lag=16): the trainer cannot keep up with the actors, whose "
+        "samples wait for it; use fewer actors (actors.workers, actors.envs_per_worker), more "
+        "trainer workers (policies.p.trainer_workers) or a larger policies.p.batch_segments, a "
+        "trainer that corrects for lag (impala, or ppo with vtrace=True), or drop older samples "
+        "with policies.p.max_policy_lag"
+    )  # rate-limited: the batch 21 versions old, right after, is not warned again
+
+
+def test_the_policy_lag_warning_is_on_by_default_and_off_for_replay_trainers():
+    config = make_experiment("cartpole-ppo", [])
+    assert config.policies["default"].warn_policy_lag == 16
+    assert config.policies["default"].max_policy_lag is None  # warned, never dropped
+    params = InprocParameterService(ParameterStore())
+    worker = TrainerWorker(
+        "t", "p", StubTrainer(EchoPolicy()), None, params, replay=object(), batch_segments=1,
+        warn_policy_lag=16,
+    )  # fmt: skip
+    assert worker.warn_policy_lag is None  # a replay buffer's samples are old by design
+    with pytest.raises(ConfigError, match=r"warn_policy_lag: must be at least 1, or None for no"):
+        make_experiment("cartpole-ppo", ["policies.default.warn_policy_lag=0"])
+
+
 def test_trainer_worker_refuses_to_publish_non_finite_losses():
     samples, store = InprocSampleHub(), ParameterStore()
     worker = TrainerWorker(

@@ -1,0 +1,181 @@
+"""A worker stuck inside one poll (a hung environment, a deadlock) goes silent within its role's
+``liveness`` bound: the busy heartbeat thread stops beating and stops touching the file a
+Kubernetes liveness probe reads, so the worker is restarted. Before, the thread beat for 600 s
+whatever the role, so a hung actor was restarted only after ten minutes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from api import registry
+from api.config import make_experiment
+from api.errors import ConfigError
+from distributed.launch.local import LocalLauncher
+from system.run import control_channel, worker_process
+from system.run.control_channel import HEARTBEAT_S, BusyHeartbeat
+from system.run.controller import Controller
+from system.workers.base import Worker
+
+HANGING = Path(__file__).resolve().parent / "user_code" / "hanging_env.py"
+BOUND_S = 2.0
+"""``liveness.max_poll_s`` of the process test: the hung actor goes silent this far into it."""
+HEARTBEAT_TIMEOUT_S = 3.0
+"""The controller's: it restarts a worker silent this long."""
+
+
+class FakeControl:
+    """The control channel's worker end, recording when each heartbeat went out."""
+
+    worker_id = "actor/0"
+
+    def __init__(self):
+        self.beats: list[float] = []
+        self.stop = threading.Event()
+        self.sent: list[str] = []
+
+    def heartbeat(self, stats):
+        self.beats.append(time.monotonic())
+
+    def stop_requested(self) -> bool:
+        return self.stop.is_set()
+
+    def send(self, kind, body):
+        self.sent.append(kind)
+
+    def check_controller(self):
+        pass
+
+
+class HangingWorker(Worker):
+    """Polls return at once until ``hang`` is set; then one poll blocks until ``release``."""
+
+    def __init__(self):
+        super().__init__("actor/0")
+        self.hang, self.release = threading.Event(), threading.Event()
+        self.hung_at: float | None = None
+
+    def poll(self) -> int:
+        if self.hang.is_set() and self.hung_at is None:
+            self.hung_at = time.monotonic()
+            self.release.wait(60)  # an environment whose step never returns
+        return 0
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_each_role_has_its_bound_and_actors_a_short_one():
+    liveness = make_experiment("cartpole-ppo", []).liveness
+    assert liveness.bound("trainer") == ("liveness.max_trainer_poll_s", 600.0)
+    for role in ("actor", "policy", "replay", "parameter_service"):
+        assert liveness.bound(role) == ("liveness.max_poll_s", 60.0)
+    bounds = make_experiment("cartpole-ppo", ["liveness.max_poll_s=5"]).liveness
+    assert bounds.bound("actor") == ("liveness.max_poll_s", 5.0)
+
+
+def test_a_bound_must_be_positive():
+    with pytest.raises(ConfigError, match=r"liveness\.max_poll_s: must be more than 0, got 0"):
+        make_experiment("cartpole-ppo", ["liveness.max_poll_s=0"])
+
+
+def test_the_busy_thread_beats_up_to_the_bound_and_then_reports_the_hang(
+    monkeypatch, tmp_path, caplog
+):
+    clock = [0.0]  # the thread's clock, so the bound is crossed exactly when the test says
+    monkeypatch.setattr(control_channel, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    beat_file = tmp_path / "heartbeat"
+    monkeypatch.setenv("TROUPE_HEARTBEAT_FILE", str(beat_file))
+    ctl = FakeControl()
+    busy = BusyHeartbeat(ctl, ("liveness.max_poll_s", 5.0), on_beat=worker_process._mark_alive)
+    try:
+        with caplog.at_level(logging.ERROR, logger=control_channel.__name__), busy:
+            clock[0] = 4.9  # long, but within the bound: beats go on
+            wait_for(lambda: busy.beats >= 2)
+            assert beat_file.exists() and not busy.hung
+            clock[0] = 5.1  # past it
+            wait_for(lambda: busy.hung)
+            beats, touched = busy.beats, beat_file.stat().st_mtime_ns
+            checked = len(ctl.beats)
+            wait_for(lambda: any("taken for hung" in r.getMessage() for r in caplog.records))
+    finally:
+        busy.stop()
+    assert busy.beats == beats == checked and beat_file.stat().st_mtime_ns == touched
+    (report,) = [r.getMessage() for r in caplog.records]
+    assert report.startswith(
+        "actor/0: one poll has run for 5s, longer than liveness.max_poll_s=5: taken for hung, so "
+        "its heartbeats stop and it is restarted (the controller's heartbeat timeout, or a "
+        "liveness probe); raise liveness.max_poll_s if this role's polls are that long. The "
+        "poll is at:\n"
+    )
+    assert "wait_for" in report  # the main thread's stack: where the poll is stuck
+
+
+def test_a_worker_whose_poll_hangs_lets_its_probe_file_go_stale(monkeypatch, tmp_path):
+    """The worker loop itself, with a poll that never returns: the probe file stops being
+    touched once the poll has run for the bound, while the process is still alive."""
+    beat_file = tmp_path / "heartbeat"
+    monkeypatch.setenv("TROUPE_HEARTBEAT_FILE", str(beat_file))
+    ctl, worker = FakeControl(), HangingWorker()
+    bound_s = 2.0
+    loop = threading.Thread(
+        target=worker_process._loop, args=(ctl, worker, None, ("liveness.max_poll_s", bound_s))
+    )
+    loop.start()
+    try:
+        wait_for(beat_file.exists)  # the loop's own beats touch it
+        worker.hang.set()
+        wait_for(lambda: worker.hung_at is not None)
+        # Stale: untouched for longer than the probe's granularity (whole seconds, stat -c %Y).
+        wait_for(lambda: time.time() - os.stat(beat_file).st_mtime > 1.5 + HEARTBEAT_S)
+        assert loop.is_alive() and not worker.release.is_set()
+        last = ctl.beats[-1] - worker.hung_at
+        print(f"last heartbeat {last:.2f}s into the hung poll (bound {bound_s}s)")
+        # The thread decides before it beats, so its last beat is within the bound (plus the
+        # time between that check and the beat: well under a heartbeat interval).
+        assert 0 < last <= bound_s + HEARTBEAT_S
+    finally:
+        worker.release.set()
+        ctl.stop.set()
+        loop.join(timeout=10)
+    assert not loop.is_alive() and ctl.sent[-1] == "bye"
+
+
+@pytest.mark.multiprocess
+def test_an_actor_whose_environment_hangs_is_restarted_and_the_run_goes_on(tmp_path, caplog):
+    registry.register_environment(
+        "hanging-cartpole", "hanging_env:HangingCartPole", source=str(HANGING), override=True
+    )
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "environment.type=hanging-cartpole", f"environment.args.marker={tmp_path / 'hung'}",
+            "actors.workers=1", "actors.envs_per_worker=8", "evaluation.workers=0",
+            "stop.eval_return=None", "stop.env_frames=4000", "stop.wall_seconds=240",
+            f"liveness.max_poll_s={BOUND_S}",
+        ])  # fmt: skip
+    finally:
+        registry.environments.unregister("hanging-cartpole")
+    run_dir = tmp_path / "run"
+    controller = Controller(
+        config, run_dir, LocalLauncher(), display=False, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S
+    )
+    with caplog.at_level(logging.WARNING, logger="system.run.controller"):
+        summary = controller.run()
+    assert (tmp_path / "hung").exists()  # the environment did hang
+    # With the busy thread beating for 600 s as before, the hung actor would not be restarted
+    # and the run would end on its wall-clock limit, short of its frames.
+    assert summary["stop_reason"] == "env_frames", summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert {w: s["restarts"] for w, s in workers.items() if s["restarts"]} == {"actor/0": 1}
+    assert "actor/0 went silent; restarting it (restart 1)" in caplog.messages
