@@ -144,6 +144,37 @@ def test_validate_checks_names_and_arguments_against_the_registry():
     assert errors[2] == ("agent_policies[1]: unknown policy 'other'; policies are ['default']")
 
 
+class RangedPolicy:
+    """A policy whose numeric arguments have declared intervals."""
+
+    arg_ranges = {"gamma": "[0, 1]", "lr": "(0, inf)", "layers": "[1, inf)", "seed": "[0, inf)"}
+
+    def __init__(self, gamma: float = 0.9, lr: float = 1e-3, layers=(8,), seed: int | None = None):
+        self.gamma = gamma
+
+
+def test_component_arguments_outside_their_declared_interval_name_key_and_range():
+    registry.register_policy("test-ranged-policy", RangedPolicy)
+    try:
+        config = valid_config()
+        policy = config.policies["default"].policy
+        policy.type, policy.args = "test-ranged-policy", {"gamma": 1.5, "lr": 0, "layers": [4, 0]}
+        assert validate(config) == [
+            "policies.default.policy.args.gamma: must be in [0, 1], got 1.5",
+            "policies.default.policy.args.lr: must be more than 0, got 0",
+            "policies.default.policy.args.layers: every entry must be at least 1, got [4, 0]",
+        ]
+        # the edges are in range, None is no value, and a wrong type is the type check's
+        policy.args = {"gamma": 1, "lr": 1e-9, "layers": [1], "seed": None}
+        assert validate(config) == []
+        policy.args = {"gamma": "high"}
+        assert validate(config) == [
+            "policies.default.policy.args.gamma: expected float, got str 'high'"
+        ]
+    finally:
+        registry.policies.unregister("test-ranged-policy")
+
+
 def test_check_raises_with_every_error():
     with pytest.raises(ConfigError) as e:
         check(ExperimentConfig())

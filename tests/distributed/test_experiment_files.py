@@ -225,6 +225,14 @@ BAD_OVERRIDES = [
     (P + "trainer.args.lr=abc", [P + "trainer.args.lr", "expected float", "'abc'"]),
     ("stop.env_frames=-5", ["stop.env_frames", "more than 0", "-5"]),
     ("trainer.lerning_rate=1e-3", ["trainer.lerning_rate", "policies.default.trainer.args.lr"]),
+    # component arguments out of the range their class declares (arg_ranges)
+    (P + "trainer.args.gamma=1.5", [P + "trainer.args.gamma: must be in [0, 1], got 1.5"]),
+    (P + "trainer.args.lr=-1", [P + "trainer.args.lr: must be more than 0, got -1"]),
+    (P + "trainer.args.clip=-0.2", [P + "trainer.args.clip: must be more than 0, got -0.2"]),
+    (P + "trainer.args.epochs=0", [P + "trainer.args.epochs: must be at least 1, got 0"]),
+    (P + "trainer.args.minibatches=0", [P + "trainer.args.minibatches: must be at least 1"]),
+    (P + "policy.args.hidden_sizes=[64,0]",
+     [P + "policy.args.hidden_sizes: every entry must be at least 1, got [64, 0]"]),
 ]  # fmt: skip
 
 
