@@ -1,5 +1,6 @@
 """Experiments as files (.yaml, .toml, .py), ``troupe show-config`` and the checks every
-override passes before anything starts, through the command line as a user runs it."""
+override passes before anything starts (and what only a constructor can refuse ending the run at
+once), through the command line as a user runs it."""
 
 from __future__ import annotations
 
@@ -262,3 +263,21 @@ def test_gymnasium_arguments_the_environment_takes_pass_the_check():
         ["environment.args.max_episode_steps=100", "environment.args.sutton_barto_reward=True"],
     )
     assert config.environment.args["max_episode_steps"] == 100
+
+
+@pytest.mark.multiprocess
+def test_a_constructor_refusing_its_arguments_in_a_worker_ends_the_run_at_once(tmp_path):
+    """What only the constructor can judge (here a linear schedule without total_steps) fails
+    in the trainer worker: the run ends on that error, naming it, with no restart."""
+    result = troupe(
+        "run", "cartpole-ppo", P + "trainer.args.lr_schedule=linear", "stop.eval_return=None",
+        "--no-display", cwd=tmp_path,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()  # it passed the check: workers were started
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "failed", summary
+    assert "ValueError: lr_schedule='linear' needs total_steps" in summary["failure"], summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert sum(w["restarts"] for w in workers.values()) == 0, workers
