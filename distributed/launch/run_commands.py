@@ -6,9 +6,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from api.config import StopConfig
 
 EXPERIMENT_HELP = (
     "registered experiment (cartpole-ppo), experiment file (exp.py, exp.yaml, exp.toml) or "
@@ -99,6 +103,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         imports=args.imports,
     )
     console.print(f"run folder: {run_dir}")
+    console.print(stop_rule(config.stop), highlight=False)
     started = time.time()
     display = False if args.no_display else None
     if args.launcher == "docker":  # every role in its own container; CURVE always on
@@ -133,6 +138,23 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})")
     return code
+
+
+def stop_rule(stop: StopConfig) -> str:
+    """``stop at: greedy evaluation return 475 (gymnasium's reward_threshold for CartPole-v1),
+    or 1000000 env frames``: the run's stop rules, and where its target came from if known."""
+    source = f" ({stop.eval_return_source})" if stop.eval_return_source else ""
+    if stop.eval_return is not None:
+        rules = [f"greedy evaluation return {stop.eval_return:g}{source}"]
+    else:
+        rules = [f"no evaluation target{source}"] if source else []
+    rules += [
+        f"{value:g} {unit}" if isinstance(value, float) else f"{value} {unit}"
+        for value, unit in ((stop.env_frames, "env frames"), (stop.trainer_steps, "trainer steps"),
+                            (stop.wall_seconds, "seconds"))
+        if value is not None
+    ]  # fmt: skip
+    return "stop at: " + ", or ".join(rules)
 
 
 # --------------------------------------------------------------------- troupe train
