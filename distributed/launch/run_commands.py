@@ -89,7 +89,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
-    from distributed.launch.run import prepare, run_local
+    from distributed.launch.run import prepare, start, wait_local
     from system.run.report import SUMMARY_FILE
 
     overrides = list(args.overrides)
@@ -106,13 +106,11 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     console.print(stop_rule(config.stop), highlight=False)
     started = time.time()
     display = False if args.no_display else None
-    if args.launcher == "docker":  # every role in its own container; CURVE always on
-        from distributed.launch.docker_run import run_docker
-
-        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-        code = run_docker(config, run_dir, image=args.image, display=display)
-    else:
-        code = run_local(config, run_dir, display=display, secure=args.secure)
+    process = start(
+        config, run_dir, launcher=args.launcher, image=args.image, display=display,
+        secure=args.secure,
+    )  # fmt: skip
+    code = wait_local(process)
     if code < 0:  # the controller was killed: its workers leave by themselves
         console.print(
             Text(
@@ -177,6 +175,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     """``troupe run ppo env=ENV``: PPO set up from the environment's spaces."""
     args.overrides = [f"env={args.environment}", *args.overrides]
     args.experiment, args.resume, args.secure, args.launcher = "ppo", None, False, "local"
+    args.image = None
     return run_run(args, console)
 
 
