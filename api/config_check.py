@@ -134,7 +134,12 @@ def argument_range_errors(ranges: dict[str, str], args: dict[str, Any], path: st
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if value is None or len(numbers) < len(values):
             continue
-        if not all(_within(interval, v) for v in numbers):
+        try:
+            inside = all(_within(interval, v) for v in numbers)
+        except ValueError as e:  # the component's own declaration is wrong, not the user's value
+            errors.append(f"{path}.type: arg_ranges['{key}']: {e}")
+            continue
+        if not inside:
             what = "every entry must be" if isinstance(value, (list, tuple)) else "must be"
             errors.append(f"{path}.args.{key}: {what} {_interval_words(interval)}, got {value!r}")
     return errors

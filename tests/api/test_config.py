@@ -175,6 +175,25 @@ def test_component_arguments_outside_their_declared_interval_name_key_and_range(
         registry.policies.unregister("test-ranged-policy")
 
 
+class Sloppy(RangedPolicy):
+    """Declares an interval that is not one."""
+
+    arg_ranges = {"gamma": "0..1"}
+
+
+def test_a_malformed_declared_interval_is_reported_as_the_components_fault():
+    registry.register_policy("test-sloppy-policy", Sloppy)
+    try:
+        config = valid_config()
+        config.policies["default"].policy = ComponentConfig("test-sloppy-policy", {"gamma": 0.5})
+        assert validate(config) == [
+            "policies.default.policy.type: arg_ranges['gamma']: not an interval: '0..1'; "
+            "write e.g. '[0, 1]' or '(0, inf)'"
+        ]
+    finally:
+        registry.policies.unregister("test-sloppy-policy")
+
+
 def test_check_raises_with_every_error():
     with pytest.raises(ConfigError) as e:
         check(ExperimentConfig())

@@ -252,6 +252,22 @@ def test_a_bad_override_fails_before_anything_starts(tmp_path, override, expecte
     assert "run folder:" not in out
 
 
+@pytest.mark.parametrize(
+    ("experiment", "override", "expected"),
+    [
+        ("cartpole-dqn", "tau=0", "tau: must be in (0, 1], got 0"),
+        ("cartpole-dqn", "target_update_every=0", "target_update_every: must be at least 1, got 0"),
+        ("pendulum-sac", "tau=1.5", "tau: must be in (0, 1], got 1.5"),
+        ("pendulum-sac", "initial_alpha=0", "initial_alpha: must be more than 0, got 0"),
+        ("cartpole-ppo", "gae_lambda=-0.1", "gae_lambda: must be in [0, 1], got -0.1"),
+    ],
+)
+def test_off_policy_trainer_arguments_are_range_checked_too(experiment, override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_experiment(experiment, [P + "trainer.args." + override])
+    assert e.value.errors == [P + "trainer.args." + expected]
+
+
 def test_a_misspelt_gymnasium_argument_fails_the_check():
     with pytest.raises(ConfigError, match="max_episode_step"):
         load_experiment("cartpole-ppo", ["environment.args.max_episode_step=100"])
