@@ -213,6 +213,7 @@ def _controller_entry(config_dict: dict, run_dir: str, display: bool | None) -> 
 
 
 def _docker_entry(config_dict: dict, run_dir: str, image: str, display: bool | None) -> None:
+    """Entry point of the process that runs a docker run's containers (see :func:`start`)."""
     import sys
 
     from distributed.launch.docker_run import run_docker
@@ -222,6 +223,6 @@ def _docker_entry(config_dict: dict, run_dir: str, image: str, display: bool | N
     try:
         code = run_docker(config, Path(run_dir), image=image, display=display)
     except UserError as e:  # checked before the fork; something changed since (a race)
-        print(f"error: {e}", file=sys.stderr)
+        logger.error("%s", e)
         code = EXIT_FAILED
     sys.exit(code)
