@@ -257,3 +257,23 @@ def test_a_missing_image_fails_from_python_before_any_process_starts(client, tmp
         )
     assert not (run_dir / "config.json").exists()
     assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_a_background_docker_run_from_python_stops_in_order(client, tmp_path):
+    import troupe
+
+    run_dir = tmp_path / "runs" / "background"
+    run = troupe.train(
+        "cartpole-ppo", [*QUICK, "stop.env_frames=100000000"], run_dir=run_dir,
+        launcher="docker", image=IMAGE, background=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while frames(run_dir) == 0 and time.monotonic() < deadline and run.running:
+            time.sleep(0.2)
+        assert frames(run_dir) > 0 and run.running
+    finally:
+        run.stop()  # SIGINT, as Ctrl+C: the controller stops the run in order
+    assert run.exit_code == 130, run.exit_code  # as `troupe run --launcher docker` on Ctrl+C
+    assert run.summary["stop_reason"] == "interrupted"
+    assert_nothing_left(client, dl.run_name(run_dir))
