@@ -165,6 +165,10 @@ class StopConfig:
     """Stop after this many trainer steps of every policy."""
     wall_seconds: float | None = None
     """Stop after this many seconds."""
+    eval_return_source: str = ""
+    """Where ``eval_return`` came from when an experiment chose it (the ``ppo`` experiment:
+    gymnasium's ``reward_threshold``, or Troupe's default for an id that declares none); printed
+    when a run starts and kept in config.json. Nothing in the run reads it."""
 
 
 @dataclass

@@ -7,6 +7,8 @@
   still be checked: give the class a ``check_args(args) -> list[str]`` static or class method;
   it gets the registered defaults merged with the user's ``args`` and returns ``"key: problem"``
   messages.
+  A component's numeric arguments are range-checked against the intervals its class declares
+  in ``arg_ranges`` (``{"gamma": "[0, 1]"}``, read from source like the signature).
 * :func:`check_ranges`: numeric fields that must be positive or non-negative.
 * :func:`suggest_key`: for a key path that does not exist, the closest real ones across every
   section of the config and every component's arguments, knowing the names other libraries use
@@ -26,7 +28,7 @@ from typing import Any
 
 from api.errors import RegistryError
 from api.registry import REGISTRIES, Spec
-from api.signatures import static_signature
+from api.signatures import UNKNOWN, static_class_attribute, static_signature
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "lr": ("learning_rate", "lr_rate", "step_size", "alpha"),
@@ -86,8 +88,10 @@ def check_arguments(spec: Spec, args: dict[str, Any], path: str, skip=()) -> lis
                 f"{path}.args.{key}: expected {describe(hints[key])}, got "
                 f"{type(value).__name__} {value!r}"
             )
+    merged = {**spec.kwargs, **args}
+    errors += argument_range_errors(_declared_ranges(spec, factory), merged, path)
     if factory is not None:
-        errors += _own_check(factory, {**spec.kwargs, **args}, path)
+        errors += _own_check(factory, merged, path)
     return errors
 
 
@@ -110,6 +114,61 @@ def _own_check(factory: Any, args: dict[str, Any], path: str) -> list[str]:
     if not callable(check):
         return []
     return [f"{path}.args.{message}" for message in check(args)]
+
+
+def _declared_ranges(spec: Spec, factory: Any) -> dict[str, str]:
+    """The component class's ``arg_ranges``: read from source when the signature was (no
+    import), else from the imported class. A class whose source does not say it plainly is not
+    range-checked rather than imported only for this; its constructor still checks at build."""
+    if factory is None:
+        ranges = static_class_attribute(spec.entry_point, "arg_ranges")
+        return {} if ranges is UNKNOWN else ranges
+    return getattr(factory, "arg_ranges", None) or {}
+
+
+def argument_range_errors(ranges: dict[str, str], args: dict[str, Any], path: str) -> list[str]:
+    """``args`` values outside their declared interval; a list's every entry is checked.
+    A value of the wrong type is the type check's to report, None is never out of range."""
+    errors = []
+    for key, interval in ranges.items():
+        value = args.get(key)
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if value is None or len(numbers) < len(values):
+            continue
+        try:
+            inside = all(_within(interval, v) for v in numbers)
+        except ValueError as e:  # the component's own declaration is wrong, not the user's value
+            errors.append(f"{path}.type: arg_ranges['{key}']: {e}")
+            continue
+        if not inside:
+            what = "every entry must be" if isinstance(value, (list, tuple)) else "must be"
+            errors.append(f"{path}.args.{key}: {what} {_interval_words(interval)}, got {value!r}")
+    return errors
+
+
+def parse_interval(interval: str) -> tuple[float, bool, float, bool]:
+    """``"(0, 1]"`` as ``(low, low_included, high, high_included)``; ``inf`` for no bound."""
+    text = interval.strip()
+    low, sep, high = text[1:-1].partition(",")
+    if not sep or text[0] not in "[(" or text[-1] not in ")]":
+        raise ValueError(f"not an interval: {interval!r}; write e.g. '[0, 1]' or '(0, inf)'")
+    return float(low), text[0] == "[", float(high), text[-1] == "]"
+
+
+def _within(interval: str, value: float) -> bool:
+    low, low_in, high, high_in = parse_interval(interval)
+    above = value >= low if low_in else value > low
+    below = value <= high if high_in else value < high
+    return above and below
+
+
+def _interval_words(interval: str) -> str:
+    """``at least 1``, ``more than 0``, ``in [0, 1]``: the bound a user must meet."""
+    low, low_in, high, _ = parse_interval(interval)
+    if high == float("inf"):
+        return f"{'at least' if low_in else 'more than'} {low:g}"
+    return f"in {interval.strip()}"
 
 
 def parameters_of(kind: str, name: str, skip=()) -> dict[str, inspect.Parameter]:

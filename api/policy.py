@@ -15,7 +15,7 @@ along that first axis; the policy resets the rows whose ``on_reset`` is set.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -85,6 +85,10 @@ class SampleBatch:
 class Policy(abc.ABC):
     """Base class of every policy. Subclass ``algorithm.policy.SingleModelPytorchPolicy`` for the
     common case of one torch model: it implements versions, checkpoints and device placement."""
+
+    arg_ranges: ClassVar[dict[str, str]] = {}
+    """The allowed interval of each numeric constructor argument, as for
+    :attr:`api.trainer.Trainer.arg_ranges` (``{"hidden_sizes": "[1, inf)"}``)."""
 
     @property
     def default_policy_state(self) -> NamedArray | None:

@@ -57,6 +57,8 @@ def load_experiment(
         code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]
     if overrides:
         config = apply_overrides(config, overrides)
+        if any(o.partition("=")[0].strip() == "stop.eval_return" for o in overrides):
+            config.stop.eval_return_source = "given: stop.eval_return="  # not the experiment's
     return check(attach_user_code(config))
 
 

@@ -42,6 +42,12 @@ class Trainer(abc.ABC):
     (``api.replay.TransitionBatch``): the runtime puts a replay buffer worker between the actors
     and it, configured by ``PolicyConfig.replay``."""
 
+    arg_ranges: ClassVar[dict[str, str]] = {}
+    """The allowed interval of each numeric constructor argument, in interval notation
+    (``{"gamma": "[0, 1]", "lr": "(0, inf)"}``; a list argument's every entry), checked with
+    the config before any process starts. Write it as a literal dict in the class itself: the
+    check reads it from the source, without importing the module (and torch)."""
+
     @property
     @abc.abstractmethod
     def policy(self) -> Policy:

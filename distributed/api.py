@@ -34,7 +34,8 @@ from api.policy import Policy, RolloutRequest
 
 @dataclass
 class RunResult:
-    """A run folder and, while it trains in the background, its controller process."""
+    """A run folder and, while it trains in the background, the process running it (the
+    controller, or with ``launcher="docker"`` the one running its containers)."""
 
     run_dir: Path
     """Where the run writes config.json, metrics.jsonl, checkpoints/, summary.json, ..."""
@@ -82,6 +83,8 @@ def train(
     background: bool = False,
     display: bool = False,
     secure: bool = False,
+    launcher: str = "local",
+    image: str | None = None,
 ) -> RunResult:
     """Run an experiment with every role in its own process, as ``troupe run`` does.
 
@@ -89,15 +92,22 @@ def train(
     id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
     workers import first. Bad config raises ConfigError before any process starts.
     ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``.
+    ``launcher``: ``"local"`` (processes here) or ``"docker"`` (every role in its own container
+    of ``image``, default ``troupe image build``'s tag; your registered files are mounted into
+    them), as ``troupe run --launcher docker --image IMAGE``.
     """
-    from distributed.launch.run import prepare, start_local
+    from distributed.launch.run import LAUNCHERS, prepare, start
 
+    if launcher not in LAUNCHERS:  # before the run folder is made
+        raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
     config, folder = prepare(
         experiment, list(overrides), None if run_dir is None else str(run_dir), None,
         imports=list(imports),
     )  # fmt: skip
     result = RunResult(folder)
-    result._process = start_local(config, folder, display=display, secure=secure)
+    result._process = start(
+        config, folder, launcher=launcher, image=image, display=display, secure=secure
+    )
     return result if background else result.wait()
 
 

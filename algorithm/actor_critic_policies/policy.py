@@ -79,6 +79,11 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             :class:`algorithm.modules.encoders.GridEncoder`.
     """
 
+    arg_ranges = {
+        "hidden_sizes": "[1, inf)", "rnn_hidden": "[0, inf)", "rnn_layers": "[1, inf)",
+        "grid_channels": "[1, inf)", "seed": "[0, inf)",
+    }  # fmt: skip
+
     def __init__(
         self,
         observation_space: gym.Space,

@@ -66,6 +66,10 @@ class DQNTrainer(Trainer):
     AnalyzedResult = DQNAnalyzedResult
     analyze_target = "dqn"
     needs_replay = True
+    arg_ranges = {
+        "lr": "(0, inf)", "target_update_every": "[1, inf)", "tau": "(0, 1]",
+        "huber_delta": "(0, inf)", "max_grad_norm": "(0, inf)", "adam_eps": "(0, inf)",
+    }  # fmt: skip
 
     def __init__(
         self,

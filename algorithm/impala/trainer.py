@@ -87,6 +87,12 @@ class ImpalaTrainer(ActorCriticTrainer):
 
     AnalyzedResult = ImpalaAnalyzedResult
     analyze_target = "impala"
+    arg_ranges = {
+        "lr": "(0, inf)", "gamma": "[0, 1]", "rho_bar": "(0, inf)", "c_bar": "(0, inf)",
+        "pg_rho_bar": "(0, inf)", "vtrace_lambda": "[0, 1]", "entropy_coef": "[0, inf)",
+        "value_coef": "[0, inf)", "max_grad_norm": "(0, inf)", "minibatches": "[1, inf)",
+        "total_steps": "[1, inf)", "adam_eps": "(0, inf)", "seed": "[0, inf)",
+    }  # fmt: skip
 
     def __init__(
         self,

@@ -105,6 +105,13 @@ class PPOTrainer(ActorCriticTrainer):
 
     AnalyzedResult = PPOAnalyzedResult
     analyze_target = "ppo"
+    arg_ranges = {
+        "lr": "(0, inf)", "gamma": "[0, 1]", "gae_lambda": "[0, 1]", "clip": "(0, inf)",
+        "value_clip": "(0, inf)", "entropy_coef": "[0, inf)", "value_coef": "[0, inf)",
+        "max_grad_norm": "(0, inf)", "epochs": "[1, inf)", "minibatches": "[1, inf)",
+        "total_steps": "[1, inf)", "adam_eps": "(0, inf)", "rho_bar": "(0, inf)",
+        "c_bar": "(0, inf)", "seed": "[0, inf)",
+    }  # fmt: skip
 
     def __init__(
         self,

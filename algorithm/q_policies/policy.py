@@ -112,6 +112,8 @@ class QPolicy(SingleModelPytorchPolicy):
         seed: seeds parameter initialisation and exploration.
     """
 
+    arg_ranges = {"hidden_sizes": "[1, inf)", "seed": "[0, inf)"}
+
     def __init__(
         self,
         observation_space: gym.Space,

@@ -165,6 +165,8 @@ class SACPolicy(SingleModelPytorchPolicy):
         seed: seeds parameter initialisation and action sampling.
     """
 
+    arg_ranges = {"hidden_sizes": "[1, inf)", "warmup_frames": "[0, inf)", "seed": "[0, inf)"}
+
     def __init__(
         self,
         observation_space: gym.Space,

@@ -71,6 +71,10 @@ class SACTrainer(Trainer):
     AnalyzedResult = SACAnalyzedResult
     analyze_target = "sac"
     needs_replay = True
+    arg_ranges = {
+        "actor_lr": "(0, inf)", "critic_lr": "(0, inf)", "alpha_lr": "(0, inf)",
+        "tau": "(0, 1]", "initial_alpha": "(0, inf)",
+    }  # fmt: skip
 
     def __init__(
         self,

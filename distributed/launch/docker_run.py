@@ -210,10 +210,9 @@ def run_docker(
     container, so it always prints plain progress lines.
     """
     client = client or connect()
-    _check_image(client, image)
     run_dir = Path(run_dir).resolve()
+    check_can_run(client, image, run_dir)
     run = run_name(run_dir)
-    _refuse_leftovers(client, run)
     keys = ensure_keys(run_dir)
     printer = LogPrinter(out or sys.stdout)
     done = threading.Event()
@@ -237,6 +236,12 @@ def run_docker(
     finally:
         done.set()
         remove_run_objects(client, run)
+
+
+def check_can_run(client: docker.DockerClient, image: str, run_dir: Path) -> None:
+    """Raise DockerRunError if the image is missing or an earlier run of this name is left."""
+    _check_image(client, image)
+    _refuse_leftovers(client, run_name(Path(run_dir).resolve()))
 
 
 def _check_image(client: docker.DockerClient, image: str) -> None:

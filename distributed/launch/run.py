@@ -26,6 +26,8 @@ from api.resolve import load_experiment
 logger = logging.getLogger(__name__)
 
 EXIT_SOLVED_OR_DONE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+LAUNCHERS = ("local", "docker")
+"""local: every role as a process of this machine; docker: every role in its own container."""
 
 
 def default_run_dir(experiment: str) -> Path:
@@ -139,6 +141,46 @@ def start_local(
     return process
 
 
+def start(
+    config: ExperimentConfig,
+    run_dir: Path,
+    *,
+    launcher: str = "local",
+    image: str | None = None,
+    display: bool | None = None,
+    secure: bool = False,
+) -> BaseProcess:
+    """Start a run with ``launcher`` and return the process to wait for (:func:`wait_local`):
+    ``troupe run`` and ``troupe.train`` both start runs here.
+
+    local: the controller process (:func:`start_local`). docker: a process running every role's
+    container to the end (:func:`distributed.launch.docker_run.run_docker`), ``image`` the worker
+    image (default: ``troupe image build``'s tag); CURVE is always on there, so ``secure`` is
+    for local runs. Either process exits with the run's code and stops the run in order on
+    SIGINT."""
+    if launcher == "local":
+        return start_local(config, run_dir, display=display, secure=secure)
+    if launcher != "docker":
+        raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
+    from distributed.images.build import DEFAULT_TAG, connect
+    from distributed.launch.docker_run import check_can_run
+
+    image = image or DEFAULT_TAG
+    client = connect()  # no engine, no image, a leftover run: said here, before any process
+    try:
+        check_can_run(client, image, run_dir)
+    finally:
+        client.close()
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    process = mp.get_context("fork").Process(
+        target=_docker_entry,
+        args=(config.to_dict(), str(run_dir), image, display),
+        name="troupe-docker",
+    )
+    process.start()
+    return process
+
+
 def wait_local(process: BaseProcess, timeout_s: float | None = None) -> int | None:
     """The controller's exit code once it ends (None if ``timeout_s`` passes first)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -172,3 +214,19 @@ def _controller_entry(config_dict: dict, run_dir: str, display: bool | None) -> 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     sys.exit(controller_main(config_dict, run_dir, display))
+
+
+def _docker_entry(config_dict: dict, run_dir: str, image: str, display: bool | None) -> None:
+    """Entry point of the process that runs a docker run's containers (see :func:`start`)."""
+    import sys
+
+    from distributed.launch.docker_run import run_docker
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # run_docker stops the run on it
+    config = ExperimentConfig.from_dict(config_dict)
+    try:
+        code = run_docker(config, Path(run_dir), image=image, display=display)
+    except UserError as e:  # checked before the fork; something changed since (a race)
+        logger.error("%s", e)
+        code = EXIT_FAILED
+    sys.exit(code)

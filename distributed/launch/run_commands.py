@@ -6,9 +6,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from api.config import StopConfig
 
 EXPERIMENT_HELP = (
     "registered experiment (cartpole-ppo), experiment file (exp.py, exp.yaml, exp.toml) or "
@@ -85,7 +89,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
-    from distributed.launch.run import prepare, run_local
+    from distributed.launch.run import prepare, start, wait_local
     from system.run.report import SUMMARY_FILE
 
     overrides = list(args.overrides)
@@ -99,15 +103,14 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         imports=args.imports,
     )
     console.print(f"run folder: {run_dir}")
+    console.print(stop_rule(config.stop), highlight=False)
     started = time.time()
     display = False if args.no_display else None
-    if args.launcher == "docker":  # every role in its own container; CURVE always on
-        from distributed.launch.docker_run import run_docker
-
-        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-        code = run_docker(config, run_dir, image=args.image, display=display)
-    else:
-        code = run_local(config, run_dir, display=display, secure=args.secure)
+    process = start(
+        config, run_dir, launcher=args.launcher, image=args.image, display=display,
+        secure=args.secure,
+    )  # fmt: skip
+    code = wait_local(process)
     if code < 0:  # the controller was killed: its workers leave by themselves
         console.print(
             Text(
@@ -135,6 +138,23 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+def stop_rule(stop: StopConfig) -> str:
+    """``stop at: greedy evaluation return 475 (gymnasium's reward_threshold for CartPole-v1),
+    or 1000000 env frames``: the run's stop rules, and where its target came from if known."""
+    source = f" ({stop.eval_return_source})" if stop.eval_return_source else ""
+    if stop.eval_return is not None:
+        rules = [f"greedy evaluation return {stop.eval_return:g}{source}"]
+    else:
+        rules = [f"no evaluation target{source}"] if source else []
+    rules += [
+        f"{value:g} {unit}" if isinstance(value, float) else f"{value} {unit}"
+        for value, unit in ((stop.env_frames, "env frames"), (stop.trainer_steps, "trainer steps"),
+                            (stop.wall_seconds, "seconds"))
+        if value is not None
+    ]  # fmt: skip
+    return "stop at: " + ", or ".join(rules)
+
+
 # --------------------------------------------------------------------- troupe train
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("environment", help="registered environment or gymnasium id")
@@ -155,6 +175,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     """``troupe run ppo env=ENV``: PPO set up from the environment's spaces."""
     args.overrides = [f"env={args.environment}", *args.overrides]
     args.experiment, args.resume, args.secure, args.launcher = "ppo", None, False, "local"
+    args.image = None
     return run_run(args, console)
 
 

@@ -11,8 +11,10 @@ two families is the training recipe:
   linear learning-rate decay over the run's frame budget, and running normalisation of
   observations and returns (kept in the policy's checkpoint), as continuous-control PPO needs.
 
-The stop rule is the environment's target when gymnasium declares one (``reward_threshold``), or
-``target`` when given, and always ``frames`` environment steps at most.
+The stop rule is ``target`` when given, else the environment's target when gymnasium declares one
+(``reward_threshold``), else Troupe's own for a well-known id that declares none
+(:data:`DEFAULT_TARGETS`), and always ``frames`` environment steps at most. The config says which
+(``stop.eval_return_source``), and ``troupe train`` prints it as the run starts.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ from api.config import (
 )
 from api.errors import UserError
 
+DEFAULT_TARGETS: dict[str, float] = {
+    "Pendulum-v1": -300.0,
+}
+"""Stop targets for well-known gymnasium ids that declare no ``reward_threshold``.
+
+Pendulum-v1: an episode's return is about -1200 acting at random and about -150 for a pendulum
+swung up and held from any start; -300 is swung up and held most of the episode, what a user
+would call learned. Every other classic-control and Box2D id declares its own threshold
+(gymnasium 1.x: CartPole, MountainCar, MountainCarContinuous, Acrobot, LunarLander,
+BipedalWalker, CarRacing), and so does gymnasium wherever it has one: its own number wins."""
+
 
 def ppo(
     env: str = "CartPole-v1",
@@ -42,8 +55,8 @@ def ppo(
     """PPO on ``env`` (any registered environment or gymnasium id), set up from its spaces.
 
     ``target``: stop once greedy evaluation reaches it (default: gymnasium's
-    ``reward_threshold``); ``frames``: environment steps at most (default 1M discrete, 500k
-    continuous).
+    ``reward_threshold``, else :data:`DEFAULT_TARGETS`); ``frames``: environment steps at most
+    (default 1M discrete, 500k continuous).
     """
     env_args = dict(env_args or {})
     observation, action = _spaces(env, env_args)
@@ -54,7 +67,7 @@ def ppo(
             "handles Discrete, MultiDiscrete and Box actions"
         )
     frames = frames or (500_000 if continuous else 1_000_000)
-    threshold = target if target is not None else _reward_threshold(env)
+    threshold = target if target is not None else default_target(env)
     recipe = _continuous(frames) if continuous else _discrete()
     policy_args = dict(hidden_sizes=[64, 64], activation="tanh")
     if continuous:
@@ -71,7 +84,11 @@ def ppo(
         },
         actors=recipe["actors"],
         evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
-        stop=StopConfig(eval_return=threshold, env_frames=frames),
+        stop=StopConfig(
+            eval_return=threshold,
+            env_frames=frames,
+            eval_return_source=target_source(env, target),
+        ),
     )
 
 
@@ -108,6 +125,23 @@ def _spaces(env: str, env_args: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
         return made.observation_spaces[0], made.action_spaces[0]
     finally:
         made.close()
+
+
+def default_target(env: str) -> float | None:
+    """Gymnasium's ``reward_threshold`` for ``env``, else :data:`DEFAULT_TARGETS`'s, else None."""
+    declared = _reward_threshold(env)
+    return declared if declared is not None else DEFAULT_TARGETS.get(env)
+
+
+def target_source(env: str, target: float | None) -> str:
+    """Where the stop target of :func:`ppo` on ``env`` comes from, in words."""
+    if target is not None:
+        return "given: target="
+    if _reward_threshold(env) is not None:
+        return f"gymnasium's reward_threshold for {env}"
+    if env in DEFAULT_TARGETS:
+        return f"Troupe's default for {env}, which declares no reward_threshold"
+    return f"none: gymnasium declares no reward_threshold for {env}; give one with target="
 
 
 def _reward_threshold(env: str) -> float | None:

@@ -241,6 +241,8 @@ class Controller:
         )
         if self.failure is not None:
             summary["failure"] = str(self.failure)
+        if self.config.stop.eval_return_source:
+            summary["target_source"] = self.config.stop.eval_return_source
         summary.update(self.coordination.summary())
         if solved:
             summary["confirmation"] = self.evaluation.describe()

@@ -249,8 +249,11 @@ def main(
     except Exception as e:
         message = f"{type(e).__name__}: {e}"
         # An unknown name or a bad argument fails the same way in every restart: say so, and
-        # the controller ends the run with this message instead of restarting the worker.
-        fatal = isinstance(e, (RegistryError, ConfigError))
+        # the controller ends the run with this message instead of restarting the worker. A
+        # ValueError/TypeError before the worker exists is a constructor refusing its arguments.
+        fatal = isinstance(e, (RegistryError, ConfigError)) or (
+            worker is None and isinstance(e, (ValueError, TypeError))
+        )
         tb = traceback.format_exc()
         body = {"message": message, "traceback": tb, "type": type(e).__name__, "fatal": fatal}
         ctl.send("error", body)

@@ -88,7 +88,7 @@ def test_unknown_key_without_a_close_match_lists_valid_keys():
         ExperimentConfig.from_dict({"stop": {"zzz": 1}})
     assert e.value.errors == [
         "stop.zzz: unknown key; valid keys: eval_return, confirm_windows, env_frames, "
-        "trainer_steps, wall_seconds"
+        "trainer_steps, wall_seconds, eval_return_source"
     ]
 
 
@@ -142,6 +142,56 @@ def test_validate_checks_names_and_arguments_against_the_registry():
         "(test_config:DummyPolicy takes no 'hiden')"
     )
     assert errors[2] == ("agent_policies[1]: unknown policy 'other'; policies are ['default']")
+
+
+class RangedPolicy:
+    """A policy whose numeric arguments have declared intervals."""
+
+    arg_ranges = {"gamma": "[0, 1]", "lr": "(0, inf)", "layers": "[1, inf)", "seed": "[0, inf)"}
+
+    def __init__(self, gamma: float = 0.9, lr: float = 1e-3, layers=(8,), seed: int | None = None):
+        self.gamma = gamma
+
+
+def test_component_arguments_outside_their_declared_interval_name_key_and_range():
+    registry.register_policy("test-ranged-policy", RangedPolicy)
+    try:
+        config = valid_config()
+        policy = config.policies["default"].policy
+        policy.type, policy.args = "test-ranged-policy", {"gamma": 1.5, "lr": 0, "layers": [4, 0]}
+        assert validate(config) == [
+            "policies.default.policy.args.gamma: must be in [0, 1], got 1.5",
+            "policies.default.policy.args.lr: must be more than 0, got 0",
+            "policies.default.policy.args.layers: every entry must be at least 1, got [4, 0]",
+        ]
+        # the edges are in range, None is no value, and a wrong type is the type check's
+        policy.args = {"gamma": 1, "lr": 1e-9, "layers": [1], "seed": None}
+        assert validate(config) == []
+        policy.args = {"gamma": "high"}
+        assert validate(config) == [
+            "policies.default.policy.args.gamma: expected float, got str 'high'"
+        ]
+    finally:
+        registry.policies.unregister("test-ranged-policy")
+
+
+class Sloppy(RangedPolicy):
+    """Declares an interval that is not one."""
+
+    arg_ranges = {"gamma": "0..1"}
+
+
+def test_a_malformed_declared_interval_is_reported_as_the_components_fault():
+    registry.register_policy("test-sloppy-policy", Sloppy)
+    try:
+        config = valid_config()
+        config.policies["default"].policy = ComponentConfig("test-sloppy-policy", {"gamma": 0.5})
+        assert validate(config) == [
+            "policies.default.policy.type: arg_ranges['gamma']: not an interval: '0..1'; "
+            "write e.g. '[0, 1]' or '(0, inf)'"
+        ]
+    finally:
+        registry.policies.unregister("test-sloppy-policy")
 
 
 def test_check_raises_with_every_error():

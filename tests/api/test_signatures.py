@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from api.config_check import _hints
+from api.config_check import _hints, parse_interval
 from api.registry import REGISTRIES
 from api.signatures import UNKNOWN, static_class_attribute, static_signature
 
@@ -92,3 +92,21 @@ def test_needs_replay_read_from_source_matches_the_class():
         read += 1
         assert declared == getattr(spec.load(), "needs_replay", False), spec.entry_point
     assert read >= 3  # ppo (inherited from api.trainer.Trainer), dqn, sac at least
+
+
+@pytest.mark.parametrize("kind", ["trainer", "policy"])
+def test_arg_ranges_read_from_source_match_the_class_and_its_constructor(kind):
+    read = 0
+    for spec in _registered(kind):
+        declared = static_class_attribute(spec.entry_point, "arg_ranges")
+        if declared is UNKNOWN:
+            continue
+        cls = spec.load()
+        assert declared == cls.arg_ranges, spec.entry_point
+        read += bool(declared)
+        parameters = inspect.signature(cls).parameters
+        for key, interval in declared.items():
+            assert key in parameters, (spec.entry_point, key)
+            low, _, high, _ = parse_interval(interval)
+            assert low < high, (spec.entry_point, key)
+    assert read >= (4 if kind == "trainer" else 3)  # every built-in trainer; the learning policies

@@ -1,4 +1,5 @@
-"""The ``troupe`` command line: list and test-env, as a subprocess and in-process."""
+"""The ``troupe`` command line: list, test-env and a run's stop line, as a subprocess and
+in-process."""
 
 from __future__ import annotations
 
@@ -122,3 +123,20 @@ def test_missing_subcommand_is_a_usage_error(capsys):
         main([])
     assert e.value.code == 2
     assert "COMMAND" in capsys.readouterr().err
+
+
+def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
+    from api.resolve import load_experiment
+    from distributed.launch.run_commands import stop_rule
+
+    assert stop_rule(load_experiment("Pendulum-v1").stop) == (
+        "stop at: greedy evaluation return -300 (Troupe's default for Pendulum-v1, which "
+        "declares no reward_threshold), or 500000 env frames"
+    )
+    overridden = load_experiment("Pendulum-v1", ["stop.eval_return=-200"])
+    assert stop_rule(overridden.stop) == (
+        "stop at: greedy evaluation return -200 (given: stop.eval_return=), or 500000 env frames"
+    )
+    assert stop_rule(load_experiment("cartpole-ppo", ["stop.wall_seconds=30.5"]).stop) == (
+        "stop at: greedy evaluation return 475, or 500000 env frames, or 30.5 seconds"
+    )

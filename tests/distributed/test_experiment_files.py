@@ -1,5 +1,6 @@
 """Experiments as files (.yaml, .toml, .py), ``troupe show-config`` and the checks every
-override passes before anything starts, through the command line as a user runs it."""
+override passes before anything starts (and what only a constructor can refuse ending the run at
+once), through the command line as a user runs it."""
 
 from __future__ import annotations
 
@@ -225,6 +226,14 @@ BAD_OVERRIDES = [
     (P + "trainer.args.lr=abc", [P + "trainer.args.lr", "expected float", "'abc'"]),
     ("stop.env_frames=-5", ["stop.env_frames", "more than 0", "-5"]),
     ("trainer.lerning_rate=1e-3", ["trainer.lerning_rate", "policies.default.trainer.args.lr"]),
+    # component arguments out of the range their class declares (arg_ranges)
+    (P + "trainer.args.gamma=1.5", [P + "trainer.args.gamma: must be in [0, 1], got 1.5"]),
+    (P + "trainer.args.lr=-1", [P + "trainer.args.lr: must be more than 0, got -1"]),
+    (P + "trainer.args.clip=-0.2", [P + "trainer.args.clip: must be more than 0, got -0.2"]),
+    (P + "trainer.args.epochs=0", [P + "trainer.args.epochs: must be at least 1, got 0"]),
+    (P + "trainer.args.minibatches=0", [P + "trainer.args.minibatches: must be at least 1"]),
+    (P + "policy.args.hidden_sizes=[64,0]",
+     [P + "policy.args.hidden_sizes: every entry must be at least 1, got [64, 0]"]),
 ]  # fmt: skip
 
 
@@ -243,6 +252,22 @@ def test_a_bad_override_fails_before_anything_starts(tmp_path, override, expecte
     assert "run folder:" not in out
 
 
+@pytest.mark.parametrize(
+    ("experiment", "override", "expected"),
+    [
+        ("cartpole-dqn", "tau=0", "tau: must be in (0, 1], got 0"),
+        ("cartpole-dqn", "target_update_every=0", "target_update_every: must be at least 1, got 0"),
+        ("pendulum-sac", "tau=1.5", "tau: must be in (0, 1], got 1.5"),
+        ("pendulum-sac", "initial_alpha=0", "initial_alpha: must be more than 0, got 0"),
+        ("cartpole-ppo", "gae_lambda=-0.1", "gae_lambda: must be in [0, 1], got -0.1"),
+    ],
+)
+def test_off_policy_trainer_arguments_are_range_checked_too(experiment, override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_experiment(experiment, [P + "trainer.args." + override])
+    assert e.value.errors == [P + "trainer.args." + expected]
+
+
 def test_a_misspelt_gymnasium_argument_fails_the_check():
     with pytest.raises(ConfigError, match="max_episode_step"):
         load_experiment("cartpole-ppo", ["environment.args.max_episode_step=100"])
@@ -254,3 +279,21 @@ def test_gymnasium_arguments_the_environment_takes_pass_the_check():
         ["environment.args.max_episode_steps=100", "environment.args.sutton_barto_reward=True"],
     )
     assert config.environment.args["max_episode_steps"] == 100
+
+
+@pytest.mark.multiprocess
+def test_a_constructor_refusing_its_arguments_in_a_worker_ends_the_run_at_once(tmp_path):
+    """What only the constructor can judge (here a linear schedule without total_steps) fails
+    in the trainer worker: the run ends on that error, naming it, with no restart."""
+    result = troupe(
+        "run", "cartpole-ppo", P + "trainer.args.lr_schedule=linear", "stop.eval_return=None",
+        "--no-display", cwd=tmp_path,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()  # it passed the check: workers were started
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "failed", summary
+    assert "ValueError: lr_schedule='linear' needs total_steps" in summary["failure"], summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert sum(w["restarts"] for w in workers.values()) == 0, workers

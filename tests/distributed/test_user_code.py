@@ -1,5 +1,6 @@
 """A user's own file reaches every worker: a script's registrations, ``--import``, and a worker
-that cannot find the user's code failing the run at once with the real cause."""
+that cannot find the user's code failing the run at once with the real cause; ``troupe.train``'s
+launcher checked before anything is made."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def test_a_script_registered_in_its_main_block_trains_in_worker_processes(tmp_pa
     run_dir = _only_run(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "env_frames", summary
+    assert summary["target_source"] == "given: stop.eval_return=", summary  # not the experiment's
     config = json.loads((run_dir / "config.json").read_text())
     (registration,) = config["code"]["registrations"]
     assert registration["entry_point"] == "__main__:Corridor"
@@ -99,3 +101,13 @@ def test_a_worker_that_cannot_load_user_code_fails_the_run_at_once(tmp_path):
     assert "troupe image build --add" in summary["failure"]
     workers = json.loads((run_dir / "workers.json").read_text())
     assert sum(w["restarts"] for w in workers.values()) == 0
+
+
+def test_an_unknown_launcher_fails_before_a_run_folder_is_made(tmp_path, monkeypatch):
+    import troupe
+    from api.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="unknown launcher 'slurm'; launchers are local, docker"):
+        troupe.train("cartpole-ppo", launcher="slurm")
+    assert not (tmp_path / "runs").exists()

@@ -209,3 +209,71 @@ def test_a_users_own_file_trains_in_containers_with_no_package(client, tmp_path)
     workers = read_json(run_dir / "workers.json")
     assert sum(w["restarts"] for w in workers.values()) == 0, workers
     assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_the_readme_corridor_script_trains_in_containers_from_python(client, tmp_path):
+    """Issue 12: the README's script form (``register()`` under ``if __name__ == "__main__":``)
+    with ``troupe.train(..., launcher="docker")``: the script's file reaches every container."""
+    corridor = Path(__file__).resolve().parents[1] / "distributed" / "user_code" / "corridor.py"
+    run_dir = tmp_path / "runs" / "corridor"
+    text = corridor.read_text()
+    call = 'troupe.train("Corridor-v0", ["target=1.0", "frames=100000"])'
+    assert call in text
+    script = tmp_path / "corridor.py"
+    script.write_text(
+        text.replace(
+            call,
+            'troupe.train("Corridor-v0", ["frames=3000", "stop.eval_return=None", '
+            f'"evaluation.workers=1"], launcher="docker", image={IMAGE!r}, '
+            f"run_dir={str(run_dir)!r})",
+        )
+    )
+    env = {**os.environ, "COLUMNS": "200"}
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env=env,
+    )  # fmt: skip
+    log = result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, log
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 3000, log
+    assert f"env_frames {summary['best_eval_return']} {run_dir}" in result.stdout, log
+    (registration,) = read_json(run_dir / "config.json")["code"]["registrations"]
+    assert registration["entry_point"] == "__main__:Corridor"
+    assert registration["source"] == str(script.resolve())
+    workers = read_json(run_dir / "workers.json")
+    assert sum(w["restarts"] for w in workers.values()) == 0, workers
+    assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_a_missing_image_fails_from_python_before_any_process_starts(client, tmp_path):
+    import troupe
+    from distributed.errors import DockerRunError
+
+    run_dir = tmp_path / "runs" / "no-image"
+    with pytest.raises(DockerRunError, match="image troupe-no-such:image is not on this Docker"):
+        troupe.train(
+            "cartpole-ppo", run_dir=run_dir, launcher="docker", image="troupe-no-such:image"
+        )
+    assert not (run_dir / "config.json").exists()
+    assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_a_background_docker_run_from_python_stops_in_order(client, tmp_path):
+    import troupe
+
+    run_dir = tmp_path / "runs" / "background"
+    run = troupe.train(
+        "cartpole-ppo", [*QUICK, "stop.env_frames=100000000"], run_dir=run_dir,
+        launcher="docker", image=IMAGE, background=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while frames(run_dir) == 0 and time.monotonic() < deadline and run.running:
+            time.sleep(0.2)
+        assert frames(run_dir) > 0 and run.running
+    finally:
+        run.stop()  # SIGINT, as Ctrl+C: the controller stops the run in order
+    assert run.exit_code == 130, run.exit_code  # as `troupe run --launcher docker` on Ctrl+C
+    assert run.summary["stop_reason"] == "interrupted"
+    assert_nothing_left(client, dl.run_name(run_dir))

@@ -1,0 +1,143 @@
+"""The ``ppo`` experiment (``troupe train ENV``): the recipe, policy arguments and stop rule it
+picks from an environment's spaces and gymnasium's registration."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from api.config import validate
+from api.environment import Environment, StepResult, register
+from api.errors import UserError
+from api.registry import environments
+from legacy.experiments.auto import DEFAULT_TARGETS, ppo
+
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+IMAGE = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+DICT = gym.spaces.Dict({"position": BOX, "flag": gym.spaces.Discrete(2)})
+SPACES = {
+    "discrete": (BOX, gym.spaces.Discrete(3)),
+    "multi-discrete": (BOX, gym.spaces.MultiDiscrete([3, 2])),
+    "box": (BOX, gym.spaces.Box(-2.0, 2.0, (2,), np.float32)),
+    "dict-box": (DICT, gym.spaces.Box(-1.0, 1.0, (1,), np.float32)),
+    "image-box": (IMAGE, gym.spaces.Box(-1.0, 1.0, (1,), np.float32)),
+    "image-discrete": (IMAGE, gym.spaces.Discrete(4)),
+    "dict-action": (BOX, gym.spaces.Dict({"a": gym.spaces.Discrete(2)})),
+}
+
+
+class Spaces(Environment):
+    """One agent with the spaces it is given; never stepped here."""
+
+    def __init__(self, kind: str = "discrete", agents: int = 1):
+        self.kind, self.agents = kind, agents
+
+    @property
+    def agent_count(self):
+        return self.agents
+
+    @property
+    def observation_spaces(self):
+        return [SPACES[self.kind][0]] * self.agents
+
+    @property
+    def action_spaces(self):
+        return [SPACES[self.kind][1]] * self.agents
+
+    def reset(self):
+        return [StepResult(self.observation_spaces[0].sample())] * self.agents
+
+    def step(self, actions):
+        return self.reset()
+
+
+@pytest.fixture(autouse=True)
+def spaces_envs():
+    for kind in SPACES:
+        register(f"test-auto-{kind}", Spaces, kind=kind)
+    yield
+    for kind in SPACES:
+        environments.unregister(f"test-auto-{kind}")
+
+
+def _args(config):
+    default = config.policies["default"]
+    return default.policy.args, default.trainer.args
+
+
+@pytest.mark.parametrize("kind", ["discrete", "multi-discrete", "image-discrete"])
+def test_discrete_actions_get_the_cartpole_recipe_without_normalisation(kind):
+    config = ppo(f"test-auto-{kind}")
+    policy, trainer = _args(config)
+    assert config.policies["default"].policy.type == "actor-critic"
+    assert policy == {"hidden_sizes": [64, 64], "activation": "tanh"}
+    assert trainer["lr"] == 2e-3 and trainer["epochs"] == 6 and trainer["minibatches"] == 2
+    assert "lr_schedule" not in trainer
+    assert config.stop.env_frames == 1_000_000
+    assert validate(config) == []
+
+
+def test_box_actions_on_vectors_get_the_continuous_recipe_with_normalisation():
+    config = ppo("test-auto-box", frames=40_960)
+    policy, trainer = _args(config)
+    assert policy["normalize_obs"] is True and policy["normalize_returns"] is True
+    assert trainer["lr_schedule"] == "linear" and trainer["entropy_coef"] == 0.0
+    # the linear decay reaches zero at the frame budget: 8 segments of 128 steps a trainer step
+    assert trainer["total_steps"] == 40_960 // (8 * 128)
+    assert config.stop.env_frames == 40_960
+    assert validate(config) == []
+
+
+@pytest.mark.parametrize("kind", ["dict-box", "image-box"])
+def test_box_actions_on_images_or_dicts_normalise_returns_only(kind):
+    policy, trainer = _args(ppo(f"test-auto-{kind}"))
+    assert policy["normalize_obs"] is False and policy["normalize_returns"] is True
+    assert trainer["lr_schedule"] == "linear"
+
+
+def test_continuous_runs_default_to_half_the_frames_of_discrete_ones():
+    assert ppo("test-auto-box").stop.env_frames == 500_000
+    assert ppo("test-auto-discrete", frames=1234).stop.env_frames == 1234
+
+
+def test_a_dict_action_space_is_refused_naming_what_is_handled():
+    with pytest.raises(UserError, match="has a Dict action space; the ppo experiment handles"):
+        ppo("test-auto-dict-action")
+
+
+def test_more_than_one_agent_is_refused():
+    with pytest.raises(UserError, match="has 2 agents"):
+        ppo("test-auto-discrete", env_args={"agents": 2})
+
+
+def test_a_users_environment_has_no_target_unless_given():
+    config = ppo("test-auto-discrete")
+    assert config.stop.eval_return is None
+    assert config.stop.eval_return_source == (
+        "none: gymnasium declares no reward_threshold for test-auto-discrete; give one with target="
+    )
+    config = ppo("test-auto-discrete", target=0.5)
+    assert config.stop.eval_return == 0.5
+    assert config.stop.eval_return_source == "given: target="
+
+
+def test_a_gymnasium_threshold_is_the_target():
+    config = ppo("CartPole-v1")
+    assert config.stop.eval_return == 475.0
+    assert config.stop.eval_return_source == "gymnasium's reward_threshold for CartPole-v1"
+    assert ppo("CartPole-v1", target=200).stop.eval_return == 200
+
+
+def test_pendulum_declares_no_threshold_and_gets_troupes_default():
+    assert gym.spec("Pendulum-v1").reward_threshold is None
+    config = ppo("Pendulum-v1")
+    assert config.stop.eval_return == DEFAULT_TARGETS["Pendulum-v1"] == -300.0
+    assert config.stop.eval_return_source == (
+        "Troupe's default for Pendulum-v1, which declares no reward_threshold"
+    )
+
+
+def test_every_default_target_is_for_an_id_gymnasium_leaves_without_one():
+    for env in DEFAULT_TARGETS:
+        assert gym.spec(env).reward_threshold is None, env
