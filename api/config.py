@@ -71,6 +71,13 @@ class ReplayConfig:
     tolerance: float | None = None
     """Slack of the samples-per-insert ratio, in sampled transitions (None: enough for one batch
     and one chunk of segments, so neither side can wait forever)."""
+    save_every_s: float | None = 60.0
+    """Seconds between saves of the buffer to ``checkpoints/<policy>/replay.npz`` in the run
+    folder (it is also saved when the run stops), so a replay worker restarted after a crash, or
+    a run resumed with ``troupe run --resume``, starts from it rather than empty; None: saved only
+    when the run stops. A save rewrites the whole buffer and holds up the replay worker meanwhile
+    (measured: cartpole-dqn's 50k frames, 3 MiB, about 6 ms; 1M frames of 17 floats, 125 MiB,
+    about 0.2 s), so saves are also spaced to at least 50 times the last one's duration."""
 
 
 @dataclass
@@ -491,6 +498,8 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
             errors.append(f"{path}.{key}: must be 0 or more")
     if rc.samples_per_insert is not None and _below(rc.samples_per_insert, 1e-300):
         errors.append(f"{path}.samples_per_insert: must be more than 0, or None for no limit")
+    if rc.save_every_s is not None and _below(rc.save_every_s, 1e-300):
+        errors.append(f"{path}.save_every_s: must be more than 0, or None to save only at the end")
     if rc.tolerance is not None and _below(rc.tolerance, 1e-300):
         errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
     elif rc.tolerance is not None and rc.samples_per_insert is not None:

@@ -250,8 +250,11 @@ class ReplayBuffer:
         return int(current.sum())
 
     # ----------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Everything, as numpy arrays keyed by name (storage under ``store/<field path>``)."""
+    def state_dict(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """Everything, as numpy arrays keyed by name (storage under ``store/<field path>``).
+
+        ``copy=False``: the storage itself, for a caller that writes it out before the next
+        insert (a full buffer is then not held twice in memory)."""
         state = {f"store/{path}": array for path, array in self._store.items()}
         if self._tree is not None:
             state["tree"] = self._tree.nodes
@@ -264,7 +267,7 @@ class ReplayBuffer:
             beta=np.array(self.beta),
             **{f"limiter/{k}": v for k, v in self.limiter.state_dict().items()},
         )
-        return {k: np.array(v, copy=True) for k, v in state.items()}
+        return {k: np.array(v, copy=True) if copy else np.asarray(v) for k, v in state.items()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         self._store = {

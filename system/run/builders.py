@@ -276,6 +276,7 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
         checkpoint_path=(
             wiring.run_dir / "checkpoints" / plan.policy / "replay.npz" if wiring.run_dir else None
         ),
+        save_every_s=cfg.policies[plan.policy].replay.save_every_s,
     )
     return Built(worker)
 

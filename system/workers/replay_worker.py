@@ -8,19 +8,34 @@ priorities of the previous batch back with each request.
 The rate limiter decides both sides. A request it refuses waits here until enough new frames are
 in; a segment chunk it refuses is held, and the next one is not taken from the stream, so the
 actors' credit runs out and they wait: the same back-pressure a slow on-policy trainer applies.
+
+The buffer is checkpointed with the run: written to ``checkpoints/<policy>/replay.npz`` (numpy
+arrays only, never pickle; a temporary file renamed over the old one) every
+``ReplayConfig.save_every_s`` seconds while frames come in, and when the run stops; a replay
+worker loads it when it starts, so one restarted after a SIGKILL, or a run resumed after a crash,
+goes on from the last save instead of refilling from empty. A save rewrites the whole buffer
+inside one poll. Measured on a shared 2-core machine (state_dict + savez + fsync + rename):
+cartpole-dqn's 50k frames (3 MiB) take about 6 ms, 1M frames of 17 floats (125 MiB) about
+0.2 s, 50k frames of 84x84x4 pixels (1.4 GiB) 2 to 10 s. The default 60 s interval keeps the
+first two far below 1% of the worker's time; for buffers like the last, the next save waits at
+least ``SAVE_SPACING`` times as long as the last one took (at most 2% of the time saving).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from api.config import ExperimentConfig
-from api.errors import RunFolderError
 from api.policy import SampleBatch
+from system.parameters.checkpoint_file import write_atomically
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
@@ -33,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_MS = 5
 """How long one poll waits for a segment or request when there is nothing else to do."""
+SAVE_SPACING = 50.0
+"""A periodic save waits at least this many times as long as the last one took, so a buffer
+whose save is slow (gigabytes of pixels) spends at most 1/50 of the worker's time saving."""
 
 
 def buffer_config(cfg: ExperimentConfig, policy: str) -> BufferConfig:
@@ -73,10 +91,13 @@ class ReplayWorker(Worker):
         *,
         batch_size: int,
         checkpoint_path: Path | None = None,
+        save_every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """``server``: the replay stream's serving end (``ZmqReplayServer`` or in process).
-        ``checkpoint_path``: where the buffer is saved when the run stops, and loaded from when
-        it resumes (None: not saved, as in serial mode)."""
+        ``checkpoint_path``: where the buffer is saved, and loaded from when this worker starts
+        (None: never saved, as in serial mode). ``save_every_s``: seconds between saves while
+        frames come in (None: saved only when the run stops). ``clock``: seconds, for tests."""
         super().__init__(worker_id)
         self.policy_name = policy_name
         self.buffer = buffer
@@ -89,8 +110,15 @@ class ReplayWorker(Worker):
         """Requests the rate limiter has not let through yet, oldest first."""
         self.batches_served = 0
         self.checkpoint_path = checkpoint_path
-        if checkpoint_path is not None and checkpoint_path.exists():
-            self.restore(checkpoint_path)
+        self.save_every_s = save_every_s
+        self.clock = clock
+        if checkpoint_path is not None:
+            _remove_temporaries(checkpoint_path)
+            if checkpoint_path.exists():
+                self.restore(checkpoint_path)
+        self._saved_inserted = self.buffer.limiter.inserted
+        """Frames inserted when the buffer was last saved or loaded."""
+        self._next_save = clock() + (save_every_s or 0.0)
 
     def poll(self) -> int:
         idle = self.held is not None or not self.waiting
@@ -103,6 +131,7 @@ class ReplayWorker(Worker):
         work += len(requests) + self._serve()
         if not work and idle:
             work = self._insert(timeout_ms=IDLE_WAIT_MS)
+        self._save_when_due()
         self._report()
         return work
 
@@ -139,27 +168,68 @@ class ReplayWorker(Worker):
         self.stats["batches_served"] = self.batches_served
         self.stats["waiting_requests"] = len(self.waiting)
 
+    def _save_when_due(self) -> None:
+        if self.checkpoint_path is None or self.save_every_s is None:
+            return
+        now = self.clock()
+        if now < self._next_save or self.buffer.limiter.inserted == self._saved_inserted:
+            return
+        self.save()
+        took = self.clock() - now
+        self._next_save = now + max(self.save_every_s, SAVE_SPACING * took)
+        logger.debug("%s: saved %d replay frames in %.3f s", self.worker_id, self.buffer.size, took)
+
     def on_stop(self) -> None:
-        """Save the buffer beside the run's checkpoints, so a resumed run starts with it full."""
+        """Save the buffer a last time, so a resumed run starts with it full."""
         if self.checkpoint_path is None:
             return
-        path = self.checkpoint_path
-        tmp = path.with_name(path.name + ".tmp.npz")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(tmp, **self.buffer.state_dict())
-            tmp.replace(path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise RunFolderError.from_os_error(path, e) from e
-        logger.info("%s: saved %d replay frames to %s", self.worker_id, self.buffer.size, path)
+        self.save()
+        logger.info(
+            "%s: saved %d replay frames to %s",
+            self.worker_id,
+            self.buffer.size,
+            self.checkpoint_path,
+        )
+
+    def save(self) -> None:
+        """Write the buffer to ``checkpoint_path`` atomically: a temporary file, synced and
+        renamed over the last save, so a kill mid-save leaves the previous one. A failed write
+        (a full disk) removes the temporary file and raises :class:`~api.errors.RunFolderError`."""
+        state = self.buffer.state_dict(copy=False)  # nothing inserts until the write is done
+        write_atomically(self.checkpoint_path, lambda f: np.savez(f, **state))
+        self._saved_inserted = self.buffer.limiter.inserted
+        self.stats["saved_frames"] = self.buffer.size
 
     def restore(self, path: Path) -> None:
-        """Load a buffer saved by :meth:`on_stop` (arrays only: no pickle is ever loaded)."""
-        with np.load(path, allow_pickle=False) as saved:
-            self.buffer.load_state_dict({k: saved[k] for k in saved.files})
+        """Load a buffer saved by :meth:`save` (arrays only: no pickle is ever loaded). A file
+        that cannot be read is reported and left for the next save to replace: the buffer
+        refills from the actors, as a new one would."""
+        try:
+            if not zipfile.is_zipfile(path):  # np.load would take it for a pickle
+                raise ValueError("not a numpy .npz archive")
+            with np.load(path, allow_pickle=False) as saved:
+                self.buffer.load_state_dict({k: saved[k] for k in saved.files})
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            self.buffer = ReplayBuffer(self.buffer.config)
+            logger.warning(
+                "%s: cannot load the saved replay buffer %s (%s: %s); starting with an empty "
+                "buffer, which refills from the actors",
+                self.worker_id,
+                path,
+                type(e).__name__,
+                e,
+            )
+            return
         logger.info("%s: resumed %d replay frames from %s", self.worker_id, self.buffer.size, path)
 
     def close(self) -> None:
         self.samples.close()
         self.server.close()
+
+
+def _remove_temporaries(path: Path) -> None:
+    """Temporary files of saves that a kill interrupted (``write_atomically`` names them
+    ``.<name>.tmp-<pid>-<thread>``); this worker is the only writer of ``path``."""
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        with contextlib.suppress(OSError):  # the next save reports a folder it cannot write
+            stale.unlink(missing_ok=True)

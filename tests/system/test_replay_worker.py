@@ -4,11 +4,14 @@ rate limiting, and DQN / SAC through the runtime's serial mode."""
 from __future__ import annotations
 
 import dataclasses
+import errno
+import logging
 
 import numpy as np
 import pytest
 
 from api.config import ReplayConfig, StopConfig, make_experiment, validate
+from api.errors import RunFolderError
 from api.namedarray import NamedArray
 from api.policy import SampleBatch
 from api.replay import TransitionBatch
@@ -26,7 +29,7 @@ from system.run.plan import (
 from system.streams import wire
 from system.streams.replay import InprocReplayHub, ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import InprocSampleHub
-from system.workers.replay_worker import ReplayWorker
+from system.workers.replay_worker import SAVE_SPACING, ReplayWorker
 
 
 def _segments(steps: int, batch: int, start: float = 0.0) -> SampleBatch:
@@ -71,6 +74,12 @@ def test_replay_config_errors_name_the_field():
     cfg.policies["default"].replay = ReplayConfig(samples_per_insert=8.0, tolerance=100.0)
     (error,) = validate(cfg)
     assert error.startswith("policies.default.replay.tolerance") and "at least 512" in error
+    cfg.policies["default"].replay = ReplayConfig(save_every_s=0.0)
+    assert validate(cfg) == [
+        "policies.default.replay.save_every_s: must be more than 0, or None to save only at the end"
+    ]
+    cfg.policies["default"].replay = ReplayConfig(save_every_s=None)
+    assert validate(cfg) == []
     # the same settings mean nothing to an on-policy trainer: not checked there
     ppo = make_experiment("cartpole-ppo")
     ppo.policies["default"].replay = cfg.policies["default"].replay
@@ -163,12 +172,13 @@ def test_the_replay_sockets_take_no_more_than_the_run_declares():
 
 
 # ------------------------------------------------------------------------------ the worker
-def _worker(samples_per_insert=None, min_size=20, prioritized=False):
+def _worker(samples_per_insert=None, min_size=20, prioritized=False, n_step=1, **kwargs):
     samples, hub = InprocSampleHub(), InprocReplayHub()
     buffer = ReplayBuffer(
         BufferConfig(
             capacity_frames=1000,
             prioritized=prioritized,
+            n_step=n_step,
             seed=0,
             rate_limit=RateLimiterConfig(
                 min_size=min_size, samples_per_insert=samples_per_insert, tolerance=40.0
@@ -176,7 +186,7 @@ def _worker(samples_per_insert=None, min_size=20, prioritized=False):
         )
     )
     worker = ReplayWorker(
-        "replay/p", "p", buffer, samples.consumer("p"), hub.server("p"), batch_size=8
+        "replay/p", "p", buffer, samples.consumer("p"), hub.server("p"), batch_size=8, **kwargs
     )
     return worker, samples.producer(), hub.client("p", "trainer/p/0")
 
@@ -270,3 +280,119 @@ def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_p
     resumed.poll()
     batch = client.take(0)
     assert batch is not None and batch.obs.min() >= 0.0  # sampled from the restored segments
+
+
+class _Clock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _episodes(steps: int, batch: int, start: float) -> SampleBatch:
+    """Segments with episode ends and varied rewards, so n-step sums differ per transition."""
+    segments = _segments(steps, batch, start)
+    rng = np.random.default_rng(int(start))
+    segments.reward = rng.normal(size=segments.reward.shape).astype(np.float32)
+    segments.done = rng.random(segments.done.shape) < 0.2
+    return segments
+
+
+def test_the_buffer_is_saved_periodically_and_a_new_worker_starts_from_it(tmp_path):
+    path = tmp_path / "checkpoints" / "p" / "replay.npz"
+    clock = _Clock()
+    config = dict(min_size=8, prioritized=True, n_step=3, checkpoint_path=path, clock=clock)
+    worker, producer, client = _worker(save_every_s=10.0, **config)
+    for i in range(3):
+        producer.post("p", _episodes(6, 4, start=100.0 * i))
+    worker.poll()
+    client.request()
+    worker.poll()
+    batch = client.take(0)
+    assert batch is not None
+    client.request(batch.key, np.arange(1.0, 9.0))  # priorities come back with the next request
+    worker.poll()
+    assert worker.buffer.size == 60 and not path.exists()  # not due yet
+
+    clock.now = 10.0
+    worker.poll()
+    assert path.exists() and worker.stats["saved_frames"] == 60
+    assert not list(path.parent.glob("*tmp*"))
+    saved_at = path.stat().st_mtime_ns
+    clock.now = 30.0
+    worker.poll()  # due, but nothing new came in: not written again
+    assert path.stat().st_mtime_ns == saved_at
+
+    restarted, _, _ = _worker(save_every_s=10.0, **config)  # a restart: same path, new process
+    state, restored = worker.buffer.state_dict(), restarted.buffer.state_dict()
+    assert sorted(restored) == sorted(state)
+    for name in state:
+        np.testing.assert_array_equal(restored[name], state[name], err_msg=name)
+    assert restarted.buffer.size == 60 and restarted.buffer.limiter.sampled == 16
+    # the same draws give the same n-step returns, discounts and priority weights
+    worker.buffer._rng, restarted.buffer._rng = np.random.default_rng(1), np.random.default_rng(1)
+    before, after = worker.buffer.sample(32), restarted.buffer.sample(32)
+    for name in ("reward", "discount", "weight", "key", "obs", "next_obs"):
+        np.testing.assert_array_equal(getattr(after, name), getattr(before, name), err_msg=name)
+    assert (before.discount == 0).any() and (before.discount > 0.99**2).any()
+
+
+def test_saves_are_spaced_by_their_own_duration(tmp_path):
+    clock = _Clock()
+    path = tmp_path / "replay.npz"
+    worker, producer, _ = _worker(checkpoint_path=path, save_every_s=10.0, clock=clock)
+    save = worker.save
+
+    def slow_save():  # as a buffer of gigabytes takes
+        save()
+        clock.now += 2.0
+
+    worker.save = slow_save
+    clock.now = 10.0
+    producer.post("p", _segments(5, 4))
+    worker.poll()
+    assert path.exists() and worker._next_save == 10.0 + SAVE_SPACING * 2.0
+
+
+def test_a_full_disk_is_a_run_folder_error_and_leaves_the_last_save(tmp_path, monkeypatch):
+    path = tmp_path / "replay.npz"
+    worker, producer, _ = _worker(checkpoint_path=path, save_every_s=10.0, clock=_Clock())
+    producer.post("p", _segments(5, 4))
+    worker.poll()
+    worker.save()
+    first = path.read_bytes()
+    producer.post("p", _segments(5, 4, start=50.0))
+    worker.poll()
+
+    def full(file, **arrays):
+        file.write(b"part of a buffer")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(RunFolderError) as e:
+        worker.save()
+    assert str(e.value) == (
+        f"cannot write {path}: No space left on device; free space on that disk (or move the "
+        "run folder to one with room), then continue the run with `troupe run --resume RUN_DIR`"
+    )
+    assert path.read_bytes() == first and [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+
+
+def test_a_damaged_save_is_reported_and_the_buffer_starts_empty(tmp_path, caplog):
+    path = tmp_path / "replay.npz"
+    path.write_bytes(b"not a zip file")
+    (tmp_path / ".replay.npz.tmp-123-456").write_bytes(b"a save a kill interrupted")
+    with caplog.at_level(logging.WARNING):
+        worker, producer, _ = _worker(checkpoint_path=path)
+    assert worker.buffer.size == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+    assert (
+        f"cannot load the saved replay buffer {path} (ValueError: not a numpy .npz archive)"
+        in caplog.text
+    )
+    producer.post("p", _segments(5, 4))
+    worker.poll()
+    assert worker.buffer.size == 16  # and it fills as a new buffer does
