@@ -16,10 +16,11 @@ configuration, and each worker registers them again (:mod:`api.user_code` finds 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -252,6 +253,22 @@ def _load_plugins() -> None:
                     ) from e
         finally:
             _plugins_loading = False
+
+
+@contextlib.contextmanager
+def registering_as_plugin() -> Iterator[None]:
+    """Registrations made inside are a plugin's, not the user's: every process makes them itself,
+    so a launcher does not ship them to workers. E.g. the gymnasium adapter's blanket registration
+    of gymnasium's ids, which each process derives from its own gymnasium registry; called again
+    after another module registered an id with gymnasium, it must not turn that id into a user
+    registration (which a worker, lacking the id, could not build)."""
+    global _plugins_loading
+    with _plugins_lock:
+        before, _plugins_loading = _plugins_loading, True
+        try:
+            yield
+        finally:
+            _plugins_loading = before
 
 
 def user_specs() -> list[Spec]:

@@ -164,13 +164,17 @@ def register_gymnasium_ids() -> None:
     """Register every gymnasium id (and ALE's Atari ids when ``ale_py`` is installed).
 
     Ids that are already registered (e.g. a user's own environment of the same name) are kept:
-    an explicit registration wins over the blanket adapter one.
+    an explicit registration wins over the blanket adapter one. They count as a plugin's, never
+    as the user's, whenever this is called (see :func:`api.registry.registering_as_plugin`).
     """
     _add_ale_ids_to_gymnasium()
-    for gym_id in sorted(gym.registry):
-        if gym_id in registry.environments:
-            continue
-        registry.register_environment(gym_id, ENTRY_POINT, gym_id=gym_id, description="gymnasium")
+    with registry.registering_as_plugin():
+        for gym_id in sorted(gym.registry):
+            if gym_id in registry.environments:
+                continue
+            registry.register_environment(
+                gym_id, ENTRY_POINT, gym_id=gym_id, description="gymnasium"
+            )
 
 
 def _add_ale_ids_to_gymnasium() -> None:

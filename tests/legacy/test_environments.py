@@ -114,6 +114,21 @@ def test_every_gymnasium_id_is_registered_through_the_adapter():
     assert isinstance(environment.make("Acrobot-v1"), GymnasiumEnvironment)
 
 
+def test_an_id_registered_with_gymnasium_later_is_never_shipped_as_user_code():
+    """A test module's ``gym.register`` after the plugins loaded, then another call of the blanket
+    registration, made that id a user registration: every later run's config shipped it to
+    workers (and two tests comparing configs failed, depending on collection order)."""
+    registry.environments.names()  # the plugins are loaded
+    gym.register("LateRegistered-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+    try:
+        register_gymnasium_ids()
+        assert registry.environments.spec("LateRegistered-v0").description == "gymnasium"
+        assert "LateRegistered-v0" not in [s.name for s in registry.user_specs()]
+    finally:
+        registry.environments.unregister("LateRegistered-v0")
+        del gym.registry["LateRegistered-v0"]
+
+
 # --------------------------------------------------------------------- GridGather
 def acting(results) -> list[int]:
     return [i for i, r in enumerate(results) if r is not None]
