@@ -106,3 +106,19 @@ def assert_no_version_lost(run_dir: Path, final: int | None, recorded: list[int]
     assert final is not None, "no latest.ckpt at the end of the run"
     lost = sorted({v for v in everything if v > final})
     assert not lost, f"versions announced but not in the final checkpoint {final}: {lost}"
+
+
+def mount_tmpfs(target: Path, *options: str) -> None:
+    """A tmpfs at ``target`` (``options`` as ``mount -o`` takes them, e.g. ``size=8m``, ``ro``,
+    ``remount``); skips the test with the reason where this process may not mount (not root)."""
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(target)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {detail}")

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from lifecycle_support import finish, leftovers, read_json, start
+from lifecycle_support import finish, leftovers, mount_tmpfs, read_json, start
 
 pytestmark = pytest.mark.faults
 
@@ -28,17 +28,7 @@ FREE_BYTES = 300 * 1024
 def small_disk(tmp_path_factory):
     mount_point = tmp_path_factory.mktemp("full") / "disk"
     mount_point.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or e
-        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {detail}")
+    mount_tmpfs(mount_point, f"size={DISK_BYTES}")
     try:
         stat = os.statvfs(mount_point)
         ballast = stat.f_bavail * stat.f_frsize - FREE_BYTES

@@ -16,7 +16,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from lifecycle_support import ROOT, SMALL, TROUPE, finish, frames, group, start, wait_for
+from lifecycle_support import (
+    ROOT,
+    SMALL,
+    TROUPE,
+    finish,
+    frames,
+    group,
+    mount_tmpfs,
+    start,
+    wait_for,
+)
 
 from api.config import make_experiment
 
@@ -29,17 +39,7 @@ ENV = {"COLUMNS": "400"}  # one line per message, however long
 
 def mount(target: Path, *options: str) -> None:
     """A small tmpfs at ``target`` (``ro``, ``remount``: as ``mount -o`` takes them)."""
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", ",".join(["size=8m", *options]), "tmpfs", str(target)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or e
-        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {detail}")
+    mount_tmpfs(target, "size=8m", *options)
 
 
 @pytest.fixture
