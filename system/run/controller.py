@@ -111,6 +111,10 @@ class Controller:
         """Workers that died or went silent after running, and since when: a restart that has
         not brought one back within ``restart_grace_s`` fails the run."""
         self.why_restarted: dict[str, str] = {}
+        self.told_to_stop: set[str] = set()
+        """Workers the shutdown has asked to stop. A scheduler may restart one just after (a
+        hung worker's liveness probe fires as the run ends): its new process is told to stop
+        at its hello, instead of being configured and waited for until it is killed."""
         self.endpoints: dict[str, str] = {}
         self.lookups: dict[str, list[bytes]] = {}
         self.watchers: dict[str, set[bytes]] = {}
@@ -184,6 +188,7 @@ class Controller:
 
     def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
         waiting = {w for w in ids if self.launcher.is_alive(w) and self.workers[w].state.running}
+        self.told_to_stop.update(ids)
         for w in waiting:
             wire.send(self.socket, "stop", {}, envelope=[w.encode()])
         deadline = time.monotonic() + timeout_s
@@ -290,7 +295,10 @@ class Controller:
                 self._restarted_elsewhere(state)
             state.state = WorkerState.CONFIGURING
             state.pid = int(body.get("pid", 0)) or None
-            self._send(worker_id, "configure", self._configuration(state.plan))
+            if worker_id in self.told_to_stop:  # its stop went to the process it replaces
+                self._send(worker_id, "stop", {})
+            else:
+                self._send(worker_id, "configure", self._configuration(state.plan))
         elif message.kind == "register":
             self._register(str(body["name"]), str(body["address"]))
         elif message.kind == "lookup":

@@ -30,10 +30,6 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-@pytest.mark.xfail(
-    reason="since the hang bound (ops16) the probe-restarted actor ends failed, not stopped",
-    strict=False,
-)
 def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
     docker_client, tmp_path
 ):

@@ -56,3 +56,34 @@ def test_a_replacement_with_the_same_name_is_answered_while_the_old_one_hangs(co
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_replacement_that_says_hello_during_the_stop_is_told_to_stop(tmp_path):
+    """The stop went to the hung process; the scheduler's replacement must get it too. It was
+    configured instead, never stopped, and killed at the stop's timeout: the run's record ended
+    'failed' for a worker that had done nothing wrong. One thread serves here, as in a run."""
+    ctl = Controller(make_experiment("cartpole-ppo"), tmp_path, ExternalLauncher(), display=False)
+    old = ControlClient(ctl.address, "actor/1")
+    clients = [old]
+
+    def answer(client: ControlClient, kind: str) -> str:
+        client.send(kind, {"pid": 1})
+        ctl._receive(timeout_ms=5_000)
+        received = wire.recv(client.socket, timeout_ms=5_000)
+        return "" if received is None else received[1].kind
+
+    try:
+        assert answer(old, "hello") == "configure"
+        # the shutdown asks it to stop; it hangs (reads nothing) and the wait runs out
+        ctl._stop_workers(["actor/1"], timeout_s=0.2)
+        new = ControlClient(ctl.address, "actor/1")  # connects with the same identity
+        clients.append(new)
+        assert answer(new, "hello") == "stop"  # its replacement, restarted by its probe
+        new.send("bye", {})
+        ctl._receive(timeout_ms=5_000)
+        assert str(ctl.workers["actor/1"].state) == "stopped"
+    finally:
+        for client in clients:
+            client.close()
+        ctl.socket.close(linger=0)
+        ctl.metrics.close()
