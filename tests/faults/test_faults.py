@@ -121,21 +121,22 @@ def flood_and_stop(run_dir: Path, proc: subprocess.Popen, sockets: str, count: i
     after_flood = frames(run_dir)
     wait_for(lambda: frames(run_dir) > after_flood + 5000, proc, what="5000 frames more")
     after = {wid: memory_mb(pid) for wid, pid in pids.items()}
-    # Two bounds in MiB, each named by what it would catch. The flood's messages wait in
-    # ZeroMQ's queues (up to its receive high-water mark) before a worker drops them, so the
-    # peak rises by a few MiB (up to 20 seen on CI) and then falls back.
+    # The flood's messages wait in ZeroMQ's queues (up to its receive high-water mark) before a
+    # worker drops them: the peak rises by a few MiB (20 seen on CI, 10% of a policy worker),
+    # then falls back. So the peak is checked against what a 50 MB frame would add, and what
+    # stays resident against the issue's 10%.
     peaked = {  # a 50 MB frame read whole, even once, lifts the peak by 47.7 MiB
         wid: (before[wid]["VmRSS"], after[wid]["VmHWM"])
         for wid in pids
         if after[wid]["VmHWM"] - before[wid]["VmRSS"] >= BIG_FRAME_MIB
     }
     assert not peaked, f"a 50 MB frame was read whole (resident before, peak after): {peaked}"
-    kept = {  # still resident after the run went on: a frame or the flood's messages kept
+    kept = {  # still resident after the run went on (issue 10: RSS growth < 10%)
         wid: (before[wid]["VmRSS"], after[wid]["VmRSS"])
         for wid in pids
-        if after[wid]["VmRSS"] - before[wid]["VmRSS"] >= BIG_FRAME_MIB / 2
+        if after[wid]["VmRSS"] > 1.10 * before[wid]["VmRSS"]
     }
-    assert not kept, f"resident memory (MiB) grew by half a 50 MB frame or more: {kept}"
+    assert not kept, f"resident memory (MiB) grew by 10% or more: {kept}"
     workers = read_json(run_dir / "workers.json")
     assert {wid: w["restarts"] for wid, w in workers.items()} == dict.fromkeys(pids, 0)
     os.killpg(proc.pid, signal.SIGINT)
