@@ -273,6 +273,11 @@ class Controller:
             if got is None:
                 return
             envelope, message = got
+            if len(envelope) != 1:  # a worker's DEALER gives exactly its identity
+                self.bad_messages.record(
+                    WireError(f"control message with {len(envelope)} routing frames, not 1")
+                )
+                continue
             try:
                 self._handle(envelope[0].decode(), message)
             except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as e:

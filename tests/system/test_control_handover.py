@@ -87,3 +87,24 @@ def test_a_replacement_that_says_hello_during_the_stop_is_told_to_stop(tmp_path)
             client.close()
         ctl.socket.close(linger=0)
         ctl.metrics.close()
+
+
+def test_a_message_with_extra_routing_frames_is_counted_not_fatal(tmp_path):
+    """A control message must carry exactly the sender's identity before its delimiter; any
+    other routing (here a frame before the delimiter) is dropped and counted. On CI a message
+    the controller's socket gave with no identity at all raised IndexError and ended the run."""
+    ctl = Controller(make_experiment("cartpole-ppo"), tmp_path, ExternalLauncher(), display=False)
+    client = ControlClient(ctl.address, "actor/0")
+    try:
+        wire.send(client.socket, "hello", {"pid": 1}, envelope=[b"hop"])
+        ctl._receive(timeout_ms=5_000)
+        assert ctl.bad_messages.count == 1
+        assert str(ctl.workers["actor/0"].state) == "starting"  # not configured by it
+        client.send("hello", {"pid": 1})  # a well-formed one still is
+        ctl._receive(timeout_ms=5_000)
+        received = wire.recv(client.socket, timeout_ms=5_000)
+        assert received is not None and received[1].kind == "configure"
+    finally:
+        client.close()
+        ctl.socket.close(linger=0)
+        ctl.metrics.close()
