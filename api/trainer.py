@@ -58,7 +58,10 @@ class Trainer(abc.ABC):
         """One training step on a batch of trajectory segments."""
 
     def get_checkpoint(self) -> dict[str, Any]:
-        """The trainer's own state (optimiser, schedules) for resuming; torch-savable."""
+        """The trainer's own state (optimiser, schedules) for resuming. It travels to the
+        parameter service with every persisted version (no pickle), so it may hold dicts keyed
+        by str or int, lists, tuples, tensors, numpy arrays and plain scalars: what an
+        optimiser's ``state_dict()`` holds."""
         return {}
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: B027 - optional hook

@@ -115,12 +115,18 @@ def add_k8s_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--storage",
         default="claim",
-        choices=["claim", "none"],
-        help="claim: the run folder on a ReadWriteMany claim; none: no shared volume (results "
-        "and checkpoints go with the pods, the summary stays in the controller's log)",
+        choices=["claim", "pod", "none"],
+        help="claim: the run folder on a ReadWriteMany claim; pod: a ReadWriteOnce claim per "
+        "pod that writes (controller, parameter service, replay workers; trainers ship their "
+        "state to the parameter service), kept for a resume; none: no volume (results and "
+        "checkpoints go with the pods, the summary stays in the controller's log)",
     )
-    add("--storage-class", default=None, help="a storage class offering ReadWriteMany")
-    add("--storage-size", default="10Gi", help="size of the run folder's claim")
+    add(
+        "--storage-class",
+        default=None,
+        help="the claims' storage class (ReadWriteMany for claim, ReadWriteOnce for pod)",
+    )
+    add("--storage-size", default="10Gi", help="size of the claim (with pod: of each claim)")
     add("--existing-claim", default=None, help="a ReadWriteMany PVC for run folders, not a new one")
     add(
         "--keys-secret",
@@ -211,7 +217,7 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     make_secret = args.apply and args.keys_secret is None
     keys = RunKeys.generate().to_text() if make_secret else None
     objects = k8s.build_manifests(config, options, keys)
-    extras = [k8s.fetch_pod(options)] if options.storage == "claim" else []
+    extras = k8s.fetch_pods(config, options)
     files = k8s.write_manifests(objects, extras, Path(args.out))
     console.print(f"wrote {len(files)} files to {args.out} (run {options.run_name})")
     if "/" not in options.worker_image.split(":")[0] and args.image_pull_policy != "Never":

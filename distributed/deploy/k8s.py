@@ -5,7 +5,8 @@ One object per file, numbered in the order they are created, plus a ``kustomizat
 
 - a Namespace (unless ``--no-namespace-object``), a ConfigMap with ``config.json``, a Secret with
   the run's CURVE keys (made here, per run; the file is owner-only), a ReadWriteMany PVC for the
-  run folder (unless ``--existing-claim``);
+  run folder (``--storage claim``, unless ``--existing-claim``), or with ``--storage pod`` one
+  ReadWriteOnce PVC per pod that writes (see below);
 - the controller: a headless Service (stable DNS for the workers) and a Job whose init container
   copies ``config.json`` into the run folder; the Job's end is the run's end;
 - one Indexed Job per role group of the controller's plan: ``params``, ``replay-<policy>`` (an
@@ -24,6 +25,14 @@ controller again. Finished Jobs are deleted ``ttlSecondsAfterFinished`` later.
 Every pod that writes the run folder (controller, params, trainers, replay buffers, which save
 their buffer there when the run stops) mounts the claim at the same path, because workers write to
 the path the controller hands them.
+
+``--storage pod``, for clusters with no ReadWriteMany storage: each pod that writes mounts a
+ReadWriteOnce claim of its own at that path, named after the run and the pod
+(``RUN-controller-run``, ``RUN-params-0-run``, ``RUN-replay-<policy>-0-run``), so deploying the
+same run again (a resume) finds them. Nothing needs to be shared: the controller writes the
+config, metrics and summary, the parameter service the checkpoints (with each trainer's optimiser
+state, which trainers ship to it instead of writing a file), a replay worker its buffer. Trainers
+mount no volume.
 
 Longer than 400 lines because one small function per Kubernetes object kind; splitting them would
 scatter the one manifest set a reader wants to see whole.
@@ -65,7 +74,12 @@ RUNTIME_COMPONENTS = ("controller", "params", "trainer", "replay")
 """Pods whose eviction stops or sets back the run (the disruption budget's): a replay buffer
 evicted mid-run comes back empty and refills before its trainer trains again."""
 WRITER_COMPONENTS = ("params", "trainer", "replay")
-"""Workers that write the run folder (versions, checkpoints, the replay buffer at a stop)."""
+"""Workers that mount the run folder (versions, checkpoints, the replay buffer at a stop).
+Trainers write nothing there (their state goes to the parameter service); they mount it with
+``--storage claim`` or ``none`` only to read an older run's ``trainer.pt`` on resume."""
+POD_CLAIM_COMPONENTS = ("params", "replay")
+"""Workers that get a claim of their own with ``--storage pod`` (and the controller)."""
+STORAGE_MODES = ("claim", "pod", "none")
 RESTARTS_PER_WORKER = 10
 """A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
 Job: crashes and kills are retried, a worker that can never start does not loop for ever."""
@@ -89,9 +103,12 @@ class K8sOptions:
     namespace_object: bool = True
     storage: str = "claim"
     """``claim``: the run folder on a ReadWriteMany claim (new, or ``existing_claim``);
+    ``pod``: each pod that writes has a ReadWriteOnce claim of its own (controller, parameter
+    service, replay workers; trainers none), which outlives the pod;
     ``none``: no shared volume, each pod writes an emptyDir that goes with it."""
     storage_class: str | None = None
     storage_size: str = "10Gi"
+    """The size of the claim (with ``pod``, of each claim)."""
     existing_claim: str | None = None
     keys_secret: str | None = None
     """An existing Secret holding the run's keys (key ``keys``); None: ``RUN-keys``."""
@@ -132,10 +149,12 @@ class K8sOptions:
     def check(self) -> K8sOptions:
         """Every problem with the options at once."""
         errors = []
-        if self.storage not in ("claim", "none"):
-            errors.append(f"--storage {self.storage}: use claim or none")
-        if self.storage == "none" and self.existing_claim:
+        if self.storage not in STORAGE_MODES:
+            errors.append(f"--storage {self.storage}: use claim, pod or none")
+        if self.storage != "claim" and self.existing_claim:
             errors.append("--existing-claim needs --storage claim")
+        if self.storage == "none" and self.storage_class:
+            errors.append("--storage-class needs --storage claim or pod (none makes no claim)")
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             errors.append(
                 f"--image-pull-policy {self.image_pull_policy}: Always, IfNotPresent or Never"
@@ -176,6 +195,8 @@ def build_manifests(
         objects.append(b.secret(keys_text))
     if options.storage == "claim" and options.existing_claim is None:
         objects.append(b.claim())
+    if options.storage == "pod":
+        objects += [b.claim(name, "ReadWriteOnce", policy) for name, policy in b.pod_claims(groups)]
     objects += [
         b.service(b.controller_host, b.select("controller"), ports=True),
         b.controller_job(),
@@ -270,9 +291,11 @@ class _Builder:
             "stringData": {"keys": keys_text},
         }
 
-    def claim(self) -> dict[str, Any]:
+    def claim(
+        self, name: str | None = None, access: str = "ReadWriteMany", policy: str | None = None
+    ) -> dict[str, Any]:
         spec: dict[str, Any] = {
-            "accessModes": ["ReadWriteMany"],
+            "accessModes": [access],
             "resources": {"requests": {"storage": self.o.storage_size}},
         }
         if self.o.storage_class:
@@ -280,9 +303,34 @@ class _Builder:
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": self.meta(self.o.claim, "run-folder"),
+            "metadata": self.meta(name or self.o.claim, "run-folder", policy),
             "spec": spec,
         }
+
+    def writes(self, component: str) -> bool:
+        """Whether the component's pods mount the run folder."""
+        if self.o.storage == "pod":
+            return component in POD_CLAIM_COMPONENTS
+        return component in WRITER_COMPONENTS
+
+    def pod_claim(self, host: str) -> str:
+        """``--storage pod``: the claim of the pod whose host name is ``host``."""
+        return f"{host}-run"
+
+    def pod_claims(self, groups: list[RoleGroup]) -> list[tuple[str, str | None]]:
+        """``--storage pod``: (claim, policy) of every pod that writes: one per worker, so a
+        group that writes must have one replica (a Job's pods share one template)."""
+        claims: list[tuple[str, str | None]] = [(self.pod_claim(self.controller_host), None)]
+        for group in groups:
+            if not self.writes(group.component):
+                continue
+            if group.replicas != 1:
+                raise DeployError(
+                    f"--storage pod: group '{group.name}' has {group.replicas} workers, and "
+                    "each would need a claim of its own; use --storage claim"
+                )
+            claims.append((self.pod_claim(f"{self.workload_name(group)}-0"), group.policy))
+        return claims
 
     def service(self, name: str, selector: dict[str, str], ports: bool = False) -> dict[str, Any]:
         """Headless, and publishing pods before they are ready: workers need the controller's
@@ -322,6 +370,7 @@ class _Builder:
             str(self.restart_grace_s()),
         ]
         container = self.container("controller", self.o.worker_image, args, writes_run=True)
+        claim = self.pod_claim(self.controller_host)
         container["ports"] = [{"name": "control", "containerPort": CONTROLLER_PORT}]
         script = 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
         copy = self.container(
@@ -336,7 +385,9 @@ class _Builder:
             {"name": "CONFIG", "value": f"{CONFIG_DIR}/config.json"},
         ]
         copy["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
-        pod = self.pod_spec([container], writes_run=True, restart="Never", component="controller")
+        pod = self.pod_spec(
+            [container], writes_run=True, restart="Never", component="controller", claim=claim
+        )
         pod["initContainers"] = [copy]
         pod["volumes"].append(
             {"name": "config", "configMap": {"name": f"{self.o.run_name}-config"}}
@@ -364,7 +415,7 @@ class _Builder:
             "--controller",
             f"tcp://{self.controller_host}:{CONTROLLER_PORT}",
         ]
-        writes = group.component in WRITER_COMPONENTS
+        writes = self.writes(group.component)
         image = self.o.worker_image
         if gpus:
             image = self.o.gpu_image or gpu_image(image)
@@ -376,8 +427,13 @@ class _Builder:
         container["env"].append(
             {"name": "TROUPE_ORDINAL", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}
         )
+        claim = self.pod_claim(f"{name}-0")  # --storage pod: one replica (pod_claims)
         pod = self.pod_spec(
-            [container], writes_run=writes, restart="OnFailure", component=group.component
+            [container],
+            writes_run=writes,
+            restart="OnFailure",
+            component=group.component,
+            claim=claim,
         )
         if group.component == "params":
             pod["subdomain"] = name  # the headless Service of that name: <name>-0.<name>
@@ -482,8 +538,15 @@ class _Builder:
         return limit + 3 * max(5, limit // 3) + 300
 
     def pod_spec(
-        self, containers: list[dict], *, writes_run: bool, restart: str, component: str = ""
+        self,
+        containers: list[dict],
+        *,
+        writes_run: bool,
+        restart: str,
+        component: str = "",
+        claim: str | None = None,
     ) -> dict:
+        """``claim``: with ``--storage pod``, the pod's own claim (if it writes)."""
         # 0o440 and fsGroup: the keys are readable by the troupe user only, never world-readable.
         volumes: list[dict[str, Any]] = [
             {
@@ -494,6 +557,9 @@ class _Builder:
         ]
         if writes_run and self.o.storage == "claim":
             volumes.append({"name": "run", "persistentVolumeClaim": {"claimName": self.o.claim}})
+        elif writes_run and self.o.storage == "pod":
+            assert claim is not None, "--storage pod: a pod that writes has a claim of its own"
+            volumes.append({"name": "run", "persistentVolumeClaim": {"claimName": claim}})
         elif writes_run:  # --storage none: the pod's own folder, gone with the pod
             volumes.append({"name": "run", "emptyDir": {}})
         extra: dict[str, Any] = {}
@@ -564,19 +630,37 @@ class _Builder:
         }
 
 
-def fetch_pod(options: K8sOptions) -> dict[str, Any]:
+def fetch_pod(options: K8sOptions, claim: str | None = None) -> dict[str, Any]:
     """A pod that mounts the run folder and idles, to copy results out with ``kubectl cp``
-    once the run's workers are gone (not part of the kustomization)."""
+    once the run's workers are gone (not part of the kustomization). With ``--storage pod``
+    it mounts ``claim`` (default: the controller's, which holds the metrics and summary)."""
     b = _Builder(options)
     container = b.container("fetch", options.worker_image, [], writes_run=True)
     container["command"] = ["sleep", "infinity"]
-    pod = b.pod_spec([container], writes_run=True, restart="Never")
+    own = b.pod_claim(b.controller_host)
+    claim = claim or own
+    pod = b.pod_spec([container], writes_run=True, restart="Never", claim=claim)
+    name = f"{options.run_name}-fetch"
+    if options.storage == "pod" and claim != own:  # r1-params-0-run -> r1-params-0-fetch
+        name = f"{claim.removesuffix('-run')}-fetch"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": b.meta(f"{options.run_name}-fetch", "fetch"),
+        "metadata": b.meta(name, "fetch"),
         "spec": pod,
     }
+
+
+def fetch_pods(config: ExperimentConfig, options: K8sOptions) -> list[dict[str, Any]]:
+    """Fetch pods (:func:`fetch_pod`): one for the run folder's claim; with ``--storage pod``
+    one per claim (the controller's, the parameter service's with the checkpoints, each replay
+    worker's); none without storage."""
+    if options.storage == "claim":
+        return [fetch_pod(options)]
+    if options.storage == "pod":
+        claims = _Builder(options).pod_claims(role_groups(config))
+        return [fetch_pod(options, claim) for claim, _ in claims]
+    return []
 
 
 # --------------------------------------------------------------------- files

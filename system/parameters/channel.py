@@ -54,6 +54,11 @@ class RequestChannel:
         """The id of the ``hello`` waiting for its answer, if one is."""
         self.socket = self._connect()
 
+    @property
+    def max_message_bytes(self) -> int | None:
+        """The size bound of the sockets (the service's is the same, from the same layout)."""
+        return self._max_bytes
+
     def _connect(self) -> zmq.Socket:
         dealer = wire.make_socket(zmq.DEALER, server=False, max_message_bytes=self._max_bytes)
         dealer.connect(self.endpoint)

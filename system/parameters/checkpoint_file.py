@@ -52,8 +52,9 @@ def write_checkpoint(f, record: dict[str, Any]) -> None:
         f.write(view)
 
 
-def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by the store; a damaged or foreign file raises ValueError."""
+def load_checkpoint_file(path: str | os.PathLike, field: str = "params") -> dict[str, Any]:
+    """Read a checkpoint written by the store (one holding ``field``: a version's ``params``,
+    or a trainer's own state, ``trainer``); a damaged or foreign file raises ValueError."""
     data = memoryview(Path(path).read_bytes())
     if bytes(data[:8]) != _MAGIC:
         raise ValueError(f"{path} is not a Troupe checkpoint (bad magic)")
@@ -68,6 +69,6 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
         record = wire.decode(frames, copy=True).body
     except WireError as e:
         raise ValueError(f"{path} is damaged: {e}") from e
-    if not isinstance(record, dict) or "params" not in record:
-        raise ValueError(f"{path} is not a parameter-store checkpoint")
+    if not isinstance(record, dict) or field not in record:
+        raise ValueError(f"{path} is not a parameter-store checkpoint (no '{field}')")
     return record

@@ -22,12 +22,21 @@ from api.errors import UserError
 from system.errors import PeerTimeoutError, WireError
 from system.parameters.channel import RequestChannel, hello_info, owns_frames
 from system.parameters.interfaces import ParameterClientBase
-from system.parameters.protocol import DEFAULT_TIMEOUT_S, PUSH_HWM, Get, Publish, Tag, ms_left
+from system.parameters.protocol import (
+    DEFAULT_TIMEOUT_S,
+    PUSH_HWM,
+    Get,
+    GetTrainerState,
+    Publish,
+    Tag,
+    ms_left,
+)
 from system.parameters.shm_link import ShmLink
 from system.parameters.store import LATEST, check_policy_name
 from system.parameters.subscription import PushSubscription
 from system.ratelimit import BadMessages
-from system.streams import shm
+from system.streams import shm, wire
+from system.streams.validation import TRAINER_STATE_VALUES
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +130,18 @@ class ParameterClient(ParameterClientBase):
         self.link.min_bytes = value
 
     # ------------------------------------------------------------------ publisher
-    def publish(self, policy, version, params, *, persist=False, timeout_s=DEFAULT_TIMEOUT_S):
+    def publish(
+        self, policy, version, params, *, persist=False, trainer_state=None,
+        timeout_s=DEFAULT_TIMEOUT_S,
+    ):  # fmt: skip
         deadline = time.monotonic() + timeout_s
+        state = trainer_state
+        socket_request = Publish(policy, version, persist, params=params, trainer_state=state)
+        self._check_size(socket_request)
         self._learn_shm(deadline, timeout_s)
         layout = self.link.write(policy, version, params, persist)
         if layout is not None:
-            request = Publish(policy, version, persist, shm=layout)
+            request = Publish(policy, version, persist, shm=layout, trainer_state=state)
             try:
                 self.channel.request(request.kind, request.body(), timeout_s, deadline)
                 self.link.published(layout)
@@ -139,8 +154,37 @@ class ParameterClient(ParameterClientBase):
             except BaseException:
                 self.link.discard(layout)
                 raise
-        request = Publish(policy, version, persist, params=params)
+        request = socket_request
         self.channel.request(request.kind, request.body(), timeout_s, deadline)
+
+    def _check_size(self, request: Publish) -> None:
+        """A publish carrying a trainer's state over the service's size limit would be dropped
+        by ZeroMQ without a word (and time out): refuse it here, saying why. Checked as if the
+        parameters went over the socket (the bound a version and its trainer state have)."""
+        limit = self.channel.max_message_bytes
+        if request.trainer_state is None or limit is None:
+            return
+        size = sum(memoryview(f).nbytes for f in wire.encode(request.kind, request.body()))
+        if size > limit:
+            state = sum(memoryview(f).nbytes for f in wire.encode("s", request.trainer_state))
+            raise UserError(
+                f"version {request.version} of policy '{request.policy}' with its trainer's "
+                f"state is {size / 2**20:.1f} MiB (the state alone {state / 2**20:.1f} MiB), "
+                f"over the parameter service's limit of {limit / 2**20:.1f} MiB: a trainer may "
+                f"keep {TRAINER_STATE_VALUES} values per parameter of the checkpoint; keep less "
+                "(a smaller optimiser state) or put its own networks in the policy's checkpoint"
+            )
+
+    def trainer_state(self, policy, *, timeout_s=DEFAULT_TIMEOUT_S):
+        request = GetTrainerState(check_policy_name(policy))
+        deadline = time.monotonic() + timeout_s
+        body = self.channel.request(request.kind, request.body(), timeout_s, deadline)
+        version, state = body.get("version"), body.get("state")
+        if version is None:
+            return None
+        if type(version) is not int:
+            raise WireError(f"'trainer_state' reply has no int 'version': {version!r}")
+        return version, state
 
     def tag(self, policy, version, tag, *, timeout_s=DEFAULT_TIMEOUT_S):
         request = Tag(policy, version, tag)

@@ -25,8 +25,18 @@ class InprocParameterService(ParameterClientBase):
         super().__init__()
         self.store = store if store is not None else ParameterStore()
 
-    def publish(self, policy, version, params, *, persist=False, timeout_s=DEFAULT_TIMEOUT_S):
-        self.store.publish(policy, version, _through_wire(params), persist=persist)
+    def publish(
+        self, policy, version, params, *, persist=False, trainer_state=None,
+        timeout_s=DEFAULT_TIMEOUT_S,
+    ):  # fmt: skip
+        state = None if trainer_state is None else _through_wire(trainer_state)
+        self.store.publish(
+            policy, version, _through_wire(params), persist=persist, trainer_state=state
+        )
+
+    def trainer_state(self, policy, *, timeout_s=DEFAULT_TIMEOUT_S):
+        saved = self.store.trainer_state(policy)
+        return None if saved is None else (saved[0], _through_wire(saved[1]))
 
     def get(self, policy, version=LATEST, *, timeout_s=DEFAULT_TIMEOUT_S):
         number, params = self.store.get(policy, version)

@@ -47,9 +47,20 @@ class ParameterPublisher(ParameterReader):
         params: Any,
         *,
         persist: bool = False,
+        trainer_state: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        """Store ``version`` of ``policy`` (newer than the latest) and push it to subscribers."""
+        """Store ``version`` of ``policy`` (newer than the latest) and push it to subscribers.
+
+        ``trainer_state`` (with ``persist``): the trainer's own state at this version, as
+        :func:`system.parameters.trainer_state.to_wire` gives it, saved beside the checkpoint."""
+
+    @abc.abstractmethod
+    def trainer_state(
+        self, policy: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> tuple[int, Any] | None:
+        """``(version, state)`` of the trainer's own state saved last (in the form it was
+        published), or None when none was."""
 
     @abc.abstractmethod
     def tag(

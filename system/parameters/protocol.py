@@ -6,6 +6,8 @@ Requests (client DEALER -> server ROUTER), each with an int ``id`` the reply rep
 - ``publish`` (:class:`Publish`) -> ``ack {version}``;
 - ``get`` (:class:`Get`) -> ``params {policy, version, params}``;
 - ``tag`` (:class:`Tag`) -> ``ack {version}``;
+- ``trainer_state`` (:class:`GetTrainerState`) -> ``trainer_state {policy, version, state}``
+  (both None when no trainer state was saved);
 - any of them -> ``error {type, error}`` when refused (``type`` is one of :data:`REMOTE_ERRORS`).
 
 Pushes (server XPUB -> client SUB), kind ``params``: on topic ``<policy>`` the full parameters
@@ -69,7 +71,9 @@ class Publish:
     """Store a new version (or, with ``persist`` and the latest version, save it to disk).
 
     Exactly one of ``params`` (the parameters themselves) and ``shm`` (the layout of a file in
-    the server's shared memory holding them) is given."""
+    the server's shared memory holding them) is given. ``trainer_state`` (only with
+    ``persist``): the trainer's own state at this version, in the form of
+    :func:`system.parameters.trainer_state.to_wire`, saved beside the checkpoint."""
 
     kind: ClassVar[str] = "publish"
     policy: str
@@ -77,9 +81,12 @@ class Publish:
     persist: bool = False
     params: Any = None
     shm: dict | None = None
+    trainer_state: Any = None
 
     def body(self) -> dict[str, Any]:
         body = {"policy": self.policy, "version": self.version, "persist": self.persist}
+        if self.trainer_state is not None:
+            body["trainer_state"] = self.trainer_state
         if self.shm is not None:
             return {**body, "shm": self.shm}
         return {**body, "params": self.params}
@@ -89,13 +96,17 @@ class Publish:
         shm = body.get("shm")
         if shm is None and "params" not in body:
             raise WireError("'publish' request has no 'params'")
-        return cls(
+        request = cls(
             _field(body, "policy", (str,), cls.kind),
             _field(body, "version", (int,), cls.kind),
             _field(body, "persist", (bool,), cls.kind),
             body.get("params"),
             shm,
+            body.get("trainer_state"),
         )
+        if request.trainer_state is not None and not request.persist:
+            raise WireError("'publish' request has a 'trainer_state' but does not persist")
+        return request
 
 
 @dataclass(frozen=True)
@@ -135,3 +146,19 @@ class Tag:
             _field(body, "version", (int,), cls.kind),
             _field(body, "tag", (str,), cls.kind),
         )
+
+
+@dataclass(frozen=True)
+class GetTrainerState:
+    """Ask for the trainer's own state saved with the newest persisted version (a restarted
+    trainer restores its optimiser from it)."""
+
+    kind: ClassVar[str] = "trainer_state"
+    policy: str
+
+    def body(self) -> dict[str, Any]:
+        return {"policy": self.policy}
+
+    @classmethod
+    def from_body(cls, body: dict) -> GetTrainerState:
+        return cls(_field(body, "policy", (str,), cls.kind))

@@ -11,6 +11,9 @@ Two sockets on the server:
   ``publish {id, policy, version, params | shm, persist}`` -> ``ack {id, version}``;
   ``get {id, policy, version}`` (a number or a tag) -> ``params {id, policy, version, params}``;
   ``tag {id, policy, version, tag}`` -> ``ack {id, version}``;
+  ``trainer_state {id, policy}`` -> ``trainer_state {id, policy, version, state}`` (a
+  trainer's own state, shipped with ``trainer_state`` in a persisting ``publish`` and saved
+  beside the checkpoints; both None when there is none);
   ``hello {id}`` -> ``hello {id, shm}`` (``shm``: the service's shared memory, or None);
   any refused request -> ``error {id, type, error}``, raised again by the client as that type.
 - an XPUB that pushes every accepted publish as ``params {policy, version, params}`` with the
@@ -44,14 +47,16 @@ from system.parameters.protocol import (
     PUSH_HWM,
     SHM_TOPIC,
     Get,
+    GetTrainerState,
     Publish,
     Tag,
     ms_left,
 )
 from system.parameters.store import ParameterStore, check_policy_name
+from system.parameters.trainer_state import array_bytes
 from system.ratelimit import BadMessages
 from system.streams import shm, wire
-from system.streams.validation import ParamsLayout
+from system.streams.validation import HEADROOM_BYTES, ParamsLayout
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +128,7 @@ class ParameterServer:
             "get": self._get,
             "tag": self._tag,
             "hello": self._hello,
+            "trainer_state": self._trainer_state,
         }
 
     def poll(self, timeout_ms: int) -> int:
@@ -260,8 +266,13 @@ class ParameterServer:
             params = request.params
         if self.layout is not None:
             self.layout.check(policy, params)
+            self._check_trainer_state(policy, request.trainer_state)
         already = self.store.latest_version(policy) == version  # a final save, not news
-        self.store.publish(policy, version, params, persist=persist)
+        self.store.publish(
+            policy, version, params, persist=persist, trainer_state=request.trainer_state
+        )
+        if request.trainer_state is not None:
+            self.stats["trainer_states"] += 1
         self.stats["publishes"] += 1
         if layout is not None:  # ours from here on: kept while the store keeps the version
             if already:
@@ -274,6 +285,19 @@ class ParameterServer:
             return "ack", {"version": version}
         self._push(policy, version, params, layout)
         return "ack", {"version": version}
+
+    def _check_trainer_state(self, policy: str, state: Any) -> None:
+        """A trainer's own state is stored as it came, but no bigger than its bound (the
+        socket's size limit allows for the largest policy's; this is the policy's own)."""
+        if state is None:
+            return
+        limit = self.layout.max_trainer_state_bytes(policy) + HEADROOM_BYTES
+        size = array_bytes(state)
+        if size > limit:
+            raise WireError(
+                f"trainer state of policy '{policy}' holds {size} bytes of arrays, more than "
+                f"its limit of {limit}"
+            )
 
     def _map_published(self, policy: str, version: int, layout: Any) -> Any:
         if self.shm is None:
@@ -309,6 +333,13 @@ class ParameterServer:
         request = Tag.from_body(body)
         self.store.tag(request.policy, request.version, request.tag)
         return "ack", {"version": request.version}
+
+    def _trainer_state(self, body: dict) -> tuple[str, dict]:
+        request = GetTrainerState.from_body(body)
+        saved = self.store.trainer_state(request.policy)
+        version, state = (None, None) if saved is None else saved
+        self.stats["trainer_state_gets"] += 1
+        return "trainer_state", {"policy": request.policy, "version": version, "state": state}
 
     def _hello(self, body: dict) -> tuple[str, dict]:
         return "hello", {"shm": None if self.shm is None else self.shm.info()}

@@ -10,6 +10,13 @@ for it, a checkpoint file on disk so a run can resume::
     root_dir/checkpoints/<policy>/v00000042.ckpt
     root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
     root_dir/checkpoints/<policy>/latest.ckpt     (``durable=True``: every version, see below)
+    root_dir/checkpoints/<policy>/trainer.ckpt    the trainer's own state, newest persisted
+
+``trainer.ckpt`` is the optimiser state (and schedules) of the trainer that published the newest
+version it sent with ``persist=True`` (:meth:`ParameterStore.publish`'s ``trainer_state``): the
+trainer ships it here rather than writing a file itself, so a trainer needs no run folder of its
+own and a restarted one (or every rank of a data-parallel group) reads it back from the service
+(:meth:`ParameterStore.trainer_state`). Only the newest is kept, as a resume needs no other.
 
 ``durable=True`` (the parameter service of a run) writes every version to ``latest.ckpt`` before
 :meth:`ParameterStore.publish` returns, that is before the service announces it, so a service
@@ -50,6 +57,7 @@ _POLICY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 _CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
 _TMP_RE = re.compile(r"\..+\.tmp-(\d+)-\d+")
 LATEST_FILE = "latest.ckpt"
+TRAINER_FILE = "trainer.ckpt"
 
 
 def check_policy_name(policy: Any) -> str:
@@ -137,24 +145,37 @@ class ParameterStore:
             )
 
     # ------------------------------------------------------------------------------- updates
-    def publish(self, policy: str, version: int, params: Any, *, persist: bool = False) -> None:
+    def publish(
+        self,
+        policy: str,
+        version: int,
+        params: Any,
+        *,
+        persist: bool = False,
+        trainer_state: Any = None,
+    ) -> None:
         """Add ``version`` of ``policy``; it must be newer than the latest one.
 
-        ``persist=True`` also writes the checkpoint file (the caller chooses the cadence).
-        Publishing the latest version again with ``persist=True`` only writes it to disk: that is
-        how a trainer saves its final version when the run stops.
+        ``persist=True`` also writes the checkpoint file (the caller chooses the cadence), and
+        ``trainer_state`` (only with ``persist``), the trainer's own state at that version, to
+        ``trainer.ckpt`` after it. Publishing the latest version again with ``persist=True``
+        only writes to disk: that is how a trainer saves its final version when the run stops.
         """
         check_policy_name(policy)
         if type(version) is not int or version < 0:
             raise VersionError(f"version of policy '{policy}' must be an int >= 0, got {version!r}")
         if persist and self.root_dir is None:
             raise UserError("publish(persist=True) needs a ParameterStore with a root_dir")
+        if trainer_state is not None and not persist:
+            raise UserError("publish(trainer_state=...) needs persist=True")
         with self._lock:
             entry = self._policies.setdefault(policy, _Policy())
             if persist and version == entry.latest:
                 if version not in entry.on_disk:
                     self._save(policy, version, params)
                     entry.on_disk.add(version)
+                if trainer_state is not None:
+                    self._save_trainer_state(policy, version, trainer_state)
                 return
             if entry.latest is not None and version <= entry.latest:
                 raise VersionError(
@@ -164,6 +185,8 @@ class ParameterStore:
             if persist:
                 self._save(policy, version, params)
                 entry.on_disk.add(version)
+                if trainer_state is not None:
+                    self._save_trainer_state(policy, version, trainer_state)
             elif self.durable:
                 self._save_latest(policy, version, params)
             entry.memory[version] = params
@@ -252,6 +275,32 @@ class ParameterStore:
         record = {"policy": policy, "version": version, "params": params}
         path = self.checkpoint_path(policy, version)
         write_atomically(path, lambda f: write_checkpoint(f, record))
+
+    def _save_trainer_state(self, policy: str, version: int, state: Any) -> None:
+        record = {"policy": policy, "version": version, "trainer": state}
+        path = self._folder(policy) / TRAINER_FILE
+        write_atomically(path, lambda f: write_checkpoint(f, record))
+
+    def trainer_state(self, policy: str) -> tuple[int, Any] | None:
+        """``(version, state)``: the trainer's own state saved with the newest persisted
+        version that carried one; None when there is none (no root_dir, or nothing saved yet).
+        An unreadable file is logged and taken for none: the trainer then starts afresh."""
+        check_policy_name(policy)
+        if self.root_dir is None:
+            return None
+        path = self._folder(policy) / TRAINER_FILE
+        if not path.is_file():
+            return None
+        try:
+            record = load_checkpoint_file(path, field="trainer")
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring unreadable trainer state %s: %s", path, e)
+            return None
+        version = record.get("version")
+        if record.get("policy") != policy or type(version) is not int:
+            logger.warning("ignoring %s: it holds another policy or no version", path)
+            return None
+        return version, record["trainer"]
 
     def _save_latest(self, policy: str, version: int, params: Any) -> None:
         record = {"policy": policy, "version": version, "params": params}

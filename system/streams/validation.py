@@ -35,6 +35,11 @@ MAX_ITEMSIZE = 8
 """Widest element accepted in place of a declared one (bytes)."""
 HEADROOM_BYTES = 1 << 20
 """Added to every declared message size for the header, envelope and scalars (1 MiB)."""
+TRAINER_STATE_VALUES = 3
+"""Values per checkpoint element a trainer's own state may hold (at :data:`MAX_ITEMSIZE` bytes
+each), shipped to the parameter service with every persisted version: Adam keeps two moments
+per parameter, three with amsgrad. Its size cannot be declared from a freshly built trainer
+(optimisers make their state at the first step), so it is bounded by the checkpoint's size."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,16 @@ class ParamsLayout:
             raise WireError(f"policy '{policy}' is not trained in this run (trained: {trained})")
         check(params, spec, (), f"parameters of '{policy}'")
 
+    def max_trainer_state_bytes(self, policy: str) -> int:
+        """The most bytes of arrays a trainer's own state of ``policy`` may hold."""
+        spec = self.policies.get(policy)
+        return 0 if spec is None else TRAINER_STATE_VALUES * elements(spec) * MAX_ITEMSIZE
+
     @property
     def max_message_bytes(self) -> int:
-        return max((max_bytes(s, 1) for s in self.policies.values()), default=HEADROOM_BYTES)
+        """A publish that persists a version carries the trainer's own state as well: the
+        largest message is a checkpoint and that state (see :data:`TRAINER_STATE_VALUES`)."""
+        return max(
+            (max_bytes(s, 1 + TRAINER_STATE_VALUES) for s in self.policies.values()),
+            default=HEADROOM_BYTES,
+        )

@@ -25,9 +25,9 @@ Failures. A rank that dies breaks the group: every other rank fails at its next 
 (gloo notices the closed connection at once), exits with the error, and is restarted by the
 controller like any trainer. The restarted ranks form a new generation, each starting from the
 latest published version; DDP broadcasts rank 0's parameters when it wraps the model. So a fault
-restarts the whole group, simple and the same for every failure. Optimiser state comes from
-``checkpoints/<policy>/trainer.pt`` in the run folder, which every rank must therefore see (one
-host, or a shared run folder).
+restarts the whole group, simple and the same for every failure. Optimiser state: rank 0 ships
+it to the parameter service with every persisted version, and every restarted rank asks the
+service for it, so no rank needs the run folder (nor a folder shared with the others).
 
 The group's traffic (the store and gloo's connections) is plain TCP: in cluster mode it is not
 covered by CURVE, so keep trainers of one policy on a trusted network. Gloo finds its own address

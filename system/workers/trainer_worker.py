@@ -6,17 +6,17 @@ for the next one.
 
 Back-pressure comes from the sample stream (bounded queues), so actors slow down when training
 does. After every step the new parameters go to the parameter service, which pushes them to the
-policy workers; every ``checkpoint_every`` versions the service also writes them to disk, and this
-worker writes its own state (optimiser, schedules) beside them so a run can resume.
+policy workers; every ``checkpoint_every`` versions the service also writes them to disk, and
+this worker's own state (optimiser, schedules) goes with that publish, for the service to write
+beside them, so a run can resume. The trainer writes no file itself: a restarted trainer (every
+rank of a data-parallel group) reads its state back from the service, so trainers need no run
+folder of their own (``troupe deploy k8s --storage pod`` mounts none on them).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from api.errors import RunFolderError
 from api.policy import SampleBatch
 from api.trainer import Trainer
 from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
+from system.parameters import trainer_state
 from system.parameters.interfaces import ParameterPublisher
 from system.run.plan import Role
 from system.streams.replay import ReplayClient
@@ -36,8 +36,9 @@ from system.workers.base import Worker
 from system.workers.trajectory import segment_count, take_columns
 
 logger = logging.getLogger(__name__)
-FULL_DISK_BYTES = 16 << 20
-"""Below this much free space, a failed write is taken for a full disk."""
+LEGACY_TRAINER_FILE = "trainer.pt"
+"""Where trainers of older runs wrote their state themselves (``torch.save``), in
+``checkpoint_dir/<policy>/``: read on resume when the service holds none."""
 LAG_WARNING_EVERY_S = 30.0
 """At most one policy-lag warning (samples dropped, or kept but old) this often per trainer."""
 
@@ -75,6 +76,7 @@ class TrainerWorker(Worker):
         self.batch_segments = batch_segments
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        """The run's checkpoints folder, only read: an older run's ``trainer.pt`` (resume)."""
         self.buffer: list[SampleBatch] = []
         self.last_batch: SampleBatch | None = None
         self.steps = 0
@@ -215,13 +217,17 @@ class TrainerWorker(Worker):
                            self.trainer.policy.version, e)  # fmt: skip
 
     def _publish(self, persist: bool) -> None:
+        """A persisted version takes the trainer's own state along (see the module doc)."""
         policy = self.trainer.policy
+        state = trainer_state.to_wire(self.trainer.get_checkpoint()) if persist else None
         self.params.publish(
-            self.policy_name, policy.version, policy.get_checkpoint(), persist=persist
+            self.policy_name,
+            policy.version,
+            policy.get_checkpoint(),
+            persist=persist,
+            trainer_state=state,
         )
         self._published = True
-        if persist:
-            self.save_trainer_state()
 
     def reconnect(self, params: ParameterPublisher) -> None:
         """The parameter service was restarted at new addresses: publish there from now on. It
@@ -244,49 +250,30 @@ class TrainerWorker(Worker):
         """Persist the final version, so the run folder ends with its last parameters."""
         self._publish(persist=True)  # no service to take it is an error worth reporting
 
-    def save_trainer_state(self) -> None:
-        """Write the optimiser state beside the parameter checkpoints (atomically)."""
-        if self.checkpoint_dir is None:
-            return
-        folder = self.checkpoint_dir / self.policy_name
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / "trainer.pt.tmp"
-        state = {"version": self.trainer.policy.version, "trainer": self.trainer.get_checkpoint()}
-        try:
-            torch.save(state, tmp)
-            tmp.replace(folder / "trainer.pt")
-        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-            tmp.unlink(missing_ok=True)
-            error = e if isinstance(e, OSError) else _write_failure(folder, e)
-            if error is None:
-                raise
-            raise RunFolderError.from_os_error(folder / "trainer.pt", error) from e
-
     def restore(self, policy_checkpoint: dict[str, Any] | None) -> None:
-        """Resume: load published parameters and, if saved, this trainer's own state."""
+        """Resume: load published parameters and, if the parameter service saved one, this
+        trainer's own state (that of the newest persisted version). A run folder of an older
+        run may hold it as ``trainer.pt`` instead: read when the service has none."""
         if policy_checkpoint is not None:
             self.trainer.policy.load_checkpoint(policy_checkpoint)
+        saved = self.params.trainer_state(self.policy_name)
+        if saved is not None:
+            version, state = saved
+            self.trainer.load_checkpoint(trainer_state.from_wire(state))
+            logger.info("%s: trainer state of version %d restored", self.worker_id, version)
+            return
         path = (
-            self.checkpoint_dir / self.policy_name / "trainer.pt" if self.checkpoint_dir else None
+            self.checkpoint_dir / self.policy_name / LEGACY_TRAINER_FILE
+            if self.checkpoint_dir
+            else None
         )
         if path is not None and path.exists():
             state = torch.load(path, weights_only=False)
             self.trainer.load_checkpoint(state["trainer"])
+            logger.info("%s: trainer state restored from %s", self.worker_id, path)
 
     def close(self) -> None:
         for stream in (self.samples, self.replay):
             if stream is not None:
                 stream.close()
         self.params.close()
-
-
-def _write_failure(folder: Path, error: RuntimeError) -> OSError | None:
-    """The OSError behind a failed ``torch.save``: torch's writer reports a short write (a full
-    disk) as a RuntimeError; None when the disk has room (the error is something else)."""
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return None
-    if free >= FULL_DISK_BYTES:
-        return None
-    return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({error})")

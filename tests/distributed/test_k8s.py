@@ -27,7 +27,7 @@ from api.config import make_experiment
 from distributed.deploy import k8s
 from distributed.deploy.cluster_commands import resolve_worker_id
 from distributed.deploy.commands import add_deploy_arguments, run_deploy, run_k8s
-from distributed.deploy.manifests import parse_resource_overrides, to_yaml
+from distributed.deploy.manifests import RoleGroup, parse_resource_overrides, to_yaml
 from distributed.errors import DeployError
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
@@ -113,9 +113,12 @@ def test_the_schemas_are_the_three_latest_minor_versions():
 
 
 @pytest.mark.parametrize("experiment", ["cartpole-ppo", "gather-2p-ppo", "cartpole-dqn"])
-@pytest.mark.parametrize("storage", ["claim", "none"])
+@pytest.mark.parametrize("storage", ["claim", "pod", "none"])
 def test_every_object_validates_against_the_kubernetes_schemas(experiment, storage):
-    for obj in manifests(experiment, storage=storage, **EVERY_OPTION):
+    options = {"storage_class": "standard"} if storage != "none" else {}
+    objects = manifests(experiment, storage=storage, **options, **EVERY_OPTION)
+    opts = k8s.K8sOptions(run_name="r1", storage=storage, **options, **EVERY_OPTION)
+    for obj in objects + k8s.fetch_pods(make_experiment(experiment, []), opts):
         written = yaml.safe_load(to_yaml(obj))
         assert written == obj  # what the files hold is what was validated
         for version in SCHEMA_VERSIONS:
@@ -275,6 +278,68 @@ def test_without_storage_writers_get_pod_folders_and_no_claim_is_made():
         assert {"name": "run", "emptyDir": {}} in volumes, name
     with pytest.raises(DeployError, match="--existing-claim needs --storage claim"):
         manifests("cartpole-ppo", storage="none", existing_claim="shared")
+
+
+def test_with_pod_storage_each_writing_pod_mounts_a_claim_of_its_own():
+    objects = manifests("cartpole-dqn", storage="pod", storage_class="ssd", storage_size="5Gi")
+    claims = by_kind(objects, "PersistentVolumeClaim")
+    own = {
+        "r1-controller": "r1-controller-run",
+        "r1-params": "r1-params-0-run",
+        "r1-replay-default": "r1-replay-default-0-run",
+    }
+    assert sorted(claims) == sorted(own.values())  # no shared r1-run
+    for claim in claims.values():
+        assert claim["spec"] == {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "5Gi"}},
+            "storageClassName": "ssd",
+        }
+    assert claims["r1-replay-default-0-run"]["metadata"]["labels"]["troupe.policy"] == "default"
+    # claims come before the pods that mount them
+    kinds = [o["kind"] for o in objects]
+    assert max(i for i, k in enumerate(kinds) if k == "PersistentVolumeClaim") < kinds.index("Job")
+    jobs = by_kind(objects, "Job")
+    assert sorted(jobs) == sorted([*own, "r1-trainer-default", "r1-policy-default", "r1-actor",
+                                   "r1-eval"])  # fmt: skip
+    for name, job in jobs.items():
+        pod = job["spec"]["template"]["spec"]
+        mounted = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                   if "persistentVolumeClaim" in v]  # fmt: skip
+        run_volumes = [v for v in pod["volumes"] if v["name"] == "run"]
+        assert mounted == ([own[name]] if name in own else []), name
+        assert run_volumes or name not in own, name  # trainers: no volume at all
+        for c in containers(job):
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert ("/troupe/run" in mounts) == (name in own), (name, c["name"])
+    # deterministic: the same run deployed again (a resume) names the same claims
+    again = manifests("cartpole-dqn", storage="pod", storage_class="ssd", storage_size="5Gi")
+    assert sorted(by_kind(again, "PersistentVolumeClaim")) == sorted(claims)
+    other = manifests("cartpole-dqn", storage="pod")
+    assert "r1-params-0-run" in by_kind(other, "PersistentVolumeClaim")
+    # a fetch pod per claim, to copy results out once the run is over
+    opts = k8s.K8sOptions(run_name="r1", storage="pod")
+    fetch = k8s.fetch_pods(make_experiment("cartpole-dqn", []), opts)
+    assert {p["metadata"]["name"]: [v["persistentVolumeClaim"]["claimName"]
+            for v in p["spec"]["volumes"] if "persistentVolumeClaim" in v] for p in fetch} == {
+        "r1-fetch": ["r1-controller-run"],
+        "r1-params-0-fetch": ["r1-params-0-run"],
+        "r1-replay-default-0-fetch": ["r1-replay-default-0-run"],
+    }  # fmt: skip
+
+
+def test_storage_options_are_checked_together():
+    for storage in ("pod", "none"):
+        with pytest.raises(DeployError, match="--existing-claim needs --storage claim"):
+            manifests("cartpole-ppo", storage=storage, existing_claim="shared")
+    with pytest.raises(DeployError, match="--storage rwx: use claim, pod or none"):
+        manifests("cartpole-ppo", storage="rwx")
+    with pytest.raises(DeployError, match="--storage-class needs --storage claim or pod"):
+        manifests("cartpole-ppo", storage="none", storage_class="ssd")
+    b = k8s._Builder(k8s.K8sOptions(run_name="r1", storage="pod"))
+    group = RoleGroup("replay/default", "replay", "replay/default/{n}", 2, "default")
+    with pytest.raises(DeployError, match="'replay/default' has 2 workers"):
+        b.pod_claims([group])
 
 
 def test_writers_share_the_run_folder_and_every_pod_gets_keys_limits_and_non_root():
@@ -447,6 +512,23 @@ def test_the_command_writes_numbered_files_a_kustomization_and_no_keys(tmp_path,
     from system.streams.security import RunKeys
 
     assert RunKeys.from_text(made.stdout).to_text() == made.stdout
+
+
+def test_the_command_with_pod_storage_writes_the_claims_and_a_fetch_pod_per_claim(tmp_path):
+    out = tmp_path / "m"
+    args = ["k8s", "cartpole-dqn", "--out", str(out), "--run-name", "dq", "--storage", "pod"]
+    assert deploy(*args, "--storage-class", "local-path") == 0
+    names = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
+    assert names[2:5] == [
+        "02-persistentvolumeclaim-dq-controller-run.yaml",
+        "03-persistentvolumeclaim-dq-params-0-run.yaml",
+        "04-persistentvolumeclaim-dq-replay-default-0-run.yaml",
+    ]
+    assert sorted(p.name for p in (out / "extras").iterdir()) == [
+        "pod-dq-fetch.yaml", "pod-dq-params-0-fetch.yaml", "pod-dq-replay-default-0-fetch.yaml"
+    ]  # fmt: skip
+    with pytest.raises(SystemExit):  # argparse refuses an unknown mode
+        deploy("k8s", "cartpole-dqn", "--out", str(out), "--storage", "rwx")
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

@@ -1,0 +1,219 @@
+"""A trainer's own state (its optimiser) goes through the parameter service, not a file of its own.
+
+Real CartPole segments, the registered actor-critic policy and PPO trainer, a real
+:class:`ParameterServer` on sockets with the layout a run declares, and real trainer workers: the
+first trains and persists a version, which carries its Adam state to the service; the service
+writes it beside the checkpoint; a restarted service and new trainers (two, as the ranks of a
+data-parallel group restore) get exactly that state back.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from test_bad_messages import SEGMENT, real_segments
+
+from api.config import make_experiment
+from api.errors import UserError
+from system.errors import WireError
+from system.parameters import trainer_state
+from system.parameters.checkpoint_file import load_checkpoint_file
+from system.parameters.client import ParameterClient
+from system.parameters.service import ParameterServer
+from system.parameters.store import TRAINER_FILE, ParameterStore
+from system.run import builders, declared
+from system.streams import validation, wire
+from system.streams.samples import InprocSampleHub
+from system.streams.validation import HEADROOM_BYTES
+from system.workers.trainer_group import GroupTrainerWorker
+from system.workers.trainer_worker import LEGACY_TRAINER_FILE, TrainerWorker
+
+TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def run():
+    config = make_experiment(
+        "cartpole-ppo",
+        [f"actors.segment_length={SEGMENT}", "actors.envs_per_worker=4"],
+    )
+    return config, builders.probe_spaces(config)
+
+
+class Served:
+    """A run's parameter service (durable store on ``root``, declared layout), polled by a
+    thread, and a client limited as a worker's is."""
+
+    def __init__(self, config, root):
+        self.layout = declared.params_layout(config)
+        store = ParameterStore(root, durable=True)
+        store.load_from_disk()  # a restarted service resumes from the run folder
+        self.server = ParameterServer(store, shm_dir=None, layout=self.layout)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            self.server.poll(20)
+
+    def client(self, limit: bool = True) -> ParameterClient:
+        bound = self.layout.max_message_bytes if limit else None
+        return ParameterClient(self.server.request_endpoint, shm=False, max_message_bytes=bound)
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(TIMEOUT_S)
+        self.server.close()
+
+
+def trainer_worker(config, spaces, params, root, cls=TrainerWorker, seed=0) -> TrainerWorker:
+    policy = builders.make_policy(config, "default", spaces, seed)
+    hub = InprocSampleHub()
+    worker = cls(
+        "trainer/default/0",
+        "default",
+        builders.make_trainer(config, "default", policy),
+        hub.consumer("default"),
+        params,
+        batch_segments=4,
+        checkpoint_every=1,
+        checkpoint_dir=root / "checkpoints",
+    )
+    worker.hub = hub
+    return worker
+
+
+def optimizer_state(worker: TrainerWorker) -> dict:
+    return worker.trainer.get_checkpoint()["optimizer"]
+
+
+def assert_same_optimizer(got: dict, want: dict) -> None:
+    assert got["param_groups"] == want["param_groups"]
+    assert sorted(got["state"]) == sorted(want["state"])
+    for index, slots in want["state"].items():
+        assert sorted(got["state"][index]) == sorted(slots)
+        for name, tensor in slots.items():
+            other = got["state"][index][name]
+            assert isinstance(other, torch.Tensor), (index, name, type(other))
+            assert other.dtype == tensor.dtype and torch.equal(other, tensor), (index, name)
+
+
+def test_the_trainer_state_is_shipped_persisted_and_restored_by_the_service(run, tmp_path):
+    config, spaces = run
+    served = Served(config, tmp_path)
+    first = trainer_worker(config, spaces, served.client(), tmp_path)
+    try:
+        for chunk in real_segments(config, spaces, 2):
+            first.hub.producer().post("default", chunk)
+        for _ in range(200):
+            if first.poll():
+                break
+        assert first.steps == 1 and first.trainer.policy.version == 1
+        shipped = optimizer_state(first)
+        assert shipped["state"], "PPO's Adam has state after a step"
+        exp_avg = shipped["state"][0]["exp_avg"]
+        assert exp_avg.abs().sum() > 0  # a real moment, not zeros a broken restore could match
+    finally:
+        first.close()
+        served.close()
+    folder = tmp_path / "checkpoints" / "default"
+    assert not (folder / LEGACY_TRAINER_FILE).exists()  # the trainer wrote nothing itself
+    record = load_checkpoint_file(folder / TRAINER_FILE, field="trainer")
+    assert record["policy"] == "default" and record["version"] == 1
+    assert (folder / "v00000001.ckpt").is_file()  # beside the version it came with
+
+    restarted = Served(config, tmp_path)  # the service restarts too: the state is on disk
+    ranks = []
+    try:
+        for _rank in (0, 1):  # every rank of a group restores from the service, rank 1 too
+            params = restarted.client()
+            worker = trainer_worker(config, spaces, params, tmp_path, GroupTrainerWorker, seed=9)
+            ranks.append(worker)
+            assert not optimizer_state(worker)["state"]  # a fresh optimiser
+            version, checkpoint = params.get("default")
+            assert version == 1
+            worker.restore(checkpoint)
+            assert worker.trainer.policy.version == 1
+            assert_same_optimizer(optimizer_state(worker), shipped)
+            assert worker.trainer.get_checkpoint()["steps"] == 1
+        assert restarted.server.stats["trainer_state_gets"] == 2
+    finally:
+        for worker in ranks:
+            worker.close()
+        restarted.close()
+
+
+def test_an_older_runs_trainer_pt_is_still_read_when_the_service_has_none(run, tmp_path):
+    config, spaces = run
+    served = Served(config, tmp_path)
+    try:
+        params = served.client()
+        old = trainer_worker(config, spaces, params, tmp_path)
+        old.trainer.step(_batch(config, spaces))
+        legacy = {"version": 1, "trainer": old.trainer.get_checkpoint()}
+        folder = tmp_path / "checkpoints" / "default"
+        folder.mkdir(parents=True)
+        torch.save(legacy, folder / LEGACY_TRAINER_FILE)  # as trainers of older runs wrote it
+        old.close()
+        params = served.client()
+        worker = trainer_worker(config, spaces, params, tmp_path, seed=9)
+        assert params.trainer_state("default") is None
+        worker.restore(None)
+        assert_same_optimizer(optimizer_state(worker), legacy["trainer"]["optimizer"])
+        worker.close()
+    finally:
+        served.close()
+
+
+def _batch(config, spaces):
+    from system.workers.trajectory import take_columns
+
+    batch, _ = take_columns(real_segments(config, spaces, 2), 4)
+    return batch
+
+
+def test_a_trainer_state_over_the_limit_is_refused_with_the_reason(run, tmp_path):
+    config, _ = run
+    served = Served(config, tmp_path)
+    try:
+        layout = served.layout
+        policy = builders.make_policy(config, "default", builders.probe_spaces(config), 0)
+        version = policy.get_checkpoint()
+        limit = layout.max_message_bytes
+        huge = {"moments": np.zeros(limit // 8 + 1, np.float64)}
+        with served.client() as client, pytest.raises(UserError, match="over the parameter"):
+            client.publish("default", 1, version, persist=True, trainer_state=huge)
+        # A client without the bound: the service refuses a state over the policy's own bound
+        # (that still fits under its socket's, which allows for the float32 parameters too).
+        elements = validation.elements(layout.policies["default"])
+        over = layout.max_trainer_state_bytes("default") + HEADROOM_BYTES + 2 * elements
+        big = {"moments": np.zeros(over // 8, np.float64)}
+        with served.client(limit=False) as client:
+            with pytest.raises(WireError, match="more than its limit"):
+                client.publish("default", 1, version, persist=True, trainer_state=big)
+            with pytest.raises(WireError, match="does not persist"):
+                client.publish("default", 1, version, persist=False, trainer_state={"a": 1})
+            assert client.trainer_state("default") is None
+        assert not (tmp_path / "checkpoints" / "default" / TRAINER_FILE).exists()
+    finally:
+        served.close()
+
+
+def test_the_wire_form_keeps_int_keys_tensors_and_arrays_apart():
+    state = {
+        "state": {0: {"step": torch.tensor(3.0), "m": torch.ones(2, 3)}},
+        "groups": [{"betas": (0.9, 0.99), "params": [0, 1]}],
+        "stats": np.arange(3),
+    }
+    sent = wire.encode("publish", {"trainer_state": trainer_state.to_wire(state)})
+    back = trainer_state.from_wire(wire.decode(sent).body["trainer_state"])
+    assert list(back["state"]) == [0] and isinstance(back["state"][0]["m"], torch.Tensor)
+    assert torch.equal(back["state"][0]["m"], state["state"][0]["m"])
+    assert back["groups"] == state["groups"] and isinstance(back["groups"][0]["betas"], tuple)
+    assert isinstance(back["stats"], np.ndarray) and back["stats"].flags.writeable
+    with pytest.raises(UserError, match="reserved"):
+        trainer_state.to_wire({"~tensor": 1})
