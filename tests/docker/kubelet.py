@@ -66,9 +66,10 @@ class Kubelet:
             for file, text in files.items():
                 (folder / file).write_text(text)
                 (folder / file).chmod(mode)
-        claim = self.workdir / "claim"
-        claim.mkdir()
-        claim.chmod(0o777)
+        for claim in (o for o in self.objects if o["kind"] == "PersistentVolumeClaim"):
+            folder = self.claim_dir(claim["metadata"]["name"])
+            folder.mkdir(parents=True)
+            folder.chmod(0o777)
         for job in (o for o in self.objects if o["kind"] == "Job"):
             for index in range(job["spec"].get("completions", 1)):
                 name = job["metadata"]["name"] + (
@@ -132,7 +133,7 @@ class Kubelet:
             elif "configMap" in volume:
                 source = self.workdir / "volumes" / volume["configMap"]["name"]
             elif "persistentVolumeClaim" in volume:
-                source = self.workdir / "claim"
+                source = self.claim_dir(volume["persistentVolumeClaim"]["claimName"])
             else:  # emptyDir: the pod's, kept across its container's restarts
                 source = self.workdir / "pods" / pod.name / m["name"]
                 source.mkdir(parents=True, exist_ok=True)
@@ -140,6 +141,11 @@ class Kubelet:
             mode = "ro" if m.get("readOnly") else "rw"
             mounts[str(source)] = {"bind": m["mountPath"], "mode": mode}
         return mounts
+
+    def claim_dir(self, claim: str) -> Path:
+        """The folder standing in for the volume of PersistentVolumeClaim ``claim``: one each,
+        kept across the pods' restarts, shared by every pod that mounts the claim."""
+        return self.workdir / "claims" / claim
 
     # ----------------------------------------------------------------- run
     def pod(self, name: str) -> Pod:

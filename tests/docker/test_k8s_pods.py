@@ -41,7 +41,7 @@ def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
     options = k8s.K8sOptions(run_name=RUN, image=IMAGE, probe_stale_seconds=6)
     objects = k8s.build_manifests(config, options)
     kubelet = Kubelet(docker_client, objects, RunKeys.generate().to_text(), tmp_path, RUN)
-    run_dir = tmp_path / "claim" / RUN
+    run_dir = kubelet.claim_dir(options.claim) / RUN
     hung = False
     try:
         kubelet.start()
@@ -74,3 +74,49 @@ def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
     assert workers["actor/1"]["restarts"] >= 1, f"{workers}\n{logs}"
     assert docker_client.containers.list(all=True, filters={"label": f"troupe.kubelet={RUN}"}) == []
     assert {w: s["state"] for w, s in workers.items() if s["state"] != "stopped"} == {}, logs
+
+
+def test_with_a_claim_per_pod_a_killed_trainer_gets_its_state_back_from_the_service(
+    docker_client, tmp_path
+):
+    """``--storage pod``: no volume is shared (ReadWriteOnce claims only: the controller's, the
+    parameter service's) and the trainer mounts none. Killed after its state was persisted,
+    the trainer is restarted by its Job and restores that state from the parameter service."""
+    run = "kp"
+    config = make_experiment(
+        "cartpole-ppo",
+        ["stop.eval_return=None", "stop.env_frames=200000", "checkpoint_every=10"],
+    )
+    options = k8s.K8sOptions(run_name=run, image=IMAGE, storage="pod")
+    objects = k8s.build_manifests(config, options)
+    for job in (o for o in objects if o["metadata"]["name"] == f"{run}-trainer-default"):
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        container["env"].append({"name": "TROUPE_LOG_LEVEL", "value": "INFO"})
+    kubelet = Kubelet(docker_client, objects, RunKeys.generate().to_text(), tmp_path, run)
+    saved = kubelet.claim_dir(f"{run}-params-0-run") / run / "checkpoints" / "default"
+    killed = False
+    try:
+        kubelet.start()
+        trainer = next(p for p in kubelet.pods if p.name.startswith(f"{run}-trainer-"))
+        spec = trainer.job["spec"]["template"]["spec"]["containers"][0]
+        assert {m["name"] for m in spec["volumeMounts"]} == {"keys", "tmp"}  # no run folder
+        deadline = time.monotonic() + 400
+        while not kubelet.controller_done():
+            assert time.monotonic() < deadline, "the run did not end in 400 s"
+            kubelet.tick()
+            if not killed and (saved / "trainer.ckpt").exists():
+                trainer.container.kill()  # SIGKILL: exit 137, restarted by its OnFailure
+                killed = True
+            time.sleep(1)
+        logs = kubelet.pod(f"{run}-controller").container.logs().decode()[-6000:]
+        trainer_logs = trainer.container.logs().decode()
+    finally:
+        kubelet.stop()
+    assert killed, f"the run ended before the trainer state was saved:\n{logs}"
+    run_dir = kubelet.claim_dir(f"{run}-controller-run") / run
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames", logs
+    assert read_json(run_dir / "workers.json")["trainer/default/0"]["restarts"] == 1, logs
+    assert "trainer state of version" in trainer_logs, trainer_logs[-3000:]
+    assert sorted(p.name for p in saved.iterdir() if p.suffix == ".ckpt")  # versions, state
+    assert not (kubelet.claim_dir(f"{run}-controller-run") / run / "checkpoints").exists()
