@@ -28,6 +28,10 @@ Files are written atomically (temporary file, fsync, ``os.replace``) so a crash 
 half-written checkpoint under a real name. A checkpoint file holds the wire codec's frames (a
 msgpack header and raw arrays), so reading one never runs code and needs no torch: the
 parameter service starts and saves without importing it.
+
+Longer than 400 lines because what a run can resume from is decided in one place: which version
+is in memory, which is on disk and under which name, and the trainer state saved with it are one
+consistency rule (durable before announced), easier to check read together than split.
 """
 
 from __future__ import annotations
