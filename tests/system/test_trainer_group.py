@@ -29,11 +29,18 @@ def _versions(run_dir) -> list[float]:
     return [v for v in versions if v is not None]
 
 
-def _assert_ranks_agree(run_dir) -> dict:
-    """The run's last record: both ranks stepped, at the same version, with equal parameters."""
+def _assert_ranks_agree(run_dir, *, restarted: bool = False) -> dict:
+    """The run's last record: both ranks stepped, at the same version, with equal parameters.
+
+    ``restarted``: the ranks' processes may have started at different times (a rank that joined
+    a group that failed to form restarts once more), so their own step counts may differ; the
+    version and the parameters may not."""
     last = read_metrics(run_dir)[-1]
     t = "trainer/default/"
-    assert last[f"{t}steps"] >= 1 and last[f"{t}rank1/steps"] == last[f"{t}steps"], last
+    restarts = {w: s["restarts"] for w, s in read_json(run_dir / "workers.json").items()}
+    assert last[f"{t}steps"] >= 1 and last[f"{t}rank1/steps"] >= 1, (last, restarts)
+    if not restarted:
+        assert last[f"{t}rank1/steps"] == last[f"{t}steps"], (last, restarts)
     assert last[f"{t}rank1/version"] == last[f"{t}version"] == last["policy/default/version"]
     assert last[f"{t}rank1/param_checksum"] == last[f"{t}param_checksum"], last
     versions = _versions(run_dir)
@@ -95,7 +102,7 @@ def test_a_killed_rank_makes_the_group_form_again(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     out = finish(proc, timeout=120)
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out
-    _assert_ranks_agree(run_dir)
+    _assert_ranks_agree(run_dir, restarted=True)
 
 
 @pytest.mark.multiprocess
