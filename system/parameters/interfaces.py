@@ -84,6 +84,13 @@ class ParameterSubscriber(ParameterReader):
         ``timeout_s`` for one (default: does not block).
         """
 
+    @abc.abstractmethod
+    def tag(
+        self, policy: str, version: int, tag: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        """Point ``tag`` at ``version`` of ``policy`` (a policy worker tags the version it
+        holds for evaluation, so that it is kept)."""
+
     def _hand_out(self, policy: str, version: int) -> None:
         self._returned[policy] = max(version, self._returned.get(policy, -1))
 

@@ -213,7 +213,8 @@ class ParameterStore:
             return newer()
 
     def tag(self, policy: str, version: int, tag: str) -> None:
-        """Point ``tag`` (e.g. ``"eval"``) at an existing ``version`` of ``policy``."""
+        """Point ``tag`` (e.g. ``"eval"``) at an existing ``version`` of ``policy``; with a
+        ``root_dir``, that version's checkpoint file is written if it was not yet."""
         if type(tag) is not str or not tag or tag == LATEST or tag.isdigit():
             raise UserError(
                 f"tag {tag!r} is not allowed: 'latest' is automatic, and tags are "
@@ -231,6 +232,11 @@ class ParameterStore:
             entry.tags[tag] = version
             self._evict(policy, entry)
             if self.root_dir is not None:
+                # A tag names a version to keep: its file is written, so the tag outlives a
+                # restart (restore drops tags whose file is missing) and the run's end.
+                if version not in entry.on_disk:
+                    self._save(policy, version, entry.memory[version])
+                    entry.on_disk.add(version)
                 self._save_tags(policy, entry)
 
     # ----------------------------------------------------------------------------- internals

@@ -301,7 +301,13 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
         _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)
     server = wiring.inference_server(name, plan.policy, policy)
-    return Built(PolicyWorker(plan.worker_id, plan.policy, policy, server, params))
+
+    def make_copy() -> Policy:  # built when evaluation first holds a version
+        return make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
+
+    return Built(
+        PolicyWorker(plan.worker_id, plan.policy, policy, server, params, make_copy=make_copy)
+    )
 
 
 def read_frozen_checkpoint(path: str) -> Any:

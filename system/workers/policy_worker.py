@@ -3,12 +3,20 @@
 Each poll first takes the newest parameters the parameter service pushed (if any newer than the
 ones loaded; an unchanged version is never reloaded), then gathers requests for a bounded time,
 runs one ``rollout`` over their concatenation, and sends every actor its rows back.
+
+While the controller confirms that a run reached its evaluation target it asks the judged
+policy's workers to *hold* (:meth:`PolicyWorker.hold_evaluation`): evaluation requests are then
+answered by a copy of the version loaded at that moment, tagged ``eval`` in the parameter
+service (which writes its file), while training requests keep getting the newest weights. The
+windows that confirm a target are so played by one version, and that version is what the run
+delivers (``summary.json``'s ``solved_version``, what ``troupe eval`` plays).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,6 +29,9 @@ from system.streams.inference import InferenceServer, PendingRequest
 from system.workers.base import Worker
 
 logger = logging.getLogger(__name__)
+
+EVAL_TAG = "eval"
+"""The parameter service's tag of the version a policy worker holds for evaluation."""
 
 
 class PolicyWorker(Worker):
@@ -36,6 +47,7 @@ class PolicyWorker(Worker):
         *,
         max_batch_rows: int = 1024,
         max_wait_ms: float = 0.0,
+        make_copy: Callable[[], Policy] | None = None,
     ):
         super().__init__(worker_id)
         self.policy_name = policy_name
@@ -44,6 +56,13 @@ class PolicyWorker(Worker):
         self.params = params
         self.max_batch_rows = max_batch_rows
         self.max_wait_ms = max_wait_ms
+        self.make_copy = make_copy
+        """Builds a second instance of the policy, for holding a version (None: cannot hold)."""
+        self.held: Policy | None = None
+        """The version evaluation requests get while held; None: they get the newest."""
+        self.held_round = 0
+        self.cannot_hold = False
+        self._spare: Policy | None = None
         self.policy.eval_mode()
 
     def poll(self) -> int:
@@ -52,23 +71,79 @@ class PolicyWorker(Worker):
         if not pending:
             return 0
         started = time.perf_counter()
+        if self.held is None:
+            rows = self._answer(pending, self.policy)
+        else:
+            evaluation = [p for p in pending if _evaluation_only(p.request)]
+            training = [p for p in pending if not _evaluation_only(p.request)]
+            rows = self._answer(training, self.policy) + self._answer(evaluation, self.held)
+        self._count(pending, rows, time.perf_counter() - started)
+        return rows
+
+    def _answer(self, pending: list[PendingRequest], policy: Policy) -> int:
+        """One rollout of ``policy`` over these requests; every actor gets its rows back."""
+        if not pending:
+            return 0
         requests = [self._with_state(p.request) for p in pending]
         # One request (the common case when actors send all their environments at once) needs
         # neither concatenating nor slicing: both copy every field.
         request = requests[0] if len(requests) == 1 else concatenate(requests)
-        result = self.policy.rollout(request)
-        version = self.policy.version
+        result = policy.rollout(request)
+        version = policy.version
         if len(pending) == 1:
             self.server.reply(pending[0], result, version)
-            offset = pending[0].rows
-        else:
-            offset = 0
-            for p in pending:
-                rows = p.rows
-                self.server.reply(p, result[offset : offset + rows], version)
-                offset += rows
-        self._count(pending, offset, time.perf_counter() - started)
+            return pending[0].rows
+        offset = 0
+        for p in pending:
+            rows = p.rows
+            self.server.reply(p, result[offset : offset + rows], version)
+            offset += rows
         return offset
+
+    # ----------------------------------------------------------------- holding a version
+    def hold_evaluation(self, round_: int) -> int | None:
+        """Answer evaluation requests with the version loaded now until :meth:`release`, after
+        tagging it ``eval`` in the parameter service (so its file is written). Returns the
+        version held, or None if this worker cannot hold (no copy of the policy can be built,
+        or the parameter service could not tag it); the stats say which, for the controller."""
+        if self.make_copy is None or self.params is None:
+            self.cannot_hold = True
+            return None
+        try:
+            version = self._tag_loaded()
+        except (ParameterNotFoundError, PeerTimeoutError) as e:
+            logger.warning("%s: cannot hold a version for evaluation: %s", self.worker_id, e)
+            return None
+        if self._spare is None:
+            self._spare = self.make_copy()
+            self._spare.eval_mode()
+        self._spare.load_checkpoint(self.policy.get_checkpoint())
+        self.held, self.held_round = self._spare, round_
+        logger.info("%s: evaluation holds version %d (round %d)", self.worker_id, version, round_)
+        return version
+
+    def _tag_loaded(self) -> int:
+        """Tag the loaded version ``eval``; if the service no longer has it in memory (this
+        worker fell behind), load the newest and tag that one."""
+        try:
+            self.params.tag(self.policy_name, self.policy.version, EVAL_TAG)
+        except ParameterNotFoundError:
+            self._load(*self.params.get(self.policy_name))
+            self.params.tag(self.policy_name, self.policy.version, EVAL_TAG)
+        return self.policy.version
+
+    def release(self) -> None:
+        """Evaluation requests get the newest version again."""
+        self.held = None
+
+    def collect_stats(self) -> dict:
+        """Every heartbeat says what is held (a lost one must not leave the controller
+        waiting), or that nothing can be."""
+        if self.held is not None:
+            self.stats["held_version"], self.stats["held_round"] = self.held.version, self.held_round
+        elif self.cannot_hold:
+            self.stats["hold_unsupported"] = 1
+        return super().collect_stats()
 
     def _update_parameters(self) -> None:
         if self.params is None:
@@ -125,3 +200,9 @@ class PolicyWorker(Worker):
         self.server.close()
         if self.params is not None:
             self.params.close()
+
+
+def _evaluation_only(request: RolloutRequest) -> bool:
+    """A request of an evaluation actor: every row greedy (actors never mix the two)."""
+    flags = request.is_evaluation
+    return flags is not None and bool(np.all(flags))
