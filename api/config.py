@@ -163,9 +163,12 @@ class StopConfig:
     eval_return: float | None = None
     """Stop once the greedy evaluation mean return reaches this (confirmed, see below)."""
     confirm_windows: int = 2
-    """How many consecutive evaluation windows (``evaluation.episodes`` fresh greedy episodes
-    each, none shared) must each reach ``eval_return`` before the run stops as solved. One
-    window of a few episodes reaches a target by luck now and then; 1 stops on the first."""
+    """How many evaluation windows (``evaluation.episodes`` fresh greedy episodes each, none
+    shared) must each reach ``eval_return`` before the run stops as solved. One window of a few
+    episodes reaches a target by luck now and then; 1 stops on the first. After the first, the
+    policy workers of the judged policy (``evaluation.policy``, else the only trained one) hold
+    the version they have for evaluation, and the further windows count only episodes that
+    version played whole: it is the run's ``solved_version``, what ``troupe eval`` plays."""
     env_frames: int | None = None
     """Stop after this many environment steps (summed over actors, evaluation excluded)."""
     trainer_steps: int | None = None

@@ -164,20 +164,22 @@ class LoadedPolicy:
 
 
 def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
-    """A trained policy from a run folder (its latest version) or a checkpoint file.
+    """A trained policy from a run folder (the version its run was solved with, else its
+    latest) or a checkpoint file.
 
     ``policy``: which policy of a multi-policy run (default: the only, or the first one).
     """
+    from system.parameters.store import LATEST
     from system.run import builders
     from system.run.evaluation import load_run, locate
 
-    run_dir, version = locate(target)
+    run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
     from_file = Path(target).parent.name if Path(target).is_file() else None
     name = policy or from_file or next(iter(config.policies))
     if name not in config.policies:
         raise UserError(f"run {run_dir} has no policy '{name}'; it has {sorted(config.policies)}")
-    number, params = store.get(name, version)
+    number, params = store.get(name, pinned.get(name, LATEST))
     built = builders.make_policy(config, name, builders.probe_spaces(config), config.seed)
     built.load_checkpoint(params)
     if hasattr(built, "eval_mode"):

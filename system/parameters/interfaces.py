@@ -17,13 +17,20 @@ from system.parameters.store import LATEST
 
 
 class ParameterReader(abc.ABC):
-    """Reads stored versions."""
+    """Reads stored versions, and names ones to keep."""
 
     @abc.abstractmethod
     def get(
         self, policy: str, version: int | str = LATEST, *, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> tuple[int, Any]:
         """``(version, params)`` for a version number or a tag (``"latest"``, ``"eval"``)."""
+
+    @abc.abstractmethod
+    def tag(
+        self, policy: str, version: int, tag: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        """Point ``tag`` at ``version`` of ``policy``: the service keeps a tagged version (and
+        writes its file, in a run). A policy worker tags the version it holds for evaluation."""
 
     def close(self) -> None:
         """Release sockets, if any."""
@@ -62,11 +69,6 @@ class ParameterPublisher(ParameterReader):
         """``(version, state)`` of the trainer's own state saved last (in the form it was
         published), or None when none was."""
 
-    @abc.abstractmethod
-    def tag(
-        self, policy: str, version: int, tag: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> None:
-        """Point ``tag`` at ``version`` of ``policy``."""
 
 
 class ParameterSubscriber(ParameterReader):
@@ -83,13 +85,6 @@ class ParameterSubscriber(ParameterReader):
         ``"latest"``), so a policy worker never reloads an unchanged version. Waits up to
         ``timeout_s`` for one (default: does not block).
         """
-
-    @abc.abstractmethod
-    def tag(
-        self, policy: str, version: int, tag: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> None:
-        """Point ``tag`` at ``version`` of ``policy`` (a policy worker tags the version it
-        holds for evaluation, so that it is kept)."""
 
     def _hand_out(self, policy: str, version: int) -> None:
         self._returned[policy] = max(version, self._returned.get(policy, -1))

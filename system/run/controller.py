@@ -39,7 +39,7 @@ from system.run.episodes import Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
 from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary
-from system.run.stopping import EvaluationWindows
+from system.run.stopping import HOLD_KEY, EvaluationWindows, judged_policy
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,10 @@ class Controller:
         """Whole games' unclipped scores, where the environment reports one at a game's end
         (``info["game_return"]``, as Atari-v0 does: its episodes are lives, rewards clipped)."""
         self.evaluation = EvaluationWindows(
-            config.stop.eval_return, config.evaluation.episodes, config.stop.confirm_windows
+            config.stop.eval_return,
+            config.evaluation.episodes,
+            config.stop.confirm_windows,
+            policy=judged_policy(config),
         )
         self.trainer_stats: dict[str, dict[str, float]] = {}
         self.train_window = EpisodeWindow(100)
@@ -137,6 +140,8 @@ class Controller:
         self.eval_count = 0
         load_code(config.code)  # the user's callbacks may live in the user's own files
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
+        # a resumed run's state may still hold a version: the first check releases it
+        self._hold_said = self.coordination.store.get(HOLD_KEY)[0]
         self.callbacks = Callbacks(config.callbacks)
         self.started = time.monotonic()
         self._continue_counts()
@@ -252,6 +257,11 @@ class Controller:
         if solved:
             summary["confirmation"] = self.evaluation.describe()
             summary["eval_window_means"] = list(self.evaluation.confirmed)
+            if self.evaluation.solved_version is not None:
+                summary["solved_version"] = {
+                    "policy": self.evaluation.policy,
+                    "version": self.evaluation.solved_version,
+                }
         summary["summary_written"] = self._write(lambda: write_summary(self.run_dir, summary))
         if summary["summary_written"]:
             self._write(
@@ -468,14 +478,18 @@ class Controller:
                 # a mapping may leave the judged policy out of an episode: it does not count
                 if self.config.evaluation.policy and judged not in e:
                     continue
+                versions = e.get("versions")
                 self.evaluation.add(
-                    e[judged] if self.config.evaluation.policy else e["episode_return"]
+                    e[judged] if self.config.evaluation.policy else e["episode_return"],
+                    versions.get(self.evaluation.policy) if isinstance(versions, dict) else None,
                 )
                 self.eval_window.extend([e])
                 self.eval_count += 1
                 if self.eval_count % self.config.evaluation.episodes == 0:
                     episodes = list(self.eval_window.episodes)
                     self._callback(self.callbacks.evaluation, self._eval_mean(), episodes)
+        elif role is Role.POLICY and state.plan.policy == self.evaluation.policy:
+            self.evaluation.on_worker_stats(stats)  # the version it holds for evaluation
         elif role is Role.TRAINER:
             numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             if numeric:
@@ -575,7 +589,9 @@ class Controller:
         if self.stop_reason:  # a failure reported in this loop's messages: it decides
             return
         stop = self.config.stop
-        if self.evaluation.solved():
+        solved = self.evaluation.solved()
+        self._say_hold()
+        if solved:
             self.stop_reason = "eval_return"
         elif stop.env_frames is not None and self.totals["env_frames"] >= stop.env_frames:
             self.stop_reason = "env_frames"
@@ -589,6 +605,15 @@ class Controller:
             self.stop_reason = "trainer_steps"
         else:
             self.stop_reason = self.coordination.stop_reason()
+
+
+    def _say_hold(self) -> None:
+        """Tell the judged policy's workers, through the global state, to hold the version
+        they have for evaluation (or to stop holding), when the confirmation's need changed."""
+        order = self.evaluation.hold_order()
+        if order != self._hold_said:
+            self.coordination.store.set(HOLD_KEY, order)
+            self._hold_said = order
 
 
 def _write_json(path: Path, data: Any) -> None:

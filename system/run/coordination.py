@@ -5,7 +5,8 @@ state as it is), each heartbeat (the entries that worker lacks go back in the ``
 ``state_write`` (answered, or refused with the reason), finished episodes and trainer stats (for
 the curriculum and PBT drivers), and each metrics record (the drivers decide; their figures join
 the record; the state is saved to the run folder when it changed). In a worker,
-:func:`follow_coordination` adds following the curriculum or PBT orders to its heartbeat.
+:func:`follow_coordination` adds following the curriculum, PBT orders or an evaluation hold
+(:mod:`system.run.stopping`) to its heartbeat.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from system.ratelimit import BadMessages
 from system.run.curriculum import CurriculumDriver, CurriculumFollower
 from system.run.global_state import StateStore, answer_write
 from system.run.pbt_driver import PBTDriver
-from system.run.plan import ActorPlan, TrainerPlan, WorkerPlan
+from system.run.plan import ActorPlan, PolicyWorkerPlan, TrainerPlan, WorkerPlan
 from system.run.ratings import Ratings
+from system.run.stopping import EvaluationHold, judged_policy
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +103,14 @@ class Coordination:
 
 # ----------------------------------------------------------------------- in a worker
 def follow_coordination(state: GlobalState, plan: WorkerPlan, cfg: ExperimentConfig, built):
-    """A worker's heartbeat hook, plus following the run's curriculum (actors) or PBT orders (a
-    PBT member's trainer) in the global state."""
+    """A worker's heartbeat hook, plus following the run's curriculum (actors), PBT orders (a
+    PBT member's trainer) or the hold of a version for evaluation (the judged policy's policy
+    workers) in the global state."""
     follow = None
     if isinstance(plan, ActorPlan) and cfg.curriculum.metric:
         follow = CurriculumFollower(state, built.worker, cfg.curriculum.key)
+    elif isinstance(plan, PolicyWorkerPlan) and plan.policy == judged_policy(cfg):
+        follow = EvaluationHold(state, built.worker)
     elif isinstance(plan, TrainerPlan) and plan.policy in cfg.pbt.members:
         from system.workers.pbt_member import PBTMember
 

@@ -1,9 +1,10 @@
 """What the controller makes of finished episodes, and the user's callbacks.
 
 Actors report every finished episode as a record: ``episode_return``, ``episode_length``,
-``policy/<name>/episode_return`` per policy, and ``episode_info/<key>`` for each number in the
-environment's ``info`` at the last step. :class:`EpisodeWindow` keeps the last episodes and gives
-their means for each metrics record (so every one of those keys reaches metrics.jsonl and
+``policy/<name>/episode_return`` per policy, ``versions`` (``{policy: [first, last]}``: the
+versions that answered its first and last steps), and ``episode_info/<key>`` for each number in
+the environment's ``info`` at the last step. :class:`EpisodeWindow` keeps the last episodes and
+gives their means for each metrics record (so every number among them reaches metrics.jsonl and
 TensorBoard).
 
 :class:`Callbacks` runs the experiment's ``callbacks`` (components registered with

@@ -38,20 +38,37 @@ class EvaluationResult:
         return dataclasses.asdict(self)
 
 
-def locate(target: str | Path) -> tuple[Path, int | str]:
-    """The run folder and the version to load for a run folder or a checkpoint file."""
+def locate(target: str | Path) -> tuple[Path, dict[str, int]]:
+    """The run folder, and the versions to load (``{policy: version}``; a policy not named
+    there: its latest) for a run folder or a checkpoint file.
+
+    A run folder's pinned version is the one its run was solved with (``summary.json``'s
+    ``solved_version``: the version the confirming evaluation windows held); a checkpoint file
+    pins its own policy's."""
     path = Path(target)
     if path.is_dir():
-        return path, LATEST
+        return path, _solved_version(path)
     if path.is_file() and path.suffix == CHECKPOINT_SUFFIX and path.stem.startswith("v"):
         try:
-            return path.parents[2], int(path.stem[1:])
+            return path.parents[2], {path.parent.name: int(path.stem[1:])}
         except (ValueError, IndexError) as e:
             raise UserError(f"{path} is not a checkpoint written by a Troupe run") from e
     raise UserError(
         f"{path} is neither a run folder nor a checkpoint file (runs/<name>/checkpoints/<policy>/"
         f"vNNNNNNNN{CHECKPOINT_SUFFIX})"
     )
+
+
+def _solved_version(run_dir: Path) -> dict[str, int]:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}  # a run still going, or stopped before it wrote its summary
+    solved = summary.get("solved_version") if isinstance(summary, dict) else None
+    if not isinstance(solved, dict):
+        return {}
+    policy, version = solved.get("policy"), solved.get("version")
+    return {policy: version} if isinstance(policy, str) and type(version) is int else {}
 
 
 def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
@@ -71,13 +88,13 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
     """Run ``episodes`` greedy episodes with the saved parameters of every policy."""
     from system.run.serial import SerialRun
 
-    run_dir, version = locate(target)
+    run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
     evaluation = dataclasses.replace(
         config.evaluation, workers=1, envs_per_worker=max(1, min(envs, episodes))
     )
     config = dataclasses.replace(config, evaluation=evaluation)
-    chosen, versions = _select(store, config, version)
+    chosen, versions = _select(store, config, pinned)
     run = SerialRun(config, store=chosen, train=False)
     try:
         done = run.eval_until(episodes)
@@ -108,19 +125,15 @@ def _mean(episodes: list[dict[str, Any]], key: str) -> float:
 
 
 def _select(
-    store: ParameterStore, config: ExperimentConfig, version: int | str
+    store: ParameterStore, config: ExperimentConfig, pinned: dict[str, int]
 ) -> tuple[ParameterStore, dict[str, int]]:
-    """An in-memory store holding just the version to evaluate of every trained policy (frozen
-    and scripted ones have none: they play as they were built, a self-play opponent from the
-    learner's).
-
-    A checkpoint file names one policy's version; the other policies (multi-agent runs) use
-    their latest.
-    """
+    """An in-memory store holding just the version to evaluate of every trained policy: the
+    pinned one, else the latest (frozen and scripted policies have none: they play as they were
+    built, a self-play opponent from the learner's)."""
     chosen, versions = ParameterStore(), {}
     trained = [name for name, pc in config.policies.items() if pc.trainer.type]
     for name in trained:
-        number, params = store.get(name, version if len(trained) == 1 else LATEST)
+        number, params = store.get(name, pinned.get(name, LATEST))
         chosen.publish(name, number, params)
         versions[name] = number
     return chosen, versions

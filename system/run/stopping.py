@@ -7,9 +7,10 @@ the first window that reaches the target only makes the run a candidate. The con
 the judged policy's workers to *hold* (global state key :data:`HOLD_KEY`): evaluation requests
 are answered by the version they had loaded at that moment (training goes on with the newest),
 and the run is solved once ``stop.confirm_windows - 1`` further windows, of episodes played by
-that one version from start to end, reached the target too. That version is the one the run delivers
-(``solved_version``). A window that falls short releases the hold; the next candidate is a window
-of episodes that finished after it.
+that one version from start to end, reached the target too. That version is the one the run
+delivers (``summary.json``'s ``solved_version``, what ``troupe eval`` plays). A window that falls
+short releases the hold; the next candidate is a window of episodes that finished after it.
+:class:`EvaluationHold` is the policy worker's side, run on its heartbeat.
 
 Where no worker can hold (it reports so, or reports nothing for ``hold_timeout_s``), the
 confirmation falls back to consecutive windows of whatever versions played them.
@@ -145,6 +146,7 @@ class EvaluationWindows:
         self.round += 1
         self.holding, self.held_version, self._held = True, None, []
         self.confirmed = [mean]
+        self._window_end = self.count + self.episodes  # for confirming without a hold
         self._progress = self.clock()
         logger.info(
             "evaluation mean %.1f reached %g: holding policy '%s' for %d window%s of %d",
@@ -181,18 +183,26 @@ class EvaluationWindows:
         self._window_end = self.count + self.episodes
 
     def _give_up_holding(self, why: str) -> None:
+        """Go on as if nothing had been held: the candidate stands, and the next window of
+        fresh episodes (whichever versions played them) confirms it or not."""
         logger.warning("%s: confirming on consecutive windows of any versions instead", why)
-        self._release()
+        self.holding, self.held_version, self._held = False, None, []
         self.policy = None
 
     def describe(self) -> str:
         """How a solved run was confirmed, for its summary."""
-        n = len(self.confirmed)
         means = ", ".join(f"{m:.1f}" for m in self.confirmed)
-        played = "" if self.solved_version is None else f" played by version {self.solved_version}"
+        if self.solved_version is not None:
+            held = len(self.confirmed) - 1
+            return (
+                f"greedy mean return reached {self.target:g} in a window of {self.episodes} "
+                f"episodes, then in {held} window{'s' * (held > 1)} of {self.episodes} fresh "
+                f"episodes played by version {self.solved_version} alone: {means}"
+            )
+        n = len(self.confirmed)
         return (
             f"greedy mean return reached {self.target:g} in {n} consecutive "
-            f"window{'s' if n > 1 else ''} of {self.episodes} fresh episodes{played}: {means}"
+            f"window{'s' if n > 1 else ''} of {self.episodes} fresh episodes: {means}"
         )
 
 

@@ -348,9 +348,13 @@ class ActorWorker(Worker):
             "episode_return": float(np.mean([s.episode_return for s in slots])),
             "episode_length": float(self.episode_steps[e]),
         }
+        versions: dict[str, list[int]] = {}
         for s in slots:
             key = f"policy/{s.policy}/episode_return"
             record[key] = record.get(key, 0.0) + s.episode_return / _count(slots, s.policy)
+            seen = versions.setdefault(s.policy, [s.first_version, s.version])
+            seen[0], seen[1] = min(seen[0], s.first_version), max(seen[1], s.version)
+        record["versions"] = versions
         if len(slots) > 1:
             record.update(matchups(slots))
         info = next((s.result.info for s in slots if s.result is not None), {})

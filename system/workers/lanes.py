@@ -31,6 +31,9 @@ class Slot:
     episode_return: float = 0.0
     version: int = -1
     """The policy version that answered this agent last (its opponent's, for the ratings)."""
+    first_version: int = -1
+    """The version that answered this agent's first step of the episode: an episode whose first
+    and last versions are equal was played by one version (what a held evaluation counts)."""
 
 
 @dataclass
@@ -98,8 +101,11 @@ class Lane:
                 self.state = result.policy_state[rows].apply(np.zeros_like)
             self.state[self.acting] = result.policy_state
         for c in self.acting:
-            self.slots[c].on_reset = False
-            self.slots[c].version = version
+            slot = self.slots[c]
+            if slot.on_reset:
+                slot.first_version = version
+            slot.on_reset = False
+            slot.version = version
         return segments
 
     def nonfinite_inputs(self) -> list[tuple[Slot, str]]:

@@ -140,7 +140,8 @@ class PolicyWorker(Worker):
         """Every heartbeat says what is held (a lost one must not leave the controller
         waiting), or that nothing can be."""
         if self.held is not None:
-            self.stats["held_version"], self.stats["held_round"] = self.held.version, self.held_round
+            self.stats["held_version"] = self.held.version
+            self.stats["held_round"] = self.held_round
         elif self.cannot_hold:
             self.stats["hold_unsupported"] = 1
         return super().collect_stats()

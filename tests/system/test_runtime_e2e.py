@@ -169,17 +169,20 @@ def test_garbage_on_every_socket_crashes_nothing(tmp_path):
 
 
 def test_cartpole_is_solved_by_the_distributed_run(tmp_path):
-    """Solved by the run's own rule (greedy 475 in two windows of 10 fresh episodes), and the
-    final checkpoint still plays at that level. Not to the point: the final checkpoint is a few
-    trainer steps past the versions that played the windows (the trainer steps until it is
-    stopped), and a policy that averages 475 has short episodes now and then, so 10 re-played
-    episodes went down to 446.6 in one CI run; the bar is 450 over 20 episodes."""
+    """Solved by the run's own rule (greedy 475 in a window of 10 episodes, confirmed by 10
+    fresh episodes of one version the policy worker held), and that version, which ``troupe
+    eval`` plays, still plays at that level. Not to the point: a policy that averages 475 has
+    short episodes now and then; the bar is 450 over 20 episodes."""
     run_dir = tmp_path / "run"
     out = finish(
         start(["run", "cartpole-ppo", "--run-dir", str(run_dir), "--no-display"]), timeout=600
     )
     summary = read_json(run_dir / "summary.json")
     assert summary["solved"] is True, out
+    solved = summary["solved_version"]
+    assert solved["policy"] == "default", summary
+    assert f"played by version {solved['version']} alone" in summary["confirmation"]
+    assert (run_dir / "checkpoints" / "default" / f"v{solved['version']:08d}.ckpt").exists()
     result = subprocess.run(
         [*TROUPE, "eval", str(run_dir), "--episodes", "20", "--json"],
         cwd=ROOT,
@@ -187,4 +190,6 @@ def test_cartpole_is_solved_by_the_distributed_run(tmp_path):
         text=True,
         timeout=120,
     )
-    assert json.loads(result.stdout.strip().splitlines()[-1])["mean_return"] >= 450
+    played = json.loads(result.stdout.strip().splitlines()[-1])
+    assert played["versions"] == {"default": solved["version"]}
+    assert played["mean_return"] >= 450
