@@ -68,7 +68,7 @@ def connect4_selfplay() -> ExperimentConfig:
             ),
         ),
         stop=StopConfig(
-            eval_return=0.95, confirm_windows=2, env_frames=4_000_000, wall_seconds=900.0
+            eval_return=0.95, confirm_windows=3, env_frames=4_000_000, wall_seconds=900.0
         ),
         checkpoint_every=20,
     )

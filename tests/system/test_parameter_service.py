@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from served import ServedInThread
 
 from api.errors import OperationalError, UserError
 from system.errors import (
@@ -207,33 +208,25 @@ def test_store_wait_newer_wakes_on_publish():
 
 
 # ------------------------------------------------------------------------------ server + client
-class Service:
+class Service(ServedInThread):
     """A ParameterServer polled by a background thread, with one subscribed client."""
 
     def __init__(self, store: ParameterStore, subscribe=("p", "marker"), shm=True, **server):
-        self.server = ParameterServer(store, **server)
+        server = ParameterServer(store, **server)
         self.client = ParameterClient(
-            self.server.request_endpoint,
-            self.server.push_endpoint,
+            server.request_endpoint,
+            server.push_endpoint,
             subscribe=list(subscribe),
             shm=shm,
             shm_min_bytes=0,  # every version through shared memory, however small
         )
         # Wait for the subscriptions to arrive (instead of sleeping) before polling elsewhere.
-        self.server.wait_subscribers(len(subscribe), timeout_s=TIMEOUT_S)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self):
-        while not self._stop.is_set():
-            self.server.poll(20)
+        server.wait_subscribers(len(subscribe), timeout_s=TIMEOUT_S)
+        super().__init__(server)
 
     def close(self):
-        self._stop.set()
-        self._thread.join(TIMEOUT_S)
         self.client.close()
-        self.server.close()
+        super().close()
 
 
 @pytest.fixture

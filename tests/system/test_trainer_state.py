@@ -9,11 +9,10 @@ data-parallel group restore) get exactly that state back.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
+from served import ServedInThread
 from test_bad_messages import SEGMENT, real_segments
 
 from api.config import make_experiment
@@ -43,7 +42,7 @@ def run():
     return config, builders.probe_spaces(config)
 
 
-class Served:
+class Served(ServedInThread):
     """A run's parameter service (durable store on ``root``, declared layout), polled by a
     thread, and a client limited as a worker's is."""
 
@@ -51,23 +50,11 @@ class Served:
         self.layout = declared.params_layout(config)
         store = ParameterStore(root, durable=True)
         store.load_from_disk()  # a restarted service resumes from the run folder
-        self.server = ParameterServer(store, shm_dir=None, layout=self.layout)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self):
-        while not self._stop.is_set():
-            self.server.poll(20)
+        super().__init__(ParameterServer(store, shm_dir=None, layout=self.layout))
 
     def client(self, limit: bool = True) -> ParameterClient:
         bound = self.layout.max_message_bytes if limit else None
         return ParameterClient(self.server.request_endpoint, shm=False, max_message_bytes=bound)
-
-    def close(self):
-        self._stop.set()
-        self._thread.join(TIMEOUT_S)
-        self.server.close()
 
 
 def trainer_worker(config, spaces, params, root, cls=TrainerWorker, seed=0) -> TrainerWorker:
