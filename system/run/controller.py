@@ -38,7 +38,13 @@ from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
-from system.run.report import build_summary, read_metrics, write_learning_curve, write_summary
+from system.run.report import (
+    build_summary,
+    read_metrics,
+    write_learning_curve,
+    write_summary,
+    write_win_rates,
+)
 from system.run.stopping import HOLD_KEY, EvaluationWindows, judged_policy
 from system.streams import wire
 
@@ -266,6 +272,10 @@ class Controller:
         if summary["summary_written"]:
             self._write(
                 lambda: write_learning_curve(self.run_dir, title=self.config.name, target=target)
+            )
+            trained = [n for n, pc in self.config.policies.items() if pc.trainer.type]
+            self._write(
+                lambda: write_win_rates(self.run_dir, title=self.config.name, first=trained)
             )
         self.socket.close(linger=0)
         return summary

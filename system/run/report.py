@@ -1,4 +1,5 @@
-"""What a run leaves behind: reading `metrics.jsonl`, the learning-curve PNG, `summary.json`.
+"""What a run leaves behind: reading `metrics.jsonl`, the learning-curve PNG (and a multi-agent
+run's win rates), `summary.json`.
 
 Everything here reads or writes files in a run folder and nothing else, so the same functions serve
 the controller at the end of a run, a resumed run, and someone inspecting an old run by hand.
@@ -19,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 LEARNING_CURVE_FILE = "learning_curve.png"
+WIN_RATES_FILE = "win_rates.png"
 SUMMARY_FILE = "summary.json"
 
 _TRAIN_COLOR = "tab:blue"
@@ -286,13 +288,68 @@ def write_learning_curve(
         _plot_panel(by_frames, records, "env_frames", "environment frames", 1.0, target)
         _plot_panel(by_time, records, "wall_s", *_time_axis(records), target)
     fig.suptitle(title or run_dir.name)
+    return _save_png(fig, run_dir / LEARNING_CURVE_FILE)
+
+
+def _save_png(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    tmp = run_dir / f".{LEARNING_CURVE_FILE}.tmp.png"
+    tmp = path.with_name(f".{path.name}.tmp.png")
     try:
         fig.savefig(tmp, format="png")
-        path = run_dir / LEARNING_CURVE_FILE
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half picture behind
         raise
     return path
+
+
+def matchup_keys(records: list[dict[str, Any]], first: Iterable[str] = ()) -> list[str]:
+    """The ``result/<a>_vs_<b>`` keys (and their ``eval/`` ones) of a run's metrics, one side
+    of each pair (``b_vs_a`` is one minus ``a_vs_b``): ``a`` among ``first`` where one is."""
+    first = set(first)
+    keys = sorted({k for r in records for k in r if k.startswith(("result/", "eval/result/"))})
+    chosen = []
+    for key in keys:
+        prefix, pair = key.rsplit("result/", 1)
+        a, _, b = pair.partition("_vs_")
+        mirror = f"{prefix}result/{b}_vs_{a}"
+        if mirror not in keys or (a in first) > (b in first) or (
+            (a in first) == (b in first) and a < b
+        ):
+            chosen.append(key)
+    return chosen
+
+
+def write_win_rates(
+    run_dir: str | Path, title: str = "", *, first: Iterable[str] = ()
+) -> Path | None:
+    """Plot every matchup's score (1 a win, 0.5 a draw, over the last 100 games) against frames
+    into ``run_dir/win_rates.png``, training games solid and evaluation games dashed; None when
+    the run has no matchups (a single-agent run). ``first``: the policies whose side of a pair
+    is drawn (the trained ones)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    keys = matchup_keys(records, first)
+    if not keys:
+        return None
+    fig = Figure(figsize=(9, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for key in keys:
+        xs, ys = _series(records, "env_frames", key)
+        evaluation = key.startswith("eval/")
+        label = key.removeprefix("eval/").removeprefix("result/").replace("_vs_", " vs ")
+        ax.plot(xs, ys, ls="--" if evaluation else "-", lw=1.3,
+                label=f"{label} ({'greedy evaluation' if evaluation else 'training'})")  # fmt: skip
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("environment frames")
+    ax.set_ylabel("score (1 win, 0.5 draw), last 100 games")
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.suptitle(title or run_dir.name)
+    return _save_png(fig, run_dir / WIN_RATES_FILE)

@@ -26,6 +26,7 @@ def test_a_short_selfplay_run_meets_past_versions_and_rates_them(tmp_path):
     assert summary.get("stop_reason") == "env_frames", out[-3000:]
     workers = read_json(run_dir / "workers.json")
     assert sum(w["restarts"] for w in workers.values()) == 0, workers
+    assert (run_dir / "win_rates.png").exists()  # every matchup's score by frames
     table = json.loads((run_dir / "ratings.json").read_text())
     names = {row["name"] for row in table}
     assert {"main", "random", "heuristic"} <= names
