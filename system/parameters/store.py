@@ -81,6 +81,9 @@ class _Policy:
         self.memory: dict[int, Any] = {}  # version -> params, oldest first
         self.tags: dict[str, int] = {}
         self.on_disk: set[int] = set()
+        self.tag_only: set[int] = set()
+        """Versions whose file was written only because a tag named them: it goes when no tag
+        does any more (evaluation tags a version per window; one file is kept, not all)."""
 
 
 class ParameterStore:
@@ -174,6 +177,8 @@ class ParameterStore:
             raise UserError("publish(trainer_state=...) needs persist=True")
         with self._lock:
             entry = self._policies.setdefault(policy, _Policy())
+            if persist:
+                entry.tag_only.discard(version)  # a checkpoint now, whatever tags say
             if persist and version == entry.latest:
                 if version not in entry.on_disk:
                     self._save(policy, version, params)
@@ -214,7 +219,8 @@ class ParameterStore:
 
     def tag(self, policy: str, version: int, tag: str) -> None:
         """Point ``tag`` (e.g. ``"eval"``) at an existing ``version`` of ``policy``; with a
-        ``root_dir``, that version's checkpoint file is written if it was not yet."""
+        ``root_dir``, that version's checkpoint file is written if it was not yet (and the file
+        of the version the tag named before goes, if only tags had kept it)."""
         if type(tag) is not str or not tag or tag == LATEST or tag.isdigit():
             raise UserError(
                 f"tag {tag!r} is not allowed: 'latest' is automatic, and tags are "
@@ -229,6 +235,7 @@ class ParameterStore:
                     f"cannot tag version {version!r} of policy '{policy}': no such version "
                     f"(latest is {entry.latest})"
                 )
+            previous = entry.tags.get(tag)
             entry.tags[tag] = version
             self._evict(policy, entry)
             if self.root_dir is not None:
@@ -237,7 +244,12 @@ class ParameterStore:
                 if version not in entry.on_disk:
                     self._save(policy, version, entry.memory[version])
                     entry.on_disk.add(version)
+                    entry.tag_only.add(version)
                 self._save_tags(policy, entry)
+                if previous in entry.tag_only and previous not in entry.tags.values():
+                    self.checkpoint_path(policy, previous).unlink(missing_ok=True)
+                    entry.on_disk.discard(previous)
+                    entry.tag_only.discard(previous)
 
     # ----------------------------------------------------------------------------- internals
     def _entry(self, policy: str) -> _Policy:

@@ -55,7 +55,7 @@ from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer, SampleProducer
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
-from system.workers.policy_worker import PolicyWorker
+from system.workers.policy_worker import EVAL_TAG, PolicyWorker
 
 if TYPE_CHECKING:
     from system.workers.trainer_group import TrainerGroup
@@ -305,8 +305,11 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     def make_copy() -> Policy:  # built when evaluation first holds a version
         return make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
 
+    tag = EVAL_TAG if plan.index == 0 else f"{EVAL_TAG}-{plan.index}"
     return Built(
-        PolicyWorker(plan.worker_id, plan.policy, policy, server, params, make_copy=make_copy)
+        PolicyWorker(
+            plan.worker_id, plan.policy, policy, server, params, make_copy=make_copy, eval_tag=tag
+        )
     )
 
 

@@ -1,19 +1,24 @@
-"""When is a run solved: the greedy evaluation mean, confirmed on fresh episodes of one version.
+"""When is a run solved: greedy evaluation windows, each played by one version, confirmed.
 
 One window of ``evaluation.episodes`` greedy episodes can reach a target by luck (a run marked
-solved once re-evaluated at 365.7 of 475), and a window plays whatever versions the policy
-workers had while it lasted, so the version a run ends with may not be one that reached it. So
-the first window that reaches the target only makes the run a candidate. The controller then asks
-the judged policy's workers to *hold* (global state key :data:`HOLD_KEY`): evaluation requests
-are answered by the version they had loaded at that moment (training goes on with the newest),
-and the run is solved once ``stop.confirm_windows - 1`` further windows, of episodes played by
-that one version from start to end, reached the target too. That version is the one the run
-delivers (``summary.json``'s ``solved_version``, what ``troupe eval`` plays). A window that falls
-short releases the hold; the next candidate is a window of episodes that finished after it.
-:class:`EvaluationHold` is the policy worker's side, run on its heartbeat.
+solved once re-evaluated at 365.7 of 475), and a window of episodes played by whatever versions
+the policy workers had while it lasted does not say which version reached it: in self-play the
+learner drifts from version to version (one beats a fixed opponent, the next loses to it), so a
+run could end on a version that never reached the target.
 
-Where no worker can hold (it reports so, or reports nothing for ``hold_timeout_s``), the
-confirmation falls back to consecutive windows of whatever versions played them.
+So the judged policy's workers *hold* a version for evaluation (global state key
+:data:`HOLD_KEY`, one *round* per version): evaluation requests are answered by that version
+while training goes on with the newest, and a window counts only episodes that version played
+from start to end. A window that reaches the target makes its version a candidate; the run is
+solved when ``stop.confirm_windows - 1`` further windows of fresh episodes of that same version
+reach it too. That version is the one the run delivers (``summary.json``'s ``solved_version``,
+what ``troupe eval`` plays). A window that falls short ends the round: the workers hold the
+version they have then, and the next window judges it. :class:`EvaluationHold` is the policy
+worker's side, run on its heartbeat.
+
+Where no worker can hold (it says so, or says nothing for ``hold_timeout_s``), or a target needs
+no confirmation, windows of whatever versions played them are judged as they come, and
+``confirm_windows`` consecutive ones must reach the target.
 """
 
 from __future__ import annotations
@@ -32,14 +37,14 @@ from api.global_state import GlobalState
 logger = logging.getLogger(__name__)
 
 HOLD_KEY = "evaluation/hold"
-"""Global state: ``{"policy": name, "round": n}`` while a version is held for confirmation,
-None otherwise."""
+"""Global state: ``{"policy": name, "round": n}``, and ``"version"`` once a worker said which
+one it holds (so every worker holds that one); None when nothing is held."""
 HOLD_TIMEOUT_S = 30.0
-"""How long a hold may go without a report of the held version or a new episode played by it."""
+"""How long a round may go without a report of the held version, or without an episode of it."""
 
 
 def judged_policy(config: ExperimentConfig) -> str | None:
-    """The policy whose version a confirmation holds: ``evaluation.policy``, or the run's only
+    """The policy whose versions evaluation judges: ``evaluation.policy``, or the run's only
     trained policy; None when neither names one (several policies share the return)."""
     if config.evaluation.policy:
         return config.evaluation.policy
@@ -50,8 +55,8 @@ def judged_policy(config: ExperimentConfig) -> str | None:
 class EvaluationWindows:
     """Greedy evaluation returns as they arrive, and the confirmation of a target.
 
-    ``policy``: the judged policy (None: no holding, consecutive windows confirm). With one
-    window (no confirmation asked for) nothing is held.
+    ``policy``: the judged policy, whose workers hold a version per window (None, or a target
+    that needs no confirmation: nothing is held, consecutive windows confirm).
     """
 
     def __init__(
@@ -67,20 +72,21 @@ class EvaluationWindows:
         self.target = target
         self.episodes = episodes
         self.windows = windows
-        self.policy = policy if windows > 1 else None
+        self.policy = policy if windows > 1 and target is not None else None
         self.hold_timeout_s = hold_timeout_s
         self.clock = clock
         self.returns: deque[float] = deque(maxlen=episodes)
+        """The last episodes of any version: the evaluation return the metrics report."""
         self.count = 0
         self.confirmed: list[float] = []
         """Means of the windows that reached the target so far (the held version's)."""
         self.round = 0
-        """Holds asked for so far; the current one while :attr:`holding`."""
-        self.holding = False
+        """Versions held so far; the current round while :attr:`policy` is set."""
         self.held_version: int | None = None
         self.solved_version: int | None = None
+        self.rounds_judged = 0
         self._held: list[float] = []
-        self._progress = 0.0
+        self._since = 0.0
         self._window_end = 0
 
     # ----------------------------------------------------------------- input
@@ -89,27 +95,32 @@ class EvaluationWindows:
         that played it (as actors report; anything else counts as unknown)."""
         self.returns.append(float(episode_return))
         self.count += 1
-        if self.holding and self.held_version is not None and _played_by(versions) == (
-            self.held_version
-        ):
+        if self.policy is not None and self.round == 0:
+            self._next_round()  # evaluation has begun: hold a version from now on
+        elif self.held_version is not None and _played_by(versions) == self.held_version:
             self._held.append(float(episode_return))
-            self._progress = self.clock()
+            self._since = self.clock()
 
     def on_worker_stats(self, stats: dict[str, Any]) -> None:
         """A judged policy worker's heartbeat stats: the version it holds, or that it can't."""
-        if not self.holding:
+        if self.policy is None or self.round == 0:
             return
         if stats.get("hold_unsupported"):
             self._give_up_holding("a policy worker cannot hold a version")
         elif stats.get("held_round") == self.round and self.held_version is None:
             version = stats.get("held_version")
-            if isinstance(version, int) and not isinstance(version, bool):
+            if type(version) is int:
                 self.held_version = version
-                self._progress = self.clock()
+                self._since = self.clock()
 
     def hold_order(self) -> dict[str, Any] | None:
         """What :data:`HOLD_KEY` should say now."""
-        return {"policy": self.policy, "round": self.round} if self.holding else None
+        if self.policy is None or self.round == 0:
+            return None
+        order: dict[str, Any] = {"policy": self.policy, "round": self.round}
+        if self.held_version is not None:
+            order["version"] = self.held_version
+        return order
 
     # ----------------------------------------------------------------- decision
     def mean(self) -> float | None:
@@ -119,17 +130,13 @@ class EvaluationWindows:
         return float(np.mean(self.returns))
 
     def solved(self) -> bool:
-        """Whether the target is confirmed (call after adding)."""
+        """Whether the target is confirmed (call after adding; cheap to call often)."""
         if self.target is None:
             return False
-        if self.holding:
-            return self._confirm_held()
+        if self.policy is not None:
+            return self._judge_held()
         mean = self.mean()
         if mean is None or self.count < self._window_end:
-            return False
-        if self.policy is not None:
-            if mean >= self.target:
-                self._start_hold(mean)
             return False
         return self._confirm_consecutive(mean)
 
@@ -142,62 +149,52 @@ class EvaluationWindows:
             self.confirmed = []
         return len(self.confirmed) >= self.windows
 
-    def _start_hold(self, mean: float) -> None:
-        self.round += 1
-        self.holding, self.held_version, self._held = True, None, []
-        self.confirmed = [mean]
-        self._window_end = self.count + self.episodes  # for confirming without a hold
-        self._progress = self.clock()
-        logger.info(
-            "evaluation mean %.1f reached %g: holding policy '%s' for %d window%s of %d",
-            mean, self.target, self.policy, self.windows, "s" * (self.windows > 1), self.episodes,
-        )  # fmt: skip
-
-    def _confirm_held(self) -> bool:
+    def _judge_held(self) -> bool:
         while len(self._held) >= self.episodes:
             window, self._held = self._held[: self.episodes], self._held[self.episodes :]
             mean = float(np.mean(window))
+            self.rounds_judged += len(self.confirmed) == 0
             if mean < self.target:
-                logger.info(
-                    "version %s scored %.1f: not confirmed %s", self.held_version, mean,
-                    self.confirmed,
-                )  # fmt: skip
-                self._release()
+                if self.confirmed:
+                    logger.info("version %s scored %.2f after %s: not confirmed",
+                                self.held_version, mean, self.confirmed)  # fmt: skip
+                self._next_round()
                 return False
             self.confirmed.append(mean)
-            if len(self.confirmed) >= self.windows:  # the candidate's and the held ones
+            if len(self.confirmed) >= self.windows:
                 self.solved_version = self.held_version
                 return True
-        if self.clock() - self._progress > self.hold_timeout_s:
+            logger.info("version %s reached %g (%.2f): confirming", self.held_version,
+                        self.target, mean)  # fmt: skip
+        if self.round and self.clock() - self._since > self.hold_timeout_s:
             if self.held_version is None:
                 self._give_up_holding(f"no policy worker held a version in {self.hold_timeout_s}s")
             else:
-                logger.warning("no episode of held version %s came for %.0fs: released",
+                logger.warning("no episode of held version %s came for %.0fs: holding another",
                                self.held_version, self.hold_timeout_s)  # fmt: skip
-                self._release()
+                self._next_round()
         return False
 
-    def _release(self) -> None:
-        self.holding, self.held_version, self._held = False, None, []
-        self.confirmed = []
-        self._window_end = self.count + self.episodes
+    def _next_round(self) -> None:
+        self.round += 1
+        self.held_version, self._held, self.confirmed = None, [], []
+        self._since = self.clock()
 
     def _give_up_holding(self, why: str) -> None:
-        """Go on as if nothing had been held: the candidate stands, and the next window of
-        fresh episodes (whichever versions played them) confirms it or not."""
-        logger.warning("%s: confirming on consecutive windows of any versions instead", why)
-        self.holding, self.held_version, self._held = False, None, []
-        self.policy = None
+        """Judge windows of any versions from now on, starting with fresh episodes."""
+        logger.warning("%s: judging windows of any versions instead", why)
+        self.policy, self.held_version, self._held, self.confirmed = None, None, [], []
+        self._window_end = self.count + self.episodes
 
     def describe(self) -> str:
         """How a solved run was confirmed, for its summary."""
-        means = ", ".join(f"{m:.1f}" for m in self.confirmed)
+        means = ", ".join(f"{m:.4g}" for m in self.confirmed)
         if self.solved_version is not None:
-            held = len(self.confirmed) - 1
+            n = self.rounds_judged
             return (
-                f"greedy mean return reached {self.target:g} in a window of {self.episodes} "
-                f"episodes, then in {held} window{'s' * (held > 1)} of {self.episodes} fresh "
-                f"episodes played by version {self.solved_version} alone: {means}"
+                f"greedy mean return reached {self.target:g} in {len(self.confirmed)} windows "
+                f"of {self.episodes} fresh episodes played by version {self.solved_version} "
+                f"alone ({n} version{'s' * (n != 1)} judged in all): {means}"
             )
         n = len(self.confirmed)
         return (
@@ -211,7 +208,7 @@ def _played_by(versions: Any) -> int | None:
     if (
         isinstance(versions, (list, tuple))
         and len(versions) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in versions)
+        and all(type(v) is int for v in versions)
         and versions[0] == versions[1]
     ):
         return versions[0]
@@ -219,12 +216,16 @@ def _played_by(versions: Any) -> int | None:
 
 
 class EvaluationHold:
-    """In a policy worker of the judged policy: follow :data:`HOLD_KEY` (on its heartbeat)."""
+    """In a policy worker of the judged policy: follow :data:`HOLD_KEY` (on its heartbeat).
+
+    A new round holds the version loaded now; once the order names a version (the one the first
+    worker to answer held), a worker that holds another one takes that one instead."""
 
     def __init__(self, state: GlobalState, worker: Any):
         self.state = state
         self.worker = worker
         self.round = 0
+        self.tried: tuple[int, int] | None = None
 
     def __call__(self) -> None:
         value, _ = self.state.get(HOLD_KEY)
@@ -234,7 +235,16 @@ class EvaluationHold:
                 self.worker.release()
             self.round = 0
             return
-        round_ = order.get("round")
-        if isinstance(round_, int) and round_ != self.round:
-            self.round = round_
-            self.worker.hold_evaluation(round_)
+        round_, version = order.get("round"), order.get("version")
+        if type(round_) is not int:
+            return
+        if round_ != self.round:
+            self.round, self.tried = round_, None
+            if type(version) is not int:  # else (a restarted worker) take the named one
+                self.worker.hold_evaluation(round_)
+                return
+        held = self.worker.held
+        other = type(version) is int and (held is None or held.version != version)
+        if other and self.tried != (round_, version):  # one try: a failure is logged, once
+            self.tried = (round_, version)
+            self.worker.hold_evaluation(round_, version)

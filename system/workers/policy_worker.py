@@ -4,12 +4,13 @@ Each poll first takes the newest parameters the parameter service pushed (if any
 ones loaded; an unchanged version is never reloaded), then gathers requests for a bounded time,
 runs one ``rollout`` over their concatenation, and sends every actor its rows back.
 
-While the controller confirms that a run reached its evaluation target it asks the judged
-policy's workers to *hold* (:meth:`PolicyWorker.hold_evaluation`): evaluation requests are then
-answered by a copy of the version loaded at that moment, tagged ``eval`` in the parameter
-service (which writes its file), while training requests keep getting the newest weights. The
-windows that confirm a target are so played by one version, and that version is what the run
-delivers (``summary.json``'s ``solved_version``, what ``troupe eval`` plays).
+The judged policy's workers *hold* a version for evaluation, one per evaluation window
+(:meth:`PolicyWorker.hold_evaluation`, on the controller's order in the global state, see
+:mod:`system.run.stopping`): evaluation requests are answered by a copy of that version, which
+the parameter service keeps under the worker's tag (``eval``; ``eval-<index>`` past the first
+worker) and writes to a file, while training requests keep getting the newest weights. A window
+so judges one version, and the version whose windows confirm a target is what the run delivers
+(``summary.json``'s ``solved_version``, what ``troupe eval`` plays).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class PolicyWorker(Worker):
         max_batch_rows: int = 1024,
         max_wait_ms: float = 0.0,
         make_copy: Callable[[], Policy] | None = None,
+        eval_tag: str = EVAL_TAG,
     ):
         super().__init__(worker_id)
         self.policy_name = policy_name
@@ -58,6 +60,9 @@ class PolicyWorker(Worker):
         self.max_wait_ms = max_wait_ms
         self.make_copy = make_copy
         """Builds a second instance of the policy, for holding a version (None: cannot hold)."""
+        self.eval_tag = eval_tag
+        """This worker's tag of the version it holds: each worker moves only its own, so none
+        lets go of (and deletes the file of) a version another one holds."""
         self.held: Policy | None = None
         """The version evaluation requests get while held; None: they get the newest."""
         self.held_round = 0
@@ -101,36 +106,41 @@ class PolicyWorker(Worker):
         return offset
 
     # ----------------------------------------------------------------- holding a version
-    def hold_evaluation(self, round_: int) -> int | None:
-        """Answer evaluation requests with the version loaded now until :meth:`release`, after
-        tagging it ``eval`` in the parameter service (so its file is written). Returns the
-        version held, or None if this worker cannot hold (no copy of the policy can be built,
-        or the parameter service could not tag it); the stats say which, for the controller."""
+    def hold_evaluation(self, round_: int, version: int | None = None) -> int | None:
+        """Answer evaluation requests with one version until :meth:`release`: ``version`` (from
+        the parameter service), or the one loaded now. Either is tagged :attr:`eval_tag` there
+        first, so the service keeps it and writes its file. Returns the version held, or None
+        if this worker cannot hold (no copy of the policy can be built; the stats say so, for
+        the controller) or the service could not give or tag it (logged; the controller's
+        round times out and it holds another)."""
         if self.make_copy is None or self.params is None:
             self.cannot_hold = True
             return None
         try:
-            version = self._tag_loaded()
+            checkpoint = self._checkpoint_to_hold(version)
         except (ParameterNotFoundError, PeerTimeoutError) as e:
             logger.warning("%s: cannot hold a version for evaluation: %s", self.worker_id, e)
             return None
         if self._spare is None:
             self._spare = self.make_copy()
             self._spare.eval_mode()
-        self._spare.load_checkpoint(self.policy.get_checkpoint())
+        self._spare.load_checkpoint(checkpoint)
         self.held, self.held_round = self._spare, round_
-        logger.info("%s: evaluation holds version %d (round %d)", self.worker_id, version, round_)
-        return version
+        logger.info("%s: evaluation holds version %d (round %d)", self.worker_id,
+                    self._spare.version, round_)  # fmt: skip
+        return self._spare.version
 
-    def _tag_loaded(self) -> int:
-        """Tag the loaded version ``eval``; if the service no longer has it in memory (this
-        worker fell behind), load the newest and tag that one."""
+    def _checkpoint_to_hold(self, version: int | None):
+        if version is not None and version != self.policy.version:
+            checkpoint = self.params.get(self.policy_name, version)[1]  # another worker's
+            self.params.tag(self.policy_name, version, self.eval_tag)
+            return checkpoint
         try:
-            self.params.tag(self.policy_name, self.policy.version, EVAL_TAG)
-        except ParameterNotFoundError:
+            self.params.tag(self.policy_name, self.policy.version, self.eval_tag)
+        except ParameterNotFoundError:  # this worker fell behind: the service let it go
             self._load(*self.params.get(self.policy_name))
-            self.params.tag(self.policy_name, self.policy.version, EVAL_TAG)
-        return self.policy.version
+            self.params.tag(self.policy_name, self.policy.version, self.eval_tag)
+        return self.policy.get_checkpoint()
 
     def release(self) -> None:
         """Evaluation requests get the newest version again."""

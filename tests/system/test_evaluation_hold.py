@@ -49,6 +49,37 @@ def test_evaluation_gets_the_held_version_and_training_the_newest(tmp_path):
     assert "held_version" not in worker.collect_stats()
 
 
+def test_a_worker_holds_the_version_the_order_names_and_one_file_is_kept(tmp_path):
+    _, store, worker = worker_at_version_3(tmp_path)
+    state = StateStore()
+    follow = EvaluationHold(state, worker)
+    state.set(HOLD_KEY, {"policy": "p", "round": 1})
+    follow()  # holds 3, its own
+    store.publish("p", 4, {"version": 4})
+    store.tag("p", 4, EVAL_TAG)  # another worker held 4 first: the order names it
+    state.set(HOLD_KEY, {"policy": "p", "round": 1, "version": 4})
+    follow()
+    assert worker.held.version == 4 and worker.policy.version == 3  # fetched, not loaded
+    assert not store.checkpoint_path("p", 3).exists()  # written for the tag alone, let go
+    assert store.checkpoint_path("p", 4).exists()
+    state.set(HOLD_KEY, {"policy": "p", "round": 1, "version": 99})  # gone: one warning
+    follow()
+    follow()
+    assert worker.held.version == 4 and follow.tried == (1, 99)
+
+
+def test_a_persisted_version_keeps_its_file_when_the_tag_moves_on(tmp_path):
+    store = ParameterStore(tmp_path)
+    store.publish("p", 1, {"version": 1}, persist=True)
+    store.tag("p", 1, EVAL_TAG)
+    store.publish("p", 2, {"version": 2})
+    store.tag("p", 2, EVAL_TAG)
+    store.publish("p", 3, {"version": 3})
+    store.tag("p", 3, EVAL_TAG)
+    paths = [store.checkpoint_path("p", v).exists() for v in (1, 2, 3)]
+    assert paths == [True, False, True]
+
+
 def test_a_worker_without_a_copy_says_it_cannot_hold(tmp_path):
     _, _, worker = worker_at_version_3(tmp_path, make_copy=None)
     assert worker.hold_evaluation(round_=1) is None
@@ -85,3 +116,15 @@ def test_episodes_carry_the_first_and_last_version_that_played_them():
         answer_all(hub, "p", version=version)
     records = actor.collect_stats()["eval_episodes"]
     assert [r["versions"] for r in records[:2]] == [{"p": [7, 8]}, {"p": [8, 8]}]
+
+
+def test_a_restarted_worker_takes_the_named_version_and_tags_nothing_else(tmp_path):
+    hub, store, worker = worker_at_version_3(tmp_path)
+    store.tag("p", 3, "eval-1")  # the worker beside it holds 3
+    store.publish("p", 4, {"version": 4})
+    worker.poll()  # this (new) process has 4 loaded
+    state = StateStore()
+    state.set(HOLD_KEY, {"policy": "p", "round": 7, "version": 3})
+    EvaluationHold(state, worker)()
+    assert worker.held.version == 3 and worker.held_round == 7
+    assert store.tags("p")[EVAL_TAG] == 3 and not store.checkpoint_path("p", 4).exists()

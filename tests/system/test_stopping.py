@@ -27,7 +27,7 @@ def test_two_consecutive_windows_of_fresh_episodes_solve():
     assert not feed(w, [480.0] * 3)  # the second window is not complete yet
     assert feed(w, [480.0])
     assert w.confirmed == [500.0, 480.0]  # the second window: episodes 5 to 8 only
-    assert "2 consecutive windows of 4 fresh episodes: 500.0, 480.0" in w.describe()
+    assert "2 consecutive windows of 4 fresh episodes: 500, 480" in w.describe()
 
 
 def test_one_window_solves_at_once_when_asked():
@@ -54,61 +54,69 @@ def held(windows: EvaluationWindows, returns: list[float], versions) -> bool:
     return solved
 
 
-def test_a_candidate_is_confirmed_only_by_episodes_its_held_version_played_whole():
+def test_every_window_judges_one_version_and_the_run_delivers_the_confirmed_one():
     w = EvaluationWindows(target=475.0, episodes=4, windows=2, policy="p")
-    assert not held(w, [500.0] * 4, [3, 5])  # a candidate, played by versions 3 to 5
-    assert w.holding and w.hold_order() == {"policy": "p", "round": 1}
+    assert w.hold_order() is None  # nothing held before evaluation begins
+    assert not held(w, [500.0], [3, 3])  # evaluation has begun: round 1
+    assert w.hold_order() == {"policy": "p", "round": 1}
     assert not held(w, [500.0] * 4, [5, 5])  # no worker said what it holds yet: not counted
     w.on_worker_stats({"held_version": 6, "held_round": 1})
+    assert w.hold_order() == {"policy": "p", "round": 1, "version": 6}  # all workers hold 6
     assert not held(w, [500.0] * 4, [5, 6])  # began before the hold
-    assert not held(w, [500.0] * 4, [7, 7])  # another version (a worker that holds none)
+    assert not held(w, [500.0] * 4, [7, 7])  # another version
+    assert not held(w, [500.0] * 4, [6, 6])  # a candidate: the same version again
+    assert w.confirmed == [500.0] and w.round == 1
     assert not held(w, [490.0] * 3, [6, 6])
     assert held(w, [480.0], [6, 6])
     assert w.solved_version == 6 and w.confirmed == [500.0, 487.5]
     assert w.describe() == (
-        "greedy mean return reached 475 in a window of 4 episodes, then in 1 window of 4 fresh "
-        "episodes played by version 6 alone: 500.0, 487.5"
+        "greedy mean return reached 475 in 2 windows of 4 fresh episodes played by version 6 "
+        "alone (1 version judged in all): 500, 487.5"
     )
 
 
-def test_a_held_version_that_falls_short_is_released_and_a_fresh_window_is_needed():
+def test_a_version_that_falls_short_ends_its_round_and_the_next_one_is_judged():
     w = EvaluationWindows(target=475.0, episodes=2, windows=2, policy="p")
-    held(w, [500.0] * 2, None)
+    held(w, [0.0], None)
     w.on_worker_stats({"held_version": 4, "held_round": 1})
     assert not held(w, [500.0, 100.0], [4, 4])
-    assert not w.holding and w.hold_order() is None and w.confirmed == []
-    assert not held(w, [500.0], [9, 9])  # the window still holds 100.0: no candidate
-    assert not w.holding
-    assert not held(w, [500.0], [9, 9])  # two fresh episodes at the target: round 2
-    assert w.hold_order() == {"policy": "p", "round": 2}
+    assert w.hold_order() == {"policy": "p", "round": 2} and w.confirmed == []
+    assert not held(w, [500.0] * 2, [4, 4])  # version 4's late episodes do not count
     w.on_worker_stats({"held_version": 4, "held_round": 1})  # a late report of round 1
     assert w.held_version is None
+    w.on_worker_stats({"held_version": 9, "held_round": 2})
+    assert not held(w, [500.0] * 2, [9, 9]) and w.confirmed == [500.0]
+    assert not held(w, [500.0, 400.0], [9, 9])  # not confirmed: round 3
+    assert w.round == 3 and w.confirmed == [] and w.rounds_judged == 2
 
 
 def test_without_a_worker_that_can_hold_consecutive_windows_confirm():
     w = EvaluationWindows(target=1.0, episodes=2, windows=2, policy="p")
-    held(w, [1.0] * 2, None)
+    held(w, [1.0], None)
     w.on_worker_stats({"hold_unsupported": 1})
-    assert w.policy is None and not w.holding and w.confirmed == [1.0]  # still a candidate
+    assert w.policy is None and w.hold_order() is None
+    assert not held(w, [1.0] * 2, None)  # a candidate of fresh episodes
     assert not held(w, [1.0], None)
     assert held(w, [1.0], None) and w.solved_version is None
 
 
-def test_a_hold_nobody_acts_on_times_out_and_one_without_episodes_is_released():
+def test_a_hold_nobody_acts_on_times_out_and_one_without_episodes_moves_on():
     clock = Clock()
     w = EvaluationWindows(target=1.0, episodes=2, windows=2, policy="p", hold_timeout_s=30,
                           clock=clock)  # fmt: skip
-    held(w, [1.0] * 2, None)
+    held(w, [1.0], None)
     clock.now = 31.0
-    assert not w.solved() and w.policy is None  # no worker held: confirm without holding
+    assert not w.solved() and w.policy is None  # no worker held: judge any versions
     w = EvaluationWindows(target=1.0, episodes=2, windows=2, policy="p", hold_timeout_s=30,
                           clock=clock)  # fmt: skip
-    held(w, [1.0] * 2, None)
+    held(w, [1.0], None)
     w.on_worker_stats({"held_version": 2, "held_round": 1})
     clock.now = 62.0
-    assert not w.solved() and not w.holding and w.policy == "p"  # released, may hold again
+    assert not w.solved() and w.round == 2 and w.policy == "p"  # hold another version
 
 
-def test_with_one_window_nothing_is_held():
+def test_with_one_window_or_no_target_nothing_is_held():
     w = EvaluationWindows(target=1.0, episodes=2, windows=1, policy="p")
     assert held(w, [1.0] * 2, None) and w.policy is None and w.hold_order() is None
+    w = EvaluationWindows(target=None, episodes=2, windows=2, policy="p")
+    assert not held(w, [1.0] * 4, None) and w.hold_order() is None
