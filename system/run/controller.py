@@ -538,6 +538,7 @@ class Controller:
         # episode_length, policy/<name>/episode_return, episode_info/<key>: means of the window
         record.update({k: v for k, v in self.train_window.means().items() if k not in record})
         record.update(self.eval_window.means("eval/"))
+        record.update(self.evaluation.figures())  # the version evaluation holds, if any
         record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
         for name, stats in self.trainer_stats.items():
             record[f"policy/{name}/version"] = stats.get("version")

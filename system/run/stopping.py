@@ -85,6 +85,8 @@ class EvaluationWindows:
         self.held_version: int | None = None
         self.solved_version: int | None = None
         self.rounds_judged = 0
+        self.last_window: tuple[int | None, float] | None = None
+        """The version and mean of the last window of held episodes judged."""
         self._held: list[float] = []
         self._since = 0.0
         self._window_end = 0
@@ -122,6 +124,17 @@ class EvaluationWindows:
             order["version"] = self.held_version
         return order
 
+    def figures(self) -> dict[str, Any]:
+        """For each metrics record, while versions are held: the version held now, how many
+        were judged, and the last judged window's version and mean."""
+        if self.policy is None:
+            return {}
+        out: dict[str, Any] = {"eval/held_version": self.held_version,
+                               "eval/versions_judged": self.rounds_judged}  # fmt: skip
+        if self.last_window is not None:
+            out["eval/judged_version"], out["eval/judged_window_return"] = self.last_window
+        return out
+
     # ----------------------------------------------------------------- decision
     def mean(self) -> float | None:
         """The mean of the last ``episodes`` returns, once that many arrived."""
@@ -154,6 +167,7 @@ class EvaluationWindows:
             window, self._held = self._held[: self.episodes], self._held[self.episodes :]
             mean = float(np.mean(window))
             self.rounds_judged += len(self.confirmed) == 0
+            self.last_window = (self.held_version, mean)
             if mean < self.target:
                 if self.confirmed:
                     logger.info("version %s scored %.2f after %s: not confirmed",

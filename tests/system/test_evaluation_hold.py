@@ -119,7 +119,7 @@ def test_episodes_carry_the_first_and_last_version_that_played_them():
 
 
 def test_a_restarted_worker_takes_the_named_version_and_tags_nothing_else(tmp_path):
-    hub, store, worker = worker_at_version_3(tmp_path)
+    _, store, worker = worker_at_version_3(tmp_path)
     store.tag("p", 3, "eval-1")  # the worker beside it holds 3
     store.publish("p", 4, {"version": 4})
     worker.poll()  # this (new) process has 4 loaded

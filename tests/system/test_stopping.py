@@ -88,6 +88,12 @@ def test_a_version_that_falls_short_ends_its_round_and_the_next_one_is_judged():
     assert not held(w, [500.0] * 2, [9, 9]) and w.confirmed == [500.0]
     assert not held(w, [500.0, 400.0], [9, 9])  # not confirmed: round 3
     assert w.round == 3 and w.confirmed == [] and w.rounds_judged == 2
+    assert w.figures() == {
+        "eval/held_version": None,
+        "eval/versions_judged": 2,
+        "eval/judged_version": 9,
+        "eval/judged_window_return": 450.0,
+    }
 
 
 def test_without_a_worker_that_can_hold_consecutive_windows_confirm():
