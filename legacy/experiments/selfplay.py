@@ -10,8 +10,11 @@ snapshot's one time in ten, so that odd moves keep being met), and sometimes ``m
 greedily against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else
 the centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
 and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
-win, 0.5 a draw) over the last 100 such games. ``ratings.json`` in the run folder rates every
-snapshot met.
+win, 0.5 a draw) over the last 100 such games. Each evaluation window of 100 games is played by
+one version of ``main`` (``system.run.stopping``), so the version the run stops on is one that
+met the target itself: ``summary.json``'s ``solved_version``, what ``troupe eval`` plays.
+``ratings.json`` in the run folder rates every snapshot met, and ``win_rates.png`` plots every
+matchup's score.
 
 Needs the ``multiagent`` extra (PettingZoo).
 """
@@ -35,9 +38,9 @@ _PPO = dict(
 
 
 def connect4_selfplay() -> ExperimentConfig:
-    """PPO by self-play on ConnectFour-v3, until ``main``'s greedy mean return against the
-    scripted players (1 a win, -1 a loss) reaches 0.95 in two consecutive windows of 100 fresh
-    games, or for 15 minutes (or 4M frames)."""
+    """PPO by self-play on ConnectFour-v3, until one version of ``main`` reaches a greedy mean
+    return of 0.97 against the scripted players (1 a win, -1 a loss) in three windows of 100
+    fresh games, or for 15 minutes (or 4M frames)."""
     learner = ComponentConfig("actor-critic", dict(_NETWORK))
     return ExperimentConfig(
         name="connect4-selfplay",
@@ -68,7 +71,7 @@ def connect4_selfplay() -> ExperimentConfig:
             ),
         ),
         stop=StopConfig(
-            eval_return=0.95, confirm_windows=3, env_frames=4_000_000, wall_seconds=900.0
+            eval_return=0.97, confirm_windows=3, env_frames=4_000_000, wall_seconds=900.0
         ),
         checkpoint_every=20,
     )

@@ -40,7 +40,11 @@ HOLD_KEY = "evaluation/hold"
 """Global state: ``{"policy": name, "round": n}``, and ``"version"`` once a worker said which
 one it holds (so every worker holds that one); None when nothing is held."""
 HOLD_TIMEOUT_S = 30.0
-"""How long a round may go without a report of the held version, or without an episode of it."""
+"""How long a round may go without a report of the held version (then nothing is held)."""
+STALE_EPISODES = 50
+"""A round ends when at least this many (and three windows') evaluation episodes in a row were
+played by other versions: the held one is not being played (a worker could not hold it). A
+count, not a time: an episode may take minutes (Atari)."""
 
 
 def judged_policy(config: ExperimentConfig) -> str | None:
@@ -88,6 +92,8 @@ class EvaluationWindows:
         self.last_window: tuple[int | None, float] | None = None
         """The version and mean of the last window of held episodes judged."""
         self._held: list[float] = []
+        self._others = 0
+        """Evaluation episodes in a row, since the held version was known, played by others."""
         self._since = 0.0
         self._window_end = 0
 
@@ -99,9 +105,12 @@ class EvaluationWindows:
         self.count += 1
         if self.policy is not None and self.round == 0:
             self._next_round()  # evaluation has begun: hold a version from now on
-        elif self.held_version is not None and _played_by(versions) == self.held_version:
-            self._held.append(float(episode_return))
-            self._since = self.clock()
+        elif self.held_version is not None:
+            if _played_by(versions) == self.held_version:
+                self._held.append(float(episode_return))
+                self._others = 0
+            else:
+                self._others += 1
 
     def on_worker_stats(self, stats: dict[str, Any]) -> None:
         """A judged policy worker's heartbeat stats: the version it holds, or that it can't."""
@@ -180,18 +189,18 @@ class EvaluationWindows:
                 return True
             logger.info("version %s reached %g (%.2f): confirming", self.held_version,
                         self.target, mean)  # fmt: skip
-        if self.round and self.clock() - self._since > self.hold_timeout_s:
-            if self.held_version is None:
+        if self.held_version is None:
+            if self.round and self.clock() - self._since > self.hold_timeout_s:
                 self._give_up_holding(f"no policy worker held a version in {self.hold_timeout_s}s")
-            else:
-                logger.warning("no episode of held version %s came for %.0fs: holding another",
-                               self.held_version, self.hold_timeout_s)  # fmt: skip
-                self._next_round()
+        elif self._others >= max(STALE_EPISODES, 3 * self.episodes):
+            logger.warning("%d evaluation episodes in a row were not played by held version %s: "
+                           "holding another", self._others, self.held_version)  # fmt: skip
+            self._next_round()
         return False
 
     def _next_round(self) -> None:
         self.round += 1
-        self.held_version, self._held, self.confirmed = None, [], []
+        self.held_version, self._held, self.confirmed, self._others = None, [], [], 0
         self._since = self.clock()
 
     def _give_up_holding(self, why: str) -> None:

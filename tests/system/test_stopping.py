@@ -106,7 +106,7 @@ def test_without_a_worker_that_can_hold_consecutive_windows_confirm():
     assert held(w, [1.0], None) and w.solved_version is None
 
 
-def test_a_hold_nobody_acts_on_times_out_and_one_without_episodes_moves_on():
+def test_a_hold_nobody_acts_on_times_out_and_one_nobody_plays_moves_on():
     clock = Clock()
     w = EvaluationWindows(target=1.0, episodes=2, windows=2, policy="p", hold_timeout_s=30,
                           clock=clock)  # fmt: skip
@@ -117,8 +117,10 @@ def test_a_hold_nobody_acts_on_times_out_and_one_without_episodes_moves_on():
                           clock=clock)  # fmt: skip
     held(w, [1.0], None)
     w.on_worker_stats({"held_version": 2, "held_round": 1})
-    clock.now = 62.0
-    assert not w.solved() and w.round == 2 and w.policy == "p"  # hold another version
+    clock.now = 1000.0  # a long episode (Atari): time alone ends no round once one is held
+    assert not held(w, [1.0] * 49, [3, 3]) and w.round == 1
+    assert not held(w, [1.0], [3, 3]) and w.round == 2  # 50 in a row by others: hold another
+    assert w.policy == "p"
 
 
 def test_with_one_window_or_no_target_nothing_is_held():
