@@ -617,7 +617,6 @@ class Controller:
         else:
             self.stop_reason = self.coordination.stop_reason()
 
-
     def _say_hold(self) -> None:
         """Tell the judged policy's workers, through the global state, to hold the version
         they have for evaluation (or to stop holding), when the confirmation's need changed."""
