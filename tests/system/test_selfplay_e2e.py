@@ -48,10 +48,10 @@ def test_a_short_selfplay_run_meets_past_versions_and_rates_them(tmp_path):
 @pytest.mark.selfplay
 @pytest.mark.timeout(1500)
 def test_selfplay_beats_random_and_the_heuristic_within_15_minutes(tmp_path):
-    """Not part of CI's learning stage (``-m "learning and not selfplay"``): of six runs of this
-    check on the 2-core machine (four configurations), two met both targets (in 159 and 161 s),
-    two stopped at 91.2% and 93.6% against random, and two had not beaten the heuristic in
-    two evaluation windows running after 7 and 10 minutes (BENCHMARKS.md)."""
+    """Not part of CI's learning stage (``-m "learning and not selfplay"``): it does not pass
+    every time. The run stops when one version of ``main`` confirms the target in the run, and
+    ``troupe eval`` plays that version; BENCHMARKS.md has each run made (runs 1-6 before
+    versions were held for evaluation, A-G after)."""
     run_dir = tmp_path / "run"
     out = finish(
         start(["run", "connect4-selfplay", "--run-dir", str(run_dir), "--no-display"]), 1200
@@ -61,6 +61,8 @@ def test_selfplay_beats_random_and_the_heuristic_within_15_minutes(tmp_path):
     evaluation = start(["eval", str(run_dir), "--episodes", "200", "--json"])
     result = json.loads(finish(evaluation, timeout=600).strip().splitlines()[-1])
     scores = result["results"]
+    if summary.get("solved"):  # the version that confirmed the target is the one played
+        assert result["versions"] == {"main": summary["solved_version"]["version"]}, summary
     print(
         f"connect4-selfplay: stopped on {summary['stop_reason']} after {summary['wall_s']:.0f}s "
         f"and {summary['env_frames']} frames, version {result['versions']}; 200 greedy "
