@@ -78,9 +78,11 @@ class PolicyWorker(Worker):
         started = time.perf_counter()
         if self.held is None:
             rows = self._answer(pending, self.policy)
-        else:
-            evaluation = [p for p in pending if _evaluation_only(p.request)]
-            training = [p for p in pending if not _evaluation_only(p.request)]
+        else:  # two forward passes when both kinds wait: the held version is another network
+            evaluation: list[PendingRequest] = []
+            training: list[PendingRequest] = []
+            for p in pending:
+                (evaluation if _evaluation_only(p.request) else training).append(p)
             rows = self._answer(training, self.policy) + self._answer(evaluation, self.held)
         self._count(pending, rows, time.perf_counter() - started)
         return rows
@@ -111,8 +113,8 @@ class PolicyWorker(Worker):
         the parameter service), or the one loaded now. Either is tagged :attr:`eval_tag` there
         first, so the service keeps it and writes its file. Returns the version held, or None
         if this worker cannot hold (no copy of the policy can be built; the stats say so, for
-        the controller) or the service could not give or tag it (logged; the controller's
-        round times out and it holds another)."""
+        the controller) or the service could not give or tag it (logged; no episode of the
+        round's version comes from this worker, and the controller's round ends for it)."""
         if self.make_copy is None or self.params is None:
             self.cannot_hold = True
             return None
