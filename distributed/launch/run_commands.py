@@ -232,7 +232,12 @@ def _fresh_summary(path: Path, since: float) -> dict | None:
 
 # --------------------------------------------------------------------- troupe eval
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT")
+    parser.add_argument(
+        "target",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run folder (the version its run was solved with, else the latest) or a "
+        "checkpoint file (checkpoints/<policy>/vNNNNNNNN.ckpt)",
+    )
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--envs", type=int, default=8, help="environments stepped at once")
     parser.add_argument(
