@@ -14,6 +14,7 @@ same code builds whatever the experiment names, in any process. Adding a role me
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -282,7 +283,8 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
 
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
+    spaces = probe_spaces(cfg)
+    policy = make_policy(cfg, plan.policy, spaces, cfg.seed + 1)
     if cfg.policies[plan.policy].checkpoint:  # a frozen policy from another run's file
         policy.load_checkpoint(read_frozen_checkpoint(cfg.policies[plan.policy].checkpoint))
     params = wiring.parameter_client(subscribe=plan.peers(cfg).parameters or [])
@@ -301,16 +303,11 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
         _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)
     server = wiring.inference_server(name, plan.policy, policy)
-
-    def make_copy() -> Policy:  # built when evaluation first holds a version
-        return make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed + 1)
-
+    copy = functools.partial(make_policy, cfg, plan.policy, spaces, cfg.seed + 1)  # to hold one
     tag = EVAL_TAG if plan.index == 0 else f"{EVAL_TAG}-{plan.index}"
-    return Built(
-        PolicyWorker(
-            plan.worker_id, plan.policy, policy, server, params, make_copy=make_copy, eval_tag=tag
-        )
-    )
+    worker = PolicyWorker(plan.worker_id, plan.policy, policy, server, params, make_copy=copy,
+                          eval_tag=tag)  # fmt: skip
+    return Built(worker)
 
 
 def read_frozen_checkpoint(path: str) -> Any:

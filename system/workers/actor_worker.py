@@ -30,7 +30,7 @@ from system.run.plan import Role
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.workers.base import Worker
-from system.workers.lanes import Lane, Slot, matchups
+from system.workers.lanes import Lane, Slot, matchups, per_policy
 from system.workers.nonfinite import NonFiniteGuard
 from system.workers.trajectory import SegmentBuffer
 
@@ -348,13 +348,7 @@ class ActorWorker(Worker):
             "episode_return": float(np.mean([s.episode_return for s in slots])),
             "episode_length": float(self.episode_steps[e]),
         }
-        versions: dict[str, list[int]] = {}
-        for s in slots:
-            key = f"policy/{s.policy}/episode_return"
-            record[key] = record.get(key, 0.0) + s.episode_return / _count(slots, s.policy)
-            seen = versions.setdefault(s.policy, [s.first_version, s.version])
-            seen[0], seen[1] = min(seen[0], s.first_version), max(seen[1], s.version)
-        record["versions"] = versions
+        record.update(per_policy(slots))
         if len(slots) > 1:
             record.update(matchups(slots))
         info = next((s.result.info for s in slots if s.result is not None), {})
@@ -398,7 +392,3 @@ class ActorWorker(Worker):
         self.inference.close()
         if self.samples is not None:
             self.samples.close()
-
-
-def _count(slots: list[Slot], policy: str) -> int:
-    return sum(1 for s in slots if s.policy == policy)

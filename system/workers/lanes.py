@@ -154,6 +154,22 @@ def nonfinite_rows(values: Any) -> np.ndarray:
     return np.zeros(0, np.int64) if bad is None else np.flatnonzero(bad)
 
 
+def per_policy(slots: list[Slot]) -> dict[str, Any]:
+    """An episode's ``policy/<name>/episode_return`` (the mean over that policy's agents) and
+    ``versions``: ``{policy: [first, last]}``, the versions that answered its agents' first
+    and last steps (an evaluation window counts episodes one version played whole)."""
+    record: dict[str, Any] = {}
+    versions: dict[str, list[int]] = {}
+    for s in slots:
+        count = sum(1 for other in slots if other.policy == s.policy)
+        key = f"policy/{s.policy}/episode_return"
+        record[key] = record.get(key, 0.0) + s.episode_return / count
+        seen = versions.setdefault(s.policy, [s.first_version, s.version])
+        seen[0], seen[1] = min(seen[0], s.first_version), max(seen[1], s.version)
+    record["versions"] = versions
+    return record
+
+
 def matchups(slots: list[Slot]) -> dict[str, Any]:
     """What a multi-agent episode says about who beat whom: ``result/<a>_vs_<b>`` (1 a won,
     0.5 a draw, 0 a lost, by return) for every pair of different policies that played it, and
