@@ -1,6 +1,7 @@
 """Self-play on a PettingZoo classic game: the learner against its own past versions.
 
-``connect4-selfplay`` trains ``main`` (actor-critic, PPO) on connect four. Every episode the
+``connect4-selfplay`` trains ``main`` (actor-critic, PPO; two 3x3 convolutions of 32 channels
+over the board's piece planes, then an MLP of 256 and 256) on connect four. Every episode the
 ``self-play`` policy mapping seats ``main`` first or second (alternately) and draws the other
 seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers play snapshots of
 ``main`` (every 5th version joins a pool of the last 20; every 5 seconds each worker draws the
@@ -31,7 +32,7 @@ from api.config import (
 )
 from api.config_league import SelfPlayConfig
 
-_NETWORK = dict(hidden_sizes=[256, 256], activation="relu")
+_NETWORK = dict(hidden_sizes=[256, 256], activation="relu", grid_channels=[32, 32])
 _PPO = dict(
     lr=3e-4, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2, entropy_coef=0.01
 )
