@@ -11,7 +11,7 @@ snapshot's one time in ten, so that odd moves keep being met), and sometimes ``m
 greedily against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else
 the centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
 and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
-win, 0.5 a draw) over the last 100 such games. Each evaluation window of 300 games is played by
+win, 0.5 a draw) over the last 300 such games. Each evaluation window of 300 games is played by
 one version of ``main`` (``system.run.stopping``), so the version the run stops on is one that
 met the target itself: ``summary.json``'s ``solved_version``, what ``troupe eval`` plays.
 ``ratings.json`` in the run folder rates every snapshot met, and ``win_rates.png`` plots every
