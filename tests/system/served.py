@@ -1,29 +1,41 @@
-"""A parameter server polled by a background thread, for tests that talk to it over its real
-sockets from the test's own thread."""
+"""Threads that poll a component's sockets for a test, which talks to it from its own thread:
+a parameter server, or a controller's message loop."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from system.parameters.service import ParameterServer
 
 TIMEOUT_S = 10.0
 
 
-class ServedInThread:
+class PollingThread:
+    """Calls ``poll()`` on a daemon thread, again and again, until :meth:`stop`."""
+
+    def __init__(self, poll: Callable[[], object]):
+        self._poll = poll
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(TIMEOUT_S)
+
+
+class ServedInThread(PollingThread):
     """Polls ``server`` every 20 ms until :meth:`close` (which closes the server too)."""
 
     def __init__(self, server: ParameterServer):
         self.server = server
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            self.server.poll(20)
+        super().__init__(lambda: server.poll(20))
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(TIMEOUT_S)
+        self.stop()
         self.server.close()

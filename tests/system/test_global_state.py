@@ -3,11 +3,11 @@ folder's copy, and malformed or unauthorised writes, over a real controller sock
 
 from __future__ import annotations
 
-import threading
 import time
 
 import msgpack
 import pytest
+from served import PollingThread
 
 from api import global_state as api_state
 from api.config import make_experiment
@@ -93,22 +93,12 @@ def test_replica_refuses_a_malformed_update():
     assert replica.items() == {}
 
 
-class Pump:
+class Pump(PollingThread):
     """Runs the controller's message loop on a thread (its socket is used only there)."""
 
     def __init__(self, controller: Controller):
         self.controller = controller
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            self.controller._receive(timeout_ms=20)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=5)
+        super().__init__(lambda: controller._receive(timeout_ms=20))
 
 
 def test_workers_read_trainers_write_and_bad_writes_never_stop_the_controller(tmp_path):
