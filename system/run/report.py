@@ -323,7 +323,8 @@ def matchup_keys(records: list[dict[str, Any]], first: Iterable[str] = ()) -> li
 def write_win_rates(
     run_dir: str | Path, title: str = "", *, first: Iterable[str] = ()
 ) -> Path | None:
-    """Plot every matchup's score (1 a win, 0.5 a draw, over the last 100 games) against frames
+    """Plot every matchup's score (1 a win, 0.5 a draw; training over the last 100 games,
+    evaluation over the last ``evaluation.episodes``, as metrics.jsonl has them) against frames
     into ``run_dir/win_rates.png``, training games solid and evaluation games dashed; None when
     the run has no matchups (a single-agent run). ``first``: the policies whose side of a pair
     is drawn (the trained ones)."""
@@ -347,7 +348,7 @@ def write_win_rates(
                 label=f"{label} ({'greedy evaluation' if evaluation else 'training'})")  # fmt: skip
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("environment frames")
-    ax.set_ylabel("score (1 win, 0.5 draw), last 100 games")
+    ax.set_ylabel("score (1 win, 0.5 draw), recent games")
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)

@@ -122,7 +122,6 @@ class EvaluationWindows:
             version = stats.get("held_version")
             if type(version) is int:
                 self.held_version = version
-                self._since = self.clock()
 
     def hold_order(self) -> dict[str, Any] | None:
         """What :data:`HOLD_KEY` should say now."""
