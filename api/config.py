@@ -169,6 +169,11 @@ class StopConfig:
     policy workers of the judged policy (``evaluation.policy``, else the only trained one) hold
     the version they have for evaluation, and the further windows count only episodes that
     version played whole: it is the run's ``solved_version``, what ``troupe eval`` plays."""
+    max_return: float | None = None
+    """The most one episode can return (1.0 for a won game, 500 for CartPole-v1), if known.
+    A held version's window then ends as soon as it can no longer reach ``eval_return`` even if
+    every episode left in it returned this much, and the next version is held: a version that
+    lost early is not played to the end of its window. None: every window is played out."""
     env_frames: int | None = None
     """Stop after this many environment steps (summed over actors, evaluation excluded)."""
     trainer_steps: int | None = None
@@ -564,6 +569,12 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
         errors.append("stop.eval_return: needs evaluation.workers >= 1")
     if stop.confirm_windows < 1:
         errors.append("stop.confirm_windows: must be at least 1 (1: no confirmation)")
+    reachable = stop.max_return is None or stop.eval_return is None
+    if not reachable and stop.max_return < stop.eval_return:
+        errors.append(
+            f"stop.max_return: {stop.max_return} is below stop.eval_return "
+            f"({stop.eval_return}): no window could reach it"
+        )
     return errors
 
 

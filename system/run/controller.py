@@ -139,6 +139,7 @@ class Controller:
             config.evaluation.episodes,
             config.stop.confirm_windows,
             policy=judged_policy(config),
+            max_return=config.stop.max_return,
         )
         self.trainer_stats: dict[str, dict[str, float]] = {}
         self.train_window = EpisodeWindow(100)

@@ -13,8 +13,11 @@ from start to end. A window that reaches the target makes its version a candidat
 solved when ``stop.confirm_windows - 1`` further windows of fresh episodes of that same version
 reach it too. That version is the one the run delivers (``summary.json``'s ``solved_version``,
 what ``troupe eval`` plays). A window that falls short ends the round: the workers hold the
-version they have then, and the next window judges it. :class:`EvaluationHold` is the policy
-worker's side, run on its heartbeat.
+version they have then, and the next window judges it. With ``stop.max_return`` (the most an
+episode can return) a window falls short as soon as the episodes still to come could not lift
+it to the target: most versions a long run judges fail, and most fail early, so judging each
+on a few games instead of a whole window judges several times as many versions in the same
+time. :class:`EvaluationHold` is the policy worker's side, run on its heartbeat.
 
 Where no worker can hold (it says so, or says nothing for ``hold_timeout_s``), or a target needs
 no confirmation, windows of whatever versions played them are judged as they come, and
@@ -60,7 +63,9 @@ class EvaluationWindows:
     """Greedy evaluation returns as they arrive, and the confirmation of a target.
 
     ``policy``: the judged policy, whose workers hold a version per window (None, or a target
-    that needs no confirmation: nothing is held, consecutive windows confirm).
+    that needs no confirmation: nothing is held, consecutive windows confirm). ``max_return``:
+    the most an episode can return; a held version's window that can no longer reach the
+    target ends early (None: windows are played out).
     """
 
     def __init__(
@@ -70,10 +75,12 @@ class EvaluationWindows:
         windows: int = 1,
         *,
         policy: str | None = None,
+        max_return: float | None = None,
         hold_timeout_s: float = HOLD_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.target = target
+        self.max_return = max_return
         self.episodes = episodes
         self.windows = windows
         self.policy = policy if windows > 1 and target is not None else None
@@ -188,6 +195,14 @@ class EvaluationWindows:
                 return True
             logger.info("version %s reached %g (%.2f): confirming", self.held_version,
                         self.target, mean)  # fmt: skip
+        if self._out_of_reach():
+            if self.confirmed:
+                logger.info("version %s cannot reach %g in this window after %s: not confirmed",
+                            self.held_version, self.target, self.confirmed)  # fmt: skip
+            self.rounds_judged += len(self.confirmed) == 0
+            self.last_window = (self.held_version, float(np.mean(self._held)))
+            self._next_round()
+            return False
         if self.held_version is None:
             if self.round and self.clock() - self._since > self.hold_timeout_s:
                 self._give_up_holding(f"no policy worker held a version in {self.hold_timeout_s}s")
@@ -196,6 +211,14 @@ class EvaluationWindows:
                            "holding another", self._others, self.held_version)  # fmt: skip
             self._next_round()
         return False
+
+    def _out_of_reach(self) -> bool:
+        """Whether the held version's current window falls short even if every episode still
+        to come in it returned ``max_return``."""
+        if self.max_return is None or not self._held:
+            return False
+        best = sum(self._held) + (self.episodes - len(self._held)) * self.max_return
+        return best < self.target * self.episodes - 1e-9
 
     def _next_round(self) -> None:
         self.round += 1

@@ -87,8 +87,8 @@ def test_unknown_key_without_a_close_match_lists_valid_keys():
     with pytest.raises(ConfigError) as e:
         ExperimentConfig.from_dict({"stop": {"zzz": 1}})
     assert e.value.errors == [
-        "stop.zzz: unknown key; valid keys: eval_return, confirm_windows, env_frames, "
-        "trainer_steps, wall_seconds, eval_return_source"
+        "stop.zzz: unknown key; valid keys: eval_return, confirm_windows, max_return, "
+        "env_frames, trainer_steps, wall_seconds, eval_return_source"
     ]
 
 
@@ -102,6 +102,16 @@ def test_wrong_types_name_the_key_expected_and_actual():
         "actors.workers: expected int, got bool True",
         "seed: expected int, got str 'zero'",
     ]
+
+
+def test_a_max_return_below_the_target_is_refused():
+    config = valid_config()
+    config.stop.eval_return, config.stop.max_return = 475.0, 400.0
+    assert "stop.max_return: 400.0 is below stop.eval_return (475.0): no window could reach it" in (
+        validate(config)
+    )
+    config.stop.max_return = 500.0
+    assert not [e for e in validate(config) if e.startswith("stop.")]
 
 
 def test_an_int_is_accepted_where_a_float_is_declared():

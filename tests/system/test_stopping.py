@@ -128,3 +128,23 @@ def test_with_one_window_or_no_target_nothing_is_held():
     assert held(w, [1.0] * 2, None) and w.policy is None and w.hold_order() is None
     w = EvaluationWindows(target=None, episodes=2, windows=2, policy="p")
     assert not held(w, [1.0] * 4, None) and w.hold_order() is None
+
+
+def test_with_max_return_a_window_that_cannot_reach_the_target_ends_at_once():
+    w = EvaluationWindows(target=0.8, episodes=10, windows=2, policy="p", max_return=1.0)
+    held(w, [0.0], None)
+    w.on_worker_stats({"held_version": 4, "held_round": 1})
+    assert not held(w, [-1.0], [4, 4])  # (-1 + 9 wins) / 10 = 0.8 is still within reach
+    assert not held(w, [1.0] * 5, [4, 4]) and w.round == 1
+    assert not held(w, [0.0], [4, 4]) and w.round == 2  # a draw: at best 0.7, so version 4
+    assert w.rounds_judged == 1 and w.last_window == (4, 4 / 7)  # is done after 7 of 10 games
+    w.on_worker_stats({"held_version": 5, "held_round": 2})
+    assert not held(w, [1.0] * 10, [5, 5]) and w.confirmed == [1.0]  # a candidate
+    assert not held(w, [-1.0], [5, 5]) and w.round == 2  # its confirmation: 0.8 is in reach
+    assert not held(w, [-1.0], [5, 5])  # ...and now it is not
+    assert w.round == 3 and w.confirmed == [] and w.rounds_judged == 2
+    plain = EvaluationWindows(target=0.8, episodes=10, windows=2, policy="p")  # no max_return
+    held(plain, [0.0], None)
+    plain.on_worker_stats({"held_version": 4, "held_round": 1})
+    assert not held(plain, [-1.0] * 9, [4, 4]) and plain.round == 1  # played out
+    assert not held(plain, [-1.0], [4, 4]) and plain.round == 2
