@@ -13,7 +13,9 @@ the centre); ``main``'s mean return in those games is the evaluation return (``e
 and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
 win, 0.5 a draw) over the last 300 such games. Each evaluation window of 300 games is played by
 one version of ``main`` (``system.run.stopping``), so the version the run stops on is one that
-met the target itself: ``summary.json``'s ``solved_version``, what ``troupe eval`` plays.
+met the target itself: ``summary.json``'s ``solved_version``, what ``troupe eval`` plays. A game
+returns at most 1 (``stop.max_return``), so a window ends as soon as its version can no longer
+reach the target; most versions lose within a few games and the run judges nearly every one.
 ``ratings.json`` in the run folder rates every snapshot met, and ``win_rates.png`` plots every
 matchup's score.
 
@@ -40,7 +42,7 @@ _PPO = dict(
 
 def connect4_selfplay() -> ExperimentConfig:
     """PPO by self-play on ConnectFour-v3, until one version of ``main`` reaches a greedy mean
-    return of 0.97 against the scripted players (1 a win, -1 a loss) in three windows of 300
+    return of 0.98 against the scripted players (1 a win, -1 a loss) in three windows of 300
     fresh games, or for 15 minutes (or 4M frames)."""
     learner = ComponentConfig("actor-critic", dict(_NETWORK))
     return ExperimentConfig(
@@ -72,7 +74,11 @@ def connect4_selfplay() -> ExperimentConfig:
             ),
         ),
         stop=StopConfig(
-            eval_return=0.97, confirm_windows=3, env_frames=4_000_000, wall_seconds=900.0
+            eval_return=0.98,
+            confirm_windows=3,
+            max_return=1.0,
+            env_frames=4_000_000,
+            wall_seconds=900.0,
         ),
         checkpoint_every=20,
     )

@@ -141,7 +141,8 @@ class EvaluationWindows:
 
     def figures(self) -> dict[str, Any]:
         """For each metrics record, while versions are held: the version held now, how many
-        were judged, and the last judged window's version and mean."""
+        were judged, and the last judged window's version and mean (over the episodes it had
+        if it ended early: see ``max_return``)."""
         if self.policy is None:
             return {}
         out: dict[str, Any] = {"eval/held_version": self.held_version,
