@@ -95,7 +95,9 @@ class EvaluationWindows:
         """Versions held so far; the current round while :attr:`policy` is set."""
         self.held_version: int | None = None
         self.solved_version: int | None = None
-        self.rounds_judged = 0
+        self.judged: set[int | None] = set()
+        """The versions judged so far (a version can be held again, by a round that began before
+        a newer one arrived; it plays a fresh window then)."""
         self.last_window: tuple[int | None, float] | None = None
         """The version and mean of the last window of held episodes judged."""
         self._held: list[float] = []
@@ -146,7 +148,7 @@ class EvaluationWindows:
         if self.policy is None:
             return {}
         out: dict[str, Any] = {"eval/held_version": self.held_version,
-                               "eval/versions_judged": self.rounds_judged}  # fmt: skip
+                               "eval/versions_judged": len(self.judged)}  # fmt: skip
         if self.last_window is not None:
             out["eval/judged_version"], out["eval/judged_window_return"] = self.last_window
         return out
@@ -182,14 +184,11 @@ class EvaluationWindows:
         while len(self._held) >= self.episodes:
             window, self._held = self._held[: self.episodes], self._held[self.episodes :]
             mean = float(np.mean(window))
-            self.rounds_judged += len(self.confirmed) == 0
-            self.last_window = (self.held_version, mean)
             if mean < self.target:
-                if self.confirmed:
-                    logger.info("version %s scored %.2f after %s: not confirmed",
-                                self.held_version, mean, self.confirmed)  # fmt: skip
-                self._next_round()
+                self._fall_short(mean, self.episodes)
                 return False
+            self.judged.add(self.held_version)
+            self.last_window = (self.held_version, mean)
             self.confirmed.append(mean)
             if len(self.confirmed) >= self.windows:
                 self.solved_version = self.held_version
@@ -197,12 +196,7 @@ class EvaluationWindows:
             logger.info("version %s reached %g (%.2f): confirming", self.held_version,
                         self.target, mean)  # fmt: skip
         if self._out_of_reach():
-            if self.confirmed:
-                logger.info("version %s cannot reach %g in this window after %s: not confirmed",
-                            self.held_version, self.target, self.confirmed)  # fmt: skip
-            self.rounds_judged += len(self.confirmed) == 0
-            self.last_window = (self.held_version, float(np.mean(self._held)))
-            self._next_round()
+            self._fall_short(float(np.mean(self._held)), len(self._held))
             return False
         if self.held_version is None:
             if self.round and self.clock() - self._since > self.hold_timeout_s:
@@ -212,6 +206,16 @@ class EvaluationWindows:
                            "holding another", self._others, self.held_version)  # fmt: skip
             self._next_round()
         return False
+
+    def _fall_short(self, mean: float, played: int) -> None:
+        """The held version's window ended below the target after ``played`` of its episodes
+        (fewer than a window when it could no longer reach it): the next version is held."""
+        self.judged.add(self.held_version)
+        self.last_window = (self.held_version, mean)
+        if self.confirmed:
+            logger.info("version %s scored %.2f in %d episodes after %s: not confirmed",
+                        self.held_version, mean, played, self.confirmed)  # fmt: skip
+        self._next_round()
 
     def _out_of_reach(self) -> bool:
         """Whether the held version's current window falls short even if every episode still
@@ -236,7 +240,7 @@ class EvaluationWindows:
         """How a solved run was confirmed, for its summary."""
         means = ", ".join(f"{m:.4g}" for m in self.confirmed)
         if self.solved_version is not None:
-            n = self.rounds_judged
+            n = len(self.judged)
             return (
                 f"greedy mean return reached {self.target:g} in {len(self.confirmed)} windows "
                 f"of {self.episodes} fresh episodes played by version {self.solved_version} "

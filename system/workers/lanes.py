@@ -7,6 +7,7 @@ stepping the environments themselves.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,10 +161,10 @@ def per_policy(slots: list[Slot]) -> dict[str, Any]:
     and last steps (an evaluation window counts episodes one version played whole)."""
     record: dict[str, Any] = {}
     versions: dict[str, list[int]] = {}
+    agents = Counter(s.policy for s in slots)
     for s in slots:
-        count = sum(1 for other in slots if other.policy == s.policy)
         key = f"policy/{s.policy}/episode_return"
-        record[key] = record.get(key, 0.0) + s.episode_return / count
+        record[key] = record.get(key, 0.0) + s.episode_return / agents[s.policy]
         seen = versions.setdefault(s.policy, [s.first_version, s.version])
         seen[0], seen[1] = min(seen[0], s.first_version), max(seen[1], s.version)
     record["versions"] = versions

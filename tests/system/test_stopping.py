@@ -87,7 +87,7 @@ def test_a_version_that_falls_short_ends_its_round_and_the_next_one_is_judged():
     w.on_worker_stats({"held_version": 9, "held_round": 2})
     assert not held(w, [500.0] * 2, [9, 9]) and w.confirmed == [500.0]
     assert not held(w, [500.0, 400.0], [9, 9])  # not confirmed: round 3
-    assert w.round == 3 and w.confirmed == [] and w.rounds_judged == 2
+    assert w.round == 3 and w.confirmed == [] and len(w.judged) == 2
     assert w.figures() == {
         "eval/held_version": None,
         "eval/versions_judged": 2,
@@ -137,12 +137,15 @@ def test_with_max_return_a_window_that_cannot_reach_the_target_ends_at_once():
     assert not held(w, [-1.0], [4, 4])  # (-1 + 9 wins) / 10 = 0.8 is still within reach
     assert not held(w, [1.0] * 5, [4, 4]) and w.round == 1
     assert not held(w, [0.0], [4, 4]) and w.round == 2  # a draw: at best 0.7, so version 4
-    assert w.rounds_judged == 1 and w.last_window == (4, 4 / 7)  # is done after 7 of 10 games
+    assert len(w.judged) == 1 and w.last_window == (4, 4 / 7)  # is done after 7 of 10 games
     w.on_worker_stats({"held_version": 5, "held_round": 2})
     assert not held(w, [1.0] * 10, [5, 5]) and w.confirmed == [1.0]  # a candidate
     assert not held(w, [-1.0], [5, 5]) and w.round == 2  # its confirmation: 0.8 is in reach
     assert not held(w, [-1.0], [5, 5])  # ...and now it is not
-    assert w.round == 3 and w.confirmed == [] and w.rounds_judged == 2
+    assert w.round == 3 and w.confirmed == [] and len(w.judged) == 2
+    w.on_worker_stats({"held_version": 5, "held_round": 3})  # no newer version yet: 5 again
+    assert not held(w, [-1.0] * 2, [5, 5]) and w.round == 4
+    assert len(w.judged) == 2 and w.figures()["eval/versions_judged"] == 2  # versions, not rounds
     plain = EvaluationWindows(target=0.8, episodes=10, windows=2, policy="p")  # no max_return
     held(plain, [0.0], None)
     plain.on_worker_stats({"held_version": 4, "held_round": 1})
