@@ -16,6 +16,7 @@ from torch import nn
 
 from algorithm.modules.encoders import ObservationEncoder
 from algorithm.modules.init import orthogonal_init
+from algorithm.modules.mirror import Mirror
 from api.namedarray import NamedArray, namedarray
 
 
@@ -80,9 +81,11 @@ class ActorCriticNet(nn.Module):
         rnn_layers,
         activation,
         grid_channels=(),
+        mirror: Mirror | None = None,
     ):
         super().__init__()
         self.rnn_layers = rnn_layers
+        self.mirror = mirror  # no parameters: checkpoints load with or without it
         body = (observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers, grid_channels)
         self.actor_body = _Body(*body)
         self.critic_body = None if shared_backbone else _Body(*body)
@@ -98,6 +101,8 @@ class ActorCriticNet(nn.Module):
         # The layers see [T*B, ...]: a Linear on a 3-D input adds a reshape each way, in the
         # forward pass and again in the backward pass.
         obs = _flatten_time(obs)
+        if self.mirror is not None:  # feed-forward only: no memory to reflect
+            obs = self.mirror.with_reflection(obs)
         actor_hx = critic_hx = None
         if hx is not None:
             hx = hx.transpose(0, 1).contiguous()  # [n*layers, B, H]
@@ -109,8 +114,11 @@ class ActorCriticNet(nn.Module):
             value_features, critic_hx = self.critic_body(obs, critic_hx, on_reset)
             new_hx = None if actor_hx is None else torch.cat([actor_hx, critic_hx])
         new_hx = None if new_hx is None else new_hx.transpose(0, 1)
-        params = self.policy_head(features).reshape(steps, batch, self.policy_head.out_features)
-        return params, self.value_head(value_features).reshape(steps, batch, 1), new_hx
+        params, value = self.policy_head(features), self.value_head(value_features)
+        if self.mirror is not None:
+            params, value = self.mirror.fold(params, value)
+        params = params.reshape(steps, batch, self.policy_head.out_features)
+        return params, value.reshape(steps, batch, 1), new_hx
 
 
 def _param_count(space: gym.Space) -> int:

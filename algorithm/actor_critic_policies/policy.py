@@ -47,6 +47,7 @@ from algorithm.modules.distributions import (
     MultiDiscrete,
 )
 from algorithm.modules.encoders import ACTION_MASK_KEY
+from algorithm.modules.mirror import Mirror
 from algorithm.modules.normalization import RunningMeanStd, discounted_returns
 from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.ppo.trainer import PPOAnalyzedResult
@@ -77,6 +78,10 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             3-dimensional Box that is not a uint8 image, such as connect four's piece planes)
             before the MLP; empty: boards are flattened. See
             :class:`algorithm.modules.encoders.GridEncoder`.
+        mirror_actions: for a game that is the same reflected left to right (connect four:
+            ``[6, 5, 4, 3, 2, 1, 0]``), each action's mirror action, counted from 0: the
+            network is then symmetric by construction, so a pattern learnt on one side of the
+            board holds on the other (:mod:`algorithm.modules.mirror`). Empty: no symmetry.
     """
 
     arg_ranges = {
@@ -99,8 +104,10 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         normalize_obs: bool = False,
         normalize_returns: bool = False,
         grid_channels: Sequence[int] = (),
+        mirror_actions: Sequence[int] = (),
     ):
         self.observation_space, self.action_space = observation_space, action_space
+        mirror = _mirror(observation_space, action_space, mirror_actions, rnn_hidden, normalize_obs)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -113,6 +120,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
                 rnn_layers,
                 activation,
                 tuple(grid_channels),
+                mirror,
             )
         _add_normalizers(net, observation_space, normalize_obs, normalize_returns)
         super().__init__(net, device=device)
@@ -292,6 +300,17 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             lead = (lead,) if isinstance(lead, int) else lead
             return torch.zeros(*lead, 1, dtype=torch.bool, device=self.device)
         return self.to_tensor(flags).bool()
+
+
+def _mirror(obs_space, action_space, actions, rnn_hidden, normalize_obs) -> Mirror | None:
+    if not len(actions):
+        return None
+    if rnn_hidden > 0 or normalize_obs:
+        raise ValueError(
+            "mirror_actions needs a feed-forward policy (rnn_hidden=0) without normalize_obs: a "
+            "GRU's memory and per-cell running statistics have no reflection"
+        )
+    return Mirror(obs_space, action_space, actions)
 
 
 def _add_normalizers(

@@ -35,6 +35,8 @@ def supports(net: nn.Module, observation_space: gym.Space, device: torch.device)
     """Whether :class:`NumpyActorCritic` can stand in for ``net`` (an ``ActorCriticNet``)."""
     if device.type != "cpu" or not isinstance(observation_space, gym.spaces.Box):
         return False
+    if net.mirror is not None:  # the symmetric network's two passes are torch's only
+        return False
     bodies = [b for b in (net.actor_body, net.critic_body) if b is not None]
     return all(b.rnn is None and _mlp_layers(b.encoder) is not None for b in bodies)
 
