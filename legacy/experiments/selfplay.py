@@ -1,13 +1,14 @@
 """Self-play on a PettingZoo classic game: the learner against its own past versions.
 
-``connect4-selfplay`` trains ``main`` (actor-critic, PPO; two 3x3 convolutions of 32 channels
-over the board's piece planes, then an MLP of 256 and 256) on connect four. Every episode the
+``connect4-selfplay`` trains ``main`` (actor-critic, PPO with an entropy bonus of 0.03; two 3x3
+convolutions of 32 channels over the board's piece planes, then an MLP of 256 and 256, made
+left-right symmetric by ``mirror_actions``) on connect four. Every episode the
 ``self-play`` policy mapping seats ``main`` first or second (alternately) and draws the other
 seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers play snapshots of
 ``main`` (every 5th version joins a pool of the last 20; every 5 seconds each worker draws the
 newest one half the time, else one uniformly, and makes a random legal move instead of the
 snapshot's one time in ten, so that odd moves keep being met), and sometimes ``main`` itself
-(mirror play). Neither scripted policy is ever trained against: evaluation actors play ``main``
+(in both seats). Neither scripted policy is ever trained against: evaluation actors play ``main``
 greedily against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else
 the centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
 and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
@@ -34,9 +35,14 @@ from api.config import (
 )
 from api.config_league import SelfPlayConfig
 
-_NETWORK = dict(hidden_sizes=[256, 256], activation="relu", grid_channels=[32, 32])
+_NETWORK = dict(
+    hidden_sizes=[256, 256],
+    activation="relu",
+    grid_channels=[32, 32],
+    mirror_actions=[6, 5, 4, 3, 2, 1, 0],  # the game reflected left to right is the same game
+)
 _PPO = dict(
-    lr=3e-4, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2, entropy_coef=0.01
+    lr=3e-4, epochs=4, minibatches=4, gamma=0.99, gae_lambda=0.95, clip=0.2, entropy_coef=0.03
 )
 
 
