@@ -28,10 +28,8 @@ def _boards(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 2, (n, 6, 7, 2), dtype=np.int8)
 
 
-def _outputs(policy: ActorCriticPolicy, boards: np.ndarray, mask: np.ndarray | None = None):
+def _outputs(policy: ActorCriticPolicy, boards: np.ndarray):
     obs = NamedArray(observation=boards, action_mask=np.ones((len(boards), 7), np.int8))
-    if mask is not None:
-        obs.action_mask = mask
     params, value, _ = policy.module(
         policy.to_tensor(obs).apply(lambda x: x[None]), None, torch.ones(1, len(boards), 1)
     )
@@ -79,11 +77,15 @@ def test_a_gradient_step_on_one_side_moves_the_mirror_side_alike():
     board = _boards(1, seed=3)
     optimiser = torch.optim.SGD(policy.module.parameters(), lr=0.5)
     logits, _ = _outputs(policy, board)
+    mirrored_before, _ = _outputs(policy, board[:, :, ::-1].copy())
     (-torch.log_softmax(logits, -1)[0, 1]).backward()  # make column 1 likelier
     optimiser.step()
     after, _ = _outputs(policy, board)
     mirrored_after, _ = _outputs(policy, board[:, :, ::-1].copy())
     assert torch.softmax(after, -1)[0, 1] > torch.softmax(logits.detach(), -1)[0, 1]
+    # The reflection was never trained on, yet its column 5 became likelier by as much.
+    before5 = torch.softmax(mirrored_before.detach(), -1)[0, 5]
+    assert torch.softmax(mirrored_after, -1)[0, 5] > before5
     torch.testing.assert_close(mirrored_after[0, 5], after[0, 1])  # column 5 of the reflection
 
 
