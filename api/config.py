@@ -117,7 +117,8 @@ class ActorConfig:
     """A group of actor workers stepping copies of the environment."""
 
     workers: int = 2
-    """Actor worker processes."""
+    """Actor worker processes; the override ``actors.workers=auto`` sizes them from the cores
+    of the launching machine (:func:`auto_actor_workers`)."""
     envs_per_worker: int = 8
     """Environments per process, split into ``groups``."""
     segment_length: int = 64
@@ -605,10 +606,31 @@ def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> Experimen
         if err:
             hint = "" if "did you mean" in err else _hint(config, key.strip())
             errors.append(f"{key}: {err}{hint}")
+    if data.get("actors", {}).get("workers") == AUTO:
+        data["actors"]["workers"] = auto_actor_workers(data)
     new = _build(ExperimentConfig, data, "", errors)
     if errors:  # with what the rest of the config gets wrong, so one launch shows them all
         raise ConfigError(errors + [e for e in validate(new) if e not in errors])
     return new
+
+
+AUTO = "auto"
+"""``actors.workers=auto``: as many actor processes as the cores the other roles leave."""
+
+
+def auto_actor_workers(data: dict[str, Any], cores: int | None = None) -> int:
+    """Actor processes for ``actors.workers=auto``: the cores this process may use (those of
+    the machine that launches the run: size a cluster run by hand), less one for each policy
+    and trainer worker and one for the parameter service, controller and evaluation, at
+    least one. On a 16-core machine with one policy and one trainer worker: 13 actors."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    others = 1
+    for policy in (data.get("policies") or {}).values():
+        if isinstance(policy, dict):
+            others += int(policy.get("policy_workers") or 0)
+            if (policy.get("trainer") or {}).get("type"):
+                others += int(policy.get("trainer_workers") or 0)
+    return max(1, cores - others)
 
 
 def _hint(config: ExperimentConfig, key: str) -> str:

@@ -42,6 +42,11 @@ class Trainer(abc.ABC):
     (``api.replay.TransitionBatch``): the runtime puts a replay buffer worker between the actors
     and it, configured by ``PolicyConfig.replay``."""
 
+    accepts_device_batches: ClassVar[bool] = False
+    """True when ``step`` also takes a batch whose arrays are torch tensors already on its
+    policy's device: the trainer worker then copies each batch there first, as a stage of its
+    own (``to_device`` in the run's timings), instead of inside ``step``."""
+
     arg_ranges: ClassVar[dict[str, str]] = {}
     """The allowed interval of each numeric constructor argument, in interval notation
     (``{"gamma": "[0, 1]", "lr": "(0, inf)"}``; a list argument's every entry), checked with

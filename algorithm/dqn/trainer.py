@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from algorithm.modules.device_batch import on_device
 from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
@@ -66,6 +67,7 @@ class DQNTrainer(Trainer):
     AnalyzedResult = DQNAnalyzedResult
     analyze_target = "dqn"
     needs_replay = True
+    accepts_device_batches = True
     arg_ranges = {
         "lr": "(0, inf)", "target_update_every": "[1, inf)", "tau": "(0, 1]",
         "huber_delta": "(0, inf)", "max_grad_norm": "(0, inf)", "adam_eps": "(0, inf)",
@@ -108,7 +110,7 @@ class DQNTrainer(Trainer):
     def step(self, samples: TransitionBatch) -> TrainerStepResult:
         require_transitions(samples, "DQNTrainer")
         device = getattr(self._policy, "device", torch.device("cpu"))
-        batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
+        batch = on_device(samples, device)
         self._policy.train_mode()
         out: DQNAnalyzedResult = self._policy.analyze(batch, target=self.analyze_target)
         with torch.no_grad():

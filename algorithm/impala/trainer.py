@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from algorithm.modules.actor_critic_trainer import ActorCriticTrainer, masked_mean
+from algorithm.modules.device_batch import on_device
 from algorithm.modules.policy_lag import policy_lag_stats
 from algorithm.modules.vtrace import vtrace_targets
 from api.policy import Policy, SampleBatch
@@ -132,7 +132,7 @@ class ImpalaTrainer(ActorCriticTrainer):
 
     def step(self, samples: SampleBatch) -> TrainerStepResult:
         device = self._device()
-        batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
+        batch = on_device(samples, device)
         trained = ~(batch.done | batch.truncated)[:-1]
         stats = policy_lag_stats(self._policy.version, batch.policy_version[:-1], trained)
         lr = self._set_lr()

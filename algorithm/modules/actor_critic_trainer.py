@@ -78,6 +78,8 @@ class ActorCriticTrainer(Trainer):
             that seeds torch before building its trainer shuffles reproducibly).
     """
 
+    accepts_device_batches = True
+
     def __init__(
         self,
         policy: Policy,

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from algorithm.modules.actor_critic_trainer import ActorCriticTrainer, masked_mean
+from algorithm.modules.device_batch import on_device
 from algorithm.modules.gae import gae_advantages
 from algorithm.modules.policy_lag import policy_lag_stats
 from algorithm.modules.vtrace import vtrace_targets
@@ -159,7 +159,7 @@ class PPOTrainer(ActorCriticTrainer):
     # ----------------------------------------------------------------- one iteration
     def step(self, samples: SampleBatch) -> TrainerStepResult:
         device = self._device()
-        batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
+        batch = on_device(samples, device)
         old_value = batch.policy_output.value.float()
         lr = self._set_lr()
         self._policy.train_mode()

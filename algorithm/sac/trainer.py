@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from algorithm.modules.device_batch import on_device
 from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
@@ -71,6 +72,7 @@ class SACTrainer(Trainer):
     AnalyzedResult = SACAnalyzedResult
     analyze_target = "sac"
     needs_replay = True
+    accepts_device_batches = True
     arg_ranges = {
         "actor_lr": "(0, inf)", "critic_lr": "(0, inf)", "alpha_lr": "(0, inf)",
         "tau": "(0, 1]", "initial_alpha": "(0, inf)",
@@ -125,7 +127,7 @@ class SACTrainer(Trainer):
     def step(self, samples: TransitionBatch) -> TrainerStepResult:
         require_transitions(samples, "SACTrainer")
         device = getattr(self._policy, "device", torch.device("cpu"))
-        batch = samples.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
+        batch = on_device(samples, device)
         self._policy.train_mode()
         out: SACAnalyzedResult = self._policy.analyze(batch, target=self.analyze_target)
         alpha = self.log_alpha.detach().exp()

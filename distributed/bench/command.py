@@ -3,6 +3,7 @@
     troupe bench                      # every suite, full size (about 10-15 minutes on 2 cores)
     troupe bench throughput latency   # some suites
     troupe bench pixels               # Pong end to end against the raw emulator (atari extra)
+    troupe bench pixels --actors auto --envs 8 --device cuda   # ... in a layout of your own
     troupe bench --quick --json b.json  # every suite at minimum size: proves the command works
 
 Each suite lives in :mod:`distributed.bench.suites`; whole runs are watched by
@@ -71,6 +72,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds", type=int, help="seeds of the solve suite (default: 5, or 1 with --quick)"
     )
+    layout = parser.add_argument_group("pixels layout (the pong-ppo run of the pixels suite)")
+    layout.add_argument(
+        "--actors", metavar="N", help="actor processes: a number, or auto (from the cores)"
+    )
+    layout.add_argument("--envs", type=int, metavar="N", help="environments per actor")
+    layout.add_argument(
+        "--device", metavar="DEVICE", help="policy device, e.g. cuda (the CPU if none is there)"
+    )
     parser.add_argument(
         "--keep-runs",
         metavar="DIR",
@@ -107,7 +116,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
         "errors": {},
     }
     rows: list[Row] = []
-    context: dict[str, Any] = {}
+    context: dict[str, Any] = {"pixels_overrides": layout_overrides(args)}
     code = EXIT_OK
     try:
         for name in names:
@@ -145,6 +154,20 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
     if args.markdown:
         Path(args.markdown).write_text(table)
     return code
+
+
+def layout_overrides(args: argparse.Namespace) -> list[str]:
+    """``--actors``, ``--envs`` and ``--device`` as overrides of the pixels suite's run."""
+    overrides = []
+    if getattr(args, "actors", None) is not None:
+        overrides.append(f"actors.workers={args.actors}")
+    if getattr(args, "envs", None) is not None:
+        if args.envs < 1:
+            raise UserError(f"--envs must be at least 1, got {args.envs}")
+        overrides.append(f"actors.envs_per_worker={args.envs}")
+    if getattr(args, "device", None):
+        overrides.append(f"policies.default.policy.args.device={args.device}")
+    return overrides
 
 
 def default_suites() -> list[str]:

@@ -4,10 +4,13 @@ In one command run, so the ratio holds on a shared machine: the raw emulator rat
 process (ALE Pong, ``frameskip=4``, no preprocessing; measured before and after the run, the mean
 taken), then ``troupe run pong-ppo`` for a fixed window after its first frames. Reported: the
 run's emulator frames/s (agent steps x 4), the ``cores``-core raw ceiling and the ratio to it;
-CPU microseconds a frame by role (``/proc/<pid>/stat`` over the window); peak resident memory by
-role (each worker's own ``ru_maxrss``, from ``workers.json``); and the bytes each frame costs in
-copies on the observation path, with shared memory (this run) and over sockets (what it was
-before, and still is across hosts), from the wire codec's own message sizes.
+CPU microseconds a frame by role (``/proc/<pid>/stat`` over the window); each role's busy share
+of wall time and its largest wait (the run's own stage timings, :mod:`system.timing`); peak
+resident memory by role (each worker's own ``ru_maxrss``, from ``workers.json``); and the bytes
+each frame costs in copies on the observation path, with shared memory (this run) and over
+sockets (what it was before, and still is across hosts), from the wire codec's own message sizes.
+
+``troupe bench pixels --actors N|auto --envs M --device cuda`` sets the run's layout.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 from distributed.bench import pixels
 from distributed.bench.cpu_profile import _cpu, _frames
 from distributed.bench.rows import Row
-from distributed.bench.runs import troupe_command
+from distributed.bench.runs import role_utilisation, troupe_command, window_timing
+from system.run.report import read_metrics
 
 FIRST_FRAMES_S = 240.0
 """How long Pong may take to start on a loaded machine (torch imports, ROM loads)."""
@@ -32,7 +36,8 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
     cores = len(os.sched_getaffinity(0))
     window = max(size.run_s, 10.0)
     raw_before = pixels.raw_rate(seconds=max(size.raw_s, 1.0))
-    run = pong_run(workdir / "pixels-pong", size.warmup_s, window)
+    overrides = list(context.get("pixels_overrides") or [])
+    run = pong_run(workdir / "pixels-pong", size.warmup_s, window, overrides)
     raw_after = pixels.raw_rate(seconds=max(size.raw_s, 1.0))
     raw_fps = (raw_before.frames_per_s + raw_after.frames_per_s) / 2
     ceiling = cores * raw_fps
@@ -53,14 +58,15 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
         "ratio_per_cpu_s": run["fps"] / max(run["cpu_percent"] / 100.0, 1e-9) / raw_cpu,
         "bytes_copied_per_frame": copies,
         "load_average": list(os.getloadavg()),
+        "overrides": overrides,
     }
     by_role = ", ".join(f"{w} {us:,.0f}" for w, us in run["us_per_frame"].items())
     memory = ", ".join(f"{w} {mb:,.0f}" for w, mb in run["peak_rss_mb"].items())
     rows = [
         Row("pixels", "ALE Pong raw emulator frames/s, 1 core (before / after the run)",
             f"{raw_before.frames_per_s:,.0f} / {raw_after.frames_per_s:,.0f}"),
-        Row("pixels", f"pong-ppo emulator frames/s end to end, training ({window:.0f} s window)",
-            f"{run['fps']:,.0f}"),
+        Row("pixels", f"pong-ppo emulator frames/s end to end, training ({window:.0f} s window"
+            f"{'; ' + ' '.join(overrides) if overrides else ''})", f"{run['fps']:,.0f}"),
         Row("pixels", f"pong-ppo / {cores}-core raw ceiling ({ceiling:,.0f})",
             f"{100 * figures['ratio_to_ceiling']:.1f}%", ">= 60%",
             figures["ratio_to_ceiling"] >= 0.6),
@@ -69,6 +75,8 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
             f"({100 * figures['ratio_per_cpu_s']:.1f}%)"),
         Row("pixels", f"CPU us an emulator frame, by worker ({run['cpu_percent']:.0f}% CPU)",
             by_role),
+        Row("pixels", "busy share of wall time by role (largest wait)",
+            role_utilisation(run["timing"])),
         Row("pixels", "peak RSS by worker (MiB)", memory),
         Row("pixels", "observation bytes copied an emulator frame: shared memory / sockets",
             f"{copies['shm']:,.0f} / {copies['socket']:,.0f}"),
@@ -76,13 +84,16 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
     return figures, rows
 
 
-def pong_run(run_dir: Path, warmup_s: float, window_s: float) -> dict[str, Any]:
-    """``troupe run pong-ppo`` (no evaluation workers): frames/s and CPU a frame by worker over
-    ``window_s`` after ``warmup_s`` past the first frames; peak memory by worker at the end."""
+def pong_run(
+    run_dir: Path, warmup_s: float, window_s: float, overrides: list[str] = ()
+) -> dict[str, Any]:
+    """``troupe run pong-ppo`` (no evaluation workers; ``overrides`` after the bench's own):
+    frames/s, CPU a frame by worker and each role's stage timings over ``window_s`` after
+    ``warmup_s`` past the first frames; peak memory by worker at the end."""
     command = [
         *troupe_command(), "run", "pong-ppo", "stop.eval_return=None", "evaluation.workers=0",
         "stop.env_frames=1000000000", "--run-dir", str(run_dir), "--no-display",
-        f"stop.wall_seconds={FIRST_FRAMES_S + warmup_s + window_s}",
+        f"stop.wall_seconds={FIRST_FRAMES_S + warmup_s + window_s}", *overrides,
     ]  # fmt: skip
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -97,8 +108,10 @@ def pong_run(run_dir: Path, warmup_s: float, window_s: float) -> dict[str, Any]:
         time.sleep(warmup_s)
         pids = {w: v["pid"] for w, v in _workers(run_dir).items()}
         cpu0, frames0, t0 = _cpu(pids), _frames(run_dir), time.monotonic()
+        records0 = len(read_metrics(run_dir))
         time.sleep(window_s)
         cpu1, frames1, t1 = _cpu(pids), _frames(run_dir), time.monotonic()
+        in_window = read_metrics(run_dir)[records0:]
     finally:
         process.send_signal(2)  # SIGINT: the controller stops every worker in order
         try:
@@ -118,6 +131,7 @@ def pong_run(run_dir: Path, warmup_s: float, window_s: float) -> dict[str, Any]:
         "us_per_frame": {w: 1e6 * s / max(emulator, 1) for w, s in used.items()},
         "peak_rss_mb": {w: float(v.get("peak_rss_mb") or 0.0) for w, v in workers.items()},
         "restarts": sum(int(v.get("restarts") or 0) for v in workers.values()),
+        "timing": window_timing(in_window),
     }
 
 

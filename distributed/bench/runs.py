@@ -170,6 +170,35 @@ def steady_fps(records: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]
     }
 
 
+def window_timing(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each role's stage shares (and ``busy``), averaged over the records of a window."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        for key, value in record.items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "timing" and isinstance(value, (int, float)):
+                sums.setdefault(parts[1], {}).setdefault(parts[2], []).append(float(value))
+    return {
+        role: {stage: sum(v) / len(v) for stage, v in stages.items()}
+        for role, stages in sums.items()
+    }
+
+
+def role_utilisation(timing: dict[str, dict[str, float]]) -> str:
+    """``actor 41% (wait_actions 55%), policy 30% (wait_requests 70%), ...``."""
+    parts = []
+    for role, stages in sorted(timing.items()):
+        if "busy" not in stages:
+            continue
+        waits = {k: v for k, v in stages.items() if k.startswith("wait_")}
+        part = f"{role} {stages['busy']:.0%}"
+        if waits:
+            wait, share = max(waits.items(), key=lambda w: w[1])
+            part += f" ({wait} {share:.0%})"
+        parts.append(part)
+    return ", ".join(parts) or "-"
+
+
 def stop_all() -> None:
     """Interrupt, then kill, every run still going (the bench is exiting)."""
     for process in list(_live.values()):

@@ -24,7 +24,13 @@ from distributed.bench import micro as bench_micro
 from distributed.bench.cpu_profile import profile
 from distributed.bench.pixel_suite import pixel_suite
 from distributed.bench.rows import Row
-from distributed.bench.runs import RunResult, steady_fps, watch_run
+from distributed.bench.runs import (
+    RunResult,
+    role_utilisation,
+    steady_fps,
+    watch_run,
+    window_timing,
+)
 
 SYNTHETIC_COST_US = 1000.0
 CARTPOLE_TARGET = 475.0
@@ -120,11 +126,15 @@ def raw_step_rate(kind: str, seconds: float) -> float:
 def _run_figures(run: RunResult, warmup_s: float) -> dict[str, Any]:
     versions = run.summary.get("policy_versions") or {}
     actors = run.config.get("actors") or {}
+    steady = steady_fps(run.records, warmup_s)
+    opens = steady.get("window_start_s", 0.0)
+    window = [r for r in run.records[:-1] if float(r.get("wall_s") or 0.0) >= opens]
     return {
         "actor_workers": actors.get("workers"),
         "envs_per_worker": actors.get("envs_per_worker"),
         "evaluation_workers": (run.config.get("evaluation") or {}).get("workers"),
-        **steady_fps(run.records, warmup_s),
+        **steady,
+        "timing": window_timing(window),
         "overrides": run.overrides,
         "exit_code": run.exit_code,
         "exit_s": run.exit_s,
@@ -196,6 +206,8 @@ def throughput(size: Size, workdir: Path, context: dict) -> tuple[dict, list[Row
             f"{_actors(cp)})",
             _fmt(cp["fps"]), ">= 20,000", _target(cp["fps"], lambda v: v >= 20_000)),
         Row("throughput", "cartpole-ppo / raw adapter rate", _fmt(cp["ratio_to_raw_api"], 3)),
+        Row("throughput", "cartpole-ppo busy share of wall time by role (largest wait)",
+            role_utilisation(cp["timing"])),
         Row("throughput", "Synthetic-v0 raw steps/s at 1 ms/step, 1 core",
             _fmt(raw["synthetic"])),
         Row("throughput", f"synthetic-ppo frames/s at 1 ms/step ({_actors(syn)})",
@@ -205,6 +217,8 @@ def throughput(size: Size, workdir: Path, context: dict) -> tuple[dict, list[Row
             f"rate); % of {cores()} x 1 ms ({nominal:,.0f})",
             f"{_fmt(syn['percent_of_ceiling'], 1, '%')}; "
             f"{_fmt(syn['percent_of_nominal'], 1, '%')}"),
+        Row("throughput", "synthetic-ppo busy share of wall time by role (largest wait)",
+            role_utilisation(syn["timing"])),
     ]  # fmt: skip
     return figures, rows
 

@@ -131,6 +131,10 @@ class ParameterServer:
             "trainer_state": self._trainer_state,
         }
 
+    def wait(self, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for traffic without handling it; False if none came."""
+        return bool(self._poller.poll(timeout_ms))
+
     def poll(self, timeout_ms: int) -> int:
         """Wait up to ``timeout_ms`` for traffic, handle what is there; returns messages handled."""
         ready = dict(self._poller.poll(timeout_ms))

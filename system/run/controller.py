@@ -30,6 +30,7 @@ import zmq
 from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import RunFolderError
+from system import timing
 from system.errors import CallbackError, WireError, WorkerFailure
 from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
@@ -47,6 +48,7 @@ from system.run.report import (
 )
 from system.run.stopping import HOLD_KEY, EvaluationWindows, judged_policy
 from system.streams import wire
+from system.timing import RoleTimes
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,8 @@ class Controller:
             max_return=config.stop.max_return,
         )
         self.trainer_stats: dict[str, dict[str, float]] = {}
+        self.timing = RoleTimes()
+        """Where each role's wall time goes (system.timing), from every heartbeat."""
         self.train_window = EpisodeWindow(100)
         self.eval_window = EpisodeWindow(config.evaluation.episodes)
         self.eval_count = 0
@@ -472,6 +476,8 @@ class Controller:
     def _absorb(self, worker_id: str, stats: dict[str, Any]) -> None:
         state = self.workers[worker_id]
         role = state.plan.role
+        self.timing.add(timing_role(state.plan), worker_id, stats)
+        stats = timing.without_timing(stats)
         if role is Role.ACTOR:
             self.totals["env_frames"] += int(stats.get("env_frames", 0))
             self.totals["eval_env_frames"] += int(stats.get("eval_env_frames", 0))
@@ -545,9 +551,14 @@ class Controller:
             record[f"policy/{name}/version"] = stats.get("version")
             for k, v in stats.items():
                 record[f"trainer/{name}/{k}"] = v
+        roles = self.timing.take()
+        record.update(timing.record(roles))
+        record.update({f"timing/{k}": v for k, v in self.timing.take_batches().items()})
         self.metrics.write(record)
         if show:
-            self.display.update(self._snapshot(elapsed, record))
+            snapshot = self._snapshot(elapsed, record)
+            snapshot["bottleneck"] = timing.bottleneck(roles.values())
+            self.display.update(snapshot)
         self._write_workers()
 
     def _write_workers(self) -> None:
@@ -625,6 +636,12 @@ class Controller:
         if order != self._hold_said:
             self.coordination.store.set(HOLD_KEY, order)
             self._hold_said = order
+
+
+def timing_role(plan: WorkerPlan) -> str:
+    """The role a worker's timings are tallied under: evaluation actors apart from training
+    ones (they are held to a pace, and wait for it by design)."""
+    return "eval_actor" if getattr(plan, "evaluation", False) else plan.role.value
 
 
 def _write_json(path: Path, data: Any) -> None:

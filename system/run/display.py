@@ -103,6 +103,9 @@ def plain_line(snapshot: Mapping[str, Any]) -> str:
         parts.append(f"workers {alive}/{len(workers)}")
         if restarts:
             parts.append(f"restarts {restarts}")
+    bottleneck = snapshot.get("bottleneck")
+    if isinstance(bottleneck, str) and bottleneck:
+        parts.append(f"| {bottleneck}")
     return " ".join(parts)
 
 
@@ -183,8 +186,11 @@ def _worker_table(snapshot: Mapping[str, Any], max_rows: int) -> Table:
 
 def render_panel(experiment: str, snapshot: Mapping[str, Any], max_worker_rows: int = 12) -> Panel:
     """The rich renderable for one snapshot (what the live display shows)."""
+    bottleneck = snapshot.get("bottleneck")
+    line = bottleneck if isinstance(bottleneck, str) and bottleneck else _MISSING
     body = Group(
         _header(snapshot),
+        Text.assemble(("bottleneck  ", "dim"), line),
         Text(""),
         _policy_table(snapshot),
         Text(""),
@@ -204,6 +210,7 @@ class LiveDisplay:
 
         {"elapsed_s": 12.3, "env_frames": 45000, "fps": 3650.0, "episode_return": 187.2,
          "eval_return": 201.0, "target": 475.0,
+         "bottleneck": "trainer busy 97% (compute 81%); actor waits 58% (wait_actions)",
          "policies": {"default": {"version": 12, "lag": 1.5,
                                   "trainer": {"policy_loss": -0.01, "value_loss": 0.3}}},
          "workers": [{"id": "actor/0", "role": "actor", "state": "alive", "restarts": 0,

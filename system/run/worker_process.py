@@ -49,6 +49,7 @@ from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.obs_slots import SlotWriter
 from system.streams.replay import ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
+from system.timing import CONTROL
 from system.workers.base import Worker
 from system.workers.parameter_worker import ParameterServiceWorker
 
@@ -288,9 +289,11 @@ def _loop(ctl: ControlClient, worker: Worker, watchdog, max_poll: tuple[str, flo
 
 def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) -> int:
     next_beat = next_check = 0.0
+    clock = worker.stages
     while True:
         with busy:  # a poll that runs long (a trainer step) still sends heartbeats
             worker.poll()
+        clock.enter(CONTROL)
         now = time.monotonic()
         if now < next_check:
             continue
@@ -299,16 +302,23 @@ def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) ->
         next_check = now + STOP_CHECK_S
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
-            ctl.heartbeat(_with_memory(worker.collect_stats()))
+            ctl.heartbeat(_with_memory(_timed(worker)))
             _mark_alive()
             if watchdog is not None:
                 watchdog()
         if ctl.stop_requested():
             worker.on_stop()
-            ctl.send("heartbeat", {"stats": worker.collect_stats()})
+            ctl.send("heartbeat", {"stats": _timed(worker)})
             ctl.send("bye", {})
             return EXIT_OK
         ctl.check_controller()
+
+
+def _timed(worker: Worker) -> dict[str, Any]:
+    """The worker's stats and where its time went since the last heartbeat (stage seconds)."""
+    stats = worker.collect_stats()
+    stats.update(worker.stages.take())
+    return stats
 
 
 def _mark_alive() -> None:

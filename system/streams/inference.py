@@ -73,6 +73,11 @@ class InferenceClient(abc.ABC):
     def poll(self, timeout_ms: int) -> list[InferenceReply]:
         """Replies that arrived, waiting at most ``timeout_ms`` for the first one."""
 
+    def wait(self, timeout_ms: int) -> bool:
+        """Wait at most ``timeout_ms`` for a reply without taking it; False if none came. Lets
+        the actor tell the time it waits from the time it decodes (its stage clock)."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - nothing to release for in-process clients
         """Release sockets."""
 
@@ -84,6 +89,11 @@ class InferenceServer(abc.ABC):
     def gather(self, max_rows: int, max_wait_ms: float) -> list[PendingRequest]:
         """Requests to answer in one batch: waits for a first one, then at most ``max_wait_ms``
         for more, returning early once ``max_rows`` rows are in."""
+
+    def wait(self, timeout_ms: int) -> bool:
+        """Wait at most ``timeout_ms`` for a request without taking it; False if none came.
+        Lets the policy worker tell the time it waits from the time it forms a batch."""
+        return True
 
     @abc.abstractmethod
     def reply(self, pending: PendingRequest, result: RolloutResult, version: int) -> None:
@@ -116,6 +126,9 @@ class InprocInferenceClient(InferenceClient):
     def post(self, policy: str, group: int, seq: int, request: RolloutRequest) -> None:
         self.hub.requests[policy].append(PendingRequest((self.name, policy), group, seq, request))
 
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.hub.replies[self.name])
+
     def poll(self, timeout_ms: int) -> list[InferenceReply]:
         queue = self.hub.replies[self.name]
         out = list(queue)
@@ -127,6 +140,9 @@ class InprocInferenceServer(InferenceServer):
     def __init__(self, hub: InprocInferenceHub, policy: str):
         self.hub = hub
         self.policy = policy
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.hub.requests[self.policy])
 
     def gather(self, max_rows: int, max_wait_ms: float) -> list[PendingRequest]:
         queue = self.hub.requests[self.policy]
@@ -164,6 +180,9 @@ class ZmqInferenceServer(InferenceServer):
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "inference server")
         self.slots = SlotReader()
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
 
     def gather(self, max_rows: int, max_wait_ms: float) -> list[PendingRequest]:
         out: list[PendingRequest] = []
@@ -285,6 +304,9 @@ class ZmqInferenceClient(InferenceClient):
         request = request[:]  # shallow: the caller's request keeps its observations
         request.obs = None
         body["request"], body["shm_obs"] = request, desc
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.poller.poll(timeout_ms))
 
     def poll(self, timeout_ms: int) -> list[InferenceReply]:
         out: list[InferenceReply] = []

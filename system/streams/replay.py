@@ -107,6 +107,16 @@ class ReplayClient:
             self.waiting = False
         return batch
 
+    def wait(self, timeout_ms: int) -> bool:
+        """Ask for a batch if none is in flight, then wait at most ``timeout_ms`` for it
+        without taking it; False if it has not come. Lets the trainer tell the time it waits
+        for the replay worker from the time it decodes."""
+        self.request()
+        return self._ready(timeout_ms)
+
+    def _ready(self, timeout_ms: int) -> bool:
+        return True
+
     def _send(self, keys, priorities) -> None:
         raise NotImplementedError
 
@@ -218,6 +228,9 @@ class ZmqReplayClient(ReplayClient):
         self.socket = self._connect(address)
         self.waiting = False
         self.request()
+
+    def _ready(self, timeout_ms: int) -> bool:
+        return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
 
     def _send(self, keys, priorities) -> None:
         wire.send(self.socket, "replay_sample", {"keys": keys, "priorities": priorities})

@@ -80,6 +80,11 @@ class SampleConsumer(abc.ABC):
     def poll(self, timeout_ms: int, max_items: int) -> list[SampleBatch]:
         """Segments that arrived, waiting at most ``timeout_ms`` for the first."""
 
+    def wait(self, timeout_ms: int) -> bool:
+        """Wait at most ``timeout_ms`` for a segment without taking it; False if none came.
+        Lets the trainer tell the time it waits from the time it receives and decodes."""
+        return True
+
     def close(self) -> None:  # noqa: B027
         """Release sockets."""
 
@@ -107,6 +112,9 @@ class InprocSampleProducer(SampleProducer):
 class InprocSampleConsumer(SampleConsumer):
     def __init__(self, hub: InprocSampleHub, policy: str):
         self.queue = hub.queues[policy]
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.queue)
 
     def poll(self, timeout_ms: int, max_items: int) -> list[SampleBatch]:
         out = []
@@ -285,6 +293,9 @@ class ZmqSampleConsumer(SampleConsumer):
         self.slots = SlotReader()
         self.reused_slots = 0
         """Chunks dropped because their slot was written again before they were read."""
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
 
     def poll(self, timeout_ms: int, max_items: int) -> list[SampleBatch]:
         out: list[SampleBatch] = []

@@ -26,8 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
+from api.errors import PipelineCheckError
 from api.namedarray import NamedArray
 from system.errors import WireError
 
@@ -276,4 +278,20 @@ class ParamsLayout:
         return max(
             (max_bytes(s, 1 + TRAINER_STATE_VALUES) for s in self.policies.values()),
             default=HEADROOM_BYTES,
+        )
+
+
+def check_action(policy: str, agent: int, action: Any, space: Any) -> None:
+    """Raise PipelineCheckError unless ``action`` (a policy's answer for ``agent``) fits its
+    action space: a Box action by shape only (Gaussian samples may leave the bounds)."""
+    if isinstance(space, gym.spaces.Box):
+        fits = np.shape(action) == space.shape
+    else:
+        fits = space.contains(action)
+    if not fits:
+        raise PipelineCheckError(
+            f"policy '{policy}' answered agent {agent} with action {action!r} "
+            f"(shape {np.shape(action)}, dtype {getattr(action, 'dtype', type(action))}), "
+            f"which is not in its action space {space}; make rollout() return one row "
+            "per request with actions shaped like action_space.sample()"
         )

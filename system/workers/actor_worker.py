@@ -1,5 +1,8 @@
 """The actor worker: steps a ring of environments, asks policy workers for actions, builds segments.
 
+Its stages (:mod:`system.timing`): ``env_step``, ``lanes`` (requests built, answers recorded),
+``send_samples``; it waits in ``wait_actions``, ``wait_trainers`` (back-pressure), ``wait_pace``.
+
 The environments are split into groups. While one group waits for its actions, the worker steps
 another, so the CPU is not idle during inference round trips (Sample Factory's double buffering).
 Each agent of each environment is a *slot*; the slots of one policy in one group form a *lane*
@@ -18,17 +21,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from api.environment import Environment, StepResult
-from api.errors import ConfigError, PipelineCheckError
+from api.errors import ConfigError
 from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
 from system.ratelimit import Pace
 from system.run.plan import Role
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
+from system.streams.validation import check_action
 from system.workers.base import Worker
 from system.workers.lanes import Lane, Slot, matchups, per_policy
 from system.workers.nonfinite import NonFiniteGuard
@@ -84,7 +87,6 @@ class ActorWorker(Worker):
         self.seed = seed
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
         self.env_name = env_name or type(self.envs[0]).__name__
-        self.episode_steps = [0] * n_envs
         self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
         self.mapping = policy_mapping
         """Chooses every agent's policy at each reset; None: ``agent_policies``, fixed."""
@@ -129,16 +131,24 @@ class ActorWorker(Worker):
 
     # ----------------------------------------------------------------- the loop
     def poll(self) -> int:
+        clock = self.stages
         if not self._started:
+            clock.enter("env_step")
             self._start()
         if self.samples is not None:
-            self.samples.flush(timeout_ms=10 if self.samples.backlogged else 0)
+            backlogged = self.samples.backlogged
+            clock.enter("wait_trainers" if backlogged else "send_samples")
+            self.samples.flush(timeout_ms=10 if backlogged else 0)
             if self.samples.backlogged:
                 return 0  # back-pressure: the trainers are behind, so this actor waits
         if self.pace is not None and self._held_back():
             return 0
+        clock.enter("wait_actions")
+        if not self.inference.wait(timeout_ms=5):
+            return 0
+        clock.enter("lanes")
         work = 0
-        for reply in self.inference.poll(timeout_ms=5):
+        for reply in self.inference.poll(timeout_ms=0):
             group = self.groups[reply.group]
             if reply.seq != group.seq or reply.policy not in group.waiting:
                 continue  # stale or duplicate answer
@@ -151,6 +161,7 @@ class ActorWorker(Worker):
 
     def _held_back(self) -> bool:
         """Sleep a little if this worker is ahead of its pace (``max_fps``); True if it was."""
+        self.stages.enter("wait_pace")
         wait_s = self.pace.wait_s()
         if wait_s > 0:
             time.sleep(min(wait_s, 0.02))  # short: heartbeats and stop requests go on
@@ -224,11 +235,14 @@ class ActorWorker(Worker):
             lane, reply = group.lanes[policy], group.replies[policy]
             segments = lane.take_answer(reply.result, reply.version)
             if segments is not None:
+                self.stages.enter("send_samples")
                 self.samples.post(policy, segments)
+                self.stages.enter("lanes")
             action = reply.result.action
             for i, c in enumerate(lane.acting):
                 slot = lane.slots[c]
                 actions[slot.env][slot.agent] = action[i]
+        self.stages.enter("env_step")
         for e in group.envs:
             if e in bad:
                 self._drop_episode(e)
@@ -236,25 +250,14 @@ class ActorWorker(Worker):
             if self.validate_actions:
                 self._check_actions(e, actions[e])
             self._step_env(e, actions[e])
+        self.stages.enter("lanes")
         self._request(g)
         return len(group.envs)
 
     def _check_actions(self, e: int, actions: list[Any]) -> None:
         for agent, (action, space) in enumerate(zip(actions, self.envs[e].action_spaces)):
-            if action is None:
-                continue
-            policy = self.slots[e][agent].policy
-            if isinstance(space, gym.spaces.Box):
-                fits = np.shape(action) == space.shape  # Gaussian samples may leave the bounds
-            else:
-                fits = space.contains(action)
-            if not fits:
-                raise PipelineCheckError(
-                    f"policy '{policy}' answered agent {agent} with action {action!r} "
-                    f"(shape {np.shape(action)}, dtype {getattr(action, 'dtype', type(action))}), "
-                    f"which is not in its action space {space}; make rollout() return one row "
-                    "per request with actions shaped like action_space.sample()"
-                )
+            if action is not None:
+                check_action(self.slots[e][agent].policy, agent, action, space)
 
     # ----------------------------------------------------------------- environments
     def _step_env(self, e: int, actions: list[Any]) -> None:
@@ -280,7 +283,6 @@ class ActorWorker(Worker):
         return env
 
     def _reset_env(self, e: int) -> None:
-        self.episode_steps[e] = 0
         if self.mapping is not None:
             self._map_policies(e)
         for slot in self.slots[e]:

@@ -13,6 +13,7 @@ import abc
 from typing import Any, ClassVar
 
 from system.run.plan import Role
+from system.timing import StageClock
 
 
 class Worker(abc.ABC):
@@ -25,6 +26,10 @@ class Worker(abc.ABC):
         self.worker_id = worker_id
         self.stats: dict[str, Any] = {}
         """Counters since the last ``collect_stats``; subclasses add to it."""
+        self.stages = StageClock()
+        """Where this worker's loop spends its time: ``poll`` enters the stage it works on
+        (its first one at once), the process loop enters ``control`` after it and sends the
+        seconds with every heartbeat (:mod:`system.timing`)."""
 
     @abc.abstractmethod
     def poll(self) -> int:

@@ -23,7 +23,12 @@ class ParameterServiceWorker(Worker):
         self.server = server
 
     def poll(self) -> int:
-        return self.server.poll(timeout_ms=50)
+        """Stages: ``wait_requests`` (no traffic), ``serve`` (publishes, requests, pushes,
+        checkpoint files)."""
+        self.stages.enter("wait_requests")
+        self.server.wait(timeout_ms=50)
+        self.stages.enter("serve")
+        return self.server.poll(timeout_ms=0)
 
     def collect_stats(self) -> dict[str, Any]:
         return {k: int(v) for k, v in self.server.stats.items()}

@@ -11,6 +11,10 @@ the parameter service keeps under the worker's tag (``eval``; ``eval-<index>`` p
 worker) and writes to a file, while training requests keep getting the newest weights. A window
 so judges one version, and the version whose windows confirm a target is what the run delivers
 (``summary.json``'s ``solved_version``, what ``troupe eval`` plays).
+
+Its stages (:mod:`system.timing`): ``load_params`` (new weights), ``wait_requests``, ``batch``
+(decoding requests and concatenating them), ``forward`` and ``reply``; every heartbeat also
+gives the distribution of rows a forward pass (``batch_rows_*``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterSubscriber
 from system.run.plan import Role
 from system.streams.inference import InferenceServer, PendingRequest
+from system.timing import BatchSizes
 from system.workers.base import Worker
 
 logger = logging.getLogger(__name__)
@@ -68,10 +73,17 @@ class PolicyWorker(Worker):
         self.held_round = 0
         self.cannot_hold = False
         self._spare: Policy | None = None
+        self.batch_sizes = BatchSizes()
         self.policy.eval_mode()
 
     def poll(self) -> int:
+        clock = self.stages
+        clock.enter("load_params")
         self._update_parameters()
+        clock.enter("wait_requests")
+        if not self.server.wait(timeout_ms=50):
+            return 0
+        clock.enter("batch")
         pending = self.server.gather(self.max_batch_rows, self.max_wait_ms)
         if not pending:
             return 0
@@ -91,11 +103,15 @@ class PolicyWorker(Worker):
         """One rollout of ``policy`` over these requests; every actor gets its rows back."""
         if not pending:
             return 0
+        self.stages.enter("batch")
         requests = [self._with_state(p.request) for p in pending]
         # One request (the common case when actors send all their environments at once) needs
         # neither concatenating nor slicing: both copy every field.
         request = requests[0] if len(requests) == 1 else concatenate(requests)
+        self.stages.enter("forward")
         result = policy.rollout(request)
+        self.batch_sizes.add(len(request.on_reset))
+        self.stages.enter("reply")
         version = policy.version
         if len(pending) == 1:
             self.server.reply(pending[0], result, version)
@@ -156,6 +172,7 @@ class PolicyWorker(Worker):
             self.stats["held_round"] = self.held_round
         elif self.cannot_hold:
             self.stats["hold_unsupported"] = 1
+        self.stats.update(self.batch_sizes.take())
         return super().collect_stats()
 
     def _update_parameters(self) -> None:

@@ -121,8 +121,12 @@ class ReplayWorker(Worker):
         self._next_save = clock() + (save_every_s or 0.0)
 
     def poll(self) -> int:
+        """Stages: ``insert`` (chunks into the buffer), ``serve`` (priorities in, batches
+        sampled and sent), ``wait_samples`` (nothing to do), ``save``."""
+        self.stages.enter("insert")
         idle = self.held is not None or not self.waiting
         work = self._insert(timeout_ms=0)
+        self.stages.enter("serve")
         requests = self.server.poll(timeout_ms=0)
         for request in requests:
             if request.keys is not None and len(request.keys):
@@ -130,7 +134,9 @@ class ReplayWorker(Worker):
         self.waiting += requests
         work += len(requests) + self._serve()
         if not work and idle:
+            self.stages.enter("wait_samples")
             work = self._insert(timeout_ms=IDLE_WAIT_MS)
+        self.stages.enter("save")
         self._save_when_due()
         self._report()
         return work

@@ -232,6 +232,7 @@ class GroupTrainerWorker(TrainerWorker):
             # Waiting for a peer's batch: keep taking (and acking) up to one more batch, or the
             # actors' credits would sit in this rank's queue while the peer starves.
             self.gather(timeout_ms=0)
+        self.stages.enter("wait_group")
         everyone_ready, stopping = self.group.agree(self.ready is not None, stopping=False)
         if stopping:  # a peer is stopping: no step may start that it would not join
             self.group_stopped = True

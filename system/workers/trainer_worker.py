@@ -4,6 +4,10 @@ An off-policy trainer (``needs_replay``) takes no segments: it asks its policy's
 transition batches instead (``replay``), and the priorities of each batch go back with the request
 for the next one.
 
+Its stages (:mod:`system.timing`): ``wait_samples`` (or ``wait_replay``), ``receive``
+(decoding chunks and cutting a batch from them), ``to_device`` (for a trainer that
+``accepts_device_batches``), ``compute`` (``Trainer.step``) and ``publish``.
+
 Back-pressure comes from the sample stream (bounded queues), so actors slow down when training
 does. After every step the new parameters go to the parameter service, which pushes them to the
 policy workers; every ``checkpoint_every`` versions the service also writes them to disk, and
@@ -91,6 +95,7 @@ class TrainerWorker(Worker):
 
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:
+            self.stages.enter("publish")
             self.publish(persist=False)  # policy workers start from the trainer's weights
         batch = self.take_batch(timeout_ms=20)
         if batch is None:
@@ -108,8 +113,13 @@ class TrainerWorker(Worker):
         Never more: what stays in the stream holds its actors back (back-pressure), while what
         this worker buffered beyond one batch would only age, adding policy lag.
         """
+        clock = self.stages
         while self.pending_segments < self.batch_segments:
-            chunks = self.samples.poll(timeout_ms=timeout_ms, max_items=1)
+            clock.enter("wait_samples")
+            if not self.samples.wait(timeout_ms):
+                return
+            clock.enter("receive")
+            chunks = self.samples.poll(timeout_ms=0, max_items=1)
             if not chunks:
                 return
             self.buffer.extend(c for c in map(self._drop_stale, chunks) if c is not None)
@@ -170,17 +180,25 @@ class TrainerWorker(Worker):
         """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in;
         or, for a replay trainer, the next transition batch from the replay worker."""
         if self.replay is not None:
-            return self.replay.take(timeout_ms)
+            self.stages.enter("wait_replay")
+            if not self.replay.wait(timeout_ms):
+                return None
+            self.stages.enter("receive")
+            return self.replay.take(0)
         self.gather(timeout_ms)
         if self.pending_segments < self.batch_segments:
             return None
+        self.stages.enter("receive")
         batch, self.buffer = take_columns(self.buffer, self.batch_segments)
         return batch
 
     def train(self, batch: SampleBatch) -> dict[str, float]:
         started = time.perf_counter()
         version_before = self.trainer.policy.version
-        result = self.trainer.step(batch)
+        self.stages.enter("to_device")
+        staged = self._to_device(batch)
+        self.stages.enter("compute")
+        result = self.trainer.step(staged)
         bad = [k for k, v in result.stats.items() if not math.isfinite(float(v))]
         if bad:
             raise NonFiniteLossError(
@@ -193,6 +211,7 @@ class TrainerWorker(Worker):
             self.replay.request(batch.key, getattr(self.trainer, "priorities", None))
         version = self.trainer.policy.version
         persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
+        self.stages.enter("publish")
         self.publish(persist=persist)
         stats = dict(result.stats)
         stats["version"] = version
@@ -203,6 +222,14 @@ class TrainerWorker(Worker):
         self.stats.update(stats)
         self.stats["samples"] = self.stats.get("samples", 0) + int(np.prod(batch.reward.shape))
         return stats
+
+    def _to_device(self, batch: SampleBatch) -> SampleBatch:
+        """The batch as tensors on the policy's device, for a trainer that takes them
+        (``accepts_device_batches``); otherwise the batch itself, which ``step`` converts."""
+        device = getattr(self.trainer.policy, "device", None)
+        if not self.trainer.accepts_device_batches or not isinstance(device, torch.device):
+            return batch
+        return batch.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
 
     def publish(self, persist: bool) -> None:
         """Publish the current version. If the parameter service does not answer (it is being

@@ -20,11 +20,12 @@ from distributed.bench.command import (
     EXTRA_SUITE_NAMES,
     SUITE_NAMES,
     add_bench_arguments,
+    layout_overrides,
     machine_info,
     markdown_table,
     run_bench,
 )
-from distributed.bench.runs import _MetricsTail, steady_fps
+from distributed.bench.runs import _MetricsTail, role_utilisation, steady_fps, window_timing
 from distributed.bench.suites import SUITES, Row
 
 
@@ -73,6 +74,34 @@ def test_markdown_table_names_the_machine_and_each_verdict():
         "| push | p50 | 80 ms | <= 50 ms | not met |",
         "| memory | a / b | 12 |  |  |",
     ]
+
+
+def test_window_timing_averages_each_roles_shares_and_names_its_largest_wait():
+    records = [
+        {"wall_s": 1.0, "timing/actor/env_step": 0.4, "timing/actor/wait_actions": 0.6,
+         "timing/actor/busy": 0.4, "timing/trainer/compute": 1.0, "timing/trainer/busy": 1.0},
+        {"wall_s": 2.0, "timing/actor/env_step": 0.6, "timing/actor/wait_actions": 0.4,
+         "timing/actor/busy": 0.6, "timing/policy/batch_rows_mean": 8.0, "env_frames": 10},
+    ]  # fmt: skip
+    timing = window_timing(records)
+    assert timing["actor"] == pytest.approx({"env_step": 0.5, "wait_actions": 0.5, "busy": 0.5})
+    assert timing["policy"] == {"batch_rows_mean": 8.0}
+    assert role_utilisation(timing) == "actor 50% (wait_actions 50%), trainer 100%"
+    assert role_utilisation({}) == "-"
+
+
+def test_the_pixels_layout_flags_become_overrides_of_its_run():
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    args = parser.parse_args(["pixels", "--actors", "auto", "--envs", "16", "--device", "cuda"])
+    assert layout_overrides(args) == [
+        "actors.workers=auto",
+        "actors.envs_per_worker=16",
+        "policies.default.policy.args.device=cuda",
+    ]
+    assert layout_overrides(parser.parse_args(["pixels"])) == []
+    with pytest.raises(UserError, match="--envs must be at least 1, got 0"):
+        layout_overrides(parser.parse_args(["pixels", "--envs", "0"]))
 
 
 def test_the_suite_names_the_parser_shows_are_the_suites_that_run():

@@ -70,3 +70,24 @@ def group_alive(pgid: int) -> list[str]:
         for line in out.stdout.splitlines()
         if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")
     ]
+
+
+def assert_stage_timings(run_dir: Path, stages: dict[str, set[str]]) -> None:
+    """Every role in ``stages`` reported where its wall time went: its stage shares (the
+    ``control`` stage of the worker loop included) add up to the whole, and the stages it
+    named include ``stages[role]``."""
+    records = [r for r in read_metrics(run_dir) if any(k.startswith("timing/") for k in r)]
+    assert records, "no record has timing/ figures"
+    for role, expected in stages.items():
+        prefix = f"timing/{role}/"
+        last = next((r for r in reversed(records) if f"{prefix}busy" in r), None)
+        assert last is not None, f"no timings of role {role}"
+        shares = {
+            k[len(prefix) :]: v
+            for k, v in last.items()
+            if k.startswith(prefix) and k != f"{prefix}busy" and "batch_rows" not in k
+        }
+        assert expected <= set(shares), (role, sorted(shares))
+        assert abs(sum(shares.values()) - 1.0) < 0.01, (role, shares)
+        waits = sum(v for k, v in shares.items() if k.startswith("wait_"))
+        assert abs(last[f"{prefix}busy"] - (1.0 - waits)) < 0.01, (role, last)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e_support import finish, read_json, start
+from e2e_support import assert_stage_timings, finish, read_json, start
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,6 +33,10 @@ def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path
     assert roles == ["actor", "actor", "actor", "parameter_service", "policy", "replay", "trainer"]
     assert len({w["pid"] for w in workers.values()}) == 7  # separate OS processes
     assert all(w["restarts"] == 0 for w in workers.values()), workers
+    assert_stage_timings(
+        run_dir,
+        {"replay": {"insert", "serve"}, "trainer": {"wait_replay", "receive", "compute"}},
+    )
     # min_size is 1000 frames: versions go up only once batches come from the replay worker
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     versions = [r.get("policy/default/version") for r in records]

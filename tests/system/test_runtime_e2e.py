@@ -16,7 +16,19 @@ import subprocess
 import numpy as np
 import pytest
 import zmq
-from e2e_support import ROOT, TROUPE, finish, frames, group_alive, read_json, start, wait_for
+from e2e_support import (
+    ROOT,
+    TROUPE,
+    assert_stage_timings,
+    finish,
+    frames,
+    group_alive,
+    read_json,
+    start,
+    wait_for,
+)
+
+from system.run.report import read_metrics
 
 pytestmark = pytest.mark.multiprocess
 
@@ -51,6 +63,18 @@ def test_run_writes_a_complete_run_folder_and_eval_reads_it(tmp_path):
     roles = sorted(w["role"] for w in workers.values())
     assert roles == ["actor", "actor", "actor", "parameter_service", "policy", "trainer"]
     assert len({w["pid"] for w in workers.values()}) == 6  # separate OS processes
+    assert_stage_timings(
+        run_dir,
+        {
+            "actor": {"env_step", "lanes", "wait_actions", "control"},
+            "policy": {"wait_requests", "batch", "forward", "reply"},
+            "trainer": {"receive", "to_device", "compute", "publish"},
+            "parameter_service": {"wait_requests", "serve"},
+        },
+    )
+    policy_batches = [r["timing/policy/batch_rows_max"] for r in read_metrics(run_dir)
+                      if "timing/policy/batch_rows_max" in r]  # fmt: skip
+    assert policy_batches and max(policy_batches) >= 1
 
     result = subprocess.run(
         [*TROUPE, "eval", str(run_dir), "--episodes", "4", "--json"],

@@ -1,0 +1,210 @@
+"""Where a worker's wall time goes: stage clocks in the workers, shares and a bottleneck line
+in the controller.
+
+A worker's :class:`StageClock` is a stopwatch that always runs for exactly one stage: ``enter``
+charges the time since the last switch to the stage that was running and starts the next one.
+So the stages a heartbeat reports add up to the wall time it covers, by construction, and what
+no stage names is charged to ``control`` (heartbeats, stop checks: the worker loop's own time).
+One ``perf_counter`` call and one dict update a switch: cheap enough to stay on in every run.
+
+Stage names say what the time was spent on; those that start with ``wait_`` are waits for a
+peer (actions, requests, samples), the time a faster peer would give back. A role's *busy* share
+is everything else. :class:`RoleTimes` (the controller's tally) turns the heartbeats of every
+worker into shares of wall time per role, and :func:`bottleneck` names the role that is
+saturated and the one that waits most.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+CONTROL = "control"
+"""The worker loop's own time: heartbeats, stats, stop checks, peer watching."""
+WAIT_PREFIX = "wait_"
+STAGE_KEY = "stage/"
+"""Heartbeat stats ``stage/<name>``: seconds in that stage since the last heartbeat."""
+WALL_KEY = "stage_wall_s"
+"""Heartbeat stat: the wall-clock seconds those stages cover."""
+BATCH_KEYS = ("batch_rows_mean", "batch_rows_p50", "batch_rows_p90", "batch_rows_max")
+"""A policy worker's batch size distribution (rows a forward pass) since its last heartbeat."""
+
+SIDE_ROLES = ("parameter_service", "eval_actor")
+"""Roles off the frames' path: the parameter service waits for publishes by design, and
+evaluation actors are held to a pace; neither limits how fast the run trains."""
+
+_perf_counter = time.perf_counter
+
+
+def is_wait(stage: str) -> bool:
+    return stage.startswith(WAIT_PREFIX)
+
+
+class StageClock:
+    """Charges every moment of one thread's loop to exactly one stage (see the module doc)."""
+
+    __slots__ = ("_seconds", "_since", "_stage", "_started")
+
+    def __init__(self, first: str = CONTROL) -> None:
+        self._seconds: dict[str, float] = {}
+        self._stage = first
+        self._since = self._started = _perf_counter()
+
+    @property
+    def stage(self) -> str:
+        """The stage running now."""
+        return self._stage
+
+    def enter(self, stage: str) -> None:
+        """End the running stage here and start ``stage``."""
+        now = _perf_counter()
+        seconds = self._seconds
+        seconds[self._stage] = seconds.get(self._stage, 0.0) + (now - self._since)
+        self._stage, self._since = stage, now
+
+    def take(self) -> dict[str, float]:
+        """Seconds per stage since the last ``take`` (or the start), as heartbeat stats
+        (``stage/<name>``, and :data:`WALL_KEY` for the wall time they cover); the running
+        stage goes on."""
+        self.enter(self._stage)
+        now = self._since
+        stats = {STAGE_KEY + name: s for name, s in self._seconds.items()}
+        stats[WALL_KEY] = now - self._started
+        self._seconds, self._started = {}, now
+        return stats
+
+
+class BatchSizes:
+    """Rows of each forward pass since the last ``take``: a policy worker's batch sizes."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: list[int] = []
+
+    def add(self, rows: int) -> None:
+        self._rows.append(rows)
+
+    def take(self) -> dict[str, float]:
+        if not self._rows:
+            return {}
+        rows = np.asarray(self._rows)
+        self._rows = []
+        p50, p90 = np.percentile(rows, (50, 90))
+        values = (rows.mean(), p50, p90, rows.max())
+        return {k: float(v) for k, v in zip(BATCH_KEYS, values)}
+
+
+@dataclass
+class RoleShares:
+    """One role's wall time over a report interval, summed over its workers."""
+
+    role: str
+    workers: int
+    """Workers of the role that reported in the interval."""
+    shares: dict[str, float]
+    """Stage -> share of the workers' wall time (0..1; they add up to 1)."""
+
+    @property
+    def busy(self) -> float:
+        """The share spent on anything but waiting for a peer."""
+        return 1.0 - sum(s for stage, s in self.shares.items() if is_wait(stage))
+
+    @property
+    def largest_wait(self) -> tuple[str, float] | None:
+        waits = [(stage, s) for stage, s in self.shares.items() if is_wait(stage)]
+        return max(waits, key=lambda w: w[1]) if waits else None
+
+    @property
+    def largest_stage(self) -> tuple[str, float]:
+        return max(self.shares.items(), key=lambda w: w[1])
+
+
+class RoleTimes:
+    """The controller's tally of stage seconds by role, between two records.
+
+    ``add`` takes each heartbeat's stats; ``take`` returns every role's shares over the interval
+    and starts the next. A role that sent no timing in an interval (a trainer in a long step
+    sends heartbeats without stats) keeps the shares it had, so the panel does not flicker.
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, dict[str, float]] = {}
+        self._wall: dict[str, float] = {}
+        self._workers: dict[str, set[str]] = {}
+        self._last: dict[str, RoleShares] = {}
+        self._batches: dict[str, list[float]] = {}
+
+    def add(self, role: str, worker_id: str, stats: Mapping[str, object]) -> None:
+        wall = stats.get(WALL_KEY)
+        if not isinstance(wall, (int, float)) or wall <= 0:
+            return
+        seconds = self._seconds.setdefault(role, {})
+        for key, value in stats.items():
+            if key.startswith(STAGE_KEY) and isinstance(value, (int, float)):
+                stage = key[len(STAGE_KEY) :]
+                seconds[stage] = seconds.get(stage, 0.0) + float(value)
+        self._wall[role] = self._wall.get(role, 0.0) + float(wall)
+        self._workers.setdefault(role, set()).add(worker_id)
+        for key in BATCH_KEYS:
+            value = stats.get(key)
+            if isinstance(value, (int, float)):
+                self._batches.setdefault(f"{role}/{key}", []).append(float(value))
+
+    def take(self) -> dict[str, RoleShares]:
+        for role, wall in self._wall.items():
+            shares = {s: v / wall for s, v in sorted(self._seconds[role].items())}
+            self._last[role] = RoleShares(role, len(self._workers[role]), shares)
+        self._seconds, self._wall, self._workers = {}, {}, {}
+        return dict(self._last)
+
+    def take_batches(self) -> dict[str, float]:
+        """Each role's batch size figures over the interval: the mean over its heartbeats
+        (the max of their maxima)."""
+        out = {
+            key: (max(v) if key.endswith("_max") else float(np.mean(v)))
+            for key, v in self._batches.items()
+        }
+        self._batches = {}
+        return out
+
+
+def without_timing(stats: Mapping[str, object]) -> dict[str, object]:
+    """Heartbeat stats less the timing ones (which :class:`RoleTimes` takes)."""
+    return {
+        k: v
+        for k, v in stats.items()
+        if not (k.startswith(STAGE_KEY) or k == WALL_KEY or k in BATCH_KEYS)
+    }
+
+
+def record(roles: Mapping[str, RoleShares]) -> dict[str, float]:
+    """Metric keys: ``timing/<role>/<stage>`` (share of wall time) and ``timing/<role>/busy``."""
+    out: dict[str, float] = {}
+    for role, shares in roles.items():
+        for stage, share in shares.shares.items():
+            out[f"timing/{role}/{stage}"] = round(share, 4)
+        out[f"timing/{role}/busy"] = round(shares.busy, 4)
+    return out
+
+
+def bottleneck(roles: Iterable[RoleShares]) -> str:
+    """One line: the busiest role (saturated, with its largest stage) and the role that waits
+    most (with what it waits for), e.g. ``trainer busy 97% (compute 81%); actor waits 58%
+    (wait_actions)``. Only roles on the data path are named (not :data:`SIDE_ROLES`). Empty
+    before any role reported."""
+    roles = [r for r in roles if r.shares and r.role not in SIDE_ROLES]
+    if not roles:
+        return ""
+    busiest = max(roles, key=lambda r: r.busy)
+    stage, share = busiest.largest_stage
+    line = f"{busiest.role} busy {busiest.busy:.0%} ({stage} {share:.0%})"
+    waiting = [r for r in roles if r is not busiest and r.largest_wait is not None]
+    if waiting:
+        waiter = max(waiting, key=lambda r: 1.0 - r.busy)
+        wait, _ = waiter.largest_wait
+        line += f"; {waiter.role} waits {1.0 - waiter.busy:.0%} ({wait})"
+    return line

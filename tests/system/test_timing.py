@@ -1,0 +1,116 @@
+"""Stage clocks, the controller's tally of them, and the bottleneck line (system.timing)."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from rich.console import Console
+
+import system.timing as timing
+from legacy.experiments.examples import cartpole_ppo
+from system.run.controller import timing_role
+from system.run.display import plain_line, render_panel
+from system.run.plan import ActorPlan, plan_workers
+from system.timing import BatchSizes, RoleShares, RoleTimes, StageClock, bottleneck
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(timing, "_perf_counter", lambda: now[0])
+    return now
+
+
+def test_every_moment_is_charged_to_exactly_one_stage(fake_clock):
+    clock = StageClock()
+    fake_clock[0] += 1.0  # control, from the start
+    clock.enter("env_step")
+    fake_clock[0] += 3.0
+    clock.enter("wait_actions")
+    fake_clock[0] += 2.0
+    clock.enter("env_step")
+    fake_clock[0] += 0.5
+    assert clock.take() == {
+        "stage/control": 1.0,
+        "stage/env_step": 3.5,
+        "stage/wait_actions": 2.0,
+        "stage_wall_s": 6.5,
+    }
+    # the running stage goes on into the next interval, which starts where this one ended
+    fake_clock[0] += 4.0
+    assert clock.take() == {"stage/env_step": 4.0, "stage_wall_s": 4.0}
+
+
+def test_batch_sizes_give_the_distribution_then_start_over():
+    sizes = BatchSizes()
+    for rows in (8, 8, 16, 32, 64):
+        sizes.add(rows)
+    figures = sizes.take()
+    assert figures["batch_rows_mean"] == 25.6
+    assert figures["batch_rows_p50"] == 16.0
+    assert figures["batch_rows_max"] == 64.0
+    assert 32.0 < figures["batch_rows_p90"] < 64.0
+    assert sizes.take() == {}
+
+
+def _beat(**seconds: float) -> dict[str, float]:
+    stats = {f"stage/{k}": v for k, v in seconds.items()}
+    stats["stage_wall_s"] = sum(seconds.values())
+    return stats
+
+
+def test_role_times_share_wall_time_over_every_worker_of_a_role():
+    tally = RoleTimes()
+    tally.add("actor", "actor/0", _beat(env_step=0.6, wait_actions=0.4))
+    tally.add("actor", "actor/1", _beat(env_step=0.2, wait_actions=0.8))
+    tally.add("trainer", "trainer/0", _beat(compute=0.9, wait_samples=0.1))
+    tally.add("policy", "policy/0", {"version": 3})  # a heartbeat without timings
+    roles = tally.take()
+    assert set(roles) == {"actor", "trainer"}
+    actor = roles["actor"]
+    assert actor.workers == 2
+    assert actor.shares == pytest.approx({"env_step": 0.4, "wait_actions": 0.6})
+    assert actor.busy == pytest.approx(0.4)
+    assert actor.largest_wait == ("wait_actions", pytest.approx(0.6))
+    # an interval in which a role sent nothing (a trainer in a long step) keeps its last shares
+    tally.add("actor", "actor/0", _beat(env_step=1.0))
+    roles = tally.take()
+    assert roles["trainer"].shares == pytest.approx({"compute": 0.9, "wait_samples": 0.1})
+    assert roles["actor"].busy == 1.0
+    assert timing.record(roles)["timing/trainer/busy"] == 0.9
+
+
+def test_the_bottleneck_names_the_saturated_role_and_the_one_that_waits():
+    roles = [
+        RoleShares("actor", 4, {"env_step": 0.3, "lanes": 0.1, "wait_actions": 0.6}),
+        RoleShares("policy", 1, {"forward": 0.5, "wait_requests": 0.5}),
+        RoleShares("trainer", 1, {"compute": 0.81, "publish": 0.16, "wait_samples": 0.03}),
+        RoleShares("parameter_service", 1, {"wait_requests": 0.99, "serve": 0.01}),
+    ]
+    assert bottleneck(roles) == "trainer busy 97% (compute 81%); actor waits 60% (wait_actions)"
+    assert bottleneck([]) == ""
+    # the parameter service waits by design: never named
+    assert bottleneck(roles[2:]) == "trainer busy 97% (compute 81%)"
+
+
+def test_evaluation_actors_are_tallied_apart_from_training_actors():
+    plans = plan_workers(cartpole_ppo())
+    roles = {timing_role(p) for p in plans}
+    assert roles == {"actor", "eval_actor", "policy", "trainer", "parameter_service"}
+    for plan in plans:
+        if isinstance(plan, ActorPlan):
+            assert timing_role(plan) == ("eval_actor" if plan.evaluation else "actor")
+
+
+def test_the_panel_and_the_plain_line_show_the_bottleneck():
+    snapshot = {"bottleneck": "trainer busy 97% (compute 81%); actor waits 60% (wait_actions)"}
+    assert plain_line(snapshot).endswith(
+        "| trainer busy 97% (compute 81%); actor waits 60% (wait_actions)"
+    )
+    out = StringIO()
+    Console(file=out, width=120).print(render_panel("cartpole-ppo", snapshot))
+    assert "bottleneck  trainer busy 97% (compute 81%)" in out.getvalue()
+    out = StringIO()
+    Console(file=out, width=120).print(render_panel("cartpole-ppo", {}))
+    assert "bottleneck  -" in out.getvalue()
