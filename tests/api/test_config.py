@@ -12,7 +12,9 @@ from api.config import (
     PolicyConfig,
     StopConfig,
     apply_overrides,
+    auto_actor_workers,
     check,
+    make_experiment,
     validate,
 )
 from api.errors import ConfigError
@@ -249,3 +251,22 @@ def test_policy_of_agent_uses_the_only_policy_or_the_mapping():
     assert config.policy_of_agent(1) == "default"
     config.agent_policies = ["default", "default"]
     assert config.policy_of_agent(0) == "default"
+
+
+def test_auto_actor_workers_take_the_cores_the_other_roles_leave():
+    data = make_experiment("cartpole-ppo").to_dict()
+    assert auto_actor_workers(data, cores=16) == 13  # 1 policy, 1 trainer, 1 for the rest
+    data["policies"]["default"]["policy_workers"] = 2
+    data["policies"]["default"]["trainer_workers"] = 3
+    assert auto_actor_workers(data, cores=16) == 10
+    assert auto_actor_workers(data, cores=2) == 1  # never none
+
+
+def test_actors_workers_auto_is_resolved_when_the_overrides_are_applied(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
+    config = make_experiment(
+        "cartpole-ppo", ["actors.workers=auto", "policies.default.policy_workers=2"]
+    )
+    assert config.actors.workers == 4  # 8 cores less 2 policy workers, 1 trainer, 1 for the rest
+    with pytest.raises(ConfigError, match=r"actors\.workers: expected int, got str 'many'"):
+        make_experiment("cartpole-ppo", ["actors.workers=many"])
