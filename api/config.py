@@ -99,6 +99,11 @@ class PolicyConfig:
     ``batch_segments`` a step (``system/workers/trainer_group.py``). Serial mode trains with one."""
     batch_segments: int = 16
     """Trajectory segments per trainer step."""
+    load_ahead: bool = True
+    """A trainer receives, decodes and cuts its next batch in a thread of its own while the
+    current one trains (one trainer worker learning from segments, in separate processes):
+    the trainer then waits for samples only when the actors are behind. At most one batch
+    more waits for it (samples one trainer step older). False: all in turn, in one thread."""
     max_policy_lag: int | None = None
     """Drop segments whose oldest step is more than this many versions behind the trainer
     (counted as ``stale_segments_dropped``, with a warning naming the fix); None keeps all."""

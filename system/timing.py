@@ -65,14 +65,14 @@ class StageClock:
         seconds[self._stage] = seconds.get(self._stage, 0.0) + (now - self._since)
         self._stage, self._since = stage, now
 
-    def take(self) -> dict[str, float]:
+    def take(self, prefix: str = "") -> dict[str, float]:
         """Seconds per stage since the last ``take`` (or the start), as heartbeat stats
-        (``stage/<name>``, and :data:`WALL_KEY` for the wall time they cover); the running
-        stage goes on."""
+        (``stage/<name>``, and :data:`WALL_KEY` for the wall time they cover; both after
+        ``prefix``, ``loader.`` for a worker's loader thread); the running stage goes on."""
         self.enter(self._stage)
         now = self._since
-        stats = {STAGE_KEY + name: s for name, s in self._seconds.items()}
-        stats[WALL_KEY] = now - self._started
+        stats = {f"{prefix}{STAGE_KEY}{name}": s for name, s in self._seconds.items()}
+        stats[prefix + WALL_KEY] = now - self._started
         self._seconds, self._started = {}, now
         return stats
 
@@ -139,24 +139,28 @@ class RoleTimes:
         self._batches: dict[str, list[float]] = {}
 
     def add(self, role: str, worker_id: str, stats: Mapping[str, object]) -> None:
-        wall = stats.get(WALL_KEY)
-        if not isinstance(wall, (int, float)) or wall <= 0:
-            return
-        seconds = self._seconds.setdefault(role, {})
+        """One heartbeat's stats; a thread's stages (``loader.stage/...``) count as a part of
+        the role of their own (``trainer.loader``)."""
         for key, value in stats.items():
-            if key.startswith(STAGE_KEY) and isinstance(value, (int, float)):
-                stage = key[len(STAGE_KEY) :]
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if key.endswith(WALL_KEY):
+                part = _part(role, key[: -len(WALL_KEY)])
+                self._wall[part] = self._wall.get(part, 0.0) + float(value)
+                self._workers.setdefault(part, set()).add(worker_id)
+            elif STAGE_KEY in key:
+                thread, _, stage = key.partition(STAGE_KEY)
+                seconds = self._seconds.setdefault(_part(role, thread), {})
                 seconds[stage] = seconds.get(stage, 0.0) + float(value)
-        self._wall[role] = self._wall.get(role, 0.0) + float(wall)
-        self._workers.setdefault(role, set()).add(worker_id)
-        for key in BATCH_KEYS:
-            value = stats.get(key)
-            if isinstance(value, (int, float)):
+            elif key in BATCH_KEYS:
                 self._batches.setdefault(f"{role}/{key}", []).append(float(value))
 
     def take(self) -> dict[str, RoleShares]:
         for role, wall in self._wall.items():
-            shares = {s: v / wall for s, v in sorted(self._seconds[role].items())}
+            if wall <= 0:
+                continue
+            seconds = self._seconds.get(role, {})
+            shares = {s: v / wall for s, v in sorted(seconds.items())}
             self._last[role] = RoleShares(role, len(self._workers[role]), shares)
         self._seconds, self._wall, self._workers = {}, {}, {}
         return dict(self._last)
@@ -172,12 +176,17 @@ class RoleTimes:
         return out
 
 
+def _part(role: str, thread: str) -> str:
+    """``trainer`` for the worker loop's stages (no prefix), ``trainer.loader`` for a thread's."""
+    return f"{role}.{thread.rstrip('.')}" if thread else role
+
+
 def without_timing(stats: Mapping[str, object]) -> dict[str, object]:
     """Heartbeat stats less the timing ones (which :class:`RoleTimes` takes)."""
     return {
         k: v
         for k, v in stats.items()
-        if not (k.startswith(STAGE_KEY) or k == WALL_KEY or k in BATCH_KEYS)
+        if not (STAGE_KEY in k or k.endswith(WALL_KEY) or k in BATCH_KEYS)
     }
 
 
@@ -202,7 +211,9 @@ def bottleneck(roles: Iterable[RoleShares]) -> str:
     busiest = max(roles, key=lambda r: r.busy)
     stage, share = busiest.largest_stage
     line = f"{busiest.role} busy {busiest.busy:.0%} ({stage} {share:.0%})"
-    waiting = [r for r in roles if r is not busiest and r.largest_wait is not None]
+    waiting = [  # a worker's own thread waiting for its loop says nothing of the others
+        r for r in roles if r is not busiest and "." not in r.role and r.largest_wait is not None
+    ]
     if waiting:
         waiter = max(waiting, key=lambda r: 1.0 - r.busy)
         wait, _ = waiter.largest_wait

@@ -163,6 +163,9 @@ class Wiring(Protocol):
     waits_for_peers: bool
     """Whether a policy worker waits for its policy's first version before serving: true where
     a trainer elsewhere publishes it; in one process nothing could publish while we waited."""
+    threads: bool
+    """Whether a worker may run threads besides its loop (a trainer's loader): not in serial
+    mode, which polls every worker in turn and stays deterministic."""
 
     def keep_alive(self) -> None:
         """Called while a builder waits for a peer: a process answers its controller here."""
@@ -225,7 +228,8 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     else:
         name = samples_endpoint(plan.policy, plan.index)
         samples = wiring.sample_consumer(name, plan.policy, policy)
-    group_size = cfg.policies[plan.policy].trainer_workers
+    pc = cfg.policies[plan.policy]
+    group_size = pc.trainer_workers
     worker = _trainer_worker_class(group_size)(
         plan.worker_id,
         plan.policy,
@@ -243,6 +247,8 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
+    if samples is not None and group_size == 1 and wiring.threads and pc.load_ahead:
+        worker.start_loader()  # a group's ranks agree on each step's batch: they load in turn
     if group_size > 1:  # after restoring: every rank starts from rank 0's parameters
         name = trainer_group_endpoint(plan.policy)
         group = wiring.trainer_group(name, plan.policy, plan.index, group_size)

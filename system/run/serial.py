@@ -62,6 +62,7 @@ class InprocWiring:
     :class:`InprocParameterService` client over one :class:`ParameterStore`."""
 
     waits_for_peers = False
+    threads = False
     run_dir = None
 
     def __init__(self, store: ParameterStore):

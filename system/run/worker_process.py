@@ -78,6 +78,7 @@ class SocketWiring:
     """Process mode: peers are ZeroMQ sockets, found by name through the controller."""
 
     waits_for_peers = True
+    threads = True
 
     def __init__(
         self, ctl: ControlClient, place: Placement, run_dir: Path, config: ExperimentConfig
@@ -318,6 +319,8 @@ def _timed(worker: Worker) -> dict[str, Any]:
     """The worker's stats and where its time went since the last heartbeat (stage seconds)."""
     stats = worker.collect_stats()
     stats.update(worker.stages.take())
+    for name, clock in worker.thread_stages().items():
+        stats.update(clock.take(prefix=f"{name}."))
     return stats
 
 

@@ -1,7 +1,8 @@
 """The actor worker: steps a ring of environments, asks policy workers for actions, builds segments.
 
-Its stages (:mod:`system.timing`): ``env_step``, ``lanes`` (requests built, answers recorded),
-``send_samples``; it waits in ``wait_actions``, ``wait_trainers`` (back-pressure), ``wait_pace``.
+Its stages (:mod:`system.timing`): ``env_step``, ``requests`` (built and sent), ``answers``
+(received and recorded), ``send_samples``; it waits in ``wait_actions``, ``wait_trainers``
+(back-pressure) and ``wait_pace``.
 
 The environments are split into groups. While one group waits for its actions, the worker steps
 another, so the CPU is not idle during inference round trips (Sample Factory's double buffering).
@@ -146,7 +147,7 @@ class ActorWorker(Worker):
         clock.enter("wait_actions")
         if not self.inference.wait(timeout_ms=5):
             return 0
-        clock.enter("lanes")
+        clock.enter("answers")
         work = 0
         for reply in self.inference.poll(timeout_ms=0):
             group = self.groups[reply.group]
@@ -224,6 +225,7 @@ class ActorWorker(Worker):
 
     def _advance(self, g: int) -> int:
         """All answers of group ``g`` are in: record the steps, step or reset, ask again."""
+        self.stages.enter("answers")
         group = self.groups[g]
         actions: dict[int, list[Any]] = {e: [None] * len(self.slots[e]) for e in group.envs}
         bad = self.nonfinite.actions(group)
@@ -237,7 +239,7 @@ class ActorWorker(Worker):
             if segments is not None:
                 self.stages.enter("send_samples")
                 self.samples.post(policy, segments)
-                self.stages.enter("lanes")
+                self.stages.enter("answers")
             action = reply.result.action
             for i, c in enumerate(lane.acting):
                 slot = lane.slots[c]
@@ -250,7 +252,7 @@ class ActorWorker(Worker):
             if self.validate_actions:
                 self._check_actions(e, actions[e])
             self._step_env(e, actions[e])
-        self.stages.enter("lanes")
+        self.stages.enter("requests")
         self._request(g)
         return len(group.envs)
 

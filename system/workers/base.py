@@ -35,6 +35,12 @@ class Worker(abc.ABC):
     def poll(self) -> int:
         """Do one unit of work without blocking for long; return how much was done (0: idle)."""
 
+    def thread_stages(self) -> dict[str, StageClock]:
+        """The stage clocks of threads this worker runs besides its loop, by name (a trainer's
+        loader): their stages are reported as a part of the role of their own
+        (``timing/trainer.loader/...``)."""
+        return {}
+
     def collect_stats(self) -> dict[str, Any]:
         """Stats since the last call (counters are reset)."""
         stats, self.stats = self.stats, {}

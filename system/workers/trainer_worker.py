@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from system.parameters.interfaces import ParameterPublisher
 from system.run.plan import Role
 from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer
+from system.timing import StageClock
 from system.workers.base import Worker
+from system.workers.batch_loader import BatchLoader
 from system.workers.trajectory import segment_count, take_columns
 
 logger = logging.getLogger(__name__)
@@ -92,6 +95,25 @@ class TrainerWorker(Worker):
         self.warn_policy_lag = None if replay is not None else warn_policy_lag
         """A replay trainer learns from old samples by design: never warned."""
         self._next_lag_warning = 0.0
+        self.loader: BatchLoader | None = None
+        """Assembles batches in a thread of its own once :meth:`start_loader` was called."""
+        self._stats_lock = threading.Lock()
+        """``stats`` is also written by the loader thread (segments dropped as stale)."""
+
+    def start_loader(self) -> None:
+        """From now on the next batch is received and cut while this one trains
+        (:mod:`system.workers.batch_loader`); the sample stream is the loader's alone."""
+        if self.samples is None:
+            raise ValueError("a replay trainer takes its batches from the replay worker")
+        self.loader = BatchLoader(self._cut, self.worker_id)
+        self.loader.start()
+
+    def thread_stages(self) -> dict[str, StageClock]:
+        return {} if self.loader is None else {"loader": self.loader.stages}
+
+    def collect_stats(self) -> dict[str, Any]:
+        with self._stats_lock:
+            return super().collect_stats()
 
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:
@@ -107,13 +129,13 @@ class TrainerWorker(Worker):
     def pending_segments(self) -> int:
         return sum(segment_count(c) for c in self.buffer)
 
-    def gather(self, timeout_ms: int) -> None:
+    def gather(self, timeout_ms: int, clock: StageClock | None = None) -> None:
         """Take chunks of ``[T, k]`` segments from the sample stream until a batch is in.
 
         Never more: what stays in the stream holds its actors back (back-pressure), while what
         this worker buffered beyond one batch would only age, adding policy lag.
         """
-        clock = self.stages
+        clock = clock or self.stages
         while self.pending_segments < self.batch_segments:
             clock.enter("wait_samples")
             if not self.samples.wait(timeout_ms):
@@ -137,7 +159,9 @@ class TrainerWorker(Worker):
         dropped = count - len(keep)
         if dropped == 0:
             return chunk
-        self.stats["stale_segments_dropped"] = self.stats.get("stale_segments_dropped", 0) + dropped
+        with self._stats_lock:
+            so_far = self.stats.get("stale_segments_dropped", 0) + dropped
+            self.stats["stale_segments_dropped"] = so_far
         if self._lag_warning_due():
             logger.warning(
                 "trainer of policy '%s' dropped %d segment(s) more than max_policy_lag=%d "
@@ -147,7 +171,7 @@ class TrainerWorker(Worker):
                 self.policy_name,
                 dropped,
                 self.max_policy_lag,
-                self.stats["stale_segments_dropped"],
+                so_far,
             )
         return chunk[:, keep] if len(keep) else None
 
@@ -185,10 +209,18 @@ class TrainerWorker(Worker):
                 return None
             self.stages.enter("receive")
             return self.replay.take(0)
-        self.gather(timeout_ms)
+        if self.loader is not None:
+            self.stages.enter("wait_batch")
+            return self.loader.take(timeout_ms)
+        return self._cut(timeout_ms, self.stages)
+
+    def _cut(self, timeout_ms: int, clock: StageClock) -> SampleBatch | None:
+        """Gather segments, and cut a batch once ``batch_segments`` are in (in this thread,
+        or in the loader's; ``clock`` is that thread's)."""
+        self.gather(timeout_ms, clock)
         if self.pending_segments < self.batch_segments:
             return None
-        self.stages.enter("receive")
+        clock.enter("receive")
         batch, self.buffer = take_columns(self.buffer, self.batch_segments)
         return batch
 
@@ -300,6 +332,8 @@ class TrainerWorker(Worker):
             logger.info("%s: trainer state restored from %s", self.worker_id, path)
 
     def close(self) -> None:
+        if self.loader is not None:
+            self.loader.stop()  # before its socket is closed
         for stream in (self.samples, self.replay):
             if stream is not None:
                 stream.close()

@@ -66,9 +66,10 @@ def test_run_writes_a_complete_run_folder_and_eval_reads_it(tmp_path):
     assert_stage_timings(
         run_dir,
         {
-            "actor": {"env_step", "lanes", "wait_actions", "control"},
+            "actor": {"env_step", "requests", "answers", "wait_actions", "control"},
             "policy": {"wait_requests", "batch", "forward", "reply"},
-            "trainer": {"receive", "to_device", "compute", "publish"},
+            "trainer": {"wait_batch", "to_device", "compute", "publish"},
+            "trainer.loader": {"receive"},  # the loader thread (load_ahead, on by default)
             "parameter_service": {"wait_requests", "serve"},
         },
     )

@@ -83,7 +83,7 @@ def test_role_times_share_wall_time_over_every_worker_of_a_role():
 
 def test_the_bottleneck_names_the_saturated_role_and_the_one_that_waits():
     roles = [
-        RoleShares("actor", 4, {"env_step": 0.3, "lanes": 0.1, "wait_actions": 0.6}),
+        RoleShares("actor", 4, {"env_step": 0.3, "requests": 0.1, "wait_actions": 0.6}),
         RoleShares("policy", 1, {"forward": 0.5, "wait_requests": 0.5}),
         RoleShares("trainer", 1, {"compute": 0.81, "publish": 0.16, "wait_samples": 0.03}),
         RoleShares("parameter_service", 1, {"wait_requests": 0.99, "serve": 0.01}),
