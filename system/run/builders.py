@@ -164,8 +164,7 @@ class Wiring(Protocol):
     """Whether a policy worker waits for its policy's first version before serving: true where
     a trainer elsewhere publishes it; in one process nothing could publish while we waited."""
     threads: bool
-    """Whether a worker may run threads besides its loop (a trainer's loader): not in serial
-    mode, which polls every worker in turn and stays deterministic."""
+    """Whether a worker may run threads besides its loop (a trainer's loader): not serially."""
 
     def keep_alive(self) -> None:
         """Called while a builder waits for a peer: a process answers its controller here."""
@@ -228,20 +227,25 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     else:
         name = samples_endpoint(plan.policy, plan.index)
         samples = wiring.sample_consumer(name, plan.policy, policy)
+    from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
+    from system.workers.trainer_worker import TrainerWorker
+
+    # A trainer that may be one of several of its policy is a group member (alone until it
+    # joins a group, and in serial mode); the group forms once the worker is built.
     pc = cfg.policies[plan.policy]
     group_size = pc.trainer_workers
-    worker = _trainer_worker_class(group_size)(
+    worker = (GroupTrainerWorker if group_size > 1 else TrainerWorker)(
         plan.worker_id,
         plan.policy,
         trainer,
         samples,
         params,
         replay=replay,
-        batch_segments=cfg.policies[plan.policy].batch_segments,
+        batch_segments=pc.batch_segments,
         checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
-        max_policy_lag=cfg.policies[plan.policy].max_policy_lag,
-        warn_policy_lag=cfg.policies[plan.policy].warn_policy_lag,
+        max_policy_lag=pc.max_policy_lag,
+        warn_policy_lag=pc.warn_policy_lag,
     )
     latest = latest_version(params, plan.policy)
     if latest is not None:  # resuming, or restarted after a failure
@@ -255,16 +259,6 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         if group is not None:
             worker.join(group)
     return Built(worker)
-
-
-def _trainer_worker_class(group_size: int) -> type:
-    """A trainer that may be one of several of its policy is a group member (alone until it joins
-    a group, and in serial mode). The group forms once the worker is built: actors look up its
-    sample consumer meanwhile."""
-    from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
-    from system.workers.trainer_worker import TrainerWorker
-
-    return GroupTrainerWorker if group_size > 1 else TrainerWorker
 
 
 def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:

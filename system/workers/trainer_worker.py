@@ -6,7 +6,9 @@ for the next one.
 
 Its stages (:mod:`system.timing`): ``wait_samples`` (or ``wait_replay``), ``receive``
 (decoding chunks and cutting a batch from them), ``to_device`` (for a trainer that
-``accepts_device_batches``), ``compute`` (``Trainer.step``) and ``publish``.
+``accepts_device_batches``), ``compute`` (``Trainer.step``) and ``publish``. With a loader
+thread (:mod:`system.workers.batch_loader`, ``load_ahead``) the first two are the loader's, and
+the trainer's own wait is ``wait_batch``.
 
 Back-pressure comes from the sample stream (bounded queues), so actors slow down when training
 does. After every step the new parameters go to the parameter service, which pushes them to the
