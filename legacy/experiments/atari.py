@@ -9,8 +9,9 @@ backbone feeds both heads (``shared_backbone=True``, no MLP after its 512 featur
 Sized for 2 CPU cores: one actor process with the 8 environments in 2 groups (one steps while
 the other waits for actions), one policy worker, one trainer. On such a machine the trainer is
 the bottleneck: a pass of the 1.7M-parameter CNN forward and back costs about 1.4 ms of one core
-a frame (measured with ``torch.set_num_threads(1)``, as the trainer worker runs), so throughput
-is a few hundred agent steps a second whatever the actors could do. A trainer step takes 512
+a frame on one thread, so throughput is a few hundred agent steps a second whatever the
+actors could do; the trainer runs on 2 threads (``trainer_threads``), which the idle actors
+leave it. A trainer step takes 512
 transitions (4 segments; 2 minibatches of 256) instead of the usual 1024: the same minibatch
 size and sample reuse, half as long a step (about 3 s alone on a core), so weights reach the
 actors sooner. A trainer sends no heartbeat during a step, and the controller restarts a worker
@@ -75,6 +76,9 @@ def _atari_ppo() -> PolicyConfig:
             ),
         ),
         batch_segments=BATCH_SEGMENTS,
+        # a CPU learner of this CNN gets 16% more frames with a second thread on 2 cores
+        # (BENCHMARKS.md, issue 23); on a GPU its CPU work is small either way
+        trainer_threads=2,
     )
 
 

@@ -270,3 +270,10 @@ def test_actors_workers_auto_is_resolved_when_the_overrides_are_applied(monkeypa
     assert config.actors.workers == 4  # 8 cores less 2 policy workers, 1 trainer, 1 for the rest
     with pytest.raises(ConfigError, match=r"actors\.workers: expected int, got str 'many'"):
         make_experiment("cartpole-ppo", ["actors.workers=many"])
+
+
+def test_trainer_threads_must_be_at_least_one():
+    with pytest.raises(
+        ConfigError, match=r"policies\.default\.trainer_threads: must be at least 1"
+    ):
+        make_experiment("cartpole-ppo", ["policies.default.trainer_threads=0"])

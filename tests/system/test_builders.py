@@ -232,3 +232,13 @@ def test_a_new_role_needs_no_change_to_serial_or_process_mode():
     streams by name). So these two modules name no plan class and no role beyond progress."""
     assert _role_names(worker_process_module) == set()
     assert _role_names(serial_module) <= PROGRESS_ROLES
+
+
+def test_a_trainer_process_runs_torch_on_its_trainer_threads_and_others_on_one():
+    from system.run.plan import plan_workers
+    from system.run.worker_process import _torch_threads
+
+    config = make_experiment("cartpole-ppo", ["policies.default.trainer_threads=3"])
+    threads = {p.role.value: _torch_threads(p, config) for p in plan_workers(config)}
+    assert threads["trainer"] == 3
+    assert threads["policy"] == threads["actor"] == 1
