@@ -142,8 +142,9 @@ class WorkerPlan:
     """Serial mode polls its workers in increasing order, once each per round: actors first
     (their requests and segments go out), then what answers or consumes them, trainers last."""
     needs_torch: ClassVar[bool]
-    """Whether the role runs a network: its process imports torch (and sets one thread) before
-    building; actor and parameter-service processes stay small without it."""
+    """Whether the role runs a network: its process imports torch (and sets its threads,
+    :meth:`torch_threads`) before building; actor and parameter-service processes stay small
+    without it."""
     restartable: ClassVar[bool] = True
     """Whether the controller restarts this worker when it dies."""
 
@@ -154,6 +155,11 @@ class WorkerPlan:
     def peers(self, config: ExperimentConfig) -> Peers:
         """The names this worker looks up (none by default)."""
         return Peers()
+
+    def torch_threads(self, config: ExperimentConfig) -> int:
+        """Threads torch runs this worker's operations on: one (inference on small batches
+        gains nothing from more, and the cores are the actors')."""
+        return 1
 
     def in_serial(self, options: SerialOptions) -> WorkerPlan | None:
         """This worker as serial mode builds it, or None where serial mode has none. By
@@ -192,6 +198,9 @@ class TrainerPlan(WorkerPlan):
     """The policy this trainer trains."""
     index: int = 0
     """Its place in the policy's data-parallel group (0 .. trainer_workers - 1): its rank."""
+
+    def torch_threads(self, config: ExperimentConfig) -> int:
+        return config.policies[self.policy].trainer_threads
 
     def endpoints(self) -> list[str]:
         """Its sample consumer; rank 0 also owns the group's rendezvous name, so that when it

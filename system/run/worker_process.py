@@ -189,18 +189,12 @@ def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, pla
     if plan.needs_torch:
         import torch  # only the roles that run a network pay for importing torch
 
-        torch.set_num_threads(_torch_threads(plan, cfg))
+        torch.set_num_threads(plan.torch_threads(cfg))
     wiring = SocketWiring(ctl, place, Path(conf["run_dir"]), cfg)
     built = builders.build(plan, cfg, wiring)
     built.on_heartbeat = _watch_peers(ctl, wiring, plan.peers(cfg), built)
     built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
     return built
-
-
-def _torch_threads(plan, cfg: ExperimentConfig) -> int:
-    """A trainer's ``trainer_threads``; every other role one thread (inference on small batches
-    gains nothing from more, and the cores are the actors')."""
-    return cfg.policies[plan.policy].trainer_threads if plan.role is Role.TRAINER else 1
 
 
 def _watch_peers(ctl: ControlClient, wiring: SocketWiring, peers: Peers, built):

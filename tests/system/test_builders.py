@@ -236,9 +236,8 @@ def test_a_new_role_needs_no_change_to_serial_or_process_mode():
 
 def test_a_trainer_process_runs_torch_on_its_trainer_threads_and_others_on_one():
     from system.run.plan import plan_workers
-    from system.run.worker_process import _torch_threads
 
     config = make_experiment("cartpole-ppo", ["policies.default.trainer_threads=3"])
-    threads = {p.role.value: _torch_threads(p, config) for p in plan_workers(config)}
+    threads = {p.role.value: p.torch_threads(config) for p in plan_workers(config)}
     assert threads["trainer"] == 3
     assert threads["policy"] == threads["actor"] == 1
