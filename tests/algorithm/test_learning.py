@@ -83,9 +83,12 @@ def test_pendulum_reaches_minus_200_for_two_of_three_seeds():
     """Pendulum's PPO is seed-sensitive, and serial mode is deterministic for a given machine's
     numerics: seed 0 ends at -260 after 300k frames on an AMD EPYC VM (the same at 572747a and
     after), and reached -198 after 80k on the Intel VM of an earlier run. So the target is the
-    training mean for 2 of 3 seeds, and greedy play of -300 or better for every seed."""
+    training mean for 2 of 3 seeds, and greedy play of -300 or better for every seed. The mean
+    is over 100 episodes, the usual window: over 40, seed 2 reached -199 after 35k frames on a
+    2-core AMD EPYC VM (2026-11-26, at 468a32e and after) on a lucky stretch, and played -432
+    greedily; over 100 it trains on to 117k frames and plays -191."""
     results = [
-        _train("pendulum-ppo", seed, 300_000, -200.0, 40, evaluate=True) for seed in (0, 1, 2)
+        _train("pendulum-ppo", seed, 300_000, -200.0, 100, evaluate=True) for seed in (0, 1, 2)
     ]
     means = [mean for _, mean, _ in results]
     assert sum(mean >= -200.0 for mean in means) >= 2, f"training means {means}"
