@@ -101,8 +101,9 @@ class PolicyConfig:
     """Trajectory segments per trainer step."""
     trainer_threads: int = 1
     """Threads each trainer process's torch runs its operations on (intra-op). More pays only
-    for a large network on a CPU learner with idle cores (Pong's CNN on 2 cores: 16% more
-    frames with 2), and costs a small one dearly (CartPole's MLP: half the frames with 2)."""
+    for a large network on a CPU learner with idle cores (Pong's CNN on 2 cores: 18% more
+    frames with 2, BENCHMARKS.md), and costs a small one dearly (CartPole's MLP: half the
+    frames with 2)."""
     load_ahead: bool = True
     """A trainer receives, decodes and cuts its next batch in a thread of its own while the
     current one trains (one trainer worker learning from segments, in separate processes):

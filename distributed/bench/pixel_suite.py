@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
 
 
 def pong_run(
-    run_dir: Path, warmup_s: float, window_s: float, overrides: list[str] = ()
+    run_dir: Path, warmup_s: float, window_s: float, overrides: Sequence[str] = ()
 ) -> dict[str, Any]:
     """``troupe run pong-ppo`` (no evaluation workers; ``overrides`` after the bench's own):
     frames/s, CPU a frame by worker and each role's stage timings over ``window_s`` after

@@ -76,7 +76,7 @@ def _atari_ppo() -> PolicyConfig:
             ),
         ),
         batch_segments=BATCH_SEGMENTS,
-        # a CPU learner of this CNN gets 16% more frames with a second thread on 2 cores
+        # a CPU learner of this CNN gets 18% more frames with a second thread on 2 cores
         # (BENCHMARKS.md, issue 23); on a GPU its CPU work is small either way
         trainer_threads=2,
     )
