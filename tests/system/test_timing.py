@@ -90,8 +90,21 @@ def test_the_bottleneck_names_the_saturated_role_and_the_one_that_waits():
     ]
     assert bottleneck(roles) == "trainer busy 97% (compute 81%); actor waits 60% (wait_actions)"
     assert bottleneck([]) == ""
-    # the parameter service waits by design: never named
-    assert bottleneck(roles[2:]) == "trainer busy 97% (compute 81%)"
+    # the parameter service waits by design, a trainer's loader thread for its own trainer:
+    # neither is named as the role that waits
+    loader = RoleShares("trainer.loader", 1, {"receive": 0.01, "wait_trainer": 0.99})
+    assert bottleneck([*roles[2:], loader]) == "trainer busy 97% (compute 81%)"
+
+
+def test_a_threads_stages_are_a_part_of_the_role_of_their_own():
+    tally = RoleTimes()
+    stats = {**_beat(wait_batch=0.1, compute=0.9)}
+    stats.update({f"loader.{k}": v for k, v in _beat(receive=0.2, wait_trainer=0.8).items()})
+    tally.add("trainer", "trainer/default/0", stats)
+    roles = tally.take()
+    assert roles["trainer"].shares == pytest.approx({"wait_batch": 0.1, "compute": 0.9})
+    assert roles["trainer.loader"].shares == pytest.approx({"receive": 0.2, "wait_trainer": 0.8})
+    assert timing.without_timing({**stats, "version": 7, "batch_rows_max": 3.0}) == {"version": 7}
 
 
 def test_evaluation_actors_are_tallied_apart_from_training_actors():
