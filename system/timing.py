@@ -16,6 +16,7 @@ saturated and the one that waits most.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -75,6 +76,26 @@ class StageClock:
         stats[prefix + WALL_KEY] = now - self._started
         self._seconds, self._started = {}, now
         return stats
+
+
+class SharedStageClock(StageClock):
+    """A stage clock whose thread enters stages while another takes its seconds (a trainer's
+    loader thread, reported by the worker loop): both under a lock, so no interval is lost or
+    counted twice. A few switches a batch: the lock costs nothing that shows."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, first: str = CONTROL) -> None:
+        self._lock = threading.RLock()
+        super().__init__(first)
+
+    def enter(self, stage: str) -> None:
+        with self._lock:
+            super().enter(stage)
+
+    def take(self, prefix: str = "") -> dict[str, float]:
+        with self._lock:  # reentrant: take ends the running stage through enter
+            return super().take(prefix)
 
 
 class BatchSizes:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 
 from api.policy import SampleBatch
-from system.timing import StageClock
+from system.timing import SharedStageClock, StageClock
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class BatchLoader:
 
     def __init__(self, assemble: Callable[[int, StageClock], SampleBatch | None], name: str):
         self._assemble = assemble
-        self.stages = StageClock(first="wait_samples")
+        self.stages = SharedStageClock(first="wait_samples")
         """The loader thread's own stages, reported beside the trainer's (``trainer.loader``)."""
         self._ready: queue.Queue[SampleBatch] = queue.Queue(maxsize=1)
         self._taken = threading.Event()

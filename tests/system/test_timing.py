@@ -12,7 +12,14 @@ from legacy.experiments.examples import cartpole_ppo
 from system.run.controller import timing_role
 from system.run.display import plain_line, render_panel
 from system.run.plan import ActorPlan, plan_workers
-from system.timing import BatchSizes, RoleShares, RoleTimes, StageClock, bottleneck
+from system.timing import (
+    BatchSizes,
+    RoleShares,
+    RoleTimes,
+    SharedStageClock,
+    StageClock,
+    bottleneck,
+)
 
 
 @pytest.fixture
@@ -127,3 +134,30 @@ def test_the_panel_and_the_plain_line_show_the_bottleneck():
     out = StringIO()
     Console(file=out, width=120).print(render_panel("cartpole-ppo", {}))
     assert "bottleneck  -" in out.getvalue()
+
+
+def test_a_shared_clock_taken_from_another_thread_loses_and_doubles_nothing():
+    import sys
+    import threading
+
+    clock = SharedStageClock()
+    stop = threading.Event()
+
+    def switch():
+        while not stop.is_set():
+            clock.enter("receive")
+            clock.enter("wait_samples")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave inside enter and take (without the lock)
+    thread = threading.Thread(target=switch)
+    thread.start()
+    try:
+        reports = [clock.take() for _ in range(20_000)]
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    for stats in reports:
+        stages = sum(v for k, v in stats.items() if k.startswith("stage/"))
+        assert stages == pytest.approx(stats["stage_wall_s"], abs=1e-9)
