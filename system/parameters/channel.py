@@ -4,6 +4,10 @@ A request whose reply does not come in time replaces the DEALER, so a lost or la
 never wedge the client (the trouble with REQ): the unanswered request is neither delivered late
 nor answered into a later request's wait. ``hello`` (does this process share the server's shared
 memory?) is asked without blocking and its answer handed to a callback whenever it arrives.
+
+A wait for a reply is cut short when ``abandon`` says the service is known to be elsewhere (the
+controller announced its restart at a new address): waiting out the timeout on a dead address
+would hold a trainer's publish, and every version behind it, for seconds that buy nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from system.parameters.protocol import REMOTE_ERRORS, ms_left
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
+
+ABANDON_CHECK_MS = 250
+"""How often a wait for a reply asks ``abandon`` whether the service has moved."""
 
 
 def owns_frames(endpoint: str | None) -> bool:
@@ -42,8 +49,13 @@ class RequestChannel:
         *,
         copy_replies: bool,
         max_message_bytes: int | None = None,
+        abandon: Callable[[], bool] | None = None,
     ):
         self.endpoint = endpoint
+        self.abandon = abandon
+        """Asked between slices of a wait: True ends it as a timeout (the service moved)."""
+        self.moved = False
+        """The last wait was given up because ``abandon`` said the service moved."""
         self.stats = stats
         self._bad = bad
         self._on_hello = on_hello
@@ -90,9 +102,7 @@ class RequestChannel:
     ) -> wire.Message:
         while True:
             try:
-                got = wire.recv(
-                    self.socket, timeout_ms=ms_left(deadline), copy=self._copy, zero_copy=True
-                )
+                got = self._recv(deadline)
             except WireError as e:
                 self._bad(e)
                 continue
@@ -102,6 +112,18 @@ class RequestChannel:
             if isinstance(reply.body, dict) and reply.body.get("id") == request_id:
                 return reply
             self._other_reply(reply)  # the answer to a request that timed out, or hello's
+
+    def _recv(self, deadline: float) -> tuple[list[bytes], wire.Message] | None:
+        """The next reply, or None at ``deadline`` or once ``abandon`` says to give up."""
+        while True:
+            left = ms_left(deadline)
+            slice_ms = left if self.abandon is None else min(left, ABANDON_CHECK_MS)
+            got = wire.recv(self.socket, timeout_ms=slice_ms, copy=self._copy, zero_copy=True)
+            if got is not None or left <= slice_ms:
+                return got
+            if self.abandon is not None and self.abandon():
+                self.moved = True
+                return None
 
     def take_replies(self) -> None:
         """Without waiting: handle the hello reply if it came (anything else is stale)."""
@@ -132,6 +154,12 @@ class RequestChannel:
         self.socket = self._connect()
         self.hello_id = None  # a pending hello was lost with the socket: asked again
         self.stats["timeouts"] += 1
+        if self.moved:
+            self.moved = False
+            raise PeerTimeoutError(
+                f"parameter service at {self.endpoint} was restarted elsewhere while '{kind}' "
+                "waited for its answer; sent again at its new address"
+            )
         raise PeerTimeoutError(
             f"parameter service at {self.endpoint} did not answer '{kind}' within "
             f"{timeout_s}s; is the parameter-service worker running?"

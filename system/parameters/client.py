@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -61,6 +62,9 @@ class ParameterClient(ParameterClientBase):
     ``max_message_bytes``: ZeroMQ's ``MAXMSGSIZE`` on both sockets (the largest reply or push a
     peer may send; from the run's declared parameter layout), so that a foreign peer cannot make
     this process allocate more; None: no bound.
+
+    ``abandon``: asked while a request waits for its reply; True gives the wait up as a timeout
+    (the controller announced the service's restart elsewhere: the caller reconnects).
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class ParameterClient(ParameterClientBase):
         shm: bool = True,
         shm_min_bytes: int | None = None,
         max_message_bytes: int | None = None,
+        abandon: Callable[[], bool] | None = None,
     ):
         super().__init__()
         self.request_endpoint = request_endpoint
@@ -99,6 +104,7 @@ class ParameterClient(ParameterClientBase):
             lambda reply: self.link.on_hello(hello_info(reply)),
             copy_replies=writable and not self._own_replies,
             max_message_bytes=max_message_bytes,
+            abandon=abandon,
         )
         self.pushes: PushSubscription | None = None
         if subscribed:

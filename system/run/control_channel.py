@@ -16,9 +16,12 @@ Messages (kind: body):
 The global state's messages (``state_*``, the ``state`` of an ``ack``) are described in
 :mod:`system.run.global_state`.
 
-Every heartbeat is answered with ``ack``, so a worker knows within a few heartbeats that its
-controller is gone (killed, its host lost), whichever launcher started either of them: the parent
-process of a worker is not the controller (a forkserver, a container runtime, a scheduler's agent).
+Every heartbeat is answered with ``ack``. A worker tells a slow controller from a dead one by
+evidence that a starved machine does not fake: the controller's process ended (when it runs on
+the same machine) or its connection closed and no new one came (:class:`ConnectionWatch`), both
+seen within seconds; silence alone counts only after :data:`CONTROLLER_SILENCE_S` (a host lost
+without closing anything). The parent process of a worker is not the controller (a forkserver,
+a container runtime, a scheduler's agent), so none of this relies on it.
 ``moved`` tells a worker that looked ``name`` up that its owner was restarted at a new address.
 """
 
@@ -58,9 +61,16 @@ HEARTBEAT_S = 0.25
 BUSY_AFTER_S = 1.0
 """A poll running this long gets heartbeats from :class:`BusyHeartbeat`'s thread (for at most
 the role's ``liveness`` bound, :class:`api.config.LivenessConfig`)."""
-CONTROLLER_SILENCE_S = 2.5
-"""A worker whose heartbeats the controller has not answered for this long leaves (ten
-heartbeats: a busy controller answers within one loop, a gone one never does)."""
+CONTROLLER_SILENCE_S = 30.0
+"""A worker whose heartbeats the controller has not answered for this long leaves. Silence is
+the weakest evidence of a controller's death: one starved of CPU on a loaded machine (a load
+average of 30) answers seconds late but answers, so the bound is the controller's own heartbeat
+timeout for its workers. A controller that is really gone is seen within seconds by stronger
+evidence first: its process ended (on this machine) or its connection closed
+(:class:`ConnectionWatch`)."""
+RECONNECT_GRACE_S = 3.0
+"""After the controller's connection closed, how long a worker waits for a new one (a
+controller restarted in place by its scheduler) before it takes the controller for gone."""
 
 
 class ControlClient:
@@ -89,6 +99,10 @@ class ControlClient:
         """When the oldest heartbeat the controller has not answered yet (nor said anything
         since) was sent; None while it answers."""
         self.bad_messages = BadMessages(logger, f"control channel of {worker_id}")
+        self.looping = False
+        """Set once the worker's loop runs: a stop then waits for the loop, which finishes the
+        worker's work first (``on_stop``: a trainer's final checkpoint), so a wait here (a
+        lookup of a restarted peer's new address) goes on instead of ending the process."""
         self.state = StateReplica(self)
         """This worker's copy of the run's global state, brought up to date by every ``ack``."""
         self.lock = threading.RLock()
@@ -146,6 +160,16 @@ class ControlClient:
         self.inbox = kept + list(unclaimed.values())
         return moved
 
+    def has_moved(self, names: Iterable[str]) -> bool:
+        """Non-blocking, and leaving the notices for :meth:`moved`: has the controller said
+        that one of ``names`` was restarted at a new address? (A wait on that peer can stop.)"""
+        self.stop_requested()  # reads whatever has come
+        wanted = set(names)
+        return any(
+            m.kind == "moved" and isinstance(m.body, dict) and m.body.get("name") in wanted
+            for m in self.inbox
+        )
+
     def hello(self, role: str) -> dict[str, Any]:
         """Announce this worker and wait for its configuration."""
         self.send("hello", {"role": role, "pid": os.getpid()})
@@ -167,14 +191,14 @@ class ControlClient:
 
     def wait_for(self, kind: str) -> wire.Message:
         """The next message of ``kind``. While waiting, heartbeats go out, so a controller that
-        is gone is noticed in :data:`CONTROLLER_SILENCE_S`, not at the end of the timeout."""
+        is gone is noticed (:meth:`check_controller`), not at the end of the timeout."""
         deadline = time.monotonic() + self.timeout_s
         next_beat = time.monotonic() + HEARTBEAT_S
         while time.monotonic() < deadline:
             for i, message in enumerate(self.inbox):
                 if message.kind == kind:
                     return self.inbox.pop(i)
-                if message.kind == "stop":  # e.g. the run failed while we wait for a peer
+                if message.kind == "stop" and not self.looping:  # the run ended meanwhile
                     raise StopRequested(f"{self.worker_id} was told to stop")
             self._receive(timeout_ms=100)
             if self.heard and time.monotonic() >= next_beat:
@@ -186,15 +210,16 @@ class ControlClient:
             "is the controller running and reachable?"
         )
 
-    def _receive(self, timeout_ms: int) -> None:
+    def _receive(self, timeout_ms: int) -> bool:
+        """Read one message, if one comes within ``timeout_ms``; False when none did."""
         with self.lock:
             try:
                 got = wire.recv(self.socket, timeout_ms=timeout_ms)
             except WireError as e:
                 self.bad_messages.record(e)
-                return
+                return True
             if got is None:
-                return
+                return False
             self.unanswered_since = None  # any message proves the controller is there
             self.heard = True
             if got[1].kind != "ack":
@@ -204,14 +229,15 @@ class ControlClient:
                     self.state.apply(got[1].body["state"])
                 except WireError as e:
                     self.bad_messages.record(e)
+            return True
 
     def stop_requested(self) -> bool:
-        """Non-blocking: has the controller said stop?"""
-        while True:
-            before = len(self.inbox)
-            self._receive(timeout_ms=0)
-            if len(self.inbox) == before:
-                break
+        """Non-blocking: has the controller said stop? Reads everything that has come: a
+        worker whose busy thread sent twenty heartbeats during one long poll has twenty acks
+        queued before the stop (reading one message per check left a trainer with 5-second
+        steps deaf to its stop, killed after the controller's wait)."""
+        while self._receive(timeout_ms=0):
+            pass
         return any(m.kind == "stop" for m in self.inbox)
 
     def close(self) -> None:
@@ -300,7 +326,7 @@ class ConnectionWatch:
     controller, a builder waiting for a peer) would linger that long. A process that ends
     closes its TCP connections, so the control socket's monitor, read on a thread of its own,
     sees the controller go at once; if no new connection comes within
-    :data:`CONTROLLER_SILENCE_S` (a controller restarted by a scheduler), the worker exits with
+    :data:`RECONNECT_GRACE_S` (a controller restarted by a scheduler), the worker exits with
     :data:`EXIT_ORPHANED`. A host that vanishes closes nothing: heartbeats catch that.
     ``controller_pid`` (a controller on this machine): its end is seen even before a connection
     was made.
@@ -327,7 +353,7 @@ class ConnectionWatch:
                         connected, lost_at = True, None
                     elif event == zmq.EVENT_DISCONNECTED and connected:
                         lost_at = time.monotonic()
-                if lost_at is not None and time.monotonic() - lost_at > CONTROLLER_SILENCE_S:
+                if lost_at is not None and time.monotonic() - lost_at > RECONNECT_GRACE_S:
                     self._exit(f"closed its connection {time.monotonic() - lost_at:.1f}s ago")
                 if self.controller_pid is not None and not _process_exists(self.controller_pid):
                     self._exit(f"process {self.controller_pid} ended")

@@ -22,7 +22,7 @@ from typing import Any
 
 from api import global_state
 from api.config import ExperimentConfig
-from api.errors import ConfigError, RegistryError
+from api.errors import ConfigError, RegistryError, UserError
 from api.policy import Policy
 from system.errors import ControllerGoneError
 from system.parameters.client import ParameterClient
@@ -110,7 +110,14 @@ class SocketWiring:
         push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
         request = self.ctl.lookup(PARAMS_REQUEST)
         limit = self._params_limit()
-        return ParameterClient(request, push, subscribe=subscribe, max_message_bytes=limit)
+        names = (PARAMS_REQUEST, PARAMS_PUSH)
+        return ParameterClient(
+            request,
+            push,
+            subscribe=subscribe,
+            max_message_bytes=limit,
+            abandon=lambda: self.ctl.has_moved(names),
+        )
 
     def _params_limit(self) -> int:
         """The largest reply or push a parameter client accepts: from the declared checkpoint
@@ -231,7 +238,11 @@ def main(
         format=f"%(asctime)s {worker_id} %(levelname)s %(name)s: %(message)s",
     )
     place = Placement(**(placement or {}))
-    wire.secure_from_environment()  # cluster runs: CURVE on every socket
+    try:
+        wire.secure_from_environment()  # cluster runs: CURVE on every socket
+    except UserError as e:  # fail closed, in one line: never plain sockets instead
+        logger.error("%s", e)
+        return EXIT_FAILED
     ctl = ControlClient(controller, worker_id, controller_pid=controller_pid)
     worker: Worker | None = None
     try:
@@ -281,6 +292,7 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
 
 
 def _loop(ctl: ControlClient, worker: Worker, watchdog, max_poll: tuple[str, float]) -> int:
+    ctl.looping = True
     busy = BusyHeartbeat(ctl, max_poll, on_beat=_mark_alive)
     try:
         return _polls(ctl, worker, watchdog, busy)
@@ -308,6 +320,8 @@ def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) ->
             if watchdog is not None:
                 watchdog()
         if ctl.stop_requested():
+            if watchdog is not None:  # a peer restarted elsewhere gets the last words there
+                watchdog()
             worker.on_stop()
             ctl.send("heartbeat", {"stats": _timed(worker)})
             ctl.send("bye", {})

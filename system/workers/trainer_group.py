@@ -228,9 +228,10 @@ class GroupTrainerWorker(TrainerWorker):
             return None
         if self.ready is None:
             self.ready = super().take_batch(timeout_ms)
-        else:
+        elif self.samples is not None:
             # Waiting for a peer's batch: keep taking (and acking) up to one more batch, or the
-            # actors' credits would sit in this rank's queue while the peer starves.
+            # actors' credits would sit in this rank's queue while the peer starves. (A replay
+            # trainer's next batch is the replay worker's: it holds its one request.)
             self.gather(timeout_ms=0)
         self.stages.enter("wait_group")
         everyone_ready, stopping = self.group.agree(self.ready is not None, stopping=False)

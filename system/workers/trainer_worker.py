@@ -90,6 +90,8 @@ class TrainerWorker(Worker):
         self.last_batch: SampleBatch | None = None
         self.steps = 0
         self._published = False
+        self._owed_persist = False
+        """A persisted publish failed: the next publish persists, so no checkpoint is skipped."""
         self._retry_at = 0.0
         """After a publish timed out: when to try again on the same client (a restarted
         service's new address, from :meth:`reconnect`, comes sooner)."""
@@ -120,7 +122,7 @@ class TrainerWorker(Worker):
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:
             self.stages.enter("publish")
-            self.publish(persist=False)  # policy workers start from the trainer's weights
+            self.publish(persist=self._owed_persist)  # policy workers start from our weights
         batch = self.take_batch(timeout_ms=20)
         if batch is None:
             return 0
@@ -267,11 +269,18 @@ class TrainerWorker(Worker):
 
     def publish(self, persist: bool) -> None:
         """Publish the current version. If the parameter service does not answer (it is being
-        restarted), training goes on and the newest version is published once it is back."""
+        restarted), training goes on and the newest version is published once it is back: until
+        the retry is due (or :meth:`reconnect` says where the service now is), new versions are
+        not sent into the silence, each waiting out its own timeout, but owed."""
+        persist = persist or self._owed_persist
+        if time.monotonic() < self._retry_at:
+            self._published, self._owed_persist = False, persist
+            return
         try:
             self._publish(persist)
         except PeerTimeoutError as e:
             self._published = False
+            self._owed_persist = persist
             self._retry_at = time.monotonic() + PUBLISH_RETRY_S
             self.stats["publish_timeouts"] = self.stats.get("publish_timeouts", 0) + 1
             logger.warning("%s: version %d not published yet: %s", self.worker_id,
@@ -288,7 +297,8 @@ class TrainerWorker(Worker):
             persist=persist,
             trainer_state=state,
         )
-        self._published = True
+        self._published, self._retry_at = True, 0.0
+        self._owed_persist = self._owed_persist and not persist
 
     def reconnect(self, params: ParameterPublisher) -> None:
         """The parameter service was restarted at new addresses: publish there from now on. It
@@ -301,7 +311,8 @@ class TrainerWorker(Worker):
             version, _ = params.get(self.policy_name)
         except (ParameterNotFoundError, PeerTimeoutError):
             version = None
-        self._published = version is not None and version >= self.trainer.policy.version
+        caught_up = version is not None and version >= self.trainer.policy.version
+        self._published = caught_up and not self._owed_persist
 
     def mark_published(self) -> None:
         """The current version is already in the parameter service (resume, restart)."""
