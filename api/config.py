@@ -224,6 +224,27 @@ class LivenessConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """When versions are written to the run folder as numbered checkpoints, and how many stay.
+
+    The newest version is always kept (``latest.ckpt``, and the final checkpoint), as is any
+    version a tag names (the one evaluation confirmed, what ``troupe eval`` plays)."""
+
+    every: int = 50
+    """Write a numbered checkpoint every this many published versions (and always at the end)."""
+    keep_last: int = 5
+    """Numbered checkpoints kept, newest first; older ones are removed as new ones come, so a
+    long run's folder stays bounded. 0 keeps every one."""
+    keep_every: int = 0
+    """Also keep every version that is a multiple of this (a learning history to evaluate
+    later, e.g. 1000); 0: none beyond ``keep_last``."""
+
+
+RENAMED_KEYS = {"checkpoint_every": "checkpoint.every"}
+"""Keys of older configs (and their run folders' ``config.json``) and where they live now."""
+
+
+@dataclass
 class ExperimentConfig:
     """A whole experiment."""
 
@@ -248,8 +269,8 @@ class ExperimentConfig:
     """Stopping rules."""
     seed: int = 0
     """Base seed; each worker and environment derives its own from it."""
-    checkpoint_every: int = 50
-    """Persist a checkpoint every this many published versions (and always at the end)."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Numbered checkpoints: how often, and how many are kept."""
     code: CodeConfig = field(default_factory=CodeConfig)
     """The user's own modules and registrations, loaded by every process of the run."""
     callbacks: list[ComponentConfig] = field(default_factory=list)
@@ -288,13 +309,31 @@ class ExperimentConfig:
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
         """Build and validate; raises ConfigError listing every problem."""
         errors: list[str] = []
-        config = _build(cls, data, "", errors)
+        config = _build(cls, _renamed(data), "", errors)
         if errors:
             raise ConfigError(errors)
         return config
 
 
 # --------------------------------------------------------------------- building from dicts
+def _renamed(data: Any) -> Any:
+    """``data`` with keys of :data:`RENAMED_KEYS` moved to their new place (a config written
+    before the move still loads; one that gives both is left for the unknown-key error)."""
+    if not isinstance(data, dict) or not any(old in data for old in RENAMED_KEYS):
+        return data
+    data = dict(data)
+    for old, new in RENAMED_KEYS.items():
+        if old not in data:
+            continue
+        section, key = new.split(".")
+        inner = dict(data.get(section) or {})
+        if key in inner:
+            continue
+        inner[key] = data.pop(old)
+        data[section] = inner
+    return data
+
+
 def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
     if not isinstance(data, dict):
         errors.append(f"{path or 'config'}: expected a mapping for {cls.__name__}, got {data!r}")
@@ -612,7 +651,8 @@ def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> Experimen
         if not sep or not key:
             errors.append(f"{item}: an override must look like key.path=value")
             continue
-        err = _set_path(data, key.strip().split("."), parse_value(raw.strip()))
+        key = RENAMED_KEYS.get(key.strip(), key.strip())
+        err = _set_path(data, key.split("."), parse_value(raw.strip()))
         if err:
             hint = "" if "did you mean" in err else _hint(config, key.strip())
             errors.append(f"{key}: {err}{hint}")

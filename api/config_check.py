@@ -53,7 +53,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 RANGES: dict[str, tuple[str, float]] = {
     "seed": (">=", 0),
-    "checkpoint_every": (">=", 1),
+    "checkpoint.every": (">=", 1),
+    "checkpoint.keep_last": (">=", 0),
+    "checkpoint.keep_every": (">=", 0),
     "stop.eval_return": ("any", 0),
     "stop.env_frames": (">", 0),
     "stop.trainer_steps": (">", 0),

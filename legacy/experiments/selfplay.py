@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from api.config import (
     ActorConfig,
+    CheckpointConfig,
     ComponentConfig,
     EvaluationConfig,
     ExperimentConfig,
@@ -86,5 +87,5 @@ def connect4_selfplay() -> ExperimentConfig:
             env_frames=4_000_000,
             wall_seconds=900.0,
         ),
-        checkpoint_every=20,
+        checkpoint=CheckpointConfig(every=20),
     )

@@ -11,12 +11,19 @@ for it, a checkpoint file on disk so a run can resume::
     root_dir/checkpoints/<policy>/tags.json       {"eval": 40}
     root_dir/checkpoints/<policy>/latest.ckpt     (``durable=True``: every version, see below)
     root_dir/checkpoints/<policy>/trainer.ckpt    the trainer's own state, newest persisted
+    root_dir/checkpoints/<policy>/trainer.prev.ckpt   the one before it
 
 ``trainer.ckpt`` is the optimiser state (and schedules) of the trainer that published the newest
 version it sent with ``persist=True`` (:meth:`ParameterStore.publish`'s ``trainer_state``): the
 trainer ships it here rather than writing a file itself, so a trainer needs no run folder of its
 own and a restarted one (or every rank of a data-parallel group) reads it back from the service
-(:meth:`ParameterStore.trainer_state`). Only the newest is kept, as a resume needs no other.
+(:meth:`ParameterStore.trainer_state`). The newest is kept, and the one before it for a resume
+that finds the newest damaged.
+
+Every file proves itself (a digest, :mod:`system.parameters.checkpoint_file`): a damaged one is
+named in a warning and skipped for the newest good one. The run's service keeps the newest
+``keep_files`` numbered checkpoints (``checkpoint.keep_last``), so a long run's folder stays
+bounded.
 
 ``durable=True`` (the parameter service of a run) writes every version to ``latest.ckpt`` before
 :meth:`ParameterStore.publish` returns, that is before the service announces it, so a service
@@ -62,6 +69,7 @@ _CHECKPOINT_RE = re.compile(r"v(\d{8,})\.ckpt")
 _TMP_RE = re.compile(r"\..+\.tmp-(\d+)-\d+")
 LATEST_FILE = "latest.ckpt"
 TRAINER_FILE = "trainer.ckpt"
+TRAINER_PREVIOUS_FILE = "trainer.prev.ckpt"
 
 
 def check_policy_name(policy: Any) -> str:
@@ -94,8 +102,17 @@ class ParameterStore:
     """
 
     def __init__(
-        self, root_dir: str | os.PathLike | None = None, *, keep: int = 3, durable: bool = False
+        self,
+        root_dir: str | os.PathLike | None = None,
+        *,
+        keep: int = 3,
+        durable: bool = False,
+        keep_files: int = 0,
+        keep_every: int = 0,
     ):
+        """``keep``: versions held in memory. ``keep_files`` (the run's service: its
+        ``checkpoint.keep_last``): numbered checkpoint files kept, newest first, besides tagged
+        ones and multiples of ``keep_every``; 0 keeps every file."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         if durable and root_dir is None:
@@ -103,6 +120,8 @@ class ParameterStore:
         self.root_dir = None if root_dir is None else Path(root_dir)
         self.durable = durable
         self.keep = keep
+        self.keep_files = keep_files
+        self.keep_every = keep_every
         self._policies: dict[str, _Policy] = {}
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
@@ -185,6 +204,7 @@ class ParameterStore:
                     entry.on_disk.add(version)
                 if trainer_state is not None:
                     self._save_trainer_state(policy, version, trainer_state)
+                self._prune_files(policy, entry)
                 return
             if entry.latest is not None and version <= entry.latest:
                 raise VersionError(
@@ -201,6 +221,8 @@ class ParameterStore:
             entry.memory[version] = params
             entry.latest = version
             self._evict(policy, entry)
+            if persist:
+                self._prune_files(policy, entry)
             self._published.notify_all()
 
     def wait_newer(self, policy: str, version: int | None, timeout_s: float) -> int | None:
@@ -286,6 +308,26 @@ class ParameterStore:
                         "eviction listener failed for version %d of %s", version, policy
                     )
 
+    def _prune_files(self, policy: str, entry: _Policy) -> None:
+        """Remove numbered checkpoints beyond the newest ``keep_files`` (the run's own service
+        only; a reader never removes a file). Kept whatever their age, beyond those: tagged
+        versions and multiples of ``keep_every``."""
+        if not (self.durable and self.keep_files > 0):
+            return
+        kept = set(entry.tags.values())  # the latest is the newest: never among the pruned
+        numbered = sorted(
+            v
+            for v in entry.on_disk - entry.tag_only - kept
+            if not (self.keep_every and v % self.keep_every == 0)
+        )
+        for version in numbered[: max(0, len(numbered) - self.keep_files)]:
+            try:
+                self.checkpoint_path(policy, version).unlink(missing_ok=True)
+            except OSError as e:  # the next prune tries again; the run goes on
+                logger.warning("could not remove old checkpoint of version %d: %s", version, e)
+                continue
+            entry.on_disk.discard(version)
+
     def _folder(self, policy: str) -> Path:
         assert self.root_dir is not None
         return self.root_dir / "checkpoints" / policy
@@ -299,8 +341,12 @@ class ParameterStore:
         write_atomically(path, lambda f: write_checkpoint(f, record))
 
     def _save_trainer_state(self, policy: str, version: int, state: Any) -> None:
+        """The new state replaces ``trainer.ckpt``; the one it replaces stays one save longer
+        as ``trainer.prev.ckpt``, for a resume that finds the newest damaged."""
         record = {"policy": policy, "version": version, "trainer": state}
         path = self._folder(policy) / TRAINER_FILE
+        if path.is_file():
+            os.replace(path, path.with_name(TRAINER_PREVIOUS_FILE))
         write_atomically(path, lambda f: write_checkpoint(f, record))
 
     def trainer_state(self, policy: str) -> tuple[int, Any] | None:
@@ -310,19 +356,21 @@ class ParameterStore:
         check_policy_name(policy)
         if self.root_dir is None:
             return None
-        path = self._folder(policy) / TRAINER_FILE
-        if not path.is_file():
-            return None
-        try:
-            record = load_checkpoint_file(path, field="trainer")
-        except (OSError, ValueError) as e:
-            logger.warning("ignoring unreadable trainer state %s: %s", path, e)
-            return None
-        version = record.get("version")
-        if record.get("policy") != policy or type(version) is not int:
-            logger.warning("ignoring %s: it holds another policy or no version", path)
-            return None
-        return version, record["trainer"]
+        for name in (TRAINER_FILE, TRAINER_PREVIOUS_FILE):
+            path = self._folder(policy) / name
+            if not path.is_file():
+                continue
+            try:
+                record = load_checkpoint_file(path, field="trainer")
+            except (OSError, ValueError) as e:
+                logger.warning("skipping unreadable trainer state: %s", e)
+                continue
+            version = record.get("version")
+            if record.get("policy") != policy or type(version) is not int:
+                logger.warning("ignoring %s: it holds another policy or no version", path)
+                continue
+            return version, record["trainer"]
+        return None
 
     def _save_latest(self, policy: str, version: int, params: Any) -> None:
         record = {"policy": policy, "version": version, "params": params}

@@ -209,7 +209,9 @@ class Built:
 def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, wiring: Wiring):
     # durable: every version reaches the run folder before it is announced, so a restarted
     # service loses none (serial mode has no run folder, and nothing to restart).
-    store = ParameterStore(wiring.run_dir, keep=3, durable=wiring.run_dir is not None)
+    kept = cfg.checkpoint
+    store = ParameterStore(wiring.run_dir, keep=3, durable=wiring.run_dir is not None,
+                           keep_files=kept.keep_last, keep_every=kept.keep_every)  # fmt: skip
     restored = store.load_from_disk()
     if restored:
         logger.info("parameter service restored versions %s", restored)
@@ -242,7 +244,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         params,
         replay=replay,
         batch_segments=pc.batch_segments,
-        checkpoint_every=cfg.checkpoint_every if wiring.run_dir else 0,
+        checkpoint_every=cfg.checkpoint.every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
         max_policy_lag=pc.max_policy_lag,
         warn_policy_lag=pc.warn_policy_lag,
@@ -263,7 +265,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
 
 def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
     from system.replay.buffer import ReplayBuffer
-    from system.workers.replay_worker import ReplayWorker, buffer_config
+    from system.workers.replay_worker import ReplayWorker, buffer_config, replay_file
 
     # The policy is built only for the layout of the segments its actors may send.
     policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
@@ -274,9 +276,7 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
         wiring.sample_consumer(replay_samples_endpoint(plan.policy), plan.policy, policy),
         wiring.replay_server(replay_batches_endpoint(plan.policy), plan.policy),
         batch_size=cfg.policies[plan.policy].replay.batch_size,
-        checkpoint_path=(
-            wiring.run_dir / "checkpoints" / plan.policy / "replay.npz" if wiring.run_dir else None
-        ),
+        checkpoint_path=replay_file(wiring.run_dir, plan.policy) if wiring.run_dir else None,
         save_every_s=cfg.policies[plan.policy].replay.save_every_s,
     )
     return Built(worker)

@@ -9,12 +9,13 @@ The rate limiter decides both sides. A request it refuses waits here until enoug
 in; a segment chunk it refuses is held, and the next one is not taken from the stream, so the
 actors' credit runs out and they wait: the same back-pressure a slow on-policy trainer applies.
 
-The buffer is checkpointed with the run: written to ``checkpoints/<policy>/replay.npz`` (numpy
-arrays only, never pickle; a temporary file renamed over the old one) every
+The buffer is checkpointed with the run: written to ``checkpoints/<policy>/replay.ckpt`` (the
+run's checkpoint format: arrays only, never pickle, and a digest that refuses a damaged file; a
+temporary file renamed over the old one; older runs' ``replay.npz`` is still read) every
 ``ReplayConfig.save_every_s`` seconds while frames come in, and when the run stops; a replay
 worker loads it when it starts, so one restarted after a SIGKILL, or a run resumed after a crash,
 goes on from the last save instead of refilling from empty. A save rewrites the whole buffer
-inside one poll. Measured on a shared 2-core machine (state_dict + savez + fsync + rename):
+inside one poll. Measured on a shared 2-core machine (state_dict + write + fsync + rename):
 cartpole-dqn's 50k frames (3 MiB) take about 6 ms, 1M frames of 17 floats (125 MiB) about
 0.2 s, 50k frames of 84x84x4 pixels (1.4 GiB) 2 to 10 s. The default 60 s interval keeps the
 first two far below 1% of the worker's time; for buffers like the last, the next save waits at
@@ -35,7 +36,11 @@ import numpy as np
 
 from api.config import ExperimentConfig
 from api.policy import SampleBatch
-from system.parameters.checkpoint_file import write_atomically
+from system.parameters.checkpoint_file import (
+    load_checkpoint_file,
+    write_atomically,
+    write_checkpoint,
+)
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
@@ -114,8 +119,11 @@ class ReplayWorker(Worker):
         self.clock = clock
         if checkpoint_path is not None:
             _remove_temporaries(checkpoint_path)
+            legacy = checkpoint_path.with_name(LEGACY_REPLAY_FILE)
             if checkpoint_path.exists():
                 self.restore(checkpoint_path)
+            elif legacy.exists():
+                self.restore(legacy)
         self._saved_inserted = self.buffer.limiter.inserted
         """Frames inserted when the buffer was last saved or loaded."""
         self._next_save = clock() + (save_every_s or 0.0)
@@ -202,7 +210,8 @@ class ReplayWorker(Worker):
         renamed over the last save, so a kill mid-save leaves the previous one. A failed write
         (a full disk) removes the temporary file and raises :class:`~api.errors.RunFolderError`."""
         state = self.buffer.state_dict(copy=False)  # nothing inserts until the write is done
-        write_atomically(self.checkpoint_path, lambda f: np.savez(f, **state))
+        record = {"policy": self.policy_name, "replay": state}
+        write_atomically(self.checkpoint_path, lambda f: write_checkpoint(f, record))
         self._saved_inserted = self.buffer.limiter.inserted
         self.stats["saved_frames"] = self.buffer.size
 
@@ -211,11 +220,8 @@ class ReplayWorker(Worker):
         that cannot be read is reported and left for the next save to replace: the buffer
         refills from the actors, as a new one would."""
         try:
-            if not zipfile.is_zipfile(path):  # np.load would take it for a pickle
-                raise ValueError("not a numpy .npz archive")
-            with np.load(path, allow_pickle=False) as saved:
-                self.buffer.load_state_dict({k: saved[k] for k in saved.files})
-        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            self.buffer.load_state_dict(_read_state(path))
+        except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
             self.buffer = ReplayBuffer(self.buffer.config)
             logger.warning(
                 "%s: cannot load the saved replay buffer %s (%s: %s); starting with an empty "
@@ -231,6 +237,29 @@ class ReplayWorker(Worker):
     def close(self) -> None:
         self.samples.close()
         self.server.close()
+
+
+REPLAY_FILE = "replay.ckpt"
+LEGACY_REPLAY_FILE = "replay.npz"
+"""Where runs before checksummed checkpoints saved the buffer (read on resume, never written)."""
+
+
+def replay_file(run_dir: Path, policy: str) -> Path:
+    """Where the run in ``run_dir`` keeps ``policy``'s replay buffer."""
+    return run_dir / "checkpoints" / policy / REPLAY_FILE
+
+
+def _read_state(path: Path) -> dict[str, np.ndarray]:
+    """A saved buffer's arrays; a damaged file raises ValueError naming it."""
+    if path.name != LEGACY_REPLAY_FILE:
+        state = load_checkpoint_file(path, field="replay")["replay"]
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} holds no replay buffer")
+        return {str(k): np.asarray(v) for k, v in state.items()}
+    if not zipfile.is_zipfile(path):  # np.load would take it for a pickle
+        raise ValueError("not a numpy .npz archive")
+    with np.load(path, allow_pickle=False) as saved:
+        return {k: saved[k] for k in saved.files}
 
 
 def _remove_temporaries(path: Path) -> None:

@@ -192,7 +192,7 @@ def test_an_off_policy_run_gets_a_replay_job_that_keeps_its_buffer_in_the_run_fo
         "requests": {"cpu": "1", "memory": "80Mi"},
         "limits": {"cpu": "1", "memory": "160Mi"},
     }
-    assert "/troupe/run" in {m["mountPath"] for m in c["volumeMounts"]}  # replay.npz at a stop
+    assert "/troupe/run" in {m["mountPath"] for m in c["volumeMounts"]}  # replay.ckpt at a stop
     (budget,) = by_kind(objects, "PodDisruptionBudget").values()
     assert "replay" in budget["spec"]["selector"]["matchExpressions"][0]["values"]
     assert budget["spec"]["minAvailable"] == 4  # controller, params, trainer, replay

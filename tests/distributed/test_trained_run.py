@@ -92,7 +92,7 @@ policies:
 actors: {{workers: 1, envs_per_worker: 8, segment_length: 64}}
 evaluation: {{workers: 1, envs_per_worker: 2, episodes: {eval_episodes}}}
 stop: {{env_frames: 12000}}
-checkpoint_every: 5
+checkpoint: {{every: 5}}
 seed: 3
 callbacks:
   - {{type: recorder, args: {{path: {hooks_log}}}}}

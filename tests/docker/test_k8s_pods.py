@@ -85,7 +85,7 @@ def test_with_a_claim_per_pod_a_killed_trainer_gets_its_state_back_from_the_serv
     run = "kp"
     config = make_experiment(
         "cartpole-ppo",
-        ["stop.eval_return=None", "stop.env_frames=200000", "checkpoint_every=10"],
+        ["stop.eval_return=None", "stop.env_frames=200000", "checkpoint.every=10"],
     )
     options = k8s.K8sOptions(run_name=run, image=IMAGE, storage="pod")
     objects = k8s.build_manifests(config, options)

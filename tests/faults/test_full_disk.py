@@ -45,7 +45,7 @@ def full_run(small_disk) -> tuple[Path, int, str]:
     run_dir = small_disk / "run"
     proc = start([
         "run", "cartpole-ppo", "--run-dir", str(run_dir), "--no-display",
-        "checkpoint_every=1", "stop.env_frames=1000000000", "stop.eval_return=None",
+        "checkpoint.every=1", "stop.env_frames=1000000000", "stop.eval_return=None",
         "evaluation.workers=0", "actors.envs_per_worker=4",
     ], env={"COLUMNS": "400"})  # fmt: skip
     out = finish(proc, timeout=600)

@@ -1,5 +1,5 @@
 """SIGKILL of an off-policy run's replay worker loses at most the frames since its last periodic
-save: the restarted worker loads ``checkpoints/<policy>/replay.npz`` and starts with those frames
+save: the restarted worker loads ``checkpoints/<policy>/replay.ckpt`` and starts with those frames
 instead of an empty buffer (cartpole-dqn, saving every half second), and with at least min_size
 frames when the trainer had been training, so the trainer gets batches without waiting for a
 refill.
@@ -44,7 +44,7 @@ def _wait(condition, proc: subprocess.Popen, log: Path, what: str, timeout: floa
 
 def test_a_killed_replay_worker_restarts_from_its_saved_buffer(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "troupe.log"
-    saved = run_dir / "checkpoints" / "default" / "replay.npz"
+    saved = run_dir / "checkpoints" / "default" / "replay.ckpt"
     args = [
         *("run", "cartpole-dqn", *SMALL, "stop.env_frames=100000000"),
         *("policies.default.replay.save_every_s=0.5", "--run-dir", str(run_dir), "--no-display"),

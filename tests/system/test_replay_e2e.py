@@ -45,7 +45,7 @@ def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path
     assert versions == sorted(versions)
     assert summary["policy_versions"]["default"] > 10
     # the buffer was saved with the run's checkpoints, for a resume
-    assert (run_dir / "checkpoints" / "default" / "replay.npz").stat().st_size > 0
+    assert (run_dir / "checkpoints" / "default" / "replay.ckpt").stat().st_size > 0
 
     # resumed, the replay worker starts from the saved buffer (its log line says how full)
     monkeypatch.setenv("TROUPE_LOG_LEVEL", "INFO")

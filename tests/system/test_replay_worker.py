@@ -29,6 +29,7 @@ from system.run.plan import (
 from system.streams import wire
 from system.streams.replay import InprocReplayHub, ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import InprocSampleHub
+from system.workers import replay_worker
 from system.workers.replay_worker import SAVE_SPACING, ReplayWorker
 
 
@@ -263,7 +264,7 @@ def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
 
 
 def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_path):
-    path = tmp_path / "checkpoints" / "p" / "replay.npz"
+    path = tmp_path / "checkpoints" / "p" / "replay.ckpt"
     worker, producer, _ = _worker(min_size=8)
     worker.checkpoint_path = path
     for i in range(3):
@@ -302,7 +303,7 @@ def _episodes(steps: int, batch: int, start: float) -> SampleBatch:
 
 
 def test_the_buffer_is_saved_periodically_and_a_new_worker_starts_from_it(tmp_path):
-    path = tmp_path / "checkpoints" / "p" / "replay.npz"
+    path = tmp_path / "checkpoints" / "p" / "replay.ckpt"
     clock = _Clock()
     config = dict(min_size=8, prioritized=True, n_step=3, checkpoint_path=path, clock=clock)
     worker, producer, client = _worker(save_every_s=10.0, **config)
@@ -342,7 +343,7 @@ def test_the_buffer_is_saved_periodically_and_a_new_worker_starts_from_it(tmp_pa
 
 def test_saves_are_spaced_by_their_own_duration(tmp_path):
     clock = _Clock()
-    path = tmp_path / "replay.npz"
+    path = tmp_path / "replay.ckpt"
     worker, producer, _ = _worker(checkpoint_path=path, save_every_s=10.0, clock=clock)
     save = worker.save
 
@@ -358,7 +359,7 @@ def test_saves_are_spaced_by_their_own_duration(tmp_path):
 
 
 def test_a_full_disk_is_a_run_folder_error_and_leaves_the_last_save(tmp_path, monkeypatch):
-    path = tmp_path / "replay.npz"
+    path = tmp_path / "replay.ckpt"
     worker, producer, _ = _worker(checkpoint_path=path, save_every_s=10.0, clock=_Clock())
     producer.post("p", _segments(5, 4))
     worker.poll()
@@ -367,32 +368,41 @@ def test_a_full_disk_is_a_run_folder_error_and_leaves_the_last_save(tmp_path, mo
     producer.post("p", _segments(5, 4, start=50.0))
     worker.poll()
 
-    def full(file, **arrays):
+    def full(file, record):
         file.write(b"part of a buffer")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(np, "savez", full)
+    monkeypatch.setattr(replay_worker, "write_checkpoint", full)
     with pytest.raises(RunFolderError) as e:
         worker.save()
     assert str(e.value) == (
         f"cannot write {path}: No space left on device; free space on that disk (or move the "
         "run folder to one with room), then continue the run with `troupe run --resume RUN_DIR`"
     )
-    assert path.read_bytes() == first and [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+    assert path.read_bytes() == first and [p.name for p in tmp_path.iterdir()] == ["replay.ckpt"]
 
 
 def test_a_damaged_save_is_reported_and_the_buffer_starts_empty(tmp_path, caplog):
-    path = tmp_path / "replay.npz"
-    path.write_bytes(b"not a zip file")
-    (tmp_path / ".replay.npz.tmp-123-456").write_bytes(b"a save a kill interrupted")
+    path = tmp_path / "replay.ckpt"
+    path.write_bytes(b"not a checkpoint")
+    (tmp_path / ".replay.ckpt.tmp-123-456").write_bytes(b"a save a kill interrupted")
     with caplog.at_level(logging.WARNING):
         worker, producer, _ = _worker(checkpoint_path=path)
     assert worker.buffer.size == 0
-    assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.ckpt"]
     assert (
-        f"cannot load the saved replay buffer {path} (ValueError: not a numpy .npz archive)"
-        in caplog.text
+        f"cannot load the saved replay buffer {path} (DamagedCheckpointError: {path} is not a "
+        "Troupe checkpoint (damaged or foreign))" in caplog.text
     )
     producer.post("p", _segments(5, 4))
     worker.poll()
     assert worker.buffer.size == 16  # and it fills as a new buffer does
+
+
+def test_a_buffer_saved_by_an_older_run_as_npz_is_still_loaded(tmp_path):
+    worker, producer, _ = _worker(min_size=8)
+    producer.post("p", _segments(5, 4))
+    worker.poll()
+    np.savez(tmp_path / "replay.npz", **worker.buffer.state_dict())  # as runs before wrote it
+    resumed, _, _ = _worker(min_size=8, checkpoint_path=tmp_path / "replay.ckpt")
+    assert resumed.buffer.size == worker.buffer.size > 0
