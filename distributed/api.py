@@ -46,9 +46,12 @@ class RunResult:
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until the run ends (or ``timeout_s`` passes); returns self."""
         from distributed.launch.run import wait_local
+        from system.run import folder_lock
 
         if self._process is not None and self.exit_code is None:
             self.exit_code = wait_local(self._process, timeout_s)
+            if self.exit_code is not None:  # the folder is free for a resume, here or elsewhere
+                folder_lock.release(self.run_dir)
         return self
 
     @property
@@ -105,9 +108,15 @@ def train(
         imports=list(imports),
     )  # fmt: skip
     result = RunResult(folder)
-    result._process = start(
-        config, folder, launcher=launcher, image=image, display=display, secure=secure
-    )
+    try:
+        result._process = start(
+            config, folder, launcher=launcher, image=image, display=display, secure=secure
+        )
+    except BaseException:
+        from system.run import folder_lock
+
+        folder_lock.release(folder)
+        raise
     return result if background else result.wait()
 
 

@@ -4,9 +4,10 @@ Each subcommand is one small ``_run_*`` function plus one ``_add_*_arguments`` f
 once in :data:`SUBCOMMANDS`; add a subcommand by writing those two and adding a row. Logging is
 configured here and nowhere else (this is an entry point); output goes through rich.
 
-A :class:`~api.errors.UserError` (unknown name, bad argument, a broken environment) is printed in
-red as one message and exits with code 1, never with a traceback: the message already says what
-to change. So is a :class:`~api.errors.RunFolderError` (a full disk, a read-only run folder).
+Any of Troupe's own errors (:class:`~api.errors.TroupeError`: an unknown name, a bad argument, a
+broken environment, a full disk, a damaged checkpoint, a peer that does not answer) and any
+failed file operation that names its file is printed in red as one message and exits with code
+1, never with a traceback (``--verbose`` adds it): the message already says what to change.
 Anything else is a bug and keeps its traceback.
 """
 
@@ -25,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from api.config import parse_value
-from api.errors import RunFolderError, UserError
+from api.errors import TroupeError, UserError
 from api.registry import Spec
 from distributed.bench import command as bench
 from distributed.deploy import cluster_commands as cc
@@ -202,10 +203,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         return getattr(args, HANDLER)(args, Console())
-    except (UserError, RunFolderError) as e:
-        # soft_wrap: the message stays one line for grep; the terminal wraps it for the eye.
-        Console(stderr=True).print(Text(f"error: {e}", style="red"), soft_wrap=True)
-        return 1
+    except TroupeError as e:  # each names the file, key or peer at fault, and the fix
+        return _error(str(e), args.verbose)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        return _error(f"cannot use {e.filename}: {e.strerror or e}", args.verbose)
+
+
+def _error(message: str, verbose: bool) -> int:
+    """One line (no traceback unless ``--verbose``): a user's mistake is not a crash."""
+    if verbose:
+        Console(stderr=True).print_exception()
+    # soft_wrap: the message stays one line for grep; the terminal wraps it for the eye.
+    Console(stderr=True).print(Text(f"error: {message}", style="red"), soft_wrap=True)
+    return 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Kubernetes Indexed Job), so one replicated service yields ``actor/0``, ``actor/1
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -19,7 +18,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from api.config import ExperimentConfig
 from api.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -108,7 +106,11 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     config_file = run_dir / "config.json"
     if not config_file.exists():
         raise UserError(f"{config_file} does not exist: write the run's config.json first")
-    config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
+    from system.run import folder_lock
+    from system.run.resume_check import saved_config
+
+    folder_lock.acquire(run_dir)  # one controller per run folder, on a shared volume too
+    config = saved_config(run_dir)
     secure_or_refuse(args.insecure, "troupe controller")
     launcher = ExternalLauncher()
     if args.restart_grace is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from api.config import ExperimentConfig
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
+from system.run import folder_lock
 
 logger = logging.getLogger(__name__)
 
@@ -47,24 +48,48 @@ def prepare(
     :mod:`api.resolve`); ``imports``: the user's own files or modules, imported first."""
     if resume:
         folder = Path(resume)
-        config_file = folder / "config.json"
-        if not config_file.exists():
+        if not (folder / "config.json").exists():
             raise UserError(f"{folder} is not a run folder: it has no config.json")
-        config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
-        _check_writable(folder)
-        return load_experiment(config, overrides, imports), folder
+        folder_lock.acquire(folder)  # before anything is read or written: one owner
+        try:
+            return _resumed(folder, overrides, imports), folder
+        except BaseException:
+            folder_lock.release(folder)
+            raise
     if not experiment:
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
     config = load_experiment(experiment, overrides, imports)
     folder = Path(run_dir) if run_dir else default_run_dir(config.name)
-    if folder.exists() and any(folder.iterdir()):
-        raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RunFolderError.from_os_error(folder, e) from e
-    _check_writable(folder)
+    folder_lock.acquire(folder)  # first: a folder in use is refused naming who uses it
+    try:
+        _check_empty(folder)
+        _check_writable(folder)
+    except BaseException:
+        folder_lock.release(folder)
+        raise
     return config, folder
+
+
+def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
+    """The config a run folder resumes with: its own, with ``overrides`` allowed to change
+    what can change (:mod:`system.run.resume_check`); the folder's checkpoints verified."""
+    from system.run import resume_check
+
+    saved = resume_check.saved_config(folder)
+    _check_writable(folder)
+    config = load_experiment(saved, overrides, imports)
+    resume_check.check_compatible(saved, config, folder)
+    resume_check.check_checkpoints(folder, config)
+    return config
+
+
+def _check_empty(folder: Path) -> None:
+    if folder.exists() and any(p.name != folder_lock.LOCK_FILE for p in folder.iterdir()):
+        raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
 
 
 def _check_writable(folder: Path) -> None:
@@ -93,7 +118,11 @@ def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> in
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s",
     )
     config = ExperimentConfig.from_dict(config_dict)
-    wire.secure_from_environment()
+    try:
+        wire.secure_from_environment()
+    except UserError as e:  # the keys went bad after the launch checked them
+        logger.error("%s", e)
+        return EXIT_FAILED
     controller = Controller(config, Path(run_dir), LocalLauncher(), display=display)
     summary = controller.run()
     if summary.get("stop_reason") == "failed":
@@ -114,17 +143,31 @@ def run_local(
     return wait_local(start_local(config, run_dir, display=display, secure=secure))
 
 
+def check_keys(run_dir: Path, secure: bool) -> None:
+    """Security fails closed: keys asked for (``--secure`` on a folder that has a keys file, or
+    ``TROUPE_CURVE_KEYS_FILE``) but missing, empty or malformed stop the launch here, in one
+    line, before any process starts; never plain sockets instead."""
+    from system.streams import security
+
+    keys_file = run_dir / "keys"
+    if secure and keys_file.exists():
+        security.load_keys_file(keys_file, f"--secure: {keys_file}")
+    elif not secure:
+        security.keys_from_environment()
+
+
 def start_local(
     config: ExperimentConfig, run_dir: Path, display: bool | None = None, secure: bool = False
 ) -> BaseProcess:
     """Start the controller process of a local run and return it (see :func:`run_local`)."""
-    if secure:
-        from system.streams.security import ENV_KEYS_FILE, RunKeys
+    from system.streams import security
 
+    check_keys(run_dir, secure)
+    if secure:
         keys_file = run_dir / "keys"
         if not keys_file.exists():
-            RunKeys.generate().save(keys_file)
-        os.environ[ENV_KEYS_FILE] = str(keys_file.resolve())  # inherited by every worker
+            security.RunKeys.generate().save(keys_file)
+        os.environ[security.ENV_KEYS_FILE] = str(keys_file.resolve())  # inherited by workers
     if threading.current_thread() is threading.main_thread():
         # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop.
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -89,7 +89,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
-    from distributed.launch.run import prepare, start, wait_local
+    from distributed.launch.run import check_keys, prepare, start, wait_local
     from system.run.report import SUMMARY_FILE
 
     overrides = list(args.overrides)
@@ -102,6 +102,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         args.resume,
         imports=args.imports,
     )
+    check_keys(run_dir, args.secure)  # before a line is printed: a refusal is one line
     console.print(f"run folder: {run_dir}")
     console.print(stop_rule(config.stop), highlight=False)
     started = time.time()
@@ -268,9 +269,10 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(result.to_dict()))
     else:
         console.print(
-            f"{result.episodes} greedy episodes, versions {result.versions}: mean return "
-            f"{result.mean_return:.2f} ± {result.std_return:.2f} "
-            f"(min {result.min_return:.1f}, max {result.max_return:.1f})"
+            f"{result.episodes} greedy episodes (a quota per environment), versions "
+            f"{result.versions}: mean return {result.mean_return:.2f} ± {result.std_return:.2f}"
+            f" (95% interval of the mean {result.ci95_low:.2f} to {result.ci95_high:.2f}; "
+            f"min {result.min_return:.1f}, max {result.max_return:.1f})"
         )
         for matchup, score in result.results.items():  # multi-agent: who beat whom
             console.print(f"  {matchup.replace('_vs_', ' against ')}: score {score:.3f}")

@@ -54,7 +54,13 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 30.0
 STATS_EVERY_S = 1.0
+SAVING_ROLES = (Role.TRAINER, Role.PARAMETER_SERVICE, Role.REPLAY)
+"""Roles whose stop writes the run's last checkpoints (parameters, trainer state, replay)."""
 MAX_RESTARTS = 5
+"""Restarts in a row without progress after which a worker is given up on (a crash loop)."""
+PROGRESS_S = 60.0
+"""A worker that ran this long since its last restart made progress: its count starts over,
+so a long run survives occasional crashes (a preempted node each hour) but not a loop."""
 
 
 class Launcher(Protocol):
@@ -79,6 +85,11 @@ class WorkerRecord:
     plan: WorkerPlan
     state: WorkerState = WorkerState.STARTING
     restarts: int = 0
+    in_a_row: int = 0
+    """Restarts since the worker last ran for :data:`PROGRESS_S` (what a crash loop counts)."""
+    alive_since: float | None = None
+    last_error: str | None = None
+    """The message of its last failure: the same one again is a line, not a traceback."""
     pid: int | None = None
     peak_rss_mb: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
@@ -142,6 +153,7 @@ class Controller:
             config.stop.confirm_windows,
             policy=judged_policy(config),
             max_return=config.stop.max_return,
+            envs=config.evaluation.workers * config.evaluation.envs_per_worker,
         )
         self.trainer_stats: dict[str, dict[str, float]] = {}
         self.timing = RoleTimes()
@@ -195,12 +207,36 @@ class Controller:
     def _shutdown(self) -> None:
         started = time.monotonic()
         for order in (0, 1, 2):
+            if order == 1:
+                self._revive_services()
             ids = [w for w, s in self.workers.items() if s.plan.stop_order == order]
             self._stop_workers(ids)
             logger.info("stopped %s after %.2fs", ids, time.monotonic() - started)
         self.launcher.stop_all(timeout_s=10.0)
         self.display.stop()
         logger.info("every worker process ended after %.2fs", time.monotonic() - started)
+
+    def _revive_services(self, timeout_s: float = 30.0) -> None:
+        """Before trainers stop, the services they hand their last words to (the parameter
+        service: the final version and trainer state) must be there. One that died moments
+        before the stop, too late for supervision to restart it, is restarted now and waited
+        for, or every trainer's final publish would time out and the run folder end without
+        its last checkpoints."""
+        if self.stop_reason == "failed":  # what failed may be why a service is down
+            return
+        services = [s for s in self.workers.values() if s.plan.stop_order == 2]
+        for state in services:
+            down = state.state is WorkerState.FAILED or not self.launcher.is_alive(
+                state.plan.worker_id
+            )
+            given_up = self.failure is not None and self.failure.worker == state.plan.worker_id
+            if down and state.plan.restartable and not given_up:
+                self._restart(state, "exited")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(
+            s.state in (WorkerState.RESTARTING, WorkerState.CONFIGURING) for s in services
+        ):
+            self._receive(timeout_ms=100)
 
     def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
         waiting = {w for w in ids if self.launcher.is_alive(w) and self.workers[w].state.running}
@@ -224,6 +260,10 @@ class Controller:
             logger.warning("%s did not stop in %.0fs; killing it", w, timeout_s)
             self.launcher.kill(w)
             self.workers[w].state = WorkerState.FAILED
+        for w in ids:  # a saver that left without its bye did not save: the run is incomplete
+            state = self.workers[w]
+            if state.state is WorkerState.FAILED and state.plan.role in SAVING_ROLES:
+                self._fail(w, f"{w} did not finish its stop; its last checkpoint may be missing")
 
     def _write(self, write) -> bool:
         """Do one of the run folder's writes; if the folder cannot be written (a full disk, a
@@ -253,13 +293,18 @@ class Controller:
         wall = time.monotonic() - self.started
         target = self.config.stop.eval_return
         solved = self.stop_reason == "eval_return"
+        # A failure after a stop rule held or Ctrl+C (a final checkpoint not written) leaves
+        # the run incomplete all the same: the summary and the exit code say so, not the rule.
+        failed_late = self.failure is not None and self.stop_reason != "failed"
         summary = build_summary(
             read_metrics(self.run_dir),
             solved=solved,
             wall_s=wall,
             target=target,
-            stop_reason=self.stop_reason,
+            stop_reason="failed" if failed_late else self.stop_reason,
         )
+        if failed_late:
+            summary["stop_rule_met"] = self.stop_reason
         if self.failure is not None:
             summary["failure"] = str(self.failure)
         if self.config.stop.eval_return_source:
@@ -337,6 +382,7 @@ class Controller:
             self._answer_lookups(str(body["name"]))
         elif message.kind == "ready":
             state.state = WorkerState.ALIVE
+            state.alive_since = time.monotonic()
         elif message.kind == "heartbeat":
             # a worker leaves when these stop coming; they carry the global state it lacks
             self._send(worker_id, "ack", self.coordination.ack(body))
@@ -391,13 +437,21 @@ class Controller:
     def _on_error(self, state: WorkerRecord, message: str, tb: str, fatal: bool = False) -> None:
         """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix."""
         state.state = WorkerState.FAILED
+        wid = state.plan.worker_id
         if self.folder_error is not None:  # the cause is known and said; the rest follows from it
-            logger.warning("%s failed: %s", state.plan.worker_id, message)
+            logger.warning("%s failed: %s", wid, message)
+        elif message == state.last_error:  # a crash loop: its traceback was shown once
+            logger.warning("%s failed again with the same error (restart %d in a row)",
+                           wid, state.in_a_row)  # fmt: skip
         else:
-            logger.error("%s failed: %s\n%s", state.plan.worker_id, message, tb)
-        if fatal or not state.plan.restartable or state.restarts >= MAX_RESTARTS:
-            self.failure = WorkerFailure(state.plan.worker_id, message, tb)
-            self.stop_reason = "failed"
+            logger.error("%s failed: %s\n%s", wid, message, tb)
+        state.last_error = message
+        if fatal or not state.plan.restartable:
+            self.failure = WorkerFailure(wid, message, tb)
+            self.stop_reason = self.stop_reason or "failed"
+        elif _crash_looping(state):
+            self.failure = WorkerFailure(wid, _given_up(state, message), tb)
+            self.stop_reason = self.stop_reason or "failed"
 
     # ----------------------------------------------------------------- supervision
     def _supervise(self) -> None:
@@ -417,8 +471,11 @@ class Controller:
                 why = f"was not back {lost:.0f}s after it {self.why_restarted[wid]}"
                 self._fail(wid, f"{wid} {why}; {self._restart_hint()}")
                 return
-            if not state.plan.restartable or state.restarts >= MAX_RESTARTS:
+            if not state.plan.restartable:
                 self._fail(wid, f"{wid} {why}; not restarted")
+                return
+            if _crash_looping(state):
+                self._fail(wid, _given_up(state, state.last_error or why))
                 return
             self._restart(state, why)
 
@@ -431,7 +488,7 @@ class Controller:
 
     def _fail(self, wid: str, message: str) -> None:
         self.failure = self.failure or WorkerFailure(wid, message)
-        self.stop_reason = "failed"
+        self.stop_reason = self.stop_reason or "failed"
 
     def _restart_hint(self) -> str:
         if getattr(self.launcher, "restarts_workers", False):
@@ -454,7 +511,7 @@ class Controller:
             logger.warning("%s %s; restarting it (restart %d)", wid, why, state.restarts + 1)
         self.launcher.kill(wid)
         self._forget_endpoints(state.plan)  # peers must look up the new address
-        state.restarts += 1
+        _count_restart(state)
         state.state = (
             WorkerState.RESTARTING
         )  # its hello then is expected, not a restart by a scheduler
@@ -465,7 +522,7 @@ class Controller:
         """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
         old process's addresses so peers look the new ones up."""
         logger.warning("%s says hello again: restarted by its scheduler", state.plan.worker_id)
-        state.restarts += 1
+        _count_restart(state)
         self._forget_endpoints(state.plan)
 
     def _forget_endpoints(self, plan: WorkerPlan) -> None:
@@ -499,6 +556,8 @@ class Controller:
                 self.evaluation.add(
                     e[judged] if self.config.evaluation.policy else e["episode_return"],
                     versions.get(self.evaluation.policy) if isinstance(versions, dict) else None,
+                    env=e.get("env"),
+                    started_at=e.get("started_at"),
                 )
                 self.eval_window.extend([e])
                 self.eval_count += 1
@@ -524,7 +583,7 @@ class Controller:
         except CallbackError as e:
             logger.error("%s", e, exc_info=e.__cause__)
             self.failure = self.failure or WorkerFailure("controller", str(e))
-            self.stop_reason = "failed"
+            self.stop_reason = self.stop_reason or "failed"
 
     def _eval_mean(self) -> float | None:
         return self.evaluation.mean()
@@ -651,3 +710,23 @@ def _write_json(path: Path, data: Any) -> None:
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)  # after a replace there is nothing; after a failure, no .tmp
+
+
+def _count_restart(state: WorkerRecord) -> None:
+    ran = state.alive_since is not None and time.monotonic() - state.alive_since >= PROGRESS_S
+    state.in_a_row = 1 if ran else state.in_a_row + 1
+    state.restarts += 1
+    state.alive_since = None
+
+
+def _crash_looping(state: WorkerRecord) -> bool:
+    """Restarted :data:`MAX_RESTARTS` times in a row, never running :data:`PROGRESS_S`."""
+    ran = state.alive_since is not None and time.monotonic() - state.alive_since >= PROGRESS_S
+    return not ran and state.in_a_row >= MAX_RESTARTS
+
+
+def _given_up(state: WorkerRecord, error: str) -> str:
+    return (
+        f"given up after {state.in_a_row} restarts in a row without progress (a crash loop); "
+        f"its error: {error}"
+    )

@@ -95,14 +95,44 @@ def enable(keys: RunKeys, context: zmq.Context) -> None:
 
 
 def keys_from_environment() -> RunKeys | None:
+    """The run's keys from the environment; None when neither variable is set (plain sockets).
+
+    Fails closed: once either variable is set, security was asked for, so a file that is
+    missing, unreadable or empty, or keys that are not keys, raise :class:`UserError` naming
+    the variable (and file): a run never falls back to plain sockets unnoticed."""
     text = os.environ.get(ENV_KEYS)
     path = os.environ.get(ENV_KEYS_FILE)
-    if not text and path:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise UserError(f"{ENV_KEYS_FILE}={path} cannot be read: {e}") from e
-    return RunKeys.from_text(text) if text else None
+    if text is not None and text.strip():
+        return _parse(text, ENV_KEYS)
+    if text is not None and not path:
+        raise UserError(f"{ENV_KEYS} is set but empty; unset it, or give the run's four keys")
+    if path is None:
+        return None
+    return load_keys_file(Path(path), f"{ENV_KEYS_FILE}={path}")
+
+
+def load_keys_file(path: Path, source: str) -> RunKeys:
+    """The keys in ``path`` (``source`` names where its name came from, for the message)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(
+            f"{source}: the CURVE keys file cannot be read ({e.strerror or e}); point it at the "
+            "run's keys file (`troupe run --secure` makes one in the run folder)"
+        ) from e
+    if not text.strip():
+        raise UserError(
+            f"{source}: the CURVE keys file is empty; the run refuses to go on without "
+            "encryption. Restore the file, or remove it to have `--secure` make new keys"
+        )
+    return _parse(text, source)
+
+
+def _parse(text: str, source: str) -> RunKeys:
+    try:
+        return RunKeys.from_text(text)
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
 
 
 def enabled() -> bool:

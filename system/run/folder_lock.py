@@ -1,0 +1,81 @@
+"""One owner per run folder: an exclusive ``flock`` on a file inside it, held for the whole run.
+
+Two controllers writing one folder interleave ``metrics.jsonl`` (frames go backwards), race for
+the same checkpoints and both print one summary. So ``troupe run``, ``--resume`` and
+``troupe.train`` take this lock before they write anything, and a second one on a held folder is
+refused at once, naming the process that holds it.
+
+The lock belongs to the open file, so the controller process forked from the launching one
+holds it too: it stays held while either lives, and the kernel releases it when both are gone,
+whatever killed them (no stale lock file to clean up after a crash: the file may remain, the
+lock does not). A process that launches several runs (a notebook) holds each folder's lock once
+and releases it with :func:`release` when that run ends. On a filesystem without ``flock`` (some
+network mounts) the lock is skipped with a warning, as nothing can be promised there.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+from api.errors import RunFolderError, UserError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".troupe.lock"
+
+_held: dict[Path, IO[str]] = {}
+"""The locks this process holds, by resolved folder."""
+
+
+class RunFolderBusyError(UserError):
+    """Another process holds the run folder's lock."""
+
+
+def acquire(folder: Path) -> None:
+    """Hold ``folder``'s lock from now until :func:`release` or this process (and the
+    processes it forks) end; raise :class:`RunFolderBusyError` naming the holder's pid."""
+    key = folder.resolve()
+    if key in _held:
+        return
+    path = folder / LOCK_FILE
+    try:
+        f = open(path, "a+")  # noqa: SIM115 - held open for the run's whole life
+    except OSError as e:
+        raise RunFolderError.from_os_error(path, e) from e
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(f)
+        f.close()
+        raise RunFolderBusyError(
+            f"run folder {folder} is in use by {holder} (another `troupe run` or `--resume` of "
+            "it); wait for that run to end or stop it, or pick another --run-dir"
+        ) from None
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            f.close()
+            raise RunFolderError.from_os_error(path, e) from e
+        logger.warning("%s cannot be locked here (%s); make sure one run uses it", folder, e)
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _held[key] = f
+
+
+def release(folder: Path) -> None:
+    """Give ``folder``'s lock up (the run it was taken for has ended)."""
+    f = _held.pop(folder.resolve(), None)
+    if f is not None:
+        f.close()
+
+
+def _holder(f: IO[str]) -> str:
+    f.seek(0)
+    text = f.read().strip()
+    return f"process {text}" if text.isdigit() else "another process"

@@ -1,0 +1,153 @@
+"""What ``troupe run --resume RUN`` checks before any process starts.
+
+A resume with a changed network (``hidden_sizes=[32,32]`` on a run trained with ``[64,64]``)
+used to start, crash-loop every policy worker on a torch size mismatch, make no frame and exit 0.
+So the saved config is compared with the resumed one first:
+
+- what the saved checkpoints or the learned behaviour depend on cannot change: the environment
+  (it decides the spaces), each policy's network, its algorithm (``trainer.type``), which
+  policies exist and who plays which agent. Such a change is refused in one line naming the key;
+- everything else can (stop rules, worker counts, learning rates, evaluation, liveness); what
+  changed is printed and appended to the run folder's ``resumes.jsonl``.
+
+Then the checkpoints are verified (each file's digest, :mod:`system.parameters.checkpoint_file`):
+a damaged file is named in a warning and the newest good one is used; a policy whose parameter
+files (or trainer states) are all damaged is refused in one line, since resuming it would
+silently start from scratch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from api.config import ExperimentConfig
+from api.errors import ConfigError, RunFolderError, UserError
+from system.parameters.checkpoint_file import load_checkpoint_file
+from system.parameters.store import LATEST_FILE, TRAINER_FILE, TRAINER_PREVIOUS_FILE
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+RESUMES_FILE = "resumes.jsonl"
+
+FIXED = (
+    "environment.*",
+    "policies",
+    "policies.*.policy.*",
+    "policies.*.trainer.type",
+    "agent_policies",
+    "policy_mapping.*",
+    "pbt.members",
+    "selfplay.opponent",
+    "selfplay.learner",
+)
+"""Keys (``*`` any part) a resume may not change: the checkpoints were made for them."""
+CHANGEABLE_EXCEPTIONS = ("policies.*.policy.args.device",)
+"""Keys under :data:`FIXED` patterns that may change all the same (where a network runs)."""
+
+
+def saved_config(folder: Path) -> ExperimentConfig:
+    """The run folder's own config; a damaged or foreign ``config.json`` is one line."""
+    path = folder / CONFIG_FILE
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise RunFolderError(f"cannot read {path}: {e.strerror or e}") from e
+    except ValueError as e:
+        raise UserError(
+            f"{path} is damaged (not valid JSON: {e}); restore it from a copy, or start a new "
+            "run from the experiment with --run-dir"
+        ) from e
+    try:
+        return ExperimentConfig.from_dict(data)
+    except ConfigError as e:
+        raise UserError(f"{path} is not a config this version of Troupe reads: {e}") from e
+
+
+def changes(saved: ExperimentConfig, new: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved value, new value)}`` for every leaf that differs, and for ``policies``
+    when the set of policy names does."""
+    old_flat, new_flat = _flatten(saved.to_dict()), _flatten(new.to_dict())
+    out = {
+        key: (old_flat.get(key), new_flat.get(key))
+        for key in sorted(set(old_flat) | set(new_flat))
+        if old_flat.get(key) != new_flat.get(key)
+    }
+    if set(saved.policies) != set(new.policies):
+        out["policies"] = (sorted(saved.policies), sorted(new.policies))
+    return out
+
+
+def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Path) -> None:
+    """Refuse a change the checkpoints cannot follow; print and record the others."""
+    changed = changes(saved, new)
+    for key, (before, after) in changed.items():
+        if _fixed(key):
+            raise UserError(
+                f"cannot resume {folder} with {key}={after!r}: the run was trained with "
+                f"{before!r}, and its checkpoints hold that; start a new run for the change"
+            )
+    if not changed:
+        return
+    listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+    logger.warning("resuming %s with changes: %s", folder, listed)
+    record = {"time": time.time(), "changed": {k: [a, b] for k, (a, b) in changed.items()}}
+    try:
+        with open(folder / RESUMES_FILE, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+    except OSError as e:
+        raise RunFolderError.from_os_error(folder / RESUMES_FILE, e) from e
+
+
+def check_checkpoints(folder: Path, config: ExperimentConfig) -> None:
+    """Each trained policy resumes from a checkpoint that proves itself, or not at all."""
+    for name in config.policies:
+        policy_dir = folder / "checkpoints" / name
+        if not policy_dir.is_dir():
+            continue
+        params = [policy_dir / LATEST_FILE, *sorted(policy_dir.glob("v*.ckpt"), reverse=True)]
+        _newest_good(name, "parameters", [p for p in params if p.is_file()], "params")
+        states = [policy_dir / TRAINER_FILE, policy_dir / TRAINER_PREVIOUS_FILE]
+        _newest_good(name, "trainer state", [p for p in states if p.is_file()], "trainer")
+
+
+def _newest_good(policy: str, what: str, files: list[Path], field: str) -> Path | None:
+    damaged: list[str] = []
+    for path in files:
+        try:
+            load_checkpoint_file(path, field=field)
+        except (OSError, ValueError) as e:
+            damaged.append(path.name)
+            skipped = str(e)
+            continue
+        if damaged:  # said once per policy; the files are named in the message
+            logger.warning("skipping damaged %s (%s) for %s: %s", what, ", ".join(damaged),
+                           path.name, skipped)  # fmt: skip
+        return path
+    if damaged:
+        raise RunFolderError(
+            f"cannot resume policy '{policy}': every {what} file in {files[0].parent} is "
+            f"damaged ({', '.join(damaged)}); restore them from a copy, or remove them to start "
+            "that part afresh"
+        )
+    return None
+
+
+def _fixed(key: str) -> bool:
+    if any(fnmatch.fnmatchcase(key, p) for p in CHANGEABLE_EXCEPTIONS):
+        return False
+    return any(fnmatch.fnmatchcase(key, p) for p in FIXED)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
