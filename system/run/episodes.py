@@ -30,6 +30,8 @@ from system.errors import CallbackError
 logger = logging.getLogger(__name__)
 
 HOOKS = ("on_episode_end", "on_train_result", "on_evaluation")
+NOT_AVERAGED = frozenset({"started_at"})
+"""Numbers of an episode's record that are no measure (when it began: a Unix time)."""
 
 
 class EpisodeWindow:
@@ -46,6 +48,8 @@ class EpisodeWindow:
         values: dict[str, list[float]] = {}
         for record in self.episodes:
             for key, value in record.items():
+                if key in NOT_AVERAGED:
+                    continue
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     values.setdefault(key, []).append(float(value))
         return {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}

@@ -18,18 +18,26 @@ import numpy as np
 from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import UserError
+from system.eval_quota import ReturnSummary
 from system.parameters.store import CHECKPOINT_SUFFIX, LATEST, ParameterStore
 
 
 @dataclass
 class EvaluationResult:
+    """Greedy returns of ``episodes`` episodes, each environment playing its own quota
+    (:mod:`system.eval_quota`): no bias for short episodes, and each episode seeded apart."""
+
     episodes: int
     mean_return: float
     std_return: float
+    """The sample standard deviation of the returns."""
     min_return: float
     max_return: float
     versions: dict[str, int]
     per_policy: dict[str, float]
+    ci95_low: float = 0.0
+    ci95_high: float = 0.0
+    """The 95% interval of the mean return (normal approximation)."""
     results: dict[str, float] = dataclasses.field(default_factory=dict)
     """``a_vs_b``: policy ``a``'s mean score against ``b`` (1 a win, 0.5 a draw) in the games
     they played each other (multi-agent runs)."""
@@ -72,10 +80,13 @@ def _solved_version(run_dir: Path) -> dict[str, int]:
 
 
 def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
+    from system.run.resume_check import check_checkpoints, saved_config
+
     config_file = run_dir / "config.json"
     if not config_file.exists():
         raise UserError(f"{run_dir} is not a run folder: it has no config.json")
-    config = ExperimentConfig.from_dict(json.loads(config_file.read_text()))
+    config = saved_config(run_dir)
+    check_checkpoints(run_dir, config)  # damaged files named; none good left: one line
     load_code(config.code)
     store = ParameterStore(run_dir)
     if not store.load_from_disk():
@@ -108,15 +119,18 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
     keys = sorted({k for e in done for k in e})
     per_policy = {k.split("/")[1]: _mean(done, k) for k in keys if k.startswith("policy/")}
     results = {k.split("/", 1)[1]: _mean(done, k) for k in keys if k.startswith("result/")}
+    summary = ReturnSummary.of(list(returns))
     return EvaluationResult(
         results=results,
         episodes=len(done),
-        mean_return=float(returns.mean()),
-        std_return=float(returns.std()),
+        mean_return=summary.mean,
+        std_return=summary.std,
         min_return=float(returns.min()),
         max_return=float(returns.max()),
         versions=versions,
         per_policy=per_policy,
+        ci95_low=summary.ci95_low,
+        ci95_high=summary.ci95_high,
     )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from api.config import ExperimentConfig, check
 from api.policy import Policy
+from system.eval_quota import exact_quotas
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.run import builders
@@ -181,13 +182,26 @@ class SerialRun:
                 p.trainer_stats.setdefault(name, []).append(stats)
 
     def eval_until(self, episodes: int, max_idle_polls: int = 1000) -> list[dict[str, float]]:
-        """Poll until ``episodes`` evaluation episodes have finished; return them."""
-        idle = 0
-        while len(self.progress.eval_episodes) < episodes:
+        """Poll until every evaluation environment has finished its quota of ``episodes``
+        (:func:`system.eval_quota.exact_quotas`: decided by environment, so long episodes
+        count as often as short ones); return them, environment by environment."""
+        names = [f"{a.worker_id}/{e}" for a in self.actors if a.is_evaluation
+                 for e in range(len(a.envs))]  # fmt: skip
+        if not names:
+            raise ValueError("eval_until needs evaluation actors (evaluation.workers >= 1)")
+        quotas = exact_quotas(names, episodes)
+        taken: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+        seen = idle = 0
+        while any(len(taken[n]) < quotas[n] for n in names):
             idle = 0 if self.poll() else idle + 1
             if idle >= max_idle_polls:
                 raise RuntimeError("evaluation made no progress for 1000 polls")
-        return self.progress.eval_episodes[:episodes]
+            for episode in self.progress.eval_episodes[seen:]:
+                mine = taken.get(str(episode.get("env")))
+                if mine is not None and len(mine) < quotas[str(episode["env"])]:
+                    mine.append(episode)
+            seen = len(self.progress.eval_episodes)
+        return [episode for name in names for episode in taken[name]]
 
     def run(
         self,

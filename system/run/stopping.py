@@ -36,6 +36,7 @@ import numpy as np
 
 from api.config import ExperimentConfig
 from api.global_state import GlobalState
+from system.eval_quota import QuotaWindow, per_env_quota
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +77,21 @@ class EvaluationWindows:
         *,
         policy: str | None = None,
         max_return: float | None = None,
+        envs: int | None = None,
         hold_timeout_s: float = HOLD_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ):
+        """``envs``: the evaluation environments of the run; a window is then each one's
+        first ``ceil(episodes / envs)`` episodes begun after it opened (system.eval_quota:
+        no bias for short episodes). None: the first ``episodes`` to finish, whatever
+        environment played them. ``wall``: the clock episodes' ``started_at`` is read on."""
         self.target = target
         self.max_return = max_return
         self.episodes = episodes
+        self.envs = envs
+        self.per_env = per_env_quota(episodes, envs) if envs else episodes
+        self.wall = wall
         self.windows = windows
         self.policy = policy if windows > 1 and target is not None else None
         self.hold_timeout_s = hold_timeout_s
@@ -100,23 +110,48 @@ class EvaluationWindows:
         a newer one arrived; it plays a fresh window then)."""
         self.last_window: tuple[int | None, float] | None = None
         """The version and mean of the last window of held episodes judged."""
-        self._held: list[float] = []
+        self._held = self._window()
+        """The held version's current window (or, without holding, any versions')."""
         self._others = 0
         """Evaluation episodes in a row, since the held version was known, played by others."""
         self._since = 0.0
-        self._window_end = 0
 
     # ----------------------------------------------------------------- input
-    def add(self, episode_return: float, versions: Any = None) -> None:
+    @property
+    def window_size(self) -> int:
+        """Episodes one window counts (``episodes``, rounded up to a whole quota per env)."""
+        return self._held.size
+
+    def _window(self) -> QuotaWindow:
+        window = QuotaWindow(self.envs or 1, self.per_env)
+        window.opened_at = self.wall()
+        return window
+
+    def add(
+        self,
+        episode_return: float,
+        versions: Any = None,
+        env: str | None = None,
+        started_at: float | None = None,
+    ) -> None:
         """One greedy episode; ``versions``: ``[first, last]`` version of the judged policy
-        that played it (as actors report; anything else counts as unknown)."""
+        that played it (as actors report; anything else counts as unknown); ``env``: the
+        environment that played it, ``started_at``: when (Unix time): an episode begun
+        before the current window opened is not the window's (with ``envs``)."""
         self.returns.append(float(episode_return))
         self.count += 1
         if self.policy is not None and self.round == 0:
             self._next_round()  # evaluation has begun: hold a version from now on
+            return
+        fresh = started_at is None or started_at >= self._held.opened_at
+        where = env if self.envs else "any"
+        if self.policy is None:
+            if fresh:
+                self._held.add(where, float(episode_return))
         elif self.held_version is not None:
             if _played_by(versions) == self.held_version:
-                self._held.append(float(episode_return))
+                if fresh:
+                    self._held.add(where, float(episode_return))
                 self._others = 0
             else:
                 self._others += 1
@@ -166,26 +201,26 @@ class EvaluationWindows:
             return False
         if self.policy is not None:
             return self._judge_held()
-        mean = self.mean()
-        if mean is None or self.count < self._window_end:
+        if not self._held.complete:
             return False
+        mean = float(np.mean(self._held.values()))
+        self._held = self._window()  # the next window: fresh episodes
         return self._confirm_consecutive(mean)
 
     def _confirm_consecutive(self, mean: float) -> bool:
         if mean >= self.target:
             self.confirmed.append(mean)
-            self._window_end = self.count + self.episodes  # the next window: fresh episodes
         elif self.confirmed:
             logger.info("evaluation mean %.1f did not confirm %s", mean, self.confirmed)
             self.confirmed = []
         return len(self.confirmed) >= self.windows
 
     def _judge_held(self) -> bool:
-        while len(self._held) >= self.episodes:
-            window, self._held = self._held[: self.episodes], self._held[self.episodes :]
-            mean = float(np.mean(window))
+        if self._held.complete:
+            mean = float(np.mean(self._held.values()))
+            self._held = self._window()  # a further window: fresh episodes
             if mean < self.target:
-                self._fall_short(mean, self.episodes)
+                self._fall_short(mean, self.window_size)
                 return False
             self.judged.add(self.held_version)
             self.last_window = (self.held_version, mean)
@@ -196,7 +231,7 @@ class EvaluationWindows:
             logger.info("version %s reached %g (%.2f): confirming", self.held_version,
                         self.target, mean)  # fmt: skip
         if self._out_of_reach():
-            self._fall_short(float(np.mean(self._held)), len(self._held))
+            self._fall_short(float(np.mean(self._held.values())), self._held.played)
             return False
         if self.held_version is None:
             if self.round and self.clock() - self._since > self.hold_timeout_s:
@@ -220,21 +255,20 @@ class EvaluationWindows:
     def _out_of_reach(self) -> bool:
         """Whether the held version's current window falls short even if every episode still
         to come in it returned ``max_return``."""
-        if self.max_return is None or not self._held:
+        if self.max_return is None or not self._held.values():
             return False
-        best = sum(self._held) + (self.episodes - len(self._held)) * self.max_return
-        return best < self.target * self.episodes - 1e-9
+        best = self._held.best_mean(self.max_return)
+        return best is not None and best < self.target - 1e-9
 
     def _next_round(self) -> None:
         self.round += 1
-        self.held_version, self._held, self.confirmed, self._others = None, [], [], 0
+        self.held_version, self._held, self.confirmed, self._others = None, self._window(), [], 0
         self._since = self.clock()
 
     def _give_up_holding(self, why: str) -> None:
         """Judge windows of any versions from now on, starting with fresh episodes."""
         logger.warning("%s: judging windows of any versions instead", why)
-        self.policy, self.held_version, self._held, self.confirmed = None, None, [], []
-        self._window_end = self.count + self.episodes
+        self.policy, self.held_version, self._held, self.confirmed = None, None, self._window(), []
 
     def describe(self) -> str:
         """How a solved run was confirmed, for its summary."""
@@ -243,13 +277,13 @@ class EvaluationWindows:
             n = len(self.judged)
             return (
                 f"greedy mean return reached {self.target:g} in {len(self.confirmed)} windows "
-                f"of {self.episodes} fresh episodes played by version {self.solved_version} "
+                f"of {self.window_size} fresh episodes played by version {self.solved_version} "
                 f"alone ({n} version{'s' * (n != 1)} judged in all): {means}"
             )
         n = len(self.confirmed)
         return (
             f"greedy mean return reached {self.target:g} in {n} consecutive "
-            f"window{'s' if n > 1 else ''} of {self.episodes} fresh episodes: {means}"
+            f"window{'s' if n > 1 else ''} of {self.window_size} fresh episodes: {means}"
         )
 
 

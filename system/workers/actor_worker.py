@@ -28,6 +28,7 @@ from api.environment import Environment, StepResult
 from api.errors import ConfigError
 from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
+from system.eval_quota import episode_seed
 from system.ratelimit import Pace
 from system.run.plan import Role
 from system.streams.inference import InferenceClient, InferenceReply
@@ -107,7 +108,7 @@ class ActorWorker(Worker):
             for g in range(n_groups)
         ]
         self.env_frames = 0
-        self.episode_steps = [0] * n_envs
+        self.episode_steps, self.started_at = [0] * n_envs, [0.0] * n_envs
         """Steps of each environment's running episode (reported as ``episode_length``)."""
         self.episodes: list[dict[str, float]] = []
         self._started = False
@@ -287,10 +288,13 @@ class ActorWorker(Worker):
     def _reset_env(self, e: int) -> None:
         if self.mapping is not None:
             self._map_policies(e)
+        if self.is_evaluation:  # each evaluation episode replays from a seed of its own
+            self.envs[e].seed(episode_seed(self.seed + e, self.episode_counts[e]))
+        self.episode_counts[e] += 1
         for slot in self.slots[e]:
             slot.on_reset = True
             slot.episode_return = 0.0
-        self.episode_steps[e] = 0
+        self.episode_steps[e], self.started_at[e] = 0, time.time()
         results = self._call_env(e, "reset")
         if results is not None:
             self._take_results(e, results)
@@ -299,17 +303,13 @@ class ActorWorker(Worker):
         """Who plays each agent of environment ``e``'s next episode. Episode ids count up per
         environment from a base its seed gives: unique in the run, consecutive per environment."""
         episode_id = (self.seed + e) * 2**32 + self.episode_counts[e]
-        self.episode_counts[e] += 1
         info = {"env": e, "actor": self.worker_id, "evaluation": self.is_evaluation}
         for slot in self.slots[e]:
             name = self.mapping(episode_id, slot.agent, info)
             if name not in self.mapped_policies:
-                raise ConfigError(
-                    [
-                        f"policy_mapping: gave '{name}' to agent {slot.agent} of episode "
-                        f"{episode_id}; this actor plays {self.mapped_policies}"
-                    ]
-                )
+                raise ConfigError([f"policy_mapping: gave '{name}' to agent {slot.agent} of "
+                                   f"episode {episode_id}; this actor plays "
+                                   f"{self.mapped_policies}"])  # fmt: skip
             slot.policy = name
 
     def _take_results(self, e: int, results: list[StepResult | None]) -> None:
@@ -351,6 +351,8 @@ class ActorWorker(Worker):
         record = {
             "episode_return": float(np.mean([s.episode_return for s in slots])),
             "episode_length": float(self.episode_steps[e]),
+            "env": f"{self.worker_id}/{e}",  # per-environment quotas (system.eval_quota)
+            "started_at": self.started_at[e],
         }
         record.update(per_policy(slots))
         if len(slots) > 1:

@@ -224,13 +224,15 @@ def test_on_evaluation_is_called_once_per_window_of_fresh_episodes(trained):
 
 
 def _play(policy, seed: int, episodes: int) -> list[float]:
-    """Greedy episodes one after another in one environment seeded once, as an evaluation
-    actor with one environment plays them."""
+    """Greedy episodes one after another in one environment, each from its own seed, as an
+    evaluation actor with one environment plays them (system.eval_quota.episode_seed)."""
+    from system.eval_quota import episode_seed
+
     env = policy.make_env()
-    env.seed(seed)
     returns = []
     try:
-        for _ in range(episodes):
+        for i in range(episodes):
+            env.seed(episode_seed(seed, i))
             (result,), state, total = env.reset(), None, 0.0
             while not (result.done or result.truncated):
                 action, state = policy.act(result.obs, state)
@@ -244,9 +246,9 @@ def _play(policy, seed: int, episodes: int) -> list[float]:
 
 @pytest.mark.multiprocess
 def test_load_policy_act_reproduces_evaluate(trained):
-    """``troupe eval`` with one environment plays its episodes in one environment seeded with
-    its evaluation actor's seed; ``act`` on the same environment and seed must give the very
-    same returns (greedy both)."""
+    """``troupe eval`` with one environment plays its episodes in one environment, each seeded
+    from its evaluation actor's seed and its number; ``act`` on the same environment and
+    seeds must give the very same returns (greedy both)."""
     import troupe
     from system.run.plan import ActorPlan
 
