@@ -281,11 +281,15 @@ def user_files(config: ExperimentConfig) -> list[str]:
 
 def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,
            user_files: list[str] = ()):  # fmt: skip
+    from system.run import folder_lock
     from system.run.controller import MAX_RESTARTS
 
     name = container_name(run, spec.worker_id)
     restart = {"Name": "on-failure", "MaximumRetryCount": MAX_RESTARTS}
     logger.debug("starting %s: troupe %s", name, " ".join(spec.command))
+    # The launching process holds the run folder's lock for the whole run (folder_lock): the
+    # controller's container, on the same folder, must not take it again.
+    held = {folder_lock.ENV_HELD: "1"}
     return client.containers.run(
         image,
         spec.command,
@@ -294,7 +298,7 @@ def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Pat
         labels=spec.labels,
         network=network,
         user=f"{os.getuid()}:{os.getgid()}",
-        environment=container_environment(),
+        environment={**container_environment(), **held},
         volumes={
             **user_layer.mounts(user_files),
             str(run_dir): {"bind": CONTAINER_RUN_DIR, "mode": "rw"},

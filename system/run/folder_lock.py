@@ -27,6 +27,9 @@ from api.errors import RunFolderError, UserError
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".troupe.lock"
+ENV_HELD = "TROUPE_RUN_FOLDER_LOCKED"
+"""Set (to 1) for a controller whose launcher holds the folder's lock for it: ``troupe run
+--launcher docker`` holds it on the host while the controller runs in a container."""
 
 _held: dict[Path, IO[str]] = {}
 """The locks this process holds, by resolved folder."""
@@ -40,13 +43,13 @@ def acquire(folder: Path) -> None:
     """Hold ``folder``'s lock from now until :func:`release` or this process (and the
     processes it forks) end; raise :class:`RunFolderBusyError` naming the holder's pid."""
     key = folder.resolve()
-    if key in _held:
+    if key in _held or os.environ.get(ENV_HELD) == "1":
         return
     path = folder / LOCK_FILE
     try:
         f = open(path, "a+")  # noqa: SIM115 - held open for the run's whole life
-    except OSError as e:
-        raise RunFolderError.from_os_error(path, e) from e
+    except OSError as e:  # the folder is named: the lock file is ours, not the user's
+        raise RunFolderError.from_os_error(folder, e) from e
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -59,7 +62,7 @@ def acquire(folder: Path) -> None:
     except OSError as e:
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             f.close()
-            raise RunFolderError.from_os_error(path, e) from e
+            raise RunFolderError.from_os_error(folder, e) from e
         logger.warning("%s cannot be locked here (%s); make sure one run uses it", folder, e)
     f.seek(0)
     f.truncate()
