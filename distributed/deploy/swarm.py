@@ -305,6 +305,10 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
 
     config, run_dir = prepare(args.experiment, list(args.overrides), args.run_dir, None)
     (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    from system.run import folder_lock
+
+    # The run's controller service owns the folder from here (it takes the lock itself).
+    folder_lock.release(run_dir)
     client = connect()
     run = deploy(
         config, run_dir, image=args.image, trainer_constraint=args.trainer_constraint, client=client
