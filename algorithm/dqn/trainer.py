@@ -143,9 +143,8 @@ class DQNTrainer(Trainer):
             td_abs_mean=float(self.priorities.mean()),
             grad_norm=grad_norm,
         )
-        epsilon = getattr(self._policy, "current_epsilon", None)
-        if epsilon is not None:
-            stats["epsilon"] = float(epsilon)
+        # No epsilon here: this copy of the policy acts on nothing, so its schedule never
+        # moves (it read 0.9998 at 29k frames); the policy workers report the one they use.
         return TrainerStepResult(stats=stats, step=self._steps)
 
     def _clip(self) -> float:

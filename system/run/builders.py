@@ -247,7 +247,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         checkpoint_every=cfg.checkpoint.every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
         max_policy_lag=pc.max_policy_lag,
-        warn_policy_lag=pc.warn_policy_lag,
+        warn_policy_lag=pc.warn_policy_lag, publish_every=pc.publish_every,
     )
     latest = latest_version(params, plan.policy)
     if latest is not None:  # resuming, or restarted after a failure

@@ -156,6 +156,8 @@ class Controller:
             envs=config.evaluation.workers * config.evaluation.envs_per_worker,
         )
         self.trainer_stats: dict[str, dict[str, float]] = {}
+        self.exploration: dict[str, dict[str, float]] = {}
+        """Each policy's exploration rate (epsilon) by the policy worker acting with it."""
         self.timing = RoleTimes()
         """Where each role's wall time goes (system.timing), from every heartbeat."""
         self.train_window = EpisodeWindow(100)
@@ -564,8 +566,11 @@ class Controller:
                 if self.eval_count % self.config.evaluation.episodes == 0:
                     episodes = list(self.eval_window.episodes)
                     self._callback(self.callbacks.evaluation, self._eval_mean(), episodes)
-        elif role is Role.POLICY and state.plan.policy == self.evaluation.policy:
-            self.evaluation.on_worker_stats(stats)  # the version it holds for evaluation
+        elif role is Role.POLICY:
+            if state.plan.policy == self.evaluation.policy:
+                self.evaluation.on_worker_stats(stats)  # the version it holds for evaluation
+            if isinstance(stats.get("epsilon"), (int, float)):  # what the actors act with
+                self.exploration.setdefault(state.plan.policy, {})[worker_id] = stats["epsilon"]
         elif role is Role.TRAINER:
             numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             if numeric:
@@ -606,6 +611,8 @@ class Controller:
         record.update(self.eval_window.means("eval/"))
         record.update(self.evaluation.figures())  # the version evaluation holds, if any
         record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
+        for name, by_worker in self.exploration.items():
+            record[f"policy/{name}/epsilon"] = float(np.mean(list(by_worker.values())))
         for name, stats in self.trainer_stats.items():
             record[f"policy/{name}/version"] = stats.get("version")
             for k, v in stats.items():

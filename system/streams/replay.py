@@ -78,33 +78,45 @@ class InprocReplayServer:
 
 
 class ReplayClient:
-    """A trainer's end of the replay stream, one request in flight. The trainer asks for its
-    next batch the moment it has trained on one (:meth:`request`, with that batch's new
-    priorities), so the replay worker samples it while the trainer publishes its version."""
+    """A trainer's end of the replay stream, ``depth`` requests in flight. The trainer asks
+    for its next batch the moment it has trained on one (:meth:`request`, with that batch's new
+    priorities), so the replay worker samples it while the trainer publishes its version; with
+    ``depth`` 2 (sockets) one batch more is always on its way, so a step never waits for the
+    round trip (its priorities then reach the buffer one batch later)."""
+
+    depth = 1
 
     def __init__(self) -> None:
-        self.waiting = False
+        self.in_flight = 0
+        self._keys: list[np.ndarray] = []
+        self._priorities: list[np.ndarray] = []
+        """Priorities not sent yet (every request was in flight when they came)."""
+
+    @property
+    def waiting(self) -> bool:
+        return self.in_flight > 0
 
     def request(self, keys: np.ndarray | None = None, priorities: np.ndarray | None = None) -> None:
-        """Ask for the next batch, handing back the last one's priorities (unless a request is
-        already in flight)."""
-        if self.waiting:
-            return
+        """Hand back a batch's priorities and ask for the next batch; with ``depth`` requests
+        already in flight they go with the next one."""
         if keys is not None and priorities is not None:
-            keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-            priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
-        else:
+            self._keys.append(np.asarray(keys, dtype=np.int64).reshape(-1))
+            self._priorities.append(np.asarray(priorities, dtype=np.float64).reshape(-1))
+        while self.in_flight < self.depth:
             keys = priorities = None
-        self._send(keys, priorities)
-        self.waiting = True
+            if self._keys:
+                keys, priorities = np.concatenate(self._keys), np.concatenate(self._priorities)
+                self._keys, self._priorities = [], []
+            self._send(keys, priorities)
+            self.in_flight += 1
 
     def take(self, timeout_ms: int) -> TransitionBatch | None:
-        """The batch asked for (asking first if nothing is in flight), or None if it has not
-        come within ``timeout_ms``."""
+        """The next batch asked for (asking first if nothing is in flight), or None if it has
+        not come within ``timeout_ms``."""
         self.request()
         batch = self._receive(timeout_ms)
         if batch is not None:
-            self.waiting = False
+            self.in_flight -= 1
         return batch
 
     def wait(self, timeout_ms: int) -> bool:
@@ -205,6 +217,8 @@ def _request_from(
 class ZmqReplayClient(ReplayClient):
     """A trainer's DEALER to its policy's replay worker."""
 
+    depth = 2
+
     def __init__(self, address: str, *, layout: BatchLayout | None = None):
         """``layout``: the batches this run's replay worker sends; the socket refuses messages
         larger than the largest of them."""
@@ -226,7 +240,8 @@ class ZmqReplayClient(ReplayClient):
         (their keys named slots of the old buffer)."""
         self.socket.close(linger=0)
         self.socket = self._connect(address)
-        self.waiting = False
+        self.in_flight = 0
+        self._keys, self._priorities = [], []
         self.request()
 
     def _ready(self, timeout_ms: int) -> bool:

@@ -173,6 +173,9 @@ class PolicyWorker(Worker):
         elif self.cannot_hold:
             self.stats["hold_unsupported"] = 1
         self.stats.update(self.batch_sizes.take())
+        epsilon = getattr(self.policy, "current_epsilon", None)
+        if epsilon is not None:  # the exploration the actors get now (a Q policy's epsilon)
+            self.stats["epsilon"] = float(epsilon)
         return super().collect_stats()
 
     def _update_parameters(self) -> None:

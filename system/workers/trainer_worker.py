@@ -74,6 +74,7 @@ class TrainerWorker(Worker):
         checkpoint_dir: str | Path | None = None,
         max_policy_lag: int | None = None,
         warn_policy_lag: int | None = None,
+        publish_every: int = 1,
     ):
         super().__init__(worker_id)
         self.policy_name = policy_name
@@ -84,6 +85,8 @@ class TrainerWorker(Worker):
         self.params = params
         self.batch_segments = batch_segments
         self.checkpoint_every = checkpoint_every
+        self.publish_every = publish_every
+        """Publish every this many steps (persisted versions always): see PolicyConfig."""
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         """The run's checkpoints folder, only read: an older run's ``trainer.pt`` (resume)."""
         self.buffer: list[SampleBatch] = []
@@ -247,12 +250,17 @@ class TrainerWorker(Worker):
             self.replay.request(batch.key, getattr(self.trainer, "priorities", None))
         version = self.trainer.policy.version
         persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
-        self.stages.enter("publish")
-        self.publish(persist=persist)
+        if persist or self.steps % self.publish_every == 0:  # the final one goes at stop
+            self.stages.enter("publish")
+            self.publish(persist=persist)
         stats = dict(result.stats)
         stats["version"] = version
-        stats["version_lag"] = float(version_before - np.min(batch.policy_version))
-        self._warn_lag(stats["version_lag"])
+        age = version_before - np.asarray(batch.policy_version)
+        if self.replay is None:  # the oldest step of an on-policy batch: what its loss suffers
+            stats["version_lag"] = float(np.max(age))
+            self._warn_lag(stats["version_lag"])
+        else:  # a replay batch is old by design: how old, on average, not a lag to act on
+            stats["sample_age_versions"] = float(np.mean(age))
         stats["step_s"] = time.perf_counter() - started
         stats["steps"] = self.steps
         self.stats.update(stats)

@@ -44,6 +44,13 @@ def test_cartpole_dqn_trains_through_its_replay_worker_without_restarts(tmp_path
     assert versions and versions[-1] > 10, versions
     assert versions == sorted(versions)
     assert summary["policy_versions"]["default"] > 10
+    # issue 26: the epsilon the actors get (from the policy worker) falls from 1.0 on its
+    # schedule; a replay batch's age is reported as such, not as an on-policy lag
+    epsilons = [r["policy/default/epsilon"] for r in records if "policy/default/epsilon" in r]
+    assert epsilons and epsilons[-1] < 1.0 and epsilons == sorted(epsilons, reverse=True)
+    assert not any("trainer/default/epsilon" in r or "trainer/default/version_lag" in r
+                   for r in records)  # fmt: skip
+    assert any(r.get("trainer/default/sample_age_versions") is not None for r in records)
     # the buffer was saved with the run's checkpoints, for a resume
     assert (run_dir / "checkpoints" / "default" / "replay.ckpt").stat().st_size > 0
 

@@ -21,6 +21,7 @@ from system.errors import WireError
 from system.parameters import trainer_state
 from system.parameters.checkpoint_file import load_checkpoint_file
 from system.parameters.client import ParameterClient
+from system.parameters.inproc import InprocParameterService
 from system.parameters.service import ParameterServer
 from system.parameters.store import TRAINER_FILE, ParameterStore
 from system.run import builders, declared
@@ -204,3 +205,27 @@ def test_the_wire_form_keeps_int_keys_tensors_and_arrays_apart():
     assert isinstance(back["stats"], np.ndarray) and back["stats"].flags.writeable
     with pytest.raises(UserError, match="reserved"):
         trainer_state.to_wire({"~tensor": 1})
+
+
+def test_versions_are_published_every_publish_every_steps_and_checkpoints_always(run, tmp_path):
+    """``publish_every=3`` with checkpoints every 4 versions: the service sees versions 3, 4
+    (persisted), 6, 8 (persisted), 9, and at stop the last one, 10."""
+    config, spaces = run
+    store = ParameterStore(tmp_path, durable=True)
+    worker = trainer_worker(config, spaces, InprocParameterService(store), tmp_path)
+    worker.checkpoint_every, worker.publish_every = 4, 3
+    seen = []
+    try:
+        for chunk in real_segments(config, spaces, 20):
+            worker.hub.producer().post("default", chunk)
+        while worker.steps < 10:
+            if worker.poll():
+                seen.append(store.latest_version("default"))
+        worker.on_stop()
+        seen.append(store.latest_version("default"))
+    finally:
+        worker.close()
+    published = sorted({v for v in seen if v})
+    assert published == [3, 4, 6, 8, 9, 10], seen
+    folder = tmp_path / "checkpoints" / "default"
+    assert sorted(int(p.stem[1:]) for p in folder.glob("v*.ckpt")) == [4, 8, 10]
