@@ -131,6 +131,15 @@ class Registry:
         self._specs: dict[str, Spec] = {}
         self._user: set[str] = set()
         """Names registered outside a plugin: they travel to workers with the run's config."""
+        self._families: dict[str, Callable[[str], Spec]] = {}
+        """Name prefixes (``pettingzoo:``) whose names a function turns into specs on first
+        use: a whole family of components, none of them listed one by one."""
+
+    def add_family(self, prefix: str, resolve: Callable[[str], Spec]) -> None:
+        """Names starting with ``prefix`` resolve through ``resolve(name)`` (which raises
+        RegistryError for one it cannot build); every process's plugin adds the same, so a name
+        resolves alike in workers."""
+        self._families[prefix] = resolve
 
     def register(
         self,
@@ -171,6 +180,10 @@ class Registry:
         _load_plugins()
         if name in self._specs:
             return self._specs[name]
+        for prefix, resolve in self._families.items():
+            if isinstance(name, str) and name.startswith(prefix):
+                spec = self._specs[name] = resolve(name)
+                return spec
         raise RegistryError(self._unknown_message(name))
 
     def make(self, name: str, **kwargs: Any) -> Any:
@@ -185,6 +198,11 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         _load_plugins()
+        if any(isinstance(name, str) and name.startswith(p) for p in self._families):
+            try:
+                self.spec(name)
+            except RegistryError:
+                return False
         return name in self._specs
 
     def unregister(self, name: str) -> None:

@@ -51,7 +51,11 @@ def _register_environments() -> None:
 
 
 def _register_pettingzoo() -> None:
-    """PettingZoo games through the adapter (building one needs the 'multiagent' extra)."""
+    """PettingZoo games through the adapter (building one needs the 'multiagent' extra): three
+    by name, and any by its module path as ``pettingzoo:<family>/<game>``."""
+    from legacy.environment.pettingzoo_adapter import PREFIX, spec_of_id
+
+    registry.environments.add_family(PREFIX, spec_of_id)
     module = "legacy.environment.pettingzoo_adapter"
     for name, api, env, description in (
         (

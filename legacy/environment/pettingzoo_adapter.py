@@ -23,6 +23,12 @@ business: PettingZoo's classic games end the game and give the offender -1 (its
 never make one. ``float64`` Box observations are cast to ``float32`` (and declared so), the dtype
 policies compute in.
 
+Any PettingZoo game is an environment by its id: ``pettingzoo:<family>/<game>`` (the module
+under ``pettingzoo``, e.g. ``pettingzoo:classic/rps_v2``, ``pettingzoo:butterfly/
+knights_archers_zombies_v11``), played through its ``parallel_env`` where the game has one and is
+not a classic (turn-based) game, else its AEC ``env``; ``#aec`` or ``#parallel`` after the id
+chooses. ``troupe test-env pettingzoo:classic/rps_v2``, ``environment.type=pettingzoo:...``.
+
 PettingZoo is an optional dependency: ``pip install 'troupe-rl[multiagent]'``.
 """
 
@@ -38,6 +44,44 @@ from api.errors import UserError
 from api.registry import load_entry_point
 
 INSTALL_HINT = "install it with: pip install 'troupe-rl[multiagent]'"
+PREFIX = "pettingzoo:"
+
+
+def spec_of_id(name: str):
+    """The environment spec of ``pettingzoo:<family>/<game>[#aec|#parallel]``."""
+    import importlib
+
+    from api.errors import RegistryError
+    from api.registry import Spec
+
+    path, _, api = name[len(PREFIX) :].partition("#")
+    if api not in ("", "aec", "parallel") or not path or "." in path:
+        raise RegistryError(
+            f"'{name}' is no PettingZoo id: write pettingzoo:<family>/<game>, e.g. "
+            "pettingzoo:classic/rps_v2, optionally ending in #aec or #parallel"
+        )
+    module_name = "pettingzoo." + path.replace("/", ".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RegistryError(
+            f"'{name}': cannot import {module_name} ({e}); check the family and game with "
+            f"PettingZoo's documentation, or {INSTALL_HINT}"
+        ) from e
+    if not api:
+        turn_based = path.startswith("classic/")
+        api = "parallel" if hasattr(module, "parallel_env") and not turn_based else "aec"
+    factory = "parallel_env" if api == "parallel" else "env"
+    if not hasattr(module, factory):
+        raise RegistryError(f"'{name}': {module_name} has no {factory}() (no {api} API)")
+    cls = "PettingZooParallelEnvironment" if api == "parallel" else "PettingZooAECEnvironment"
+    return Spec(
+        "environment",
+        name,
+        f"{__name__}:{cls}",
+        {"env": f"{module_name}:{factory}"},
+        f"PettingZoo {path} ({api} API)",
+    )
 
 
 def _make_pettingzoo_env(entry_point: str, env_kwargs: dict[str, Any]) -> Any:

@@ -152,3 +152,52 @@ def test_parallel_agents_act_together_and_leave_one_by_one():
 def test_missing_entry_point_names_the_problem():
     with pytest.raises(Exception, match="no_such_game"):
         PettingZooAECEnvironment("pettingzoo.classic:no_such_game")
+
+
+# --------------------------------------------------------------------- any game by its id (28.3)
+@pytest.mark.parametrize(
+    "name, adapter, factory",
+    [
+        ("pettingzoo:classic/rps_v2", PettingZooAECEnvironment, "env"),  # classic: turn-based
+        ("pettingzoo:classic/rps_v2#parallel", PettingZooParallelEnvironment, "parallel_env"),
+        (
+            "pettingzoo:butterfly/knights_archers_zombies_v11",
+            PettingZooParallelEnvironment,
+            "parallel_env",
+        ),
+        ("pettingzoo:butterfly/knights_archers_zombies_v11#aec", PettingZooAECEnvironment, "env"),
+    ],
+)
+def test_any_game_is_an_environment_by_its_id(name, adapter, factory):
+    from api import registry
+
+    assert name in registry.environments
+    spec = registry.environments.spec(name)
+    assert spec.kwargs["env"].endswith(f":{factory}")
+    env = environment.make(name)
+    try:
+        assert isinstance(env, adapter) and env.agent_count >= 2
+    finally:
+        env.close()
+
+
+def test_a_game_by_id_passes_test_environment():
+    report = testing.test_environment("pettingzoo:classic/rps_v2", steps=60)
+    assert report.agent_count == 2 and report.episodes > 0
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("pettingzoo:classic/no_such_game_v1", "cannot import pettingzoo.classic.no_such_game_v1"),
+        ("pettingzoo:classic/rps_v2#turns", "is no PettingZoo id"),
+        ("pettingzoo:", "is no PettingZoo id"),
+    ],
+)
+def test_a_wrong_id_is_one_clear_error(name, said):
+    from api import registry
+    from api.errors import RegistryError
+
+    assert name not in registry.environments
+    with pytest.raises(RegistryError, match=said):
+        registry.environments.spec(name)
