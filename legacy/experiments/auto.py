@@ -19,6 +19,7 @@ The stop rule is ``target`` when given, else the environment's target when gymna
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import gymnasium as gym
@@ -59,7 +60,7 @@ def ppo(
     (default 1M discrete, 500k continuous).
     """
     env_args = dict(env_args or {})
-    observation, action = _spaces(env, env_args)
+    observation, action, agents = _spaces(env, env_args)
     continuous = isinstance(action, gym.spaces.Box)
     if not isinstance(action, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         raise UserError(
@@ -73,7 +74,9 @@ def ppo(
     if continuous:
         policy_args.update(normalize_obs=_is_vector(observation), normalize_returns=True)
     return ExperimentConfig(
-        name=f"{env.lower()}-ppo",
+        name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + "-ppo",
+        # several agents with the same spaces share the one policy (parameter sharing)
+        agent_policies=["default"] * agents if agents > 1 else [],
         environment=ComponentConfig(env, env_args),
         policies={
             "default": PolicyConfig(
@@ -114,15 +117,19 @@ def _continuous(frames: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _spaces(env: str, env_args: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
+def _spaces(env: str, env_args: dict[str, Any]) -> tuple[gym.Space, gym.Space, int]:
+    """The spaces of the environment's agents, which one policy plays (all of them alike: a
+    multi-agent game whose agents differ needs an experiment with a policy per kind)."""
     made = env_api.make(env, **env_args)
     try:
-        if made.agent_count != 1:
+        spaces = list(zip(made.observation_spaces, made.action_spaces, strict=True))
+        if any(pair != spaces[0] for pair in spaces):
             raise UserError(
-                f"environment '{env}' has {made.agent_count} agents; the ppo experiment trains "
-                "one policy for one agent: write an experiment with agent_policies for more"
+                f"environment '{env}' has {made.agent_count} agents whose spaces differ; the "
+                "ppo experiment trains one policy for all of them: write an experiment with "
+                "agent_policies (a policy per kind of agent)"
             )
-        return made.observation_spaces[0], made.action_spaces[0]
+        return spaces[0][0], spaces[0][1], made.agent_count
     finally:
         made.close()
 

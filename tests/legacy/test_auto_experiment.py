@@ -106,9 +106,17 @@ def test_a_dict_action_space_is_refused_naming_what_is_handled():
         ppo("test-auto-dict-action")
 
 
-def test_more_than_one_agent_is_refused():
-    with pytest.raises(UserError, match="has 2 agents"):
-        ppo("test-auto-discrete", env_args={"agents": 2})
+def test_agents_with_the_same_spaces_share_one_policy():
+    """Issue 28: ``troupe train`` on a multi-agent game (parameter sharing, as RLlib users
+    know it); before, anything with more than one agent was refused."""
+    config = ppo("test-auto-discrete", env_args={"agents": 2})
+    assert config.agent_policies == ["default", "default"] and list(config.policies) == ["default"]
+
+
+def test_a_pettingzoo_id_makes_a_run_folder_name_without_separators():
+    pytest.importorskip("pettingzoo", reason="needs the 'multiagent' extra")
+    config = ppo("pettingzoo:classic/rps_v2", frames=1000)
+    assert config.name == "pettingzoo-classic-rps_v2-ppo" and len(config.agent_policies) == 2
 
 
 def test_a_users_environment_has_no_target_unless_given():
