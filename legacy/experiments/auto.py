@@ -58,8 +58,16 @@ def ppo(
     ``target``: stop once greedy evaluation reaches it (default: gymnasium's
     ``reward_threshold``, else :data:`DEFAULT_TARGETS`); ``frames``: environment steps at most
     (default 1M discrete, 500k continuous).
+
+    Several agents with the same spaces share the one policy. A two-seat board game with action
+    masks (``pettingzoo:classic/tictactoe_v3``) is trained by self-play against its past
+    instead (:func:`legacy.experiments.selfplay.selfplay`).
     """
     env_args = dict(env_args or {})
+    if _board_game(env, env_args):  # two seats and action masks: self-play against the past
+        from legacy.experiments.selfplay import selfplay
+
+        return selfplay(env, env_args, target=target, frames=frames)
     observation, action, agents = _spaces(env, env_args)
     continuous = isinstance(action, gym.spaces.Box)
     if not isinstance(action, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
@@ -115,6 +123,16 @@ def _continuous(frames: int) -> dict[str, Any]:
         "batch_segments": batch_segments,
         "actors": actors,
     }  # fmt: skip
+
+
+def _board_game(env: str, env_args: dict[str, Any]) -> bool:
+    from legacy.experiments.selfplay import is_board_game
+
+    made = env_api.make(env, **env_args)
+    try:
+        return is_board_game(list(made.observation_spaces), list(made.action_spaces))
+    finally:
+        made.close()
 
 
 def _spaces(env: str, env_args: dict[str, Any]) -> tuple[gym.Space, gym.Space, int]:

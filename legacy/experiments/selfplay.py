@@ -25,6 +25,8 @@ Needs the ``multiagent`` extra (PettingZoo).
 
 from __future__ import annotations
 
+import re
+
 from api.config import (
     ActorConfig,
     CheckpointConfig,
@@ -89,3 +91,86 @@ def connect4_selfplay() -> ExperimentConfig:
         ),
         checkpoint=CheckpointConfig(every=20),
     )
+
+
+def selfplay(
+    env: str,
+    env_args: dict | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """PPO by self-play on any two-player board game with action masks (a Dict observation of
+    ``observation`` and ``action_mask``, e.g. ``pettingzoo:classic/tictactoe_v3``): the
+    learner ``main`` plays either seat against snapshots of itself (``past``) or itself, and is
+    judged greedily against a random legal player. ``connect4_selfplay``'s recipe without what
+    is connect four's own (the mirror of the board, the scripted heuristic). ``target``: stop
+    at that greedy mean return against ``random`` (1 a win, -1 a loss; default: none);
+    ``frames``: at most (default 2M)."""
+    grid = _is_grid(env, dict(env_args or {}))
+    network = dict(hidden_sizes=[256, 256], activation="relu")
+    if grid:
+        network["grid_channels"] = [32, 32]
+    return ExperimentConfig(
+        name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + "-selfplay",
+        environment=ComponentConfig(env, dict(env_args or {})),
+        policies={
+            "main": PolicyConfig(
+                policy=ComponentConfig("actor-critic", dict(network)),
+                trainer=ComponentConfig("ppo", dict(_PPO)),
+                batch_segments=32,
+            ),
+            "past": PolicyConfig(policy=ComponentConfig("actor-critic", dict(network))),
+            "random": PolicyConfig(policy=ComponentConfig("random-legal")),
+        },
+        policy_mapping=ComponentConfig(
+            "self-play", dict(learner="main", opponents={"past": 0.8, "main": 0.2})
+        ),
+        selfplay=SelfPlayConfig(
+            learner="main", opponent="past", snapshot_every=5, pool_size=20, random_moves=0.1
+        ),
+        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=32, groups=2),
+        evaluation=EvaluationConfig(
+            workers=1,
+            envs_per_worker=8,
+            episodes=200,
+            max_fps=1500.0,
+            policy="main",
+            policy_mapping=ComponentConfig(
+                "self-play", dict(learner="main", opponents=["random"], seed=1)
+            ),
+        ),
+        stop=StopConfig(
+            eval_return=target,
+            max_return=1.0,
+            env_frames=frames or 2_000_000,
+            eval_return_source="given: target=" if target is not None else "",
+        ),
+    )
+
+
+def is_board_game(observations: list, actions: list) -> bool:
+    """Two agents with the same spaces, each seeing a Dict with ``action_mask``: a turn-based
+    board game that :func:`selfplay` can play."""
+    import gymnasium as gym
+
+    first = observations[0]
+    return (
+        len(observations) == 2
+        and observations[0] == observations[1]
+        and actions[0] == actions[1]
+        and isinstance(first, gym.spaces.Dict)
+        and "action_mask" in first.spaces
+        and "observation" in first.spaces
+    )
+
+
+def _is_grid(env: str, env_args: dict) -> bool:
+    """Whether the board is a grid of planes (``[rows, columns, planes]``): convolutions."""
+    from api import environment
+
+    made = environment.make(env, **env_args)
+    try:
+        board = made.observation_spaces[0]["observation"]
+        return len(board.shape) == 3
+    finally:
+        made.close()

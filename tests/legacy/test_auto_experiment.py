@@ -149,3 +149,20 @@ def test_pendulum_declares_no_threshold_and_gets_troupes_default():
 def test_every_default_target_is_for_an_id_gymnasium_leaves_without_one():
     for env in DEFAULT_TARGETS:
         assert gym.spec(env).reward_threshold is None, env
+
+
+def test_a_two_seat_board_game_trains_by_self_play_against_its_past():
+    """Issue 28: ``troupe train pettingzoo:classic/tictactoe_v3`` is self-play from one
+    command: the learner, a pool of its snapshots, a random legal player to be judged against."""
+    pytest.importorskip("pettingzoo", reason="needs the 'multiagent' extra")
+    config = ppo("pettingzoo:classic/tictactoe_v3", frames=5000)
+    assert sorted(config.policies) == ["main", "past", "random"]
+    assert (config.selfplay.learner, config.selfplay.opponent) == ("main", "past")
+    assert config.policy_mapping.type == "self-play" and config.evaluation.policy == "main"
+    assert config.policies["main"].policy.args["grid_channels"] == [32, 32]  # a 3x3 board
+    assert (
+        config.stop.env_frames == 5000 and config.name == "pettingzoo-classic-tictactoe_v3-selfplay"
+    )
+    from api.config import validate
+
+    assert validate(config) == []
