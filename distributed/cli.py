@@ -67,8 +67,13 @@ def _run_list(args: argparse.Namespace, console: Console) -> int:
     console.print(Text(f"Gymnasium ids ({len(gym_ids)})", style="bold"))
     console.print(Text(", ".join(gym_ids)), highlight=False)
     console.print()
+    console.print(Text("PettingZoo games by id: pettingzoo:<family>/<game>", style="bold"))
+    console.print(Text("e.g. pettingzoo:classic/rps_v2, pettingzoo:classic/tictactoe_v3"))
+    console.print()
     console.print(_spec_table("Policies", registry.policies.specs()))
     console.print(_spec_table("Trainers", registry.trainers.specs()))
+    console.print(_spec_table("Policy mappings", registry.policy_mappings.specs()))
+    console.print(_spec_table("Callbacks", registry.callbacks.specs()))
     console.print(_spec_table("Experiments", registry.experiments.specs()))
     return 0
 
@@ -128,7 +133,8 @@ def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------- the table
 SUBCOMMANDS: list[Subcommand] = [
-    Subcommand("list", "list registered environments, policies, trainers, experiments",
+    Subcommand("list", "list every registered component: environments, policies, trainers, "
+               "policy mappings, callbacks, experiments",
                _add_list_arguments, _run_list),
     Subcommand("test-env", "check that an environment keeps the Environment contract",
                _add_test_env_arguments, _run_test_env),

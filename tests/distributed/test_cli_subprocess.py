@@ -81,9 +81,12 @@ def test_swarm_commands_on_an_unknown_run_print_one_line_and_exit_1(command):
 def test_list_prints_every_kind():
     result = troupe("list")
     assert result.returncode == 0, result.stderr
-    for heading in ("Environments (", "Policies (", "Trainers (", "Experiments ("):
+    headings = ("Environments (", "Policies (", "Trainers (", "Policy mappings (", "Callbacks (",
+                "Experiments (")  # fmt: skip
+    for heading in headings:
         assert heading in result.stdout
-    assert "cartpole-ppo" in result.stdout
+    assert "cartpole-ppo" in result.stdout and "self-play" in result.stdout
+    assert "pettingzoo:<family>/<game>" in result.stdout
 
 
 def test_run_help_names_its_options():
