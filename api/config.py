@@ -278,6 +278,11 @@ class ExperimentConfig:
     """Numbered checkpoints: how often, and how many are kept."""
     code: CodeConfig = field(default_factory=CodeConfig)
     """The user's own modules and registrations, loaded by every process of the run."""
+    actor_callbacks: list[ComponentConfig] = field(default_factory=list)
+    """Registered callbacks run inside every actor (``api.episode``): ``on_episode_start``,
+    ``on_episode_step`` (before a step is recorded: reward shaping) and ``on_episode_end``,
+    each given the :class:`~api.episode.Episode`; ``episode.log(name, value)`` reports a number
+    as ``custom/<name>``."""
     callbacks: list[ComponentConfig] = field(default_factory=list)
     """Registered callbacks (``register_callback``) the controller calls: ``on_episode_end``,
     ``on_train_result`` and ``on_evaluation``; see ``system.run.episodes``."""
@@ -439,6 +444,8 @@ def validate(config: ExperimentConfig) -> list[str]:
                 errors.append(f"policies.{pname}.{key}: must be at least 1, or None for {off}")
     for i, callback in enumerate(config.callbacks):
         errors += _check_component("callback", f"callbacks[{i}]", callback)
+    for i, callback in enumerate(config.actor_callbacks):
+        errors += _check_component("callback", f"actor_callbacks[{i}]", callback)
     for i, pname in enumerate(config.agent_policies):
         if pname not in config.policies:
             errors.append(

@@ -54,6 +54,7 @@ from system.run.plan import (
 from system.streams.inference import InferenceClient, InferenceServer
 from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer, SampleProducer
+from system.workers.actor_hooks import ActorHooks
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
 from system.workers.policy_worker import EVAL_TAG, PolicyWorker
@@ -227,13 +228,12 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
         replay = wiring.replay_client(peers.replay_batches, plan.policy, policy, plan.worker_id)
     else:
-        name = samples_endpoint(plan.policy, plan.index)
-        samples = wiring.sample_consumer(name, plan.policy, policy)
+        samples = wiring.sample_consumer(samples_endpoint(plan.policy, plan.index), plan.policy,
+                                         policy)  # fmt: skip
     from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
     from system.workers.trainer_worker import TrainerWorker
 
-    # A trainer that may be one of several of its policy is a group member (alone until it
-    # joins a group, and in serial mode); the group forms once the worker is built.
+    # One of several trainers of its policy is a group member (the group forms once built).
     pc = cfg.policies[plan.policy]
     group_size = pc.trainer_workers
     worker = (GroupTrainerWorker if group_size > 1 else TrainerWorker)(
@@ -354,6 +354,7 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
         policy_mapping=actor_mapping(plan, cfg),
         mapped_policies=list(plan.policies(cfg)),
         trained_policies=[p for p in plan.policies(cfg) if cfg.policies[p].trainer.type],
+        hooks=ActorHooks.of(plan.worker_id, plan.evaluation, cfg.actor_callbacks),
     )
     return Built(worker)
 

@@ -36,7 +36,7 @@ from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.coordination import Coordination
 from system.run.display import LiveDisplay
-from system.run.episodes import Callbacks, EpisodeWindow
+from system.run.episodes import CUSTOM, Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
 from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
 from system.run.report import (
@@ -611,6 +611,7 @@ class Controller:
         record.update(self.eval_window.means("eval/"))
         record.update(self.evaluation.figures())  # the version evaluation holds, if any
         record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
+        record.update({f"{CUSTOM}{k}": v for k, v in self.callbacks.logged.items()})
         for name, by_worker in self.exploration.items():
             record[f"policy/{name}/epsilon"] = float(np.mean(list(by_worker.values())))
         for name, stats in self.trainer_stats.items():
@@ -653,6 +654,8 @@ class Controller:
             "episode_return": record["episode_return"],
             "eval_return": record["eval_return"],
             "game_return": record["game_return"],
+            "custom": {k[len("custom/"):]: v for k, v in record.items()
+                       if k.startswith("custom/") and not k.endswith(("/min", "/max"))},
             "target": self.config.stop.eval_return,
             "policies": {
                 name: {

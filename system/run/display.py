@@ -103,10 +103,21 @@ def plain_line(snapshot: Mapping[str, Any]) -> str:
         parts.append(f"workers {alive}/{len(workers)}")
         if restarts:
             parts.append(f"restarts {restarts}")
+    custom = _custom(snapshot)
+    if custom:
+        parts.append(f"| {custom}")
     bottleneck = snapshot.get("bottleneck")
     if isinstance(bottleneck, str) and bottleneck:
         parts.append(f"| {bottleneck}")
     return " ".join(parts)
+
+
+def _custom(snapshot: Mapping[str, Any]) -> str:
+    """What the user's actor callbacks logged (``Episode.log``): ``name 1.23`` each."""
+    custom = snapshot.get("custom")
+    if not isinstance(custom, Mapping):
+        return ""
+    return " ".join(f"{name} {_fmt(value, '.3g')}" for name, value in sorted(custom.items()))
 
 
 def _header(snapshot: Mapping[str, Any]) -> Table:
@@ -188,9 +199,11 @@ def render_panel(experiment: str, snapshot: Mapping[str, Any], max_worker_rows: 
     """The rich renderable for one snapshot (what the live display shows)."""
     bottleneck = snapshot.get("bottleneck")
     line = bottleneck if isinstance(bottleneck, str) and bottleneck else _MISSING
+    custom = _custom(snapshot)
     body = Group(
         _header(snapshot),
         Text.assemble(("bottleneck  ", "dim"), line),
+        *([Text.assemble(("logged      ", "dim"), custom)] if custom else []),
         Text(""),
         _policy_table(snapshot),
         Text(""),

@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 HOOKS = ("on_episode_end", "on_train_result", "on_evaluation")
 NOT_AVERAGED = frozenset({"started_at"})
+CUSTOM = "custom/"
+"""What actor callbacks log (``Episode.log``): reported with their min and max as well."""
 """Numbers of an episode's record that are no measure (when it began: a Unix time)."""
 
 
@@ -52,7 +54,11 @@ class EpisodeWindow:
                     continue
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     values.setdefault(key, []).append(float(value))
-        return {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}
+        means = {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}
+        for key, v in values.items():  # the user's own numbers: their spread too
+            if key.startswith(CUSTOM):
+                means[f"{prefix}{key}/min"], means[f"{prefix}{key}/max"] = min(v), max(v)
+        return means
 
 
 class Callbacks:
@@ -66,6 +72,9 @@ class Callbacks:
                     [f"callbacks: '{name}' has none of the methods {', '.join(HOOKS)}"]
                 )
         self._train_steps: dict[str, float] = {}
+        self.logged: dict[str, float] = {}
+        """What hooks returned (a dict of numbers): ``custom/<name>`` in each record, the
+        newest value of each name."""
 
     def episodes(self, records: list[dict[str, Any]]) -> None:
         for record in records:
@@ -92,6 +101,17 @@ class Callbacks:
             if method is None:
                 continue
             try:
-                method(*args)
+                returned = method(*args)
             except Exception as e:
                 raise CallbackError(f"callback '{name}' raised in {hook}: {e!r}") from e
+            if isinstance(returned, dict):
+                self._log(name, hook, returned)
+
+    def _log(self, name: str, hook: str, numbers: dict[str, Any]) -> None:
+        for key, value in numbers.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise CallbackError(
+                    f"callback '{name}' returned {key}={value!r} from {hook}: what a hook "
+                    "returns is logged, so it must map names to numbers"
+                )
+            self.logged[str(key)] = float(value)

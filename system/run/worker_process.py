@@ -24,7 +24,7 @@ from api import global_state
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError, UserError
 from api.policy import Policy
-from system.errors import ControllerGoneError
+from system.errors import CallbackError, ControllerGoneError
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
@@ -264,7 +264,7 @@ def main(
         # An unknown name or a bad argument fails the same way in every restart: say so, and
         # the controller ends the run with this message instead of restarting the worker. A
         # ValueError/TypeError before the worker exists is a constructor refusing its arguments.
-        fatal = isinstance(e, (RegistryError, ConfigError)) or (
+        fatal = isinstance(e, (RegistryError, ConfigError, CallbackError)) or (
             worker is None and isinstance(e, (ValueError, TypeError))
         )
         tb = traceback.format_exc()

@@ -11,6 +11,9 @@ Each agent of each environment is a *slot*; the slots of one policy in one group
 
 Per agent, every observation goes to the policy, even a final one (done or truncated): its value
 is what bootstraps a truncated episode exactly. Then the environment is reset instead of stepped.
+
+Longer than 400 lines because an environment's episode (its seed, who plays each seat, the
+user's hooks, recording, non-finite values, errors) is one state machine, read best in one place.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from system.run.plan import Role
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.streams.validation import check_action
+from system.workers.actor_hooks import ActorHooks
 from system.workers.base import Worker
 from system.workers.lanes import Lane, Slot, matchups, per_policy
 from system.workers.nonfinite import NonFiniteGuard
@@ -78,15 +82,14 @@ class ActorWorker(Worker):
         policy_mapping: PolicyMapping | None = None,
         mapped_policies: Sequence[str] = (),
         trained_policies: Sequence[str] | None = None,
+        hooks: ActorHooks | None = None,
     ):
         super().__init__(worker_id)
-        self.inference, self.samples = inference, samples
-        self.is_evaluation = is_evaluation
-        self.on_env_error = on_env_error
-        self.on_nonfinite = on_nonfinite
-        self.validate_actions = validate_actions
-        self.env_factory = env_factory
-        self.seed = seed
+        self.inference, self.samples, self.hooks = inference, samples, hooks
+        """``hooks``: the experiment's actor callbacks (system.workers.actor_hooks), if any."""
+        self.is_evaluation, self.seed = is_evaluation, seed
+        self.on_env_error, self.on_nonfinite = on_env_error, on_nonfinite
+        self.validate_actions, self.env_factory = validate_actions, env_factory
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
         self.env_name = env_name or type(self.envs[0]).__name__
         self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
@@ -278,6 +281,8 @@ class ActorWorker(Worker):
             return
         self.env_frames += 1
         self.episode_steps[e] += 1
+        if self.hooks is not None:  # before the step is recorded: a hook may shape its reward
+            self.hooks.step(e, results)
         self._take_results(e, results)
 
     def _make_env(self, e: int) -> Environment:
@@ -297,6 +302,8 @@ class ActorWorker(Worker):
         self.episode_steps[e], self.started_at[e] = 0, time.time()
         results = self._call_env(e, "reset")
         if results is not None:
+            if self.hooks is not None:
+                self.hooks.start(e, self.envs[e], results, self.episode_counts[e] - 1)
             self._take_results(e, results)
 
     def _map_policies(self, e: int) -> None:
@@ -361,6 +368,8 @@ class ActorWorker(Worker):
         for k, v in (info or {}).items():
             if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
                 record[f"episode_info/{k}"] = float(v)
+        if self.hooks is not None:
+            record.update(self.hooks.end(e))
         self.episodes.append(record)
 
     # ----------------------------------------------------------------- non-finite values

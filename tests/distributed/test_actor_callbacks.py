@@ -1,0 +1,101 @@
+"""Issue 28: hooks where the data is. A user's callback, written as README "Metrics and
+callbacks" shows, runs inside the actors of a real ``troupe run``: it shapes CartPole's reward
+before the step is recorded, sees every step's ``info``, and logs its own numbers, which
+appear in metrics.jsonl and TensorBoard as ``custom/<name>`` (mean, min, max)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+USER_FILE = '''\
+from api.registry import register_callback
+
+
+class Shaping:
+    """Every step costs 0.1 of CartPole's +1: an episode of L steps returns 0.9 L."""
+
+    def on_episode_start(self, episode):
+        episode.user_data["infos"] = 0
+
+    def on_episode_step(self, episode):
+        for result in episode.results:
+            if result is not None:
+                result.reward = result.reward - 0.1
+                episode.user_data["infos"] += isinstance(result.info, dict)
+
+    def on_episode_end(self, episode):
+        episode.log("steps_with_info", episode.user_data["infos"])
+        episode.log("length_seen", episode.length)
+
+
+register_callback("shaping", Shaping)
+'''
+
+
+def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
+    user = tmp_path / "shaping.py"
+    user.write_text(USER_FILE)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", "--import", str(user),
+         "actor_callbacks=[{'type': 'shaping'}]", "stop.env_frames=4000", "stop.eval_return=None",
+         "evaluation.workers=1", "--run-dir", str(run_dir), "--no-display"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "custom/length_seen" in r][-1]
+    # every step of every episode was seen, with its info
+    assert last["custom/steps_with_info"] == pytest.approx(last["custom/length_seen"])
+    assert last["custom/length_seen"] == pytest.approx(last["episode_length"])
+    assert last["custom/length_seen/min"] <= last["custom/length_seen"]
+    assert last["custom/length_seen"] <= last["custom/length_seen/max"]
+    # the shaped reward is what was recorded: a return of 0.9 per step
+    assert last["episode_return"] == pytest.approx(0.9 * last["episode_length"], rel=1e-6)
+    assert any("eval/custom/length_seen" in r for r in records)  # evaluation actors too
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert "custom/steps_with_info" in acc.Tags()["scalars"]
+    assert "custom/length_seen/max" in acc.Tags()["scalars"]
+    assert "steps_with_info" in result.stdout  # the plain progress line shows them
+
+
+def test_a_hook_that_raises_ends_the_run_at_once_naming_it(tmp_path):
+    user = tmp_path / "broken.py"
+    user.write_text(
+        textwrap.dedent("""\
+        from api.registry import register_callback
+
+
+        class Broken:
+            def on_episode_step(self, episode):
+                raise KeyError("no such thing")
+
+
+        register_callback("broken", Broken)
+    """)
+    )
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", "--import", str(user),
+         "actor_callbacks=[{'type': 'broken'}]", "stop.env_frames=4000", "--run-dir",
+         str(run_dir), "--no-display"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "actor callback 'broken' raised in on_episode_step" in summary["failure"], summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert sum(w["restarts"] for w in workers.values()) == 0  # fatal: not restarted in a loop
