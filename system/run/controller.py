@@ -219,25 +219,24 @@ class Controller:
         logger.info("every worker process ended after %.2fs", time.monotonic() - started)
 
     def _revive_services(self, timeout_s: float = 30.0) -> None:
-        """Before trainers stop, the services they hand their last words to (the parameter
-        service: the final version and trainer state) must be there. One that died moments
-        before the stop, too late for supervision to restart it, is restarted now and waited
-        for, or every trainer's final publish would time out and the run folder end without
-        its last checkpoints."""
-        if self.stop_reason == "failed":  # what failed may be why a service is down
+        """Before trainers stop, every worker whose stop writes the run's last checkpoints
+        (:data:`SAVING_ROLES`: the parameter service takes the final version and trainer state,
+        a trainer sends them, a replay worker saves its buffer) must be there and running its
+        loop. One that died moments before the stop, too late for supervision to restart it, is
+        restarted now and waited for; so is one restarted moments ago (stopped while being
+        built, a worker just leaves, without its on_stop)."""
+        if self.stop_reason == "failed":  # what failed may be why a worker is down
             return
-        services = [s for s in self.workers.values() if s.plan.stop_order == 2]
-        for state in services:
-            down = state.state is WorkerState.FAILED or not self.launcher.is_alive(
-                state.plan.worker_id
-            )
-            given_up = self.failure is not None and self.failure.worker == state.plan.worker_id
+        savers = [s for s in self.workers.values() if s.plan.role in SAVING_ROLES]
+        for state in savers:
+            wid = state.plan.worker_id
+            down = state.state is WorkerState.FAILED or not self.launcher.is_alive(wid)
+            given_up = self.failure is not None and self.failure.worker == wid
             if down and state.plan.restartable and not given_up:
                 self._restart(state, "exited")
+        back = (WorkerState.RESTARTING, WorkerState.CONFIGURING)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(
-            s.state in (WorkerState.RESTARTING, WorkerState.CONFIGURING) for s in services
-        ):
+        while time.monotonic() < deadline and any(s.restarts and s.state in back for s in savers):
             self._receive(timeout_ms=100)
 
     def _stop_workers(self, ids: list[str], timeout_s: float = 15.0) -> None:
@@ -654,8 +653,11 @@ class Controller:
             "episode_return": record["episode_return"],
             "eval_return": record["eval_return"],
             "game_return": record["game_return"],
-            "custom": {k[len("custom/"):]: v for k, v in record.items()
-                       if k.startswith("custom/") and not k.endswith(("/min", "/max"))},
+            "custom": {
+                k[len("custom/") :]: v
+                for k, v in record.items()
+                if k.startswith("custom/") and not k.endswith(("/min", "/max"))
+            },
             "target": self.config.stop.eval_return,
             "policies": {
                 name: {

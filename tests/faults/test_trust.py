@@ -59,21 +59,23 @@ def _started(run_dir, *extra: str):
     return proc
 
 
-def test_ctrl_c_right_after_the_parameter_service_died_still_writes_the_final_checkpoints(
-    tmp_path,
-):
+@pytest.mark.parametrize("victim", ["trainer/default/0", "params"])
+def test_ctrl_c_right_after_a_saver_died_still_writes_the_final_checkpoints(tmp_path, victim):
+    """The trainer or the parameter service SIGKILLed, then Ctrl+C before supervision has
+    restarted it: the controller brings it back for its stop, so the final version and the
+    trainer state are written, from the trainer's newest version."""
     run_dir = tmp_path / "run"
     proc = _started(run_dir, LONG)
-    os.kill(workers(run_dir)["params"]["pid"], signal.SIGKILL)
-    time.sleep(0.3)  # before supervision restarts it
+    os.kill(workers(run_dir)[victim]["pid"], signal.SIGKILL)
+    time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)
     out = finish(proc)
     assert proc.returncode == 130, out[-3000:]
-    assert "did not stop" not in out, out[-3000:]
-    trained = _version(run_dir, "trainer/default/0")
-    assert checkpointed_versions(run_dir)[-1] == trained, (checkpointed_versions(run_dir), out)
+    assert "did not stop" not in out and "did not finish its stop" not in out, out[-3000:]
+    final = checkpointed_versions(run_dir)[-1]
+    assert final >= _version(run_dir, "trainer/default/0"), (checkpointed_versions(run_dir), out)
     folder = run_dir / "checkpoints" / "default"
-    assert load_checkpoint_file(folder / TRAINER_FILE, field="trainer")["version"] == trained
+    assert load_checkpoint_file(folder / TRAINER_FILE, field="trainer")["version"] == final
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"
 
 
