@@ -237,10 +237,11 @@ def _check_progress(run, report: PipelineReport) -> None:
         )
     for worker in run.workers_of(Role.POLICY):
         worker.poll()  # a policy worker takes new parameters at its next poll: give it one
-        latest = report.versions.get(worker.policy_name)
-        if latest and worker.policy.version < latest[0]:
+        # what the trainer published (every step, or every publish_every steps)
+        published = run.store.latest_version(worker.policy_name)
+        if published is not None and worker.policy.version < published:
             raise PipelineCheckError(
                 f"policy worker of '{worker.policy_name}' still serves version "
-                f"{worker.policy.version} after the trainer published {latest}: its "
+                f"{worker.policy.version} after the trainer published {published}: its "
                 "load_checkpoint() does not take the published parameters (or the version)"
             )

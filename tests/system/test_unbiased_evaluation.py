@@ -118,7 +118,7 @@ def test_eval_evaluate_and_one_at_a_time_agree(tmp_path, length_env):
     trained = troupe_cli(
         "run", "cartpole-ppo", f"environment.type={ENV}", "environment.args={}",
         "stop.env_frames=3000", "stop.eval_return=None", "evaluation.workers=0",
-        "--import", str(USER_CODE / "length_return.py"), "--run-dir", str(run_dir),
+        "--import", str(USER_CODE / "length_return_registered.py"), "--run-dir", str(run_dir),
         "--no-display",
     )  # fmt: skip
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]

@@ -11,7 +11,6 @@ import gymnasium as gym
 import numpy as np
 
 from api.environment import Environment, StepResult
-from api.registry import register_environment
 
 MAX_LENGTH = 60
 TRUE_MEAN = (1 + MAX_LENGTH) / 2
@@ -47,6 +46,3 @@ class LengthReturnEnv(Environment):
 
     def _obs(self) -> np.ndarray:
         return np.array([self._left / MAX_LENGTH, 1.0], np.float32)
-
-
-register_environment("length-return", LengthReturnEnv, override=True)
