@@ -216,7 +216,7 @@ class ParameterStore:
                 entry.on_disk.add(version)
                 if trainer_state is not None:
                     self._save_trainer_state(policy, version, trainer_state)
-            elif self.durable:
+            if self.durable:  # every version, persisted ones too: latest.ckpt is the newest
                 self._save_latest(policy, version, params)
             entry.memory[version] = params
             entry.latest = version
