@@ -26,6 +26,7 @@ def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: i
     from distributed.api import load_policy
 
     policy = load_policy(target)
+    _quiet_sdl()
     kwargs = {"render_mode": "rgb_array"} if _is_gymnasium(policy.config.environment.type) else {}
     env = policy.make_env(**kwargs)
     if env.agent_count != 1:
@@ -73,3 +74,16 @@ def _is_gymnasium(name: str) -> bool:
     import gymnasium as gym
 
     return name in gym.registry
+
+
+def _quiet_sdl() -> None:
+    """Rendering through pygame's SDL prints "error: XDG_RUNTIME_DIR is invalid" on a machine
+    without a login session (a container, CI, ssh), which reads like Troupe's own error; a
+    private runtime directory and no sound device keep it quiet (drawing is unaffected)."""
+    import os
+    import tempfile
+
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if not runtime or not os.path.isdir(runtime):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="troupe-xdg-")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")

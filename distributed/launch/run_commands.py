@@ -20,6 +20,11 @@ EXPERIMENT_HELP = (
 )
 
 
+VIDEO_MAX_EPISODES = 10
+"""What ``troupe eval --video`` records by default at most (every frame is kept in memory
+until the file is written: ten CartPole episodes are 5,000 frames)."""
+
+
 def add_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--import",
@@ -190,6 +195,7 @@ def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_show_config(args: argparse.Namespace, console: Console) -> int:
     """The resolved config: every key with its type, default, value and documentation."""
+    from rich.padding import Padding
     from rich.table import Table
 
     from api.config_docs import MISSING, describe_config
@@ -199,12 +205,25 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    hidden = ("code.registrations",)
+    rows = [r for r in describe_config(config)
+            if not (r.path.startswith(hidden) or r.path.endswith(".args"))]  # fmt: skip
+    if console.width < WIDE_TABLE:  # five columns would wrap every word: a block per key
+        console.print(Text(f"experiment {config.name}", style="bold"))
+        for row in rows:
+            changed = row.default is not MISSING and row.value != row.default
+            default = repr(row.default) if row.default is not MISSING else MISSING
+            console.print(Text.assemble(
+                (row.path, "cyan"), " = ", (repr(row.value), "bold yellow" if changed else ""),
+                (f"  ({row.type}; default {default})", "dim"),
+            ))  # fmt: skip
+            if row.doc:  # indented, and wrapped at the terminal's width with its indent
+                console.print(Padding(Text(row.doc), (0, 0, 0, 4)))
+        return 0
     table = Table(title=f"experiment {config.name}", title_justify="left", show_lines=False)
     for column in ("key", "type", "default", "value", "doc"):
         table.add_column(column, overflow="fold")
-    for row in describe_config(config):
-        if row.path.startswith("code.registrations") or row.path.endswith(".args"):
-            continue
+    for row in rows:
         changed = row.default is not MISSING and row.value != row.default
         table.add_row(
             Text(row.path, style="cyan"),
@@ -215,6 +234,10 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(table)
     return 0
+
+
+WIDE_TABLE = 140
+"""Columns below which ``show-config`` prints a block per key instead of its five-column table."""
 
 
 RESULT_FILES = ("metrics.jsonl", "learning_curve.png", "summary.json")
@@ -249,7 +272,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUT.mp4",
         help="also record greedy episodes to a video (.mp4 or .gif; needs the 'video' extra)",
     )
-    parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video")
+    parser.add_argument(
+        "--video-episodes",
+        type=int,
+        default=None,
+        help=f"episodes in the video (default: --episodes, at most {VIDEO_MAX_EPISODES})",
+    )
 
 
 def run_eval(args: argparse.Namespace, console: Console) -> int:
@@ -262,7 +290,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     if args.video:
         from distributed.video import record_video
 
-        returns = record_video(args.target, args.video, episodes=args.video_episodes)
+        wanted = args.video_episodes or min(args.episodes, VIDEO_MAX_EPISODES)
+        returns = record_video(args.target, args.video, episodes=wanted)
         console.print(f"video of {len(returns)} episodes (returns {returns}) in {args.video}")
     result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
     if args.json:

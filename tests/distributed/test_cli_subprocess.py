@@ -338,3 +338,14 @@ def test_controller_with_insecure_starts_and_warns(tmp_path):
 def test_worker_with_insecure_starts_and_warns(tmp_path):
     out = _starts_with_warning([*_worker_args(), "--insecure"], tmp_path / "out.log")
     assert "actor/0" in out and "plain text" in out, out
+
+
+def test_show_config_in_80_columns_is_a_block_per_key():
+    """Issue 28: in 80 columns the five-column table wrapped every word; a block per key
+    keeps each key, its value, type and default on one line, its doc below."""
+    result = troupe("show-config", "cartpole-ppo", env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    (workers,) = [line for line in lines if line.startswith("actors.workers = ")]
+    assert "(int; default 2)" in workers

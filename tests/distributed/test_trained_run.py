@@ -279,9 +279,11 @@ def test_eval_video_writes_a_playable_mp4(trained, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     printed = result.stdout.split("(returns ")[1].split(")")[0]
-    (episode_return,) = json.loads(printed)
+    returns = json.loads(printed)
+    assert len(returns) == 2  # as many as --episodes asked (issue 28: it used to be one)
     frames = imageio.imread(out, index=None)
-    # one frame after the reset and one per step: a CartPole step earns 1
-    assert frames.shape[0] == int(episode_return) + 1, (frames.shape, episode_return)
+    # one frame after each reset and one per step: a CartPole step earns 1
+    assert frames.shape[0] == sum(int(r) + 1 for r in returns), (frames.shape, returns)
+    assert "XDG_RUNTIME_DIR" not in result.stdout + result.stderr  # no foreign noise
     assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.shape[1] > 100
     assert frames.std() > 1.0  # a drawing, not a blank
