@@ -20,13 +20,13 @@ import contextlib
 import difflib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
 from api import user_code
-from api.errors import RegistryError
+from api.errors import ConfigError, RegistryError
 
 logger = logging.getLogger(__name__)
 
@@ -300,3 +300,13 @@ def make_spec(kind: str, name_or_spec: str | Spec) -> Spec:
     if isinstance(name_or_spec, Spec):
         return name_or_spec
     return REGISTRIES[kind].spec(name_or_spec)
+
+
+def make_callbacks(configs: Iterable[Any], hooks: Sequence[str], section: str) -> list:
+    """``[(name, object)]``: the registered callbacks ``configs`` name (``ComponentConfig``s),
+    each checked to have at least one of ``hooks``, or a ConfigError naming ``section``."""
+    objects = [(c.type, callbacks.make(c.type, **c.args)) for c in configs]
+    for name, obj in objects:
+        if not any(callable(getattr(obj, hook, None)) for hook in hooks):
+            raise ConfigError([f"{section}: '{name}' has none of the methods {', '.join(hooks)}"])
+    return objects

@@ -49,6 +49,20 @@ _PPO = dict(
 )
 
 
+def _training_league() -> dict:
+    """How ``main`` trains, in both recipes: either seat, against its snapshots (``past``, 80%)
+    or itself, with a tenth of the opponents' moves random; 2 actors of 32 boards."""
+    return dict(
+        policy_mapping=ComponentConfig(
+            "self-play", dict(learner="main", opponents={"past": 0.8, "main": 0.2})
+        ),
+        selfplay=SelfPlayConfig(
+            learner="main", opponent="past", snapshot_every=5, pool_size=20, random_moves=0.1
+        ),
+        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=32, groups=2),
+    )
+
+
 def connect4_selfplay() -> ExperimentConfig:
     """PPO by self-play on ConnectFour-v3, until one version of ``main`` reaches a greedy mean
     return of 0.98 against the scripted players (1 a win, -1 a loss) in three windows of 300
@@ -65,13 +79,7 @@ def connect4_selfplay() -> ExperimentConfig:
             "random": PolicyConfig(policy=ComponentConfig("random-legal")),
             "heuristic": PolicyConfig(policy=ComponentConfig("connect-four-heuristic")),
         },
-        policy_mapping=ComponentConfig(
-            "self-play", dict(learner="main", opponents={"past": 0.8, "main": 0.2})
-        ),
-        selfplay=SelfPlayConfig(
-            learner="main", opponent="past", snapshot_every=5, pool_size=20, random_moves=0.1
-        ),
-        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=32, groups=2),
+        **_training_league(),
         evaluation=EvaluationConfig(
             workers=1,
             envs_per_worker=8,
@@ -122,13 +130,7 @@ def selfplay(
             "past": PolicyConfig(policy=ComponentConfig("actor-critic", dict(network))),
             "random": PolicyConfig(policy=ComponentConfig("random-legal")),
         },
-        policy_mapping=ComponentConfig(
-            "self-play", dict(learner="main", opponents={"past": 0.8, "main": 0.2})
-        ),
-        selfplay=SelfPlayConfig(
-            learner="main", opponent="past", snapshot_every=5, pool_size=20, random_moves=0.1
-        ),
-        actors=ActorConfig(workers=2, envs_per_worker=32, segment_length=32, groups=2),
+        **_training_league(),
         evaluation=EvaluationConfig(
             workers=1,
             envs_per_worker=8,

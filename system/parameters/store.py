@@ -20,7 +20,7 @@ own and a restarted one (or every rank of a data-parallel group) reads it back f
 (:meth:`ParameterStore.trainer_state`). The newest is kept, and the one before it for a resume
 that finds the newest damaged.
 
-Every file proves itself (a digest, :mod:`system.parameters.checkpoint_file`): a damaged one is
+Every file proves itself (a checksum, :mod:`system.parameters.checkpoint_file`): a damaged one is
 named in a warning and skipped for the newest good one. The run's service keeps the newest
 ``keep_files`` numbered checkpoints (``checkpoint.keep_last``), so a long run's folder stays
 bounded.

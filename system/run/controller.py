@@ -210,7 +210,7 @@ class Controller:
         started = time.monotonic()
         for order in (0, 1, 2):
             if order == 1:
-                self._revive_services()
+                self._revive_savers()
             ids = [w for w, s in self.workers.items() if s.plan.stop_order == order]
             self._stop_workers(ids)
             logger.info("stopped %s after %.2fs", ids, time.monotonic() - started)
@@ -218,7 +218,7 @@ class Controller:
         self.display.stop()
         logger.info("every worker process ended after %.2fs", time.monotonic() - started)
 
-    def _revive_services(self, timeout_s: float = 30.0) -> None:
+    def _revive_savers(self, timeout_s: float = 30.0) -> None:
         """Before trainers stop, every worker whose stop writes the run's last checkpoints
         (:data:`SAVING_ROLES`: the parameter service takes the final version and trainer state,
         a trainer sends them, a replay worker saves its buffer) must be there and running its

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from api.config import ComponentConfig
-from api.errors import ConfigError
-from api.registry import callbacks as callback_registry
+from api.registry import make_callbacks
 from system.errors import CallbackError
 
 logger = logging.getLogger(__name__)
@@ -65,12 +64,7 @@ class Callbacks:
     """The experiment's callbacks, built once in the controller."""
 
     def __init__(self, configs: list[ComponentConfig]):
-        self.objects = [(c.type, callback_registry.make(c.type, **c.args)) for c in configs]
-        for name, obj in self.objects:
-            if not any(callable(getattr(obj, hook, None)) for hook in HOOKS):
-                raise ConfigError(
-                    [f"callbacks: '{name}' has none of the methods {', '.join(HOOKS)}"]
-                )
+        self.objects = make_callbacks(configs, HOOKS, "callbacks")
         self._train_steps: dict[str, float] = {}
         self.logged: dict[str, float] = {}
         """What hooks returned (a dict of numbers): ``custom/<name>`` in each record, the

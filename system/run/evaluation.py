@@ -86,7 +86,7 @@ def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
     if not config_file.exists():
         raise UserError(f"{run_dir} is not a run folder: it has no config.json")
     config = saved_config(run_dir)
-    check_checkpoints(run_dir, config)  # damaged files named; none good left: one line
+    check_checkpoints(run_dir, config, trainer_state=False)  # damaged named; none good: 1 line
     load_code(config.code)
     store = ParameterStore(run_dir)
     if not store.load_from_disk():

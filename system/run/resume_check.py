@@ -104,14 +104,17 @@ def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Pat
         raise RunFolderError.from_os_error(folder / RESUMES_FILE, e) from e
 
 
-def check_checkpoints(folder: Path, config: ExperimentConfig) -> None:
-    """Each trained policy resumes from a checkpoint that proves itself, or not at all."""
+def check_checkpoints(folder: Path, config: ExperimentConfig, trainer_state: bool = True) -> None:
+    """Each trained policy resumes from a checkpoint that proves itself, or not at all.
+    ``trainer_state=False``: parameters only (an evaluation never reads the optimiser)."""
     for name in config.policies:
         policy_dir = folder / "checkpoints" / name
         if not policy_dir.is_dir():
             continue
         params = [policy_dir / LATEST_FILE, *sorted(policy_dir.glob("v*.ckpt"), reverse=True)]
         _newest_good(name, "parameters", [p for p in params if p.is_file()], "params")
+        if not trainer_state:
+            continue
         states = [policy_dir / TRAINER_FILE, policy_dir / TRAINER_PREVIOUS_FILE]
         _newest_good(name, "trainer state", [p for p in states if p.is_file()], "trainer")
 

@@ -92,10 +92,6 @@ class ReplayClient:
         self._priorities: list[np.ndarray] = []
         """Priorities not sent yet (every request was in flight when they came)."""
 
-    @property
-    def waiting(self) -> bool:
-        return self.in_flight > 0
-
     def request(self, keys: np.ndarray | None = None, priorities: np.ndarray | None = None) -> None:
         """Hand back a batch's priorities and ask for the next batch; with ``depth`` requests
         already in flight they go with the next one."""

@@ -17,8 +17,7 @@ from typing import Any
 from api.config import ComponentConfig
 from api.environment import Environment, StepResult
 from api.episode import ACTOR_HOOKS, Episode
-from api.errors import ConfigError
-from api.registry import callbacks as callback_registry
+from api.registry import make_callbacks
 from system.errors import CallbackError
 
 
@@ -28,12 +27,7 @@ class ActorHooks:
     def __init__(self, worker_id: str, is_evaluation: bool, configs: list[ComponentConfig]):
         self.worker_id = worker_id
         self.is_evaluation = is_evaluation
-        self.objects = [(c.type, callback_registry.make(c.type, **c.args)) for c in configs]
-        for name, obj in self.objects:
-            if not any(callable(getattr(obj, hook, None)) for hook in ACTOR_HOOKS):
-                raise ConfigError(
-                    [f"actor_callbacks: '{name}' has none of the methods {', '.join(ACTOR_HOOKS)}"]
-                )
+        self.objects = make_callbacks(configs, ACTOR_HOOKS, "actor_callbacks")
         self.episodes: dict[int, Episode] = {}
 
     @classmethod

@@ -1,7 +1,7 @@
 """Issue 25, item 3: checkpoints that prove themselves, and a folder that stays bounded.
 
 Every file a run resumes from (a version's parameters, ``latest.ckpt``, the trainer's state, the
-replay buffer) ends with a digest of its contents: a flipped byte anywhere is refused on load,
+replay buffer) ends with a checksum of its contents: a flipped byte anywhere is refused on load,
 the store skips a damaged file for the newest good one (naming it), and numbered checkpoints are
 pruned to ``keep_last`` (tagged versions and ``keep_every`` multiples kept).
 """
@@ -151,8 +151,8 @@ def test_a_reader_never_removes_files(tmp_path):
     assert len(list((tmp_path / "checkpoints" / "default").glob("v*.ckpt"))) == 5
 
 
-def test_checkpoints_of_older_runs_without_a_digest_still_load(tmp_path):
-    """Files written before the digest (magic TROUPECK) are read as they were."""
+def test_checkpoints_of_older_runs_without_a_checksum_still_load(tmp_path):
+    """Files written before the checksum (magic TROUPECK) are read as they were."""
     import struct
 
     from system.streams import wire
