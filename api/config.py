@@ -221,7 +221,7 @@ class LivenessConfig:
     a data-parallel group waiting for its slowest rank) takes minutes."""
 
     def bound(self, role: str) -> tuple[str, float]:
-        """The setting that bounds one poll of ``role`` (a ``system.run.plan.Role`` value) and
+        """The setting that bounds one poll of ``role`` (a ``system.roles.Role`` value) and
         its value in seconds."""
         if role == "trainer":
             return "liveness.max_trainer_poll_s", self.max_trainer_poll_s

@@ -98,7 +98,7 @@ def lagged_run(variant: str, lag: int, seed: int, budget_frames: int) -> LagRun:
     import torch
 
     from api.config import make_experiment
-    from system.run.plan import Role
+    from system.roles import Role
     from system.run.serial import SerialRun
 
     torch.set_num_threads(1)

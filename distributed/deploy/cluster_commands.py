@@ -131,7 +131,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
 
 # --------------------------------------------------------------------- troupe worker
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    from system.run.plan import Role
+    from system.roles import Role
 
     parser.add_argument("--id", required=True, help="worker id, e.g. actor/{ordinal} or params")
     parser.add_argument("--role", required=True, choices=[r.value for r in Role])

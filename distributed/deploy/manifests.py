@@ -39,7 +39,7 @@ class RoleGroup:
     """``params``, ``replay/<policy>``, ``trainer/<policy>``, ``policy/<policy>``, ``actor`` or
     ``eval``."""
     role: str
-    """The ``--role`` of ``troupe worker`` (a :class:`system.run.plan.Role` value)."""
+    """The ``--role`` of ``troupe worker`` (a :class:`system.roles.Role` value)."""
     id_template: str
     """The ``--id`` of ``troupe worker``: ``params`` or e.g. ``actor/{ordinal}``."""
     replicas: int

@@ -7,7 +7,7 @@ reports in its heartbeat and the controller keeps in the run folder's ``workers.
 margin, and the CPU a worker can use: actors, policy workers, trainers and replay workers are one
 busy process each (one core); the controller and the parameter service mostly wait on sockets.
 
-The components are the runtime's worker roles (:class:`system.run.plan.Role`, so a new role is a
+The components are the runtime's worker roles (:class:`system.roles.Role`, so a new role is a
 new component here, and a test asks :data:`MEASURED` for its figures), plus the controller and
 the evaluation actors, which are actors sized on their own.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distributed.errors import DeployError
-from system.run.plan import Role
+from system.roles import Role
 
 CONTROLLER, EVAL = "controller", "eval"
 ROLE_COMPONENTS: dict[str, str] = {

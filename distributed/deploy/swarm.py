@@ -53,7 +53,8 @@ FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "re
 # --------------------------------------------------------------------- the services of a run
 def service_roles(config: ExperimentConfig, run: str) -> list[dl.RoleSpec]:
     """Controller, then one service per fixed worker id, then one per replicated group."""
-    from system.run.plan import Role, plan_workers
+    from system.roles import Role
+    from system.run.plan import plan_workers
 
     controller = dl.container_name(run, dl.CONTROLLER_ID)
     specs = [dl.RoleSpec(dl.CONTROLLER_ID, "controller", dl.controller_command(controller))]
@@ -136,8 +137,8 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
     """Everything about a role's service but its name, image, command and network."""
     from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
 
+    from system.roles import Role
     from system.run.controller import MAX_RESTARTS
-    from system.run.plan import Role
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())

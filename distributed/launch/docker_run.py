@@ -69,7 +69,7 @@ class RoleSpec:
     worker_id: str
     """A worker id from ``plan_workers`` (may hold ``{ordinal}`` for a replicated service)."""
     role: str
-    """``controller``, or a worker role (a :class:`system.run.plan.Role` value)."""
+    """``controller``, or a worker role (a :class:`system.roles.Role` value)."""
     command: list[str]
     replicas: int = 1
     labels: dict[str, str] = field(default_factory=dict)
@@ -77,7 +77,8 @@ class RoleSpec:
     @property
     def restartable(self) -> bool:
         """Whether the scheduler should restart it: as the controller's plan says of the role."""
-        from system.run.plan import PLAN_TYPES, Role
+        from system.roles import Role
+        from system.run.plan import PLAN_TYPES
 
         return self.role != "controller" and PLAN_TYPES[Role(self.role)].restartable
 

@@ -70,7 +70,6 @@ class ParameterPublisher(ParameterReader):
         published), or None when none was."""
 
 
-
 class ParameterSubscriber(ParameterReader):
     """What a policy worker needs: the newest version it has not loaded yet."""
 

@@ -34,22 +34,18 @@ from api.errors import ConfigError
 from api.policy import Policy
 from api.policy_mapping import PolicyMapping, check_policy_mapping, make_policy_mapping
 from api.trainer import Trainer
+from system import roles
 from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterClientBase
 from system.parameters.store import ParameterStore
+from system.roles import Role
 from system.run.plan import (
     ActorPlan,
     ParameterServicePlan,
     PolicyWorkerPlan,
     ReplayPlan,
-    Role,
     TrainerPlan,
     WorkerPlan,
-    inference_endpoint,
-    replay_batches_endpoint,
-    replay_samples_endpoint,
-    samples_endpoint,
-    trainer_group_endpoint,
 )
 from system.streams.inference import InferenceClient, InferenceServer
 from system.streams.replay import ReplayClient
@@ -228,8 +224,8 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
         replay = wiring.replay_client(peers.replay_batches, plan.policy, policy, plan.worker_id)
     else:
-        samples = wiring.sample_consumer(samples_endpoint(plan.policy, plan.index), plan.policy,
-                                         policy)  # fmt: skip
+        endpoint = roles.samples_endpoint(plan.policy, plan.index)
+        samples = wiring.sample_consumer(endpoint, plan.policy, policy)
     from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
     from system.workers.trainer_worker import TrainerWorker
 
@@ -247,7 +243,8 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         checkpoint_every=cfg.checkpoint.every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
         max_policy_lag=pc.max_policy_lag,
-        warn_policy_lag=pc.warn_policy_lag, publish_every=pc.publish_every,
+        warn_policy_lag=pc.warn_policy_lag,
+        publish_every=pc.publish_every,
     )
     latest = latest_version(params, plan.policy)
     if latest is not None:  # resuming, or restarted after a failure
@@ -256,7 +253,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if samples is not None and group_size == 1 and wiring.threads and pc.load_ahead:
         worker.start_loader()  # a group's ranks agree on each step's batch: they load in turn
     if group_size > 1:  # after restoring: every rank starts from rank 0's parameters
-        name = trainer_group_endpoint(plan.policy)
+        name = roles.trainer_group_endpoint(plan.policy)
         group = wiring.trainer_group(name, plan.policy, plan.index, group_size)
         if group is not None:
             worker.join(group)
@@ -273,8 +270,8 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
         plan.worker_id,
         plan.policy,
         ReplayBuffer(buffer_config(cfg, plan.policy)),
-        wiring.sample_consumer(replay_samples_endpoint(plan.policy), plan.policy, policy),
-        wiring.replay_server(replay_batches_endpoint(plan.policy), plan.policy),
+        wiring.sample_consumer(roles.replay_samples_endpoint(plan.policy), plan.policy, policy),
+        wiring.replay_server(roles.replay_batches_endpoint(plan.policy), plan.policy),
         batch_size=cfg.policies[plan.policy].replay.batch_size,
         checkpoint_path=replay_file(wiring.run_dir, plan.policy) if wiring.run_dir else None,
         save_every_s=cfg.policies[plan.policy].replay.save_every_s,
@@ -288,7 +285,7 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     if cfg.policies[plan.policy].checkpoint:  # a frozen policy from another run's file
         policy.load_checkpoint(read_frozen_checkpoint(cfg.policies[plan.policy].checkpoint))
     params = wiring.parameter_client(subscribe=plan.peers(cfg).parameters or [])
-    name = inference_endpoint(plan.policy, plan.index)
+    name = roles.inference_endpoint(plan.policy, plan.index)
     if plan.policy == cfg.selfplay.opponent:
         from system.workers.opponent_pool import OpponentPolicyWorker
 

@@ -33,12 +33,13 @@ from api.errors import RunFolderError
 from system import timing
 from system.errors import CallbackError, WireError, WorkerFailure
 from system.ratelimit import BadMessages
+from system.roles import Role, WorkerState
 from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.coordination import Coordination
 from system.run.display import LiveDisplay
 from system.run.episodes import CUSTOM, Callbacks, EpisodeWindow
 from system.run.monitor import MetricsWriter
-from system.run.plan import Role, WorkerPlan, WorkerState, plan_workers
+from system.run.plan import WorkerPlan, plan_workers
 from system.run.report import (
     build_summary,
     read_metrics,

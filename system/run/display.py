@@ -20,7 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from system.run.plan import WorkerState
+from system.roles import WorkerState
 
 _REFRESH_PER_SECOND = 4
 _TRAINER_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")

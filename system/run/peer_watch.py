@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from system.parameters.interfaces import ParameterClientBase
+from system.roles import PARAMS_PUSH, PARAMS_REQUEST
 from system.run.control_channel import ControlClient
-from system.run.plan import PARAMS_PUSH, PARAMS_REQUEST
 from system.streams.replay import ZmqReplayClient
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from api.config import (
 from api.errors import PipelineCheckError
 from api.policy import SampleBatch
 from api.testing import PipelineReport
-from system.run.plan import Role
+from system.roles import Role
 
 
 def run_pipeline_check(

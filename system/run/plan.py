@@ -6,10 +6,9 @@ deployments (to turn them into processes, containers, services or job steps). A 
 its worker inside the ``configure`` message as a plain mapping (:meth:`WorkerPlan.to_wire`) and
 is rebuilt there with :func:`plan_from_wire`, so no role reads untyped arguments.
 
-Endpoint names (``inference/<policy>/<i>``, ...) are made here and only here: a worker registers
-the names its plan :meth:`~WorkerPlan.endpoints` says it owns, looks up the names its plan's
-:meth:`~WorkerPlan.peers` gives, and the controller forgets exactly the owned names when a worker
-restarts.
+Endpoint names are made in :mod:`system.roles`: a worker registers the names its plan's
+:meth:`~WorkerPlan.endpoints` says it owns and looks up those its :meth:`~WorkerPlan.peers`
+gives; the controller forgets exactly the owned names when a worker restarts.
 
 What the runtime decides per role is said here too, on each plan class (whether serial mode
 builds it and in what order it polls it, whether its process imports torch, which peers it
@@ -20,81 +19,21 @@ its builder (:mod:`system.run.builders`) and its worker module.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from api.config import ExperimentConfig, uses_replay
 from api.errors import ConfigError
-
-
-class Role(str, enum.Enum):
-    """A worker's role; the value is what command lines and ``workers.json`` show."""
-
-    PARAMETER_SERVICE = "parameter_service"
-    TRAINER = "trainer"
-    POLICY = "policy"
-    ACTOR = "actor"
-    REPLAY = "replay"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class WorkerState(str, enum.Enum):
-    """Where a worker is in its life, as the controller sees it."""
-
-    STARTING = "starting"
-    """Started (or expected from a scheduler); no message yet."""
-    CONFIGURING = "configuring"
-    """Said hello and got its configuration; building its components."""
-    ALIVE = "alive"
-    """Built and polling; heartbeats arrive."""
-    RESTARTING = "restarting"
-    """Restarted by the controller; its hello is expected."""
-    STOPPED = "stopped"
-    """Left after a stop request (said bye)."""
-    FAILED = "failed"
-    """Reported an error, or exited or went silent without one."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def running(self) -> bool:
-        """Whether a stop request should be sent to (and waited for from) this worker."""
-        return self in (WorkerState.ALIVE, WorkerState.CONFIGURING)
-
-
-# ------------------------------------------------------------------------- endpoint names
-PARAMS_REQUEST = "params/request"
-PARAMS_PUSH = "params/push"
-
-
-def inference_endpoint(policy: str, index: int) -> str:
-    """The name policy worker ``index`` of ``policy`` registers its inference server under."""
-    return f"inference/{policy}/{index}"
-
-
-def samples_endpoint(policy: str, index: int) -> str:
-    """The name trainer ``index`` of ``policy`` registers its sample consumer under."""
-    return f"samples/{policy}/{index}"
-
-
-def trainer_group_endpoint(policy: str) -> str:
-    """The name rank 0 of ``policy``'s data-parallel trainer group registers its rendezvous
-    store under (``tcp://host:port``); the other ranks look it up to join the group."""
-    return f"trainer_group/{policy}"
-
-
-def replay_samples_endpoint(policy: str) -> str:
-    """The name the replay worker of ``policy`` registers its sample consumer under."""
-    return f"replay/{policy}/samples"
-
-
-def replay_batches_endpoint(policy: str) -> str:
-    """The name the replay worker of ``policy`` serves sampled transition batches under."""
-    return f"replay/{policy}/batches"
+from system.roles import (
+    PARAMS_PUSH,
+    PARAMS_REQUEST,
+    Role,
+    inference_endpoint,
+    replay_batches_endpoint,
+    replay_samples_endpoint,
+    samples_endpoint,
+    trainer_group_endpoint,
+)
 
 
 # ------------------------------------------------------------------------------ the plans

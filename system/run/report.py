@@ -313,8 +313,10 @@ def matchup_keys(records: list[dict[str, Any]], first: Iterable[str] = ()) -> li
         prefix, pair = key.rsplit("result/", 1)
         a, _, b = pair.partition("_vs_")
         mirror = f"{prefix}result/{b}_vs_{a}"
-        if mirror not in keys or (a in first) > (b in first) or (
-            (a in first) == (b in first) and a < b
+        if (
+            mirror not in keys
+            or (a in first) > (b in first)
+            or ((a in first) == (b in first) and a < b)
         ):
             chosen.append(key)
     return chosen

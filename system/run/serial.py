@@ -24,8 +24,9 @@ from api.policy import Policy
 from system.eval_quota import exact_quotas
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
+from system.roles import Role
 from system.run import builders
-from system.run.plan import Role, SerialOptions, WorkerPlan, plan_workers
+from system.run.plan import SerialOptions, WorkerPlan, plan_workers
 from system.streams.inference import InprocInferenceHub
 from system.streams.replay import InprocReplayHub
 from system.streams.samples import InprocSampleHub

@@ -28,6 +28,7 @@ from system.errors import CallbackError, ControllerGoneError
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
+from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
 from system.run import builders, declared
 from system.run.control_channel import (
     HEARTBEAT_S,
@@ -37,13 +38,7 @@ from system.run.control_channel import (
 )
 from system.run.coordination import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
-from system.run.plan import (
-    PARAMS_PUSH,
-    PARAMS_REQUEST,
-    Peers,
-    Role,
-    plan_from_wire,
-)
+from system.run.plan import Peers, plan_from_wire
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.obs_slots import SlotWriter

@@ -33,7 +33,7 @@ from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
 from system.eval_quota import episode_seed
 from system.ratelimit import Pace
-from system.run.plan import Role
+from system.roles import Role
 from system.streams.inference import InferenceClient, InferenceReply
 from system.streams.samples import SampleProducer
 from system.streams.validation import check_action

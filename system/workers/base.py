@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
-from system.run.plan import Role
+from system.roles import Role
 from system.timing import StageClock
 
 

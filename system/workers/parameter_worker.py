@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from system.parameters.service import ParameterServer
-from system.run.plan import Role
+from system.roles import Role
 from system.workers.base import Worker
 
 

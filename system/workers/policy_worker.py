@@ -29,7 +29,7 @@ from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
 from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterSubscriber
-from system.run.plan import Role
+from system.roles import Role
 from system.streams.inference import InferenceServer, PendingRequest
 from system.timing import BatchSizes
 from system.workers.base import Worker

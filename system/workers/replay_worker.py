@@ -44,7 +44,7 @@ from system.parameters.checkpoint_file import (
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
-from system.run.plan import Role
+from system.roles import Role
 from system.streams.replay import ReplayRequest
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker

@@ -16,7 +16,7 @@ waiting for a peer that has left. A trainer whose step issues a different number
 passes on different ranks (data-dependent minibatch counts) cannot be trained data-parallel.
 
 Rendezvous. Rank 0 starts a ``TCPStore`` on a free port, writes a fresh *generation* key into it,
-registers ``tcp://host:port`` under :func:`system.run.plan.trainer_group_endpoint` and forms the
+registers ``tcp://host:port`` under :func:`system.roles.trainer_group_endpoint` and forms the
 group; once every rank has joined it deletes the key, closing that generation. A joining rank
 looks the name up, and joins only a store whose generation is open: a store of an older
 generation (its rank 0 about to fail) is left alone, and the name looked up again.

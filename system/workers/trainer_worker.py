@@ -36,7 +36,7 @@ from api.trainer import Trainer
 from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
 from system.parameters import trainer_state
 from system.parameters.interfaces import ParameterPublisher
-from system.run.plan import Role
+from system.roles import Role
 from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer
 from system.timing import StageClock

@@ -25,6 +25,17 @@ ALLOWED = {
     "system": {"api", "system"},
     "distributed": {"api", "system", "distributed"},
 }
+SYSTEM_FLOORS = {
+    "system": 0,  # the modules directly in system/: roles, errors, timing, ...
+    "system.replay": 1,
+    "system.streams": 1,
+    "system.parameters": 2,
+    "system.workers": 3,
+    "system.run": 4,
+}
+"""The floors of ``system/``: a module imports from its own sub-package or from a lower floor,
+never from one beside or above it (a worker module reads its role from ``system.roles``, not
+from the run's plan)."""
 MAX_LINES = 400
 LONG_FILE_REASON = "Longer than 400 lines because"
 _TYPE_CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
@@ -87,6 +98,33 @@ def test_imports_point_one_way(package):
         if dep.split(".")[0] not in ALLOWED[package]
     )
     assert wrong == [], f"{package}/ may import only {sorted(ALLOWED[package])}"
+
+
+def _floor_of(module: str) -> str | None:
+    """The floor ``module`` lives on (a sub-package of ``system``, or ``system`` itself), or
+    None outside ``system``."""
+    parts = module.split(".")
+    if parts[0] != "system":
+        return None
+    sub = ".".join(parts[:2])
+    return sub if len(parts) > 2 and sub in SYSTEM_FLOORS else "system"
+
+
+def test_system_floors_point_down():
+    assert {_floor_of(m) for m in MODULES if m.startswith("system")} == set(SYSTEM_FLOORS), (
+        "a new sub-package of system/ needs its floor in SYSTEM_FLOORS"
+    )
+    wrong = sorted(
+        f"{m} ({here}) imports {dep} ({there})"
+        for m, deps in GRAPH.items()
+        if (here := _floor_of(m)) is not None
+        for dep in deps
+        if (there := _floor_of(dep)) is not None
+        and dep not in ("system", there)  # a package's own __init__ imports nothing
+        and there != here
+        and SYSTEM_FLOORS[there] >= SYSTEM_FLOORS[here]
+    )
+    assert wrong == []
 
 
 def test_no_import_cycles():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from distributed.deploy import sizing
-from system.run.plan import Role
+from system.roles import Role
 
 
 def test_every_role_is_a_component_with_figures():

@@ -13,7 +13,7 @@ from api.config import make_experiment
 from distributed.deploy import swarm
 from distributed.deploy.cluster_commands import add_worker_arguments
 from distributed.launch import docker_run as dl
-from system.run.plan import Role
+from system.roles import Role
 
 
 @pytest.mark.parametrize("experiment", ["cartpole-dqn", "pendulum-sac"])

@@ -18,6 +18,7 @@ from api.config import make_experiment
 from api.errors import ConfigError
 from distributed.launch.local import ExternalLauncher
 from system.parameters.store import ParameterStore
+from system.roles import Role
 from system.run import builders
 from system.run import serial as serial_module
 from system.run import worker_process as worker_process_module
@@ -27,7 +28,6 @@ from system.run.plan import (
     PLAN_TYPES,
     ActorPlan,
     PolicyWorkerPlan,
-    Role,
     SerialOptions,
     plan_from_wire,
     plan_workers,

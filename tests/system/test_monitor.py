@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 import system.run.monitor as monitor
+from system.roles import WorkerState
 from system.run.display import plain_line, render_panel
 from system.run.monitor import (
     LiveDisplay,
@@ -23,7 +24,6 @@ from system.run.monitor import (
     write_learning_curve,
     write_summary,
 )
-from system.run.plan import WorkerState
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

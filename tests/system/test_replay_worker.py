@@ -18,14 +18,9 @@ from api.replay import TransitionBatch
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
+from system.roles import replay_samples_endpoint
 from system.run import builders, declared
-from system.run.plan import (
-    ActorPlan,
-    ReplayPlan,
-    TrainerPlan,
-    plan_workers,
-    replay_samples_endpoint,
-)
+from system.run.plan import ActorPlan, ReplayPlan, TrainerPlan, plan_workers
 from system.streams import wire
 from system.streams.replay import InprocReplayHub, ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import InprocSampleHub
@@ -242,7 +237,7 @@ def test_pipeline_trains_off_policy_through_the_replay_worker(env, policy, train
 
 
 def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
-    from system.run.plan import Role
+    from system.roles import Role
     from system.run.serial import SerialRun
 
     cfg = make_experiment("cartpole-dqn")

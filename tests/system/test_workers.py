@@ -15,7 +15,8 @@ from api.trainer import Trainer, TrainerStepResult
 from system.errors import EnvironmentFailure, NonFiniteLossError
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
-from system.run.plan import PLAN_TYPES, Role
+from system.roles import Role
+from system.run.plan import PLAN_TYPES
 from system.streams.inference import InferenceReply, InprocInferenceHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
