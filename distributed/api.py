@@ -30,6 +30,7 @@ from api.config import ExperimentConfig
 from api.errors import UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest
+from system import run_folder
 
 
 @dataclass
@@ -67,7 +68,7 @@ class RunResult:
     @property
     def summary(self) -> dict[str, Any]:
         """``summary.json`` (empty until the run has ended)."""
-        path = self.run_dir / "summary.json"
+        path = self.run_dir / run_folder.SUMMARY
         return json.loads(path.read_text()) if path.exists() else {}
 
     def metrics(self) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from distributed.bench.runs import troupe_command
+from system import run_folder
 from system.run.report import read_metrics
 
 CONFIGS = {
@@ -69,7 +70,9 @@ def profile_run(
     try:
         _wait(lambda: _frames(run_dir) > 0, 60.0)
         time.sleep(warmup_s)
-        pids = {w: v["pid"] for w, v in json.loads((run_dir / "workers.json").read_text()).items()}
+        pids = {
+            w: v["pid"] for w, v in json.loads((run_dir / run_folder.WORKERS).read_text()).items()
+        }
         cpu0, frames0, t0 = _cpu(pids), _frames(run_dir), time.monotonic()
         time.sleep(window_s)
         cpu1, frames1, t1 = _cpu(pids), _frames(run_dir), time.monotonic()

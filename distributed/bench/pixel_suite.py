@@ -27,6 +27,7 @@ from distributed.bench import pixels
 from distributed.bench.cpu_profile import _cpu, _frames
 from distributed.bench.rows import Row
 from distributed.bench.runs import role_utilisation, troupe_command, window_timing
+from system import run_folder
 from system.run.report import read_metrics
 
 FIRST_FRAMES_S = 240.0
@@ -163,6 +164,6 @@ def copied_bytes_per_frame(batch: int = 4, segment_length: int = 128) -> dict[st
 
 def _workers(run_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((run_dir / "workers.json").read_text())
+        return json.loads((run_dir / run_folder.WORKERS).read_text())
     except (OSError, ValueError):
         return {}

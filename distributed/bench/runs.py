@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from system import run_folder
+
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.05
@@ -91,7 +93,7 @@ def watch_run(
             start_new_session=True,  # our signals reach the whole run; the user's Ctrl+C does not
         )
     _live[process.pid] = process
-    tail = _MetricsTail(run_dir / "metrics.jsonl")
+    tail = _MetricsTail(run_dir / run_folder.METRICS)
     peaks: dict[int, float] = {}
     procs: dict[int, tuple[int, str]] = {}
     first_frames = solved = None
@@ -123,8 +125,8 @@ def watch_run(
             _stop(process)
         _live.pop(process.pid, None)
     records = tail.records
-    summary = _read_json(run_dir / "summary.json")
-    workers = _read_json(run_dir / "workers.json")
+    summary = _read_json(run_dir / run_folder.SUMMARY)
+    workers = _read_json(run_dir / run_folder.WORKERS)
     if solved is None and target is not None and summary.get("solved"):
         solved = exit_s  # solved between two reads of the file, just before exiting
     return RunResult(
@@ -139,7 +141,7 @@ def watch_run(
         records=records,
         summary=summary,
         workers=workers,
-        config=_read_json(run_dir / "config.json"),
+        config=_read_json(run_dir / run_folder.CONFIG),
         session_peak_rss_mb=peaks,
         session_labels=_labels(process.pid, procs, workers),
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from api.errors import UserError
+from system import run_folder
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     from system.run.controller import HEARTBEAT_TIMEOUT_S, Controller
 
     run_dir = Path(args.run_dir)
-    config_file = run_dir / "config.json"
+    config_file = run_dir / run_folder.CONFIG
     if not config_file.exists():
         raise UserError(f"{config_file} does not exist: write the run's config.json first")
     from system.run import folder_lock

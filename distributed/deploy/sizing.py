@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distributed.errors import DeployError
+from system import run_folder
 from system.roles import Role
 
 CONTROLLER, EVAL = "controller", "eval"
@@ -93,7 +94,7 @@ def component_of(worker_id: str, role: str) -> str:
 def measured_from(path: Path) -> dict[str, float]:
     """Peak memory (MiB) per component from a run folder (its ``workers.json``), a
     ``workers.json`` itself, or a ``troupe bench --json`` result (its memory suite)."""
-    file = path / "workers.json" if path.is_dir() else path
+    file = path / run_folder.WORKERS if path.is_dir() else path
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as e:

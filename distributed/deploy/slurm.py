@@ -39,6 +39,7 @@ from api.config import ExperimentConfig
 from distributed.deploy.manifests import RoleGroup, config_json, role_groups
 from distributed.deploy.sizing import MEASURED, RoleNeeds
 from distributed.errors import DeployError
+from system import run_folder
 
 RUNTIMES = ("apptainer", "singularity", "enroot", "none")
 SCRIPT_NAME = "troupe.sbatch"
@@ -373,5 +374,5 @@ def write_deployment(config: ExperimentConfig, options: SlurmOptions, keys_text:
     submit.write_text(submit_script(options))
     for path in (script, submit):
         path.chmod(0o755)
-    (out / "config.json").write_text(config_json(config))
-    return [submit, script, out / "config.json", write_private(out / "keys", keys_text)]
+    (out / run_folder.CONFIG).write_text(config_json(config))
+    return [submit, script, out / run_folder.CONFIG, write_private(out / "keys", keys_text)]

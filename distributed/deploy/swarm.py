@@ -37,6 +37,7 @@ from api.config import ExperimentConfig
 from distributed.errors import SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.launch import docker_run as dl
+from system import run_folder
 
 if TYPE_CHECKING:
     import docker
@@ -138,7 +139,7 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
     from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
 
     from system.roles import Role
-    from system.run.controller import MAX_RESTARTS
+    from system.run.supervisor import MAX_RESTARTS
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())
@@ -305,7 +306,7 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     from distributed.launch.run import prepare
 
     config, run_dir = prepare(args.experiment, list(args.overrides), args.run_dir, None)
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
     from system.run import folder_lock
 
     # The run's controller service owns the folder from here (it takes the lock itself).
@@ -357,7 +358,7 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
 
 def _print_run_folder(run_dir: Path, console: Console) -> None:
     """Each worker's state and restarts, and the headline figures of the last metrics line."""
-    workers, metrics = run_dir / "workers.json", run_dir / "metrics.jsonl"
+    workers, metrics = run_dir / run_folder.WORKERS, run_dir / run_folder.METRICS
     if not workers.exists():
         console.print(f"run folder {run_dir} is not on this machine (or not written yet)")
         return

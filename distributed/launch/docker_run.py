@@ -283,7 +283,7 @@ def user_files(config: ExperimentConfig) -> list[str]:
 def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,
            user_files: list[str] = ()):  # fmt: skip
     from system.run import folder_lock
-    from system.run.controller import MAX_RESTARTS
+    from system.run.supervisor import MAX_RESTARTS
 
     name = container_name(run, spec.worker_id)
     restart = {"Name": "on-failure", "MaximumRetryCount": MAX_RESTARTS}

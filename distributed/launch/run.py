@@ -22,6 +22,7 @@ from pathlib import Path
 from api.config import ExperimentConfig
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
+from system import run_folder
 from system.run import folder_lock
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def prepare(
     :mod:`api.resolve`); ``imports``: the user's own files or modules, imported first."""
     if resume:
         folder = Path(resume)
-        if not (folder / "config.json").exists():
+        if not (folder / run_folder.CONFIG).exists():
             raise UserError(f"{folder} is not a run folder: it has no config.json")
         folder_lock.acquire(folder)  # before anything is read or written: one owner
         try:
@@ -214,7 +215,7 @@ def start(
         check_can_run(client, image, run_dir)
     finally:
         client.close()
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
     process = mp.get_context("fork").Process(
         target=_docker_entry,
         args=(config.to_dict(), str(run_dir), image, display),

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from system import run_folder
+
 if TYPE_CHECKING:
     from api.config import StopConfig
 
@@ -240,7 +242,7 @@ WIDE_TABLE = 140
 """Columns below which ``show-config`` prints a block per key instead of its five-column table."""
 
 
-RESULT_FILES = ("metrics.jsonl", "learning_curve.png", "summary.json")
+RESULT_FILES = (run_folder.METRICS, run_folder.LEARNING_CURVE, run_folder.SUMMARY)
 
 
 def _fresh_summary(path: Path, since: float) -> dict | None:

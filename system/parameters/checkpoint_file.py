@@ -16,37 +16,14 @@ version or the previous one.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
-import threading
 import zlib
 from pathlib import Path
 from typing import Any
 
-from api.errors import RunFolderError
 from system.errors import WireError
 from system.streams import wire
-
-
-def write_atomically(path: Path, write, *, sync: bool = True) -> None:
-    """Write ``path`` through ``write(f)`` on a temporary file renamed over it; ``sync``: fsync
-    first (a version that must survive a power cut), else only a crash of this process."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            if sync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise RunFolderError.from_os_error(path, e) from e
-    finally:
-        with contextlib.suppress(OSError):  # gone after the rename; or never made
-            tmp.unlink(missing_ok=True)
-
 
 CHECKPOINT_SUFFIX = ".ckpt"
 _MAGIC = b"TROUPEC2"

@@ -53,13 +53,14 @@ from pathlib import Path
 from typing import Any
 
 from api.errors import UserError
+from system import run_folder
 from system.errors import ParameterNotFoundError, PolicyNameError, VersionError
 from system.parameters.checkpoint_file import (
     CHECKPOINT_SUFFIX,
     load_checkpoint_file,
-    write_atomically,
     write_checkpoint,
 )
+from system.run_folder import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ class ParameterStore:
 
     def _folder(self, policy: str) -> Path:
         assert self.root_dir is not None
-        return self.root_dir / "checkpoints" / policy
+        return self.root_dir / run_folder.CHECKPOINTS / policy
 
     def checkpoint_path(self, policy: str, version: int) -> Path:
         return self._folder(policy) / f"v{version:08d}{CHECKPOINT_SUFFIX}"
@@ -406,7 +407,7 @@ class ParameterStore:
         """
         if self.root_dir is None:
             raise UserError("load_from_disk needs a ParameterStore with a root_dir")
-        folder = self.root_dir / "checkpoints"
+        folder = self.root_dir / run_folder.CHECKPOINTS
         found: dict[str, int] = {}
         if not folder.is_dir():
             return found

@@ -34,7 +34,7 @@ from api.errors import ConfigError
 from api.policy import Policy
 from api.policy_mapping import PolicyMapping, check_policy_mapping, make_policy_mapping
 from api.trainer import Trainer
-from system import roles
+from system import roles, run_folder
 from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterClientBase
 from system.parameters.store import ParameterStore
@@ -241,7 +241,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         replay=replay,
         batch_segments=pc.batch_segments,
         checkpoint_every=cfg.checkpoint.every if wiring.run_dir else 0,
-        checkpoint_dir=wiring.run_dir / "checkpoints" if wiring.run_dir else None,
+        checkpoint_dir=wiring.run_dir / run_folder.CHECKPOINTS if wiring.run_dir else None,
         max_policy_lag=pc.max_policy_lag,
         warn_policy_lag=pc.warn_policy_lag,
         publish_every=pc.publish_every,

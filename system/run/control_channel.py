@@ -5,16 +5,8 @@ controller's ROUTER. Over it the worker says hello, receives its configuration, 
 endpoints it bound, looks up its peers' endpoints, sends heartbeats with stats, reports a failure
 with its traceback, and receives ``stop``.
 
-Messages (kind: body):
-  worker -> controller: hello {role, pid} | register {name, address} | lookup {name}
-                        heartbeat {stats, state_revision} | error {message, traceback} | bye {}
-                        state_write {id, key, value, expected_version}
-  controller -> worker: configure {config, run_dir, plan, previous, global_state} |
-                        lookup_result {name, address} | ack {state?} (one per heartbeat) |
-                        moved {name, address} | stop {} | state_result {id, ok, key, version}
-
-The global state's messages (``state_*``, the ``state`` of an ``ack``) are described in
-:mod:`system.run.global_state`.
+The messages are the dataclasses of :mod:`system.run.control_protocol`; the global state's
+(``state_write``, the ``state`` of an ``ack``) are described in :mod:`system.run.global_state`.
 
 Every heartbeat is answered with ``ack``. A worker tells a slow controller from a dead one by
 evidence that a starved machine does not fake: the controller's process ended (when it runs on
@@ -35,17 +27,19 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from system.errors import ControllerGoneError, PeerTimeoutError, WireError
 from system.ratelimit import BadMessages
+from system.run import control_protocol as cp
 from system.run.global_state import StateReplica
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
+_M = TypeVar("_M", bound=cp.ControlMessage)
 
 CONTROL_MAX_BYTES = 16 << 20
 """The largest control message either end accepts (ZeroMQ ``MAXMSGSIZE``): a configuration, a
@@ -92,7 +86,7 @@ class ControlClient:
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
         self.watch = ConnectionWatch(self.socket, worker_id, controller_pid)
         self.socket.connect(controller)
-        self.inbox: list[wire.Message] = []
+        self.inbox: list[cp.ControlMessage] = []
         self.heard = False
         """Whether the controller ever answered (before that, it may still be starting)."""
         self.unanswered_since: float | None = None
@@ -103,20 +97,20 @@ class ControlClient:
         """Set once the worker's loop runs: a stop then waits for the loop, which finishes the
         worker's work first (``on_stop``: a trainer's final checkpoint), so a wait here (a
         lookup of a restarted peer's new address) goes on instead of ending the process."""
-        self.state = StateReplica(self)
+        self.state = StateReplica(self.state_write)
         """This worker's copy of the run's global state, brought up to date by every ``ack``."""
         self.lock = threading.RLock()
         """Held around every use of the socket: a :class:`BusyHeartbeat` thread sends on it
         too (a ZeroMQ socket may change threads only across a full memory barrier)."""
 
-    def send(self, kind: str, body: dict[str, Any]) -> None:
+    def send(self, message: cp.ControlMessage) -> None:
         with self.lock:
-            wire.send(self.socket, kind, body)
+            cp.send(self.socket, message)
 
     def heartbeat(self, stats: dict[str, Any]) -> None:
         """Send stats; the controller's ``ack`` proves it is still there."""
         with self.lock:
-            self.send("heartbeat", {"stats": stats, "state_revision": self.state.revision})
+            self.send(cp.Heartbeat(stats, self.state.revision))
             if self.unanswered_since is None:
                 self.unanswered_since = time.monotonic()
 
@@ -149,14 +143,12 @@ class ControlClient:
         moved: dict[str, str] = {}
         kept, unclaimed = [], {}
         for m in self.inbox:
-            if m.kind != "moved":
+            if not isinstance(m, cp.Moved):
                 kept.append(m)
-            elif isinstance(m.body, dict):  # a malformed notice is dropped
-                name = str(m.body.get("name"))
-                if name in wanted:
-                    moved[name] = str(m.body.get("address"))
-                else:
-                    unclaimed[name] = m  # only the newest notice of a name matters
+            elif m.name in wanted:
+                moved[m.name] = m.address
+            else:
+                unclaimed[m.name] = m  # only the newest notice of a name matters
         self.inbox = kept + list(unclaimed.values())
         return moved
 
@@ -165,40 +157,44 @@ class ControlClient:
         that one of ``names`` was restarted at a new address? (A wait on that peer can stop.)"""
         self.stop_requested()  # reads whatever has come
         wanted = set(names)
-        return any(
-            m.kind == "moved" and isinstance(m.body, dict) and m.body.get("name") in wanted
-            for m in self.inbox
-        )
+        return any(isinstance(m, cp.Moved) and m.name in wanted for m in self.inbox)
 
-    def hello(self, role: str) -> dict[str, Any]:
+    def hello(self, role: str) -> cp.Configure:
         """Announce this worker and wait for its configuration."""
-        self.send("hello", {"role": role, "pid": os.getpid()})
-        configuration = self.wait_for("configure").body
-        if "global_state" in configuration:  # a restarted worker starts from the current state
-            self.state.apply(configuration["global_state"])
+        self.send(cp.Hello(role, os.getpid()))
+        configuration = self.wait_for(cp.Configure)
+        self.state.apply(configuration.global_state)  # a restarted worker: the current state
         return configuration
 
     def register(self, name: str, address: str) -> None:
-        self.send("register", {"name": name, "address": address})
+        self.send(cp.Register(name, address))
 
     def lookup(self, name: str) -> str:
         """The address a peer registered under ``name`` (waits until it has registered)."""
-        self.send("lookup", {"name": name})
+        self.send(cp.Lookup(name))
         while True:
-            message = self.wait_for("lookup_result")
-            if message.body.get("name") == name:
-                return str(message.body["address"])
+            message = self.wait_for(cp.LookupResult)
+            if message.name == name:
+                return message.address
 
-    def wait_for(self, kind: str) -> wire.Message:
+    def state_write(self, request: cp.StateWrite) -> cp.StateResult:
+        """Send a write of the global state and wait for its answer."""
+        self.send(request)
+        while True:
+            reply = self.wait_for(cp.StateResult)
+            if reply.id == request.id:
+                return reply
+
+    def wait_for(self, kind: type[_M]) -> _M:
         """The next message of ``kind``. While waiting, heartbeats go out, so a controller that
         is gone is noticed (:meth:`check_controller`), not at the end of the timeout."""
         deadline = time.monotonic() + self.timeout_s
         next_beat = time.monotonic() + HEARTBEAT_S
         while time.monotonic() < deadline:
             for i, message in enumerate(self.inbox):
-                if message.kind == kind:
-                    return self.inbox.pop(i)
-                if message.kind == "stop" and not self.looping:  # the run ended meanwhile
+                if isinstance(message, kind):
+                    return self.inbox.pop(i)  # type: ignore[return-value]
+                if isinstance(message, cp.Stop) and not self.looping:  # the run ended meanwhile
                     raise StopRequested(f"{self.worker_id} was told to stop")
             self._receive(timeout_ms=100)
             if self.heard and time.monotonic() >= next_beat:
@@ -206,7 +202,7 @@ class ControlClient:
                 self.heartbeat({})
                 self.check_controller()
         raise PeerTimeoutError(
-            f"{self.worker_id} waited {self.timeout_s:.0f}s for '{kind}' from the controller; "
+            f"{self.worker_id} waited {self.timeout_s:.0f}s for '{kind.kind}' from the controller; "
             "is the controller running and reachable?"
         )
 
@@ -222,13 +218,14 @@ class ControlClient:
                 return False
             self.unanswered_since = None  # any message proves the controller is there
             self.heard = True
-            if got[1].kind != "ack":
-                self.inbox.append(got[1])
-            elif isinstance(got[1].body, dict) and "state" in got[1].body:
-                try:
-                    self.state.apply(got[1].body["state"])
-                except WireError as e:
-                    self.bad_messages.record(e)
+            try:
+                message = cp.parse(got[1])
+                if not isinstance(message, cp.Ack):
+                    self.inbox.append(message)
+                elif message.state is not None:
+                    self.state.apply(message.state)
+            except WireError as e:
+                self.bad_messages.record(e)
             return True
 
     def stop_requested(self) -> bool:
@@ -238,7 +235,7 @@ class ControlClient:
         steps deaf to its stop, killed after the controller's wait)."""
         while self._receive(timeout_ms=0):
             pass
-        return any(m.kind == "stop" for m in self.inbox)
+        return any(isinstance(m, cp.Stop) for m in self.inbox)
 
     def close(self) -> None:
         self.watch.stop()

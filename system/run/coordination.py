@@ -18,7 +18,9 @@ from typing import Any
 from api import global_state
 from api.config import ExperimentConfig
 from api.global_state import GlobalState
+from system.errors import WireError
 from system.ratelimit import BadMessages
+from system.run.control_protocol import StateResult, StateWrite
 from system.run.curriculum import CurriculumDriver, CurriculumFollower
 from system.run.global_state import StateStore, answer_write
 from system.run.pbt_driver import PBTDriver
@@ -45,19 +47,22 @@ class Coordination:
         """The whole state, for a worker's configuration."""
         return self.store.snapshot()
 
-    def ack(self, heartbeat: dict[str, Any]) -> dict[str, Any]:
-        """The answer to a heartbeat: the entries changed since the revision the worker has."""
-        revision = heartbeat.get("state_revision")
-        if type(revision) is not int:
-            return {}
-        changes = self.store.changes_since(revision)
-        return {} if changes is None else {"state": changes}
+    def changes(self, revision: int | None) -> dict[str, Any] | None:
+        """For a heartbeat's answer: the entries changed since the revision the worker has
+        (None: it is up to date, or follows no state)."""
+        return None if revision is None else self.store.changes_since(revision)
 
-    def write(self, body: Any, may_write: bool) -> dict[str, Any]:
-        reply, error = answer_write(self.store, body, may_write)
+    def write(self, request: StateWrite, may_write: bool) -> StateResult:
+        reply, error = answer_write(self.store, request, may_write)
         if error is not None:
             self.bad_writes.record(error)
         return reply
+
+    def refuse(self, body: Any, error: WireError) -> StateResult:
+        """The answer to a ``state_write`` that does not parse, naming the field."""
+        self.bad_writes.record(error)
+        ident = body.get("id") if isinstance(body, dict) else None
+        return StateResult(ident if type(ident) is int else None, False, error=str(error))
 
     def on_episodes(self, episodes: list[dict[str, Any]], evaluation: bool) -> None:
         self.ratings.on_episodes(episodes)
@@ -69,6 +74,9 @@ class Coordination:
     def on_train_stats(self, policy: str, stats: dict[str, float]) -> None:
         if self.pbt is not None:
             self.pbt.on_train_stats(policy, stats)
+
+    def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
+        """Evaluation windows reach the drivers episode by episode (:meth:`on_episodes`)."""
 
     def on_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """The drivers' figures for this metrics record (after they acted on it)."""

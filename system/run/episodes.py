@@ -30,9 +30,9 @@ logger = logging.getLogger(__name__)
 
 HOOKS = ("on_episode_end", "on_train_result", "on_evaluation")
 NOT_AVERAGED = frozenset({"started_at"})
+"""Numbers of an episode's record that are no measure (when it began: a Unix time)."""
 CUSTOM = "custom/"
 """What actor callbacks log (``Episode.log``): reported with their min and max as well."""
-"""Numbers of an episode's record that are no measure (when it began: a Unix time)."""
 
 
 class EpisodeWindow:
@@ -70,11 +70,14 @@ class Callbacks:
         """What hooks returned (a dict of numbers): ``custom/<name>`` in each record, the
         newest value of each name."""
 
-    def episodes(self, records: list[dict[str, Any]]) -> None:
+    def on_episodes(self, records: list[dict[str, Any]], evaluation: bool) -> None:
+        """Finished training episodes (evaluation ones reach ``on_evaluation`` by window)."""
+        if evaluation:
+            return
         for record in records:
             self._call("on_episode_end", dict(record))
 
-    def train_result(self, policy: str, stats: dict[str, float]) -> None:
+    def on_train_stats(self, policy: str, stats: dict[str, float]) -> None:
         """With a trainer's newest stats whenever its step count moved.
 
         Stats reach the controller on the trainer's heartbeat, so this is at most once per
@@ -86,7 +89,7 @@ class Callbacks:
         self._train_steps[policy] = steps
         self._call("on_train_result", policy, dict(stats))
 
-    def evaluation(self, mean_return: float, episodes: list[dict[str, Any]]) -> None:
+    def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
         self._call("on_evaluation", mean_return, [dict(e) for e in episodes])
 
     def _call(self, hook: str, *args: Any) -> None:

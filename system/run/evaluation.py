@@ -18,6 +18,7 @@ import numpy as np
 from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import UserError
+from system import run_folder
 from system.eval_quota import ReturnSummary
 from system.parameters.store import CHECKPOINT_SUFFIX, LATEST, ParameterStore
 
@@ -69,7 +70,7 @@ def locate(target: str | Path) -> tuple[Path, dict[str, int]]:
 
 def _solved_version(run_dir: Path) -> dict[str, int]:
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / run_folder.SUMMARY).read_text())
     except (OSError, ValueError):
         return {}  # a run still going, or stopped before it wrote its summary
     solved = summary.get("solved_version") if isinstance(summary, dict) else None
@@ -82,7 +83,7 @@ def _solved_version(run_dir: Path) -> dict[str, int]:
 def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
     from system.run.resume_check import check_checkpoints, saved_config
 
-    config_file = run_dir / "config.json"
+    config_file = run_dir / run_folder.CONFIG
     if not config_file.exists():
         raise UserError(f"{run_dir} is not a run folder: it has no config.json")
     config = saved_config(run_dir)

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import IO
 
 from api.errors import RunFolderError, UserError
+from system import run_folder
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".troupe.lock"
+LOCK_FILE = run_folder.LOCK
 ENV_HELD = "TROUPE_RUN_FOLDER_LOCKED"
 """Set (to 1) for a controller whose launcher holds the folder's lock for it: ``troupe run
 --launcher docker`` holds it on the host while the controller runs in a container."""

@@ -12,47 +12,32 @@ Messages on the control channel (:mod:`system.run.control_channel`):
                         state_result {id, ok, key, version, error?}
                         configure {..., global_state: {revision, entries}}
 
-A malformed ``state_write`` is answered with ``ok: false`` and an error naming the field, and
-counted as a bad message; it never reaches the store.
+The messages are :class:`~system.run.control_protocol.StateWrite` and
+:class:`~system.run.control_protocol.StateResult`. A malformed ``state_write`` is counted as a bad
+message by the controller and never reaches the store; a refused one is answered with ``ok:
+false`` and the reason.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
-from api.global_state import (
-    MAX_VALUE_BYTES,
-    GlobalState,
-    GlobalStateError,
-    check_key,
-    check_value,
-)
+from api.global_state import GlobalState, GlobalStateError, check_key
+from system import run_folder
 from system.errors import WireError
-
-if TYPE_CHECKING:
-    from system.run.control_channel import ControlClient
+from system.run.control_protocol import StateResult, StateWrite, packed_value
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "global_state.msgpack"
+STATE_FILE = run_folder.GLOBAL_STATE
 """The state's file in the run folder."""
-
-
-def packed_value(value: Any, path: str = "value") -> bytes:
-    """``value`` as msgpack, after checking it is plain data of at most MAX_VALUE_BYTES."""
-    data = msgpack.packb(check_value(value, path), use_bin_type=True)
-    if len(data) > MAX_VALUE_BYTES:
-        raise GlobalStateError(
-            f"{path}: {len(data)} bytes encoded, more than the {MAX_VALUE_BYTES} a global state "
-            "value may hold; keep large data in files or the parameter service"
-        )
-    return data
 
 
 @dataclass
@@ -117,9 +102,7 @@ class StateStore(GlobalState):
             return
         table = {k: [e.value, e.version, e.revision] for k, e in self.entries.items()}
         data = msgpack.packb({"revision": self.revision, "entries": table}, use_bin_type=True)
-        tmp = Path(run_dir) / (STATE_FILE + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(Path(run_dir) / STATE_FILE)
+        run_folder.write_bytes(Path(run_dir) / STATE_FILE, data, sync=False)
         self.dirty = False
 
     @classmethod
@@ -142,54 +125,18 @@ class StateStore(GlobalState):
 
 
 # ----------------------------------------------------------------------- messages
-@dataclass(frozen=True)
-class StateWrite:
-    """A worker's write request, checked field by field."""
-
-    id: int
-    key: str
-    value: Any
-    expected_version: int | None
-
-    @classmethod
-    def from_body(cls, body: Any) -> StateWrite:
-        if not isinstance(body, dict):
-            raise WireError(f"state_write: the body must be a mapping, got {body!r}")
-        unknown = sorted(set(body) - {"id", "key", "value", "expected_version"})
-        if unknown:
-            raise WireError(f"state_write: unknown fields {unknown}")
-        ident, expected = body.get("id"), body.get("expected_version")
-        if type(ident) is not int:
-            raise WireError(f"state_write: 'id' must be an int, got {ident!r}")
-        if expected is not None and (type(expected) is not int or expected < 0):
-            raise WireError(
-                f"state_write: 'expected_version' must be an int >= 0 or None, got {expected!r}"
-            )
-        if "value" not in body:
-            raise WireError("state_write: 'value' is missing")
-        try:
-            key = check_key(body.get("key"))
-            packed_value(body["value"])
-        except GlobalStateError as e:
-            raise WireError(f"state_write: {e}") from e
-        return cls(ident, key, body["value"], expected)
-
-
-def answer_write(store: StateStore, body: Any, may_write: bool) -> tuple[dict, WireError | None]:
-    """The ``state_result`` for a ``state_write`` body, and the error when it was refused."""
-    ident = body.get("id") if isinstance(body, dict) else None
-    try:
-        request = StateWrite.from_body(body)
-    except WireError as e:
-        return {"id": ident, "ok": False, "error": str(e)}, e
+def answer_write(
+    store: StateStore, request: StateWrite, may_write: bool
+) -> tuple[StateResult, WireError | None]:
+    """The answer to a (checked) write request, and the error when it was refused."""
     if not may_write:
         error = WireError(
             f"state_write of '{request.key}' refused: only trainers and the controller's "
             "callbacks write the global state; actors and policy workers read it"
         )
-        return {"id": ident, "ok": False, "key": request.key, "error": str(error)}, error
+        return StateResult(request.id, False, request.key, error=str(error)), error
     ok, version = store._write(request.key, request.value, request.expected_version)
-    return {"id": ident, "ok": ok, "key": request.key, "version": version}, None
+    return StateResult(request.id, ok, request.key, version), None
 
 
 # ----------------------------------------------------------------------- a worker's copy
@@ -197,8 +144,10 @@ class StateReplica(GlobalState):
     """A worker's copy of the state: reads are local, writes go to the controller and wait for
     its answer (they are for trainers; a few per training step at most)."""
 
-    def __init__(self, ctl: ControlClient | None = None):
-        self.ctl = ctl
+    def __init__(self, request: Callable[[StateWrite], StateResult] | None = None):
+        """``request``: sends a write to the controller and returns its answer (the worker's
+        control channel); None for a copy that is not part of a run."""
+        self.request = request
         self.entries: dict[str, tuple[Any, int]] = {}
         self.revision = -1
         """The controller's revision this copy has caught up with (-1: none yet)."""
@@ -232,20 +181,13 @@ class StateReplica(GlobalState):
         return self._write(key, value, expected_version)
 
     def _write(self, key: str, value: Any, expected: int | None) -> tuple[bool, int]:
-        if self.ctl is None:
+        if self.request is None:
             raise GlobalStateError("this copy of the global state is not connected to a run")
         check_key(key)
         packed_value(value)
-        ident = next(self._ids)
-        body = {"id": ident, "key": key, "value": value, "expected_version": expected}
-        self.ctl.send("state_write", body)
-        while True:
-            reply = self.ctl.wait_for("state_result").body
-            if reply.get("id") == ident:
-                break
-        if reply.get("error"):
-            raise GlobalStateError(str(reply["error"]))
-        version = int(reply["version"])
-        if reply["ok"]:  # seen at once here; the other workers get it with their heartbeats
-            self.entries[key] = (msgpack.unpackb(packed_value(value), raw=False), version)
-        return bool(reply["ok"]), version
+        reply = self.request(StateWrite(next(self._ids), key, value, expected))
+        if reply.error or reply.version is None:
+            raise GlobalStateError(reply.error or f"state_write of '{key}' got no version")
+        if reply.ok:  # seen at once here; the other workers get it with their heartbeats
+            self.entries[key] = (msgpack.unpackb(packed_value(value), raw=False), reply.version)
+        return reply.ok, reply.version

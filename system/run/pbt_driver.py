@@ -26,12 +26,13 @@ import numpy as np
 
 from api.config import ExperimentConfig
 from api.global_state import GlobalState
+from system import run_folder
 from system.run import pbt
 from system.run.pbt import Member
 
 logger = logging.getLogger(__name__)
 
-HISTORY_FILE = "pbt.jsonl"
+HISTORY_FILE = run_folder.PBT_EVENTS
 PLOT_FILE = "pbt.png"
 
 

@@ -23,10 +23,11 @@ from typing import Any
 
 from api.config import ExperimentConfig
 from api.global_state import GlobalState
-from system.parameters.checkpoint_file import write_atomically
+from system import run_folder
+from system.run_folder import write_atomically
 from system.workers.opponent_pool import SCORES_KEY
 
-RATINGS_FILE = "ratings.json"
+RATINGS_FILE = run_folder.RATINGS
 INITIAL = 1000.0
 K = 16.0
 """Elo's step: how far one game moves a rating (16: slow and steady, many games a second)."""

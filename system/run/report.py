@@ -10,18 +10,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from system import run_folder
+
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-LEARNING_CURVE_FILE = "learning_curve.png"
-WIN_RATES_FILE = "win_rates.png"
-SUMMARY_FILE = "summary.json"
+METRICS_FILE = run_folder.METRICS
+LEARNING_CURVE_FILE = run_folder.LEARNING_CURVE
+WIN_RATES_FILE = run_folder.WIN_RATES
+SUMMARY_FILE = run_folder.SUMMARY
 
 _TRAIN_COLOR = "tab:blue"
 _EVAL_COLOR = "tab:orange"
@@ -80,26 +80,11 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_summary(run_dir: str | Path, summary: Mapping[str, Any]) -> Path:
     """Write `summary` to `run_dir/summary.json` atomically, pretty-printed; return its path."""
     path = Path(run_dir) / SUMMARY_FILE
     text = json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n"
-    _atomic_write_bytes(path, text.encode("utf-8"))
+    run_folder.write_bytes(path, text.encode("utf-8"))
     return path
 
 
@@ -292,14 +277,8 @@ def write_learning_curve(
 
 
 def _save_png(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half picture behind
-        raise
+    fig.tight_layout()  # a full disk leaves no half picture behind
+    run_folder.write_atomically(path, lambda f: fig.savefig(f, format="png"), sync=False)
     return path
 
 

@@ -27,13 +27,14 @@ from typing import Any
 
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RunFolderError, UserError
+from system import run_folder
 from system.parameters.checkpoint_file import load_checkpoint_file
 from system.parameters.store import LATEST_FILE, TRAINER_FILE, TRAINER_PREVIOUS_FILE
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-RESUMES_FILE = "resumes.jsonl"
+CONFIG_FILE = run_folder.CONFIG
+RESUMES_FILE = run_folder.RESUMES
 
 FIXED = (
     "environment.*",
@@ -108,7 +109,7 @@ def check_checkpoints(folder: Path, config: ExperimentConfig, trainer_state: boo
     """Each trained policy resumes from a checkpoint that proves itself, or not at all.
     ``trainer_state=False``: parameters only (an evaluation never reads the optimiser)."""
     for name in config.policies:
-        policy_dir = folder / "checkpoints" / name
+        policy_dir = folder / run_folder.CHECKPOINTS / name
         if not policy_dir.is_dir():
             continue
         params = [policy_dir / LATEST_FILE, *sorted(policy_dir.glob("v*.ckpt"), reverse=True)]

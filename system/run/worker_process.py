@@ -30,6 +30,7 @@ from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
 from system.run import builders, declared
+from system.run import control_protocol as cp
 from system.run.control_channel import (
     HEARTBEAT_S,
     BusyHeartbeat,
@@ -186,13 +187,15 @@ class SocketWiring:
         return form_group(policy_name, rank, size, rendezvous, name, self.place.bind_host)
 
 
-def _build(ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: dict, place: Placement):
-    plan = plan_from_wire(role, conf["plan"])
+def _build(
+    ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: cp.Configure, place: Placement
+):
+    plan = plan_from_wire(role, conf.plan)
     if plan.needs_torch:
         import torch  # only the roles that run a network pay for importing torch
 
         torch.set_num_threads(plan.torch_threads(cfg))
-    wiring = SocketWiring(ctl, place, Path(conf["run_dir"]), cfg)
+    wiring = SocketWiring(ctl, place, Path(conf.run_dir), cfg)
     built = builders.build(plan, cfg, wiring)
     built.on_heartbeat = _watch_peers(ctl, wiring, plan.peers(cfg), built)
     built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
@@ -243,13 +246,13 @@ def main(
     try:
         conf = ctl.hello(role)
         global_state.install(ctl.state)  # user code in this process reads the run's state
-        cfg = ExperimentConfig.from_dict(conf["config"])
+        cfg = ExperimentConfig.from_dict(conf.config)
         built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
-        ctl.send("ready", {})
+        ctl.send(cp.Ready())
         return _loop(ctl, worker, built.on_heartbeat, cfg.liveness.bound(role))
     except (_Stop, StopRequested):
-        ctl.send("bye", {})  # a stop before the loop (SIGTERM, or stop while being built)
+        ctl.send(cp.Bye())  # a stop before the loop (SIGTERM, or stop while being built)
         return EXIT_OK
     except ControllerGoneError as e:
         logger.error("%s", e)  # nobody to report to
@@ -263,8 +266,7 @@ def main(
             worker is None and isinstance(e, (ValueError, TypeError))
         )
         tb = traceback.format_exc()
-        body = {"message": message, "traceback": tb, "type": type(e).__name__, "fatal": fatal}
-        ctl.send("error", body)
+        ctl.send(cp.Error(message, tb, type(e).__name__, fatal))
         return EXIT_FAILED
     finally:
         if worker is not None:
@@ -318,8 +320,8 @@ def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) ->
             if watchdog is not None:  # a peer restarted elsewhere gets the last words there
                 watchdog()
             worker.on_stop()
-            ctl.send("heartbeat", {"stats": _timed(worker)})
-            ctl.send("bye", {})
+            ctl.heartbeat(_timed(worker))
+            ctl.send(cp.Bye())
             return EXIT_OK
         ctl.check_controller()
 

@@ -36,15 +36,16 @@ import numpy as np
 
 from api.config import ExperimentConfig
 from api.policy import SampleBatch
+from system import run_folder
 from system.parameters.checkpoint_file import (
     load_checkpoint_file,
-    write_atomically,
     write_checkpoint,
 )
 from system.replay.buffer import ReplayBuffer
 from system.replay.buffer import ReplayConfig as BufferConfig
 from system.replay.rate_limiter import RateLimiterConfig
 from system.roles import Role
+from system.run_folder import write_atomically
 from system.streams.replay import ReplayRequest
 from system.streams.samples import SampleConsumer
 from system.workers.base import Worker
@@ -246,7 +247,7 @@ LEGACY_REPLAY_FILE = "replay.npz"
 
 def replay_file(run_dir: Path, policy: str) -> Path:
     """Where the run in ``run_dir`` keeps ``policy``'s replay buffer."""
-    return run_dir / "checkpoints" / policy / REPLAY_FILE
+    return run_dir / run_folder.CHECKPOINTS / policy / REPLAY_FILE
 
 
 def _read_state(path: Path) -> dict[str, np.ndarray]:

@@ -84,7 +84,7 @@ def controller(request, tmp_path):
     yield config, ctl
     stop.set()
     thread.join(timeout=5)
-    ctl.socket.close(linger=0)
+    ctl.server.close()
     ctl.metrics.close()
 
 

@@ -38,15 +38,15 @@ def registered():
 
 def test_what_a_controller_hook_returns_is_logged(registered):
     callbacks = Callbacks([ComponentConfig("counting-t28")])
-    callbacks.evaluation(10.0, [])
-    callbacks.evaluation(12.0, [])
+    callbacks.on_evaluation(10.0, [])
+    callbacks.on_evaluation(12.0, [])
     assert callbacks.logged == {"evaluations": 2.0, "best_so_far": 12.0}
 
 
 def test_a_hook_returning_what_is_no_number_is_named(registered):
     callbacks = Callbacks([ComponentConfig("wrong-t28")])
     with pytest.raises(CallbackError, match="returned verdict='good' from on_evaluation"):
-        callbacks.evaluation(1.0, [])
+        callbacks.on_evaluation(1.0, [])
 
 
 def test_episode_log_takes_finite_numbers_under_plain_names():

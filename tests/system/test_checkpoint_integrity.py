@@ -17,7 +17,6 @@ import pytest
 from system.parameters.checkpoint_file import (
     DamagedCheckpointError,
     load_checkpoint_file,
-    write_atomically,
     write_checkpoint,
 )
 from system.parameters.store import (
@@ -26,6 +25,7 @@ from system.parameters.store import (
     TRAINER_PREVIOUS_FILE,
     ParameterStore,
 )
+from system.run_folder import write_atomically
 from system.workers import replay_worker
 
 FLIPS = 100

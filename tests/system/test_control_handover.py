@@ -13,6 +13,7 @@ import pytest
 
 from api.config import make_experiment
 from distributed.launch.local import ExternalLauncher
+from system.run import control_protocol as cp
 from system.run.control_channel import ControlClient
 from system.run.controller import Controller
 from system.streams import wire
@@ -33,14 +34,14 @@ def controller(tmp_path):
     yield ctl
     stop.set()
     thread.join(timeout=5)
-    ctl.socket.close(linger=0)
+    ctl.server.close()
     ctl.metrics.close()
 
 
 def _configured(client: ControlClient) -> bool:
-    client.send("hello", {"pid": 1})
+    client.send(cp.Hello("actor", 1))
     received = wire.recv(client.socket, timeout_ms=10_000)
-    return received is not None and received[1].kind == "configure"
+    return received is not None and isinstance(cp.parse(received[1]), cp.Configure)
 
 
 def test_a_replacement_with_the_same_name_is_answered_while_the_old_one_hangs(controller):
@@ -66,26 +67,26 @@ def test_a_replacement_that_says_hello_during_the_stop_is_told_to_stop(tmp_path)
     old = ControlClient(ctl.address, "actor/1")
     clients = [old]
 
-    def answer(client: ControlClient, kind: str) -> str:
-        client.send(kind, {"pid": 1})
+    def answer(client: ControlClient) -> type | None:
+        client.send(cp.Hello("actor", 1))
         ctl._receive(timeout_ms=5_000)
         received = wire.recv(client.socket, timeout_ms=5_000)
-        return "" if received is None else received[1].kind
+        return None if received is None else type(cp.parse(received[1]))
 
     try:
-        assert answer(old, "hello") == "configure"
+        assert answer(old) is cp.Configure
         # the shutdown asks it to stop; it hangs (reads nothing) and the wait runs out
-        ctl._stop_workers(["actor/1"], timeout_s=0.2)
+        ctl.supervisor.stop_workers(["actor/1"], ctl.server.send, ctl._receive, timeout_s=0.2)
         new = ControlClient(ctl.address, "actor/1")  # connects with the same identity
         clients.append(new)
-        assert answer(new, "hello") == "stop"  # its replacement, restarted by its probe
-        new.send("bye", {})
+        assert answer(new) is cp.Stop  # its replacement, restarted by its probe
+        new.send(cp.Bye())
         ctl._receive(timeout_ms=5_000)
         assert str(ctl.workers["actor/1"].state) == "stopped"
     finally:
         for client in clients:
             client.close()
-        ctl.socket.close(linger=0)
+        ctl.server.close()
         ctl.metrics.close()
 
 
@@ -98,13 +99,13 @@ def test_a_message_with_extra_routing_frames_is_counted_not_fatal(tmp_path):
     try:
         wire.send(client.socket, "hello", {"pid": 1}, envelope=[b"hop"])
         ctl._receive(timeout_ms=5_000)
-        assert ctl.bad_messages.count == 1
+        assert ctl.server.bad_messages.count == 1
         assert str(ctl.workers["actor/0"].state) == "starting"  # not configured by it
-        client.send("hello", {"pid": 1})  # a well-formed one still is
+        client.send(cp.Hello("actor", 1))  # a well-formed one still is
         ctl._receive(timeout_ms=5_000)
         received = wire.recv(client.socket, timeout_ms=5_000)
-        assert received is not None and received[1].kind == "configure"
+        assert received is not None and isinstance(cp.parse(received[1]), cp.Configure)
     finally:
         client.close()
-        ctl.socket.close(linger=0)
+        ctl.server.close()
         ctl.metrics.close()

@@ -14,6 +14,7 @@ from test_workers import answer_all, eval_actor
 
 from api import environment
 from system.run.report import read_metrics
+from system.run.tally import WorkerStats
 from system.streams.inference import InprocInferenceHub
 
 pytest.importorskip("ale_py", reason="Atari needs the atari extra: pip install -e '.[atari]'")
@@ -36,7 +37,7 @@ def test_the_unclipped_score_of_whole_games_is_in_the_metrics(controller):  # no
         if len(games) >= 2:
             break
     assert len(games) >= 2 and len(lives) > len(games)  # several lives to a game
-    ctl._absorb("actor/0", {"episodes": lives, "env_frames": 0})
+    ctl.tally.add(ctl.workers["actor/0"], WorkerStats.from_heartbeat({"episodes": lives}))
     ctl._report(show=False)
     ctl.metrics.close()
     record = read_metrics(ctl.run_dir)[-1]

@@ -14,8 +14,10 @@ from api.config import make_experiment
 from api.global_state import GlobalStateError
 from system.errors import WireError
 from system.run.control_channel import ControlClient
+from system.run.control_protocol import StateResult, StateWrite
 from system.run.controller import Controller
-from system.run.global_state import STATE_FILE, StateReplica, StateStore, StateWrite
+from system.run.global_state import STATE_FILE, StateReplica, StateStore
+from system.streams import wire
 
 
 def test_versions_count_writes_per_key_and_cas_needs_the_current_one():
@@ -77,7 +79,7 @@ def test_the_state_survives_in_the_run_folder(tmp_path):
         ({"id": "1", "key": "k", "value": 1}, "'id' must be an int"),
         ({"id": 1, "key": "", "value": 1}, "key '': must be a non-empty str"),
         ({"id": 1, "key": "k", "value": 1, "expected_version": -1}, "'expected_version' must be"),
-        ({"id": 1, "key": "k"}, "'value' is missing"),
+        ({"id": 1, "key": "k"}, "has no 'value'"),
         ({"id": 1, "key": "k", "value": 1, "extra": 0}, r"unknown fields \['extra'\]"),
     ],
 )
@@ -119,10 +121,10 @@ def test_workers_read_trainers_write_and_bad_writes_never_stop_the_controller(tm
         assert trainer.state.compare_and_set("league/x", 2, expected_version=0) == (False, 1)
         assert trainer.state.compare_and_set("league/x", 2, expected_version=1) == (True, 2)
 
-        trainer.send("state_write", {"id": 99, "key": "", "value": 1})
-        reply = trainer.wait_for("state_result").body
-        assert reply["ok"] is False and "must be a non-empty str" in reply["error"]
-        trainer.send("state_write", ["not", "a", "mapping"])  # dropped, counted
+        wire.send(trainer.socket, "state_write", {"id": 99, "key": "", "value": 1})
+        reply = trainer.wait_for(StateResult)
+        assert reply.ok is False and "must be a non-empty str" in str(reply.error)
+        wire.send(trainer.socket, "state_write", ["not", "a", "mapping"])  # refused, counted
         with pytest.raises(GlobalStateError, match="only trainers and the controller"):
             actor.state.set("league/x", 3)
 
@@ -134,7 +136,7 @@ def test_workers_read_trainers_write_and_bad_writes_never_stop_the_controller(tm
             time.sleep(0.05)
         assert actor.state.get("league/x") == (2, 2)
         assert controller.coordination.bad_writes.count == 2
-        assert controller.bad_messages.count == 1  # the body that was not a mapping
+        assert controller.server.bad_messages.count == 1  # the body that was not a mapping
 
         assert api_state.global_state() is controller.coordination.store  # for callbacks
         controller.coordination.on_record({})  # a metrics record saves the state
@@ -145,4 +147,4 @@ def test_workers_read_trainers_write_and_bad_writes_never_stop_the_controller(tm
             client.close()
         pump.stop()
         controller.coordination.close()
-        controller.socket.close(linger=0)
+        controller.server.close()

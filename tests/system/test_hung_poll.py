@@ -47,8 +47,8 @@ class FakeControl:
     def stop_requested(self) -> bool:
         return self.stop.is_set()
 
-    def send(self, kind, body):
-        self.sent.append(kind)
+    def send(self, message):
+        self.sent.append(message.kind)
 
     def check_controller(self):
         pass
@@ -170,7 +170,7 @@ def test_an_actor_whose_environment_hangs_is_restarted_and_the_run_goes_on(tmp_p
     controller = Controller(
         config, run_dir, LocalLauncher(), display=False, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S
     )
-    with caplog.at_level(logging.WARNING, logger="system.run.controller"):
+    with caplog.at_level(logging.WARNING, logger="system.run.supervisor"):
         summary = controller.run()
     assert (tmp_path / "hung").exists()  # the environment did hang
     # With the busy thread beating for 600 s as before, the hung actor would not be restarted

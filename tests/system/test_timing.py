@@ -9,9 +9,9 @@ from rich.console import Console
 
 import system.timing as timing
 from legacy.experiments.examples import cartpole_ppo
-from system.run.controller import timing_role
 from system.run.display import plain_line, render_panel
 from system.run.plan import ActorPlan, plan_workers
+from system.run.tally import timing_role
 from system.timing import (
     BatchSizes,
     RoleShares,

@@ -1,0 +1,69 @@
+"""The end of a run: its summary (``summary.json``) and its plots, from what the controller knew.
+
+A failure after a stop rule held or after Ctrl+C (a final checkpoint not written) leaves the
+run incomplete all the same: the summary says ``stop_reason: failed`` and keeps the rule in
+``stop_rule_met``, and the command's exit code follows the summary, not the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from api.config import ExperimentConfig
+from system.errors import WorkerFailure
+from system.run.report import (
+    build_summary,
+    read_metrics,
+    write_learning_curve,
+    write_summary,
+    write_win_rates,
+)
+from system.run.stopping import EvaluationWindows
+
+
+def finish_run(
+    config: ExperimentConfig,
+    run_dir: Path,
+    *,
+    wall_s: float,
+    stop_reason: str,
+    failure: WorkerFailure | None,
+    evaluation: EvaluationWindows,
+    extra: dict[str, Any],
+    write: Callable[[Callable[[], Any]], bool],
+) -> dict[str, Any]:
+    """Write the summary and plots with ``write`` (the controller's guard of the run folder);
+    ``extra``: what the coordination drivers add (curriculum stage, PBT, ratings)."""
+    target = config.stop.eval_return
+    solved = stop_reason == "eval_return"
+    failed_late = failure is not None and stop_reason != "failed"
+    summary = build_summary(
+        read_metrics(run_dir),
+        solved=solved,
+        wall_s=wall_s,
+        target=target,
+        stop_reason="failed" if failed_late else stop_reason,
+    )
+    if failed_late:
+        summary["stop_rule_met"] = stop_reason
+    if failure is not None:
+        summary["failure"] = str(failure)
+    if config.stop.eval_return_source:
+        summary["target_source"] = config.stop.eval_return_source
+    summary.update(extra)
+    if solved:
+        summary["confirmation"] = evaluation.describe()
+        summary["eval_window_means"] = list(evaluation.confirmed)
+        if evaluation.solved_version is not None:
+            summary["solved_version"] = {
+                "policy": evaluation.policy,
+                "version": evaluation.solved_version,
+            }
+    summary["summary_written"] = write(lambda: write_summary(run_dir, summary))
+    if summary["summary_written"]:
+        write(lambda: write_learning_curve(run_dir, title=config.name, target=target))
+        trained = [n for n, pc in config.policies.items() if pc.trainer.type]
+        write(lambda: write_win_rates(run_dir, title=config.name, first=trained))
+    return summary

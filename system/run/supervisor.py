@@ -1,0 +1,311 @@
+"""The supervisor: starts a run's workers, restarts those that die, and stops them in order.
+
+How a worker is started (a local process, a container, ...) is the launcher's business: the
+supervisor only calls ``launcher.start(worker_id, role, controller_address)``,
+``launcher.is_alive(worker_id)`` and ``launcher.kill(worker_id)``. A scheduler that restarts
+workers itself (Docker, Swarm, Kubernetes) says so (``restarts_workers``); the supervisor then
+waits for the new process's hello instead of starting one.
+
+A worker is given up on, and the run fails, when it cannot be restarted (not ``restartable``),
+when its error is one no restart fixes (``fatal``), when it is not back within the launcher's
+restart grace, or when it crash-loops: :data:`MAX_RESTARTS` restarts in a row without ever
+running :data:`PROGRESS_S`. The stop goes by the plans' ``stop_order`` (actors, then policy
+workers, trainers and replay, then the parameter service), so every sample in flight is trained
+on and the last checkpoints still reach disk; a worker whose stop writes them
+(:data:`SAVING_ROLES`) that is down at that moment is restarted first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from system.errors import WorkerFailure
+from system.roles import Role, WorkerState
+from system.run.control_protocol import ControlMessage, Stop
+from system.run.name_service import NameService
+from system.run.plan import WorkerPlan
+
+logger = logging.getLogger(__name__)
+
+SAVING_ROLES = (Role.TRAINER, Role.PARAMETER_SERVICE, Role.REPLAY)
+"""Roles whose stop writes the run's last checkpoints (parameters, trainer state, replay)."""
+MAX_RESTARTS = 5
+"""Restarts in a row without progress after which a worker is given up on (a crash loop)."""
+PROGRESS_S = 60.0
+"""A worker that ran this long since its last restart made progress: its count starts over,
+so a long run survives occasional crashes (a preempted node each hour) but not a loop."""
+
+
+class Launcher(Protocol):
+    start_grace_s: float
+    """How long a worker may take from start to its first message (image pulls, imports)."""
+    restart_grace_s: float
+    """How long a worker that was running may take to be back after it died or went silent:
+    restarted by us, or by its scheduler (which may also never do it: ``docker kill``)."""
+    restarts_workers: bool
+    """Whether a scheduler restarts workers (the supervisor then only waits for their hello)."""
+
+    def start(self, worker_id: str, role: str, controller: str) -> None: ...
+    def is_alive(self, worker_id: str) -> bool: ...
+    def kill(self, worker_id: str) -> None: ...
+    def stop_all(self, timeout_s: float) -> None: ...
+
+
+@dataclass
+class WorkerRecord:
+    """What the controller knows of one worker of its plan."""
+
+    plan: WorkerPlan
+    state: WorkerState = WorkerState.STARTING
+    restarts: int = 0
+    in_a_row: int = 0
+    """Restarts since the worker last ran for :data:`PROGRESS_S` (what a crash loop counts)."""
+    alive_since: float | None = None
+    last_error: str | None = None
+    """The message of its last failure: the same one again is a line, not a traceback."""
+    pid: int | None = None
+    peak_rss_mb: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    stats: dict[str, float] = field(default_factory=dict)
+    """Its last heartbeat's numeric stats (``version``: the parameters it serves or published)."""
+
+
+Send = Callable[[str, ControlMessage], None]
+Pump = Callable[[int], None]
+"""Reads and handles the control messages that come within the given milliseconds."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        plans: list[WorkerPlan],
+        launcher: Launcher,
+        names: NameService,
+        *,
+        heartbeat_timeout_s: float,
+    ):
+        self.workers = {p.worker_id: WorkerRecord(p) for p in plans}
+        self.launcher = launcher
+        self.names = names
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.start_grace_s = float(getattr(launcher, "start_grace_s", 120.0))
+        self.restart_grace_s = float(getattr(launcher, "restart_grace_s", self.start_grace_s))
+        self.address = ""
+        """The controller's address, which every started worker is given."""
+        self.silent_since: dict[str, float] = {}
+        """Workers that died or went silent after running, and since when: a restart that has
+        not brought one back within ``restart_grace_s`` fails the run."""
+        self.why_restarted: dict[str, str] = {}
+        self.told_to_stop: set[str] = set()
+        """Workers the shutdown has asked to stop. A scheduler may restart one just after (a
+        hung worker's liveness probe fires as the run ends): its new process is told to stop
+        at its hello, instead of being configured and waited for until it is killed."""
+        self.failure: WorkerFailure | None = None
+        """The first failure that ends the run (a worker's, or one the controller reports)."""
+
+    def start_all(self, address: str) -> None:
+        self.address = address
+        for record in self.workers.values():
+            self.launcher.start(record.plan.worker_id, record.plan.role.value, address)
+
+    def fail(self, failure: WorkerFailure) -> None:
+        self.failure = self.failure or failure
+
+    # ------------------------------------------------------------- what workers say
+    def on_hello(self, record: WorkerRecord, pid: int) -> bool:
+        """A worker process says hello: whether to configure it (False: tell it to stop)."""
+        if record.state.running:
+            self._restarted_elsewhere(record)
+        record.state = WorkerState.CONFIGURING
+        record.pid = pid or None
+        return record.plan.worker_id not in self.told_to_stop  # else: its stop went to the old
+
+    def on_ready(self, record: WorkerRecord) -> None:
+        record.state = WorkerState.ALIVE
+        record.alive_since = time.monotonic()
+
+    def on_bye(self, record: WorkerRecord) -> None:
+        record.state = WorkerState.STOPPED
+
+    def on_error(self, record: WorkerRecord, message: str, tb: str, fatal: bool, quiet: bool):
+        """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix.
+        ``quiet``: the run's cause is known and said already; this follows from it."""
+        record.state = WorkerState.FAILED
+        wid = record.plan.worker_id
+        if quiet:
+            logger.warning("%s failed: %s", wid, message)
+        elif message == record.last_error:  # a crash loop: its traceback was shown once
+            logger.warning("%s failed again with the same error (restart %d in a row)",
+                           wid, record.in_a_row)  # fmt: skip
+        else:
+            logger.error("%s failed: %s\n%s", wid, message, tb)
+        record.last_error = message
+        if fatal or not record.plan.restartable:
+            self.fail(WorkerFailure(wid, message, tb))
+        elif _crash_looping(record):
+            self.fail(WorkerFailure(wid, _given_up(record, message), tb))
+
+    # ------------------------------------------------------------- supervision
+    def supervise(self) -> None:
+        """Restart what died or went silent; fail the run for what cannot be brought back."""
+        now = time.monotonic()
+        for wid, record in self.workers.items():
+            if record.state is WorkerState.STOPPED or self.failure is not None:
+                continue
+            if record.state is WorkerState.ALIVE:
+                self.silent_since.pop(wid, None)
+            dead = not self.launcher.is_alive(wid)
+            silent = now - record.last_seen > self._silence_limit(wid, record)
+            if not (dead or silent or record.state is WorkerState.FAILED):
+                continue
+            why = "exited" if dead else "went silent" if silent else "failed"
+            if silent and wid in self.silent_since and record.state is WorkerState.RESTARTING:
+                lost = now - self.silent_since[wid]
+                why = f"was not back {lost:.0f}s after it {self.why_restarted[wid]}"
+                self.fail(WorkerFailure(wid, f"{wid} {why}; {self._restart_hint()}"))
+            elif not record.plan.restartable:
+                self.fail(WorkerFailure(wid, f"{wid} {why}; not restarted"))
+            elif _crash_looping(record):
+                self.fail(WorkerFailure(wid, _given_up(record, record.last_error or why)))
+            else:
+                self._restart(record, why)
+
+    def _silence_limit(self, wid: str, record: WorkerRecord) -> float:
+        """How long a worker may go without a message: a heartbeat interval when running; after
+        a restart, the restart grace; the start grace before its first message."""
+        if record.state is WorkerState.ALIVE:
+            return self.heartbeat_timeout_s
+        return self.restart_grace_s if wid in self.silent_since else self.start_grace_s
+
+    def _restart_hint(self) -> str:
+        if getattr(self.launcher, "restarts_workers", False):
+            return (
+                "its scheduler did not restart it (Docker does not restart a container stopped "
+                "by `docker kill` or `docker stop`); see `docker ps -a` or the scheduler's events"
+            )
+        return "see its log lines above for why it does not start"
+
+    def _restart(self, record: WorkerRecord, why: str) -> None:
+        wid = record.plan.worker_id
+        self.silent_since.setdefault(wid, time.monotonic())
+        self.why_restarted[wid] = why
+        if getattr(self.launcher, "restarts_workers", False):
+            logger.warning(
+                "%s %s; waiting up to %.0fs for its scheduler to restart it",
+                *(wid, why, self.restart_grace_s),
+            )
+        else:
+            logger.warning("%s %s; restarting it (restart %d)", wid, why, record.restarts + 1)
+        self.launcher.kill(wid)
+        self.names.forget(record.plan.endpoints())  # peers must look up the new address
+        _count_restart(record)
+        record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
+        record.last_seen = time.monotonic()
+        self.launcher.start(wid, record.plan.role.value, self.address)
+
+    def _restarted_elsewhere(self, record: WorkerRecord) -> None:
+        """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
+        old process's addresses so peers look the new ones up."""
+        logger.warning("%s says hello again: restarted by its scheduler", record.plan.worker_id)
+        _count_restart(record)
+        self.names.forget(record.plan.endpoints())
+
+    # ------------------------------------------------------------- the ordered stop
+    def shutdown(self, send: Send, pump: Pump, *, revive: bool) -> None:
+        """Stop every worker in ``stop_order``; ``revive``: first bring back the savers that
+        are down (not after a failure, which may be why one is down)."""
+        started = time.monotonic()
+        for order in (0, 1, 2):
+            if order == 1 and revive:
+                self._revive_savers(pump)
+            ids = [w for w, r in self.workers.items() if r.plan.stop_order == order]
+            self.stop_workers(ids, send, pump)
+            logger.info("stopped %s after %.2fs", ids, time.monotonic() - started)
+        self.launcher.stop_all(timeout_s=10.0)
+        logger.info("every worker process ended after %.2fs", time.monotonic() - started)
+
+    def _revive_savers(self, pump: Pump, timeout_s: float = 30.0) -> None:
+        """Before trainers stop, every worker whose stop writes the run's last checkpoints
+        (:data:`SAVING_ROLES`: the parameter service takes the final version and trainer state,
+        a trainer sends them, a replay worker saves its buffer) must be there and running its
+        loop. One that died moments before the stop, too late for supervision to restart it, is
+        restarted now and waited for; so is one restarted moments ago (stopped while being
+        built, a worker just leaves, without its on_stop)."""
+        savers = [r for r in self.workers.values() if r.plan.role in SAVING_ROLES]
+        for record in savers:
+            wid = record.plan.worker_id
+            down = record.state is WorkerState.FAILED or not self.launcher.is_alive(wid)
+            given_up = self.failure is not None and self.failure.worker == wid
+            if down and record.plan.restartable and not given_up:
+                self._restart(record, "exited")
+        back = (WorkerState.RESTARTING, WorkerState.CONFIGURING)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(r.restarts and r.state in back for r in savers):
+            pump(100)
+
+    def stop_workers(self, ids: list[str], send: Send, pump: Pump, timeout_s: float = 15.0):
+        waiting = {w for w in ids if self.launcher.is_alive(w) and self.workers[w].state.running}
+        self.told_to_stop.update(ids)
+        for w in waiting:
+            send(w, Stop())
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            pump(100)
+            waiting = {w for w in waiting if self.workers[w].state.running}
+            gone = {w for w in waiting if not self.launcher.is_alive(w)}
+            if gone:
+                pump(200)  # a worker sends bye, then exits: its bye may still be on its way
+                for w in gone:
+                    if self.workers[w].state.running:
+                        logger.warning("%s exited on stop without saying bye", w)
+                        self.workers[w].state = WorkerState.FAILED
+                waiting -= gone
+        for w in waiting:
+            logger.warning("%s did not stop in %.0fs; killing it", w, timeout_s)
+            self.launcher.kill(w)
+            self.workers[w].state = WorkerState.FAILED
+        for w in ids:  # a saver that left without its bye did not save: the run is incomplete
+            record = self.workers[w]
+            if record.state is WorkerState.FAILED and record.plan.role in SAVING_ROLES:
+                why = f"{w} did not finish its stop; its last checkpoint may be missing"
+                self.fail(WorkerFailure(w, why))
+
+    # ------------------------------------------------------------- what tools read
+    def table(self) -> dict[str, dict[str, Any]]:
+        """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
+        return {
+            wid: {
+                "role": r.plan.role.value,
+                "pid": r.pid,
+                "state": r.state.value,
+                "restarts": r.restarts,
+                "peak_rss_mb": round(r.peak_rss_mb, 1),
+                # the parameters a policy worker serves, or a trainer last published
+                "version": r.stats.get("version"),
+            }
+            for wid, r in self.workers.items()
+        }
+
+
+def _count_restart(record: WorkerRecord) -> None:
+    ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
+    record.in_a_row = 1 if ran else record.in_a_row + 1
+    record.restarts += 1
+    record.alive_since = None
+
+
+def _crash_looping(record: WorkerRecord) -> bool:
+    """Restarted :data:`MAX_RESTARTS` times in a row, never running :data:`PROGRESS_S`."""
+    ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
+    return not ran and record.in_a_row >= MAX_RESTARTS
+
+
+def _given_up(record: WorkerRecord, error: str) -> str:
+    return (
+        f"given up after {record.in_a_row} restarts in a row without progress (a crash loop); "
+        f"its error: {error}"
+    )

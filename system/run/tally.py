@@ -1,0 +1,281 @@
+"""The controller's tally: typed heartbeat stats in, a metrics record and a display snapshot out.
+
+Every metric key of the run's own figures is made here (``env_frames``, ``fps``,
+``episode_return``, ``eval/...``, ``policy/<name>/...``, ``trainer/<name>/...``,
+``worker_health/...``, ``timing/...``, ``custom/...``); the coordination drivers add theirs
+(curriculum stage, PBT scores, ratings) to the record the controller writes.
+
+What happens with the episodes and trainer stats besides counting (the user's callbacks, the
+curriculum, PBT, ratings) is the observers' business: the tally calls each
+:class:`TallyObserver` as figures come, as Sample Factory's runner does for its reporters.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from api.config import ExperimentConfig
+from system import timing
+from system.errors import WireError
+from system.roles import Role, WorkerState
+from system.run.episodes import CUSTOM, EpisodeWindow
+from system.run.plan import WorkerPlan
+from system.run.stopping import EvaluationWindows, judged_policy
+from system.run.supervisor import WorkerRecord
+
+RETURNS_WINDOW = 100
+"""Training episodes the ``episode_return`` of a record averages."""
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One heartbeat's stats, checked: what any role may report, and the rest as numbers."""
+
+    env_frames: int = 0
+    eval_env_frames: int = 0
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    """Finished training episodes' records (:mod:`system.run.episodes`)."""
+    eval_episodes: list[dict[str, Any]] = field(default_factory=list)
+    epsilon: float | None = None
+    """The exploration rate a policy worker acts with."""
+    peak_rss_mb: float = 0.0
+    numbers: dict[str, int | float] = field(default_factory=dict)
+    """Every number it reported, as it was (an int stays one), timing stages aside: a
+    trainer's losses, the ``version`` a worker holds, ..."""
+    timing: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage since the last heartbeat (:mod:`system.timing`)."""
+    flags: dict[str, bool] = field(default_factory=dict)
+    """What it reported as true or false (a policy worker's ``hold_unsupported``)."""
+
+    @classmethod
+    def from_heartbeat(cls, stats: dict[str, Any]) -> WorkerStats:
+        """Raises :class:`WireError` naming the field that does not fit."""
+        timed = {k: float(v) for k, v in stats.items() if _number(v)}
+        rest = timing.without_timing(stats)
+        numbers = {k: v for k, v in rest.items() if _number(v)}
+        return cls(
+            env_frames=_count(rest, "env_frames"),
+            eval_env_frames=_count(rest, "eval_env_frames"),
+            episodes=_episodes(rest, "episodes"),
+            eval_episodes=_episodes(rest, "eval_episodes"),
+            epsilon=_float_or_none(numbers.get("epsilon")),
+            peak_rss_mb=float(numbers.get("peak_rss_mb", 0.0)),
+            numbers=numbers,
+            timing={k: v for k, v in timed.items() if k not in rest},
+            flags={k: v for k, v in rest.items() if isinstance(v, bool)},
+        )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float_or_none(value: int | float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _count(stats: dict[str, Any], key: str) -> int:
+    value = stats.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise WireError(f"heartbeat stats: '{key}' must be an int >= 0, got {value!r}")
+    return value
+
+
+def _episodes(stats: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    records = stats.get(key, [])
+    if not isinstance(records, list):
+        raise WireError(f"heartbeat stats: '{key}' must be a list, got {records!r}")
+    for record in records:
+        if not (isinstance(record, dict) and _number(record.get("episode_return"))):
+            raise WireError(f"heartbeat stats: an entry of '{key}' has no episode_return")
+    return records
+
+
+class TallyObserver(Protocol):
+    """Who hears of episodes and trainer stats as they are tallied."""
+
+    def on_episodes(self, episodes: list[dict[str, Any]], evaluation: bool) -> None: ...
+    def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
+        """Each time another ``evaluation.episodes`` greedy episodes have finished."""
+
+    def on_train_stats(self, policy: str, stats: dict[str, float]) -> None: ...
+
+
+def timing_role(plan: WorkerPlan) -> str:
+    """The role a worker's timings are tallied under: evaluation actors apart from training
+    ones (they are held to a pace, and wait for it by design)."""
+    return "eval_actor" if getattr(plan, "evaluation", False) else plan.role.value
+
+
+def _policy_line(trainer: dict[str, float]) -> dict[str, Any]:
+    return {"version": int(trainer.get("version", 0)), "lag": trainer.get("version_lag"),
+            "trainer": trainer}  # fmt: skip
+
+
+class Tally:
+    def __init__(self, config: ExperimentConfig, observers: Iterable[TallyObserver] = ()):
+        self.config = config
+        self.observers = list(observers)
+        self.env_frames = 0
+        self.eval_env_frames = 0
+        self.returns: deque[float] = deque(maxlen=RETURNS_WINDOW)
+        self.game_returns: deque[float] = deque(maxlen=RETURNS_WINDOW)
+        """Whole games' unclipped scores, where the environment reports one at a game's end
+        (``info["game_return"]``, as Atari-v0 does: its episodes are lives, rewards clipped)."""
+        self.evaluation = EvaluationWindows(
+            config.stop.eval_return,
+            config.evaluation.episodes,
+            config.stop.confirm_windows,
+            policy=judged_policy(config),
+            max_return=config.stop.max_return,
+            envs=config.evaluation.workers * config.evaluation.envs_per_worker,
+        )
+        """The greedy windows the stop rule judges (:mod:`system.run.stopping`)."""
+        self.train_window = EpisodeWindow(RETURNS_WINDOW)
+        self.eval_window = EpisodeWindow(config.evaluation.episodes)
+        self.eval_count = 0
+        self.trainer_stats: dict[str, dict[str, float]] = {}
+        """Each trained policy's newest trainer stats (``version``, ``steps``, losses...)."""
+        self.exploration: dict[str, dict[str, float]] = {}
+        """Each policy's exploration rate (epsilon) by the policy worker acting with it."""
+        self.timing = timing.RoleTimes()
+        """Where each role's wall time goes (system.timing), from every heartbeat."""
+
+    def continue_from(self, records: list[dict[str, Any]]) -> float:
+        """A resumed run counts frames on from its last record; the wall-clock seconds it ran
+        (0.0 for a new run), from which the run's clock goes on."""
+        if not records:
+            return 0.0
+        self.env_frames = int(records[-1].get("env_frames") or 0)
+        return float(records[-1].get("wall_s") or 0.0)
+
+    def add(self, record: WorkerRecord, stats: WorkerStats) -> None:
+        """One heartbeat's stats from the worker ``record``."""
+        plan = record.plan
+        policy = str(getattr(plan, "policy", ""))
+        self.timing.add(timing_role(plan), plan.worker_id, stats.timing)
+        if plan.role is Role.ACTOR:
+            self._add_actor(stats)
+        elif plan.role is Role.POLICY:
+            if policy == self.evaluation.policy:
+                self.evaluation.on_worker_stats({**stats.numbers, **stats.flags})  # its hold
+            if stats.epsilon is not None:  # what the actors act with
+                self.exploration.setdefault(policy, {})[plan.worker_id] = stats.epsilon
+        elif plan.role is Role.TRAINER and stats.numbers:
+            numbers = {k: float(v) for k, v in stats.numbers.items()}
+            self.trainer_stats.setdefault(policy, {}).update(numbers)
+            for o in self.observers:
+                o.on_train_stats(policy, numbers)
+        if stats.numbers:  # a heartbeat sent during a long poll has none: keep the last ones
+            record.stats = dict(stats.numbers)
+        record.peak_rss_mb = max(record.peak_rss_mb, stats.peak_rss_mb)
+
+    def _add_actor(self, stats: WorkerStats) -> None:
+        self.env_frames += stats.env_frames
+        self.eval_env_frames += stats.eval_env_frames
+        self.returns.extend(e["episode_return"] for e in stats.episodes)
+        self.game_returns.extend(
+            e["episode_info/game_return"] for e in stats.episodes if "episode_info/game_return" in e
+        )
+        self.train_window.extend(stats.episodes)
+        for o in self.observers:
+            o.on_episodes(stats.episodes, evaluation=False)
+            o.on_episodes(stats.eval_episodes, evaluation=True)
+        judged = self.config.evaluation.policy
+        for e in stats.eval_episodes:
+            # a mapping may leave the judged policy out of an episode: it does not count
+            key = f"policy/{judged}/episode_return" if judged else "episode_return"
+            if key not in e:
+                continue
+            versions = e.get("versions")
+            self.evaluation.add(
+                e[key],
+                versions.get(self.evaluation.policy) if isinstance(versions, dict) else None,
+                env=e.get("env"),
+                started_at=e.get("started_at"),
+            )
+            self.eval_window.extend([e])
+            self.eval_count += 1
+            if self.eval_count % self.config.evaluation.episodes == 0:
+                for o in self.observers:
+                    o.on_evaluation(self.evaluation.mean(), list(self.eval_window.episodes))
+
+    # ------------------------------------------------------------- what comes out
+    def record(
+        self, elapsed: float, workers: Iterable[WorkerRecord], custom: dict[str, float]
+    ) -> tuple[dict[str, Any], dict[str, timing.RoleShares]]:
+        """The metrics record for now (and the roles' time shares, for the bottleneck line);
+        ``custom``: what the user's callbacks logged."""
+        workers = list(workers)
+        record: dict[str, Any] = {
+            "wall_s": elapsed,
+            "env_frames": self.env_frames,
+            "fps": self.env_frames / max(elapsed, 1e-9),
+            "eval_env_frames": self.eval_env_frames,
+            "episode_return": float(np.mean(self.returns)) if self.returns else None,
+            "eval_return": self.evaluation.mean(),
+            "game_return": float(np.mean(self.game_returns)) if self.game_returns else None,
+            "worker_health/alive": sum(w.state is WorkerState.ALIVE for w in workers),
+            "worker_health/restarts": sum(w.restarts for w in workers),
+        }
+        # episode_length, policy/<name>/episode_return, episode_info/<key>: means of the window
+        record.update({k: v for k, v in self.train_window.means().items() if k not in record})
+        record.update(self.eval_window.means("eval/"))
+        record.update(self.evaluation.figures())  # the version evaluation holds, if any
+        record.update({f"{CUSTOM}{k}": v for k, v in custom.items()})
+        for name, by_worker in self.exploration.items():
+            record[f"policy/{name}/epsilon"] = float(np.mean(list(by_worker.values())))
+        for name, stats in self.trainer_stats.items():
+            record[f"policy/{name}/version"] = stats.get("version")
+            for k, v in stats.items():
+                record[f"trainer/{name}/{k}"] = v
+        roles = self.timing.take()
+        record.update(timing.record(roles))
+        record.update({f"timing/{k}": v for k, v in self.timing.take_batches().items()})
+        return record, roles
+
+    def snapshot(
+        self,
+        record: dict[str, Any],
+        roles: dict[str, timing.RoleShares],
+        workers: Iterable[WorkerRecord],
+        now: float,
+    ) -> dict[str, Any]:
+        """What the live panel shows (:mod:`system.run.display`)."""
+        return {
+            "elapsed_s": record["wall_s"],
+            "env_frames": record["env_frames"],
+            "fps": record["fps"],
+            "episode_return": record["episode_return"],
+            "eval_return": record["eval_return"],
+            "game_return": record["game_return"],
+            "custom": {
+                k[len(CUSTOM) :]: v
+                for k, v in record.items()
+                if k.startswith(CUSTOM) and not k.endswith(("/min", "/max"))
+            },
+            "target": self.config.stop.eval_return,
+            "policies": {name: _policy_line(s) for name, s in self.trainer_stats.items()},
+            "workers": [
+                {
+                    "id": w.plan.worker_id,
+                    "role": w.plan.role.value,
+                    "state": w.state.value,
+                    "restarts": w.restarts,
+                    "heartbeat_age_s": now - w.last_seen,
+                }
+                for w in workers
+            ],
+            "bottleneck": timing.bottleneck(roles.values()),
+        }
+
+    def trainer_steps_reached(self, steps: int) -> bool:
+        """Whether every trained policy's trainer has done ``steps`` steps."""
+        return bool(self.trainer_stats) and all(
+            s.get("steps", 0) >= steps for s in self.trainer_stats.values()
+        )

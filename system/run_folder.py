@@ -1,0 +1,111 @@
+"""A run folder's layout and its one way of writing a file.
+
+Every file a run leaves is named here, so the controller that writes it, the tools that read it
+(``troupe status``, the bench, the deploy commands) and a user's script agree on one spelling.
+The parameter store names its own files inside :data:`CHECKPOINTS`
+(:mod:`system.parameters.store`).
+
+:func:`write_atomically` is how every file of a run is written: a reader (a tool polling
+``metrics.jsonl``'s neighbours, a resumed run, a crash) sees the old file or the whole new one,
+never half of one, and a full disk or read-only mount is a :class:`RunFolderError` naming the
+file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from api.errors import RunFolderError
+
+logger = logging.getLogger(__name__)
+
+CONFIG = "config.json"
+"""The resolved experiment, as the run was started (a resume checks against it)."""
+METRICS = "metrics.jsonl"
+"""One record a second: frames, returns, trainer stats, timings."""
+SUMMARY = "summary.json"
+"""How the run ended (stop reason, solved, failure), written at its end."""
+WORKERS = "workers.json"
+"""Who runs where: role, pid, state, restarts, peak memory, version; refreshed each second."""
+ENDPOINTS = "endpoints.json"
+"""The controller's address and every registered endpoint's."""
+GLOBAL_STATE = "global_state.msgpack"
+"""The run's shared key/value state (:mod:`api.global_state`), restored on resume."""
+LEARNING_CURVE = "learning_curve.png"
+WIN_RATES = "win_rates.png"
+RATINGS = "ratings.json"
+"""Self-play ratings of every player of the league."""
+PBT_EVENTS = "pbt.jsonl"
+"""Every PBT decision: scores, exploits, explored hyperparameters."""
+RESUMES = "resumes.jsonl"
+"""Each resume's changed settings."""
+LOCK = ".troupe.lock"
+"""Held (``flock``) by the run that uses the folder."""
+CHECKPOINTS = "checkpoints"
+"""The parameter store's folder: versions, trainer state, replay buffer."""
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], *, sync: bool = True) -> None:
+    """Write ``path`` through ``write(f)`` on a temporary file renamed over it; ``sync``: fsync
+    first (a version that must survive a power cut), else only a crash of this process."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise RunFolderError.from_os_error(path, e) from e
+    finally:
+        with contextlib.suppress(OSError):  # gone after the rename; or never made
+            tmp.unlink(missing_ok=True)
+
+
+def write_bytes(path: Path, data: bytes, *, sync: bool = True) -> None:
+    write_atomically(path, lambda f: f.write(data), sync=sync)
+
+
+def write_json(path: Path, data: Any, *, indent: int = 1, sync: bool = False) -> None:
+    """``data`` as JSON; not synced by default (a table refreshed every second)."""
+    write_bytes(path, json.dumps(data, indent=indent).encode("utf-8"), sync=sync)
+
+
+class FolderGuard:
+    """Runs the controller's writes to a run folder. The first one that fails (a full disk, a
+    read-only mount) is logged once, in one line naming the file, and ``on_error`` decides what
+    follows (the controller stops the run with it); later ones are quiet."""
+
+    def __init__(self, run_dir: Path, on_error: Callable[[RunFolderError], None]):
+        self.run_dir = Path(run_dir)
+        self.on_error = on_error
+        self.error: RunFolderError | None = None
+        """The first failure, if any: what a run that stops for it reports."""
+
+    def write(self, write: Callable[[], Any]) -> bool:
+        """Do one write; False when the folder refused it."""
+        try:
+            write()
+            return True
+        except RunFolderError as e:  # an atomic write already named its file
+            self.failed(e)
+        except OSError as e:
+            self.failed(RunFolderError.from_os_error(self.run_dir, e))
+        return False
+
+    def failed(self, error: RunFolderError) -> None:
+        """A write failed here, or in a worker (which reported it)."""
+        if self.error is None:
+            self.error = error
+            logger.error("%s", error)
+        self.on_error(error)

@@ -1,0 +1,72 @@
+"""The run folder's one writer and guard, and the end of a run's summary (system.run.finish)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from api.config import make_experiment
+from api.errors import RunFolderError
+from system import run_folder
+from system.errors import WorkerFailure
+from system.run.finish import finish_run
+from system.run.report import read_metrics
+from system.run.stopping import EvaluationWindows
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / run_folder.WORKERS
+    run_folder.write_json(path, {"a": 1})
+
+    def half(f):
+        f.write(b'{"a": ')
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(RunFolderError, match=r"workers\.json"):
+        run_folder.write_atomically(path, half)
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert os.listdir(tmp_path) == [run_folder.WORKERS]
+
+
+def test_the_guard_says_the_first_failure_once_and_hands_each_on(tmp_path, caplog):
+    seen: list[RunFolderError] = []
+    guard = run_folder.FolderGuard(tmp_path, seen.append)
+    assert guard.write(lambda: run_folder.write_json(tmp_path / "x.json", 1))
+
+    def full():
+        raise OSError(28, "No space left on device")
+
+    assert not guard.write(full) and not guard.write(full)
+    assert len(seen) == 2 and guard.error is seen[0]
+    assert [r.levelname for r in caplog.records] == ["ERROR"]  # said once
+
+
+def _windows() -> EvaluationWindows:
+    return EvaluationWindows(475.0, 10, 1, policy=None, max_return=500.0, envs=1)
+
+
+def test_a_failure_after_the_stop_rule_makes_the_run_failed(tmp_path):
+    config = make_experiment("cartpole-ppo")
+    (tmp_path / run_folder.METRICS).write_text(
+        json.dumps({"wall_s": 1.0, "env_frames": 100, "eval_return": 480.0}) + "\n"
+    )
+    summary = finish_run(
+        config, tmp_path, wall_s=2.0, stop_reason="eval_return",
+        failure=WorkerFailure("params", "params did not finish its stop"),
+        evaluation=_windows(), extra={"curriculum_stage": 2},
+        write=lambda w: (w(), True)[1],
+    )  # fmt: skip
+    assert summary["stop_reason"] == "failed" and summary["stop_rule_met"] == "eval_return"
+    assert summary["curriculum_stage"] == 2 and "params did not finish" in summary["failure"]
+    assert json.loads((tmp_path / run_folder.SUMMARY).read_text())["stop_reason"] == "failed"
+    assert (tmp_path / run_folder.LEARNING_CURVE).exists() and read_metrics(tmp_path)
+
+
+def test_a_summary_that_cannot_be_written_says_so(tmp_path):
+    summary = finish_run(
+        make_experiment("cartpole-ppo"), tmp_path, wall_s=1.0, stop_reason="wall_seconds",
+        failure=None, evaluation=_windows(), extra={}, write=lambda w: False,
+    )  # fmt: skip
+    assert summary["summary_written"] is False and summary["stop_reason"] == "wall_seconds"

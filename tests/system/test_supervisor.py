@@ -1,0 +1,145 @@
+"""The supervisor's decisions, driven directly: restarts, crash loops, fatal errors, the ordered
+stop and its savers. The launcher here keeps a set of live worker ids instead of processes; the
+same decisions on real processes are in tests/faults (SIGKILLs, hung workers, a full disk)."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.config import make_experiment
+from system.roles import Role, WorkerState
+from system.run import supervisor as sup
+from system.run.control_protocol import Stop
+from system.run.name_service import NameService
+from system.run.plan import plan_workers
+
+
+class Launcher:
+    start_grace_s = restart_grace_s = 60.0
+    restarts_workers = False
+
+    def __init__(self) -> None:
+        self.alive: set[str] = set()
+        self.started: list[str] = []
+        self.killed: list[str] = []
+
+    def start(self, worker_id: str, role: str, controller: str) -> None:
+        self.alive.add(worker_id)
+        self.started.append(worker_id)
+
+    def is_alive(self, worker_id: str) -> bool:
+        return worker_id in self.alive
+
+    def kill(self, worker_id: str) -> None:
+        self.alive.discard(worker_id)
+        self.killed.append(worker_id)
+
+    def stop_all(self, timeout_s: float) -> None:
+        self.alive.clear()
+
+
+@pytest.fixture
+def run():
+    launcher, names = Launcher(), NameService()
+    plans = plan_workers(
+        make_experiment("cartpole-ppo", ["evaluation.workers=0", "stop.eval_return=None"])
+    )
+    s = sup.Supervisor(plans, launcher, names, heartbeat_timeout_s=30.0)
+    s.start_all("tcp://127.0.0.1:1")
+    for record in s.workers.values():
+        s.on_hello(record, pid=1)
+        s.on_ready(record)
+    return s, launcher, names
+
+
+def test_a_worker_that_died_is_restarted_and_its_names_forgotten(run):
+    s, launcher, names = run
+    names.register("inference/default/0", "tcp://old:1")
+    launcher.alive.discard("policy/default/0")
+    s.supervise()
+    record = s.workers["policy/default/0"]
+    assert launcher.started.count("policy/default/0") == 2
+    assert record.state is WorkerState.RESTARTING and record.restarts == 1
+    assert "inference/default/0" not in names.endpoints  # peers wait for the new address
+    assert s.failure is None
+
+
+def test_a_crash_loop_is_given_up_on(run):
+    s, launcher, _ = run
+    for _ in range(sup.MAX_RESTARTS):
+        launcher.alive.discard("actor/0")
+        s.supervise()
+        assert s.failure is None
+        s.on_hello(s.workers["actor/0"], pid=2)  # back, and dies before it runs PROGRESS_S
+    launcher.alive.discard("actor/0")
+    s.supervise()
+    assert s.failure is not None and s.failure.worker == "actor/0"
+    assert "given up after 5 restarts in a row without progress" in str(s.failure)
+
+
+def test_a_fatal_error_fails_the_run_without_a_restart(run):
+    s, launcher, _ = run
+    s.on_error(s.workers["trainer/default/0"], "RegistryError: no such env", "tb", True, False)
+    assert s.failure is not None and "no such env" in str(s.failure)
+    s.supervise()  # a failed run restarts nothing more
+    assert launcher.started.count("trainer/default/0") == 1
+
+
+def test_the_stop_goes_actors_first_and_the_parameter_service_last(run):
+    s, _, _ = run
+    stops: list[str] = []
+
+    def send(worker_id, message):
+        assert isinstance(message, Stop)
+        stops.append(worker_id)
+        s.on_bye(s.workers[worker_id])  # it finishes its work and says bye
+
+    s.shutdown(send, lambda ms: None, revive=True)
+    order = [s.workers[w].plan.stop_order for w in stops]
+    assert order == sorted(order) and stops[-1] == "params" and stops[0].startswith("actor/")
+    assert set(stops) == set(s.workers) and s.failure is None
+
+
+def test_a_saver_down_at_the_stop_is_brought_back_to_save(run):
+    s, launcher, _ = run
+    launcher.alive.discard("trainer/default/0")  # died just before Ctrl+C
+    stops: list[str] = []
+
+    def send(worker_id, message):
+        stops.append(worker_id)
+        s.on_bye(s.workers[worker_id])
+
+    def pump(ms):  # the restarted trainer says hello and is built
+        record = s.workers["trainer/default/0"]
+        if record.state is WorkerState.RESTARTING:
+            s.on_hello(record, pid=3)
+            s.on_ready(record)
+
+    s.shutdown(send, pump, revive=True)
+    assert launcher.started.count("trainer/default/0") == 2
+    assert "trainer/default/0" in stops and s.failure is None
+
+
+def test_a_saver_that_leaves_without_its_bye_makes_the_run_incomplete(run):
+    s, launcher, _ = run
+
+    def send(worker_id, message):
+        if s.workers[worker_id].plan.role is Role.TRAINER:
+            launcher.alive.discard(worker_id)  # exits without saying bye
+        else:
+            s.on_bye(s.workers[worker_id])
+
+    s.shutdown(send, lambda ms: None, revive=True)
+    assert s.failure is not None
+    assert "did not finish its stop; its last checkpoint may be missing" in str(s.failure)
+
+
+def test_workers_json_says_who_runs_where(run):
+    s, _, _ = run
+    s.workers["trainer/default/0"].stats = {"version": 4}
+    table = s.table()
+    assert table["trainer/default/0"] == {
+        "role": "trainer", "pid": 1, "state": "alive", "restarts": 0, "peak_rss_mb": 0.0,
+        "version": 4,
+    }  # fmt: skip
+    assert set(table) == set(s.workers)

@@ -1,0 +1,95 @@
+"""The controller's tally: checked stats in, the record and the panel's snapshot out, and the
+observers told as figures come."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.config import make_experiment
+from system.errors import WireError
+from system.roles import WorkerState
+from system.run.plan import plan_workers
+from system.run.supervisor import WorkerRecord
+from system.run.tally import Tally, WorkerStats
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def on_episodes(self, episodes, evaluation):
+        self.calls.append(("episodes", len(episodes), evaluation))
+
+    def on_evaluation(self, mean_return, episodes):
+        self.calls.append(("evaluation", mean_return, len(episodes)))
+
+    def on_train_stats(self, policy, stats):
+        self.calls.append(("train", policy, stats["steps"]))
+
+
+@pytest.fixture
+def tally():
+    config = make_experiment("cartpole-ppo", ["evaluation.episodes=2"])
+    observer = Observer()
+    records = {p.worker_id: WorkerRecord(p) for p in plan_workers(config)}
+    return Tally(config, [observer]), observer, records
+
+
+def test_stats_that_do_not_fit_are_refused_naming_the_field():
+    with pytest.raises(WireError, match="'env_frames' must be an int >= 0"):
+        WorkerStats.from_heartbeat({"env_frames": -3})
+    with pytest.raises(WireError, match="'episodes' must be a list"):
+        WorkerStats.from_heartbeat({"episodes": {"episode_return": 1.0}})
+    with pytest.raises(WireError, match="an entry of 'eval_episodes' has no episode_return"):
+        WorkerStats.from_heartbeat({"eval_episodes": [{"episode_length": 3}]})
+
+
+def test_timing_stages_are_kept_apart_from_the_role_s_numbers():
+    stats = WorkerStats.from_heartbeat(
+        {"version": 3, "loss": 0.5, "stage/compute": 0.7, "stage_wall_s": 1.0, "held": True}
+    )
+    assert stats.numbers == {"version": 3, "loss": 0.5}
+    assert type(stats.numbers["version"]) is int  # a held version is compared as an int
+    assert set(stats.timing) == {"stage/compute", "stage_wall_s"} and stats.flags == {"held": True}
+
+
+def test_actor_episodes_reach_the_record_and_the_observers(tally):
+    t, observer, records = tally
+    episodes = [{"episode_return": r, "episode_length": 10} for r in (10.0, 30.0)]
+    evals = [{"episode_return": 500.0, "env": 0, "started_at": i} for i in range(2)]
+    beat = {"env_frames": 640, "episodes": episodes, "eval_episodes": evals}
+    t.add(records["actor/0"], WorkerStats.from_heartbeat(beat))
+    record, _ = t.record(2.0, records.values(), {"shaped": 1.5})
+    assert record["env_frames"] == 640 and record["fps"] == 320.0
+    assert record["episode_return"] == 20.0 and record["episode_length"] == 10.0
+    assert record["eval/episode_return"] == 500.0 and record["custom/shaped"] == 1.5
+    assert observer.calls[:2] == [("episodes", 2, False), ("episodes", 2, True)]
+    assert observer.calls[2][0] == "evaluation" and observer.calls[2][2] == 2
+
+
+def test_trainer_stats_make_the_policy_s_keys_and_the_step_rule(tally):
+    t, observer, records = tally
+    assert not t.trainer_steps_reached(1)  # no trainer has reported
+    stats = WorkerStats.from_heartbeat({"steps": 4, "version": 4, "loss": 0.25})
+    t.add(records["trainer/default/0"], stats)
+    record, _ = t.record(1.0, records.values(), {})
+    assert record["policy/default/version"] == 4.0 and record["trainer/default/loss"] == 0.25
+    assert t.trainer_steps_reached(4) and not t.trainer_steps_reached(5)
+    assert observer.calls == [("train", "default", 4.0)]
+    assert records["trainer/default/0"].stats["version"] == 4  # for workers.json
+
+
+def test_an_empty_heartbeat_keeps_a_worker_s_last_figures(tally):
+    t, _, records = tally
+    t.add(records["policy/default/0"], WorkerStats.from_heartbeat({"version": 7}))
+    t.add(records["policy/default/0"], WorkerStats.from_heartbeat({}))  # from a busy thread
+    assert records["policy/default/0"].stats == {"version": 7}
+
+
+def test_the_snapshot_names_every_worker_and_the_bottleneck(tally):
+    t, _, records = tally
+    records["actor/0"].state = WorkerState.ALIVE
+    record, roles = t.record(1.0, records.values(), {})
+    snapshot = t.snapshot(record, roles, records.values(), now=records["actor/0"].last_seen)
+    assert [w["id"] for w in snapshot["workers"]] == list(records)
+    assert record["worker_health/alive"] == 1 and "bottleneck" in snapshot
