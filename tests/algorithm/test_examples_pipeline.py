@@ -2,9 +2,22 @@
 runtime's serial mode): Discrete, Box, GRU memory, and two policies on dict observations with
 action masks."""
 
+import math
+
 import pytest
 
 from api import testing
+
+TRAINER_STATS = {
+    "cartpole-ppo": "approx_kl",
+    "pendulum-ppo": "approx_kl",
+    "memory-gru-ppo": "approx_kl",
+    "gather-2p-ppo": "approx_kl",
+    "cartpole-impala": "rho_mean",  # importance weights: positive
+    "cartpole-dqn": "td_abs_mean",  # the TD errors it learned from: not all zero
+    "pendulum-sac": "alpha",  # the entropy temperature: positive
+}
+"""Per experiment, a stat only its trainer reports and what it must be after two steps."""
 
 
 @pytest.mark.parametrize(
@@ -23,5 +36,9 @@ def test_example_experiment_passes_the_pipeline_check(experiment):
     report = testing.test_pipeline(experiment=experiment, trainer_steps=2, envs=2)
     assert all(steps >= 2 for steps in report.trainer_steps.values()), report
     for stats in report.last_stats.values():
-        assert stats.get("approx_kl", 0.0) >= -1e-6  # PPO's; IMPALA has none
+        assert all(math.isfinite(v) for v in stats.values() if isinstance(v, float)), stats
+        # each trainer's own measure of its update, present and of the right sign
+        kind = TRAINER_STATS[experiment]
+        assert kind in stats, (experiment, sorted(stats))
+        assert stats[kind] >= -1e-6 if kind == "approx_kl" else stats[kind] > 0.0, stats
         assert stats["policy_lag_max"] >= stats["policy_lag_mean"] >= 0.0

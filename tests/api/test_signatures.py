@@ -40,8 +40,7 @@ def test_every_static_signature_matches_the_imported_one(kind):
         real_hints = _hints(factory)
         for name, hint in static.hints.items():
             assert real_hints.get(name) == hint, (spec.entry_point, name)
-    if kind in ("trainer", "policy"):
-        assert read > 0, f"no {kind} signature could be read from source"
+    assert read > 0, f"no {kind} signature could be read from source: nothing was compared"
 
 
 def test_a_constructor_the_source_cannot_show_is_imported_instead():
