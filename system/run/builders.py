@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -162,29 +162,28 @@ class Wiring(Protocol):
     a trainer elsewhere publishes it; in one process nothing could publish while we waited."""
     threads: bool
     """Whether a worker may run threads besides its loop (a trainer's loader): not serially."""
+    spaces: AgentSpaces
+    """The agents' spaces, resolved once for the run (:mod:`system.run.shape`)."""
 
     def keep_alive(self) -> None:
         """Called while a builder waits for a peer: a process answers its controller here."""
 
     def parameter_client(self, subscribe: list[str]) -> ParameterClientBase: ...
     def parameter_server(self, store: ParameterStore) -> Worker: ...
-    def inference_server(self, name: str, policy_name: str, policy: Policy) -> InferenceServer:
+    def inference_server(self, name: str, policy_name: str) -> InferenceServer:
         """The server of ``policy_name``'s action requests, registered as ``name``; requests
-        are laid out for ``policy``'s spaces."""
+        are laid out as the run's shape says."""
 
     def inference_client(self, client_id: str, names: dict[str, str]) -> InferenceClient: ...
-    def sample_consumer(self, name: str, policy_name: str, policy: Policy) -> SampleConsumer:
+    def sample_consumer(self, name: str, policy_name: str) -> SampleConsumer:
         """The consumer of ``policy_name``'s segments, registered as ``name``."""
 
     def sample_producer(self, names: dict[str, list[str]]) -> SampleProducer: ...
     def replay_server(self, name: str, policy_name: str) -> Any:
         """The server of ``policy_name``'s transition batches, registered as ``name``."""
 
-    def replay_client(
-        self, name: str, policy_name: str, policy: Policy, client_id: str
-    ) -> ReplayClient:
-        """A client of the replay server registered as ``name``; batches are laid out for
-        ``policy``'s spaces."""
+    def replay_client(self, name: str, policy_name: str, client_id: str) -> ReplayClient:
+        """A client of the replay server registered as ``name``."""
 
     def trainer_group(
         self, name: str, policy_name: str, rank: int, size: int
@@ -196,10 +195,11 @@ class Wiring(Protocol):
 
 @dataclass
 class Built:
-    """A built worker and, if it has one, what it runs with every heartbeat (a peer watchdog)."""
+    """A built worker and what it runs with every heartbeat, in order (none from a builder so
+    far: process mode adds the peer watches and the coordination followers)."""
 
     worker: Worker
-    on_heartbeat: Callable[[], None] | None = None
+    heartbeat_hooks: list[Callable[[], None]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------- one builder per role
@@ -216,16 +216,16 @@ def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, w
 
 
 def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
+    policy = make_policy(cfg, plan.policy, wiring.spaces, cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     peers = plan.peers(cfg)
     params = wiring.parameter_client(subscribe=peers.parameters or [])
     replay = samples = None
     if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
-        replay = wiring.replay_client(peers.replay_batches, plan.policy, policy, plan.worker_id)
+        replay = wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id)
     else:
         endpoint = roles.samples_endpoint(plan.policy, plan.index)
-        samples = wiring.sample_consumer(endpoint, plan.policy, policy)
+        samples = wiring.sample_consumer(endpoint, plan.policy)
     from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
     from system.workers.trainer_worker import TrainerWorker
 
@@ -264,13 +264,11 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
     from system.replay.buffer import ReplayBuffer
     from system.workers.replay_worker import ReplayWorker, buffer_config, replay_file
 
-    # The policy is built only for the layout of the segments its actors may send.
-    policy = make_policy(cfg, plan.policy, probe_spaces(cfg), cfg.seed)
     worker = ReplayWorker(
         plan.worker_id,
         plan.policy,
         ReplayBuffer(buffer_config(cfg, plan.policy)),
-        wiring.sample_consumer(roles.replay_samples_endpoint(plan.policy), plan.policy, policy),
+        wiring.sample_consumer(roles.replay_samples_endpoint(plan.policy), plan.policy),
         wiring.replay_server(roles.replay_batches_endpoint(plan.policy), plan.policy),
         batch_size=cfg.policies[plan.policy].replay.batch_size,
         checkpoint_path=replay_file(wiring.run_dir, plan.policy) if wiring.run_dir else None,
@@ -280,8 +278,7 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
 
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    spaces = probe_spaces(cfg)
-    policy = make_policy(cfg, plan.policy, spaces, cfg.seed + 1)
+    policy = make_policy(cfg, plan.policy, wiring.spaces, cfg.seed + 1)
     if cfg.policies[plan.policy].checkpoint:  # a frozen policy from another run's file
         policy.load_checkpoint(read_frozen_checkpoint(cfg.policies[plan.policy].checkpoint))
     params = wiring.parameter_client(subscribe=plan.peers(cfg).parameters or [])
@@ -289,7 +286,7 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     if plan.policy == cfg.selfplay.opponent:
         from system.workers.opponent_pool import OpponentPolicyWorker
 
-        server = wiring.inference_server(name, plan.policy, policy)
+        server = wiring.inference_server(name, plan.policy)
         seed = cfg.seed * 7_919 + plan.index
         return Built(
             OpponentPolicyWorker(
@@ -299,8 +296,9 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
     if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
         _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)
-    server = wiring.inference_server(name, plan.policy, policy)
-    copy = functools.partial(make_policy, cfg, plan.policy, spaces, cfg.seed + 1)  # to hold one
+    server = wiring.inference_server(name, plan.policy)
+    # a second copy of the policy, built when a version is held for evaluation
+    copy = functools.partial(make_policy, cfg, plan.policy, wiring.spaces, cfg.seed + 1)
     tag = EVAL_TAG if plan.index == 0 else f"{EVAL_TAG}-{plan.index}"
     worker = PolicyWorker(plan.worker_id, plan.policy, policy, server, params, make_copy=copy,
                           eval_tag=tag)  # fmt: skip

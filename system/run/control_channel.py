@@ -6,7 +6,8 @@ endpoints it bound, looks up its peers' endpoints, sends heartbeats with stats, 
 with its traceback, and receives ``stop``.
 
 The messages are the dataclasses of :mod:`system.run.control_protocol`; the global state's
-(``state_write``, the ``state`` of an ``ack``) are described in :mod:`system.run.global_state`.
+(``state_write``, the ``state`` of an ``ack``) are described in
+:mod:`system.run.coordination.state`.
 
 Every heartbeat is answered with ``ack``. A worker tells a slow controller from a dead one by
 evidence that a starved machine does not fake: the controller's process ended (when it runs on
@@ -35,7 +36,7 @@ from zmq.utils.monitor import recv_monitor_message
 from system.errors import ControllerGoneError, PeerTimeoutError, WireError
 from system.ratelimit import BadMessages
 from system.run import control_protocol as cp
-from system.run.global_state import StateReplica
+from system.run.coordination.state import StateReplica
 from system.streams import wire
 
 logger = logging.getLogger(__name__)

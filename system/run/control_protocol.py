@@ -171,7 +171,7 @@ class Bye(ControlMessage):
 
 @_kind("state_write")
 class StateWrite(ControlMessage):
-    """A write of the global state (:mod:`system.run.global_state`), answered with
+    """A write of the global state (:mod:`system.run.coordination.state`), answered with
     :class:`StateResult`; ``expected_version``: a compare-and-set."""
 
     id: int
@@ -210,12 +210,15 @@ def packed_value(value: Any, path: str = "value") -> bytes:
 @_kind("configure")
 class Configure(ControlMessage):
     """What a worker is built from: the experiment, its run folder, its plan
-    (:meth:`system.run.plan.WorkerPlan.to_wire`) and the global state as it is now."""
+    (:meth:`system.run.plan.WorkerPlan.to_wire`), the global state as it is now, and the
+    run's shape."""
 
     config: dict[str, Any]
     run_dir: str
     plan: dict[str, Any]
     global_state: dict[str, Any]
+    shape: dict[str, Any] | None = None
+    """The run's spaces and message layouts (:mod:`system.run.shape`); None: resolve them."""
 
 
 @_kind("lookup_result")

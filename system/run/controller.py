@@ -1,17 +1,13 @@
 """The controller: one loop that answers the workers, checks the stopping rule and ends the run.
 
-Each job is its own object, and the controller wires them:
-
-- :class:`~system.run.supervisor.Supervisor`: starting, restarting and the ordered stop;
-- :class:`~system.run.name_service.NameService`: endpoint names, lookups and ``moved`` notices;
-- :class:`~system.run.tally.Tally`: typed stats in, the metrics record and panel snapshot out;
-- :class:`~system.run.coordination.Coordination`: the global state and its drivers;
-- :class:`~system.run.episodes.Callbacks`: the user's controller callbacks.
-
-Control messages (:mod:`system.run.control_protocol`) are parsed once and dispatched by type
-(:attr:`Controller.handlers`). The controller owns the run folder's bookkeeping (resolved
-config, metrics, ``workers.json``, summary, learning curve); a folder that cannot be written
-stops the run with that one-line cause.
+It wires one object per job: the :class:`~system.run.supervisor.Supervisor` (start, restart,
+ordered stop), the :class:`~system.run.name_service.NameService`, the
+:class:`~system.run.tally.Tally` (typed stats in, record and panel out), the run's
+:class:`~system.run.coordination.coordinator.Coordination` and the user's
+:class:`~system.run.episodes.Callbacks`. Control messages (:mod:`system.run.control_protocol`)
+are parsed once and dispatched by type (:attr:`Controller.handlers`); every ``configure``
+carries the run's shape (:mod:`system.run.shape`), resolved here once. The controller owns the
+run folder's bookkeeping; a folder that cannot be written stops the run with that one-line cause.
 """
 
 from __future__ import annotations
@@ -30,7 +26,8 @@ from system.errors import CallbackError, WireError, WorkerFailure
 from system.roles import Role
 from system.run import control_protocol as cp
 from system.run.control_server import ControlServer
-from system.run.coordination import Coordination
+from system.run.coordination.coordinator import Coordination
+from system.run.coordination.evaluation_hold import HOLD_KEY
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks
 from system.run.finish import finish_run
@@ -38,7 +35,7 @@ from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 from system.run.report import read_metrics
-from system.run.stopping import HOLD_KEY
+from system.run.shape import RunShape
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
 from system.run.tally import Tally, WorkerStats
 from system.streams import wire
@@ -84,6 +81,7 @@ class Controller:
         self._hold_said = self.coordination.store.get(HOLD_KEY)[0]
         self.started = time.monotonic() - self.tally.continue_from(read_metrics(self.run_dir))
         self.stop_reason = ""
+        self._shape: dict[str, Any] | bool | None = False  # resolved at the first need
         self.handlers: dict[type[cp.ControlMessage], Callable[[WorkerRecord, Any], None]] = {
             cp.Hello: self._on_hello,
             cp.Register: lambda r, m: self._send_all(self.names.register(m.name, m.address)),
@@ -99,12 +97,19 @@ class Controller:
     def failure(self) -> WorkerFailure | None:
         return self.supervisor.failure
 
+    def shape(self) -> dict[str, Any] | None:
+        """The run's shape for every ``configure``, resolved once: no worker builds it again."""
+        if self._shape is False:
+            self._shape = RunShape.resolve(self.config)
+        return self._shape  # type: ignore[return-value]
+
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> dict[str, Any]:
         """Start every worker, supervise until a stopping rule holds, stop, write the summary."""
         config_file = self.run_dir / run_folder.CONFIG
         if self.folder.write(lambda: run_folder.write_json(config_file, self.config.to_dict())):
             self.supervisor.start_all(self.address)
+            self.shape()  # while the workers start: they wait for it, not on top of it
         self.display.start()
         next_stats = time.monotonic() + STATS_EVERY_S
         try:
@@ -212,18 +217,14 @@ class Controller:
             self.server.send(worker_id, message)
 
     def _on_hello(self, record: WorkerRecord, hello: cp.Hello) -> None:
-        if not self.supervisor.on_hello(record, hello.pid):
+        if not self.supervisor.on_hello(record, hello.pid):  # it was told to stop: its stop
             self.server.send(record.plan.worker_id, cp.Stop())
             return
-        self.server.send(
-            record.plan.worker_id,
-            cp.Configure(
-                self.config.to_dict(),
-                str(self.run_dir),
-                record.plan.to_wire(),
-                self.coordination.snapshot(),
-            ),
+        state, shape = self.coordination.snapshot(), self.shape()
+        configure = cp.Configure(
+            self.config.to_dict(), str(self.run_dir), record.plan.to_wire(), state, shape
         )
+        self.server.send(record.plan.worker_id, configure)
 
     def _on_heartbeat(self, record: WorkerRecord, beat: cp.Heartbeat) -> None:
         # a worker leaves when these stop coming; they carry the global state it lacks

@@ -94,17 +94,20 @@ def _probe_segment(
 
 def params_layout(config: ExperimentConfig) -> ParamsLayout:
     """What the parameter service may store: each trained policy's checkpoint layout, read from
-    a policy built as the trainers build it (arrays as the wire delivers them)."""
+    a policy built as the trainers build it."""
     trained = builders.trained_policies(config)
     if not trained:
         return ParamsLayout({})
     spaces = builders.probe_spaces(config)
-    specs = {}
-    for name in trained:
-        checkpoint = builders.make_policy(config, name, spaces, config.seed).get_checkpoint()
-        delivered = wire.decode(wire.encode("params", checkpoint)).body
-        specs[name] = validation.spec_of(delivered, 0, finite=False)
-    return ParamsLayout(specs)
+    return ParamsLayout(
+        {n: params_spec(builders.make_policy(config, n, spaces, config.seed)) for n in trained}
+    )
+
+
+def params_spec(policy: Policy) -> Any:
+    """The layout of ``policy``'s checkpoints, with arrays as the wire delivers them."""
+    delivered = wire.decode(wire.encode("params", policy.get_checkpoint())).body
+    return validation.spec_of(delivered, 0, finite=False)
 
 
 def _lane(config, spaces, name: str, buffer: SegmentBuffer | None) -> Lane:

@@ -48,12 +48,10 @@ class ParameterServiceWatch:
         ctl: ControlClient,
         worker: Reconnectable,
         new_client: Callable[[], ParameterClientBase],
-        then: Callable[[], None] | None = None,
     ):
         self.ctl = ctl
         self.worker = worker
         self.new_client = new_client
-        self.then = then
         self.reconnects = 0
 
     def __call__(self) -> None:
@@ -67,26 +65,16 @@ class ParameterServiceWatch:
             # Both names are looked up again: the second may not be registered yet, and a
             # lookup waits for it, so the new client never mixes old and new addresses.
             self.worker.reconnect(self.new_client())
-        if self.then is not None:
-            self.then()
 
 
 class ReplayWorkerWatch:
-    """Moves an off-policy trainer's replay client to a restarted replay worker's new address.
+    """Moves an off-policy trainer's replay client to a restarted replay worker's new address
+    (on the trainer's heartbeat)."""
 
-    Runs on the trainer's heartbeat, before the watches it wraps (``then``)."""
-
-    def __init__(
-        self,
-        ctl: ControlClient,
-        client: ZmqReplayClient,
-        name: str,
-        then: Callable[[], None] | None = None,
-    ):
+    def __init__(self, ctl: ControlClient, client: ZmqReplayClient, name: str):
         self.ctl = ctl
         self.client = client
         self.name = name
-        self.then = then
         self.reconnects = 0
 
     def __call__(self) -> None:
@@ -98,8 +86,6 @@ class ReplayWorkerWatch:
                 *(self.ctl.worker_id, self.reconnects),
             )
             self.client.reconnect(moved[self.name])
-        if self.then is not None:
-            self.then()
 
 
 class ActorPeerWatchdog:

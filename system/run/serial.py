@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from api.config import ExperimentConfig, check
-from api.policy import Policy
 from system.eval_quota import exact_quotas
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
@@ -67,11 +66,20 @@ class InprocWiring:
     threads = False
     run_dir = None
 
-    def __init__(self, store: ParameterStore):
+    def __init__(self, store: ParameterStore, config: ExperimentConfig):
         self.store = store
+        self.config = config
+        self._spaces: builders.AgentSpaces | None = None
         self.inference = InprocInferenceHub()
         self.samples = InprocSampleHub()
         self.replay = InprocReplayHub()
+
+    @property
+    def spaces(self) -> builders.AgentSpaces:
+        """The agents' spaces, from one environment built once for every worker here."""
+        if self._spaces is None:
+            self._spaces = builders.probe_spaces(self.config)
+        return self._spaces
 
     def keep_alive(self) -> None:
         """No controller to answer in one process."""
@@ -83,13 +91,13 @@ class InprocWiring:
         raise NotImplementedError("serial mode serves parameters from its in-process store")
 
     # In one process a stream is a queue per policy: the endpoint names have nothing to find.
-    def inference_server(self, name: str, policy_name: str, policy: Policy):
+    def inference_server(self, name: str, policy_name: str):
         return self.inference.server(policy_name)
 
     def inference_client(self, client_id: str, names: dict[str, str]):
         return self.inference.client(client_id)
 
-    def sample_consumer(self, name: str, policy_name: str, policy: Policy):
+    def sample_consumer(self, name: str, policy_name: str):
         return self.samples.consumer(policy_name)
 
     def sample_producer(self, names: dict[str, list[str]]):
@@ -98,7 +106,7 @@ class InprocWiring:
     def replay_server(self, name: str, policy_name: str):
         return self.replay.server(policy_name)
 
-    def replay_client(self, name: str, policy_name: str, policy: Policy, client_id: str):
+    def replay_client(self, name: str, policy_name: str, client_id: str):
         return self.replay.client(policy_name, client_id)
 
     def trainer_group(self, name: str, policy_name: str, rank: int, size: int) -> None:
@@ -137,7 +145,7 @@ class SerialRun:
         """``train=False`` runs evaluation actors only, on the parameters already in ``store``."""
         self.config = check(config)
         self.store = store if store is not None else ParameterStore()
-        self.wiring = InprocWiring(self.store)
+        self.wiring = InprocWiring(self.store, self.config)
         options = SerialOptions(train, evaluation or not train, validate_actions)
         self.plans = serial_plans(config, options)
         # Built in start order (trainers before policy workers and actors): each trainer

@@ -6,18 +6,20 @@ the policy workers had while it lasted does not say which version reached it: in
 learner drifts from version to version (one beats a fixed opponent, the next loses to it), so a
 run could end on a version that never reached the target.
 
-So the judged policy's workers *hold* a version for evaluation (global state key
-:data:`HOLD_KEY`, one *round* per version): evaluation requests are answered by that version
-while training goes on with the newest, and a window counts only episodes that version played
-from start to end. A window that reaches the target makes its version a candidate; the run is
-solved when ``stop.confirm_windows - 1`` further windows of fresh episodes of that same version
-reach it too. That version is the one the run delivers (``summary.json``'s ``solved_version``,
-what ``troupe eval`` plays). A window that falls short ends the round: the workers hold the
-version they have then, and the next window judges it. With ``stop.max_return`` (the most an
-episode can return) a window falls short as soon as the episodes still to come could not lift
-it to the target: most versions a long run judges fail, and most fail early, so judging each
-on a few games instead of a whole window judges several times as many versions in the same
-time. :class:`EvaluationHold` is the policy worker's side, run on its heartbeat.
+So the judged policy's workers *hold* a version for evaluation (the global state's ``HOLD_KEY``,
+:mod:`system.run.coordination.evaluation_hold`; one *round* per version): evaluation requests
+are answered by that version while training goes on with the newest, and a window counts only
+episodes that version played from start to end. A window that reaches the target makes its
+version a candidate; the run is solved when ``stop.confirm_windows - 1`` further windows of
+fresh episodes of that same version reach it too. That version is the one the run delivers
+(``summary.json``'s ``solved_version``, what ``troupe eval`` plays). A window that falls short
+ends the round: the workers hold the version they have then, and the next window judges it. With
+``stop.max_return`` (the most an episode can return) a window falls short as soon as the
+episodes still to come could not lift it to the target: most versions a long run judges fail,
+and most fail early, so judging each on a few games instead of a whole window judges several
+times as many versions in the same time.
+:class:`system.run.coordination.evaluation_hold.EvaluationHold` is the policy worker's side, run
+on its heartbeat.
 
 Where no worker can hold (it says so, or says nothing for ``hold_timeout_s``), or a target needs
 no confirmation, windows of whatever versions played them are judged as they come, and
@@ -35,14 +37,10 @@ from typing import Any
 import numpy as np
 
 from api.config import ExperimentConfig
-from api.global_state import GlobalState
 from system.eval_quota import QuotaWindow, per_env_quota
 
 logger = logging.getLogger(__name__)
 
-HOLD_KEY = "evaluation/hold"
-"""Global state: ``{"policy": name, "round": n}``, and ``"version"`` once a worker said which
-one it holds (so every worker holds that one); None when nothing is held."""
 HOLD_TIMEOUT_S = 30.0
 """How long a round may go without a report of the held version (then nothing is held)."""
 STALE_EPISODES = 50
@@ -168,7 +166,7 @@ class EvaluationWindows:
                 self.held_version = version
 
     def hold_order(self) -> dict[str, Any] | None:
-        """What :data:`HOLD_KEY` should say now."""
+        """What ``HOLD_KEY`` should say now."""
         if self.policy is None or self.round == 0:
             return None
         order: dict[str, Any] = {"policy": self.policy, "round": self.round}
@@ -297,38 +295,3 @@ def _played_by(versions: Any) -> int | None:
     ):
         return versions[0]
     return None
-
-
-class EvaluationHold:
-    """In a policy worker of the judged policy: follow :data:`HOLD_KEY` (on its heartbeat).
-
-    A new round holds the version loaded now; once the order names a version (the one the first
-    worker to answer held), a worker that holds another one takes that one instead."""
-
-    def __init__(self, state: GlobalState, worker: Any):
-        self.state = state
-        self.worker = worker
-        self.round = 0
-        self.tried: tuple[int, int] | None = None
-
-    def __call__(self) -> None:
-        value, _ = self.state.get(HOLD_KEY)
-        order = value if isinstance(value, dict) else None
-        if order is None or order.get("policy") != self.worker.policy_name:
-            if self.worker.held is not None:
-                self.worker.release()
-            self.round = 0
-            return
-        round_, version = order.get("round"), order.get("version")
-        if type(round_) is not int:
-            return
-        if round_ != self.round:
-            self.round, self.tried = round_, None
-            if type(version) is not int:  # else (a restarted worker) take the named one
-                self.worker.hold_evaluation(round_)
-                return
-        held = self.worker.held
-        other = type(version) is int and (held is None or held.version != version)
-        if other and self.tried != (round_, version):  # one try: a failure is logged, once
-            self.tried = (round_, version)
-            self.worker.hold_evaluation(round_, version)

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,12 @@ from typing import Any
 from api import global_state
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError, UserError
-from api.policy import Policy
 from system.errors import CallbackError, ControllerGoneError
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
-from system.run import builders, declared
+from system.run import builders
 from system.run import control_protocol as cp
 from system.run.control_channel import (
     HEARTBEAT_S,
@@ -37,9 +37,10 @@ from system.run.control_channel import (
     ControlClient,
     StopRequested,
 )
-from system.run.coordination import follow_coordination
+from system.run.coordination.coordinator import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import Peers, plan_from_wire
+from system.run.shape import RunShape
 from system.streams import wire
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.obs_slots import SlotWriter
@@ -77,22 +78,31 @@ class SocketWiring:
     threads = True
 
     def __init__(
-        self, ctl: ControlClient, place: Placement, run_dir: Path, config: ExperimentConfig
+        self,
+        ctl: ControlClient,
+        place: Placement,
+        run_dir: Path,
+        config: ExperimentConfig,
+        shape: RunShape | None = None,
     ):
         self.ctl = ctl
         self.place = place
         self.run_dir = run_dir
         self.config = config
-        self._spaces: builders.AgentSpaces | None = None
-        self._params_max_bytes: int | None = None
+        self._shape = shape
         self._obs_slots: SlotWriter | bool | None = None
 
     @property
+    def shape(self) -> RunShape:
+        """The run's spaces and message layouts: as the controller sent them, or (where it
+        could not: a space without a wire form) resolved here, once."""
+        if self._shape is None:
+            self._shape = RunShape.of(self.config)
+        return self._shape
+
+    @property
     def spaces(self) -> builders.AgentSpaces:
-        """The agents' spaces, which the layouts a bound socket accepts are made from."""
-        if self._spaces is None:
-            self._spaces = builders.probe_spaces(self.config)
-        return self._spaces
+        return self.shape.spaces
 
     def keep_alive(self) -> None:
         """While a builder waits (for a first version, say): heartbeats go out, a stop request
@@ -105,7 +115,7 @@ class SocketWiring:
     def parameter_client(self, subscribe: list[str]) -> ParameterClient:
         push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
         request = self.ctl.lookup(PARAMS_REQUEST)
-        limit = self._params_limit()
+        limit = self.shape.params.max_message_bytes
         names = (PARAMS_REQUEST, PARAMS_PUSH)
         return ParameterClient(
             request,
@@ -115,16 +125,8 @@ class SocketWiring:
             abandon=lambda: self.ctl.has_moved(names),
         )
 
-    def _params_limit(self) -> int:
-        """The largest reply or push a parameter client accepts: from the declared checkpoint
-        layout, as the service bounds what it takes (computed once per process)."""
-        if self._params_max_bytes is None:
-            self._params_max_bytes = declared.params_layout(self.config).max_message_bytes
-        return self._params_max_bytes
-
-    def inference_server(self, name: str, policy_name: str, policy: Policy) -> ZmqInferenceServer:
-        layout = declared.request_layout(self.config, self.spaces, policy, policy_name)
-        server = ZmqInferenceServer(self.place.bind(), layout=layout)
+    def inference_server(self, name: str, policy_name: str) -> ZmqInferenceServer:
+        server = ZmqInferenceServer(self.place.bind(), layout=self.shape.requests[policy_name])
         self._register(name, server.endpoint)
         return server
 
@@ -144,9 +146,8 @@ class SocketWiring:
                 self._obs_slots = False
         return self._obs_slots or None
 
-    def sample_consumer(self, name: str, policy_name: str, policy: Policy) -> ZmqSampleConsumer:
-        layout = declared.segment_layout(self.config, self.spaces, policy, policy_name)
-        consumer = ZmqSampleConsumer(self.place.bind(), layout=layout)
+    def sample_consumer(self, name: str, policy_name: str) -> ZmqSampleConsumer:
+        consumer = ZmqSampleConsumer(self.place.bind(), layout=self.shape.segments[policy_name])
         self._register(name, consumer.endpoint)
         return consumer
 
@@ -157,19 +158,15 @@ class SocketWiring:
         )
 
     def replay_server(self, name: str, policy_name: str) -> ZmqReplayServer:
-        layout = declared.priority_layout(self.config, policy_name)
-        server = ZmqReplayServer(self.place.bind(), layout=layout)
+        server = ZmqReplayServer(self.place.bind(), layout=self.shape.priorities[policy_name])
         self._register(name, server.endpoint)
         return server
 
-    def replay_client(
-        self, name: str, policy_name: str, policy: Policy, client_id: str
-    ) -> ZmqReplayClient:
-        layout = declared.batch_layout(self.config, self.spaces, policy, policy_name)
-        return ZmqReplayClient(self.ctl.lookup(name), layout=layout)
+    def replay_client(self, name: str, policy_name: str, client_id: str) -> ZmqReplayClient:
+        return ZmqReplayClient(self.ctl.lookup(name), layout=self.shape.batches[policy_name])
 
     def parameter_server(self, store: ParameterStore) -> Worker:
-        layout = declared.params_layout(self.config)
+        layout = self.shape.params
         server = ParameterServer(store, self.place.bind(), self.place.bind(), layout=layout)
         self._register(PARAMS_REQUEST, server.request_endpoint)
         self._register(PARAMS_PUSH, server.push_endpoint)
@@ -195,28 +192,33 @@ def _build(
         import torch  # only the roles that run a network pay for importing torch
 
         torch.set_num_threads(plan.torch_threads(cfg))
-    wiring = SocketWiring(ctl, place, Path(conf.run_dir), cfg)
+    shape = None if conf.shape is None else RunShape.from_wire(conf.shape)
+    wiring = SocketWiring(ctl, place, Path(conf.run_dir), cfg, shape)
     built = builders.build(plan, cfg, wiring)
-    built.on_heartbeat = _watch_peers(ctl, wiring, plan.peers(cfg), built)
-    built.on_heartbeat = follow_coordination(ctl.state, plan, cfg, built)
+    built.heartbeat_hooks = [
+        *follow_coordination(ctl.state, plan, cfg, built.worker),
+        *_watch_peers(ctl, wiring, plan.peers(cfg), built.worker),
+        *built.heartbeat_hooks,
+    ]
     return built
 
 
-def _watch_peers(ctl: ControlClient, wiring: SocketWiring, peers: Peers, built):
-    """The heartbeat hook that follows the peers a worker looks up to their new addresses when
-    the controller restarts them (system.run.peer_watch), run before the builder's own hook;
-    an actor's watchdog takes its place (no builder gives an actor one)."""
-    watch = built.on_heartbeat
-    if peers.inference:  # an inference client: also follows the trainers it sends samples to
-        watch = ActorPeerWatchdog(ctl, built.worker, peers.inference, peers.samples)
+def _watch_peers(
+    ctl: ControlClient, wiring: SocketWiring, peers: Peers, worker: Any
+) -> list[Callable[[], None]]:
+    """The heartbeat hooks that follow the peers a worker looks up to their new addresses when
+    the controller restarts them (system.run.peer_watch): its replay worker first, then the
+    parameter service, then (an actor) its policy workers and trainers."""
+    watches: list[Callable[[], None]] = []
+    if peers.replay_batches:
+        watches.append(ReplayWorkerWatch(ctl, worker.replay, peers.replay_batches))
     if peers.parameters is not None:
         subscribe = peers.parameters
-        watch = ParameterServiceWatch(
-            ctl, built.worker, lambda: wiring.parameter_client(subscribe), watch
-        )
-    if peers.replay_batches:
-        watch = ReplayWorkerWatch(ctl, built.worker.replay, peers.replay_batches, watch)
-    return watch
+        new_client = lambda: wiring.parameter_client(subscribe)  # noqa: E731
+        watches.append(ParameterServiceWatch(ctl, worker, new_client))
+    if peers.inference:  # an inference client: also follows the trainers it sends samples to
+        watches.append(ActorPeerWatchdog(ctl, worker, peers.inference, peers.samples))
+    return watches
 
 
 def main(
@@ -250,7 +252,7 @@ def main(
         built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
         ctl.send(cp.Ready())
-        return _loop(ctl, worker, built.on_heartbeat, cfg.liveness.bound(role))
+        return _loop(ctl, worker, built.heartbeat_hooks, cfg.liveness.bound(role))
     except (_Stop, StopRequested):
         ctl.send(cp.Bye())  # a stop before the loop (SIGTERM, or stop while being built)
         return EXIT_OK
@@ -288,16 +290,17 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
     wire.context().destroy(linger=linger_ms)
 
 
-def _loop(ctl: ControlClient, worker: Worker, watchdog, max_poll: tuple[str, float]) -> int:
+def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: tuple[str, float]) -> int:
+    """Poll until stopped; ``hooks`` run with every heartbeat (and once more at the stop)."""
     ctl.looping = True
     busy = BusyHeartbeat(ctl, max_poll, on_beat=_mark_alive)
     try:
-        return _polls(ctl, worker, watchdog, busy)
+        return _polls(ctl, worker, list(hooks or ()), busy)
     finally:
         busy.stop()
 
 
-def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) -> int:
+def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat) -> int:
     next_beat = next_check = 0.0
     clock = worker.stages
     while True:
@@ -314,11 +317,11 @@ def _polls(ctl: ControlClient, worker: Worker, watchdog, busy: BusyHeartbeat) ->
             next_beat = now + HEARTBEAT_S
             ctl.heartbeat(_with_memory(_timed(worker)))
             _mark_alive()
-            if watchdog is not None:
-                watchdog()
+            for hook in hooks:
+                hook()
         if ctl.stop_requested():
-            if watchdog is not None:  # a peer restarted elsewhere gets the last words there
-                watchdog()
+            for hook in hooks:  # a peer restarted elsewhere gets the last words there
+                hook()
             worker.on_stop()
             ctl.heartbeat(_timed(worker))
             ctl.send(cp.Bye())

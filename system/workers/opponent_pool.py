@@ -6,7 +6,7 @@ The opponent's policy worker subscribes to the *learner's* parameter pushes. Eve
 seconds it draws the version it plays from that pool, by a sampling rule. It answers requests
 exactly as any policy worker does, and the version it reports with every answer is the
 learner's version it plays, so actors record who played whom and the controller rates every
-snapshot (``system.run.ratings``).
+snapshot (``system.run.coordination.ratings``).
 
 ``prioritized`` sampling reads the learner's score against each version from the run's global
 state (``selfplay/scores``, written by the controller): versions the learner still loses to are

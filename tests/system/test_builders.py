@@ -97,7 +97,7 @@ def test_each_role_is_built_alike_in_serial_and_process_mode(controller, tmp_pat
     in_serial = {
         p.worker_id: p for p in serial_plans(config, SerialOptions(train=True, evaluation=True))
     }
-    serial = InprocWiring(ParameterStore())
+    serial = InprocWiring(ParameterStore(), config)
     built_serial, built_process, wirings = {}, {}, []
     try:
         # Process mode in start order: the parameter service registers, a replay worker its
@@ -145,13 +145,12 @@ def test_a_worker_process_follows_the_peers_its_plan_looks_up():
     wiring = SimpleNamespace(parameter_client=lambda subscribe: subscribe)
     chains = {}
     for plan in plan_workers(config):
-        built = builders.Built(SimpleNamespace(worker_id=plan.worker_id, replay="its client"))
-        watch, chains[plan.worker_id] = _watch_peers(None, wiring, plan.peers(config), built), []
-        while watch is not None:
-            chains[plan.worker_id].append(type(watch).__name__)
+        worker = SimpleNamespace(worker_id=plan.worker_id, replay="its client")
+        watches = _watch_peers(None, wiring, plan.peers(config), worker)
+        chains[plan.worker_id] = [type(w).__name__ for w in watches]
+        for watch in watches:
             if hasattr(watch, "new_client"):  # the parameter client it would make again
                 assert watch.new_client() == ([] if "trainer" in plan.worker_id else ["default"])
-            watch = getattr(watch, "then", None)
     actor = ["ActorPeerWatchdog"]
     assert chains == {
         "params": [],

@@ -18,11 +18,11 @@ from legacy.environment.staged_cartpole import StagedCartPole
 from system.errors import EnvironmentFailure, WireError
 from system.parameters.inproc import InprocParameterService
 from system.run.control_protocol import StateWrite
-from system.run.coordination import Coordination, follow_coordination
-from system.run.curriculum import CurriculumDriver, CurriculumFollower
-from system.run.global_state import StateStore
+from system.run.coordination.coordinator import Coordination, follow_coordination
+from system.run.coordination.curriculum import CurriculumDriver, CurriculumFollower
+from system.run.coordination.pbt import PBTMember, weights_digest
+from system.run.coordination.state import StateStore
 from system.run.plan import ActorPlan, PolicyWorkerPlan
-from system.workers.pbt_member import PBTMember, weights_digest
 
 
 def test_the_controller_side_answers_heartbeats_and_writes(tmp_path):
@@ -86,11 +86,13 @@ def test_an_actor_s_environments_follow_the_stage_once_per_change():
 def test_each_worker_follows_what_its_plan_needs(tmp_path):
     cfg = make_experiment("cartpole-curriculum")
     state = StateStore()
-    built = SimpleNamespace(worker=SimpleNamespace(envs=[], worker_id="actor/0"), on_heartbeat=None)
-    assert follow_coordination(state, ActorPlan("actor/0"), cfg, built) is not None
+    actor = SimpleNamespace(envs=[], worker_id="actor/0")
+    state.set(cfg.curriculum.key, {"index": 0, "stage": 0})
+    (hook,) = follow_coordination(state, ActorPlan("actor/0"), cfg, actor)
+    assert isinstance(hook, CurriculumFollower) and hook.seen == 1  # it ran once already
     eval_cfg = make_experiment("cartpole-ppo")
     policy_worker = PolicyWorkerPlan("policy/default/1", policy="other")
-    assert follow_coordination(state, policy_worker, eval_cfg, built) is None  # not judged
+    assert follow_coordination(state, policy_worker, eval_cfg, actor) == []  # not judged
 
 
 def _member(name: str, service: InprocParameterService) -> SimpleNamespace:

@@ -10,8 +10,8 @@ from test_workers import CountingEnv, EchoPolicy, answer_all, eval_actor, reques
 
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
-from system.run.global_state import StateStore
-from system.run.stopping import HOLD_KEY, EvaluationHold
+from system.run.coordination.evaluation_hold import HOLD_KEY, EvaluationHold
+from system.run.coordination.state import StateStore
 from system.streams.inference import InprocInferenceHub
 from system.workers.policy_worker import EVAL_TAG, PolicyWorker
 

@@ -16,7 +16,7 @@ from system.errors import WireError
 from system.run.control_channel import ControlClient
 from system.run.control_protocol import StateResult, StateWrite
 from system.run.controller import Controller
-from system.run.global_state import STATE_FILE, StateReplica, StateStore
+from system.run.coordination.state import STATE_FILE, StateReplica, StateStore
 from system.streams import wire
 
 

@@ -130,7 +130,7 @@ def test_a_worker_whose_poll_hangs_lets_its_probe_file_go_stale(monkeypatch, tmp
     ctl, worker = FakeControl(), HangingWorker()
     bound_s = 2.0
     loop = threading.Thread(
-        target=worker_process._loop, args=(ctl, worker, None, ("liveness.max_poll_s", bound_s))
+        target=worker_process._loop, args=(ctl, worker, [], ("liveness.max_poll_s", bound_s))
     )
     loop.start()
     try:

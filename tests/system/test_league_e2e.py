@@ -11,8 +11,8 @@ import msgpack
 import pytest
 from e2e_support import finish, read_json, start, wait_for
 
-from system.run.global_state import STATE_FILE
-from system.run.pbt_driver import HISTORY_FILE, PLOT_FILE
+from system.run.coordination.pbt import HISTORY_FILE, PLOT_FILE
+from system.run.coordination.state import STATE_FILE
 from system.run.report import read_metrics
 
 pytestmark = pytest.mark.multiprocess

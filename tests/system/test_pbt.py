@@ -10,9 +10,9 @@ import pytest
 
 from api.config import ExperimentConfig, apply_overrides, make_experiment, validate
 from api.config_league import PBTConfig
-from system.run import pbt
-from system.run.global_state import StateStore
-from system.run.pbt_driver import HISTORY_FILE, PLOT_FILE, PBTDriver, applied_key, order_key
+from system.run.coordination import pbt_rules as pbt
+from system.run.coordination.pbt import HISTORY_FILE, PLOT_FILE, PBTDriver, applied_key, order_key
+from system.run.coordination.state import StateStore
 
 
 def rng(seed: int = 0) -> np.random.Generator:

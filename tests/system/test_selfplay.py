@@ -14,7 +14,7 @@ from api.errors import ConfigError
 from api.global_state import GlobalState
 from api.namedarray import NamedArray
 from api.policy import RolloutResult
-from system.run.ratings import Ratings
+from system.run.coordination.ratings import Ratings
 from system.streams.inference import InprocInferenceHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
@@ -210,7 +210,7 @@ def test_a_frozen_policy_starts_from_another_runs_checkpoint_file(tmp_path):
     config = make_experiment("connect4-selfplay", [f"policies.past.checkpoint={path}"])
     config.selfplay = SelfPlayConfig()  # no pool: the file's weights are what it plays
     plan = PolicyWorkerPlan("policy/past/0", policy="past")
-    built = builders.build(plan, config, InprocWiring(ParameterStore()))
+    built = builders.build(plan, config, InprocWiring(ParameterStore(), config))
     assert built.worker.policy.version == 321
     loaded = built.worker.policy.get_checkpoint()
     for name, value in checkpoint["model"].items():

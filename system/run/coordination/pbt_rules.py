@@ -1,7 +1,7 @@
 """Population-based training's decisions: who is ranked, who exploits whom, how to explore.
 
 Pure functions of the members' scores and hyper-parameters and a random generator, so they are
-tested on their own; :mod:`system.run.pbt_driver` applies them to a run.
+tested on their own; :mod:`system.run.coordination.pbt` applies them to a run.
 
 A member is *ready* after ``interval_steps`` trainer steps since its last decision, once it has
 a score (the mean of its last ``eval_episodes`` evaluation returns, played by its current

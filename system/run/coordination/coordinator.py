@@ -6,12 +6,13 @@ state as it is), each heartbeat (the entries that worker lacks go back in the ``
 the curriculum and PBT drivers), and each metrics record (the drivers decide; their figures join
 the record; the state is saved to the run folder when it changed). In a worker,
 :func:`follow_coordination` adds following the curriculum, PBT orders or an evaluation hold
-(:mod:`system.run.stopping`) to its heartbeat.
+(:mod:`.evaluation_hold`) to its heartbeat.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,15 @@ from api.config import ExperimentConfig
 from api.global_state import GlobalState
 from system.errors import WireError
 from system.ratelimit import BadMessages
+from system.roles import Role
 from system.run.control_protocol import StateResult, StateWrite
-from system.run.curriculum import CurriculumDriver, CurriculumFollower
-from system.run.global_state import StateStore, answer_write
-from system.run.pbt_driver import PBTDriver
-from system.run.plan import ActorPlan, PolicyWorkerPlan, TrainerPlan, WorkerPlan
-from system.run.ratings import Ratings
-from system.run.stopping import EvaluationHold, judged_policy
+from system.run.coordination.curriculum import CurriculumDriver, CurriculumFollower
+from system.run.coordination.evaluation_hold import EvaluationHold
+from system.run.coordination.pbt import PBTDriver
+from system.run.coordination.ratings import Ratings
+from system.run.coordination.state import StateStore, answer_write
+from system.run.plan import WorkerPlan
+from system.run.stopping import judged_policy
 
 logger = logging.getLogger(__name__)
 
@@ -110,27 +113,25 @@ class Coordination:
 
 
 # ----------------------------------------------------------------------- in a worker
-def follow_coordination(state: GlobalState, plan: WorkerPlan, cfg: ExperimentConfig, built):
-    """A worker's heartbeat hook, plus following the run's curriculum (actors), PBT orders (a
-    PBT member's trainer) or the hold of a version for evaluation (the judged policy's policy
-    workers) in the global state."""
-    follow = None
-    if isinstance(plan, ActorPlan) and cfg.curriculum.metric:
-        follow = CurriculumFollower(state, built.worker, cfg.curriculum.key)
-    elif isinstance(plan, PolicyWorkerPlan) and plan.policy == judged_policy(cfg):
-        follow = EvaluationHold(state, built.worker)
-    elif isinstance(plan, TrainerPlan) and plan.policy in cfg.pbt.members:
-        from system.workers.pbt_member import PBTMember
+def follow_coordination(
+    state: GlobalState, plan: WorkerPlan, cfg: ExperimentConfig, worker: Any
+) -> list[Callable[[], None]]:
+    """The heartbeat hooks by which ``worker`` follows the run: the curriculum (actors), PBT
+    orders (a PBT member's trainer) or the hold of a version for evaluation (the judged
+    policy's policy workers). Each has run once already: a restarted worker joins the run's
+    stage or order before its first step."""
+    policy = getattr(plan, "policy", "")
+    follow: Callable[[], None] | None = None
+    if plan.role is Role.ACTOR and cfg.curriculum.metric:
+        follow = CurriculumFollower(state, worker, cfg.curriculum.key)
+    elif plan.role is Role.POLICY and policy == judged_policy(cfg):
+        follow = EvaluationHold(state, worker)
+    elif plan.role is Role.TRAINER and policy in cfg.pbt.members:
+        from system.run.coordination.pbt import PBTMember
 
-        args = cfg.policies[plan.policy].trainer.args
-        follow = PBTMember(state, built.worker, {k: args[k] for k in cfg.pbt.hyperparameters})
+        args = cfg.policies[policy].trainer.args
+        follow = PBTMember(state, worker, {k: args[k] for k in cfg.pbt.hyperparameters})
     if follow is None:
-        return built.on_heartbeat
-    follow()  # before the first step: a restarted worker joins the run's stage or order at once
-    hooks = [h for h in (follow, built.on_heartbeat) if h is not None]
-
-    def run() -> None:
-        for hook in hooks:
-            hook()
-
-    return run
+        return []
+    follow()
+    return [follow]

@@ -1,0 +1,52 @@
+"""The version the judged policy's workers hold for evaluation, through the global state.
+
+The controller's :class:`system.run.stopping.EvaluationWindows` decides: it opens a round per
+version to judge and writes the order under :data:`HOLD_KEY`. :class:`EvaluationHold` follows
+it in each policy worker of the judged policy, on its heartbeat: evaluation requests are then
+answered by the held version while training goes on with the newest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.global_state import GlobalState
+
+HOLD_KEY = "evaluation/hold"
+"""Global state: ``{"policy": name, "round": n}``, and ``"version"`` once a worker said which
+one it holds (so every worker holds that one); None when nothing is held."""
+
+
+class EvaluationHold:
+    """In a policy worker of the judged policy: follow :data:`HOLD_KEY` (on its heartbeat).
+
+    A new round holds the version loaded now; once the order names a version (the one the first
+    worker to answer held), a worker that holds another one takes that one instead."""
+
+    def __init__(self, state: GlobalState, worker: Any):
+        self.state = state
+        self.worker = worker
+        self.round = 0
+        self.tried: tuple[int, int] | None = None
+
+    def __call__(self) -> None:
+        value, _ = self.state.get(HOLD_KEY)
+        order = value if isinstance(value, dict) else None
+        if order is None or order.get("policy") != self.worker.policy_name:
+            if self.worker.held is not None:
+                self.worker.release()
+            self.round = 0
+            return
+        round_, version = order.get("round"), order.get("version")
+        if type(round_) is not int:
+            return
+        if round_ != self.round:
+            self.round, self.tried = round_, None
+            if type(version) is not int:  # else (a restarted worker) take the named one
+                self.worker.hold_evaluation(round_)
+                return
+        held = self.worker.held
+        other = type(version) is int and (held is None or held.version != version)
+        if other and self.tried != (round_, version):  # one try: a failure is logged, once
+            self.tried = (round_, version)
+            self.worker.hold_evaluation(round_, version)

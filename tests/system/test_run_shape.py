@@ -1,0 +1,184 @@
+"""A run's shape (system.run.shape): resolved once by the controller, sent in every configure, so
+no worker builds an environment or a network it does not run."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from api import registry
+from api.config import make_experiment
+from distributed.launch.local import ExternalLauncher
+from legacy.environment.gym_adapter import GymnasiumEnvironment
+from system.errors import WireError
+from system.parameters.store import ParameterStore
+from system.run import builders
+from system.run.control_channel import ControlClient
+from system.run.controller import Controller
+from system.run.plan import ParameterServicePlan, PolicyWorkerPlan, TrainerPlan
+from system.run.serial import InprocWiring
+from system.run.shape import RunShape, space_from_wire, space_to_wire
+from system.run.worker_process import Placement, SocketWiring
+from system.streams import wire
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class CountedCartPole(GymnasiumEnvironment):
+    """CartPole that counts how often it is built in this process."""
+
+    built = 0
+
+    def __init__(self):
+        CountedCartPole.built += 1
+        super().__init__("CartPole-v1")
+
+
+@pytest.mark.parametrize(
+    "experiment",
+    ["cartpole-ppo", "cartpole-dqn", "pendulum-sac", "gather-2p-ppo", "memory-gru-ppo"],
+)
+def test_a_shape_comes_back_from_the_wire_as_it_was(experiment):
+    shape = RunShape.of(make_experiment(experiment))
+    body = wire.decode(wire.encode("configure", {"shape": shape.to_wire()})).body["shape"]
+    assert RunShape.from_wire(body) == shape
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+        gym.spaces.Box(np.zeros((2, 2)), np.array([[1, 2], [3, 4]]), dtype=np.float64),
+        gym.spaces.Box(0, 255, (84, 84, 4), np.uint8),
+        gym.spaces.Discrete(5, start=-2),
+        gym.spaces.MultiDiscrete([3, 4]),
+        gym.spaces.MultiBinary(7),
+        gym.spaces.Dict({"grid": gym.spaces.Box(0, 1, (3, 3)), "mask": gym.spaces.MultiBinary(4)}),
+        gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (2,)))),
+    ],
+    ids=lambda s: type(s).__name__,
+)
+def test_every_space_kind_travels(space):
+    body = wire.decode(wire.encode("s", space_to_wire(space))).body
+    assert space_from_wire(body) == space
+
+
+def test_a_space_without_a_wire_form_leaves_the_shape_to_the_workers():
+    with pytest.raises(TypeError, match="Text space has no wire form"):
+        space_to_wire(gym.spaces.Text(5))
+    with pytest.raises(WireError, match="shape is malformed"):
+        RunShape.from_wire({"observation": [{"cube": 3}]})
+    broken = make_experiment("cartpole-ppo")
+    broken.environment = dataclasses.replace(broken.environment, type="no-such-environment")
+    assert RunShape.resolve(broken) is None  # the workers fail on it, each with its error
+
+
+@pytest.fixture
+def counted(tmp_path):
+    registry.register_environment("counted-cartpole", CountedCartPole, override=True)
+    config = make_experiment("cartpole-ppo", ["environment.type=counted-cartpole"])
+    CountedCartPole.built = 0
+    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=lambda: [ctl._receive(timeout_ms=20) for _ in iter(stop.is_set, True)], daemon=True
+    )
+    thread.start()
+    yield config, ctl
+    stop.set()
+    thread.join(timeout=5)
+    ctl.server.close()
+    ctl.metrics.close()
+    registry.environments.unregister("counted-cartpole")
+
+
+def _configured(address: str, worker_id: str, role: str, run_dir: Path, config) -> SocketWiring:
+    client = ControlClient(address, worker_id)
+    conf = client.hello(role)
+    shape = None if conf.shape is None else RunShape.from_wire(conf.shape)
+    return SocketWiring(client, Placement(), run_dir, config, shape)
+
+
+def test_the_controller_builds_the_one_environment_and_the_workers_none(counted, tmp_path):
+    config, ctl = counted
+    assert CountedCartPole.built == 0  # resolved at the first need: a run's while it starts
+    wirings, workers, stop = [], [], threading.Event()
+    server = None
+    try:
+        params = _configured(ctl.address, "params", "parameter_service", tmp_path, config)
+        wirings.append(params)
+        assert CountedCartPole.built == 1  # the controller's, for the spaces
+        service = builders.build(ParameterServicePlan("params"), config, params).worker
+        workers.append(service)
+        server = threading.Thread(target=_serve, args=(service, stop), daemon=True)
+        server.start()
+        trainer = _configured(ctl.address, "trainer/default/0", "trainer", tmp_path, config)
+        wirings.append(trainer)
+        plan = TrainerPlan("trainer/default/0", policy="default")
+        workers.append(builders.build(plan, config, trainer).worker)
+        workers[-1].poll()  # publishes its first version
+        policy = _configured(ctl.address, "policy/default/0", "policy", tmp_path, config)
+        wirings.append(policy)
+        plan = PolicyWorkerPlan("policy/default/0", policy="default")
+        workers.append(builders.build(plan, config, policy).worker)
+        assert CountedCartPole.built == 1  # a trainer and a policy worker built none
+    finally:
+        stop.set()
+        if server is not None:  # its last poll returns before the service is closed
+            server.join(timeout=5)
+        for w in workers:
+            w.close()
+        for w in wirings:
+            w.ctl.close()
+    serial = InprocWiring(ParameterStore(), config)  # one process: one probe for all
+    assert serial.spaces is serial.spaces and CountedCartPole.built == 2
+
+
+def _serve(service, stop: threading.Event) -> None:
+    while not stop.is_set():
+        service.poll()
+
+
+def _maps_torch(pid: int) -> bool:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return "libtorch" in maps or "torch/_C" in maps
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+def test_the_parameter_service_process_never_loads_torch(tmp_path):
+    """A fresh process (as a container or a Slurm step starts one), not a forkserver's child:
+    what the worker itself imports is what its memory holds."""
+    config = make_experiment("cartpole-ppo")
+    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
+    procs = {}
+    try:
+        for worker_id, role in (("params", "parameter_service"), ("trainer/default/0", "trainer")):
+            code = (
+                "from system.run import worker_process; "
+                f"raise SystemExit(worker_process.main({worker_id!r}, {role!r}, {ctl.address!r}))"
+            )
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            procs[role] = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
+        deadline = time.monotonic() + 120
+        while not {"params/request", "samples/default/0"} <= set(ctl.names.endpoints):
+            assert time.monotonic() < deadline, ctl.names.endpoints
+            assert all(p.poll() is None for p in procs.values())
+            ctl._receive(timeout_ms=50)
+        assert not _maps_torch(procs["parameter_service"].pid)
+        assert _maps_torch(procs["trainer"].pid)  # the check sees torch where it is
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait(timeout=10)
+        ctl.server.close()
+        ctl.metrics.close()
