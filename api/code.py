@@ -12,13 +12,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from api import registry, user_code
 from api.errors import RegistryError
-
-if TYPE_CHECKING:  # api.config holds a CodeConfig: only the type is needed here
-    from api.config import ExperimentConfig
 
 
 @dataclass
@@ -54,9 +51,15 @@ class CodeConfig:
 _loaded: set[tuple[str, ...]] = set()
 
 
-def attach_user_code(config: ExperimentConfig) -> ExperimentConfig:
-    """``config`` with this process's own registrations (and absolute import paths) in it."""
-    registrations = {(r.kind, r.name): r for r in config.code.registrations}
+def attach_user_code(config: Any) -> Any:
+    """``config`` (an ``ExperimentConfig``) with this process's own registrations (and
+    absolute import paths) in its ``code``."""
+    return dataclasses.replace(config, code=with_user_code(config.code))
+
+
+def with_user_code(code: CodeConfig) -> CodeConfig:
+    """``code`` with this process's own registrations, and its import paths made absolute."""
+    registrations = {(r.kind, r.name): r for r in code.registrations}
     for spec in registry.user_specs():
         registrations[(spec.kind, spec.name)] = RegistrationConfig(
             kind=spec.kind,
@@ -66,9 +69,8 @@ def attach_user_code(config: ExperimentConfig) -> ExperimentConfig:
             kwargs=dict(spec.kwargs),
             description=spec.description,
         )
-    imports = [_absolute(item) for item in config.code.imports]
-    code = CodeConfig(imports=imports, registrations=list(registrations.values()))
-    return dataclasses.replace(config, code=code)
+    imports = [_absolute(item) for item in code.imports]
+    return CodeConfig(imports=imports, registrations=list(registrations.values()))
 
 
 def load_code(code: CodeConfig) -> None:

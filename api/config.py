@@ -24,7 +24,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from api.code import CodeConfig, attach_user_code, load_code
 from api.config_check import check_arguments, check_ranges, suggest_key
@@ -142,9 +142,9 @@ class ActorConfig:
     """Environment groups per process, each asking for its actions in one request. 2 or more:
     a group steps while another waits for its answer. 1: a single request for all environments,
     the fewest messages (each costs CPU on both ends), but the process idles during inference."""
-    on_env_error: str = "raise"
+    on_env_error: Literal["raise", "reset"] = "raise"
     """``raise``: an env exception fails the worker; ``reset``: log it and reset that env."""
-    on_nonfinite: str = "fail"
+    on_nonfinite: Literal["fail", "drop_episode"] = "fail"
     """A NaN or infinite observation or reward from an environment, or action from a policy:
     ``fail`` stops the worker with an error naming the environment, agent and step;
     ``drop_episode`` discards the episode's unsent steps, resets that environment and counts it
@@ -384,6 +384,10 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
         return [_convert(args[0], v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
     if hint is Any:
         return value
+    if origin is typing.Literal:  # a mode: one of a few names, which show-config lists
+        if value not in args:
+            errors.append(f"{path}: must be {_choices(args)}, got {value!r}")
+        return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if (isinstance(hint, type) and not isinstance(value, hint)) or (
@@ -391,6 +395,13 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
     ):
         errors.append(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _choices(names: tuple) -> str:
+    """``'a' or 'b'``, or ``one of 'a', 'b', 'c'``."""
+    if len(names) == 2:
+        return f"{names[0]!r} or {names[1]!r}"
+    return "one of " + ", ".join(repr(n) for n in names)
 
 
 def _join(path: str, name: str) -> str:
@@ -466,15 +477,6 @@ def validate(config: ExperimentConfig) -> list[str]:
     if _below(config.evaluation.max_fps, 1e-300):
         errors.append("evaluation.max_fps: must be more than 0, or None for no cap")
     errors += check_ranges(config)
-    if config.actors.on_env_error not in ("raise", "reset"):
-        errors.append(
-            f"actors.on_env_error: must be 'raise' or 'reset', got '{config.actors.on_env_error}'"
-        )
-    if config.actors.on_nonfinite not in ("fail", "drop_episode"):
-        errors.append(
-            "actors.on_nonfinite: must be 'fail' or 'drop_episode', got "
-            f"'{config.actors.on_nonfinite}'"
-        )
     errors += _check_stop(config)
     errors += check_league(config)
     return errors

@@ -6,11 +6,9 @@ through the run's global state (:mod:`api.global_state`); their checks live here
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from api.config import ExperimentConfig
+from typing import Any, Literal
 
 
 @dataclass
@@ -62,9 +60,6 @@ class PBTConfig:
     """Stop the run once the best member's score reaches this (None: the other stop rules)."""
 
 
-SAMPLINGS = ("uniform", "latest-heavy", "prioritized")
-
-
 @dataclass
 class SelfPlayConfig:
     """Self-play against the past: the ``opponent`` policy (frozen: no trainer, the same network
@@ -81,7 +76,7 @@ class SelfPlayConfig:
     """Every this many learner versions, one joins the pool (the first one always does)."""
     pool_size: int = 20
     """The most recent snapshots kept; older ones leave the pool."""
-    sampling: str = "latest-heavy"
+    sampling: Literal["uniform", "latest-heavy", "prioritized"] = "latest-heavy"
     """How a worker draws its opponent version: ``uniform`` over the pool; ``latest-heavy``
     (half the time the newest snapshot, else uniform); ``prioritized`` (by how often each
     version beat or drew with the learner, from the run's ratings in the global state)."""
@@ -92,23 +87,25 @@ class SelfPlayConfig:
     (training games only), so that the learner also meets the odd moves a weak player makes."""
 
 
-def check_league(config: ExperimentConfig) -> list[str]:
-    """Every problem with the curriculum, PBT and self-play sections."""
-    return _check_curriculum(config.curriculum) + _check_pbt(config) + _check_selfplay(config)
+def check_league(config: Any) -> list[str]:
+    """Every problem with the curriculum, PBT and self-play sections of ``config`` (an
+    ``api.config.ExperimentConfig``, which holds these sections: so not imported here)."""
+    return (
+        _check_curriculum(config.curriculum)
+        + _check_pbt(config.pbt, config)
+        + _check_selfplay(config.selfplay, config.policies)
+    )
 
 
-def _check_selfplay(config: ExperimentConfig) -> list[str]:
-    sp = config.selfplay
+def _check_selfplay(sp: SelfPlayConfig, policies: Mapping[str, Any]) -> list[str]:
     if not (sp.learner or sp.opponent):
         return []
     errors = []
-    learner, opponent = config.policies.get(sp.learner), config.policies.get(sp.opponent)
+    learner, opponent = policies.get(sp.learner), policies.get(sp.opponent)
     for key, pc in (("learner", learner), ("opponent", opponent)):
         name = getattr(sp, key)
         if pc is None:
-            errors.append(
-                f"selfplay.{key}: '{name}' is not a policy; policies: {sorted(config.policies)}"
-            )
+            errors.append(f"selfplay.{key}: '{name}' is not a policy; policies: {sorted(policies)}")
     if learner is not None and not learner.trainer.type:
         errors.append(f"policies.{sp.learner}.trainer: the self-play learner must be trained")
     if opponent is not None and opponent.trainer.type:
@@ -125,8 +122,6 @@ def _check_selfplay(config: ExperimentConfig) -> list[str]:
         errors.append("selfplay.opponent: must differ from selfplay.learner")
     if sp.snapshot_every < 1 or sp.pool_size < 1:
         errors.append("selfplay.snapshot_every and selfplay.pool_size: must be at least 1")
-    if sp.sampling not in SAMPLINGS:
-        errors.append(f"selfplay.sampling: one of {list(SAMPLINGS)}, got '{sp.sampling}'")
     if not 0.0 <= sp.random_moves < 1.0:
         errors.append(f"selfplay.random_moves: must be in [0, 1), got {sp.random_moves}")
     if not sp.swap_every_s > 0:
@@ -154,17 +149,17 @@ def _check_curriculum(c: CurriculumConfig) -> list[str]:
     return errors
 
 
-def _check_pbt(config: ExperimentConfig) -> list[str]:
-    p = config.pbt
+def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
+    policies = config.policies
     if not p.members:
         return []
     n, errors = len(p.members), []
     if n < 2 or len(set(p.members)) != n:
         errors.append(f"pbt.members: needs 2 or more distinct policies, got {p.members}")
     for m in p.members:
-        pc = config.policies.get(m)
+        pc = policies.get(m)
         if pc is None:
-            known = sorted(config.policies)
+            known = sorted(policies)
             errors.append(f"pbt.members: '{m}' is not a policy; policies: {known}")
             continue
         if not pc.trainer.type:

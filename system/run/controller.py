@@ -35,7 +35,7 @@ from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 from system.run.report import read_metrics
-from system.run.shape import RunShape
+from system.run.shape import ShapeResolver
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
 from system.run.tally import Tally, WorkerStats
 from system.streams import wire
@@ -81,7 +81,7 @@ class Controller:
         self._hold_said = self.coordination.store.get(HOLD_KEY)[0]
         self.started = time.monotonic() - self.tally.continue_from(read_metrics(self.run_dir))
         self.stop_reason = ""
-        self._shape: dict[str, Any] | bool | None = False  # resolved at the first need
+        self.shape = ShapeResolver(config)
         self.handlers: dict[type[cp.ControlMessage], Callable[[WorkerRecord, Any], None]] = {
             cp.Hello: self._on_hello,
             cp.Register: lambda r, m: self._send_all(self.names.register(m.name, m.address)),
@@ -97,19 +97,13 @@ class Controller:
     def failure(self) -> WorkerFailure | None:
         return self.supervisor.failure
 
-    def shape(self) -> dict[str, Any] | None:
-        """The run's shape for every ``configure``, resolved once: no worker builds it again."""
-        if self._shape is False:
-            self._shape = RunShape.resolve(self.config)
-        return self._shape  # type: ignore[return-value]
-
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> dict[str, Any]:
         """Start every worker, supervise until a stopping rule holds, stop, write the summary."""
         config_file = self.run_dir / run_folder.CONFIG
         if self.folder.write(lambda: run_folder.write_json(config_file, self.config.to_dict())):
+            self.shape.start()  # while the workers start: their hello waits for it
             self.supervisor.start_all(self.address)
-            self.shape()  # while the workers start: they wait for it, not on top of it
         self.display.start()
         next_stats = time.monotonic() + STATS_EVERY_S
         try:
@@ -220,7 +214,7 @@ class Controller:
         if not self.supervisor.on_hello(record, hello.pid):  # it was told to stop: its stop
             self.server.send(record.plan.worker_id, cp.Stop())
             return
-        state, shape = self.coordination.snapshot(), self.shape()
+        state, shape = self.coordination.snapshot(), self.shape.get()
         configure = cp.Configure(
             self.config.to_dict(), str(self.run_dir), record.plan.to_wire(), state, shape
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,33 @@ class RunShape:
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise WireError(f"configure: the run's shape is malformed: {e!r}") from e
+
+
+class ShapeResolver:
+    """The controller's copy of the shape's wire form: resolved once, on a thread of its own
+    while the workers start (a forkserver's imports, a container's start), so their ``hello``
+    waits for it rather than for it on top of their own start."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self._wire: dict[str, Any] | None = None
+        self._done = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._resolve, name="shape", daemon=True)
+        self._thread.start()
+
+    def get(self) -> dict[str, Any] | None:
+        """The wire form for a ``configure`` (None: the workers resolve it themselves)."""
+        if self._thread is not None:
+            self._thread.join()
+        if not self._done:  # never started (a controller driven by hand, in tests)
+            self._resolve()
+        return self._wire
+
+    def _resolve(self) -> None:
+        self._wire, self._done = RunShape.resolve(self.config), True
 
 
 def _on_cpu(config: ExperimentConfig, name: str) -> ExperimentConfig:

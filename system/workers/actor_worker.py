@@ -22,7 +22,6 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,28 +33,16 @@ from system.errors import EnvironmentFailure
 from system.eval_quota import episode_seed
 from system.ratelimit import Pace
 from system.roles import Role
-from system.streams.inference import InferenceClient, InferenceReply
+from system.streams.inference import InferenceClient
 from system.streams.samples import SampleProducer
 from system.streams.validation import check_action
 from system.workers.actor_hooks import ActorHooks
 from system.workers.base import Worker
-from system.workers.lanes import Lane, Slot, matchups, per_policy
+from system.workers.lanes import Group, Lane, Slot, matchups, per_policy
 from system.workers.nonfinite import NonFiniteGuard
 from system.workers.trajectory import SegmentBuffer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Group:
-    """Environments stepped together; one request per policy (lane) per step."""
-
-    envs: list[int]
-    lanes: dict[str, Lane] = field(default_factory=dict)
-    seq: int = 0
-    posted_at: float = 0.0
-    waiting: set[str] = field(default_factory=set)
-    replies: dict[str, InferenceReply] = field(default_factory=dict)
 
 
 class ActorWorker(Worker):

@@ -1,4 +1,5 @@
-"""A lane: the agents of one policy in one environment group, handled as one batch.
+"""A lane: the agents of one policy in one environment group, handled as one batch; a group:
+the environments an actor steps together, with a lane per policy.
 
 Each step the lane turns its acting agents' results into one RolloutRequest, and the answer into
 one batched step record and one update of their memories: the per-agent work left in the actor is
@@ -16,6 +17,7 @@ import numpy as np
 from api.environment import StepResult
 from api.namedarray import NamedArray, stack
 from api.policy import RolloutRequest, RolloutResult, SampleBatch
+from system.streams.inference import InferenceReply
 from system.workers.trajectory import SegmentBuffer
 
 
@@ -126,6 +128,18 @@ class Lane:
         """Drop unfinished steps and memories of these slots (their environment failed)."""
         if self.buffer is not None:
             self.buffer.drop(np.asarray(columns, dtype=np.int64))
+
+
+@dataclass
+class Group:
+    """Environments stepped together; one request per policy (lane) per step."""
+
+    envs: list[int]
+    lanes: dict[str, Lane] = field(default_factory=dict)
+    seq: int = 0
+    posted_at: float = 0.0
+    waiting: set[str] = field(default_factory=set)
+    replies: dict[str, InferenceReply] = field(default_factory=dict)
 
 
 def _at(slots: list[Slot], columns: list[int]) -> list[Slot]:

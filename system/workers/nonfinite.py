@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from api.errors import NonFiniteError
 from system.ratelimit import BadMessages
-from system.workers.lanes import Slot, nonfinite_rows
-
-if TYPE_CHECKING:
-    from system.workers.actor_worker import Group
+from system.workers.lanes import Group, Slot, nonfinite_rows
 
 logger = logging.getLogger(__name__)
 

@@ -129,11 +129,11 @@ def test_config_error_message_lists_every_error():
 def test_validate_lists_every_error_at_once():
     errors = validate(ExperimentConfig(actors=ActorConfig(workers=0, on_env_error="ignore")))
     assert errors == [
+        "actors.on_env_error: must be 'raise' or 'reset', got 'ignore'",  # its type: a mode
         "name: must be set",
         "environment.type: must name a registered environment",
         "policies: at least one policy is needed",
         "actors.workers: must be at least 1",
-        "actors.on_env_error: must be 'raise' or 'reset', got 'ignore'",
         "stop: set at least one of eval_return, env_frames, trainer_steps, wall_seconds",
     ]
 

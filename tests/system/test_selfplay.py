@@ -173,9 +173,8 @@ def test_selfplay_config_errors_name_the_key():
         make_experiment("connect4-selfplay", bad)
     text = str(e.value)
     assert "policies.heuristic.policy: must be the learner's" in text
-    assert (
-        "selfplay.sampling: one of ['uniform', 'latest-heavy', 'prioritized'], got 'best'" in text
-    )
+    choices = "one of 'uniform', 'latest-heavy', 'prioritized'"
+    assert f"selfplay.sampling: must be {choices}, got 'best'" in text
     assert "selfplay.snapshot_every and selfplay.pool_size: must be at least 1" in text
 
 
