@@ -228,11 +228,10 @@ class GroupTrainerWorker(TrainerWorker):
             return None
         if self.ready is None:
             self.ready = super().take_batch(timeout_ms)
-        elif self.samples is not None:
+        else:
             # Waiting for a peer's batch: keep taking (and acking) up to one more batch, or the
-            # actors' credits would sit in this rank's queue while the peer starves. (A replay
-            # trainer's next batch is the replay worker's: it holds its one request.)
-            self.gather(timeout_ms=0)
+            # actors' credits would sit in this rank's queue while the peer starves.
+            self.source.prefetch(self.stages)
         self.stages.enter("wait_group")
         everyone_ready, stopping = self.group.agree(self.ready is not None, stopping=False)
         if stopping:  # a peer is stopping: no step may start that it would not join

@@ -1,8 +1,9 @@
 """The trainer worker: turns sample segments into trainer steps and publishes each new version.
 
-An off-policy trainer (``needs_replay``) takes no segments: it asks its policy's replay worker for
-transition batches instead (``replay``), and the priorities of each batch go back with the request
-for the next one.
+Its batches come from one :class:`~system.workers.batch_source.BatchSource`, which it reads
+without naming: the actors' segments (on-policy), or, for an off-policy trainer
+(``needs_replay``), its replay worker's transition batches, whose priorities go back with the
+request for the next one.
 
 Its stages (:mod:`system.timing`): ``wait_samples`` (or ``wait_replay``), ``receive``
 (decoding chunks and cutting a batch from them), ``to_device`` (for a trainer that
@@ -42,14 +43,12 @@ from system.streams.samples import SampleConsumer
 from system.timing import StageClock
 from system.workers.base import Worker
 from system.workers.batch_loader import BatchLoader
-from system.workers.trajectory import segment_count, take_columns
+from system.workers.batch_source import BatchSource, ReplaySource, SegmentSource
 
 logger = logging.getLogger(__name__)
 LEGACY_TRAINER_FILE = "trainer.pt"
 """Where trainers of older runs wrote their state themselves (``torch.save``), in
 ``checkpoint_dir/<policy>/``: read on resume when the service holds none."""
-LAG_WARNING_EVERY_S = 30.0
-"""At most one policy-lag warning (samples dropped, or kept but old) this often per trainer."""
 
 
 PUBLISH_RETRY_S = 10.0
@@ -79,9 +78,6 @@ class TrainerWorker(Worker):
         super().__init__(worker_id)
         self.policy_name = policy_name
         self.trainer = trainer
-        self.samples = samples
-        self.replay = replay
-        """Where batches come from instead of ``samples``, for a trainer that needs replay."""
         self.params = params
         self.batch_segments = batch_segments
         self.checkpoint_every = checkpoint_every
@@ -89,7 +85,6 @@ class TrainerWorker(Worker):
         """Publish every this many steps (persisted versions always): see PolicyConfig."""
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         """The run's checkpoints folder, only read: an older run's ``trainer.pt`` (resume)."""
-        self.buffer: list[SampleBatch] = []
         self.last_batch: SampleBatch | None = None
         self.steps = 0
         self._published = False
@@ -98,25 +93,47 @@ class TrainerWorker(Worker):
         self._retry_at = 0.0
         """After a publish timed out: when to try again on the same client (a restarted
         service's new address, from :meth:`reconnect`, comes sooner)."""
-        self.max_policy_lag = max_policy_lag
-        self.warn_policy_lag = None if replay is not None else warn_policy_lag
-        """A replay trainer learns from old samples by design: never warned."""
-        self._next_lag_warning = 0.0
-        self.loader: BatchLoader | None = None
-        """Assembles batches in a thread of its own once :meth:`start_loader` was called."""
         self._stats_lock = threading.Lock()
         """``stats`` is also written by the loader thread (segments dropped as stale)."""
+        if (samples is None) == (replay is None):
+            raise ValueError("a trainer reads from exactly one of samples and replay")
+        self.source: BatchSource = (
+            ReplaySource(replay)
+            if replay is not None
+            else SegmentSource(
+                samples, policy_name, batch_segments, lambda: self.trainer.policy.version,
+                self.stats, self._stats_lock, max_policy_lag=max_policy_lag,
+                warn_policy_lag=warn_policy_lag,
+            )
+        )  # fmt: skip
+        """Where its batches come from (:mod:`system.workers.batch_source`)."""
+
+    @property
+    def samples(self) -> SampleConsumer | None:
+        return self.source.stream if isinstance(self.source, SegmentSource) else None
+
+    @property
+    def replay(self) -> ReplayClient | None:
+        """The replay worker's client, for a trainer that learns from replay."""
+        return self.source.stream if isinstance(self.source, ReplaySource) else None
+
+    @property
+    def loader(self) -> BatchLoader | None:
+        return getattr(self.source, "loader", None)
+
+    @property
+    def pending_segments(self) -> int:
+        return getattr(self.source, "pending_segments", 0)
 
     def start_loader(self) -> None:
         """From now on the next batch is received and cut while this one trains
         (:mod:`system.workers.batch_loader`); the sample stream is the loader's alone."""
-        if self.samples is None:
+        if not isinstance(self.source, SegmentSource):
             raise ValueError("a replay trainer takes its batches from the replay worker")
-        self.loader = BatchLoader(self._cut, self.worker_id)
-        self.loader.start()
+        self.source.start_loader(self.worker_id)
 
     def thread_stages(self) -> dict[str, StageClock]:
-        return {} if self.loader is None else {"loader": self.loader.stages}
+        return self.source.stages()
 
     def collect_stats(self) -> dict[str, Any]:
         with self._stats_lock:
@@ -132,104 +149,9 @@ class TrainerWorker(Worker):
         self.train(batch)
         return 1
 
-    @property
-    def pending_segments(self) -> int:
-        return sum(segment_count(c) for c in self.buffer)
-
-    def gather(self, timeout_ms: int, clock: StageClock | None = None) -> None:
-        """Take chunks of ``[T, k]`` segments from the sample stream until a batch is in.
-
-        Never more: what stays in the stream holds its actors back (back-pressure), while what
-        this worker buffered beyond one batch would only age, adding policy lag.
-        """
-        clock = clock or self.stages
-        while self.pending_segments < self.batch_segments:
-            clock.enter("wait_samples")
-            if not self.samples.wait(timeout_ms):
-                return
-            clock.enter("receive")
-            chunks = self.samples.poll(timeout_ms=0, max_items=1)
-            if not chunks:
-                return
-            self.buffer.extend(c for c in map(self._drop_stale, chunks) if c is not None)
-            timeout_ms = 0
-
-    def _drop_stale(self, chunk: SampleBatch) -> SampleBatch | None:
-        """Without the segments whose oldest step is more than ``max_policy_lag`` versions
-        behind (None when none is left): on-policy losses go wrong on samples that old."""
-        if self.max_policy_lag is None:
-            return chunk
-        count = segment_count(chunk)
-        versions = np.reshape(chunk.policy_version, (len(chunk.policy_version), count, -1))
-        lag = self.trainer.policy.version - versions.min(axis=(0, 2))
-        keep = np.flatnonzero(lag <= self.max_policy_lag)
-        dropped = count - len(keep)
-        if dropped == 0:
-            return chunk
-        with self._stats_lock:
-            so_far = self.stats.get("stale_segments_dropped", 0) + dropped
-            self.stats["stale_segments_dropped"] = so_far
-        if self._lag_warning_due():
-            logger.warning(
-                "trainer of policy '%s' dropped %d segment(s) more than max_policy_lag=%d "
-                "versions old (%d so far): the trainer cannot keep up with the actors; use fewer "
-                "actors (actors.workers), more trainer workers or a larger batch_segments, or "
-                "raise max_policy_lag",
-                self.policy_name,
-                dropped,
-                self.max_policy_lag,
-                so_far,
-            )
-        return chunk[:, keep] if len(keep) else None
-
-    def _lag_warning_due(self) -> bool:
-        now = time.monotonic()
-        if now < self._next_lag_warning:
-            return False
-        self._next_lag_warning = now + LAG_WARNING_EVERY_S
-        return True
-
-    def _warn_lag(self, lag: float) -> None:
-        """The batch just trained on was ``lag`` versions old at its oldest step: say so (and
-        what to change) when that is more than ``warn_policy_lag``."""
-        if self.warn_policy_lag is None or lag <= self.warn_policy_lag:
-            return
-        if not self._lag_warning_due():
-            return
-        p = f"policies.{self.policy_name}"
-        logger.warning(
-            "trainer of policy '%s' trains on samples up to %d versions old "
-            "(%s.warn_policy_lag=%d): the trainer cannot keep up with the actors, whose samples "
-            "wait for it; use fewer actors (actors.workers, actors.envs_per_worker), more "
-            "trainer workers (%s.trainer_workers) or a larger %s.batch_segments, a trainer that "
-            "corrects for lag (impala, or ppo with vtrace=True), or drop older samples with "
-            "%s.max_policy_lag",
-            *(self.policy_name, lag, p, self.warn_policy_lag, p, p, p),
-        )
-
     def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
-        """Exactly ``batch_segments`` segments as one ``[T, B]`` batch, once that many are in;
-        or, for a replay trainer, the next transition batch from the replay worker."""
-        if self.replay is not None:
-            self.stages.enter("wait_replay")
-            if not self.replay.wait(timeout_ms):
-                return None
-            self.stages.enter("receive")
-            return self.replay.take(0)
-        if self.loader is not None:
-            self.stages.enter("wait_batch")
-            return self.loader.take(timeout_ms)
-        return self._cut(timeout_ms, self.stages)
-
-    def _cut(self, timeout_ms: int, clock: StageClock) -> SampleBatch | None:
-        """Gather segments, and cut a batch once ``batch_segments`` are in (in this thread,
-        or in the loader's; ``clock`` is that thread's)."""
-        self.gather(timeout_ms, clock)
-        if self.pending_segments < self.batch_segments:
-            return None
-        clock.enter("receive")
-        batch, self.buffer = take_columns(self.buffer, self.batch_segments)
-        return batch
+        """The next batch from its source, once one is in."""
+        return self.source.take(timeout_ms, self.stages)
 
     def train(self, batch: SampleBatch) -> dict[str, float]:
         started = time.perf_counter()
@@ -246,8 +168,7 @@ class TrainerWorker(Worker):
             )
         self.steps += 1
         self.last_batch = batch
-        if self.replay is not None:
-            self.replay.request(batch.key, getattr(self.trainer, "priorities", None))
+        self.source.trained(batch, self.trainer)
         version = self.trainer.policy.version
         persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
         if persist or self.steps % self.publish_every == 0:  # the final one goes at stop
@@ -255,12 +176,7 @@ class TrainerWorker(Worker):
             self.publish(persist=persist)
         stats = dict(result.stats)
         stats["version"] = version
-        age = version_before - np.asarray(batch.policy_version)
-        if self.replay is None:  # the oldest step of an on-policy batch: what its loss suffers
-            stats["version_lag"] = float(np.max(age))
-            self._warn_lag(stats["version_lag"])
-        else:  # a replay batch is old by design: how old, on average, not a lag to act on
-            stats["sample_age_versions"] = float(np.mean(age))
+        stats.update(self.source.age(version_before, batch))
         stats["step_s"] = time.perf_counter() - started
         stats["steps"] = self.steps
         self.stats.update(stats)
@@ -353,9 +269,5 @@ class TrainerWorker(Worker):
             logger.info("%s: trainer state restored from %s", self.worker_id, path)
 
     def close(self) -> None:
-        if self.loader is not None:
-            self.loader.stop()  # before its socket is closed
-        for stream in (self.samples, self.replay):
-            if stream is not None:
-                stream.close()
+        self.source.close()
         self.params.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -318,7 +321,7 @@ def test_trainer_worker_warns_when_it_trains_on_old_samples_and_keeps_them(caplo
     )  # rate-limited: the batch 21 versions old, right after, is not warned again
 
 
-def test_the_policy_lag_warning_is_on_by_default_and_off_for_replay_trainers():
+def test_the_policy_lag_warning_is_on_by_default_and_off_for_replay_trainers(caplog):
     config = make_experiment("cartpole-ppo", [])
     assert config.policies["default"].warn_policy_lag == 16
     assert config.policies["default"].max_policy_lag is None  # warned, never dropped
@@ -327,7 +330,11 @@ def test_the_policy_lag_warning_is_on_by_default_and_off_for_replay_trainers():
         "t", "p", StubTrainer(EchoPolicy()), None, params, replay=object(), batch_segments=1,
         warn_policy_lag=16,
     )  # fmt: skip
-    assert worker.warn_policy_lag is None  # a replay buffer's samples are old by design
+    old = SimpleNamespace(policy_version=np.zeros((4, 1), np.int64))
+    with caplog.at_level(logging.WARNING):
+        # a replay buffer's samples are old by design: their age is a stat, never a warning
+        assert worker.source.age(100, old) == {"sample_age_versions": 100.0}
+    assert caplog.records == []
     with pytest.raises(ConfigError, match=r"warn_policy_lag: must be at least 1, or None for no"):
         make_experiment("cartpole-ppo", ["policies.default.warn_policy_lag=0"])
 
