@@ -107,10 +107,11 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
     """Fill the trainer's first batch, then check its shapes and what analyze returns."""
     if worker.replay is not None:
         return _check_first_replay_batch(run, name, worker, max_env_frames)
-    while worker.pending_segments < worker.batch_segments:
+    source = worker.source  # a SegmentSource: its batch is checked before it is cut
+    while source.pending_segments < worker.batch_segments:
         for other in _feeders(run):
             other.poll()
-        worker.gather(timeout_ms=0)
+        source.gather(0, worker.stages)
         run._collect()
         if run.progress.env_frames > max_env_frames:
             raise PipelineCheckError(
@@ -119,7 +120,7 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
             )
     from system.workers.trajectory import batch_segments
 
-    batch = batch_segments(worker.buffer)[:, : worker.batch_segments]
+    batch = batch_segments(source.buffer)[:, : worker.batch_segments]
     _check_batch_shapes(batch, run.config.actors.segment_length + 1, worker.batch_segments)
     _check_analyze(worker.trainer, batch, name)
     return batch.shape
