@@ -41,7 +41,8 @@ class RunResult:
     run_dir: Path
     """Where the run writes config.json, metrics.jsonl, checkpoints/, summary.json, ..."""
     exit_code: int | None = None
-    """0 done or solved, 1 failed, 130 interrupted; None while running."""
+    """0 done or solved, 1 failed, 130 interrupted (stopped in order), 131 stopped at once by
+    a second interrupt; None while running."""
     _process: BaseProcess | None = field(default=None, repr=False)
 
     def wait(self, timeout_s: float | None = None) -> RunResult:

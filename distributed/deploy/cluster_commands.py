@@ -13,12 +13,20 @@ import argparse
 import logging
 import os
 import re
+import signal
 import socket
 from pathlib import Path
 
 from rich.console import Console
 
 from api.errors import UserError
+from distributed.launch.signals import (
+    EXIT_ABANDONED,
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    raise_interrupt,
+)
 from system import run_folder
 
 logger = logging.getLogger(__name__)
@@ -125,9 +133,15 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
         display=False if args.no_display else None,
         heartbeat_timeout_s=args.heartbeat_timeout or HEARTBEAT_TIMEOUT_S,
     )
-    summary = controller.run()
+    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop: in order, as Ctrl+C
+    try:
+        summary = controller.run()
+    except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
+        return EXIT_ABANDONED
     console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})
-    return 1 if summary.get("stop_reason") == "failed" else 0
+    return {"failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}.get(
+        summary.get("stop_reason"), EXIT_DONE
+    )
 
 
 # --------------------------------------------------------------------- troupe worker

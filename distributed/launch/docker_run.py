@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     import docker
     from docker.models.containers import Container
 
+from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED
+
 logger = logging.getLogger(__name__)
 
 CONTAINER_RUN_DIR = "/troupe/run"
@@ -46,7 +48,6 @@ CONTAINER_KEYS_FILE = "/troupe/keys"
 KEYS_FILE = "keys"
 CONTROLLER_ID = "controller"
 LABEL_RUN, LABEL_ROLE, LABEL_WORKER = "troupe.run", "troupe.role", "troupe.worker"
-EXIT_INTERRUPTED = 130
 STOP_GRACE_S = 120.0
 """How long the controller gets to stop the run in order after Ctrl+C."""
 
@@ -317,12 +318,13 @@ def _wait_for_controller(controller: Container) -> int:
     try:
         return int(controller.wait()["StatusCode"])
     except KeyboardInterrupt:
-        logger.warning("stopping the run (Ctrl+C again to abandon it)")
+        logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
         controller.kill(signal="SIGINT")
         try:
             controller.wait(timeout=STOP_GRACE_S)
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # abandoned: the containers are removed as they are
+            logger.warning("stopping at once: every container is removed")
+            return EXIT_ABANDONED
         except Exception:  # a timeout: the containers are removed all the same
             logger.warning("the controller did not stop in %.0fs", STOP_GRACE_S)
         return EXIT_INTERRUPTED

@@ -22,12 +22,21 @@ from pathlib import Path
 from api.config import ExperimentConfig
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
+from distributed.launch.signals import (
+    EXIT_ABANDONED,
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    forwarding,
+    forwards_signals,
+    own_process_group,
+    raise_interrupt,
+)
 from system import run_folder
 from system.run import folder_lock
 
 logger = logging.getLogger(__name__)
 
-EXIT_SOLVED_OR_DONE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 LAUNCHERS = ("local", "docker")
 """local: every role as a process of this machine; docker: every role in its own container."""
 
@@ -124,13 +133,20 @@ def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> in
     except UserError as e:  # the keys went bad after the launch checked them
         logger.error("%s", e)
         return EXIT_FAILED
-    controller = Controller(config, Path(run_dir), LocalLauncher(), display=display)
-    summary = controller.run()
+    launcher = LocalLauncher()
+    controller = Controller(config, Path(run_dir), launcher, display=display)
+    try:
+        summary = controller.run()
+    except KeyboardInterrupt:  # a second signal while the run stopped in order
+        logger.warning("stopping at once: every worker is killed; resume from the last "
+                       "persisted version with `troupe run --resume %s`", run_dir)  # fmt: skip
+        launcher.stop_all(timeout_s=0.0)
+        return EXIT_ABANDONED
     if summary.get("stop_reason") == "failed":
         return EXIT_FAILED
     if summary.get("stop_reason") == "interrupted":
         return EXIT_INTERRUPTED
-    return EXIT_SOLVED_OR_DONE
+    return EXIT_DONE
 
 
 def run_local(
@@ -178,7 +194,7 @@ def start_local(
     ctx = mp.get_context("fork")
     process = ctx.Process(
         target=_controller_entry,
-        args=(config.to_dict(), str(run_dir), display),
+        args=(config.to_dict(), str(run_dir), display, forwards_signals()),
         name="troupe-controller",
     )
     process.start()
@@ -218,7 +234,7 @@ def start(
     (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
     process = mp.get_context("fork").Process(
         target=_docker_entry,
-        args=(config.to_dict(), str(run_dir), image, display),
+        args=(config.to_dict(), str(run_dir), image, display, forwards_signals()),
         name="troupe-docker",
     )
     process.start()
@@ -226,27 +242,22 @@ def start(
 
 
 def wait_local(process: BaseProcess, timeout_s: float | None = None) -> int | None:
-    """The controller's exit code once it ends (None if ``timeout_s`` passes first)."""
+    """The run's exit code once it ends (None if ``timeout_s`` passes first). Meanwhile every
+    SIGINT or SIGTERM this process gets goes on to the run (:mod:`.signals`)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        try:
+    with forwarding(process.pid):
+        while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             process.join(left)
-            if process.exitcode is None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            return process.exitcode
-        except KeyboardInterrupt:
-            # The controller got the same SIGINT and is stopping the run; wait for it.
-            continue
+            if process.exitcode is not None:
+                return process.exitcode
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt()
-
-
-def _controller_entry(config_dict: dict, run_dir: str, display: bool | None) -> None:
+def _controller_entry(
+    config_dict: dict, run_dir: str, display: bool | None, own_group: bool
+) -> None:
     import sys
     import types
 
@@ -255,18 +266,23 @@ def _controller_entry(config_dict: dict, run_dir: str, display: bool | None) -> 
     # workers get the user's code from the config instead (api.code), by import, so the
     # controller's __main__ is made an empty module.
     sys.modules["__main__"] = types.ModuleType("__main__")
+    own_process_group(own_group)  # signals come through the launcher (.signals)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     sys.exit(controller_main(config_dict, run_dir, display))
 
 
-def _docker_entry(config_dict: dict, run_dir: str, image: str, display: bool | None) -> None:
+def _docker_entry(
+    config_dict: dict, run_dir: str, image: str, display: bool | None, own_group: bool
+) -> None:
     """Entry point of the process that runs a docker run's containers (see :func:`start`)."""
     import sys
 
     from distributed.launch.docker_run import run_docker
 
+    own_process_group(own_group)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # run_docker stops the run on it
+    signal.signal(signal.SIGTERM, raise_interrupt)
     config = ExperimentConfig.from_dict(config_dict)
     try:
         code = run_docker(config, Path(run_dir), image=image, display=display)

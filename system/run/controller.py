@@ -121,8 +121,10 @@ class Controller:
             self.stop_reason = "interrupted"
         finally:
             revive = self.stop_reason != "failed"  # what failed may be why a saver is down
-            self.supervisor.shutdown(self.server.send, self._receive, revive=revive)
-            self.display.stop()
+            try:  # a second signal ends the stop here: the launcher then kills what is left
+                self.supervisor.shutdown(self.server.send, self._receive, revive=revive)
+            finally:
+                self.display.stop()
         return self._finish()
 
     def _check_stop(self) -> None:

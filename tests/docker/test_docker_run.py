@@ -157,7 +157,7 @@ def test_only_a_client_with_the_run_keys_is_answered_by_the_controller(client, t
         assert answer is not None and answer.kind == "refused"  # known key, not a worker
     finally:
         the_container(client, run.run, dl.CONTROLLER_ID).kill(signal="SIGINT")
-    assert run.join() == 0, run.log()
+    assert run.join() == 130, run.log()  # interrupted: the exit code says so, not 0
     assert read_json(run.run_dir / "summary.json")["stop_reason"] == "interrupted"
     assert_nothing_left(client, run.run)
 
@@ -276,4 +276,33 @@ def test_a_background_docker_run_from_python_stops_in_order(client, tmp_path):
         run.stop()  # SIGINT, as Ctrl+C: the controller stops the run in order
     assert run.exit_code == 130, run.exit_code  # as `troupe run --launcher docker` on Ctrl+C
     assert run.summary["stop_reason"] == "interrupted"
+    assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_path):
+    """A SIGTERM to `troupe run --launcher docker` alone (a supervisor's stop, not a terminal's
+    Ctrl+C to the whole group): it was swallowed by the launching process, and the run went
+    on to its wall-clock limit and exited 0."""
+    run_dir = tmp_path / "runs" / "signalled"
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
+        "stop.env_frames=100000000", "--launcher", "docker", "--image", IMAGE,
+        "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
     assert_nothing_left(client, dl.run_name(run_dir))

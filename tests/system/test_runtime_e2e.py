@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,3 +219,62 @@ def test_cartpole_is_solved_by_the_distributed_run(tmp_path):
     played = json.loads(result.stdout.strip().splitlines()[-1])
     assert played["versions"] == {"default": solved["version"]}
     assert played["mean_return"] >= 450
+
+
+def _workers_gone(run_dir, also: int) -> bool:
+    """Every worker process of the run's last workers.json, and ``also``, have ended."""
+    pids = [w["pid"] for w in read_json(run_dir / "workers.json").values() if w["pid"]]
+    return all(not _alive(pid) for pid in [*pids, also])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _controller_pid(proc: subprocess.Popen) -> int:
+    (child,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return int(child)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_troupe_process_alone_stops_the_run_in_order(tmp_path, sig):
+    """What a supervisor, a CI runner or systemd does: a signal to ``troupe run``'s own pid,
+    not its process group. It was swallowed there; the run went on, and exited 0."""
+    run_dir = tmp_path / "run"
+    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
+                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    controller = _controller_pid(proc)
+    os.kill(proc.pid, sig)
+    out = finish(proc, timeout=90)
+    assert proc.returncode == 130, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "interrupted", out
+    checkpoints = sorted((run_dir / "checkpoints" / "default").glob("v*.ckpt"))
+    assert int(checkpoints[-1].stem[1:]) == summary["policy_versions"]["default"]
+    assert _workers_gone(run_dir, controller), "processes outlived the signal"
+
+
+def test_a_second_signal_stops_the_run_at_once(tmp_path):
+    """The trainer is stopped (SIGSTOP), so the stop in order waits on it; a second signal
+    then kills every worker at once, and the exit code says the run was abandoned."""
+    run_dir = tmp_path / "run"
+    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
+                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    controller = _controller_pid(proc)
+    trainer = read_json(run_dir / "workers.json")["trainer/default/0"]["pid"]
+    os.kill(trainer, signal.SIGSTOP)
+    os.kill(proc.pid, signal.SIGINT)
+    wait_for(lambda: not _alive(read_json(run_dir / "workers.json")["actor/0"]["pid"]), proc,
+             what="the actors to stop (the stop in order has begun)")  # fmt: skip
+    os.kill(proc.pid, signal.SIGINT)
+    out = finish(proc, timeout=60)
+    assert proc.returncode == 131, out
+    assert "stopping at once" in out
+    assert _workers_gone(run_dir, controller), "processes outlived the second signal"
+    assert not (run_dir / "summary.json").exists()  # abandoned: no summary claims an end

@@ -1,0 +1,74 @@
+"""How a run answers signals, whoever sends them: a terminal's Ctrl+C, ``kill``, a supervisor,
+a CI runner, systemd, a notebook's interrupt.
+
+``troupe run`` (and ``troupe.train``) fork the process that runs the run (the controller, or
+the process that runs its containers). That process gets a process group of its own, so a
+signal reaches the run one way only: through the launching process, which forwards every
+SIGINT or SIGTERM it receives as one SIGINT. The first stops the run in order (the final
+checkpoints are written; exit code :data:`EXIT_INTERRUPTED`); a second, while it stops,
+abandons the stop: every worker is killed at once (:data:`EXIT_ABANDONED`; resume from the
+last persisted version). A signal sent to the launching process alone used to be swallowed
+there, and the run went on to its wall-clock limit and exited 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+logger = logging.getLogger(__name__)
+
+EXIT_DONE, EXIT_FAILED = 0, 1
+EXIT_INTERRUPTED = 130
+"""Stopped in order after a signal (128 + SIGINT): the run's last checkpoints are on disk."""
+EXIT_ABANDONED = 131
+"""Stopped at once by a second signal: workers killed, the last steps' work lost."""
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+
+
+def forwards_signals() -> bool:
+    """Whether a process started from here will have its signals forwarded: only the main
+    thread can handle them; from another thread the child stays in this process group, where a
+    terminal's Ctrl+C still reaches it directly."""
+    return threading.current_thread() is threading.main_thread()
+
+
+def own_process_group(yes: bool) -> None:
+    """In the forked process (when ``yes``): leave the launcher's process group."""
+    if yes:
+        os.setpgid(0, 0)
+
+
+def raise_interrupt(signum, frame) -> None:
+    """SIGTERM handled as SIGINT is: stop the run in order."""
+    raise KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def forwarding(pid: int) -> Iterator[None]:
+    """While the launcher waits for process ``pid``: each SIGINT or SIGTERM it gets is sent on
+    to ``pid`` as one SIGINT (the first stops the run in order, a second abandons it)."""
+    if not forwards_signals():
+        yield
+        return
+    received = 0
+
+    def forward(signum: int, frame) -> None:
+        nonlocal received
+        received += 1
+        if received == 1:
+            logger.warning("stopping the run in order (%s again stops it at once)",
+                           signal.Signals(signum).name)  # fmt: skip
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.kill(pid, signal.SIGINT)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
