@@ -4,7 +4,8 @@ a CI runner, systemd, a notebook's interrupt.
 ``troupe run`` (and ``troupe.train``) fork the process that runs the run (the controller, or
 the process that runs its containers). That process gets a process group of its own, so a
 signal reaches the run one way only: through the launching process, which forwards every
-SIGINT or SIGTERM it receives as one SIGINT. The first stops the run in order (the final
+SIGINT, SIGTERM or SIGHUP it receives as one SIGINT; if the launcher itself dies, the run
+stops in order all the same. The first stops the run in order (the final
 checkpoints are written; exit code :data:`EXIT_INTERRUPTED`); a second, while it stops,
 abandons the stop: every worker is killed at once (:data:`EXIT_ABANDONED`; resume from the
 last persisted version). A signal sent to the launching process alone used to be swallowed
@@ -18,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
@@ -27,7 +29,9 @@ EXIT_INTERRUPTED = 130
 """Stopped in order after a signal (128 + SIGINT): the run's last checkpoints are on disk."""
 EXIT_ABANDONED = 131
 """Stopped at once by a second signal: workers killed, the last steps' work lost."""
-FORWARDED = (signal.SIGINT, signal.SIGTERM)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What the launcher forwards: an interrupt, a stop, a closed terminal."""
+PARENT_POLL_S = 0.5
 
 
 def forwards_signals() -> bool:
@@ -38,9 +42,22 @@ def forwards_signals() -> bool:
 
 
 def own_process_group(yes: bool) -> None:
-    """In the forked process (when ``yes``): leave the launcher's process group."""
-    if yes:
-        os.setpgid(0, 0)
+    """In the forked process (when ``yes``): leave the launcher's process group, and stop the
+    run in order if the launcher dies (a closed terminal's SIGHUP, a SIGKILL, the OOM killer):
+    no longer in the terminal's group, the run would otherwise go on without anyone to stop
+    it."""
+    if not yes:
+        return
+    os.setpgid(0, 0)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        logger.warning("the launching process is gone: stopping the run in order")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def raise_interrupt(signum, frame) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,21 @@ def test_a_second_signal_stops_the_run_at_once(tmp_path):
     assert "stopping at once" in out
     assert _workers_gone(run_dir, controller), "processes outlived the second signal"
     assert not (run_dir / "summary.json").exists()  # abandoned: no summary claims an end
+
+
+def test_a_run_whose_launcher_is_killed_stops_in_order(tmp_path):
+    """The run has a process group of its own (signals come through ``troupe run``); when that
+    process dies without a word (SIGKILL, the OOM killer, a closed terminal's SIGHUP), the run
+    stops in order rather than going on with nobody to stop it."""
+    run_dir = tmp_path / "run"
+    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
+                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    controller = _controller_pid(proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 90
+    while not _workers_gone(run_dir, controller):
+        assert time.monotonic() < deadline, "the run went on without its launcher"
+        time.sleep(0.2)
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"
