@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import socket
 import stat
 import subprocess
@@ -278,9 +279,20 @@ def test_option_errors_are_listed_together(tmp_path):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, outside the kernel's ephemeral range: the controller binds it only
+    later, and srun's own I/O sockets take ephemeral ports meanwhile (one took the port the
+    kernel had offered here: the controller could not bind it, and the workers' ZeroMQ
+    greetings reached srun as "Insane message length")."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [p for p in range(20_000, 30_000) if not low <= p <= high] or [0]
+    for port in random.Random().sample(candidates, min(len(candidates), 200)):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port outside the ephemeral range")
 
 
 @pytest.mark.multiprocess
