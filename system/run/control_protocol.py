@@ -44,11 +44,11 @@ class ControlMessage:
     @classmethod
     def from_body(cls: type[_M], body: Any) -> _M:
         if not isinstance(body, dict):
-            raise WireError(f"'{cls.kind}' message: the body must be a mapping, got {body!r}")
+            raise WireError(f"'{cls.kind}' message: the body must be a mapping, got {_short(body)}")
         accepted = _accepted_types(cls)
-        unknown = sorted(str(k) for k in body if k not in accepted)
+        unknown = sorted(str(k)[:40] for k in body if k not in accepted)
         if unknown:
-            raise WireError(f"'{cls.kind}' message: unknown fields {unknown}")
+            raise WireError(f"'{cls.kind}' message: unknown fields {unknown[:5]}")
         values = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             value = body.get(f.name, _MISSING)
@@ -59,9 +59,16 @@ class ControlMessage:
             kinds = accepted[f.name]
             if kinds is not None and type(value) not in kinds:
                 wanted = " or ".join(_a(k) for k in kinds if not (k is int and float in kinds))
-                raise WireError(f"'{cls.kind}' message: '{f.name}' must be {wanted}, got {value!r}")
+                got = _short(value)
+                raise WireError(f"'{cls.kind}' message: '{f.name}' must be {wanted}, got {got}")
             values[f.name] = value
         return cls(**values)
+
+
+def _short(value: Any) -> str:
+    """A received value as an error names it: a peer's junk may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _a(kind: type) -> str:
