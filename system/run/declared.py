@@ -1,12 +1,12 @@
 """The layouts a run declares for its messages, built from its configuration and spaces.
 
-Each receiving worker builds the layout of what it may receive the way its peers build the real
-thing: a rollout request is made by an actor's own :class:`~system.workers.lanes.Lane` from an
-observation sampled from the policy's observation space; a sample segment by the same lane and a
-:class:`~system.workers.trajectory.SegmentBuffer` from the policy's answer to that request; a
-replay batch by a replay buffer from such a segment; a checkpoint by the policy's
-``get_checkpoint``. So the checks cannot drift from what honest peers
-send, and a change of policy or environment needs no second description of its messages.
+Each layout is built the way the senders build the real thing (once per run, by the controller:
+:mod:`system.run.shape`): a rollout request is made by an actor's own
+:class:`~system.workers.lanes.Lane` from an observation sampled from the policy's observation
+space; a sample segment by the same lane and a :class:`~system.workers.trajectory.SegmentBuffer`
+from the policy's answer to that request; a replay batch by a replay buffer from such a segment;
+a checkpoint by the policy's ``get_checkpoint``. So the checks cannot drift from what honest
+peers send, and a change of policy or environment needs no second description of its messages.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ import dataclasses
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from served import PollingThread
 
 from api import registry
 from api.config import make_experiment
@@ -88,14 +88,9 @@ def counted(tmp_path):
     config = make_experiment("cartpole-ppo", ["environment.type=counted-cartpole"])
     CountedCartPole.built = 0
     ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=lambda: [ctl._receive(timeout_ms=20) for _ in iter(stop.is_set, True)], daemon=True
-    )
-    thread.start()
+    pump = PollingThread(lambda: ctl._receive(timeout_ms=20))  # its socket is used only there
     yield config, ctl
-    stop.set()
-    thread.join(timeout=5)
+    pump.stop()
     ctl.server.close()
     ctl.metrics.close()
     registry.environments.unregister("counted-cartpole")
@@ -111,16 +106,14 @@ def _configured(address: str, worker_id: str, role: str, run_dir: Path, config) 
 def test_the_controller_builds_the_one_environment_and_the_workers_none(counted, tmp_path):
     config, ctl = counted
     assert CountedCartPole.built == 0  # resolved at the first need: a run's while it starts
-    wirings, workers, stop = [], [], threading.Event()
-    server = None
+    wirings, workers, server = [], [], None
     try:
         params = _configured(ctl.address, "params", "parameter_service", tmp_path, config)
         wirings.append(params)
         assert CountedCartPole.built == 1  # the controller's, for the spaces
         service = builders.build(ParameterServicePlan("params"), config, params).worker
         workers.append(service)
-        server = threading.Thread(target=_serve, args=(service, stop), daemon=True)
-        server.start()
+        server = PollingThread(service.poll)
         trainer = _configured(ctl.address, "trainer/default/0", "trainer", tmp_path, config)
         wirings.append(trainer)
         plan = TrainerPlan("trainer/default/0", policy="default")
@@ -132,20 +125,14 @@ def test_the_controller_builds_the_one_environment_and_the_workers_none(counted,
         workers.append(builders.build(plan, config, policy).worker)
         assert CountedCartPole.built == 1  # a trainer and a policy worker built none
     finally:
-        stop.set()
         if server is not None:  # its last poll returns before the service is closed
-            server.join(timeout=5)
+            server.stop()
         for w in workers:
             w.close()
         for w in wirings:
             w.ctl.close()
     serial = InprocWiring(ParameterStore(), config)  # one process: one probe for all
     assert serial.spaces is serial.spaces and CountedCartPole.built == 2
-
-
-def _serve(service, stop: threading.Event) -> None:
-    while not stop.is_set():
-        service.poll()
 
 
 def _maps_torch(pid: int) -> bool:
