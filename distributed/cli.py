@@ -30,10 +30,10 @@ from api.errors import TroupeError, UserError
 from api.registry import Spec
 from distributed.bench import command as bench
 from distributed.deploy import cluster_commands as cc
-from distributed.deploy import swarm
 from distributed.deploy.commands import add_deploy_arguments, run_deploy
 from distributed.images.build import add_image_arguments, run_image
 from distributed.launch import run_commands as rc
+from distributed.ops import commands as ops
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 HANDLER = "_troupe_subcommand"
@@ -158,12 +158,14 @@ SUBCOMMANDS: list[Subcommand] = [
                add_deploy_arguments, run_deploy),
     Subcommand("bench", "measure throughput, time-to-solve, latency, push, scaling and memory",
                bench.add_bench_arguments, bench.run_bench),
-    Subcommand("status", "a deployed Swarm run: services, tasks, workers, last metrics",
-               swarm.add_status_arguments, swarm.run_status),
-    Subcommand("logs", "a deployed Swarm run's log lines, by worker",
-               swarm.add_logs_arguments, swarm.run_logs),
-    Subcommand("stop", "stop a deployed Swarm run and remove its services (keeps the run folder)",
-               swarm.add_stop_arguments, swarm.run_stop),
+    Subcommand("status", "a run's state, last metrics and workers, for every launcher",
+               ops.add_status_arguments, ops.run_status),
+    Subcommand("logs", "a run's log lines by worker (--follow), for every launcher",
+               ops.add_logs_arguments, ops.run_logs),
+    Subcommand("stop", "stop a run in order (--now: at once), for every launcher",
+               ops.add_stop_arguments, ops.run_stop),
+    Subcommand("ps", "a run's processes, containers, services, pods or job steps; "
+               "without RUN, every run under runs/", ops.add_ps_arguments, ops.run_ps),
 ]  # fmt: skip
 
 

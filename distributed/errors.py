@@ -51,3 +51,7 @@ class KubernetesClientError(DeployError):
 
 class ApplyError(DeployError):
     """The API refused an object (it exists already, no permission, invalid)."""
+
+
+class OpsError(UserError):
+    """``troupe status|logs|stop|ps`` cannot find a run or reach what runs it."""

@@ -50,6 +50,11 @@ LOCK = ".troupe.lock"
 """Held (``flock``) by the run that uses the folder."""
 CHECKPOINTS = "checkpoints"
 """The parameter store's folder: versions, trainer state, replay buffer."""
+LOGS = "logs"
+"""Each process's rotated INFO log, ``logs/<worker>.log`` (:mod:`system.logs`)."""
+LAUNCH = "launch.json"
+"""Who launched the run and how to reach it (launcher, host, pid, namespace, job id): what
+``troupe status|logs|stop|ps`` read to find a run's processes (:mod:`distributed.ops`)."""
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], *, sync: bool = True) -> None:

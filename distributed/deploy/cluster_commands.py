@@ -119,6 +119,9 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     from system.run.resume_check import saved_config
 
     folder_lock.acquire(run_dir)  # one controller per run folder, on a shared volume too
+    from system import logs
+
+    logs.keep_in_run_folder(run_dir, "controller")  # beside the CLI's console lines
     config = saved_config(run_dir)
     secure_or_refuse(args.insecure, "troupe controller")
     launcher = ExternalLauncher()

@@ -17,6 +17,8 @@ from rich.console import Console
 
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
+from distributed.ops.record import LaunchRecord
+from distributed.ops.record import write as write_record
 
 SWARM_MODULE = "distributed.deploy.swarm"
 
@@ -219,6 +221,8 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     objects = k8s.build_manifests(config, options, keys)
     extras = k8s.fetch_pods(config, options)
     files = k8s.write_manifests(objects, extras, Path(args.out))
+    launch = LaunchRecord("k8s", options.run_name, namespace=options.namespace)
+    write_record(Path(args.out), launch)  # troupe status|logs|stop|ps OUT find the run by it
     console.print(f"wrote {len(files)} files to {args.out} (run {options.run_name})")
     if "/" not in options.worker_image.split(":")[0] and args.image_pull_policy != "Never":
         console.print(
@@ -316,6 +320,8 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
         interface=args.interface,
     ).check()
     files = slurm.write_deployment(config, options, RunKeys.generate().to_text())
+    # The job adds its id to the run folder's own record when it starts (the sbatch script).
+    write_record(out, LaunchRecord("slurm", run_name, run_dir=str(options.run_dir)))
     console.print(f"wrote {', '.join(str(f) for f in files)}")
     console.print(f"submit with: {files[0]}")
     return 0

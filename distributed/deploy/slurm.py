@@ -192,6 +192,13 @@ def _header(groups: list[RoleGroup], options: SlurmOptions) -> list[str]:
     return [*lines, "set -euo pipefail", ""]
 
 
+_RECORD_PRINTF = (
+    """printf '{"launcher": "slurm", "run": "%s", "run_dir": "%s", "job_id": "%s", """
+    """"host": "%s", "started": %s}\\n' """
+)
+"""The job's launch record (run name, run folder, job id, host, start), written at its start."""
+
+
 def _setup(options: SlurmOptions) -> list[str]:
     """Run folder, config.json and owner-only keys, and the controller's address: the first
     node of the allocation, on a port derived from the job id so two runs sharing a node differ.
@@ -208,6 +215,9 @@ def _setup(options: SlurmOptions) -> list[str]:
         'mkdir -p "$RUN_DIR"',
         'cp "$DEPLOY_DIR/config.json" "$RUN_DIR/config.json"',
         'install -m 600 "$DEPLOY_DIR/keys" "$RUN_DIR/keys"',
+        "# What troupe status|logs|stop|ps read to find this job (distributed/ops/record.py).",
+        _RECORD_PRINTF + f'{q(options.run_name)} "$RUN_DIR" "$SLURM_JOB_ID" "$(hostname)" '
+        '"$(date +%s)" > "$RUN_DIR/launch.json"',
         'export TROUPE_CURVE_KEYS_FILE="$RUN_DIR/keys"',
         "# The IPv4 address of an interface; the source address of the route to a host.",
         'address_on() { ip -4 -o addr show dev "$1" | awk \'{split($4, a, "/"); print a[1]; '

@@ -1,4 +1,5 @@
-"""A run as Docker Swarm services: ``troupe deploy swarm``, ``troupe status|logs|stop RUN``.
+"""A run as Docker Swarm services: ``troupe deploy swarm``, and what ``troupe status|logs|stop``
+ask of a Swarm run (:class:`distributed.ops.backends.SwarmBackend`).
 
 ``deploy`` turns a run into Swarm's own objects and returns: an attachable overlay network, a
 secret holding the run's CURVE keys, and one service per role. The controller, the parameter
@@ -12,8 +13,6 @@ The run folder is a bind mount at the same path in every task. On a swarm of sev
 path must be a shared file system (NFS, ...) mounted at the same place on every node; trainers
 are placed on manager nodes unless ``--trainer-constraint`` says otherwise.
 
-Longer than 400 lines because deploy, status, logs and stop of a Swarm run share the run's naming
-and lookup; they are one command family.
 """
 
 from __future__ import annotations
@@ -22,15 +21,12 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from api.config import ExperimentConfig
@@ -315,6 +311,9 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     run = deploy(
         config, run_dir, image=args.image, trainer_constraint=args.trainer_constraint, client=client
     )
+    from distributed.ops import record
+
+    record.write(run_dir, record.LaunchRecord("swarm", run, run_dir=str(run_dir.resolve())))
     console.print(f"deployed run '{run}' (run folder {run_dir.resolve()})", highlight=False)
     if not args.wait:
         console.print(
@@ -330,94 +329,3 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
         return dl.EXIT_INTERRUPTED
     finally:
         remove_run(client, run)
-
-
-# --------------------------------------------------------------------- troupe status
-def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="run name or run folder")
-
-
-def run_status(args: argparse.Namespace, console: Console) -> int:
-    """Services with running/desired tasks; the run folder's workers and last metrics."""
-    client = connect()
-    run, services = services_of(client, args.run)
-    table = Table(title=f"run {run}", title_justify="left")
-    for column in ("service", "worker", "running/desired", "restarts"):
-        table.add_column(column)
-    for service in sorted(services, key=lambda s: s.name):
-        tasks = service.tasks()
-        running = sum(t["Status"]["State"] == "running" for t in tasks)
-        desired = service.attrs["Spec"]["Mode"].get("Replicated", {}).get("Replicas", 1)
-        restarts = max(0, len(tasks) - desired)
-        table.add_row(service.name, worker_of(service), f"{running}/{desired}", str(restarts))
-    console.print(table)
-    run_dir = Path(services[0].attrs["Spec"]["Labels"].get(LABEL_RUN_DIR, ""))
-    _print_run_folder(run_dir, console)
-    return 0
-
-
-def _print_run_folder(run_dir: Path, console: Console) -> None:
-    """Each worker's state and restarts, and the headline figures of the last metrics line."""
-    workers, metrics = run_dir / run_folder.WORKERS, run_dir / run_folder.METRICS
-    if not workers.exists():
-        console.print(f"run folder {run_dir} is not on this machine (or not written yet)")
-        return
-    table = json.loads(workers.read_text())
-    states = [f"{w} {s.get('state')} (restarts {s.get('restarts')})" for w, s in table.items()]
-    console.print(Text("workers: " + ", ".join(states)), highlight=False)
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    if lines:
-        last = json.loads(lines[-1])
-        keys = ("wall_s", "env_frames", "fps", "episode_return", "eval_return")
-        console.print(Text("last metrics: " + json.dumps({k: last.get(k) for k in keys})))
-
-
-# --------------------------------------------------------------------- troupe logs
-def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="run name or run folder")
-    parser.add_argument("--worker", metavar="ID", help="one worker, e.g. controller or actor/2")
-    parser.add_argument("--tail", type=int, default=50, metavar="N", help="last N lines of each")
-
-
-def run_logs(args: argparse.Namespace, console: Console) -> int:
-    """The last lines of every worker (or one), each prefixed with its worker id."""
-    client = connect()
-    run, services = services_of(client, args.run)
-    shown = False
-    for service in sorted(services, key=lambda s: s.name):
-        for worker_id, line in service_lines(service, args.tail):
-            if args.worker in (None, worker_id):
-                console.print(Text(f"[{worker_id}] {line}"), highlight=False)
-                shown = True
-    if args.worker and not shown:
-        console.print(
-            f"no lines from worker '{args.worker}' in run '{run}': workers log only warnings and "
-            "errors unless deployed with TROUPE_LOG_LEVEL=INFO in the environment",
-            highlight=False,
-        )
-    return 0
-
-
-def service_lines(service: Service, tail: int) -> Iterator[tuple[str, str]]:
-    """(worker id, line) for a service's last lines; replicas' ids come from their task slot."""
-    template = worker_of(service)
-    slots = {t["ID"]: t.get("Slot", 1) for t in service.tasks()}
-    for raw in service.logs(stdout=True, stderr=True, details=True, tail=tail):
-        details, _, line = raw.decode(errors="replace").rstrip().partition(" ")
-        task = re.search(r"com\.docker\.swarm\.task\.id=(\w+)", details)
-        slot = slots.get(task.group(1), 1) if task else 1
-        yield template.replace("{ordinal}", str(slot - 1)), line
-
-
-# --------------------------------------------------------------------- troupe stop
-def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="run name or run folder")
-
-
-def run_stop(args: argparse.Namespace, console: Console) -> int:
-    """Remove the run's services, secret and network; the run folder stays."""
-    client = connect()
-    run, _ = services_of(client, args.run)
-    remove_run(client, run)
-    console.print(f"removed run '{run}' from the swarm; its run folder is kept", highlight=False)
-    return 0

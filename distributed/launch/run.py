@@ -32,6 +32,7 @@ from distributed.launch.signals import (
     own_process_group,
     raise_interrupt,
 )
+from distributed.ops import record as launch_record
 from system import run_folder
 from system.run import folder_lock
 
@@ -120,13 +121,12 @@ def _check_writable(folder: Path) -> None:
 def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> int:
     """Entry point of the controller process."""
     from distributed.launch.local import LocalLauncher
+    from system import logs
     from system.run.controller import Controller
     from system.streams import wire
 
-    logging.basicConfig(
-        level=os.environ.get("TROUPE_LOG_LEVEL", "WARNING"),
-        format="%(asctime)s controller %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure_process("controller")
+    logs.keep_in_run_folder(run_dir, "controller")
     config = ExperimentConfig.from_dict(config_dict)
     try:
         wire.secure_from_environment()
@@ -198,6 +198,7 @@ def start_local(
         name="troupe-controller",
     )
     process.start()
+    launch_record.write(run_dir, launch_record.for_process("local", run_dir, process.pid))
     return process
 
 
@@ -238,6 +239,10 @@ def start(
         name="troupe-docker",
     )
     process.start()
+    from distributed.launch.docker_run import run_name
+
+    run = run_name(run_dir)
+    launch_record.write(run_dir, launch_record.for_process("docker", run_dir, process.pid, run))
     return process
 
 

@@ -7,6 +7,7 @@ run incomplete all the same: the summary says ``stop_reason: failed`` and keeps 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from system.run.report import (
     write_win_rates,
 )
 from system.run.stopping import EvaluationWindows
+
+logger = logging.getLogger(__name__)
 
 
 def finish_run(
@@ -62,6 +65,10 @@ def finish_run(
                 "version": evaluation.solved_version,
             }
     summary["summary_written"] = write(lambda: write_summary(run_dir, summary))
+    logger.info(
+        "run ended: %s after %.1fs, %s env frames%s", summary["stop_reason"], wall_s,
+        summary.get("env_frames"), f" ({failure})" if failure is not None else "",
+    )  # fmt: skip
     if summary["summary_written"]:
         write(lambda: write_learning_curve(run_dir, title=config.name, target=target))
         trained = [n for n, pc in config.policies.items() if pc.trainer.type]

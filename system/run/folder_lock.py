@@ -83,3 +83,22 @@ def _holder(f: IO[str]) -> str:
     f.seek(0)
     text = f.read().strip()
     return f"process {text}" if text.isdigit() else "another process"
+
+
+def holder(folder: Path) -> int | None:
+    """The pid of the process holding ``folder``'s lock, or None when nobody holds it (what
+    ``troupe status`` tells a run that still goes on from one that has ended)."""
+    path = Path(folder) / LOCK_FILE
+    if not path.exists() or Path(folder).resolve() in _held:
+        return None
+    try:
+        with open(path) as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = f.read().strip()
+                return int(text) if text.isdigit() else None
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None

@@ -111,6 +111,7 @@ class Supervisor:
         self.address = address
         for record in self.workers.values():
             self.launcher.start(record.plan.worker_id, record.plan.role.value, address)
+        logger.info("controller at %s; %d workers to start", address, len(self.workers))
 
     def fail(self, failure: WorkerFailure) -> None:
         self.failure = self.failure or failure
@@ -122,14 +123,17 @@ class Supervisor:
             self._restarted_elsewhere(record)
         record.state = WorkerState.CONFIGURING
         record.pid = pid or None
+        logger.info("%s says hello (pid %s)", record.plan.worker_id, pid)
         return record.plan.worker_id not in self.told_to_stop  # else: its stop went to the old
 
     def on_ready(self, record: WorkerRecord) -> None:
         record.state = WorkerState.ALIVE
         record.alive_since = time.monotonic()
+        logger.info("%s ready", record.plan.worker_id)
 
     def on_bye(self, record: WorkerRecord) -> None:
         record.state = WorkerState.STOPPED
+        logger.info("%s stopped", record.plan.worker_id)
 
     def on_error(self, record: WorkerRecord, message: str, tb: str, fatal: bool, quiet: bool):
         """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix.

@@ -24,6 +24,7 @@ from typing import Any
 from api import global_state
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError, UserError
+from system import logs
 from system.errors import CallbackError, ControllerGoneError
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
@@ -233,10 +234,7 @@ def main(
     ``controller_pid``: the controller's process, when it runs on this machine (local runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
     signal.signal(signal.SIGTERM, _raise_stop)
-    logging.basicConfig(
-        level=os.environ.get("TROUPE_LOG_LEVEL", "WARNING"),
-        format=f"%(asctime)s {worker_id} %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure_process(worker_id)
     place = Placement(**(placement or {}))
     try:
         wire.secure_from_environment()  # cluster runs: CURVE on every socket
@@ -247,11 +245,14 @@ def main(
     worker: Worker | None = None
     try:
         conf = ctl.hello(role)
+        logs.keep_in_run_folder(conf.run_dir, worker_id)
+        logger.info("%s (%s, pid %d) configured by %s", worker_id, role, os.getpid(), controller)
         global_state.install(ctl.state)  # user code in this process reads the run's state
         cfg = ExperimentConfig.from_dict(conf.config)
         built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
         ctl.send(cp.Ready())
+        logger.info("%s ready", worker_id)
         return _loop(ctl, worker, built.heartbeat_hooks, cfg.liveness.bound(role))
     except (_Stop, StopRequested):
         ctl.send(cp.Bye())  # a stop before the loop (SIGTERM, or stop while being built)
@@ -325,6 +326,7 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
             worker.on_stop()
             ctl.heartbeat(_timed(worker))
             ctl.send(cp.Bye())
+            logger.info("stopped by the controller")
             return EXIT_OK
         ctl.check_controller()
 

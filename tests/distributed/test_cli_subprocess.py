@@ -238,35 +238,42 @@ def swarm_state(run_dir: Path, path: Path) -> dict[str, str]:
 
 def test_status_logs_and_stop_of_a_deployed_run(finished_run, tmp_path):
     """The working path of each command, as a user types it, against a fake Swarm manager whose
-    run folder is a real finished run: status shows the services and the folder's workers and
-    last metrics; logs the lines of one worker; stop stops the controller first, removes
-    everything of the run from the swarm and keeps the run folder."""
+    run folder is a real finished run with the launch record ``troupe deploy swarm`` writes:
+    status shows the run's state, the folder's workers and last metrics and the services; logs
+    the folder's INFO lines of one worker, or the services' own lines; stop stops the controller
+    first, removes everything of the run from the swarm and keeps the run folder."""
+    run_dir = tmp_path / "swarm-run"
+    shutil.copytree(finished_run, run_dir)
+    (run_dir / "launch.json").write_text(
+        json.dumps({"launcher": "swarm", "run": "swarm-run", "run_dir": str(run_dir)})
+    )
     state = tmp_path / "swarm.json"
-    env = swarm_state(finished_run, state)
-    run = run_name(finished_run)
+    env = swarm_state(run_dir, state)
 
-    status = troupe("status", str(finished_run), env=env)
-    assert status.returncode == 0, status.stderr
-    assert f"run {run}" in status.stdout and "trainer/default/0" in status.stdout
-    assert "1/1" in status.stdout  # running/desired tasks of a service
-    workers = json.loads((finished_run / "workers.json").read_text())
-    assert f"workers: {next(iter(workers))} stopped (restarts 0)" in status.stdout, status.stdout
-    frames = json.loads((finished_run / "summary.json").read_text())["env_frames"]
-    assert f'"env_frames": {frames}' in status.stdout, status.stdout
+    for target in (str(run_dir), "swarm-run"):  # by its folder, and by its name alone
+        status = troupe("status", target, env=env)
+        assert status.returncode == 0, status.stderr
+        assert "run swarm-run (swarm): running" in status.stdout, status.stdout
+        assert "trainer/default/0" in status.stdout and "1/1 running" in status.stdout
+        frames = json.loads((run_dir / "summary.json").read_text())["env_frames"]
+        assert f"env_frames {frames}" in status.stdout, status.stdout
 
-    logs = troupe("logs", run, "--worker", "actor/0", "--tail", "2", env=env)
+    logs = troupe("logs", "swarm-run", "--worker", "actor/0", "--tail", "2", "--source",
+                  "scheduler", env=env)  # fmt: skip
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.splitlines() == ["[actor/0] actor/0 line 1", "[actor/0] actor/0 line 2"]
-    quiet = troupe("logs", run, "--worker", "actor/9", env=env)
+    info = troupe("logs", "swarm-run", "--worker", "actor/0", env=env)  # the run folder's
+    assert info.returncode == 0 and "[actor/0]" in info.stdout and " ready" in info.stdout
+    quiet = troupe("logs", "swarm-run", "--worker", "actor/9", env=env)
     assert quiet.returncode == 0 and "no lines from worker 'actor/9'" in quiet.stdout
 
-    stop = troupe("stop", run, env=env)
+    stop = troupe("stop", "swarm-run", env=env)
     assert stop.returncode == 0, stop.stderr
-    assert f"removed run '{run}' from the swarm; its run folder is kept" in stop.stdout
+    assert "removed run 'swarm-run' from the swarm" in stop.stdout, stop.stdout
     left = json.loads(state.read_text())
     assert (left["services"], left["secrets"], left["networks"]) == ([], [], [])
-    assert left["calls"][0] == f"scale troupe-{run}-controller 0", left["calls"]
-    assert (finished_run / "summary.json").exists()
+    assert left["calls"][0] == "scale troupe-swarm-run-controller 0", left["calls"]
+    assert (run_dir / "summary.json").exists()
 
 
 # --------------------------------------------------------------------- CURVE fails closed

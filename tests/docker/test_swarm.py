@@ -21,6 +21,7 @@ from rich.console import Console
 from distributed.deploy import swarm
 from distributed.images import build as images
 from distributed.launch import docker_run as dl
+from distributed.ops import commands as ops
 
 pytestmark = pytest.mark.docker
 
@@ -87,6 +88,13 @@ def test_a_swarm_run_completes_and_its_services_are_removed(client, tmp_path):
     assert_nothing_left(client, "swarm-complete")
 
 
+def ops_args(*argv: str) -> argparse.Namespace:
+    """``troupe status|logs|stop ...`` parsed as the command line would."""
+    from distributed.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
 def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
     run_dir = tmp_path / "swarm-status"
     console = recording_console()
@@ -101,16 +109,22 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
             assert time.monotonic() < deadline, "the workers did not all come alive"
             time.sleep(0.5)
         status = recording_console()
-        assert swarm.run_status(argparse.Namespace(run=str(run_dir)), status) == 0
+        assert ops.run_status(ops_args("status", str(run_dir)), status) == 0
         text = status.export_text()
-        assert "troupe-swarm-status-actor" in text and "2/2" in text, text
-        assert "actor/1 alive" in text, text
+        assert "run swarm-status (swarm): running" in text, text
+        assert "troupe-swarm-status-actor" in text and "2/2 running" in text, text
+        assert "actor/1" in text and "alive" in text, text
         logs = recording_console()
-        logs_args = argparse.Namespace(run="swarm-status", worker="controller", tail=5)
-        assert swarm.run_logs(logs_args, logs) == 0
-        assert "[controller] [" in logs.export_text()
+        assert ops.run_logs(ops_args("logs", "swarm-status", "--worker", "controller"), logs) == 0
+        assert "[controller] " in logs.export_text() and " ready" in logs.export_text()
+        native = recording_console()
+        argv = ("logs", "swarm-status", "--worker", "controller", "--source", "scheduler")
+        assert ops.run_logs(ops_args(*argv), native) == 0
+        assert "[controller] " in native.export_text(), native.export_text()
     finally:
-        assert swarm.run_stop(argparse.Namespace(run="swarm-status"), recording_console()) == 0
+        stop = recording_console()
+        assert ops.run_stop(ops_args("stop", "swarm-status"), stop) == 0
+    assert "removed run 'swarm-status' from the swarm" in stop.export_text()
     assert_nothing_left(client, "swarm-status")
     # stop asks the controller to stop the run in order, so the summary is written
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"

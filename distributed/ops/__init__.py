@@ -1,0 +1,1 @@
+"""Operating runs: ``troupe status|logs|stop|ps`` for every launcher."""

@@ -1,0 +1,518 @@
+"""What each launcher's scheduler says about a run, and how each stops one in order.
+
+The run folder answers most of ``troupe status`` and ``troupe logs`` for every launcher
+(:mod:`distributed.ops.folder`); a backend adds what only the scheduler knows (its processes,
+containers, services, pods or job steps and their states), the scheduler's own log stream where
+the folder is out of reach (a Kubernetes pod that does not mount it, a container's stdout), and
+the stop: always the controller first, by the signal it turns into an orderly stop (SIGINT;
+SIGTERM from Kubernetes), then, for schedulers that keep objects, their removal.
+
+Longer than 400 lines because it holds one small class per launcher (five), which share the
+shape of :class:`Backend` and are easiest to compare side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from distributed.errors import OpsError
+from distributed.ops.record import LaunchRecord, pid_alive
+
+
+@dataclass(frozen=True)
+class Process:
+    """One row of ``troupe ps``: a process, container, service, pod or job step."""
+
+    name: str
+    worker: str
+    state: str
+    where: str = ""
+    detail: str = ""
+
+
+class Backend(Protocol):
+    def alive(self, record: LaunchRecord) -> bool | None:
+        """Whether the run still goes on (None: cannot tell from here)."""
+
+    def processes(self, record: LaunchRecord) -> list[Process]: ...
+
+    def logs(
+        self, record: LaunchRecord, worker: str | None, tail: int, follow: bool
+    ) -> Iterator[tuple[str, str]]:
+        """(worker id, line) from the scheduler's own stream (stdout and stderr)."""
+
+    def stop(self, record: LaunchRecord, now: bool) -> str:
+        """Ask the controller to stop the run (in order; ``now``: at once); say what was done."""
+
+    def remove(self, record: LaunchRecord) -> str | None:
+        """Remove what the scheduler keeps of a stopped run (None: nothing to remove)."""
+
+
+# --------------------------------------------------------------------- local and docker
+class LocalBackend:
+    """A run whose controller (local) or container runner (docker) is a process of one machine:
+    signals reach it there, from any shell of that machine."""
+
+    def alive(self, record: LaunchRecord) -> bool | None:
+        if not record.here:
+            return None
+        return record.running_here()
+
+    def processes(self, record: LaunchRecord) -> list[Process]:
+        from distributed.ops import folder
+
+        run_dir = record.folder()
+        table = folder.workers(run_dir) if run_dir else {}
+        rows = [Process("controller", "controller", _pid_state(record), record.host or "",
+                        f"pid {record.pid}")]  # fmt: skip
+        for worker, info in table.items():
+            pid = info.get("pid")
+            running = record.here and info.get("state") not in ("stopped", "failed")
+            state = info.get("state", "?")
+            if running and pid and not pid_alive(pid):
+                state = f"{state} (process gone)"
+            rows.append(Process(f"pid {pid}", worker, state, record.host or "",
+                                f"restarts {info.get('restarts', 0)}"))  # fmt: skip
+        return rows
+
+    def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
+        return iter(())  # the run folder holds every process's log
+
+    def stop(self, record: LaunchRecord, now: bool) -> str:
+        if not record.here:
+            raise OpsError(
+                f"run '{record.run}' runs on {record.host}: run troupe stop there (its process "
+                f"{record.pid} is not one of this machine's)"
+            )
+        if not record.running_here():
+            return f"run '{record.run}' is not running (process {record.pid} has ended)"
+        os.kill(record.pid, signal.SIGINT)
+        if now:  # a second signal: the controller abandons the orderly stop
+            time.sleep(0.5)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, signal.SIGINT)
+            return f"sent two SIGINTs to process {record.pid}: the run stops at once"
+        return f"sent SIGINT to process {record.pid}: the run stops in order"
+
+    def remove(self, record: LaunchRecord) -> str | None:
+        return None
+
+
+def _pid_state(record: LaunchRecord) -> str:
+    if not record.here:
+        return f"on {record.host}"
+    return "running" if record.running_here() else "ended"
+
+
+class DockerBackend(LocalBackend):
+    """``troupe run --launcher docker``: the runner process stops the run and removes its
+    containers; when it is gone (killed), the containers are reached through the engine."""
+
+    def _client(self):
+        from distributed.images.build import connect
+
+        return connect()
+
+    def _containers(self, record: LaunchRecord) -> list[Any]:
+        from distributed.launch import docker_run as dr
+
+        client = self._client()
+        return client.containers.list(all=True, filters={"label": f"{dr.LABEL_RUN}={record.run}"})
+
+    def alive(self, record: LaunchRecord) -> bool | None:
+        if record.running_here():
+            return True
+        try:
+            return any(c.status == "running" for c in self._containers(record))
+        except Exception:  # no engine answers here: cannot tell
+            return None
+
+    def processes(self, record: LaunchRecord) -> list[Process]:
+        from distributed.launch import docker_run as dr
+
+        rows = [Process("runner", "controller", _pid_state(record), record.host or "",
+                        f"pid {record.pid}")]  # fmt: skip
+        for c in sorted(self._containers(record), key=lambda c: c.name):
+            restarts = c.attrs.get("RestartCount", 0)
+            code = c.attrs.get("State", {}).get("ExitCode")
+            detail = f"restarts {restarts}" + (f", exit {code}" if c.status == "exited" else "")
+            rows.append(Process(c.name, c.labels.get(dr.LABEL_WORKER, "?"), c.status,
+                                "docker", detail))  # fmt: skip
+        return rows
+
+    def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
+        from distributed.launch import docker_run as dr
+
+        streams = {}
+        for c in self._containers(record):
+            wid = c.labels.get(dr.LABEL_WORKER, c.name)
+            if worker in (None, wid, wid.split("/")[0]):
+                streams[wid] = c
+        return _merge({w: _docker_lines(c, tail, follow) for w, c in streams.items()}, follow)
+
+    def stop(self, record: LaunchRecord, now: bool) -> str:
+        if record.running_here():
+            return super().stop(record, now)
+        from distributed.launch import docker_run as dr
+
+        controller = [c for c in self._containers(record) if c.status == "running"
+                      and c.labels.get(dr.LABEL_WORKER) == dr.CONTROLLER_ID]  # fmt: skip
+        if not controller:
+            return f"run '{record.run}' has no running controller container"
+        controller[0].kill(signal="SIGKILL" if now else "SIGINT")
+        return f"sent {'SIGKILL' if now else 'SIGINT'} to container {controller[0].name}"
+
+    def remove(self, record: LaunchRecord) -> str | None:
+        """Containers left by a runner that was killed (its own exit removes them)."""
+        if record.running_here():
+            return None
+        left = self._containers(record)
+        if not left:
+            return None
+        from distributed.launch.docker_run import remove_run_objects
+
+        remove_run_objects(self._client(), record.run)
+        return f"removed {len(left)} container(s) and the network of run '{record.run}'"
+
+
+def _docker_lines(container, tail: int, follow: bool) -> Iterator[str]:
+    out = container.logs(stdout=True, stderr=True, tail=tail, stream=follow, follow=follow)
+    if not follow:
+        yield from out.decode(errors="replace").splitlines()
+        return
+    pending = b""
+    for chunk in out:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode(errors="replace")
+
+
+# --------------------------------------------------------------------- swarm
+class SwarmBackend:
+    """A ``troupe deploy swarm`` run: services labelled with the run's name."""
+
+    @staticmethod
+    def find(name: str) -> LaunchRecord | None:
+        from distributed.deploy import swarm
+
+        try:
+            client = swarm.connect()
+            run = swarm.resolve_run(name)
+            services = swarm.find_services(client, run)
+        except Exception:  # no engine, not a manager: not a Swarm run
+            return None
+        if not services:
+            return None
+        run_dir = services[0].attrs["Spec"]["Labels"].get(swarm.LABEL_RUN_DIR)
+        return LaunchRecord("swarm", run, run_dir=run_dir)
+
+    def _services(self, record: LaunchRecord):
+        from distributed.deploy import swarm
+
+        client = swarm.connect()
+        return client, swarm.find_services(client, record.run)
+
+    def alive(self, record: LaunchRecord) -> bool | None:
+        from distributed.deploy import swarm
+
+        client, services = self._services(record)
+        if not services:
+            return False
+        return swarm.controller_exit_code(client, record.run) is None
+
+    def processes(self, record: LaunchRecord) -> list[Process]:
+        from distributed.deploy import swarm
+
+        rows = []
+        for service in sorted(self._services(record)[1], key=lambda s: s.name):
+            tasks = service.tasks()
+            running = sum(t["Status"]["State"] == "running" for t in tasks)
+            desired = service.attrs["Spec"]["Mode"].get("Replicated", {}).get("Replicas", 1)
+            nodes = sorted({t.get("NodeID", "")[:12] for t in tasks if t.get("NodeID")})
+            rows.append(Process(service.name, swarm.worker_of(service),
+                                f"{running}/{desired} running", ",".join(nodes),
+                                f"restarts {max(0, len(tasks) - desired)}"))  # fmt: skip
+        return rows
+
+    def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
+        from distributed.deploy import swarm
+
+        _, services = self._services(record)
+        for service in sorted(services, key=lambda s: s.name):
+            for wid, line in _service_lines(swarm.worker_of(service), service, tail):
+                if worker in (None, wid, wid.split("/")[0]):
+                    yield wid, line
+
+    def stop(self, record: LaunchRecord, now: bool) -> str:
+        from distributed.deploy import swarm
+        from distributed.launch import docker_run as dl
+
+        client, services = self._services(record)
+        if now:
+            for service in services:
+                service.remove()
+            return f"removed the {len(services)} service(s) of run '{record.run}' at once"
+        swarm.stop_controller(client, record.run, timeout_s=dl.STOP_GRACE_S)
+        return "scaled the controller to zero: Swarm sent it SIGINT and it stopped in order"
+
+    def remove(self, record: LaunchRecord) -> str | None:
+        from distributed.deploy import swarm
+
+        client, _ = self._services(record)
+        swarm.remove_run(client, record.run)
+        return f"removed run '{record.run}' from the swarm (services, secret, network)"
+
+
+def _service_lines(template: str, service, tail: int) -> Iterator[tuple[str, str]]:
+    """(worker id, line) for a service's last lines; replicas' ids come from their task slot."""
+    slots = {t["ID"]: t.get("Slot", 1) for t in service.tasks()}
+    for raw in service.logs(stdout=True, stderr=True, details=True, tail=tail):
+        details, _, line = raw.decode(errors="replace").rstrip().partition(" ")
+        task = re.search(r"com\.docker\.swarm\.task\.id=(\w+)", details)
+        slot = slots.get(task.group(1), 1) if task else 1
+        yield template.replace("{ordinal}", str(slot - 1)), line
+
+
+# --------------------------------------------------------------------- kubernetes
+class K8sBackend:
+    """A ``troupe deploy k8s --apply`` run: objects labelled ``troupe.run=<run>`` in its
+    namespace. Stopping deletes the controller's pod with a grace period (the kubelet sends it
+    SIGTERM, which it turns into an orderly stop), waits for the controller to finish, then
+    deletes the run's Jobs, Services, config and secrets; the run's volume claim stays."""
+
+    STOP_GRACE_S: ClassVar[int] = 120
+    KINDS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("BatchV1Api", "job"),
+        ("CoreV1Api", "service"),
+        ("CoreV1Api", "config_map"),
+        ("CoreV1Api", "secret"),
+        ("PolicyV1Api", "pod_disruption_budget"),
+        ("NetworkingV1Api", "network_policy"),
+    )
+    NAMESPACE: ClassVar[str] = os.environ.get("TROUPE_K8S_NAMESPACE", "troupe")
+
+    def __init__(self, apis: dict[str, Any] | None = None) -> None:
+        self._apis = apis
+
+    def apis(self) -> dict[str, Any]:
+        if self._apis is None:
+            from distributed.deploy.k8s import connect
+
+            self._apis = connect()
+        return self._apis
+
+    @classmethod
+    def find(cls, name: str) -> LaunchRecord | None:
+        try:
+            pods = cls().pods(LaunchRecord("k8s", name, namespace=cls.NAMESPACE))
+        except Exception:  # no client, no kubeconfig, no such namespace
+            return None
+        return LaunchRecord("k8s", name, namespace=cls.NAMESPACE) if pods else None
+
+    def pods(self, record: LaunchRecord) -> list[Any]:
+        core = self.apis()["CoreV1Api"]
+        found = core.list_namespaced_pod(record.namespace, label_selector=_selector(record))
+        return sorted(found.items, key=lambda p: p.metadata.name)
+
+    def alive(self, record: LaunchRecord) -> bool | None:
+        controllers = [p for p in self.pods(record) if _component(p) == "controller"]
+        return any(p.status.phase in ("Pending", "Running") for p in controllers)
+
+    def processes(self, record: LaunchRecord) -> list[Process]:
+        rows = []
+        for pod in self.pods(record):
+            statuses = pod.status.container_statuses or []
+            restarts = sum(s.restart_count or 0 for s in statuses)
+            rows.append(Process(pod.metadata.name, _component(pod), pod.status.phase or "?",
+                                pod.spec.node_name or "", f"restarts {restarts}"))  # fmt: skip
+        return rows
+
+    def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
+        core = self.apis()["CoreV1Api"]
+        streams = {}
+        for pod in self.pods(record):
+            name = pod.metadata.name
+            if worker not in (None, name, _component(pod)):
+                continue
+            streams[name] = _pod_lines(core, name, record.namespace, tail, follow)
+        return _merge(streams, follow)
+
+    def stop(self, record: LaunchRecord, now: bool) -> str:
+        core = self.apis()["CoreV1Api"]
+        controllers = [p for p in self.pods(record) if _component(p) == "controller"]
+        grace = 0 if now else self.STOP_GRACE_S
+        for pod in controllers:
+            core.delete_namespaced_pod(pod.metadata.name, record.namespace,
+                                       grace_period_seconds=grace)  # fmt: skip
+        if not controllers:
+            return f"run '{record.run}' has no controller pod"
+        if now:
+            return "deleted the controller pod at once (grace period 0)"
+        return (
+            f"deleted the controller pod with a {grace}s grace period: the kubelet sent it "
+            "SIGTERM and it stops the run in order"
+        )
+
+    def remove(self, record: LaunchRecord) -> str | None:
+        apis, removed = self.apis(), 0
+        for api, kind in self.KINDS:
+            listed = getattr(apis[api], f"list_namespaced_{kind}")(
+                record.namespace, label_selector=_selector(record)
+            )
+            for item in listed.items:
+                getattr(apis[api], f"delete_namespaced_{kind}")(
+                    item.metadata.name, record.namespace, propagation_policy="Background"
+                )
+                removed += 1
+        return f"deleted {removed} object(s) of run '{record.run}' (its volume claim is kept)"
+
+
+def _selector(record: LaunchRecord) -> str:
+    return f"troupe.run={record.run}"
+
+
+def _component(pod) -> str:
+    return (pod.metadata.labels or {}).get("app.kubernetes.io/component", "?")
+
+
+def _pod_lines(core, name: str, namespace: str, tail: int, follow: bool) -> Iterator[str]:
+    if not follow:
+        text = core.read_namespaced_pod_log(name, namespace, tail_lines=tail)
+        yield from text.splitlines()
+        return
+    response = core.read_namespaced_pod_log(
+        name, namespace, tail_lines=tail, follow=True, _preload_content=False
+    )
+    for raw in response.stream():
+        yield from raw.decode(errors="replace").splitlines()
+
+
+# --------------------------------------------------------------------- slurm
+class SlurmBackend:
+    """A ``troupe deploy slurm`` job: its steps are the roles (``controller``, ``actor``, ...).
+    Stopping signals the controller step (SIGINT, an orderly stop; the job script ends when the
+    controller does); ``--now`` cancels the whole job."""
+
+    @staticmethod
+    def find(name: str) -> LaunchRecord | None:
+        if shutil.which("squeue") is None:
+            return None
+        try:
+            out = _slurm("squeue", "-h", "-n", f"troupe-{name}", "-o", "%i")
+        except OpsError:
+            return None
+        jobs = out.split()
+        return LaunchRecord("slurm", name, job_id=jobs[-1]) if jobs else None
+
+    def job(self, record: LaunchRecord) -> str:
+        if record.job_id:
+            return record.job_id
+        found = self.find(record.run)
+        if found is None:
+            raise OpsError(
+                f"run '{record.run}' has no Slurm job id yet: it is written to the run folder "
+                f"when the job starts, and squeue lists no job named troupe-{record.run}"
+            )
+        return found.job_id
+
+    def alive(self, record: LaunchRecord) -> bool | None:
+        state = _slurm("squeue", "-h", "-j", self.job(record), "-o", "%T", check=False)
+        return state.strip() in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED")
+
+    def _steps(self, record: LaunchRecord) -> list[list[str]]:
+        out = _slurm("squeue", "-h", "-s", "-j", self.job(record), "-o", "%i|%j|%T|%N",
+                     check=False)  # fmt: skip
+        return [line.split("|") for line in out.splitlines() if line.count("|") == 3]
+
+    def processes(self, record: LaunchRecord) -> list[Process]:
+        job = _slurm("squeue", "-h", "-j", self.job(record), "-o", "%T|%N", check=False).strip()
+        state, _, nodes = job.partition("|")
+        rows = [Process(f"job {self.job(record)}", "(batch)", state or "ended", nodes)]
+        for step, name, step_state, nodes in self._steps(record):
+            rows.append(Process(f"step {step}", name, step_state or "?", nodes))
+        return rows
+
+    def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
+        return iter(())  # the run folder (a file system every node mounts) holds the logs
+
+    def stop(self, record: LaunchRecord, now: bool) -> str:
+        job = self.job(record)
+        if now:
+            _slurm("scancel", job)
+            return f"cancelled job {job} at once"
+        steps = [s for s in self._steps(record) if s[1] == "controller"]
+        if not steps:
+            return f"job {job} has no controller step running"
+        _slurm("scancel", "--signal=INT", steps[0][0])
+        return f"sent SIGINT to step {steps[0][0]} (the controller): the run stops in order"
+
+    def remove(self, record: LaunchRecord) -> str | None:
+        return None  # the job ends with its controller
+
+
+def _slurm(*argv: str, check: bool = True) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise OpsError(f"{argv[0]} failed: {e}") from e
+    if check and done.returncode != 0:
+        raise OpsError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+# --------------------------------------------------------------------- merging streams
+def _merge(streams: dict[str, Iterator[str]], follow: bool) -> Iterator[tuple[str, str]]:
+    """(worker, line) from several streams: one after another, or (``follow``) as they come,
+    one thread a stream."""
+    if not follow:
+        for worker, lines in streams.items():
+            for line in lines:
+                yield worker, line
+        return
+    lines: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=10_000)
+
+    def pump(worker: str, stream: Iterator[str]) -> None:
+        try:
+            for line in stream:
+                lines.put((worker, line))
+        except Exception as e:  # the object went away under the stream
+            lines.put((worker, f"(stream ended: {e})"))
+        finally:
+            lines.put(None)
+
+    for worker, stream in streams.items():
+        threading.Thread(target=pump, args=(worker, stream), daemon=True).start()
+    left = len(streams)
+    while left:
+        item = lines.get()
+        if item is None:
+            left -= 1
+        else:
+            yield item
+
+
+BACKENDS: dict[str, type] = {
+    "local": LocalBackend,
+    "docker": DockerBackend,
+    "swarm": SwarmBackend,
+    "k8s": K8sBackend,
+    "slurm": SlurmBackend,
+}
+FINDERS = (SwarmBackend, K8sBackend, SlurmBackend)
+"""Who is asked for a run named by its name alone, in order."""
+
+
+def backend(record: LaunchRecord) -> Backend:
+    return BACKENDS[record.launcher]()

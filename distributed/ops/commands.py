@@ -1,0 +1,243 @@
+"""``troupe status|logs|stop|ps``: one set of operations commands for every launcher.
+
+``RUN`` is a run folder, the name of a folder under ``--runs-dir`` (``runs/`` by default), or
+the name of a Swarm, Kubernetes or Slurm run (:func:`distributed.ops.record.resolve`). What the
+run folder says (workers, metrics, summary, logs) is read the same way for every launcher; the
+launcher's backend adds its scheduler's view and does the stopping
+(:mod:`distributed.ops.backends`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from distributed.ops import backends, folder
+from distributed.ops.record import LaunchRecord, read, resolve
+
+DEFAULT_RUNS_DIR = "runs"
+STOP_WAIT_S = 180.0
+
+
+def _add_run_argument(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument(
+        "run",
+        metavar="RUN",
+        nargs=None if required else "?",
+        help="run folder, or run name (a folder under --runs-dir, or a Swarm, Kubernetes or "
+        "Slurm run)",
+    )
+    parser.add_argument(
+        "--runs-dir", default=DEFAULT_RUNS_DIR, help="where run names are looked up (runs)"
+    )
+
+
+def _state(record: LaunchRecord, alive: bool | None) -> str:
+    run_dir = record.folder()
+    summary = folder.summary(run_dir) if run_dir else None
+    if alive:
+        return "running"
+    if summary is not None:
+        reason = summary.get("stop_reason", "?")
+        return f"ended ({reason}{', solved' if summary.get('solved') else ''})"
+    if alive is None:
+        return "unknown from this machine"
+    return "not running (no summary: killed, or not started)"
+
+
+# --------------------------------------------------------------------- troupe status
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_argument(parser)
+
+
+def run_status(args: argparse.Namespace, console: Console) -> int:
+    """The run's state, its last figures, each worker's state; the scheduler's view."""
+    record = resolve(args.run, Path(args.runs_dir))
+    be = backends.backend(record)
+    alive = be.alive(record)
+    console.print(Text(f"run {record.run} ({record.launcher}): {_state(record, alive)}"))
+    run_dir = record.folder()
+    if record.started:
+        started = datetime.fromtimestamp(record.started).strftime("%Y-%m-%d %H:%M:%S")
+        console.print(Text(f"started {started} on {record.host or 'the cluster'}"))
+    if run_dir is None:
+        console.print(Text(f"run folder {record.run_dir or '(unknown)'}: not on this machine"))
+    else:
+        _print_folder(run_dir, console)
+    if record.launcher != "local":
+        console.print(_process_table(f"{record.launcher} view", be.processes(record)))
+    return 0
+
+
+def _print_folder(run_dir: Path, console: Console) -> None:
+    console.print(Text(f"run folder {run_dir.resolve()}"))
+    last = folder.headline(folder.last_metrics(run_dir))
+    if last:
+        console.print(Text("last metrics: " + ", ".join(f"{k} {v}" for k, v in last.items())))
+    summary = folder.summary(run_dir)
+    if summary and summary.get("failure"):
+        console.print(Text(f"failure: {summary['failure']}"))
+    workers = folder.workers(run_dir)
+    if not workers:
+        return
+    table = Table(title="workers", title_justify="left")
+    for column in ("worker", "role", "state", "restarts", "peak MB", "version"):
+        table.add_column(column)
+    for worker, info in workers.items():
+        cells = [info.get(k) for k in ("role", "state", "restarts", "peak_rss_mb", "version")]
+        table.add_row(worker, *("" if c is None else str(c) for c in cells))
+    console.print(table)
+
+
+def _process_table(title: str, rows: list[backends.Process]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("name", "worker", "state", "where", "detail"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row.name, row.worker, row.state, row.where, row.detail)
+    return table
+
+
+# --------------------------------------------------------------------- troupe logs
+def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_argument(parser)
+    parser.add_argument(
+        "--worker", metavar="ID", help="one worker (actor/2, controller) or a role (actor)"
+    )
+    parser.add_argument("--tail", type=int, default=50, metavar="N", help="last N lines of each")
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the run ends"
+    )
+    parser.add_argument(
+        "--source",
+        choices=("auto", "folder", "scheduler"),
+        default="auto",
+        help="folder: the run folder's INFO logs; scheduler: the containers', services', pods' "
+        "or job's own output; auto: the folder where this machine sees it",
+    )
+
+
+def run_logs(args: argparse.Namespace, console: Console) -> int:
+    """Each worker's lines, prefixed with its id, interleaved by time."""
+    record = resolve(args.run, Path(args.runs_dir))
+    run_dir = record.folder()
+    use_folder = args.source == "folder" or (args.source == "auto" and run_dir is not None)
+    if use_folder and run_dir is None:
+        console.print(Text(f"run folder of '{record.run}' is not on this machine: --source "
+                           "scheduler reads the scheduler's output"))  # fmt: skip
+        return 1
+    if use_folder:
+        lines = _folder_lines(record, run_dir, args)
+    else:
+        lines = backends.backend(record).logs(record, args.worker, args.tail, args.follow)
+    shown = 0
+    try:
+        for worker, line in lines:
+            console.print(Text(f"[{worker}] {line}"), highlight=False, soft_wrap=True)
+            shown += 1
+    except KeyboardInterrupt:
+        return 0
+    if not shown and not args.follow:
+        what = f"worker '{args.worker}'" if args.worker else "any worker"
+        known = ", ".join(folder.log_files(run_dir)) if use_folder else ""
+        console.print(Text(f"no lines from {what} of run '{record.run}'"
+                           + (f" (logs of: {known})" if known else "")))  # fmt: skip
+    return 0
+
+
+def _folder_lines(record: LaunchRecord, run_dir: Path, args: argparse.Namespace):
+    files = lambda: folder.select(folder.log_files(run_dir), args.worker)  # noqa: E731
+    yield from folder.tail(files(), args.tail)
+    if args.follow:
+        be = backends.backend(record)
+        yield from folder.follow(files, ended=lambda: be.alive(record) is False)
+
+
+# --------------------------------------------------------------------- troupe stop
+def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_argument(parser)
+    parser.add_argument(
+        "--now",
+        action="store_true",
+        help="stop at once (a second signal): workers are killed, the summary is not written; "
+        "resume from the last persisted version",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=STOP_WAIT_S,
+        metavar="S",
+        help=f"how long to wait for the run to end ({STOP_WAIT_S:.0f}); 0: do not wait",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the scheduler's objects (services, Jobs)"
+    )
+
+
+def run_stop(args: argparse.Namespace, console: Console) -> int:
+    """Stop the run in order (the controller stops every worker and writes the summary), wait
+    for it to end, then remove what its scheduler keeps. Exit 0 once it has ended, 1 if it
+    is still running after ``--wait`` seconds."""
+    record = resolve(args.run, Path(args.runs_dir))
+    be = backends.backend(record)
+    console.print(Text(be.stop(record, args.now)))
+    ended = _wait_until_ended(be, record, args.wait)
+    if not ended and args.wait > 0:
+        console.print(Text(f"run '{record.run}' still runs after {args.wait:.0f}s"))
+        return 1
+    run_dir = record.folder()
+    summary = folder.summary(run_dir) if run_dir else None
+    if ended and summary:
+        console.print(Text(f"run '{record.run}' ended: {summary.get('stop_reason')}"))
+    if not args.keep and (ended or args.now):
+        removed = be.remove(record)
+        if removed:
+            console.print(Text(removed))
+    return 0
+
+
+def _wait_until_ended(be: backends.Backend, record: LaunchRecord, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = be.alive(record)
+        if alive is False:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+# --------------------------------------------------------------------- troupe ps
+def add_ps_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_argument(parser, required=False)
+
+
+def run_ps(args: argparse.Namespace, console: Console) -> int:
+    """With RUN: its processes (pids, containers, services, pods or job steps) and their state;
+    without: every run under ``--runs-dir`` and whether it still runs."""
+    if args.run:
+        record = resolve(args.run, Path(args.runs_dir))
+        rows = backends.backend(record).processes(record)
+        console.print(_process_table(f"run {record.run} ({record.launcher})", rows))
+        return 0
+    table = Table(title=f"runs under {args.runs_dir}/", title_justify="left")
+    for column in ("run", "launcher", "state", "env_frames", "fps"):
+        table.add_column(column)
+    root = Path(args.runs_dir)
+    runs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    for path in runs:
+        record = read(path)
+        if record is None:
+            continue
+        alive = backends.backend(record).alive(record)
+        last = folder.headline(folder.last_metrics(path))
+        table.add_row(record.run, record.launcher, _state(record, alive),
+                      str(last.get("env_frames", "")), str(last.get("fps", "")))  # fmt: skip
+    console.print(table)
+    return 0

@@ -1,0 +1,185 @@
+"""The launch record: which launcher runs a run, and how an operator's command reaches it.
+
+Every launcher leaves one (``launch.json``, :data:`system.run_folder.LAUNCH`): ``troupe run``
+in the run folder (local and ``--launcher docker``: the host and the pid to signal), ``troupe
+deploy swarm`` in the run folder, ``troupe deploy k8s`` in its output folder (the namespace),
+``troupe deploy slurm`` in its output folder and the job, once it starts, in the run folder (the
+job id). ``troupe status|logs|stop|ps RUN`` read it from a folder, or find a run by its name
+(:func:`resolve`): a folder under ``runs/``, else a Swarm, Kubernetes or Slurm run of that name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from distributed.errors import OpsError
+from system import run_folder
+from system.run import folder_lock
+
+LAUNCHERS = ("local", "docker", "swarm", "k8s", "slurm")
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    launcher: str
+    """One of :data:`LAUNCHERS`."""
+    run: str
+    """The run's name: its folder's name, or the name its scheduler's objects carry."""
+    run_dir: str | None = None
+    """The run folder, where this machine sees it (None: only the cluster sees it)."""
+    host: str | None = None
+    """local, docker: the machine whose process :attr:`pid` is."""
+    pid: int | None = None
+    """local: the controller process; docker: the process that runs the containers. Either
+    stops the run in order on SIGINT and at once on a second one."""
+    pid_start: int | None = None
+    """When :attr:`pid` started (clock ticks after boot, ``/proc/PID/stat``): a pid the kernel
+    gave to another process since is never signalled as this run's."""
+    namespace: str | None = None
+    """k8s: the run's namespace."""
+    job_id: str | None = None
+    """slurm: the job, once submitted (written by the job itself when it starts)."""
+    started: float | None = None
+    """Unix time of the launch."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise OpsError(
+                f"launch record names launcher '{self.launcher}': expected one of "
+                f"{', '.join(LAUNCHERS)}"
+            )
+
+    def running_here(self) -> bool:
+        """Whether :attr:`pid` is still this run's process on this machine."""
+        return self.here and pid_alive(self.pid, self.pid_start)
+
+    @property
+    def here(self) -> bool:
+        """Whether :attr:`pid` is a process of this machine."""
+        return self.host == socket.gethostname()
+
+    def folder(self) -> Path | None:
+        """The run folder when this machine sees it."""
+        if self.run_dir and (Path(self.run_dir) / run_folder.CONFIG).exists():
+            return Path(self.run_dir)
+        return None
+
+
+def write(folder: Path, record: LaunchRecord) -> None:
+    run_folder.write_json(Path(folder) / run_folder.LAUNCH, asdict(record), sync=False)
+
+
+def for_process(launcher: str, run_dir: Path, pid: int, run: str | None = None) -> LaunchRecord:
+    """The record of a run whose process ``pid`` runs on this machine (local, docker)."""
+    return LaunchRecord(
+        launcher,
+        run or Path(run_dir).resolve().name,
+        run_dir=str(Path(run_dir).resolve()),
+        host=socket.gethostname(),
+        pid=pid,
+        pid_start=process_start(pid),
+        started=time.time(),
+    )
+
+
+def read(folder: Path) -> LaunchRecord | None:
+    """The record in ``folder``; a run folder from before records is a local run whose
+    controller holds the folder's lock."""
+    path = Path(folder) / run_folder.LAUNCH
+    if not path.exists():
+        if not (Path(folder) / run_folder.CONFIG).exists():
+            return None
+        holder = folder_lock.holder(Path(folder))
+        return LaunchRecord(
+            "local",
+            Path(folder).resolve().name,
+            run_dir=str(Path(folder).resolve()),
+            host=socket.gethostname() if holder else None,
+            pid=holder,
+        )
+    try:
+        data = json.loads(path.read_text())
+        known = {f.name for f in fields(LaunchRecord)}
+        record = LaunchRecord(**{k: v for k, v in data.items() if k in known})
+    except (OSError, ValueError, TypeError) as e:
+        raise OpsError(f"{path} is not a launch record: {e}") from e
+    if record.launcher in ("local", "docker"):  # its record lives in the run folder itself,
+        record = replace(record, run_dir=str(Path(folder).resolve()))  # wherever it is mounted
+    return _follow_run_folder(record)
+
+
+def _follow_run_folder(record: LaunchRecord) -> LaunchRecord:
+    """A deploy folder's record names the run folder; the job writes its own record there once
+    it starts (the Slurm job id), which then says more."""
+    if record.run_dir is None:
+        return record
+    inner = Path(record.run_dir) / run_folder.LAUNCH
+    if not inner.exists():
+        return record
+    try:
+        data = json.loads(inner.read_text())
+    except (OSError, ValueError):
+        return record
+    merged = {**asdict(record), **{k: v for k, v in data.items() if v is not None}}
+    known = {f.name for f in fields(LaunchRecord)}
+    return LaunchRecord(**{k: v for k, v in merged.items() if k in known})
+
+
+def resolve(name: str, runs_dir: Path) -> LaunchRecord:
+    """The run ``name`` names: a folder, a folder under ``runs_dir``, or a cluster run of that
+    name (Swarm, Kubernetes, Slurm, asked in that order where each answers)."""
+    for folder in (Path(name), Path(runs_dir) / name):
+        if folder.is_dir():
+            record = read(folder)
+            if record is not None:
+                return record
+            raise OpsError(f"{folder} is a folder but not a run folder: it has no config.json")
+    from distributed.ops import backends
+
+    for backend in backends.FINDERS:
+        record = backend.find(name)
+        if record is not None:
+            return record
+    raise OpsError(
+        f"no run '{name}': not a run folder, nothing under {runs_dir}/, and no Swarm service, "
+        "Kubernetes pod or Slurm job carries that name (troupe ps lists the runs under "
+        f"{runs_dir}/)"
+    )
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (None without ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[-1].split()[19])
+
+
+def pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """Whether ``pid`` is a live process (not a zombie), and the one that started at ``start``
+    when that is known."""
+    if not pid:
+        return False
+    if start is not None and process_start(pid) not in (start, None):
+        return False  # the pid now belongs to another process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
