@@ -66,9 +66,11 @@ MAKE_BASE_SCRIPT = DOCKER_DIR / "make-base-image.sh"
 DEPS_STAGE_LABEL = "org.troupe.stage=deps"
 PROJECT_STAGE_LABEL = "org.troupe.stage=project"
 DEPS_KEY_LABEL = "org.troupe.deps"
+_AS_ROOT = "" if os.geteuid() == 0 else "sudo "
+"""A root shell has no sudo to run (often not even installed): the hints say it where needed."""
 MAKE_BASE_HINT = (
     f"make {LOCAL_BASE} offline (root, debootstrap from a Debian mirror, about a minute) with "
-    f"`sudo {MAKE_BASE_SCRIPT.relative_to(PROJECT_DIR)}` and build again, or pass "
+    f"`{_AS_ROOT}{MAKE_BASE_SCRIPT.relative_to(PROJECT_DIR)}` and build again, or pass "
     "--make-base-image to do both now, or --base-image IMAGE"
 )
 

@@ -110,16 +110,16 @@ def read(folder: Path) -> LaunchRecord | None:
         raise OpsError(f"{path} is not a launch record: {e}") from e
     if record.launcher in ("local", "docker"):  # its record lives in the run folder itself,
         record = replace(record, run_dir=str(Path(folder).resolve()))  # wherever it is mounted
-    return _follow_run_folder(record)
+    return _follow_run_folder(record, path)
 
 
-def _follow_run_folder(record: LaunchRecord) -> LaunchRecord:
+def _follow_run_folder(record: LaunchRecord, source: Path) -> LaunchRecord:
     """A deploy folder's record names the run folder; the job writes its own record there once
     it starts (the Slurm job id), which then says more."""
     if record.run_dir is None:
         return record
     inner = Path(record.run_dir) / run_folder.LAUNCH
-    if not inner.exists():
+    if not inner.exists() or inner.resolve() == source.resolve():
         return record
     try:
         data = json.loads(inner.read_text())

@@ -306,3 +306,48 @@ def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_
     assert proc.returncode == 130, out[-3000:]
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
     assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
+    """The operations commands on `troupe run --launcher docker`: they once knew Swarm only and
+    answered "This node is not a swarm manager". Named by the run's name under runs/."""
+    run_dir = tmp_path / "runs" / "ops-docker"
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
+        "stop.env_frames=100000000", "--launcher", "docker", "--image", IMAGE,
+        "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "200"}
+
+    def troupe(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "distributed.cli", *argv], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+        status = troupe("status", "ops-docker")
+        assert status.returncode == 0, status.stderr
+        assert "run ops-docker (docker): running" in status.stdout, status.stdout
+        ps = troupe("ps", "ops-docker")
+        assert ps.returncode == 0, ps.stderr
+        assert "troupe-ops-docker-controller" in ps.stdout and "running" in ps.stdout, ps.stdout
+        logs = troupe("logs", "ops-docker", "--worker", "actor/0")  # the run folder's INFO log
+        assert "[actor/0] " in logs.stdout and "actor/0 ready" in logs.stdout, logs.stdout
+        native = troupe("logs", "ops-docker", "--worker", "controller", "--source", "scheduler")
+        assert native.returncode == 0 and "[controller] " in native.stdout, native.stdout
+        stop = troupe("stop", "ops-docker")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "run 'ops-docker' ended: interrupted" in stop.stdout, stop.stdout
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert_nothing_left(client, dl.run_name(run_dir))

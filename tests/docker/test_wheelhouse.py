@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import docker
@@ -118,14 +119,17 @@ class FakeClient:
     images = FakeImages()
 
 
+AS_ROOT = "" if os.geteuid() == 0 else "sudo "
+
+
 def test_missing_base_image_says_how_to_make_one():
     with pytest.raises(BaseImageMissingError) as e:
         images.build_image("troupe-test/absent:1", "troupe-test:1", client=FakeClient())
     assert str(e.value) == (
         "base image troupe-test/absent:1 is not present and cannot be pulled (pull access denied "
         "for troupe-test/absent:1): make troupe-base:bookworm-py311 offline (root, debootstrap "
-        "from a Debian mirror, about a minute) with `sudo docker/make-base-image.sh` and build "
-        "again, or pass --make-base-image to do both now, or --base-image IMAGE"
+        f"from a Debian mirror, about a minute) with `{AS_ROOT}docker/make-base-image.sh` and "
+        "build again, or pass --make-base-image to do both now, or --base-image IMAGE"
     )
 
 
@@ -133,7 +137,12 @@ def test_without_any_base_image_the_error_names_the_command_that_makes_one():
     with pytest.raises(BaseImageMissingError) as e:
         images.build_image(None, "troupe-test:1", client=FakeClient())
     assert str(e.value).startswith("base image python:3.11-slim is not present and cannot be ")
-    assert "`sudo docker/make-base-image.sh`" in str(e.value)
+    assert f"`{AS_ROOT}docker/make-base-image.sh`" in str(e.value)
+
+
+def test_a_root_shell_is_not_told_to_use_sudo():
+    """On a root shell (a container, a CI machine) sudo is often not installed at all."""
+    assert ("sudo" in images.MAKE_BASE_HINT) == (os.geteuid() != 0)
 
 
 def test_empty_wheelhouse_says_how_to_fill_it(tmp_path, monkeypatch):

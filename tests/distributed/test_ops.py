@@ -1,0 +1,276 @@
+"""distributed.ops: finding a run from its record, reading its folder, and each backend's
+view and stop, against real processes and files (Kubernetes: a stand-in for its client's API
+objects, as in test_k8s; Docker, Swarm and Slurm run for real in tests/docker and the slurm
+tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from distributed.errors import OpsError
+from distributed.ops import backends, folder, record
+from distributed.ops.record import LaunchRecord
+
+
+def run_folder_at(path: Path, workers: dict | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "workers.json").write_text(json.dumps(workers or {}))
+    return path
+
+
+# --------------------------------------------------------------------- records
+def test_a_record_is_found_by_folder_and_by_name(tmp_path):
+    run_dir = run_folder_at(tmp_path / "runs" / "r1")
+    record.write(run_dir, record.for_process("local", run_dir, os.getpid()))
+    by_folder = record.resolve(str(run_dir), tmp_path / "elsewhere")
+    by_name = record.resolve("r1", tmp_path / "runs")
+    assert by_folder == by_name
+    assert by_name.launcher == "local" and by_name.run == "r1" and by_name.pid == os.getpid()
+    assert by_name.running_here()  # this test's process, started when the record says
+
+
+def test_a_folder_moved_elsewhere_is_still_its_own_run_folder(tmp_path):
+    run_dir = run_folder_at(tmp_path / "a")
+    record.write(run_dir, record.for_process("local", run_dir, os.getpid()))
+    moved = tmp_path / "b"
+    run_dir.rename(moved)
+    assert record.read(moved).folder() == moved.resolve()
+
+
+def test_a_pid_given_to_another_process_is_not_the_run(tmp_path):
+    run_dir = run_folder_at(tmp_path / "r")
+    mine = record.for_process("local", run_dir, os.getpid())
+    reused = LaunchRecord(**{**mine.__dict__, "pid_start": (mine.pid_start or 0) + 1})
+    assert not reused.running_here()
+    assert "is not running" in backends.LocalBackend().stop(reused, now=False)  # no signal
+
+
+def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path):
+    run_dir = run_folder_at(tmp_path / "r")
+    (run_dir / "launch.json").write_text('{"launcher": "nomad", "run": "r"}')
+    with pytest.raises(OpsError, match="launcher 'nomad'"):
+        record.read(run_dir)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OpsError, match="not a run folder"):
+        record.resolve(str(tmp_path / "empty"), tmp_path)
+    with pytest.raises(OpsError, match="no run 'ghost'"):
+        record.resolve("ghost", tmp_path)
+
+
+def test_a_folder_without_a_record_is_the_run_of_whoever_holds_its_lock(tmp_path):
+    """Run folders written before launch records: the lock's holder is the run's process."""
+    run_dir = run_folder_at(tmp_path / "old")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"f = open({str(run_dir / '.troupe.lock')!r}, 'a+')\n"
+         "fcntl.flock(f.fileno(), fcntl.LOCK_EX)\n"
+         "f.write(f'{os.getpid()}\\n'); f.flush(); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        held = record.read(run_dir)
+        assert held.launcher == "local" and held.pid == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    assert record.read(run_dir).pid is None  # nobody holds it: the run has ended
+
+
+# --------------------------------------------------------------------- the local backend
+SIGINT_CHILD = """
+import signal, sys, time
+hits = []
+def on_int(*_):
+    hits.append(1)
+    print("sigint", len(hits), flush=True)
+    if len(hits) == 2:
+        sys.exit(131)
+signal.signal(signal.SIGINT, on_int)
+print("ready", flush=True)
+while True:
+    if hits:
+        time.sleep(1.0)  # an orderly stop takes a while; a second signal ends it at once
+        sys.exit(130)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("now", [False, True], ids=["in-order", "now"])
+def test_stop_signals_the_runs_process(tmp_path, now):
+    child = subprocess.Popen([sys.executable, "-c", SIGINT_CHILD], stdout=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    assert child.stdout.readline().strip() == "ready"
+    run_dir = run_folder_at(tmp_path / "r")
+    rec = record.for_process("local", run_dir, child.pid)
+    said = backends.LocalBackend().stop(rec, now=now)
+    assert str(child.pid) in said
+    assert child.wait(timeout=10) == (131 if now else 130)
+
+
+def test_a_run_of_another_host_is_not_signalled_from_here(tmp_path):
+    rec = LaunchRecord("local", "r", host="some-other-host", pid=os.getpid())
+    assert backends.LocalBackend().alive(rec) is None
+    with pytest.raises(OpsError, match="runs on some-other-host"):
+        backends.LocalBackend().stop(rec, now=False)
+
+
+# --------------------------------------------------------------------- the run folder
+def test_tail_interleaves_workers_by_time_in_text_and_json(tmp_path):
+    run_dir = run_folder_at(tmp_path / "r", {"actor/0": {}, "policy/default/0": {}})
+    logs = run_dir / "logs"
+    logs.mkdir()
+    (logs / "actor-0.log").write_text(
+        "2026-01-01 10:00:01,000 actor/0 INFO a: first\n"
+        "2026-01-01 10:00:03,000 actor/0 INFO a: third\n"
+    )
+    (logs / "policy-default-0.log").write_text(
+        json.dumps({"time": "2026-01-01T10:00:02.000Z", "message": "second"}) + "\n"
+    )
+    (logs / "eval-0.log").write_text("2026-01-01 10:00:04,000 eval/0 INFO e: fourth\n")
+    files = folder.log_files(run_dir)
+    assert set(files) == {"actor/0", "policy/default/0", "eval-0"}  # no owner: its file name
+    lines = list(folder.tail(files, 10))
+    assert [w for w, _ in lines] == ["actor/0", "policy/default/0", "actor/0", "eval-0"]
+    assert list(folder.tail(folder.select(files, "actor"), 1)) == [
+        ("actor/0", "2026-01-01 10:00:03,000 actor/0 INFO a: third")
+    ]
+
+
+def test_follow_reads_new_lines_new_files_and_rotated_files_then_ends(tmp_path):
+    run_dir = run_folder_at(tmp_path / "r", {"actor/0": {}, "actor/1": {}})
+    logs = run_dir / "logs"
+    logs.mkdir()
+    first = logs / "actor-0.log"
+    first.write_text("old line\n")
+    ended = threading.Event()
+
+    def write():
+        time.sleep(0.3)
+        with open(first, "a") as f:
+            f.write("new line\nhalf")  # a line being written is not shown until it ends
+        time.sleep(0.3)
+        with open(first, "a") as f:
+            f.write(" done\n")
+        (logs / "actor-1.log").write_text("late worker\n")
+        time.sleep(0.3)
+        first.rename(logs / "actor-0.log.1")  # rotated
+        first.write_text("after rotation\n")
+        time.sleep(0.3)
+        ended.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    seen = list(
+        folder.follow(lambda: folder.log_files(run_dir), ended.is_set, poll_s=0.05, quiet_s=0.3)
+    )
+    assert seen == [
+        ("actor/0", "new line"),
+        ("actor/0", "half done"),
+        ("actor/1", "late worker"),
+        ("actor/0", "after rotation"),
+    ]
+
+
+def test_last_metrics_reads_the_last_whole_line(tmp_path):
+    run_dir = run_folder_at(tmp_path / "r")
+    lines = [json.dumps({"env_frames": n, "fps": 10.25}) for n in range(2000)]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"env_frames": 20')
+    assert folder.headline(folder.last_metrics(run_dir))["env_frames"] == 1999
+
+
+# --------------------------------------------------------------------- kubernetes
+class FakeCore:
+    """The calls K8sBackend makes of the client's CoreV1Api, answered from a list of pods."""
+
+    def __init__(self, pods):
+        self.pods, self.calls = pods, []
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        self.calls.append(("list pods", namespace, label_selector))
+        return SimpleNamespace(items=self.pods)
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds):
+        self.calls.append(("delete pod", name, grace_period_seconds))
+
+    def read_namespaced_pod_log(self, name, namespace, tail_lines):
+        return f"{name} line 1\n{name} line 2\n"
+
+    def __getattr__(self, name):  # list/delete of the other kinds
+        if name.startswith("list_namespaced_"):
+            kind = name.removeprefix("list_namespaced_")
+            item = SimpleNamespace(metadata=SimpleNamespace(name=f"r-{kind}"))
+            return lambda namespace, label_selector: SimpleNamespace(items=[item])
+        if name.startswith("delete_namespaced_"):
+            return lambda item, namespace, **kw: self.calls.append(("delete", item, kw))
+        raise AttributeError(name)
+
+
+def pod(name: str, component: str, phase: str = "Running"):
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name=name, labels={"app.kubernetes.io/component": component}),
+        status=SimpleNamespace(phase=phase, container_statuses=[SimpleNamespace(restart_count=1)]),
+        spec=SimpleNamespace(node_name="node-a"),
+    )
+
+
+def test_k8s_status_logs_and_stop_go_through_the_api():
+    core = FakeCore([pod("r-controller-x", "controller"), pod("r-actor-0", "actor")])
+    apis = {name: core for name in ("CoreV1Api", "BatchV1Api", "PolicyV1Api", "NetworkingV1Api")}
+    be = backends.K8sBackend(apis)
+    rec = LaunchRecord("k8s", "r", namespace="rl")
+    assert be.alive(rec) is True
+    rows = be.processes(rec)
+    assert [(r.name, r.worker, r.state, r.where) for r in rows] == [
+        ("r-actor-0", "actor", "Running", "node-a"),
+        ("r-controller-x", "controller", "Running", "node-a"),
+    ]
+    assert ("list pods", "rl", "troupe.run=r") in core.calls
+    lines = list(be.logs(rec, "actor", tail=5, follow=False))
+    assert lines == [("r-actor-0", "r-actor-0 line 1"), ("r-actor-0", "r-actor-0 line 2")]
+    assert "SIGTERM" in be.stop(rec, now=False)
+    assert ("delete pod", "r-controller-x", 120) in core.calls  # a grace period: in order
+    said = be.remove(rec)
+    deleted = [c[1] for c in core.calls if c[0] == "delete"]
+    assert "r-job" in deleted and "r-secret" in deleted and "r-config_map" in deleted
+    assert not any("persistent_volume_claim" in d for d in deleted)  # the run folder stays
+    assert "volume claim is kept" in said
+
+
+def test_a_record_names_no_launcher_the_backends_do_not_know():
+    assert set(backends.BACKENDS) == set(record.LAUNCHERS)
+
+
+def test_stop_waits_and_reports_a_run_that_will_not_end(tmp_path, monkeypatch):
+    """troupe stop exits 1 when the run still runs after --wait (a stuck controller)."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\n"
+         "signal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        run_dir = run_folder_at(tmp_path / "r")
+        record.write(run_dir, record.for_process("local", run_dir, stubborn.pid))
+        args = build_parser().parse_args(["stop", str(run_dir), "--wait", "1"])
+        console = Console(record=True, width=200)
+        assert commands.run_stop(args, console) == 1
+        assert "still runs after 1s" in console.export_text()
+    finally:
+        stubborn.send_signal(signal.SIGKILL)
+        stubborn.wait()
