@@ -24,10 +24,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from distributed.errors import OpsError
 from distributed.ops.record import LaunchRecord, pid_alive
+from distributed.ops.record import read as read_record
 
 
 @dataclass(frozen=True)
@@ -225,12 +227,17 @@ class SwarmBackend:
         return client, swarm.find_services(client, record.run)
 
     def alive(self, record: LaunchRecord) -> bool | None:
+        """Whether the controller service has a task that has not finished (scaled to zero by
+        a stop, its tasks end; at the run's end, its one task completes)."""
         from distributed.deploy import swarm
+        from distributed.launch import docker_run as dl
 
-        client, services = self._services(record)
-        if not services:
-            return False
-        return swarm.controller_exit_code(client, record.run) is None
+        _, services = self._services(record)
+        name = swarm.service_name(record.run, dl.CONTROLLER_ID)
+        controller = [s for s in services if s.name == name]
+        return bool(controller) and any(
+            t["Status"]["State"] not in swarm.FINISHED_STATES for t in controller[0].tasks()
+        )
 
     def processes(self, record: LaunchRecord) -> list[Process]:
         from distributed.deploy import swarm
@@ -516,3 +523,23 @@ FINDERS = (SwarmBackend, K8sBackend, SlurmBackend)
 
 def backend(record: LaunchRecord) -> Backend:
     return BACKENDS[record.launcher]()
+
+
+def resolve(name: str, runs_dir: Path) -> LaunchRecord:
+    """The run ``name`` names: a folder, a folder under ``runs_dir``, or a cluster run of that
+    name (Swarm, Kubernetes, Slurm, asked in that order where each answers)."""
+    for folder in (Path(name), Path(runs_dir) / name):
+        if folder.is_dir():
+            record = read_record(folder)
+            if record is not None:
+                return record
+            raise OpsError(f"{folder} is a folder but not a run folder: it has no config.json")
+    for backend in FINDERS:
+        record = backend.find(name)
+        if record is not None:
+            return record
+    raise OpsError(
+        f"no run '{name}': not a run folder, nothing under {runs_dir}/, and no Swarm service, "
+        "Kubernetes pod or Slurm job carries that name (troupe ps lists the runs under "
+        f"{runs_dir}/)"
+    )

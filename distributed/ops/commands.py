@@ -1,7 +1,7 @@
 """``troupe status|logs|stop|ps``: one set of operations commands for every launcher.
 
 ``RUN`` is a run folder, the name of a folder under ``--runs-dir`` (``runs/`` by default), or
-the name of a Swarm, Kubernetes or Slurm run (:func:`distributed.ops.record.resolve`). What the
+the name of a Swarm, Kubernetes or Slurm run (:func:`distributed.ops.backends.resolve`). What the
 run folder says (workers, metrics, summary, logs) is read the same way for every launcher; the
 launcher's backend adds its scheduler's view and does the stopping
 (:mod:`distributed.ops.backends`).
@@ -19,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from distributed.ops import backends, folder
-from distributed.ops.record import LaunchRecord, read, resolve
+from distributed.ops.backends import resolve
+from distributed.ops.record import LaunchRecord, read
 
 DEFAULT_RUNS_DIR = "runs"
 STOP_WAIT_S = 180.0

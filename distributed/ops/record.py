@@ -5,7 +5,8 @@ in the run folder (local and ``--launcher docker``: the host and the pid to sign
 deploy swarm`` in the run folder, ``troupe deploy k8s`` in its output folder (the namespace),
 ``troupe deploy slurm`` in its output folder and the job, once it starts, in the run folder (the
 job id). ``troupe status|logs|stop|ps RUN`` read it from a folder, or find a run by its name
-(:func:`resolve`): a folder under ``runs/``, else a Swarm, Kubernetes or Slurm run of that name.
+(:func:`distributed.ops.backends.resolve`): a folder under ``runs/``, else a Swarm, Kubernetes
+or Slurm run of that name.
 """
 
 from __future__ import annotations
@@ -128,28 +129,6 @@ def _follow_run_folder(record: LaunchRecord, source: Path) -> LaunchRecord:
     merged = {**asdict(record), **{k: v for k, v in data.items() if v is not None}}
     known = {f.name for f in fields(LaunchRecord)}
     return LaunchRecord(**{k: v for k, v in merged.items() if k in known})
-
-
-def resolve(name: str, runs_dir: Path) -> LaunchRecord:
-    """The run ``name`` names: a folder, a folder under ``runs_dir``, or a cluster run of that
-    name (Swarm, Kubernetes, Slurm, asked in that order where each answers)."""
-    for folder in (Path(name), Path(runs_dir) / name):
-        if folder.is_dir():
-            record = read(folder)
-            if record is not None:
-                return record
-            raise OpsError(f"{folder} is a folder but not a run folder: it has no config.json")
-    from distributed.ops import backends
-
-    for backend in backends.FINDERS:
-        record = backend.find(name)
-        if record is not None:
-            return record
-    raise OpsError(
-        f"no run '{name}': not a run folder, nothing under {runs_dir}/, and no Swarm service, "
-        "Kubernetes pod or Slurm job carries that name (troupe ps lists the runs under "
-        f"{runs_dir}/)"
-    )
 
 
 def process_start(pid: int) -> int | None:

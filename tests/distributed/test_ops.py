@@ -33,8 +33,8 @@ def run_folder_at(path: Path, workers: dict | None = None) -> Path:
 def test_a_record_is_found_by_folder_and_by_name(tmp_path):
     run_dir = run_folder_at(tmp_path / "runs" / "r1")
     record.write(run_dir, record.for_process("local", run_dir, os.getpid()))
-    by_folder = record.resolve(str(run_dir), tmp_path / "elsewhere")
-    by_name = record.resolve("r1", tmp_path / "runs")
+    by_folder = backends.resolve(str(run_dir), tmp_path / "elsewhere")
+    by_name = backends.resolve("r1", tmp_path / "runs")
     assert by_folder == by_name
     assert by_name.launcher == "local" and by_name.run == "r1" and by_name.pid == os.getpid()
     assert by_name.running_here()  # this test's process, started when the record says
@@ -63,9 +63,9 @@ def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path):
         record.read(run_dir)
     (tmp_path / "empty").mkdir()
     with pytest.raises(OpsError, match="not a run folder"):
-        record.resolve(str(tmp_path / "empty"), tmp_path)
+        backends.resolve(str(tmp_path / "empty"), tmp_path)
     with pytest.raises(OpsError, match="no run 'ghost'"):
-        record.resolve("ghost", tmp_path)
+        backends.resolve("ghost", tmp_path)
 
 
 def test_a_folder_without_a_record_is_the_run_of_whoever_holds_its_lock(tmp_path):

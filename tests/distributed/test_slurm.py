@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
 import stat
@@ -436,3 +437,46 @@ def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
     assert len(workers) == 6 and all(w["state"] == "stopped" for w in workers.values())
     endpoints = json.loads((out / "run" / "endpoints.json").read_text())
     assert endpoints["controller"].startswith("tcp://127.0.0.1:")  # vm's address, not its name
+
+
+@pytest.mark.slurm
+@pytest.mark.multiprocess
+@needs_slurm
+def test_status_logs_and_stop_of_a_real_slurm_job(tmp_path):
+    """The operations commands on a Slurm run, named by its deploy folder: the job writes its id
+    into the run folder's launch record; stop signals the controller step, which stops the run
+    in order and ends the job."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "deploy"
+    overrides = ("stop.eval_return=None", "stop.env_frames=100000000")
+    options = ("--run-name", "ops", "--code", str(repo), "--venv", sys.prefix, "--time", "00:10:00")
+    deploy("cartpole-ppo", *overrides, "--out", str(out), *options)
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TROUPE_CONTROLLER_PORT": str(free_port())}
+    job = submit(out, env=env)
+    troupe = [sys.executable, "-m", "distributed.cli"]
+
+    def ops(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*troupe, *argv], capture_output=True, text=True, timeout=300,
+                              cwd=repo, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+
+    try:
+        workers = out / "run" / "workers.json"
+        for _ in range(300):
+            table = json.loads(workers.read_text()) if workers.exists() else {}
+            if len(table) == 6 and all(w["state"] == "alive" for w in table.values()):
+                break
+            assert job_fields(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")
+            time.sleep(1)
+        status = ops("status", str(out))
+        assert status.returncode == 0, status.stderr
+        assert "run ops (slurm): running" in status.stdout, status.stdout
+        assert f"job {job}" in status.stdout and "controller" in status.stdout, status.stdout
+        logs = ops("logs", str(out), "--worker", "actor/0")
+        assert "actor/0 ready" in logs.stdout, logs.stdout + logs.stderr
+        stop = ops("stop", str(out))
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"sent SIGINT to step {job}." in stop.stdout, stop.stdout
+        assert "run 'ops' ended: interrupted" in stop.stdout, stop.stdout
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    assert json.loads((out / "run" / "summary.json").read_text())["stop_reason"] == "interrupted"

@@ -116,11 +116,13 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
         assert "actor/1" in text and "alive" in text, text
         logs = recording_console()
         assert ops.run_logs(ops_args("logs", "swarm-status", "--worker", "controller"), logs) == 0
-        assert "[controller] " in logs.export_text() and " ready" in logs.export_text()
+        lines = logs.export_text()
+        assert "[controller] " in lines and " ready" in lines, lines
         native = recording_console()
         argv = ("logs", "swarm-status", "--worker", "controller", "--source", "scheduler")
         assert ops.run_logs(ops_args(*argv), native) == 0
-        assert "[controller] " in native.export_text(), native.export_text()
+        lines = native.export_text()
+        assert "[controller] " in lines, lines
     finally:
         stop = recording_console()
         assert ops.run_stop(ops_args("stop", "swarm-status"), stop) == 0
