@@ -28,10 +28,13 @@ from distributed.launch.signals import (
     raise_interrupt,
 )
 from system import run_folder
+from system.run.prometheus import DEFAULT_PORT as DEFAULT_METRICS_PORT
 
 logger = logging.getLogger(__name__)
 
 CONTROLLER_PORT = 5555
+METRICS_PORT = DEFAULT_METRICS_PORT
+"""Where a cluster's controller serves Prometheus metrics (its manifests and services say so)."""
 
 
 def resolve_worker_id(template: str, environ=os.environ, hostname: str | None = None) -> str:
@@ -60,6 +63,13 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
         "--advertise-host", default=None, help="the name workers reach the controller by"
     )
     parser.add_argument("--no-display", action="store_true")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (/metrics; default: TROUPE_METRICS_PORT, "
+        "else none)",
+    )
     parser.add_argument(
         "--heartbeat-timeout",
         type=float,
@@ -135,6 +145,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
         advertise_host=args.advertise_host,
         display=False if args.no_display else None,
         heartbeat_timeout_s=args.heartbeat_timeout or HEARTBEAT_TIMEOUT_S,
+        metrics_port=args.metrics_port,
     )
     signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop: in order, as Ctrl+C
     try:

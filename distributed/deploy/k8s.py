@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import ExperimentConfig
-from distributed.deploy.cluster_commands import CONTROLLER_PORT
+from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.deploy.manifests import (
     HELPER_RESOURCES,
     Resources,
@@ -368,10 +368,16 @@ class _Builder:
             "--no-display",
             "--restart-grace",
             str(self.restart_grace_s()),
+            "--metrics-port",
+            str(METRICS_PORT),
         ]
         container = self.container("controller", self.o.worker_image, args, writes_run=True)
+        container["env"].append({"name": "TROUPE_RUN_NAME", "value": self.o.run_name})
         claim = self.pod_claim(self.controller_host)
-        container["ports"] = [{"name": "control", "containerPort": CONTROLLER_PORT}]
+        container["ports"] = [
+            {"name": "control", "containerPort": CONTROLLER_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ]
         script = 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
         copy = self.container(
             "copy-config",
@@ -394,7 +400,13 @@ class _Builder:
         )
         # backoffLimit 0: a second controller would start the run over while the first one's
         # workers still run; a failed controller ends the run, and the run folder says why.
-        spec = {"backoffLimit": 0, "template": self.template("controller", pod)}
+        template = self.template("controller", pod)
+        template["metadata"]["annotations"] = {  # what Prometheus's pod discovery looks for
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics",
+        }
+        spec = {"backoffLimit": 0, "template": template}
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -624,7 +636,14 @@ class _Builder:
             "spec": {
                 **run,
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"from": [run]}],
+                "ingress": [
+                    {"from": [run]},
+                    # the controller's /metrics, for a Prometheus in any namespace
+                    {
+                        "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+                        "from": [{"namespaceSelector": {}}],
+                    },
+                ],
                 "egress": [{"to": [run]}, dns],
             },
         }

@@ -54,7 +54,8 @@ def service_roles(config: ExperimentConfig, run: str) -> list[dl.RoleSpec]:
     from system.run.plan import plan_workers
 
     controller = dl.container_name(run, dl.CONTROLLER_ID)
-    specs = [dl.RoleSpec(dl.CONTROLLER_ID, "controller", dl.controller_command(controller))]
+    command = [*dl.controller_command(controller), "--metrics-port", str(dl.METRICS_PORT)]
+    specs = [dl.RoleSpec(dl.CONTROLLER_ID, "controller", command)]
     for plan in plan_workers(config):
         if plan.role is not Role.ACTOR:  # actor/i and eval/i become the replicated services below
             role = str(plan.role)
@@ -94,8 +95,13 @@ def deploy(
     image: str = DEFAULT_TAG,
     trainer_constraint: str = DEFAULT_TRAINER_CONSTRAINT,
     client: docker.DockerClient | None = None,
+    metrics_port: int | None = dl.METRICS_PORT,
 ) -> str:
     """Create the run's network, secret and services; returns the run's name.
+
+    ``metrics_port``: the port of the controller's node where Prometheus scrapes it (published
+    in host mode, as the services use DNS round-robin endpoints; None: not published, still
+    reachable at ``troupe-<run>-controller:9400`` on the run's network).
 
     ``run_dir`` must hold ``config.json``. The keys are made in the run folder (owner-only) and
     handed to Swarm as a secret, which tasks read as a file only the host user can open. If Swarm
@@ -117,12 +123,15 @@ def deploy(
         )
         secret = client.secrets.create(name=f"troupe-{run}-keys", data=keys, labels=labels)
         for spec in service_roles(config, run):
+            settings = _service_settings(spec, labels, run_dir, secret, trainer_constraint)
+            if spec.role == "controller" and metrics_port is not None:
+                settings["endpoint_spec"] = _published_metrics(metrics_port)
             client.services.create(
                 image,
                 args=spec.command,
                 name=service_name(run, spec.worker_id),
                 networks=[network.id],
-                **_service_settings(spec, labels, run_dir, secret, trainer_constraint),
+                **settings,
             )
     except docker.errors.APIError as e:
         remove_run(client, run)
@@ -161,6 +170,12 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
         "constraints": [trainer_constraint] if spec.role == Role.TRAINER else None,
         **_stop_settings(spec),
     }
+
+
+def _published_metrics(port: int):
+    from docker.types import EndpointSpec
+
+    return EndpointSpec(mode="dnsrr", ports={port: (dl.METRICS_PORT, "tcp", "host")})
 
 
 def _stop_settings(spec: dl.RoleSpec) -> dict:
@@ -295,6 +310,14 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="follow the controller to the end, then remove the run"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=dl.METRICS_PORT,
+        metavar="PORT",
+        help=f"port of the controller's node where Prometheus scrapes /metrics ({dl.METRICS_PORT}; "
+        "0: not published)",
+    )
 
 
 def run_swarm(args: argparse.Namespace, console: Console) -> int:
@@ -309,7 +332,12 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     folder_lock.release(run_dir)
     client = connect()
     run = deploy(
-        config, run_dir, image=args.image, trainer_constraint=args.trainer_constraint, client=client
+        config,
+        run_dir,
+        image=args.image,
+        trainer_constraint=args.trainer_constraint,
+        client=client,
+        metrics_port=args.metrics_port or None,
     )
     from distributed.ops import record
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from api.config import ExperimentConfig
-from distributed.deploy.cluster_commands import CONTROLLER_PORT
+from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
@@ -107,12 +107,16 @@ def container_name(run: str, worker_id: str) -> str:
     return f"troupe-{run}-{sanitise(worker_id)}"
 
 
-def container_roles(config: ExperimentConfig, run: str) -> list[RoleSpec]:
-    """Controller first, then every worker of ``plan_workers``, each advertising its name."""
+def container_roles(config: ExperimentConfig, run: str, metrics: bool = False) -> list[RoleSpec]:
+    """Controller first, then every worker of ``plan_workers``, each advertising its name.
+    ``metrics``: the controller serves Prometheus metrics on :data:`METRICS_PORT`."""
     from system.run.plan import plan_workers
 
     controller = container_name(run, CONTROLLER_ID)
-    specs = [RoleSpec(CONTROLLER_ID, "controller", controller_command(controller))]
+    command = controller_command(controller)
+    if metrics:
+        command += ["--metrics-port", str(METRICS_PORT)]
+    specs = [RoleSpec(CONTROLLER_ID, "controller", command)]
     for plan in plan_workers(config):
         name = container_name(run, plan.worker_id)
         command = worker_command(plan.worker_id, str(plan.role), controller, name)
@@ -204,8 +208,12 @@ def run_docker(
     display: bool | None = None,
     client: docker.DockerClient | None = None,
     out: TextIO | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run every role in its own container until the controller exits; its exit code.
+
+    ``metrics_port``: publish the controller's Prometheus endpoint on this port of the host's
+    loopback (0: any free port; ``endpoints.json`` names the one taken).
 
     ``run_dir`` must already hold ``config.json`` (``distributed.launch.run.prepare`` plus a write).
     ``display`` is accepted for parity with ``run_local``: the controller has no terminal in its
@@ -224,9 +232,12 @@ def run_docker(
     network = client.networks.create(f"troupe-{run}", driver="bridge", labels={LABEL_RUN: run})
     containers: list[Container] = []
     try:
-        for spec in container_roles(config, run):
+        for spec in container_roles(config, run, metrics=metrics_port is not None):
+            ports = {}
+            if spec.worker_id == CONTROLLER_ID and metrics_port is not None:
+                ports = {f"{METRICS_PORT}/tcp": ("127.0.0.1", metrics_port or None)}
             container = _start(
-                client, image, spec, network.name, run_dir, keys, run, user_files(config)
+                client, image, spec, network.name, run_dir, keys, run, user_files(config), ports
             )
             containers.append(container)
             threading.Thread(
@@ -282,7 +293,7 @@ def user_files(config: ExperimentConfig) -> list[str]:
 
 
 def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,
-           user_files: list[str] = ()):  # fmt: skip
+           user_files: list[str] = (), ports: dict | None = None):  # fmt: skip
     from system.run import folder_lock
     from system.run.supervisor import MAX_RESTARTS
 
@@ -308,6 +319,7 @@ def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Pat
         },
         # tini as PID 1 forwards Ctrl+C's SIGINT to troupe and reaps its children.
         init=True,
+        ports=ports or None,
         restart_policy=restart if spec.restartable else None,
         detach=True,
     )

@@ -118,7 +118,9 @@ def _check_writable(folder: Path) -> None:
             probe.unlink(missing_ok=True)
 
 
-def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> int:
+def controller_main(
+    config_dict: dict, run_dir: str, display: bool | None, metrics_port: int | None = None
+) -> int:
     """Entry point of the controller process."""
     from distributed.launch.local import LocalLauncher
     from system import logs
@@ -134,7 +136,13 @@ def controller_main(config_dict: dict, run_dir: str, display: bool | None) -> in
         logger.error("%s", e)
         return EXIT_FAILED
     launcher = LocalLauncher()
-    controller = Controller(config, Path(run_dir), launcher, display=display)
+    try:
+        controller = Controller(
+            config, Path(run_dir), launcher, display=display, metrics_port=metrics_port
+        )
+    except UserError as e:  # the metrics port is taken
+        logger.error("%s", e)
+        return EXIT_FAILED
     try:
         summary = controller.run()
     except KeyboardInterrupt:  # a second signal while the run stopped in order
@@ -174,9 +182,14 @@ def check_keys(run_dir: Path, secure: bool) -> None:
 
 
 def start_local(
-    config: ExperimentConfig, run_dir: Path, display: bool | None = None, secure: bool = False
+    config: ExperimentConfig,
+    run_dir: Path,
+    display: bool | None = None,
+    secure: bool = False,
+    metrics_port: int | None = None,
 ) -> BaseProcess:
-    """Start the controller process of a local run and return it (see :func:`run_local`)."""
+    """Start the controller process of a local run and return it (see :func:`run_local`).
+    ``metrics_port``: serve Prometheus metrics there (:mod:`system.run.prometheus`)."""
     from system.streams import security
 
     check_keys(run_dir, secure)
@@ -194,7 +207,7 @@ def start_local(
     ctx = mp.get_context("fork")
     process = ctx.Process(
         target=_controller_entry,
-        args=(config.to_dict(), str(run_dir), display, forwards_signals()),
+        args=(config.to_dict(), str(run_dir), display, forwards_signals(), metrics_port),
         name="troupe-controller",
     )
     process.start()
@@ -210,6 +223,7 @@ def start(
     image: str | None = None,
     display: bool | None = None,
     secure: bool = False,
+    metrics_port: int | None = None,
 ) -> BaseProcess:
     """Start a run with ``launcher`` and return the process to wait for (:func:`wait_local`):
     ``troupe run`` and ``troupe.train`` both start runs here.
@@ -220,7 +234,7 @@ def start(
     for local runs. Either process exits with the run's code and stops the run in order on
     SIGINT."""
     if launcher == "local":
-        return start_local(config, run_dir, display=display, secure=secure)
+        return start_local(config, run_dir, display, secure, metrics_port)
     if launcher != "docker":
         raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
     from distributed.images.build import DEFAULT_TAG, connect
@@ -235,7 +249,7 @@ def start(
     (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
     process = mp.get_context("fork").Process(
         target=_docker_entry,
-        args=(config.to_dict(), str(run_dir), image, display, forwards_signals()),
+        args=(config.to_dict(), str(run_dir), image, display, forwards_signals(), metrics_port),
         name="troupe-docker",
     )
     process.start()
@@ -261,7 +275,7 @@ def wait_local(process: BaseProcess, timeout_s: float | None = None) -> int | No
 
 
 def _controller_entry(
-    config_dict: dict, run_dir: str, display: bool | None, own_group: bool
+    config_dict: dict, run_dir: str, display: bool | None, own_group: bool, metrics_port: int | None
 ) -> None:
     import sys
     import types
@@ -274,11 +288,16 @@ def _controller_entry(
     own_process_group(own_group)  # signals come through the launcher (.signals)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_interrupt)
-    sys.exit(controller_main(config_dict, run_dir, display))
+    sys.exit(controller_main(config_dict, run_dir, display, metrics_port))
 
 
 def _docker_entry(
-    config_dict: dict, run_dir: str, image: str, display: bool | None, own_group: bool
+    config_dict: dict,
+    run_dir: str,
+    image: str,
+    display: bool | None,
+    own_group: bool,
+    metrics_port: int | None,
 ) -> None:
     """Entry point of the process that runs a docker run's containers (see :func:`start`)."""
     import sys
@@ -290,7 +309,9 @@ def _docker_entry(
     signal.signal(signal.SIGTERM, raise_interrupt)
     config = ExperimentConfig.from_dict(config_dict)
     try:
-        code = run_docker(config, Path(run_dir), image=image, display=display)
+        code = run_docker(
+            config, Path(run_dir), image=image, display=display, metrics_port=metrics_port
+        )
     except UserError as e:  # checked before the fork; something changed since (a race)
         logger.error("%s", e)
         code = EXIT_FAILED

@@ -82,6 +82,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", help="run folder (default: runs/<experiment>-<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run goes on "
+        "(0: any free port, named in endpoints.json)",
+    )
+    parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
     parser.add_argument(
@@ -116,7 +123,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     display = False if args.no_display else None
     process = start(
         config, run_dir, launcher=args.launcher, image=args.image, display=display,
-        secure=args.secure,
+        secure=args.secure, metrics_port=args.metrics_port,
     )  # fmt: skip
     code = wait_local(process)
     if code < 0:  # the controller was killed: its workers leave by themselves

@@ -34,6 +34,7 @@ from system.run.finish import finish_run
 from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
+from system.run.prometheus import open_endpoint, run_name_of
 from system.run.report import read_metrics
 from system.run.shape import ShapeResolver
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
@@ -58,6 +59,7 @@ class Controller:
         advertise_host: str | None = None,
         display: bool | None = None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        metrics_port: int | None = None,
     ):
         self.config = config
         self.run_dir = Path(run_dir)
@@ -82,6 +84,11 @@ class Controller:
         self.started = time.monotonic() - self.tally.continue_from(read_metrics(self.run_dir))
         self.stop_reason = ""
         self.shape = ShapeResolver(config)
+        # Served where the control socket listens: loopback for a local run, every interface
+        # in a cluster's container.
+        bind_host = bind.removeprefix("tcp://").rsplit(":", 1)[0]
+        self.exporter = open_endpoint(metrics_port, bind_host, advertise_host or bind_host)
+        self.run_name = run_name_of(self.run_dir)
         self.handlers: dict[type[cp.ControlMessage], Callable[[WorkerRecord, Any], None]] = {
             cp.Hello: self._on_hello,
             cp.Register: lambda r, m: self._send_all(self.names.register(m.name, m.address)),
@@ -169,6 +176,8 @@ class Controller:
             write=self.folder.write,
         )
         self.server.close()
+        if self.exporter is not None:
+            self.exporter.close()
         return summary
 
     # ----------------------------------------------------------------- reports
@@ -178,10 +187,14 @@ class Controller:
         record, roles = self.tally.record(elapsed, workers, self.callbacks.logged)
         record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
         self.metrics.write(record)
+        if self.exporter is not None:  # the last record of a run says it has ended
+            self.exporter.update(record, self.supervisor.table(), self.run_name, running=show)
         if show:
             self.display.update(self.tally.snapshot(record, roles, workers, time.monotonic()))
         run_folder.write_json(self.run_dir / run_folder.WORKERS, self.supervisor.table())
         endpoints = {"controller": self.address, **self.names.endpoints}
+        if self.exporter is not None:
+            endpoints["metrics"] = self.exporter.url
         run_folder.write_json(self.run_dir / run_folder.ENDPOINTS, endpoints)
 
     # ----------------------------------------------------------------- messages

@@ -264,10 +264,32 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
         "--no-display",
         "--restart-grace",
         "420",  # 60 s stale, three checks 20 s apart, five minutes to start again
+        "--metrics-port",
+        "9400",
     ]
     service = by_kind(objects, "Service")["r1-controller"]["spec"]
     assert service["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert service["ports"][0]["port"] == 5555 and service["publishNotReadyAddresses"] is True
+
+
+def test_the_controller_is_scraped_where_prometheus_looks():
+    """Pod annotations for Prometheus's pod discovery, a named port, and a network policy that
+    lets a Prometheus of another namespace reach /metrics (and nothing else of the run)."""
+    objects = manifests("cartpole-ppo")
+    template = by_kind(objects, "Job")["r1-controller"]["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9400",
+        "prometheus.io/path": "/metrics",
+    }
+    container = template["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9400} in container["ports"]
+    assert {"name": "TROUPE_RUN_NAME", "value": "r1"} in container["env"]
+    (policy,) = by_kind(manifests("cartpole-ppo", network_policy=True), "NetworkPolicy").values()
+    scrape = [r for r in policy["spec"]["ingress"] if "ports" in r]
+    assert scrape == [
+        {"ports": [{"protocol": "TCP", "port": 9400}], "from": [{"namespaceSelector": {}}]}
+    ]
 
 
 def test_without_storage_writers_get_pod_folders_and_no_claim_is_made():

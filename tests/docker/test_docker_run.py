@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -315,7 +316,7 @@ def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
     command = [
         sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
         "stop.env_frames=100000000", "--launcher", "docker", "--image", IMAGE,
-        "--run-dir", str(run_dir), "--no-display",
+        "--run-dir", str(run_dir), "--no-display", "--metrics-port", "0",
     ]  # fmt: skip
     env = {**os.environ, "COLUMNS": "200"}
 
@@ -340,6 +341,11 @@ def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
         assert "troupe-ops-docker-controller" in ps.stdout and "running" in ps.stdout, ps.stdout
         logs = troupe("logs", "ops-docker", "--worker", "actor/0")  # the run folder's INFO log
         assert "[actor/0] " in logs.stdout and "actor/0 ready" in logs.stdout, logs.stdout
+        controller = the_container(client, "ops-docker", "controller")
+        host_port = controller.ports["9400/tcp"][0]["HostPort"]  # --metrics-port 0: any free
+        with urllib.request.urlopen(f"http://127.0.0.1:{host_port}/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        assert 'troupe_run_running{run="ops-docker"} 1' in metrics, metrics[:2000]
         native = troupe("logs", "ops-docker", "--worker", "controller", "--source", "scheduler")
         assert native.returncode == 0 and "[controller] " in native.stdout, native.stdout
         stop = troupe("stop", "ops-docker")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,13 @@ def deploy_args(run_dir: Path, overrides: list[str], *, wait: bool) -> argparse.
         run_dir=str(run_dir),
         trainer_constraint=swarm.DEFAULT_TRAINER_CONSTRAINT,
         wait=wait,
+        metrics_port=METRICS_PORT,
     )
+
+
+METRICS_PORT = 19400
+"""Published on this node by the runs of these tests (off the default, which a real
+deployment may hold)."""
 
 
 def recording_console() -> Console:
@@ -118,6 +125,11 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
         assert ops.run_logs(ops_args("logs", "swarm-status", "--worker", "controller"), logs) == 0
         lines = logs.export_text()
         assert "[controller] " in lines and " ready" in lines, lines
+        scrape = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+        with urllib.request.urlopen(scrape, timeout=30) as answer:  # Swarm published it
+            metrics = answer.read().decode()
+        assert 'troupe_run_running{run="swarm-status"} 1' in metrics, metrics[:2000]
+        assert "troupe_worker_up{" in metrics
         native = recording_console()
         argv = ("logs", "swarm-status", "--worker", "controller", "--source", "scheduler")
         assert ops.run_logs(ops_args(*argv), native) == 0
