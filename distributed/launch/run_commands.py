@@ -81,13 +81,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_import_argument(parser)
     parser.add_argument("--run-dir", help="run folder (default: runs/<experiment>-<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run goes on "
-        "(0: any free port, named in endpoints.json)",
-    )
+    add_metrics_argument(parser)
     parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
@@ -171,6 +165,16 @@ def stop_rule(stop: StopConfig) -> str:
 
 
 # --------------------------------------------------------------------- troupe train
+def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run goes on "
+        "(0: any free port, named in endpoints.json)",
+    )
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("environment", help="registered environment or gymnasium id")
     parser.add_argument(
@@ -181,6 +185,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_import_argument(parser)
     parser.add_argument("--run-dir", help="run folder (default: runs/<env>-ppo-<time>)")
+    add_metrics_argument(parser)
     parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
