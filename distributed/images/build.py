@@ -209,6 +209,7 @@ def build_image(
                 base=base,
             )
             _keep_deps_stage(client, tag, deps_key)
+            _keep_project_stage(client, tag)
         finally:
             _prune_stages(client)
     logger.info("built %s (%s)", tag, image_id)
@@ -258,9 +259,27 @@ def _keep_deps_stage(client: docker.DockerClient, tag: str, deps_key: str) -> No
             client.images.remove(stale)
 
 
+def _keep_project_stage(client: docker.DockerClient, tag: str) -> None:
+    """Tag the newest project stage ``REPO:project-stage``: with nothing changed, the next
+    build takes every step from the cache and ends at the same image ID (it was pruned once,
+    so each build made the project layer again and a new ID with it). The stage it replaces
+    loses the tag and :func:`_prune_stages` removes it."""
+    import docker
+
+    repository = docker.utils.parse_repository_tag(tag)[0]
+    stages = client.images.list(all=True, filters={"label": [PROJECT_STAGE_LABEL]})
+    if stages:  # the stage's last step is its newest image
+        last = max(stages, key=lambda i: (i.attrs.get("Created", ""), _layers(i)))
+        last.tag(repository, "project-stage")
+
+
+def _layers(image) -> int:
+    return len(image.attrs.get("RootFS", {}).get("Layers", []))
+
+
 def _prune_stages(client: docker.DockerClient) -> None:
-    """Remove untagged build stages, also a failed build's: project stages are made anew each
-    time, and an untagged dependency stage is a failed or superseded one."""
+    """Remove untagged build stages, also a failed build's: a project stage a newer one
+    replaced, and a dependency stage that is failed or superseded."""
     for label in (PROJECT_STAGE_LABEL, DEPS_STAGE_LABEL):
         pruned = client.images.prune(filters={"dangling": True, "label": [label]})
         logger.debug("removed build stages: %s", pruned)

@@ -233,6 +233,10 @@ def dependency_wheels(
     return sorted(folder.glob("*.whl"))
 
 
+ZIP_EPOCH = "315532800"
+"""1980-01-01, the earliest time a zip entry can hold."""
+
+
 def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
     """Build the troupe-rl wheel from a copy of the source: the checkout stays as it was."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -247,7 +251,11 @@ def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
         command = [*_pip("wheel"), "--no-deps", "--wheel-dir", str(out_dir), str(source)]
         if _has_build_backend():  # no isolated build env: no index, a second instead of ten
             command.insert(-1, "--no-build-isolation")
-        _run_logged(command, what="pip wheel (troupe-rl)")
+        # Every entry of the zip stamped with one fixed time: the same source makes the same
+        # wheel byte for byte, so Docker's cache keeps the image's project layer and a build
+        # with nothing changed gives the same image ID (SOURCE_DATE_EPOCH, which wheel honours).
+        env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", ZIP_EPOCH)}
+        _run_logged(command, what="pip wheel (troupe-rl)", env=env)
     [wheel] = [w for w in out_dir.glob("*.whl") if is_project_wheel(w)]
     return wheel
 
@@ -335,11 +343,11 @@ def _has_build_backend() -> bool:
         return False
 
 
-def _run_logged(command: list[str], *, what: str) -> None:
+def _run_logged(command: list[str], *, what: str, env: dict[str, str] | None = None) -> None:
     """Run ``command``, its output to the debug log; on failure raise with the last lines."""
     tail: deque[str] = deque(maxlen=25)
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as process:
         assert process.stdout is not None
         for line in process.stdout:

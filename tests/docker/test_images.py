@@ -214,3 +214,29 @@ def test_a_second_build_after_a_code_change_takes_the_dependencies_from_the_cach
         for i in client.images.list(name="troupe-test-rebuild"):
             for t in i.tags:
                 client.images.remove(t)
+
+
+def test_a_build_with_nothing_changed_gives_the_same_image_id(client, image):
+    """Issue 27: every build made a new image ID although nothing had changed (the project wheel
+    carried the build's time, and the project stage was pruned, so its steps ran again): nodes
+    pulling `:latest` could not tell a rebuild of the same code from new code."""
+    base = next(b for b in BASE_IMAGES if client.images.list(name=b))
+    tag = "troupe-test-same:latest"
+    try:
+        first = images.build_image(base, tag, client=client)
+        second = images.build_image(base, tag, client=client)
+        assert first == second
+        tags = [t for i in client.images.list(name="troupe-test-same") for t in i.tags]
+        assert "troupe-test-same:project-stage" in tags  # the cache the second build used
+    finally:
+        for i in client.images.list(name="troupe-test-same"):
+            for t in i.tags:
+                if t.startswith("troupe-test-same:"):
+                    client.images.remove(t)
+
+
+def test_the_same_source_makes_the_same_project_wheel(tmp_path):
+    from distributed.images.wheelhouse import project_wheel
+
+    wheels = [project_wheel(tmp_path / name) for name in ("a", "b")]
+    assert wheels[0].read_bytes() == wheels[1].read_bytes()
