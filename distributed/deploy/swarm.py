@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from api.config import ExperimentConfig
 from distributed.errors import SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.launch import docker_run as dl
+from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED, raise_interrupt
 from system import run_folder
 
 if TYPE_CHECKING:
@@ -350,10 +352,30 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
             highlight=False,
         )
         return 0
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_interrupt)  # a supervisor's stop: as Ctrl+C
+    try:
+        return _wait_or_stop(client, run, console)
+    finally:
+        # The services, secret and network go whatever happened; signals wait for that.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+        remove_run(client, run)
+
+
+def _wait_or_stop(client: docker.DockerClient, run: str, console: Console) -> int:
+    """The controller's exit code; on a first signal, its orderly stop (130); on a second
+    while that goes on, every service removed at once (131)."""
     try:
         return wait_for_controller(client, run, console)
     except KeyboardInterrupt:
-        console.print("stopping the run (its controller stops the workers in order)")
-        return dl.EXIT_INTERRUPTED
-    finally:
-        remove_run(client, run)
+        console.print("stopping the run in order (a second Ctrl+C or signal stops it at once)")
+    try:
+        stop_controller(client, run, timeout_s=dl.STOP_GRACE_S)
+    except KeyboardInterrupt:
+        console.print("stopping at once: every service is removed")
+        for service in find_services(client, run):
+            service.remove()
+        return EXIT_ABANDONED
+    return EXIT_INTERRUPTED

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -93,6 +94,33 @@ def test_a_swarm_run_completes_and_its_services_are_removed(client, tmp_path):
     assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 8000
     assert "stop_reason" in out  # the controller's lines were followed
     assert_nothing_left(client, "swarm-complete")
+
+
+def test_a_signal_to_deploy_wait_stops_the_run_in_order_and_removes_it(client, tmp_path):
+    """What a CI runner or a supervisor does to `troupe deploy swarm --wait`: SIGTERM to its
+    pid. It once ended the command and left every service running."""
+    run_dir = tmp_path / "swarm-signalled"
+    command = [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "cartpole-ppo", *QUICK,
+               "stop.env_frames=100000000", "--run-dir", str(run_dir), "--image", IMAGE,
+               "--wait", "--metrics-port", "0"]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and metrics.stat().st_size > 0:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
+    assert_nothing_left(client, "swarm-signalled")
 
 
 def ops_args(*argv: str) -> argparse.Namespace:
