@@ -284,6 +284,20 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--max-restarts", type=int, default=3, help="restarts of a failing worker task")
     add(
+        "--no-requeue",
+        action="store_true",
+        help="do not let Slurm requeue the job after a preemption or node failure (by default a "
+        "requeued job resumes the run from its run folder)",
+    )
+    add(
+        "--stop-warning",
+        type=int,
+        default=180,
+        metavar="S",
+        help="SIGINT the steps this many seconds before the time limit, so the run stops in "
+        "order (180; 0: none)",
+    )
+    add(
         "--sbatch",
         action="append",
         default=[],
@@ -315,6 +329,8 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
         nodes=args.nodes,
         gpus_per_trainer=args.gpus_per_trainer,
         max_restarts=args.max_restarts,
+        requeue=not args.no_requeue,
+        stop_warning_s=args.stop_warning,
         extra_sbatch=tuple(args.sbatch),
         needs=_needs(args),
         interface=args.interface,

@@ -68,6 +68,12 @@ class SlurmOptions:
     gpus_per_trainer: int = 0
     nodes: int | None = None
     max_restarts: int = 3
+    requeue: bool = True
+    """Let Slurm requeue the job after a preemption or a node failure; the requeued job's
+    controller resumes the run from its run folder (the last persisted version)."""
+    stop_warning_s: int = 180
+    """SIGINT to every step this long before the time limit: the controller stops the run in
+    order, so the final version and the summary are written before Slurm kills anything."""
     extra_sbatch: tuple[str, ...] = ()
     needs: dict[str, RoleNeeds] = field(default_factory=lambda: dict(MEASURED))
     """CPUs and peak memory per component (``deploy/sizing.py``)."""
@@ -94,6 +100,8 @@ class SlurmOptions:
             errors.append(f"--time {self.time}: write HH:MM:SS or D-HH:MM:SS")
         if self.gpus_per_trainer < 0 or self.max_restarts < 0:
             errors.append("--gpus-per-trainer and --max-restarts must be >= 0")
+        if not 0 <= self.stop_warning_s <= 65535:
+            errors.append(f"--stop-warning {self.stop_warning_s}: seconds, 0 to 65535")
         if self.interface is not None and not re.fullmatch(
             r"[A-Za-z0-9_.:@-]{1,15}", self.interface
         ):
@@ -181,7 +189,11 @@ def _header(groups: list[RoleGroup], options: SlurmOptions) -> list[str]:
         f"#SBATCH --mem-per-cpu={mem_per_cpu}M",
         f"#SBATCH --time={options.time}",
         f"#SBATCH --output={options.deploy_dir}/slurm-%j.out",
+        "#SBATCH --open-mode=append",  # a requeued job goes on in the same output file
+        "#SBATCH --requeue" if options.requeue else "#SBATCH --no-requeue",
     ]
+    if options.stop_warning_s:
+        lines.append(f"#SBATCH --signal=INT@{options.stop_warning_s}")
     if options.partition:
         lines.append(f"#SBATCH --partition={options.partition}")
     if options.nodes:
@@ -213,6 +225,10 @@ def _setup(options: SlurmOptions) -> list[str]:
         f"export RUN_DIR={q(str(options.run_dir))}",
         f"DEPLOY_DIR={q(str(options.deploy_dir))}",
         'mkdir -p "$RUN_DIR"',
+        'if [ -f "$RUN_DIR/metrics.jsonl" ]; then',
+        '  echo "run folder $RUN_DIR has a run already (restart ${SLURM_RESTART_COUNT:-0}):'
+        ' resuming it from its last persisted version" >&2',
+        "fi",
         'cp "$DEPLOY_DIR/config.json" "$RUN_DIR/config.json"',
         'install -m 600 "$DEPLOY_DIR/keys" "$RUN_DIR/keys"',
         "# What troupe status|logs|stop|ps read to find this job (distributed/ops/record.py).",

@@ -140,11 +140,13 @@ def test_one_step_per_group_with_the_planned_ids_and_gpus_on_trainers(tmp_path):
 
 
 def sbatch_options(text: str) -> dict[str, str]:
-    return dict(
-        line.removeprefix("#SBATCH --").split("=", 1)
-        for line in text.splitlines()
-        if line.startswith("#SBATCH --")
-    )
+    """``#SBATCH --key=value`` as key: value (a flag such as ``--requeue``: key: "")."""
+    options = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line.removeprefix("#SBATCH --").partition("=")
+            options[key] = value
+    return options
 
 
 def step_options(text: str, job_name: str) -> dict[str, str]:
@@ -480,3 +482,57 @@ def test_status_logs_and_stop_of_a_real_slurm_job(tmp_path):
     finally:
         subprocess.run(["scancel", job], check=False)
     assert json.loads((out / "run" / "summary.json").read_text())["stop_reason"] == "interrupted"
+
+
+def test_the_script_asks_for_requeue_and_an_orderly_stop_before_the_time_limit(tmp_path):
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--code", ".", "--run-name", "c")
+    options = sbatch_options(script(tmp_path))
+    assert "requeue" in options and options["signal"] == "INT@180"
+    assert options["open-mode"] == "append"
+    deploy("cartpole-ppo", "--out", str(tmp_path / "b"), "--code", ".", "--run-name", "c",
+           "--no-requeue", "--stop-warning", "0")  # fmt: skip
+    options = sbatch_options(script(tmp_path / "b"))
+    assert "no-requeue" in options and "signal" not in options
+
+
+@pytest.mark.slurm
+@pytest.mark.multiprocess
+@needs_slurm
+def test_a_requeued_job_resumes_its_run_from_the_last_version(tmp_path):
+    """What a preemption does to a job (`scontrol requeue`: every step ended, the job queued
+    again): the requeued job's controller resumes the run from its folder, so frames and
+    versions go on from where they were, and the run still ends at its stopping rule."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "deploy"
+    overrides = ("stop.eval_return=None", "stop.env_frames=60000")
+    options = ("--run-name", "rq", "--code", str(repo), "--venv", sys.prefix, "--time", "00:10:00")
+    deploy("cartpole-ppo", *overrides, "--out", str(out), *options)
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TROUPE_CONTROLLER_PORT": str(free_port())}
+    job = submit(out, env=env)
+    run = out / "run"
+    try:
+        for _ in range(300):
+            metrics = run / "metrics.jsonl"
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            if lines and json.loads(lines[-1]).get("env_frames", 0) > 15000:
+                break
+            assert job_fields(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")
+            time.sleep(0.5)
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
+        for _ in range(600):
+            if job_fields(job).get("JobState") == "COMPLETED":
+                break
+            time.sleep(1)
+        fields = job_fields(job)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    log = next(out.glob("slurm-*.out")).read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log[-3000:]
+    assert "resuming it from its last persisted version" in log
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 60000
+    frames = [json.loads(line).get("env_frames") or 0 for line in
+              (run / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    assert frames == sorted(frames), "frames went back: the run started over"
+    versions = sorted(int(p.stem[1:]) for p in (run / "checkpoints" / "default").glob("v*.ckpt"))
+    assert summary["policy_versions"]["default"] >= versions[-1] > 0
