@@ -185,7 +185,7 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     import sys
 
     from distributed.deploy import k8s
-    from distributed.deploy.manifests import default_run_name, load_config
+    from distributed.deploy.manifests import default_run_name, load_config, role_groups
     from distributed.deploy.manifests import parse_resource_overrides as resources
     from system.streams.security import RunKeys
 
@@ -216,6 +216,9 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
         network_policy=args.network_policy,
         probe_stale_seconds=args.probe_stale_seconds,
     ).check()
+    options = _pinned(
+        options, needs_gpu_image=any(k8s._gpus(config, g, options) for g in role_groups(config))
+    )
     make_secret = args.apply and args.keys_secret is None
     keys = RunKeys.generate().to_text() if make_secret else None
     objects = k8s.build_manifests(config, options, keys)
@@ -238,6 +241,22 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     for line in k8s.apply_objects(objects, (connect_api or k8s.connect)()):
         console.print(line)
     return 0
+
+
+def _pinned(options, *, needs_gpu_image: bool):
+    """The options with immutable image references (:mod:`distributed.images.pinning`): a
+    rebuild of ``:latest`` must not give some nodes new code and others old."""
+    import dataclasses
+
+    from distributed.deploy.k8s import gpu_image
+    from distributed.images.pinning import pin
+
+    gpu = None
+    if needs_gpu_image:
+        gpu = pin(options.gpu_image or gpu_image(options.worker_image))
+    return dataclasses.replace(
+        options, image=pin(options.worker_image), registry=None, gpu_image=gpu
+    )
 
 
 def _node_selectors(items: list[str]) -> dict[str, dict[str, str]]:

@@ -333,10 +333,12 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     # The run's controller service owns the folder from here (it takes the lock itself).
     folder_lock.release(run_dir)
     client = connect()
+    from distributed.images.pinning import pin
+
     run = deploy(
         config,
         run_dir,
-        image=args.image,
+        image=pin(args.image, client),  # every task of every node on one build
         trainer_constraint=args.trainer_constraint,
         client=client,
         metrics_port=args.metrics_port or None,

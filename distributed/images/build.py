@@ -40,6 +40,7 @@ from distributed.errors import (
     ImagePushError,
     WheelhouseError,
 )
+from distributed.images import pinning
 from distributed.images.wheelhouse import (
     CPU_TORCH_INDEX,
     Wheelhouse,
@@ -212,12 +213,22 @@ def build_image(
             _keep_project_stage(client, tag)
         finally:
             _prune_stages(client)
-    logger.info("built %s (%s)", tag, image_id)
+    pinned = _tag_content(client, tag, image_id)
+    logger.info("built %s (%s), also tagged %s: a tag no rebuild moves", tag, image_id, pinned)
     if previous not in (None, image_id):
         _remove_if_untagged(client, previous)
     if push:
         push_image(tag, client=client)
+        push_image(pinned, client=client)
     return image_id
+
+
+def _tag_content(client: docker.DockerClient, tag: str, image_id: str) -> str:
+    """Tag the image ``REPO:id-<12 hex>`` (:mod:`.pinning`): what deploys should name."""
+    repo = pinning.repository(tag)
+    content = pinning.content_tag(image_id)
+    client.images.get(image_id).tag(repo, content)
+    return f"{repo}:{content}"
 
 
 def _stage_context(context: Path, dockerfile: Path, wheels: Wheelhouse) -> str:
@@ -302,9 +313,14 @@ def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
     import docker
 
     try:
-        if client.images.get(image_id).tags:
+        image = client.images.get(image_id)
+        own = [t for t in image.tags if t.rpartition(":")[2].startswith(pinning.ID_TAG_PREFIX)]
+        if len(own) < len(image.tags):  # still named by a tag of its own: kept
             return
-        client.images.remove(image_id)
+        for content in own:  # its content tag goes with it (and the image with its last tag)
+            client.images.remove(content)
+        if not own:
+            client.images.remove(image_id)
         logger.debug("removed the image %s replaced", image_id)
     except docker.errors.APIError as e:  # a container still uses it: keep it
         logger.debug("kept the replaced image %s: %s", image_id, e)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from api import registry
 from distributed.images import build as images
@@ -240,3 +241,24 @@ def test_the_same_source_makes_the_same_project_wheel(tmp_path):
 
     wheels = [project_wheel(tmp_path / name) for name in ("a", "b")]
     assert wheels[0].read_bytes() == wheels[1].read_bytes()
+
+
+def test_a_deployment_names_the_build_by_a_tag_no_rebuild_moves(client, image, tmp_path):
+    """`:latest` moves with every build, and with IfNotPresent nodes may run different code:
+    builds are also tagged `id-<image id>`, and the manifests name that tag."""
+    from distributed.deploy.commands import run_k8s
+    from distributed.images import pinning
+
+    content = f"{pinning.repository(IMAGE)}:{pinning.content_tag(image.id)}"
+    assert pinning.pin(IMAGE, client) == content
+    assert content in client.images.get(IMAGE).tags
+    assert pinning.pin("troupe-worker@sha256:" + "0" * 64, client).endswith("0" * 64)  # as given
+    out = tmp_path / "k8s"
+    from distributed.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["deploy", "k8s", "cartpole-ppo", "--out", str(out), "--image", IMAGE, "--run-name", "p1"]
+    )
+    assert run_k8s(args, Console(file=sys.stderr)) == 0
+    manifests = "".join(p.read_text() for p in out.rglob("*.yaml"))
+    assert f'image: "{content}"' in manifests and f'image: "{IMAGE}"' not in manifests
