@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from distributed.ops.record import LaunchRecord
@@ -144,7 +145,7 @@ def add_k8s_arguments(parser: argparse.ArgumentParser) -> None:
         help="nvidia.com/gpu per trainer pod "
         "(default: 1 when the policy has device=cuda..., else 0)",
     )
-    _add_sizing(parser)
+    add_sizing_arguments(parser)
     add(
         "--resources",
         action="append",
@@ -192,7 +193,7 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     if args.trainer_gpus is not None and args.trainer_gpus < 0:
         raise DeployError(f"--trainer-gpus {args.trainer_gpus}: must be 0 or more")
     config = load_config(args.experiment, args.overrides)
-    needs = _needs(args)
+    needs = needs_from(args)
     options = k8s.K8sOptions(
         run_name=args.run_name or default_run_name(config.name),
         image=args.image,
@@ -294,7 +295,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     add("--time", default="04:00:00", help="the job's time limit, HH:MM:SS or D-HH:MM:SS")
     add("--nodes", type=int, default=None, help="default: as many as the tasks need")
     add("--gpus-per-trainer", type=int, default=0, help="GPUs of each trainer task (--gres)")
-    _add_sizing(parser)
+    add_sizing_arguments(parser)
     add(
         "--interface",
         default=None,
@@ -351,7 +352,7 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
         requeue=not args.no_requeue,
         stop_warning_s=args.stop_warning,
         extra_sbatch=tuple(args.sbatch),
-        needs=_needs(args),
+        needs=needs_from(args),
         interface=args.interface,
     ).check()
     files = slurm.write_deployment(config, options, RunKeys.generate().to_text())
@@ -360,43 +361,3 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
     console.print(f"wrote {', '.join(str(f) for f in files)}")
     console.print(f"submit with: {files[0]}")
     return 0
-
-
-def _add_sizing(parser: argparse.ArgumentParser) -> None:
-    """What each role asks for: measured figures, overridable (``deploy/sizing.py``)."""
-    from distributed.deploy.sizing import COMPONENTS
-
-    parser.add_argument(
-        "--measured",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="size memory from a finished run folder (its workers.json) or a troupe bench "
-        "--json result, instead of the built-in cartpole figures",
-    )
-    parser.add_argument(
-        "--cpus",
-        action="append",
-        default=[],
-        metavar="COMPONENT=N",
-        help=f"CPUs one worker of COMPONENT ({', '.join(COMPONENTS)}) uses, e.g. trainer=8; "
-        "repeatable",
-    )
-    parser.add_argument(
-        "--memory",
-        action="append",
-        default=[],
-        metavar="COMPONENT=MIB",
-        help="peak memory (MiB) of one worker of COMPONENT, e.g. trainer=6000 (a margin is "
-        "added); repeatable",
-    )
-
-
-def _needs(args: argparse.Namespace) -> dict:
-    from distributed.deploy import sizing
-
-    return sizing.role_needs(
-        measured=sizing.measured_from(args.measured) if args.measured else None,
-        cpus=sizing.parse_overrides(args.cpus, "--cpus"),
-        memory_mib=sizing.parse_overrides(args.memory, "--memory"),
-    )

@@ -18,6 +18,7 @@ instead, so a big model's trainer asks for what it used. Every figure can be ove
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -155,3 +156,41 @@ def parse_overrides(items: Sequence[str], flag: str) -> dict[str, float]:
     if errors:
         raise DeployError("\n".join(errors))
     return result
+
+
+def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
+    """What each role asks for: measured figures, overridable (``--measured/--cpus/--memory``
+    of every ``troupe deploy``)."""
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="size memory from a finished run folder (its workers.json) or a troupe bench "
+        "--json result, instead of the built-in cartpole figures",
+    )
+    parser.add_argument(
+        "--cpus",
+        action="append",
+        default=[],
+        metavar="COMPONENT=N",
+        help=f"CPUs one worker of COMPONENT ({', '.join(COMPONENTS)}) uses, e.g. trainer=8; "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="COMPONENT=MIB",
+        help="peak memory (MiB) of one worker of COMPONENT, e.g. trainer=6000 (a margin is "
+        "added); repeatable",
+    )
+
+
+def needs_from(args: argparse.Namespace) -> dict[str, RoleNeeds]:
+    """The needs ``add_sizing_arguments``'s options ask for."""
+    return role_needs(
+        measured=measured_from(args.measured) if args.measured else None,
+        cpus=parse_overrides(args.cpus, "--cpus"),
+        memory_mib=parse_overrides(args.memory, "--memory"),
+    )

@@ -31,6 +31,14 @@ from rich.console import Console
 from rich.text import Text
 
 from api.config import ExperimentConfig
+from distributed.deploy.sizing import (
+    MEASURED,
+    RoleNeeds,
+    add_sizing_arguments,
+    component_of,
+    needs_from,
+    parse_overrides,
+)
 from distributed.errors import SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.launch import docker_run as dl
@@ -98,6 +106,8 @@ def deploy(
     trainer_constraint: str = DEFAULT_TRAINER_CONSTRAINT,
     client: docker.DockerClient | None = None,
     metrics_port: int | None = dl.METRICS_PORT,
+    needs: dict[str, RoleNeeds] | None = None,
+    reserve_cpus: frozenset[str] = frozenset(),
 ) -> str:
     """Create the run's network, secret and services; returns the run's name.
 
@@ -126,6 +136,7 @@ def deploy(
         secret = client.secrets.create(name=f"troupe-{run}-keys", data=keys, labels=labels)
         for spec in service_roles(config, run):
             settings = _service_settings(spec, labels, run_dir, secret, trainer_constraint)
+            settings["resources"] = service_resources(spec, needs or MEASURED, reserve_cpus)
             if spec.role == "controller" and metrics_port is not None:
                 settings["endpoint_spec"] = _published_metrics(metrics_port)
             client.services.create(
@@ -172,6 +183,30 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
         "constraints": [trainer_constraint] if spec.role == Role.TRAINER else None,
         **_stop_settings(spec),
     }
+
+
+def service_resources(
+    spec: dl.RoleSpec, needs: dict[str, RoleNeeds], reserve_cpus: frozenset[str] = frozenset()
+):
+    """Reservations (what Swarm places a task by) and limits, from the role's measured needs
+    as Kubernetes gets them (``deploy/sizing.py``, ``manifests.Resources``): memory reserved at
+    the measured peak plus a margin and limited at twice that, CPUs limited at what the role can
+    use. CPUs are reserved only for the components in ``reserve_cpus`` (those ``--cpus`` names):
+    Swarm never places more reservations than a node has, and a core reserved per busy worker
+    would leave a small swarm (one 2-core node) unable to place a cartpole run at all."""
+    from docker.types import Resources as SwarmResources
+
+    from distributed.deploy.manifests import LIMIT_FACTOR
+
+    component = component_of(spec.worker_id.replace("{ordinal}", "0"), spec.role)
+    need = needs[component]
+    mib = 2**20
+    return SwarmResources(
+        cpu_reservation=int(need.cpus * SECOND_NS) if component in reserve_cpus else None,
+        cpu_limit=int(need.cpu_limit * SECOND_NS),
+        mem_reservation=need.memory_mib * mib,
+        mem_limit=int(need.memory_mib * LIMIT_FACTOR) * mib,
+    )
 
 
 def _published_metrics(port: int):
@@ -312,6 +347,7 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="follow the controller to the end, then remove the run"
     )
+    add_sizing_arguments(parser)
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -342,6 +378,8 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
         trainer_constraint=args.trainer_constraint,
         client=client,
         metrics_port=args.metrics_port or None,
+        needs=needs_from(args),
+        reserve_cpus=frozenset(parse_overrides(args.cpus, "--cpus")),
     )
     from distributed.ops import record
 

@@ -46,3 +46,22 @@ def test_troupe_worker_takes_every_role_of_the_plan():
     for role in Role:
         args = parser.parse_args(["--id", "w", "--role", role.value, "--controller", "tcp://c:1"])
         assert args.role == role.value
+
+
+def test_each_service_reserves_and_limits_what_its_role_was_measured_to_need():
+    """Swarm tasks once ran with no reservation or limit: a node could be given more actors
+    than it has memory for, and one runaway worker could take the node."""
+    from distributed.deploy.sizing import MEASURED, role_needs
+    from distributed.deploy.swarm import service_resources
+    from distributed.launch.docker_run import RoleSpec
+
+    actor = service_resources(RoleSpec("actor/{ordinal}", "actor", [], 4), MEASURED)
+    mib = 2**20
+    assert actor["Reservations"] == {"MemoryBytes": 80 * mib}  # CPUs: only where asked
+    assert actor["Limits"] == {"NanoCPUs": 10**9, "MemoryBytes": 160 * mib}
+    params = service_resources(RoleSpec("params", "parameter_service", []), MEASURED)
+    assert params["Limits"]["NanoCPUs"] == 10**9 and params["Reservations"]["MemoryBytes"] > 0
+    bigger = role_needs(memory_mib={"trainer": 4000.0}, cpus={"trainer": 4})
+    spec = RoleSpec("trainer/default/0", "trainer", [])
+    trainer = service_resources(spec, bigger, reserve_cpus=frozenset({"trainer"}))
+    assert trainer["Reservations"] == {"NanoCPUs": 4 * 10**9, "MemoryBytes": 5008 * mib}

@@ -52,6 +52,9 @@ def deploy_args(run_dir: Path, overrides: list[str], *, wait: bool) -> argparse.
         trainer_constraint=swarm.DEFAULT_TRAINER_CONSTRAINT,
         wait=wait,
         metrics_port=METRICS_PORT,
+        measured=None,
+        cpus=[],
+        memory=["trainer=400"],
     )
 
 
@@ -149,6 +152,10 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
         assert "run swarm-status (swarm): running" in text, text
         assert "troupe-swarm-status-actor" in text and "2/2 running" in text, text
         assert "actor/1" in text and "alive" in text, text
+        trainer = client.services.get("troupe-swarm-status-trainer-default-0")
+        resources = trainer.attrs["Spec"]["TaskTemplate"]["Resources"]
+        assert resources["Reservations"]["MemoryBytes"] == 512 * 2**20  # 400 MiB + margin
+        assert resources["Limits"]["MemoryBytes"] == 1024 * 2**20
         logs = recording_console()
         assert ops.run_logs(ops_args("logs", "swarm-status", "--worker", "controller"), logs) == 0
         lines = logs.export_text()
