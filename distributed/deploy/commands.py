@@ -163,9 +163,11 @@ def add_k8s_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--priority-class", default=None, help="PriorityClass of every pod")
     add(
-        "--disruption-budget",
-        action="store_true",
-        help="a PodDisruptionBudget keeping drains off the controller, params and trainers",
+        "--no-disruption-budget",
+        dest="disruption_budget",
+        action="store_false",
+        help="leave out the PodDisruptionBudget that keeps drains off the controller, params and "
+        "trainers (a drain then waits for the run to end)",
     )
     add(
         "--network-policy",

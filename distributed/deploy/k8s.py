@@ -70,6 +70,8 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 HEARTBEAT_FILE = "/tmp/troupe-heartbeat"
 """Touched by the worker loop with every heartbeat (``TROUPE_HEARTBEAT_FILE``); /tmp is an
 emptyDir, the root file system is read-only."""
+CONTROLLER_RETRIES = 2
+"""Restarts of the controller's pod (its Job's backoffLimit), each resuming the run."""
 RUNTIME_COMPONENTS = ("controller", "params", "trainer", "replay")
 """Pods whose eviction stops or sets back the run (the disruption budget's): a replay buffer
 evicted mid-run comes back empty and refills before its trainer trains again."""
@@ -123,7 +125,7 @@ class K8sOptions:
     node_selectors: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per component, or ``*`` for every pod: node labels a pod must land on."""
     priority_class: str | None = None
-    disruption_budget: bool = False
+    disruption_budget: bool = True
     """A PodDisruptionBudget keeping voluntary evictions (drains) off the controller,
     parameter service and trainers, whose loss stops or sets back the run."""
     network_policy: bool = False
@@ -398,15 +400,17 @@ class _Builder:
         pod["volumes"].append(
             {"name": "config", "configMap": {"name": f"{self.o.run_name}-config"}}
         )
-        # backoffLimit 0: a second controller would start the run over while the first one's
-        # workers still run; a failed controller ends the run, and the run folder says why.
+        # A controller pod lost with its node (the budget keeps drains off it) is started
+        # again, up to twice: it resumes the run from the run folder (the last persisted
+        # version; metrics go on), and the workers, whose connection closed, exit and are
+        # restarted by their kubelets to say hello to it (as a requeued Slurm job does).
         template = self.template("controller", pod)
         template["metadata"]["annotations"] = {  # what Prometheus's pod discovery looks for
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(METRICS_PORT),
             "prometheus.io/path": "/metrics",
         }
-        spec = {"backoffLimit": 0, "template": template}
+        spec = {"backoffLimit": CONTROLLER_RETRIES, "template": template}
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",

@@ -250,7 +250,8 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
     objects = manifests("cartpole-ppo")
     job = by_kind(objects, "Job")["r1-controller"]
     pod = job["spec"]["template"]["spec"]
-    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    # a controller lost with its node starts again and resumes the run from its folder
+    assert job["spec"]["backoffLimit"] == 2 and pod["restartPolicy"] == "Never"
     (init,) = pod["initContainers"]
     assert init["command"][-1] == 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
     assert {"name": "RUN_DIR", "value": "/troupe/run/r1"} in init["env"]
@@ -561,7 +562,8 @@ def test_kubectl_kustomize_reads_the_output(tmp_path):
     )
     assert built.returncode == 0, built.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
-    assert len(kinds) == 13 and kinds.count("Job") == 8 and kinds.count("Service") == 2
+    assert len(kinds) == 14 and kinds.count("Job") == 8 and kinds.count("Service") == 2
+    assert kinds.count("PodDisruptionBudget") == 1  # on by default: a drain waits for the run
 
 
 # --------------------------------------------------------------------- --apply
