@@ -11,6 +11,8 @@ does not expect is never started, and every id it waits for is.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import re
 import time
@@ -25,6 +27,8 @@ from distributed.errors import DeployError
 
 if TYPE_CHECKING:
     from distributed.deploy.sizing import RoleNeeds
+
+logger = logging.getLogger(__name__)
 
 ORDINAL = "{ordinal}"
 LIMIT_FACTOR = 2.0
@@ -53,8 +57,38 @@ class RoleGroup:
 
 
 def load_config(experiment: str, overrides: Sequence[str]) -> ExperimentConfig:
-    """The experiment with ``key=value`` overrides applied and checked (every error at once)."""
-    return load_experiment(experiment, list(overrides))
+    """The experiment with ``key=value`` overrides applied and checked (every error at once),
+    its policy workers scaled with its actors (:func:`scale_policy_workers`)."""
+    config = load_experiment(experiment, list(overrides))
+    for line in scale_policy_workers(config, overrides):
+        logger.warning("%s", line)
+    return config
+
+
+ACTORS_PER_POLICY_WORKER = 16
+"""Actors one policy worker serves in a cluster deployment. One policy worker (one busy core)
+served 14 Pong actors at 0.95 cores (BENCHMARKS.md, issue 23); a 64-actor Slurm run with one
+had its policy lag reach 176 versions."""
+
+
+def scale_policy_workers(config: ExperimentConfig, overrides: Sequence[str] = ()) -> list[str]:
+    """Give each policy one policy worker per :data:`ACTORS_PER_POLICY_WORKER` actors, unless
+    ``policies.<name>.policy_workers`` was set on the command line; returns what was changed.
+    Local runs are sized by their machine's cores instead (``actors.workers=auto``)."""
+    actors = config.actors.workers
+    needed = max(1, math.ceil(actors / ACTORS_PER_POLICY_WORKER))
+    said = []
+    for name, policy in config.policies.items():
+        key = f"policies.{name}.policy_workers"
+        if any(o.partition("=")[0].strip() == key for o in overrides):
+            continue
+        if policy.policy_workers < needed:
+            said.append(
+                f"{key}: {policy.policy_workers} -> {needed} for {actors} actors (one per "
+                f"{ACTORS_PER_POLICY_WORKER}; set {key}=N to choose)"
+            )
+            policy.policy_workers = needed
+    return said
 
 
 def role_groups(config: ExperimentConfig) -> list[RoleGroup]:

@@ -10,7 +10,7 @@ ends when the controller does.
 peak memory plus a margin, one CPU per busy process, overridable), with ``--exact`` so steps do
 not share CPUs. The allocation is the sum: ``--ntasks`` = total CPUs at one CPU per slot, and
 ``--mem-per-cpu`` = total memory / total CPUs, rounded up to a MiB. A 64-actor cartpole run asks
-for 69 CPUs, not the 136 a flat two CPUs per worker did.
+for 72 CPUs (64 actors, four policy workers), not the 136 a flat two CPUs per worker did.
 
 Why one allocation and not a heterogeneous job: every Slurm site runs plain allocations with
 ``srun`` steps, while heterogeneous jobs are disabled at some sites, and on the Slurm 22.05 we

@@ -363,6 +363,10 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     from distributed.launch.run import prepare
 
     config, run_dir = prepare(args.experiment, list(args.overrides), args.run_dir, None)
+    from distributed.deploy.manifests import scale_policy_workers
+
+    for line in scale_policy_workers(config, args.overrides):
+        console.print(line, highlight=False)
     (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
     from system.run import folder_lock
 

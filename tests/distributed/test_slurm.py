@@ -161,7 +161,8 @@ def step_options(text: str, job_name: str) -> dict[str, str]:
 def test_64_actors_ask_for_the_cpus_and_memory_the_roles_need_and_no_more(tmp_path):
     """Every worker is one process that keeps at most one CPU busy; its memory is the measured
     peak (actor 53, controller 208, params 52, policy 241, trainer 323 MiB) plus 25 %.
-    64 actors + params, trainer, policy, eval and the controller: 69 CPUs."""
+    64 actors, four policy workers (one per 16 actors: one alone let the policy lag reach 176
+    versions), params, trainer, eval and the controller: 72 CPUs."""
     deploy(
         "cartpole-ppo",
         "actors.workers=64",
@@ -174,13 +175,14 @@ def test_64_actors_ask_for_the_cpus_and_memory_the_roles_need_and_no_more(tmp_pa
     )
     text = script(tmp_path)
     options = sbatch_options(text)
-    assert (options["ntasks"], options["cpus-per-task"]) == ("69", "1")
+    assert (options["ntasks"], options["cpus-per-task"]) == ("72", "1")
     peaks = {"controller": 208, "params": 52, "trainer/default": 323, "policy/default": 241,
              "actor": 53, "eval": 53}  # fmt: skip
-    replicas = {"actor": 64}
+    replicas = {"actor": 64, "policy/default": 4}
+    assert step_options(text, "policy/default")["ntasks"] == "4"
     needed = sum(peak * 1.25 * replicas.get(name, 1) for name, peak in peaks.items())
-    asked = 69 * int(options["mem-per-cpu"].removesuffix("M"))
-    assert needed <= asked <= needed + 69 + 16 * 69  # rounding: 16 MiB per task, 1 MiB per CPU
+    asked = 72 * int(options["mem-per-cpu"].removesuffix("M"))
+    assert needed <= asked <= needed + 72 + 16 * 72  # rounding: 16 MiB per task, 1 MiB per CPU
     for name, peak in peaks.items():
         step = step_options(text, name)
         assert step["cpus-per-task"] == "1", name
@@ -389,7 +391,7 @@ def job_fields(job_id: str) -> dict[str, str]:
 
 @pytest.mark.slurm
 @needs_slurm
-def test_slurm_itself_reads_the_64_actor_request_as_69_cpus_and_the_measured_memory(tmp_path):
+def test_slurm_itself_reads_the_64_actor_request_as_72_cpus_and_the_measured_memory(tmp_path):
     deploy(
         "cartpole-ppo",
         "actors.workers=64",
@@ -405,10 +407,10 @@ def test_slurm_itself_reads_the_64_actor_request_as_69_cpus_and_the_measured_mem
         fields = job_fields(job)
     finally:
         subprocess.run(["scancel", job], check=False)
-    assert fields["NumCPUs"] == "69" and fields["CPUs/Task"] == "1"
+    assert fields["NumCPUs"] == "72" and fields["CPUs/Task"] == "1"
     tres = dict(item.split("=") for item in fields["TRES"].split(","))
     mem_per_cpu = int(sbatch_options(script(tmp_path))["mem-per-cpu"].removesuffix("M"))
-    assert (tres["cpu"], tres["mem"]) == ("69", f"{69 * mem_per_cpu}M")
+    assert (tres["cpu"], tres["mem"]) == ("72", f"{72 * mem_per_cpu}M")
     assert "gres/gpu" not in tres
 
 
@@ -482,6 +484,14 @@ def test_status_logs_and_stop_of_a_real_slurm_job(tmp_path):
     finally:
         subprocess.run(["scancel", job], check=False)
     assert json.loads((out / "run" / "summary.json").read_text())["stop_reason"] == "interrupted"
+
+
+def test_policy_workers_scale_with_actors_unless_the_user_sets_them(tmp_path):
+    deploy("cartpole-ppo", "actors.workers=40", "--out", str(tmp_path / "a"), "--code", ".")
+    assert step_options(script(tmp_path / "a"), "policy/default")["ntasks"] == "3"
+    deploy("cartpole-ppo", "actors.workers=40", "policies.default.policy_workers=1", "--out",
+           str(tmp_path / "b"), "--code", ".")  # fmt: skip
+    assert step_options(script(tmp_path / "b"), "policy/default")["ntasks"] == "1"
 
 
 def test_the_script_asks_for_requeue_and_an_orderly_stop_before_the_time_limit(tmp_path):
