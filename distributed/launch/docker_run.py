@@ -320,9 +320,22 @@ def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Pat
         # tini as PID 1 forwards Ctrl+C's SIGINT to troupe and reaps its children.
         init=True,
         ports=ports or None,
+        **container_resources(spec),
         restart_policy=restart if spec.restartable else None,
         detach=True,
     )
+
+
+def container_resources(spec: RoleSpec) -> dict[str, object]:
+    """The role's measured needs (``deploy/sizing.py``) as Docker settings: its CPU limit (an
+    actor cannot take a core from its policy worker) and its memory as a reservation, which
+    Docker reclaims toward under memory pressure. No hard memory limit: a local run's
+    experiment may need far more than the cartpole figures, and a container over a limit is
+    killed; clusters get limits sized with ``--measured``."""
+    from distributed.deploy.sizing import MEASURED, component_of
+
+    need = MEASURED[component_of(spec.worker_id, spec.role)]
+    return {"nano_cpus": int(need.cpu_limit * 1e9), "mem_reservation": f"{need.memory_mib}m"}
 
 
 def _wait_for_controller(controller: Container) -> int:
