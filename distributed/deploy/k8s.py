@@ -70,6 +70,8 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 HEARTBEAT_FILE = "/tmp/troupe-heartbeat"
 """Touched by the worker loop with every heartbeat (``TROUPE_HEARTBEAT_FILE``); /tmp is an
 emptyDir, the root file system is read-only."""
+BASE_DIR = "base"
+"""Where the generated objects go in the output folder (the overlays' base)."""
 CONTROLLER_RETRIES = 2
 """Restarts of the controller's pod (its Job's backoffLimit), each resuming the run."""
 RUNTIME_COMPONENTS = ("controller", "params", "trainer", "replay")
@@ -688,26 +690,36 @@ def fetch_pods(config: ExperimentConfig, options: K8sOptions) -> list[dict[str, 
 
 # --------------------------------------------------------------------- files
 def write_manifests(objects: Sequence[dict], extras: Sequence[dict], out: Path) -> list[Path]:
-    """One numbered file per object, a kustomization listing them, ``extras/`` apart. A Secret
-    is never written: keys stay out of the output folder (see :func:`secret_command`)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """The objects, one numbered file each, as a kustomization in ``out/base``; the site's
+    overlay over it (:mod:`.k8s_overlay`); ``out/kustomization.yaml`` naming that overlay, so
+    ``kubectl apply -k out`` applies the base with the site's values; ``extras/`` apart. A
+    Secret is never written: keys stay out of the output folder (see :func:`secret_command`)."""
+    from distributed.deploy.k8s_overlay import OVERLAY_DIR, write_overlay
+
+    base = out / BASE_DIR
+    base.mkdir(parents=True, exist_ok=True)
     files = []
     for obj in (o for o in objects if o["kind"] != "Secret"):
-        path = out / f"{len(files):02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path = base / f"{len(files):02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
         path.write_text(to_yaml(obj))
         files.append(path)
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [p.name for p in files],
-    }
-    (out / "kustomization.yaml").write_text(to_yaml(kustomization))
+    (base / "kustomization.yaml").write_text(to_yaml(_kustomization([p.name for p in files])))
+    files.append(write_overlay(objects, out, base))
+    (out / "kustomization.yaml").write_text(to_yaml(_kustomization([str(OVERLAY_DIR)])))
     for obj in extras:
         path = out / "extras" / f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(to_yaml(obj))
         files.append(path)
     return files
+
+
+def _kustomization(resources: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": resources,
+    }
 
 
 def secret_command(options: K8sOptions, python: str) -> str:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -504,14 +505,17 @@ def test_the_command_writes_numbered_files_a_kustomization_and_no_keys(tmp_path,
         )
         == 0
     )
-    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((out / "base" / "kustomization.yaml").read_text())
     names = kustomization["resources"]
     assert names[:3] == [
         "00-namespace-rl.yaml",
         "01-configmap-cp-config.yaml",
         "02-persistentvolumeclaim-cp-run.yaml",
     ]
-    assert sorted(p.name for p in out.glob("*.yaml")) == sorted([*names, "kustomization.yaml"])
+    base = out / "base"
+    assert sorted(p.name for p in base.glob("*.yaml")) == sorted([*names, "kustomization.yaml"])
+    top = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert top["resources"] == ["overlays/site"]  # kubectl apply -k OUT: base + site values
     assert not [p for p in out.rglob("*") if "secret" in p.name or "keys" in p.name]
     assert names[3:7] == [
         "03-service-cp-controller.yaml",
@@ -519,7 +523,7 @@ def test_the_command_writes_numbered_files_a_kustomization_and_no_keys(tmp_path,
         "05-service-cp-params.yaml",
         "06-job-cp-params.yaml",
     ]
-    actor = yaml.safe_load((out / "09-job-cp-actor.yaml").read_text())
+    actor = yaml.safe_load((base / "09-job-cp-actor.yaml").read_text())
     assert actor["spec"]["completions"] == 3 and actor["metadata"]["namespace"] == "rl"
     assert (out / "extras" / "pod-cp-fetch.yaml").exists()
     printed = " ".join(capsys.readouterr().err.split())
@@ -541,7 +545,7 @@ def test_the_command_with_pod_storage_writes_the_claims_and_a_fetch_pod_per_clai
     out = tmp_path / "m"
     args = ["k8s", "cartpole-dqn", "--out", str(out), "--run-name", "dq", "--storage", "pod"]
     assert deploy(*args, "--storage-class", "local-path") == 0
-    names = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
+    names = yaml.safe_load((out / "base" / "kustomization.yaml").read_text())["resources"]
     assert names[2:5] == [
         "02-persistentvolumeclaim-dq-controller-run.yaml",
         "03-persistentvolumeclaim-dq-params-0-run.yaml",
@@ -552,6 +556,68 @@ def test_the_command_with_pod_storage_writes_the_claims_and_a_fetch_pod_per_clai
     ]  # fmt: skip
     with pytest.raises(SystemExit):  # argparse refuses an unknown mode
         deploy("k8s", "cartpole-dqn", "--out", str(out), "--storage", "rwx")
+
+
+def _without_empty(value):
+    """An object with its empty lists and mappings left out (an overlay writes every knob, at
+    an empty value where the base has none: the same pods)."""
+    if isinstance(value, dict):
+        return {k: _without_empty(v) for k, v in value.items() if v not in ([], {})}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
+
+
+def _kustomize(path: Path) -> list[dict]:
+    built = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_site_overlay_changes_what_a_site_changes_and_nothing_else(tmp_path):
+    """Item 8 of issue 27: a Kustomize base with an overlay holding the site's values (image
+    registry, pull secrets, node selectors, tolerations, resources, GPUs), generated from the
+    same objects. Unchanged it gives the base; edited, the variant."""
+    deploy("k8s", "cartpole-ppo", "--out", str(tmp_path), "--run-name", "s1", "--trainer-gpus", "1")
+    base = _kustomize(tmp_path / "base")
+    assert _without_empty(_kustomize(tmp_path)) == _without_empty(base)
+
+    path = tmp_path / "overlays" / "site" / "kustomization.yaml"
+    site = yaml.safe_load(path.read_text())
+    site["images"] = [{"name": "troupe-worker", "newName": "registry.example.com/rl/troupe-worker"}]
+    for patch in site["patches"]:
+        ops = yaml.safe_load(patch["patch"])
+        target = patch["target"].get("labelSelector", "")
+        for op in ops:
+            if op["path"].endswith("imagePullSecrets"):
+                op["value"] = [{"name": "regcred"}]
+            if target.endswith("=trainer") and op["path"].endswith("nodeSelector"):
+                op["value"] = {"gpu": "a100"}
+            if target.endswith("=trainer") and op["path"].endswith("resources"):
+                op["value"]["limits"]["nvidia.com/gpu"] = "2"
+            if target.endswith("=actor") and op["path"].endswith("tolerations"):
+                op["value"] = [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+        patch["patch"] = yaml.safe_dump(ops)
+    path.write_text(yaml.safe_dump(site))
+    jobs = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["spec"]
+            for o in _kustomize(tmp_path) if o["kind"] == "Job"}  # fmt: skip
+    assert all(j["imagePullSecrets"] == [{"name": "regcred"}] for j in jobs.values())
+    assert all(c["image"].startswith("registry.example.com/rl/troupe-worker:")
+               for j in jobs.values() for c in j["containers"])  # fmt: skip
+    assert jobs["trainer"]["nodeSelector"] == {"gpu": "a100"}
+    assert jobs["trainer"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert jobs["trainer"]["tolerations"][0]["key"] == "nvidia.com/gpu"  # the base's kept
+    assert jobs["actor"]["tolerations"] == [
+        {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert (
+        jobs["params"]["containers"][0]["resources"]
+        == next(o for o in base if o["metadata"]["name"] == "s1-params" and o["kind"] == "Job")[
+            "spec"
+        ]["template"]["spec"]["containers"][0]["resources"]
+    )
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
