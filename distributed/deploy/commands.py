@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from api.errors import UserError
 from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
@@ -252,13 +253,18 @@ def _pinned(options, *, needs_gpu_image: bool):
     import dataclasses
 
     from distributed.deploy.k8s import gpu_image
+    from distributed.images.build import connect
     from distributed.images.pinning import pin
 
+    try:
+        client = connect()
+    except UserError:  # no engine here: the references stay as given (pin says so)
+        client = None
     gpu = None
     if needs_gpu_image:
-        gpu = pin(options.gpu_image or gpu_image(options.worker_image))
+        gpu = pin(options.gpu_image or gpu_image(options.worker_image), client)
     return dataclasses.replace(
-        options, image=pin(options.worker_image), registry=None, gpu_image=gpu
+        options, image=pin(options.worker_image, client), registry=None, gpu_image=gpu
     )
 
 

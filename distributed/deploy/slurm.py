@@ -25,6 +25,9 @@ the deploy folder), never by every node at job start.
 Nobody restarts a step's task when it dies, so each task restarts its own worker a few times
 (``worker_task`` in the script), as the controller expects of a scheduler; a worker that the
 controller stopped exits 0 and is not restarted.
+
+Longer than 400 lines because the script is one generated text whose parts (header, setup,
+runtime, worker task, steps, finish) read best in the order the script runs them.
 """
 
 from __future__ import annotations

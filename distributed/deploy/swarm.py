@@ -13,6 +13,9 @@ The run folder is a bind mount at the same path in every task. On a swarm of sev
 path must be a shared file system (NFS, ...) mounted at the same place on every node; trainers
 are placed on manager nodes unless ``--trainer-constraint`` says otherwise.
 
+Longer than 400 lines because deploying a run is one command: its services and what each asks
+of the swarm (resources, the published metrics port, stop signals), and ``--wait`` with its
+orderly and abandoned stops, share the run's naming and lookup.
 """
 
 from __future__ import annotations

@@ -32,15 +32,14 @@ def repository(reference: str) -> str:
     return name if name and "/" not in tag else reference
 
 
-def pin(reference: str, client: Any | None = None) -> str:
-    """The immutable reference of ``reference`` (see the module's docstring)."""
+def pin(reference: str, client: Any | None) -> str:
+    """The immutable reference of ``reference`` (see the module's docstring); ``client``: a
+    Docker client, None where no engine answers."""
     if "@sha256:" in reference:
         return reference
     try:
         if client is None:
-            from distributed.images.build import connect
-
-            client = connect()
+            raise LookupError("no Docker engine answers here")
         image = client.images.get(reference)
     except Exception as e:  # no engine here, or it does not know the image
         logger.warning(
