@@ -330,7 +330,9 @@ class K8sBackend:
 
     def pods(self, record: LaunchRecord) -> list[Any]:
         core = self.apis()["CoreV1Api"]
-        found = core.list_namespaced_pod(record.namespace, label_selector=_selector(record))
+        found = core.list_namespaced_pod(
+            record.namespace, label_selector=_selector(record), _request_timeout=API_TIMEOUT_S
+        )
         return sorted(found.items, key=lambda p: p.metadata.name)
 
     def alive(self, record: LaunchRecord) -> bool | None:
@@ -384,6 +386,10 @@ class K8sBackend:
                 )
                 removed += 1
         return f"deleted {removed} object(s) of run '{record.run}' (its volume claim is kept)"
+
+
+API_TIMEOUT_S = 10
+"""A kubeconfig naming a cluster that does not answer must not hang ``troupe status``."""
 
 
 def _selector(record: LaunchRecord) -> str:

@@ -196,7 +196,8 @@ class FakeCore:
     def __init__(self, pods):
         self.pods, self.calls = pods, []
 
-    def list_namespaced_pod(self, namespace, label_selector):
+    def list_namespaced_pod(self, namespace, label_selector, _request_timeout=None):
+        assert _request_timeout  # an API server that does not answer must not hang the command
         self.calls.append(("list pods", namespace, label_selector))
         return SimpleNamespace(items=self.pods)
 
