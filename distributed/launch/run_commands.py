@@ -112,7 +112,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     )
     check_keys(run_dir, args.secure)  # before a line is printed: a refusal is one line
     console.print(f"run folder: {run_dir}")
-    console.print(stop_rule(config.stop), highlight=False)
+    console.print(stop_rule(config.stop, pbt_target=config.pbt.target_return), highlight=False)
     started = time.time()
     display = False if args.no_display else None
     process = start(
@@ -147,14 +147,17 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
-def stop_rule(stop: StopConfig) -> str:
+def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:
     """``stop at: greedy evaluation return 475 (gymnasium's reward_threshold for CartPole-v1),
-    or 1000000 env frames``: the run's stop rules, and where its target came from if known."""
+    or 1000000 env frames``: every stop rule in force (a PBT population's target too), and
+    where the evaluation target came from if known."""
     source = f" ({stop.eval_return_source})" if stop.eval_return_source else ""
     if stop.eval_return is not None:
         rules = [f"greedy evaluation return {stop.eval_return:g}{source}"]
     else:
         rules = [f"no evaluation target{source}"] if source else []
+    if pbt_target is not None:
+        rules.append(f"a PBT member's score {pbt_target:g}")
     rules += [
         f"{value:g} {unit}" if isinstance(value, float) else f"{value} {unit}"
         for value, unit in ((stop.env_frames, "env frames"), (stop.trainer_steps, "trainer steps"),

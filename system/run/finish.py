@@ -25,6 +25,10 @@ from system.run.stopping import EvaluationWindows
 
 logger = logging.getLogger(__name__)
 
+TARGET_REASONS = ("eval_return", "pbt_target_return")
+"""Stop reasons that are a target met: such a run is ``solved`` (a PBT population whose best
+member reached ``pbt.target_return`` included)."""
+
 
 def finish_run(
     config: ExperimentConfig,
@@ -40,7 +44,7 @@ def finish_run(
     """Write the summary and plots with ``write`` (the controller's guard of the run folder);
     ``extra``: what the coordination drivers add (curriculum stage, PBT, ratings)."""
     target = config.stop.eval_return
-    solved = stop_reason == "eval_return"
+    solved = stop_reason in TARGET_REASONS
     failed_late = failure is not None and stop_reason != "failed"
     summary = build_summary(
         read_metrics(run_dir),
@@ -56,7 +60,7 @@ def finish_run(
     if config.stop.eval_return_source:
         summary["target_source"] = config.stop.eval_return_source
     summary.update(extra)
-    if solved:
+    if stop_reason == "eval_return":
         summary["confirmation"] = evaluation.describe()
         summary["eval_window_means"] = list(evaluation.confirmed)
         if evaluation.solved_version is not None:

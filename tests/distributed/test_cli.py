@@ -140,3 +140,5 @@ def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     assert stop_rule(load_experiment("cartpole-ppo", ["stop.wall_seconds=30.5"]).stop) == (
         "stop at: greedy evaluation return 475, or 500000 env frames, or 30.5 seconds"
     )
+    pbt = load_experiment("cartpole-pbt", ["pbt.target_return=400"])
+    assert "or a PBT member's score 400" in stop_rule(pbt.stop, pbt_target=400.0)

@@ -125,3 +125,24 @@ def test_pbt_config_errors_name_the_field():
         "stop.eval_return: averages every member's evaluation",
     ):
         assert expected in errors
+
+
+def test_a_population_stopped_on_its_target_is_solved(tmp_path):
+    """Issue 26: PBT stopping because a member reached ``pbt.target_return`` reported
+    ``"solved": false``; a target met is a solved run, whichever rule held it."""
+    from system.run.finish import finish_run
+    from system.run.stopping import EvaluationWindows
+
+    config = make_experiment("cartpole-pbt", ["pbt.target_return=400"])
+    record = {"wall_s": 1.0, "env_frames": 100, "fps": 10.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    summary = finish_run(
+        config, tmp_path, wall_s=1.0, stop_reason="pbt_target_return", failure=None,
+        evaluation=EvaluationWindows(None, 10), extra={}, write=lambda write: write() or True,
+    )  # fmt: skip
+    assert summary["solved"] is True and summary["stop_reason"] == "pbt_target_return"
+    on_frames = finish_run(
+        config, tmp_path, wall_s=1.0, stop_reason="env_frames", failure=None,
+        evaluation=EvaluationWindows(None, 10), extra={}, write=lambda write: write() or True,
+    )  # fmt: skip
+    assert on_frames["solved"] is False
