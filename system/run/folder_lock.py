@@ -19,6 +19,7 @@ import errno
 import fcntl
 import logging
 import os
+import time
 from pathlib import Path
 from typing import IO
 
@@ -79,10 +80,19 @@ def release(folder: Path) -> None:
         f.close()
 
 
-def _holder(f: IO[str]) -> str:
-    f.seek(0)
-    text = f.read().strip()
-    return f"process {text}" if text.isdigit() else "another process"
+def _holder(f: IO[str], wait_s: float = 1.0) -> str:
+    """Who holds the lock, as its pid in the file says. The holder writes its pid just after
+    it takes the lock, so a run started at the same instant may find the file still empty:
+    it reads again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        f.seek(0)
+        text = f.read().strip()
+        if text.isdigit():
+            return f"process {text}"
+        if time.monotonic() >= deadline:
+            return "another process"
+        time.sleep(0.02)
 
 
 def holder(folder: Path) -> int | None:
