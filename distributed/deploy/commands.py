@@ -188,7 +188,7 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     """Write the manifests; with ``--apply`` create them through the Kubernetes API too."""
     import sys
 
-    from distributed.deploy import k8s
+    from distributed.deploy import k8s, k8s_apply
     from distributed.deploy.manifests import default_run_name, load_config, role_groups
     from distributed.deploy.manifests import parse_resource_overrides as resources
     from system.streams.security import RunKeys
@@ -242,7 +242,7 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
             console.print(f"  {k8s.secret_command(options, sys.executable)}", highlight=False)
         console.print(f"then create the run with: kubectl apply -k {args.out}")
         return 0
-    for line in k8s.apply_objects(objects, (connect_api or k8s.connect)()):
+    for line in k8s_apply.apply_objects(objects, (connect_api or k8s_apply.connect)()):
         console.print(line)
     return 0
 

@@ -315,7 +315,7 @@ class K8sBackend:
 
     def apis(self) -> dict[str, Any]:
         if self._apis is None:
-            from distributed.deploy.k8s import connect
+            from distributed.deploy.k8s_apply import connect
 
             self._apis = connect()
         return self._apis

@@ -25,7 +25,7 @@ from kubernetes_validate.utils import all_versions, latest_version
 from rich.console import Console
 
 from api.config import make_experiment
-from distributed.deploy import k8s
+from distributed.deploy import k8s, k8s_apply
 from distributed.deploy.cluster_commands import resolve_worker_id
 from distributed.deploy.commands import add_deploy_arguments, run_deploy, run_k8s
 from distributed.deploy.manifests import RoleGroup, parse_resource_overrides, to_yaml
@@ -693,16 +693,18 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_apply_tolerates_an_existing_namespace_but_not_an_existing_run():
     objects = manifests("cartpole-ppo")[:-1]
     calls: list = []
-    lines = k8s.apply_objects(objects, fake_apis(calls, existing={"troupe"}))
+    lines = k8s_apply.apply_objects(objects, fake_apis(calls, existing={"troupe"}))
     assert lines[0] == "namespace troupe exists already" and len(calls) == len(objects)
-    with pytest.raises(k8s.ApplyError, match="ConfigMap r1-config exists already: pick another"):
-        k8s.apply_objects(objects, fake_apis([], existing={"troupe", "r1-config"}))
+    with pytest.raises(
+        k8s_apply.ApplyError, match="ConfigMap r1-config exists already: pick another"
+    ):
+        k8s_apply.apply_objects(objects, fake_apis([], existing={"troupe", "r1-config"}))
 
 
 def test_apply_without_the_kubernetes_package_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "kubernetes", None)
-    with pytest.raises(k8s.KubernetesClientError, match="pip install kubernetes"):
-        k8s.connect()
+    with pytest.raises(k8s_apply.KubernetesClientError, match="pip install kubernetes"):
+        k8s_apply.connect()
 
 
 def test_apply_without_a_kubeconfig_says_where_to_put_one(monkeypatch):
@@ -712,14 +714,14 @@ def test_apply_without_a_kubeconfig_says_where_to_put_one(monkeypatch):
     config = types.SimpleNamespace(load_kube_config=missing, load_incluster_config=missing)
     monkeypatch.setitem(sys.modules, "kubernetes", types.SimpleNamespace(config=config))
     with pytest.raises(
-        k8s.KubernetesClientError, match=re.escape("set KUBECONFIG or write ~/.kube/config")
+        k8s_apply.KubernetesClientError, match=re.escape("set KUBECONFIG or write ~/.kube/config")
     ):
-        k8s.connect()
+        k8s_apply.connect()
 
 
 def test_the_creators_name_real_kubernetes_client_methods():
     client = pytest.importorskip("kubernetes.client")
-    for kind, (api, method, _) in k8s.CREATORS.items():
+    for kind, (api, method, _) in k8s_apply.CREATORS.items():
         assert callable(getattr(getattr(client, api), method, None)), kind
 
 
