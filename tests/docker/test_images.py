@@ -212,9 +212,10 @@ def test_a_second_build_after_a_code_change_takes_the_dependencies_from_the_cach
         ]  # the step that copies the dependencies' venv: the very same cached image
         assert venv[0] == venv[1] != "<missing>"
     finally:
-        for i in client.images.list(name="troupe-test-rebuild"):
-            for t in i.tags:
-                client.images.remove(t)
+        for i in client.images.list(name="troupe-test-rebuild"):  # ours only: the cached
+            for t in i.tags:  # stages also carry troupe-worker:deps-KEY and :project-stage
+                if t.startswith("troupe-test-rebuild:"):
+                    client.images.remove(t)
 
 
 def test_a_build_with_nothing_changed_gives_the_same_image_id(client, image):
