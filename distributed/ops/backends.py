@@ -533,17 +533,24 @@ def backend(record: LaunchRecord) -> Backend:
 
 def resolve(name: str, runs_dir: Path) -> LaunchRecord:
     """The run ``name`` names: a folder, a folder under ``runs_dir``, or a cluster run of that
-    name (Swarm, Kubernetes, Slurm, asked in that order where each answers)."""
+    name (Swarm, Kubernetes, Slurm, asked in that order where each answers). A folder that is
+    no run folder (a ``cp1/`` of something else beside ``runs/``) does not hide the others."""
+    not_runs = []
     for folder in (Path(name), Path(runs_dir) / name):
         if folder.is_dir():
             record = read_record(folder)
             if record is not None:
                 return record
-            raise OpsError(f"{folder} is a folder but not a run folder: it has no config.json")
+            not_runs.append(str(folder))
     for backend in FINDERS:
         record = backend.find(name)
         if record is not None:
             return record
+    if not_runs:
+        raise OpsError(
+            f"{' and '.join(not_runs)} is a folder but not a run folder (no config.json or "
+            f"launch.json), and no Swarm, Kubernetes or Slurm run is named '{name}'"
+        )
     raise OpsError(
         f"no run '{name}': not a run folder, nothing under {runs_dir}/, and no Swarm service, "
         "Kubernetes pod or Slurm job carries that name (troupe ps lists the runs under "

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from distributed.errors import OpsError
 from distributed.ops import backends, folder
 from distributed.ops.backends import resolve
 from distributed.ops.record import LaunchRecord, read
@@ -233,7 +234,11 @@ def run_ps(args: argparse.Namespace, console: Console) -> int:
     root = Path(args.runs_dir)
     runs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for path in runs:
-        record = read(path)
+        try:
+            record = read(path)
+        except OpsError as e:  # one bad record does not hide the other runs
+            table.add_row(path.name, "?", str(e), "", "")
+            continue
         if record is None:
             continue
         alive = backends.backend(record).alive(record)

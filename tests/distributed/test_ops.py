@@ -56,7 +56,7 @@ def test_a_pid_given_to_another_process_is_not_the_run(tmp_path):
     assert "is not running" in backends.LocalBackend().stop(reused, now=False)  # no signal
 
 
-def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path):
+def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path, monkeypatch):
     run_dir = run_folder_at(tmp_path / "r")
     (run_dir / "launch.json").write_text('{"launcher": "nomad", "run": "r"}')
     with pytest.raises(OpsError, match="launcher 'nomad'"):
@@ -64,6 +64,11 @@ def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(OpsError, match="not a run folder"):
         backends.resolve(str(tmp_path / "empty"), tmp_path)
+    runs = tmp_path / "runs"
+    record.write(run_folder_at(runs / "empty"), record.for_process("local", runs / "empty", 1))
+    monkeypatch.chdir(tmp_path)
+    found = backends.resolve("empty", runs)  # ./empty is no run: runs/empty is found
+    assert found.folder() == (runs / "empty").resolve()
     with pytest.raises(OpsError, match="no run 'ghost'"):
         backends.resolve("ghost", tmp_path)
 
