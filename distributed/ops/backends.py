@@ -193,12 +193,19 @@ def _docker_lines(container, tail: int, follow: bool) -> Iterator[str]:
     if not follow:
         yield from out.decode(errors="replace").splitlines()
         return
+    yield from _whole_lines(out)
+
+
+def _whole_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Lines of a byte stream whose chunks end anywhere, a line split over two included."""
     pending = b""
-    for chunk in out:
+    for chunk in chunks:
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
             yield line.decode(errors="replace")
+    if pending:
+        yield pending.decode(errors="replace")
 
 
 # --------------------------------------------------------------------- swarm
@@ -408,8 +415,7 @@ def _pod_lines(core, name: str, namespace: str, tail: int, follow: bool) -> Iter
     response = core.read_namespaced_pod_log(
         name, namespace, tail_lines=tail, follow=True, _preload_content=False
     )
-    for raw in response.stream():
-        yield from raw.decode(errors="replace").splitlines()
+    yield from _whole_lines(response.stream())
 
 
 # --------------------------------------------------------------------- slurm

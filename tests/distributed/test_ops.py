@@ -280,3 +280,13 @@ def test_stop_waits_and_reports_a_run_that_will_not_end(tmp_path, monkeypatch):
     finally:
         stubborn.send_signal(signal.SIGKILL)
         stubborn.wait()
+
+
+def test_a_followed_stream_gives_whole_lines_whatever_its_chunks():
+    chunks = [b"first li", b"ne\nsecond line\nthi", b"rd", b" line\nlast"]
+    assert list(backends._whole_lines(iter(chunks))) == [
+        "first line",
+        "second line",
+        "third line",
+        "last",
+    ]
