@@ -41,7 +41,10 @@ def _assert_ranks_agree(run_dir, *, restarted: bool = False) -> dict:
     assert last[f"{t}steps"] >= 1 and last[f"{t}rank1/steps"] >= 1, (last, restarts)
     if not restarted:
         assert last[f"{t}rank1/steps"] == last[f"{t}steps"], (last, restarts)
-    assert last[f"{t}rank1/version"] == last[f"{t}version"] == last["policy/default/version"]
+    assert last[f"{t}rank1/version"] == last[f"{t}version"], (last, restarts)
+    # The policy workers serve what they last pulled: a version or a few behind on a loaded
+    # machine (rank 0 publishes one more as the run stops), never ahead.
+    assert last["policy/default/version"] <= last[f"{t}version"], last
     assert last[f"{t}rank1/param_checksum"] == last[f"{t}param_checksum"], last
     versions = _versions(run_dir)
     assert versions == sorted(versions), versions  # monotonic, as the parameter service sees them
