@@ -706,7 +706,7 @@ def write_manifests(objects: Sequence[dict], extras: Sequence[dict], out: Path) 
         path.write_text(to_yaml(obj))
         files.append(path)
     (base / "kustomization.yaml").write_text(to_yaml(_kustomization([p.name for p in files])))
-    files.append(write_overlay(objects, out, base))
+    files.append(write_overlay(objects, out))
     (out / "kustomization.yaml").write_text(to_yaml(_kustomization([str(OVERLAY_DIR)])))
     for obj in extras:
         path = out / "extras" / f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"

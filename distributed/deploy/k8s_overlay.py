@@ -118,9 +118,8 @@ def _patch(comment: str, target: dict, ops: list[tuple[str, str, Any]]) -> list[
     ]
 
 
-def write_overlay(objects: Sequence[dict], out: Path, base: Path) -> Path:
-    """``out/overlays/site/kustomization.yaml`` over ``base`` (``out/base``)."""
-    assert base == Path(out) / "base", base  # the overlay names it as ../../base
+def write_overlay(objects: Sequence[dict], out: Path) -> Path:
+    """``out/overlays/site/kustomization.yaml``, over ``out/base`` (named ``../../base``)."""
     path = Path(out) / OVERLAY_DIR / "kustomization.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(overlay_text(objects))

@@ -126,10 +126,10 @@ class DockerBackend(LocalBackend):
 
         return connect()
 
-    def _containers(self, record: LaunchRecord) -> list[Any]:
+    def _containers(self, record: LaunchRecord, client: Any = None) -> list[Any]:
         from distributed.launch import docker_run as dr
 
-        client = self._client()
+        client = client or self._client()
         return client.containers.list(all=True, filters={"label": f"{dr.LABEL_RUN}={record.run}"})
 
     def alive(self, record: LaunchRecord) -> bool | None:
@@ -179,12 +179,13 @@ class DockerBackend(LocalBackend):
         """Containers left by a runner that was killed (its own exit removes them)."""
         if record.running_here():
             return None
-        left = self._containers(record)
+        client = self._client()
+        left = self._containers(record, client)
         if not left:
             return None
         from distributed.launch.docker_run import remove_run_objects
 
-        remove_run_objects(self._client(), record.run)
+        remove_run_objects(client, record.run)
         return f"removed {len(left)} container(s) and the network of run '{record.run}'"
 
 

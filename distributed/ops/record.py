@@ -12,7 +12,6 @@ or Slurm run of that name.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -20,6 +19,8 @@ from pathlib import Path
 
 from distributed.errors import OpsError
 from system import run_folder
+from system.processes import process_alive as pid_alive
+from system.processes import process_start
 from system.run import folder_lock
 
 LAUNCHERS = ("local", "docker", "swarm", "k8s", "slurm")
@@ -104,9 +105,7 @@ def read(folder: Path) -> LaunchRecord | None:
             pid=holder,
         )
     try:
-        data = json.loads(path.read_text())
-        known = {f.name for f in fields(LaunchRecord)}
-        record = LaunchRecord(**{k: v for k, v in data.items() if k in known})
+        record = _from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError) as e:
         raise OpsError(f"{path} is not a launch record: {e}") from e
     if record.launcher in ("local", "docker"):  # its record lives in the run folder itself,
@@ -126,39 +125,10 @@ def _follow_run_folder(record: LaunchRecord, source: Path) -> LaunchRecord:
         data = json.loads(inner.read_text())
     except (OSError, ValueError):
         return record
-    merged = {**asdict(record), **{k: v for k, v in data.items() if v is not None}}
+    return _from_dict({**asdict(record), **{k: v for k, v in data.items() if v is not None}})
+
+
+def _from_dict(data: dict) -> LaunchRecord:
+    """A record from its JSON, keys of newer Troupes (unknown here) left out."""
     known = {f.name for f in fields(LaunchRecord)}
-    return LaunchRecord(**{k: v for k, v in merged.items() if k in known})
-
-
-def process_start(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot (None without ``/proc``)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[-1].split()[19])
-
-
-def pid_alive(pid: int | None, start: int | None = None) -> bool:
-    """Whether ``pid`` is a live process (not a zombie), and the one that started at ``start``
-    when that is known."""
-    if not pid:
-        return False
-    if start is not None and process_start(pid) not in (start, None):
-        return False  # the pid now belongs to another process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _not_zombie(pid)
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return LaunchRecord(**{k: v for k, v in data.items() if k in known})

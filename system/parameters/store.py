@@ -60,6 +60,7 @@ from system.parameters.checkpoint_file import (
     load_checkpoint_file,
     write_checkpoint,
 )
+from system.processes import process_exists
 from system.run_folder import write_atomically
 
 logger = logging.getLogger(__name__)
@@ -495,16 +496,6 @@ def _remove_partial_files(policy_dir: Path) -> None:
     """Temporary files of a process killed while writing: never a real checkpoint."""
     for path in policy_dir.iterdir():
         match = _TMP_RE.fullmatch(path.name)
-        if match and not _process_exists(int(match.group(1))):
+        if match and not process_exists(int(match.group(1))):
             logger.info("removing %s, left by a process killed while writing it", path)
             path.unlink(missing_ok=True)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -34,6 +34,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from system.errors import ControllerGoneError, PeerTimeoutError, WireError
+from system.processes import process_exists
 from system.ratelimit import BadMessages
 from system.run import control_protocol as cp
 from system.run.coordination.state import StateReplica
@@ -353,7 +354,7 @@ class ConnectionWatch:
                         lost_at = time.monotonic()
                 if lost_at is not None and time.monotonic() - lost_at > RECONNECT_GRACE_S:
                     self._exit(f"closed its connection {time.monotonic() - lost_at:.1f}s ago")
-                if self.controller_pid is not None and not _process_exists(self.controller_pid):
+                if self.controller_pid is not None and not process_exists(self.controller_pid):
                     self._exit(f"process {self.controller_pid} ended")
         finally:
             self._monitor.close(linger=0)
@@ -370,13 +371,3 @@ class ConnectionWatch:
         self._thread.join(timeout=1.0)
         with contextlib.suppress(zmq.ZMQError):
             self._socket.disable_monitor()
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: exists
-        return True
-    return True

@@ -187,11 +187,12 @@ class Controller:
         record, roles = self.tally.record(elapsed, workers, self.callbacks.logged)
         record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
         self.metrics.write(record)
+        table = self.supervisor.table()
         if self.exporter is not None:  # the last record of a run says it has ended
-            self.exporter.update(record, self.supervisor.table(), self.run_name, running=show)
+            self.exporter.update(record, table, self.run_name, running=show)
         if show:
             self.display.update(self.tally.snapshot(record, roles, workers, time.monotonic()))
-        run_folder.write_json(self.run_dir / run_folder.WORKERS, self.supervisor.table())
+        run_folder.write_json(self.run_dir / run_folder.WORKERS, table)
         endpoints = {"controller": self.address, **self.names.endpoints}
         if self.exporter is not None:
             endpoints["metrics"] = self.exporter.url
