@@ -68,8 +68,9 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         activation: ``tanh``, ``relu``, ``elu`` or ``gelu``.
         device: ``cpu`` or ``cuda`` (falls back to the CPU when no GPU is available).
         seed: seeds parameter initialisation and action sampling (None: torch's global RNG).
-        numpy_inference: act through a numpy copy of the network where it applies (vector
-            observations, no GRU, CPU; see :mod:`algorithm.modules.numpy_inference`): the same
+        numpy_inference: act through a numpy copy of the network where it applies (vectors,
+            boards and Dicts of them, no image, no GRU, CPU; see
+            :mod:`algorithm.modules.numpy_inference`): the same
             outputs up to float rounding, for several times less CPU a request. Training always
             goes through torch.
         normalize_obs: standardise Box observations by their running mean and std.
@@ -184,7 +185,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         if isinstance(self.action_space, gym.spaces.Box):
             action, log_prob = self._gaussian_numpy(params, greedy)
         else:
-            action, log_prob = self._categorical_numpy(params, greedy)
+            mask = numpy_inference_lib.action_mask(obs)
+            action, log_prob = self._categorical_numpy(params, greedy, mask)
         return RolloutResult(
             action=action,
             policy_output=ActorCriticOutput(log_prob=log_prob, value=value),
@@ -192,12 +194,13 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             request_id=request.request_id,
         )
 
-    def _categorical_numpy(self, params: np.ndarray, greedy: np.ndarray | None):
+    def _categorical_numpy(self, params, greedy: np.ndarray | None, mask: np.ndarray | None):
         lib, space = numpy_inference_lib, self.action_space
         sizes = [int(space.n)] if isinstance(space, gym.spaces.Discrete) else self._nvec
         actions, log_prob, start = [], 0.0, 0
         for n in sizes:
-            log_probs = lib.log_softmax(params[:, start : start + n])
+            part = None if mask is None else mask[:, start : start + n]
+            log_probs = lib.log_softmax(lib.masked(params[:, start : start + n], part))
             action = lib.categorical_sample(log_probs, self._rng)
             if greedy is not None:
                 action = np.where(greedy, log_probs.argmax(axis=-1), action)

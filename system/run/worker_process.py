@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from api import global_state
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError, UserError
@@ -189,6 +191,10 @@ def _build(
     ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: cp.Configure, place: Placement
 ):
     plan = plan_from_wire(role, conf.plan)
+    # numpy's BLAS (OpenBLAS) starts a thread per core, which spin while they wait: a policy
+    # worker acting through numpy (algorithm.modules.numpy_inference) on a 2-core machine used
+    # 4.5x the CPU a frame it uses on one thread. Every worker computes on one thread, as torch.
+    threadpool_limits(limits=1, user_api="blas")
     if plan.needs_torch:
         import torch  # only the roles that run a network pay for importing torch
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+from api.namedarray import NamedArray
 from api.policy import RolloutRequest
 
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(2, 3), dtype=np.float32)
@@ -102,9 +103,85 @@ def test_torch_acts_where_numpy_does_not_apply(kwargs):
     assert policy.rollout(request(4)).action.shape == (4,)
 
 
-def test_dict_observations_act_through_torch():
-    space = gym.spaces.Dict({"x": BOX_OBS})
+def test_images_act_through_torch():
+    space = gym.spaces.Dict({"x": gym.spaces.Box(0, 255, (3, 16, 16), np.uint8)})
     assert ActorCriticPolicy(space, gym.spaces.Discrete(3))._numpy is None
+
+
+BOARD = gym.spaces.Box(0, 1, (6, 7, 2), np.int8)
+BOARDS = {
+    "a board, channels last": gym.spaces.Dict(
+        {"observation": BOARD, "action_mask": gym.spaces.Box(0, 1, (7,), np.int8)}
+    ),
+    "a board, channels first": gym.spaces.Dict(
+        {"observation": gym.spaces.Box(0, 1, (2, 6, 7), np.int8),
+         "action_mask": gym.spaces.Box(0, 1, (7,), np.int8)}
+    ),
+    "a board beside a vector and a discrete": gym.spaces.Dict(
+        {"board": BOARD, "turn": gym.spaces.Discrete(2, start=1), "v": BOX_OBS,
+         "action_mask": gym.spaces.Box(0, 1, (7,), np.int8)}
+    ),
+}  # fmt: skip
+
+
+def board_request(space: gym.spaces.Dict, rows: int, greedy: bool) -> RolloutRequest:
+    rng = np.random.default_rng(1)
+    obs = {k: np.stack([s.sample() for _ in range(rows)]) for k, s in space.spaces.items()}
+    obs["action_mask"][0] = 0  # a row with no legal action: every action is legal again
+    obs["action_mask"][1] = [0, 0, 0, 1, 0, 0, 0]  # one legal action: always that one
+    obs["action_mask"][2:] = rng.integers(0, 2, (rows - 2, 7))
+    return RolloutRequest(
+        obs=NamedArray(**obs),
+        is_evaluation=np.full((rows, 1), greedy),
+        on_reset=np.zeros((rows, 1), bool),
+    )
+
+
+NETWORKS = {
+    "convolutions": dict(grid_channels=[8, 4]),
+    "convolutions, mirrored, shared": dict(
+        grid_channels=[8], mirror_actions=[6, 5, 4, 3, 2, 1, 0], shared_backbone=True
+    ),
+    "mirrored": dict(mirror_actions=[6, 5, 4, 3, 2, 1, 0]),
+    "flattened": dict(),
+}
+CASES = [
+    (case, network)
+    for case in sorted(BOARDS)
+    for network in sorted(NETWORKS)
+    # a vector key has no reflection: such a space refuses mirror_actions
+    if not ("mirror" in network and "vector" in case)
+]
+
+
+@pytest.mark.parametrize("case, network", CASES)
+def test_boards_act_through_numpy_as_through_torch(case, network):
+    """Dict observations of boards (convolved or flattened, mirrored or not) with action masks:
+    the same values, log-probabilities and greedy moves, and never an illegal move."""
+    space = BOARDS[case]
+    kwargs = dict(NETWORKS[network], hidden_sizes=[32], activation="relu", seed=5)
+    fast = ActorCriticPolicy(space, gym.spaces.Discrete(7), **kwargs)
+    slow = ActorCriticPolicy(space, gym.spaces.Discrete(7), numpy_inference=False, **kwargs)
+    assert fast._numpy is not None
+    with torch.no_grad():  # weights of a trained network, not of a fresh one (heads near 0)
+        for p, q in zip(fast.parameters(), slow.parameters(), strict=True):
+            p.normal_(0.0, 0.3)
+            q.copy_(p)
+    req = board_request(space, 24, greedy=False)
+    got, ref = fast.rollout(req), slow.rollout(req)
+    np.testing.assert_allclose(got.policy_output.value, ref.policy_output.value, atol=1e-4)
+    mask = req.obs["action_mask"].astype(bool)
+    mask[0] = True
+    assert mask[np.arange(24), got.action].all()
+    assert (got.action[1] == 3) and (ref.action[1] == 3)
+    with torch.no_grad():
+        obs = slow.to_tensor(req.obs).apply(lambda x: x[None])
+        params, _, _ = slow.module(obs, None, torch.zeros(1, 24, 1, dtype=bool))
+        dist = slow._distribution(params[0], torch.as_tensor(mask))
+        expected = dist.log_prob(torch.as_tensor(got.action)).numpy()
+    np.testing.assert_allclose(got.policy_output.log_prob, expected, atol=1e-4)
+    greedy = board_request(space, 24, greedy=True)
+    np.testing.assert_array_equal(fast.rollout(greedy).action, slow.rollout(greedy).action)
 
 
 def test_a_trainer_step_on_the_same_policy_object_is_acted_on_at_once():
