@@ -281,8 +281,13 @@ class ExperimentConfig:
     actor_callbacks: list[ComponentConfig] = field(default_factory=list)
     """Registered callbacks run inside every actor (``api.episode``): ``on_episode_start``,
     ``on_episode_step`` (before a step is recorded: reward shaping) and ``on_episode_end``,
-    each given the :class:`~api.episode.Episode`; ``episode.log(name, value)`` reports a number
-    as ``custom/<name>``."""
+    each given the :class:`~api.episode.Episode`, and ``on_segment`` on each batch of finished
+    segments before it is sent (fields of its own declared in ``segment_fields``);
+    ``episode.log(name, value)`` reports a number as ``custom/<name>``."""
+    trainer_callbacks: list[ComponentConfig] = field(default_factory=list)
+    """Registered callbacks run inside every trainer (``api.train_result``):
+    ``on_train_result(result)`` after each step, with the policy, the trainer and the batch;
+    ``result.log(name, value)`` reports a number as ``policy/<policy>/custom/<name>``."""
     callbacks: list[ComponentConfig] = field(default_factory=list)
     """Registered callbacks (``register_callback``) the controller calls: ``on_episode_end``,
     ``on_train_result`` and ``on_evaluation``; see ``system.run.episodes``."""
@@ -457,6 +462,8 @@ def validate(config: ExperimentConfig) -> list[str]:
         errors += _check_component("callback", f"callbacks[{i}]", callback)
     for i, callback in enumerate(config.actor_callbacks):
         errors += _check_component("callback", f"actor_callbacks[{i}]", callback)
+    for i, callback in enumerate(config.trainer_callbacks):
+        errors += _check_component("callback", f"trainer_callbacks[{i}]", callback)
     for i, pname in enumerate(config.agent_policies):
         if pname not in config.policies:
             errors.append(

@@ -80,6 +80,9 @@ class SampleBatch:
     """``[T, B, 1]`` bool: ``obs[t]`` is the first observation of an episode."""
     policy_version: np.ndarray | None = None
     """``[T, B, 1]`` int64: the policy version that chose ``action[t]``."""
+    extras: NamedArray | None = None
+    """``[T, B, ...]`` each: fields the experiment's actor callbacks add (``on_segment`` with
+    ``segment_fields``, :mod:`api.episode`); None when none declares any."""
 
 
 class Policy(abc.ABC):

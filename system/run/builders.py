@@ -227,6 +227,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         endpoint = roles.samples_endpoint(plan.policy, plan.index)
         samples = wiring.sample_consumer(endpoint, plan.policy)
     from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
+    from system.workers.trainer_hooks import TrainerHooks
     from system.workers.trainer_worker import TrainerWorker
 
     # One of several trainers of its policy is a group member (the group forms once built).
@@ -245,6 +246,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         max_policy_lag=pc.max_policy_lag,
         warn_policy_lag=pc.warn_policy_lag,
         publish_every=pc.publish_every,
+        hooks=TrainerHooks.of(cfg.trainer_callbacks),
     )
     latest = latest_version(params, plan.policy)
     if latest is not None:  # resuming, or restarted after a failure

@@ -15,7 +15,9 @@ from typing import Any
 
 from api.config import ExperimentConfig
 from api.environment import StepResult
+from api.episode import ACTOR_HOOKS, SegmentFields
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
+from api.registry import make_callbacks
 from system.run import builders
 from system.streams import validation, wire
 from system.streams.validation import (
@@ -26,8 +28,9 @@ from system.streams.validation import (
     RequestLayout,
     SegmentLayout,
 )
+from system.workers.actor_hooks import declared_fields
 from system.workers.lanes import Lane, Slot
-from system.workers.trajectory import SegmentBuffer
+from system.workers.trajectory import SegmentBuffer, with_extras
 
 
 def max_lane_rows(config: ExperimentConfig, spaces: builders.AgentSpaces) -> int:
@@ -53,9 +56,18 @@ def segment_layout(
 ) -> SegmentLayout:
     """What the trainers of policy ``name`` may receive: segments an actor's lane records from
     the policy's own answers."""
-    step = validation.spec_of(_probe_segment(config, spaces, policy, name), 2)
+    segment = with_extras(_probe_segment(config, spaces, policy, name), extra_fields(config))
+    step = validation.spec_of(segment, 2)
     length = config.actors.segment_length + 1
     return SegmentLayout(step, length, max_lane_rows(config, spaces))
+
+
+def extra_fields(config: ExperimentConfig) -> SegmentFields:
+    """The fields the experiment's actor callbacks add to every segment (``segment_fields``),
+    read from the callbacks built as the actors build them."""
+    if not config.actor_callbacks:
+        return {}
+    return declared_fields(make_callbacks(config.actor_callbacks, ACTOR_HOOKS, "actor_callbacks"))
 
 
 def priority_layout(config: ExperimentConfig, name: str) -> PriorityLayout:

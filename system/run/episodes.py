@@ -32,7 +32,16 @@ HOOKS = ("on_episode_end", "on_train_result", "on_evaluation")
 NOT_AVERAGED = frozenset({"started_at"})
 """Numbers of an episode's record that are no measure (when it began: a Unix time)."""
 CUSTOM = "custom/"
-"""What actor callbacks log (``Episode.log``): reported with their min and max as well."""
+"""What actor callbacks log (``Episode.log``): reported with their min and max as well, as is
+what they log for one policy (``policy/<name>/custom/...``)."""
+
+
+def is_custom(key: str) -> bool:
+    """Whether a record key is a number a user logged: ``custom/<name>`` or
+    ``policy/<policy>/custom/<name>``."""
+    parts = key.split("/")
+    per_policy = len(parts) >= 4 and parts[0] == "policy" and parts[2] == "custom"
+    return parts[0] == "custom" or per_policy
 
 
 class EpisodeWindow:
@@ -55,7 +64,7 @@ class EpisodeWindow:
                     values.setdefault(key, []).append(float(value))
         means = {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}
         for key, v in values.items():  # the user's own numbers: their spread too
-            if key.startswith(CUSTOM):
+            if is_custom(key):
                 means[f"{prefix}{key}/min"], means[f"{prefix}{key}/max"] = min(v), max(v)
         return means
 
@@ -67,8 +76,9 @@ class Callbacks:
         self.objects = make_callbacks(configs, HOOKS, "callbacks")
         self._train_steps: dict[str, float] = {}
         self.logged: dict[str, float] = {}
-        """What hooks returned (a dict of numbers): ``custom/<name>`` in each record, the
-        newest value of each name."""
+        """What hooks returned (a dict of numbers), the newest value of each name, as record
+        keys: ``custom/<name>``, or ``policy/<policy>/custom/<name>`` from ``on_train_result``
+        (the numbers of that policy's training)."""
 
     def on_episodes(self, records: list[dict[str, Any]], evaluation: bool) -> None:
         """Finished training episodes (evaluation ones reach ``on_evaluation`` by window)."""
@@ -87,12 +97,12 @@ class Callbacks:
         if steps is None or self._train_steps.get(policy) == steps:
             return
         self._train_steps[policy] = steps
-        self._call("on_train_result", policy, dict(stats))
+        self._call("on_train_result", policy, dict(stats), logged_as=f"policy/{policy}/{CUSTOM}")
 
     def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
         self._call("on_evaluation", mean_return, [dict(e) for e in episodes])
 
-    def _call(self, hook: str, *args: Any) -> None:
+    def _call(self, hook: str, *args: Any, logged_as: str = CUSTOM) -> None:
         for name, obj in self.objects:
             method = getattr(obj, hook, None)
             if method is None:
@@ -102,13 +112,13 @@ class Callbacks:
             except Exception as e:
                 raise CallbackError(f"callback '{name}' raised in {hook}: {e!r}") from e
             if isinstance(returned, dict):
-                self._log(name, hook, returned)
+                self._log(name, hook, returned, logged_as)
 
-    def _log(self, name: str, hook: str, numbers: dict[str, Any]) -> None:
+    def _log(self, name: str, hook: str, numbers: dict[str, Any], prefix: str) -> None:
         for key, value in numbers.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise CallbackError(
                     f"callback '{name}' returned {key}={value!r} from {hook}: what a hook "
                     "returns is logged, so it must map names to numbers"
                 )
-            self.logged[str(key)] = float(value)
+            self.logged[f"{prefix}{key}"] = float(value)

@@ -19,7 +19,8 @@ Series (every one labelled with ``run``):
   ``troupe_role_busy{role}`` (:mod:`system.timing`); ``troupe_policy_batch_rows{stat}``;
 - ``troupe_worker_up{worker,role}``, ``troupe_worker_restarts_total{worker,role}``,
   ``troupe_worker_peak_rss_bytes{worker,role}``;
-- ``troupe_custom{name}`` for what users log (``custom/...``); any other number of the
+- ``troupe_custom{name}`` for what users log (``custom/...``), ``troupe_custom{name,policy}``
+  for what they log for one policy (``policy/<name>/custom/...``); any other number of the
   record as ``troupe_metric{key}``, so nothing in ``metrics.jsonl`` is out of reach.
 """
 
@@ -98,6 +99,8 @@ def _place(key: str, value: Any, add) -> None:
     parts = key.split("/")
     if key in RUN_SERIES:
         add(RUN_SERIES[key][0], value)
+    elif parts[0] == "policy" and len(parts) >= 4 and parts[2] == "custom":
+        add("troupe_custom", value, name="/".join(parts[3:]), policy=parts[1])
     elif parts[0] == "policy" and len(parts) >= 3 and parts[-1] in ("version", "episode_return"):
         add(f"troupe_policy_{parts[-1]}", value, policy="/".join(parts[1:-1]))
     elif parts[0] == "trainer" and len(parts) >= 3:

@@ -23,10 +23,11 @@ from api.config import ExperimentConfig
 from system import timing
 from system.errors import WireError
 from system.roles import Role, WorkerState
-from system.run.episodes import CUSTOM, EpisodeWindow
+from system.run.episodes import EpisodeWindow, is_custom
 from system.run.plan import WorkerPlan
 from system.run.stopping import EvaluationWindows, judged_policy
 from system.run.supervisor import WorkerRecord
+from system.workers.trainer_hooks import CUSTOM_STAT
 
 RETURNS_WINDOW = 100
 """Training episodes the ``episode_return`` of a record averages."""
@@ -227,13 +228,15 @@ class Tally:
         record.update({k: v for k, v in self.train_window.means().items() if k not in record})
         record.update(self.eval_window.means("eval/"))
         record.update(self.evaluation.figures())  # the version evaluation holds, if any
-        record.update({f"{CUSTOM}{k}": v for k, v in custom.items()})
+        record.update(custom)
         for name, by_worker in self.exploration.items():
             record[f"policy/{name}/epsilon"] = float(np.mean(list(by_worker.values())))
         for name, stats in self.trainer_stats.items():
             record[f"policy/{name}/version"] = stats.get("version")
             for k, v in stats.items():
-                record[f"trainer/{name}/{k}"] = v
+                # a trainer callback's numbers (system.workers.trainer_hooks): the policy's own
+                own = k.startswith(CUSTOM_STAT)
+                record[f"policy/{name}/{k}" if own else f"trainer/{name}/{k}"] = v
         roles = self.timing.take()
         record.update(timing.record(roles))
         record.update({f"timing/{k}": v for k, v in self.timing.take_batches().items()})
@@ -255,9 +258,9 @@ class Tally:
             "eval_return": record["eval_return"],
             "game_return": record["game_return"],
             "custom": {
-                k[len(CUSTOM) :]: v
+                _custom_label(k): v
                 for k, v in record.items()
-                if k.startswith(CUSTOM) and not k.endswith(("/min", "/max"))
+                if is_custom(k) and not k.endswith(("/min", "/max"))
             },
             "target": self.config.stop.eval_return,
             "policies": {name: _policy_line(s) for name, s in self.trainer_stats.items()},
@@ -279,3 +282,9 @@ class Tally:
         return bool(self.trainer_stats) and all(
             s.get("steps", 0) >= steps for s in self.trainer_stats.values()
         )
+
+
+def _custom_label(key: str) -> str:
+    """How the panel names a logged number: ``name``, or ``policy:name`` for one policy's."""
+    parts = key.split("/")
+    return "/".join(parts[1:]) if parts[0] == "custom" else f"{parts[1]}:{'/'.join(parts[3:])}"

@@ -229,6 +229,8 @@ class ActorWorker(Worker):
             segments = lane.take_answer(reply.result, reply.version)
             if segments is not None:
                 self.stages.enter("send_samples")
+                if self.hooks is not None:  # the user's trajectory hook: the last word
+                    segments = self.hooks.segment(policy, segments)
                 self.samples.post(policy, segments)
                 self.stages.enter("answers")
             action = reply.result.action
@@ -290,7 +292,8 @@ class ActorWorker(Worker):
         results = self._call_env(e, "reset")
         if results is not None:
             if self.hooks is not None:
-                self.hooks.start(e, self.envs[e], results, self.episode_counts[e] - 1)
+                policies = [slot.policy for slot in self.slots[e]]
+                self.hooks.start(e, self.envs[e], results, self.episode_counts[e] - 1, policies)
             self._take_results(e, results)
 
     def _map_policies(self, e: int) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from api.policy import SampleBatch
+from api.train_result import TrainResult
 from api.trainer import Trainer
 from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
 from system.parameters import trainer_state
@@ -44,6 +45,7 @@ from system.timing import StageClock
 from system.workers.base import Worker
 from system.workers.batch_loader import BatchLoader
 from system.workers.batch_source import BatchSource, ReplaySource, SegmentSource
+from system.workers.trainer_hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
 LEGACY_TRAINER_FILE = "trainer.pt"
@@ -74,8 +76,11 @@ class TrainerWorker(Worker):
         max_policy_lag: int | None = None,
         warn_policy_lag: int | None = None,
         publish_every: int = 1,
+        hooks: TrainerHooks | None = None,
     ):
         super().__init__(worker_id)
+        self.hooks = hooks
+        """The experiment's trainer callbacks (system.workers.trainer_hooks), if any."""
         self.policy_name = policy_name
         self.trainer = trainer
         self.params = params
@@ -179,9 +184,22 @@ class TrainerWorker(Worker):
         stats.update(self.source.age(version_before, batch))
         stats["step_s"] = time.perf_counter() - started
         stats["steps"] = self.steps
+        if self.hooks is not None:
+            stats.update(self.hooks.after_step(self._result(batch, stats)))
         self.stats.update(stats)
         self.stats["samples"] = self.stats.get("samples", 0) + int(np.prod(batch.reward.shape))
         return stats
+
+    def _result(self, batch: SampleBatch, stats: dict[str, float]) -> TrainResult:
+        return TrainResult(
+            policy=self.policy_name,
+            worker=self.worker_id,
+            steps=self.steps,
+            version=int(stats["version"]),
+            stats=dict(stats),
+            batch=batch,
+            trainer=self.trainer,
+        )
 
     def _to_device(self, batch: SampleBatch) -> SampleBatch:
         """The batch as tensors on the policy's device, for a trainer that takes them

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from api.episode import SegmentFields
 from api.namedarray import NamedArray, concatenate
 from api.policy import SampleBatch
 
@@ -65,3 +66,15 @@ def take_columns(chunks: list[SampleBatch], count: int) -> tuple[SampleBatch, li
 
 def segment_count(chunk: NamedArray) -> int:
     return int(chunk.reward.shape[1])
+
+
+def with_extras(segments: SampleBatch, fields: SegmentFields) -> SampleBatch:
+    """``segments``, given ``extras`` holding the declared ``fields``, zero-filled
+    (``[T, k, *shape]`` each): what actor callbacks write into before the segments are sent, and
+    what the run's layouts expect (:mod:`system.run.declared`)."""
+    if not fields:
+        return segments
+    steps, count = segments.reward.shape[:2]
+    zeros = {k: np.zeros((steps, count, *shape), dtype) for k, (shape, dtype) in fields.items()}
+    segments.extras = NamedArray(**zeros)
+    return segments

@@ -1,7 +1,9 @@
 """Issue 28: hooks where the data is. A user's callback, written as README "Metrics and
 callbacks" shows, runs inside the actors of a real ``troupe run``: it shapes CartPole's reward
 before the step is recorded, sees every step's ``info``, and logs its own numbers, which
-appear in metrics.jsonl and TensorBoard as ``custom/<name>`` (mean, min, max)."""
+appear in metrics.jsonl and TensorBoard as ``custom/<name>`` (mean, min, max), for the run and
+for a policy; its trajectory hook adds a declared field to every segment, which the trainers
+take (they train, and drop nothing)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from api.registry import register_callback
 class Shaping:
     """Every step costs 0.1 of CartPole's +1: an episode of L steps returns 0.9 L."""
 
+    segment_fields = {"bonus": ((1,), "float32")}
+
     def on_episode_start(self, episode):
         episode.user_data["infos"] = 0
 
@@ -36,9 +40,21 @@ class Shaping:
     def on_episode_end(self, episode):
         episode.log("steps_with_info", episode.user_data["infos"])
         episode.log("length_seen", episode.length)
+        episode.log("agents", len(episode.policies), policy=episode.policies[0])
+
+    def on_segment(self, segment, policy):
+        segment.extras.bonus[:] = 0.01  # a bonus the trainer can read, kept apart
+
+
+class SeeBonus:
+    """In the trainer: the field the actors added, in the batch it trains on."""
+
+    def on_train_result(self, result):
+        result.log("bonus_seen", result.batch.extras.bonus.mean())
 
 
 register_callback("shaping", Shaping)
+register_callback("see-bonus", SeeBonus)
 '''
 
 
@@ -48,7 +64,8 @@ def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", "--import", str(user),
-         "actor_callbacks=[{'type': 'shaping'}]", "stop.env_frames=4000", "stop.eval_return=None",
+         "actor_callbacks=[{'type': 'shaping'}]", "trainer_callbacks=[{'type': 'see-bonus'}]",
+         "stop.env_frames=4000", "stop.eval_return=None",
          "evaluation.workers=1", "--run-dir", str(run_dir), "--no-display"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -63,6 +80,18 @@ def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
     # the shaped reward is what was recorded: a return of 0.9 per step
     assert last["episode_return"] == pytest.approx(0.9 * last["episode_length"], rel=1e-6)
     assert any("eval/custom/length_seen" in r for r in records)  # evaluation actors too
+    assert last["policy/default/custom/agents"] == 1.0
+    # the segments with their declared field fit the run's layout: trained on, none dropped,
+    # and the trainer's callback found the field in its batches
+    assert max(r.get("trainer/default/steps") or 0 for r in records) >= 1
+    seen = [
+        r["policy/default/custom/bonus_seen"]
+        for r in records
+        if "policy/default/custom/bonus_seen" in r
+    ]
+    assert seen and seen[-1] == pytest.approx(0.01)
+    logs = "".join(f.read_text() for f in (run_dir / "logs").glob("*.log"))
+    assert "malformed message" not in logs + result.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})

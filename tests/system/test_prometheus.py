@@ -37,6 +37,7 @@ RECORD = {
     "timing/trainer.loader/receive": 0.3,
     "timing/policy/batch_rows_p90": 48,
     "custom/shaping/mean": 0.5,
+    "policy/main/custom/bonus": 0.25,
     "worker_health/restarts": 1,
     "game_return": None,
 }
@@ -63,7 +64,11 @@ def test_a_record_renders_as_text_prometheus_parses():
                       ("trainer.loader", "receive"): 0.3}  # fmt: skip
     assert parsed["troupe_role_busy"][0].labels["role"] == "actor"
     assert parsed["troupe_policy_batch_rows"][0].labels["stat"] == "p90"
-    assert parsed["troupe_custom"][0].labels["name"] == "shaping/mean"
+    custom = {tuple(sorted(c.labels.items())): c.value for c in parsed["troupe_custom"]}
+    assert custom == {
+        (("name", "shaping/mean"), ("run", "r1")): 0.5,
+        (("name", "bonus"), ("policy", "main"), ("run", "r1")): 0.25,
+    }
     assert parsed["troupe_metric"][0].labels["key"] == "worker_health/restarts"
     assert str(parsed["troupe_eval_return"][0].value) == "nan"
     up = {s.labels["worker"]: s.value for s in parsed["troupe_worker_up"]}

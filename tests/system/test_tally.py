@@ -59,7 +59,7 @@ def test_actor_episodes_reach_the_record_and_the_observers(tally):
     evals = [{"episode_return": 500.0, "env": 0, "started_at": i} for i in range(2)]
     beat = {"env_frames": 640, "episodes": episodes, "eval_episodes": evals}
     t.add(records["actor/0"], WorkerStats.from_heartbeat(beat))
-    record, _ = t.record(2.0, records.values(), {"shaped": 1.5})
+    record, _ = t.record(2.0, records.values(), {"custom/shaped": 1.5})
     assert record["env_frames"] == 640 and record["fps"] == 320.0
     assert record["episode_return"] == 20.0 and record["episode_length"] == 10.0
     assert record["eval/episode_return"] == 500.0 and record["custom/shaped"] == 1.5
@@ -70,10 +70,17 @@ def test_actor_episodes_reach_the_record_and_the_observers(tally):
 def test_trainer_stats_make_the_policy_s_keys_and_the_step_rule(tally):
     t, observer, records = tally
     assert not t.trainer_steps_reached(1)  # no trainer has reported
-    stats = WorkerStats.from_heartbeat({"steps": 4, "version": 4, "loss": 0.25})
+    stats = WorkerStats.from_heartbeat(
+        {"steps": 4, "version": 4, "loss": 0.25, "custom/grad_norm": 1.5}
+    )
     t.add(records["trainer/default/0"], stats)
-    record, _ = t.record(1.0, records.values(), {})
+    record, roles = t.record(1.0, records.values(), {})
     assert record["policy/default/version"] == 4.0 and record["trainer/default/loss"] == 0.25
+    # what a trainer callback logged (system.workers.trainer_hooks) is the policy's own
+    assert record["policy/default/custom/grad_norm"] == 1.5
+    assert "trainer/default/custom/grad_norm" not in record
+    snapshot = t.snapshot(record, roles, records.values(), now=0.0)
+    assert snapshot["custom"] == {"default:grad_norm": 1.5}
     assert t.trainer_steps_reached(4) and not t.trainer_steps_reached(5)
     assert observer.calls == [("train", "default", 4.0)]
     assert records["trainer/default/0"].stats["version"] == 4  # for workers.json
