@@ -10,6 +10,10 @@
   ``__main__`` block does not run) and every worker imports it too, so whatever it registers at
   import time is known everywhere;
 * a declarative file, ``.yaml``/``.yml``, ``.toml`` or ``.json``: the config as a mapping;
+  ``base:`` starts it from a recipe, whose config the file's keys then change (mappings merge
+  key by key, anything else is replaced): a registered experiment (``base: cartpole-dqn``),
+  one with its function's arguments (``base: {experiment: ppo, env: Acrobot-v1}``), or
+  another experiment file beside it (``base: common.yaml``);
 * a registered environment (any gymnasium id): the ``ppo`` experiment on it.
 """
 
@@ -88,9 +92,28 @@ def _from_python(target: str) -> tuple[ExperimentConfig, str]:
     return config, str(Path(path).resolve())
 
 
-def _from_declarative(path: Path) -> ExperimentConfig:
+MAX_BASE_DEPTH = 8
+"""How many files a chain of ``base:`` may pass through (a longer one is taken for a circle)."""
+
+
+def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
     if not path.is_file():
         raise UserError(f"experiment file {path} does not exist")
+    data = _read_declarative(path)
+    base = data.pop("base", None)
+    name = data.get("name", path.stem)  # the file's, not its recipe's
+    if base is not None:
+        data = _merged(_base(base, path, depth).to_dict(), data)
+    data["name"] = name
+    code = data.setdefault("code", {})
+    if isinstance(code, dict):  # relative to the file, not to where the command runs
+        code["imports"] = [_beside(path, i) for i in code.get("imports", [])]
+        for item in code["imports"]:
+            user_code.import_code(item)
+    return ExperimentConfig.from_dict(data)
+
+
+def _read_declarative(path: Path) -> dict[str, Any]:
     text = path.read_text()
     suffix = path.suffix.lower()
     try:
@@ -104,13 +127,48 @@ def _from_declarative(path: Path) -> ExperimentConfig:
         raise UserError(f"{path}: not valid {suffix[1:]}: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping of config keys, got {type(data).__name__}"])
-    data.setdefault("name", path.stem)
-    code = data.setdefault("code", {})
-    if isinstance(code, dict):  # relative to the file, not to where the command runs
-        code["imports"] = [_beside(path, i) for i in code.get("imports", [])]
-        for item in code["imports"]:
-            user_code.import_code(item)
-    return ExperimentConfig.from_dict(data)
+    return data
+
+
+def _base(base: Any, path: Path, depth: int) -> ExperimentConfig:
+    """The recipe a file's ``base:`` names."""
+    if isinstance(base, dict):
+        args = dict(base)
+        name = args.pop("experiment", None)
+        if not isinstance(name, str):
+            raise ConfigError(
+                [f"{path}: base: a mapping names its recipe as 'experiment' and gives the "
+                 f"recipe's arguments beside it, e.g. {{experiment: ppo, env: Acrobot-v1}}; got "
+                 f"{base!r}"]
+            )  # fmt: skip
+        return _make_registered(name, args)
+    if not isinstance(base, str) or not base:
+        raise ConfigError([f"{path}: base: must name a recipe or a file, got {base!r}"])
+    if _is_file(base, (".py", *DECLARATIVE)):
+        if depth >= MAX_BASE_DEPTH:
+            raise ConfigError(
+                [f"{path}: base: more than {MAX_BASE_DEPTH} files deep: do the files name each "
+                 "other in a circle?"]
+            )  # fmt: skip
+        beside = str(path.parent / base) if not Path(base).is_absolute() else base
+        if _is_file(base, (".py",)):
+            config, imported = _from_python(beside)
+            config.code.imports = [*config.code.imports, imported]
+            return config
+        return _from_declarative(Path(beside), depth + 1)
+    config, _ = _from_registry(base, [])
+    return config
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes``: mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _beside(path: Path, item: Any) -> Any:
@@ -147,8 +205,7 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
                     ENVIRONMENT_EXPERIMENT)  # fmt: skip
         kwargs["env"] = name
         name = ENVIRONMENT_EXPERIMENT
-    spec = registry.experiments.spec(name)
-    params = _parameters(spec)
+    params = _parameters(registry.experiments.spec(name))
     rest = []
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -156,6 +213,12 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
             kwargs[key.strip()] = parse_value(raw.strip())
         else:
             rest.append(item)
+    return _make_registered(name, kwargs), rest
+
+
+def _make_registered(name: str, kwargs: dict[str, Any]) -> ExperimentConfig:
+    """The registered experiment ``name`` made with its function's arguments ``kwargs``."""
+    spec = registry.experiments.spec(name)
     try:
         config = spec.make(**kwargs)
     except RegistryError:
@@ -164,7 +227,7 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
         raise UserError(f"experiment '{name}' with {kwargs}: {e}") from e
     if not isinstance(config, ExperimentConfig):
         raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
-    return config, rest
+    return config
 
 
 def _parameters(spec: registry.Spec) -> list[str]:

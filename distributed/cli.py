@@ -142,7 +142,8 @@ SUBCOMMANDS: list[Subcommand] = [
                rc.add_test_pipeline_arguments, rc.run_test_pipeline),
     Subcommand("run", "run an experiment: every role in its own process",
                rc.add_run_arguments, rc.run_run),
-    Subcommand("train", "train PPO on any environment or gymnasium id, set up from its spaces",
+    Subcommand("train", "train on any environment or gymnasium id, set up from its spaces "
+               "(--algo ppo|impala|dqn|sac)",
                rc.add_train_arguments, rc.run_train),
     Subcommand("show-config", "the resolved config: every key, its type, default and doc",
                rc.add_show_config_arguments, rc.run_show_config),

@@ -172,6 +172,16 @@ def _register_experiments() -> None:
         "legacy.experiments.auto:ppo",
         description="PPO on any environment (env=NAME), set up from its spaces: troupe train ENV.",
     )
+    for name, what in (
+        ("impala", "IMPALA"),
+        ("dqn", "DQN, with a replay worker,"),
+        ("sac", "SAC, with a replay worker,"),
+    ):
+        registry.register_experiment(
+            name,
+            f"legacy.experiments.by_algo:{name}",
+            description=f"{what} on any environment (env=NAME): troupe train ENV --algo {name}.",
+        )
     for name, attr, description in (
         ("cartpole-curriculum", "cartpole_curriculum", "PPO on StagedCartPole-v0's 3 stages."),
         ("cartpole-pbt", "cartpole_pbt", "Population-based training: 4 PPO members, CartPole."),

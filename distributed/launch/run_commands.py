@@ -187,17 +187,29 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="experiment arguments (target=-100 frames=200000) or config overrides",
     )
     add_import_argument(parser)
-    parser.add_argument("--run-dir", help="run folder (default: runs/<env>-ppo-<time>)")
+    parser.add_argument(
+        "--algo",
+        choices=ALGORITHMS,
+        default="ppo",
+        help="the algorithm; its policy follows the spaces (ppo, impala: any actions; dqn: "
+        "discrete; sac: continuous)",
+    )
+    parser.add_argument("--run-dir", help="run folder (default: runs/<env>-<algo>-<time>)")
     add_metrics_argument(parser)
     parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
 
 
+ALGORITHMS = ("ppo", "impala", "dqn", "sac")
+"""``troupe train --algo``: each the registered experiment of that name, which takes ``env=``
+(``legacy.experiments.auto``, ``legacy.experiments.by_algo``)."""
+
+
 def run_train(args: argparse.Namespace, console: Console) -> int:
-    """``troupe run ppo env=ENV``: PPO set up from the environment's spaces."""
+    """``troupe run ALGO env=ENV``: the algorithm set up from the environment's spaces."""
     args.overrides = [f"env={args.environment}", *args.overrides]
-    args.experiment, args.resume, args.secure, args.launcher = "ppo", None, False, "local"
+    args.experiment, args.resume, args.secure, args.launcher = args.algo, None, False, "local"
     args.image = None
     return run_run(args, console)
 

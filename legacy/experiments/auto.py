@@ -68,7 +68,7 @@ def ppo(
         from legacy.experiments.selfplay import selfplay
 
         return selfplay(env, env_args, target=target, frames=frames)
-    observation, action, agents = _spaces(env, env_args)
+    observation, action, agents = agent_spaces(env, env_args)
     continuous = isinstance(action, gym.spaces.Box)
     if not isinstance(action, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         raise UserError(
@@ -135,16 +135,16 @@ def _board_game(env: str, env_args: dict[str, Any]) -> bool:
         made.close()
 
 
-def _spaces(env: str, env_args: dict[str, Any]) -> tuple[gym.Space, gym.Space, int]:
+def agent_spaces(env: str, env_args: dict[str, Any] | None) -> tuple[gym.Space, gym.Space, int]:
     """The spaces of the environment's agents, which one policy plays (all of them alike: a
     multi-agent game whose agents differ needs an experiment with a policy per kind)."""
-    made = env_api.make(env, **env_args)
+    made = env_api.make(env, **(env_args or {}))
     try:
         spaces = list(zip(made.observation_spaces, made.action_spaces, strict=True))
         if any(pair != spaces[0] for pair in spaces):
             raise UserError(
                 f"environment '{env}' has {made.agent_count} agents whose spaces differ; the "
-                "ppo experiment trains one policy for all of them: write an experiment with "
+                "experiment trains one policy for all of them: write an experiment with "
                 "agent_policies (a policy per kind of agent)"
             )
         return spaces[0][0], spaces[0][1], made.agent_count

@@ -1,0 +1,139 @@
+"""``impala``, ``dqn`` and ``sac`` on any environment, set up from its spaces: what
+``troupe train ENV --algo impala|dqn|sac`` runs (``--algo ppo``, the default, is
+:func:`legacy.experiments.auto.ppo`).
+
+Each takes the recipe of the example that solves a classic task with that algorithm and
+generalises what depends on the environment: the policy from the spaces (``actor-critic`` for
+IMPALA, ``q-network`` for DQN's discrete actions, ``sac-policy`` for SAC's continuous ones), the
+stop target (gymnasium's ``reward_threshold``, as ``ppo``'s), the frame budget, and the
+exploration schedule from the budget. An algorithm that cannot act in the action space says so
+and names the one that can.
+
+* ``impala``: ``cartpole-impala``'s V-trace actor-critic, 4 actors (more policy lag, which
+  V-trace corrects); continuous actions add observation normalisation, as ``ppo`` does;
+* ``dqn``: ``cartpole-dqn``'s double, dueling DQN with 3-step returns and prioritised replay;
+  epsilon decays over the first 10% of the budget (default 500k frames, CleanRL's DQN budget);
+* ``sac``: ``pendulum-sac``'s twin-Q SAC with a learned temperature, one update a frame; default
+  budget 100k frames; vector observations.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import gymnasium as gym
+
+from api.config import (
+    ActorConfig,
+    ComponentConfig,
+    EvaluationConfig,
+    ExperimentConfig,
+    PolicyConfig,
+    ReplayConfig,
+    StopConfig,
+)
+from api.errors import UserError
+from legacy.experiments.auto import agent_spaces, default_target, target_source
+
+
+def impala(
+    env: str = "CartPole-v1",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """IMPALA on ``env``; ``target`` and ``frames`` (default 1M) as :func:`ppo`'s."""
+    observation, action, agents = agent_spaces(env, env_args)
+    _refuse(env, action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "impala")
+    policy_args: dict[str, Any] = dict(hidden_sizes=[64, 64], activation="tanh")
+    if isinstance(action, gym.spaces.Box) and _is_vector(observation):
+        policy_args["normalize_obs"] = True
+    trainer = dict(lr=1e-3, gamma=0.99, minibatches=4, entropy_coef=0.01, value_coef=0.5,
+                   max_grad_norm=1.0)  # fmt: skip
+    policy = PolicyConfig(
+        policy=ComponentConfig("actor-critic", policy_args),
+        trainer=ComponentConfig("impala", trainer),
+        batch_segments=16,
+    )
+    actors = ActorConfig(workers=4, envs_per_worker=8, segment_length=32, groups=1)
+    return _experiment(env, env_args, "impala", policy, actors, agents, target, frames or 1_000_000)
+
+
+def dqn(
+    env: str = "CartPole-v1",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """DQN on ``env`` (Discrete actions); ``frames`` default 500k."""
+    _, action, agents = agent_spaces(env, env_args)
+    _refuse(env, action, (gym.spaces.Discrete,), "dqn")
+    frames = frames or 500_000
+    epsilon = dict(start=1.0, end=0.05, decay_frames=max(1_000, frames // 10))
+    policy = PolicyConfig(
+        policy=ComponentConfig(
+            "q-network", dict(hidden_sizes=[64, 64], dueling=True, epsilon=epsilon)
+        ),
+        trainer=ComponentConfig("dqn", dict(lr=1e-3, target_update_every=100)),
+        replay=ReplayConfig(capacity_frames=50_000, batch_size=64, n_step=3, gamma=0.99,
+                            prioritized=True, min_size=1000, samples_per_insert=8.0),
+        publish_every=10,
+    )  # fmt: skip
+    actors = ActorConfig(workers=2, envs_per_worker=4, segment_length=16, groups=1)
+    return _experiment(env, env_args, "dqn", policy, actors, agents, target, frames)
+
+
+def sac(
+    env: str = "Pendulum-v1",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """SAC on ``env`` (Box actions, vector observations); ``frames`` default 100k."""
+    observation, action, agents = agent_spaces(env, env_args)
+    _refuse(env, action, (gym.spaces.Box,), "sac")
+    if not _is_vector(observation):
+        raise UserError(
+            f"environment '{env}' observes {observation}; the sac experiment's networks take "
+            "vector observations (a 1-dimensional Box): use --algo ppo"
+        )
+    policy = PolicyConfig(
+        policy=ComponentConfig("sac-policy", dict(hidden_sizes=[64, 64], warmup_frames=1000)),
+        trainer=ComponentConfig("sac", dict(actor_lr=3e-4, critic_lr=1e-3)),
+        replay=ReplayConfig(capacity_frames=100_000, batch_size=128, gamma=0.99, min_size=1000,
+                            samples_per_insert=128.0),
+        publish_every=10,
+    )  # fmt: skip
+    actors = ActorConfig(workers=1, envs_per_worker=1, segment_length=16, groups=1)
+    return _experiment(env, env_args, "sac", policy, actors, agents, target, frames or 100_000)
+
+
+def _experiment(env, env_args, algo, policy, actors, agents, target, frames) -> ExperimentConfig:
+    return ExperimentConfig(
+        name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}",
+        agent_policies=["default"] * agents if agents > 1 else [],
+        environment=ComponentConfig(env, dict(env_args or {})),
+        policies={"default": policy},
+        actors=actors,
+        evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
+        stop=StopConfig(
+            eval_return=target if target is not None else default_target(env),
+            env_frames=frames,
+            eval_return_source=target_source(env, target),
+        ),
+    )
+
+
+def _refuse(env: str, action: gym.Space, spaces: tuple[type, ...], algo: str) -> None:
+    if isinstance(action, spaces):
+        return
+    other = "sac (or ppo)" if isinstance(action, gym.spaces.Box) else "dqn (or ppo)"
+    raise UserError(
+        f"environment '{env}' has {type(action).__name__} actions; {algo} acts in "
+        f"{' or '.join(s.__name__ for s in spaces)} action spaces: use --algo {other}"
+    )
+
+
+def _is_vector(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 1
