@@ -48,8 +48,9 @@ EXIT_OK, EXIT_SUITE_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 SUITE_NAMES = ("throughput", "solve", "latency", "push", "scaling", "memory", "profile", "pixels")
 """The suites in their default order; :data:`distributed.bench.suites.SUITES` runs them. Named
 here so that building the ``troupe`` parser does not import the suites (numpy, multiprocessing)."""
-EXTRA_SUITE_NAMES = ("lag",)
-"""Suites run only when named: ``lag`` trains CartPole to the target a dozen times (minutes)."""
+EXTRA_SUITE_NAMES = ("lag", "learning")
+"""Suites run only when named: ``lag`` trains CartPole to the target a dozen times, ``learning``
+runs the short reference tasks to their targets (minutes each)."""
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from distributed.bench import lag as bench_lag
+from distributed.bench import learning as bench_learning
 from distributed.bench import micro as bench_micro
 from distributed.bench.cpu_profile import profile
 from distributed.bench.pixel_suite import pixel_suite
@@ -392,4 +393,5 @@ SUITES = {
     "profile": profile,
     "pixels": pixel_suite,
     "lag": bench_lag.suite,
+    "learning": bench_learning.suite,
 }

@@ -151,3 +151,20 @@ def test_quick_bench_runs_and_writes_every_figure(tmp_path):
     roles = result["suites"]["memory"]["cartpole-ppo"]["peak_rss_mb_by_role"]
     assert {"actor", "policy", "trainer", "parameter_service", "controller"} <= set(roles)
     assert "| suite | figure | measured | target | met |" in result["table_markdown"]
+
+
+def test_the_learning_suite_reports_solved_seeds_with_their_spread():
+    from distributed.bench.learning import TASKS, _summary
+
+    seeds = [
+        {"solved": True, "frames_to_target": 1000, "wall_s_to_target": 2.0},
+        {"solved": False, "frames_to_target": None, "wall_s_to_target": None},
+        {"solved": True, "frames_to_target": 3000, "wall_s_to_target": 4.0},
+        {"solved": True, "frames_to_target": 2000, "wall_s_to_target": 3.0},
+    ]
+    assert _summary(seeds) == "3 of 4 solved; frames 1,000 / 2,000 / 3,000; wall 2.0 / 3.0 / 4.0 s"
+    assert _summary(seeds[:1]) == "1 of 1 solved; frames 1,000; wall 2.0 s"
+    assert _summary(seeds[1:2]) == "0 of 1 solved"
+    from api import registry
+
+    assert all(t.experiment in registry.experiments for t in TASKS)  # every task is runnable
