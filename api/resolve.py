@@ -103,7 +103,12 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
     base = data.pop("base", None)
     name = data.get("name", path.stem)  # the file's, not its recipe's
     if base is not None:
-        data = _merged(_base(base, path, depth).to_dict(), data)
+        recipe = _base(base, path, depth).to_dict()
+        own_imports = [_beside(path, i) for i in (data.get("code") or {}).get("imports", [])]
+        data = _merged(recipe, data)
+        if own_imports:  # the recipe's user code is loaded too, then the file's own
+            kept = recipe.get("code", {}).get("imports", [])
+            data["code"]["imports"] = [*kept, *(i for i in own_imports if i not in kept)]
     data["name"] = name
     code = data.setdefault("code", {})
     if isinstance(code, dict):  # relative to the file, not to where the command runs

@@ -57,10 +57,17 @@ def experiment():
     config.seed = 11
     return config
 """)  # fmt: skip
-    write(tmp_path, "on-mine.json", '{"base": "mine.py", "actors": {"workers": 1}}')
+    write(tmp_path, "more.py", "")
+    write(
+        tmp_path,
+        "on-mine.json",
+        '{"base": "mine.py", "actors": {"workers": 1}, "code": {"imports": ["more.py"]}}',
+    )
     config = load_experiment(str(tmp_path / "on-mine.json"))
     assert config.seed == 11 and config.actors.workers == 1
-    assert str(tmp_path / "mine.py") in config.code.imports  # every worker imports it too
+    # every worker imports the recipe's file too, and the file's own imports after it
+    mine, more = str((tmp_path / "mine.py").resolve()), str((tmp_path / "more.py").resolve())
+    assert config.code.imports.index(mine) < config.code.imports.index(more)
 
 
 def test_bad_bases_are_named(tmp_path):
