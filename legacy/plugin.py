@@ -182,6 +182,16 @@ def _register_experiments() -> None:
             f"legacy.experiments.by_algo:{name}",
             description=f"{what} on any environment (env=NAME): troupe train ENV --algo {name}.",
         )
+    registry.register_experiment(
+        "mountaincar-dqn",
+        "legacy.experiments.by_algo:mountaincar_dqn",
+        description="DQN tuned for MountainCar-v0: what troupe train MountainCar-v0 runs.",
+    )
+    registry.register_experiment(
+        "auto",
+        "legacy.experiments.by_algo:auto",
+        description="troupe train ENV: the preset tuned for ENV where there is one, else ppo.",
+    )
     for name, attr, description in (
         ("cartpole-curriculum", "cartpole_curriculum", "PPO on StagedCartPole-v0's 3 stages."),
         ("cartpole-pbt", "cartpole_pbt", "Population-based training: 4 PPO members, CartPole."),

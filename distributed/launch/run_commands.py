@@ -190,9 +190,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algo",
         choices=ALGORITHMS,
-        default="ppo",
+        default="auto",
         help="the algorithm; its policy follows the spaces (ppo, impala: any actions; dqn: "
-        "discrete; sac: continuous)",
+        "discrete; sac: continuous). auto (the default): ppo, or the preset tuned for ENV "
+        "where PPO's defaults are known to fail (MountainCar-v0: DQN)",
     )
     parser.add_argument("--run-dir", help="run folder (default: runs/<env>-<algo>-<time>)")
     add_metrics_argument(parser)
@@ -201,7 +202,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ALGORITHMS = ("ppo", "impala", "dqn", "sac")
+ALGORITHMS = ("auto", "ppo", "impala", "dqn", "sac")
 """``troupe train --algo``: each the registered experiment of that name, which takes ``env=``
 (``legacy.experiments.auto``, ``legacy.experiments.by_algo``)."""
 
