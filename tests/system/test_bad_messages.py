@@ -102,8 +102,9 @@ def test_policy_worker_drops_requests_that_do_not_fit_and_answers_the_rest(run):
         worker.close()
 
 
-def real_segments(config, spaces, count: int) -> list:
-    """Chunks of segments as a real actor records them, answered by a real policy worker."""
+def real_segments(config, spaces, count: int, hooks=None) -> list:
+    """Chunks of segments as a real actor records them, answered by a real policy worker
+    (``hooks``: the actor's callbacks, if any)."""
     hub, samples = InprocInferenceHub(), InprocSampleHub()
     policy = builders.make_policy(config, "default", spaces, 1)
     worker = PolicyWorker("p", "default", policy, hub.server("default"), None)
@@ -116,6 +117,7 @@ def real_segments(config, spaces, count: int) -> list:
         samples.producer(),
         segment_length=SEGMENT,
         groups=1,
+        hooks=hooks,
     )
     queue = samples.queues["default"]
     while len(queue) < count:

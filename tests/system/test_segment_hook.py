@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from test_bad_messages import SEGMENT, real_segments
 
 from api import registry
 from api.config import ComponentConfig, make_experiment
@@ -18,13 +19,8 @@ from api.errors import ConfigError
 from system.errors import CallbackError
 from system.run import builders, declared
 from system.streams import wire
-from system.streams.inference import InprocInferenceHub
-from system.streams.samples import InprocSampleHub, ZmqSampleConsumer
+from system.streams.samples import ZmqSampleConsumer
 from system.workers.actor_hooks import ActorHooks
-from system.workers.actor_worker import ActorWorker
-from system.workers.policy_worker import PolicyWorker
-
-SEGMENT = 8
 
 
 class Bonus:
@@ -84,27 +80,7 @@ def experiment(*callbacks: str):
 
 def record(config, count: int, hooks: ActorHooks) -> list:
     """Chunks of segments from a real actor (with ``hooks``) answered by a real policy worker."""
-    spaces = builders.probe_spaces(config)
-    hub, samples = InprocInferenceHub(), InprocSampleHub()
-    policy = builders.make_policy(config, "default", spaces, 1)
-    worker = PolicyWorker("p", "default", policy, hub.server("default"), None)
-    actor = ActorWorker(
-        "actor/0",
-        builders.env_factory(config),
-        2,
-        config.policy_of_agent,
-        hub.client("actor/0"),
-        samples.producer(),
-        segment_length=SEGMENT,
-        groups=1,
-        hooks=hooks,
-    )
-    queue = samples.queues["default"]
-    while len(queue) < count:
-        actor.poll()
-        worker.poll()
-    actor.close()
-    return [queue.popleft() for _ in range(count)]
+    return real_segments(config, builders.probe_spaces(config), count, hooks)
 
 
 def test_the_hook_rewrites_and_adds_fields_and_a_trainer_takes_them_off_a_socket(callbacks):
