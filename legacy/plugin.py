@@ -188,6 +188,11 @@ def _register_experiments() -> None:
         description="DQN tuned for MountainCar-v0: what troupe train MountainCar-v0 runs.",
     )
     registry.register_experiment(
+        "mountaincar-continuous-sac",
+        "legacy.experiments.by_algo:mountaincar_continuous_sac",
+        description="SAC for MountainCarContinuous-v0: what troupe train runs on it.",
+    )
+    registry.register_experiment(
         "auto",
         "legacy.experiments.by_algo:auto",
         description="troupe train ENV: the preset tuned for ENV where there is one, else ppo.",

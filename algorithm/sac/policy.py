@@ -11,8 +11,10 @@
   their target copies (frozen, moved by Polyak averaging with :meth:`update_target`) live in the
   same module, so a checkpoint carries everything.
 * Exploration is the Gaussian's own noise; ``warmup_frames`` training rows are acted uniformly at
-  random first (counted by this policy, as the q-network's epsilon schedule is). Evaluation rows
-  act with ``tanh(mean)``.
+  random first (counted by this policy, as the q-network's epsilon schedule is), each random
+  action held for ``warmup_hold`` of its agent's steps: a task that needs momentum (a car in a
+  valley) is never solved by a fresh random push every step, and always by pushes held long
+  enough. Evaluation rows act with ``tanh(mean)``.
 * ``policy_output.log_prob``: the chosen action's log-probability ``[B, 1]`` (for statistics).
 """
 
@@ -161,11 +163,16 @@ class SACPolicy(SingleModelPytorchPolicy):
         hidden_sizes: widths of the actor's and each critic's MLP.
         activation: ``relu``, ``tanh``, ``elu`` or ``gelu``.
         warmup_frames: training rows acted uniformly at random before the actor takes over.
+        warmup_hold: steps each warm-up action is held for an agent (its request's client id:
+            the environment and agent number), 1: a new one every step.
         device: ``cpu`` or ``cuda`` (falls back to the CPU when no GPU is available).
         seed: seeds parameter initialisation and action sampling.
     """
 
-    arg_ranges = {"hidden_sizes": "[1, inf)", "warmup_frames": "[0, inf)", "seed": "[0, inf)"}
+    arg_ranges = {
+        "hidden_sizes": "[1, inf)", "warmup_frames": "[0, inf)", "warmup_hold": "[1, inf)",
+        "seed": "[0, inf)",
+    }  # fmt: skip
 
     def __init__(
         self,
@@ -174,6 +181,7 @@ class SACPolicy(SingleModelPytorchPolicy):
         hidden_sizes: Sequence[int] = (256, 256),
         activation: str = "relu",
         warmup_frames: int = 0,
+        warmup_hold: int = 1,
         device: str = "cpu",
         seed: int | None = None,
     ):
@@ -192,6 +200,9 @@ class SACPolicy(SingleModelPytorchPolicy):
         self._scale = torch.as_tensor((high - low) / 2, device=self.device)
         self._log_scale = float(torch.log(self._scale).sum())
         self.warmup_frames = warmup_frames
+        self.warmup_hold = warmup_hold
+        self._held: dict[int, tuple[torch.Tensor, int]] = {}
+        """Per client id: the warm-up action it holds and the steps it has left."""
         self.explore_frames = 0
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed if seed is not None else torch.initial_seed())
@@ -236,8 +247,8 @@ class SACPolicy(SingleModelPytorchPolicy):
             action, log_prob = self.sample(obs, self._generator)
             action = torch.where(greedy, torch.tanh(self.module(obs)[0]), action)
             if self.explore_frames < self.warmup_frames:
-                uniform = torch.rand(action.shape, generator=self._generator) * 2.0 - 1.0
-                action = torch.where(greedy, action, uniform.to(self.device))
+                random = self._warmup_actions(request.client_id, action.shape)
+                action = torch.where(greedy, action, random.to(self.device))
         self.explore_frames += int((~greedy).sum())
         env_action = self.to_numpy(self.to_env(action)).reshape(-1, *self.action_space.shape)
         return RolloutResult(
@@ -246,6 +257,21 @@ class SACPolicy(SingleModelPytorchPolicy):
             client_id=request.client_id,
             request_id=request.request_id,
         )
+
+    def _warmup_actions(self, client_id: Any, shape: torch.Size) -> torch.Tensor:
+        """Uniform actions in ``[-1, 1]``, each drawn anew once its client has held the last
+        one for ``warmup_hold`` steps."""
+        fresh = torch.rand(shape, generator=self._generator) * 2.0 - 1.0
+        if self.warmup_hold == 1 or client_id is None:
+            return fresh
+        rows = []
+        for i, client in enumerate(np.asarray(client_id).reshape(-1).tolist()):
+            held, left = self._held.get(client, (fresh[i], 0))
+            if left <= 0:
+                held, left = fresh[i], self.warmup_hold
+            self._held[client] = (held, left - 1)
+            rows.append(held)
+        return torch.stack(rows)
 
     # ----------------------------------------------------------------- training
     def analyze(self, sample: Any, target: str = "sac", **kwargs: Any) -> SACAnalyzedResult:

@@ -102,6 +102,22 @@ def test_warmup_acts_uniformly_then_the_actor_takes_over():
     assert other.explore_frames == 2000
 
 
+def test_warmup_actions_are_held_per_client_for_warmup_hold_steps():
+    policy = _policy(warmup_frames=1000, warmup_hold=4)
+    clients = np.array([[7], [8]])
+    steps = []
+    for step in range(8):
+        request = _request(2, seed=step)
+        request.client_id = clients
+        steps.append(policy.rollout(request).action)
+    actions = np.stack(steps)  # [step, client, dim]
+    for client in (0, 1):  # the same action for 4 steps, then a new one for the next 4
+        assert (actions[:4, client] == actions[0, client]).all()
+        assert (actions[4:, client] == actions[4, client]).all()
+        assert (actions[0, client] != actions[4, client]).all()
+    assert (actions[0, 0] != actions[0, 1]).all()  # each client its own
+
+
 def test_analyze_routes_each_gradient_to_its_own_parameters():
     pendulum = _pendulum_policy()
     out = pendulum.analyze(_pendulum_transitions(pendulum, frames=100).sample(16))

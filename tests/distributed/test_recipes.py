@@ -126,12 +126,17 @@ def test_troupe_train_algo_solves_cartpole_with_dqn(tmp_path):
 
 
 def test_troupe_train_picks_the_preset_where_ppo_is_known_to_fail():
-    """``--algo auto`` (the default): MountainCar-v0's DQN preset, PPO everywhere else."""
+    """``--algo auto`` (the default): the MountainCar presets (DQN, SAC), PPO everywhere else."""
     preset = load_experiment("auto", ["env=MountainCar-v0"])
     default = preset.policies["default"]
     assert (default.policy.type, default.trainer.type) == ("q-network", "dqn")
     assert default.policy.args["hidden_sizes"] == [256, 256] and default.replay.gamma == 0.98
     assert preset.name == "mountaincar-v0-dqn-preset" and preset.stop.eval_return == -110.0
+    continuous = load_experiment("auto", ["env=MountainCarContinuous-v0"])
+    default = continuous.policies["default"]
+    assert (default.policy.type, default.trainer.type) == ("sac-policy", "sac")
+    assert default.policy.args["warmup_hold"] == 50 and default.replay.gamma == 0.999
+    assert continuous.name == "mountaincarcontinuous-v0-sac-preset"
     plain = load_experiment("auto", ["env=CartPole-v1"])
     assert plain.to_dict() == load_experiment("ppo", ["env=CartPole-v1"]).to_dict()
     explicit = load_experiment("ppo", ["env=MountainCar-v0"])  # --algo ppo still means PPO
