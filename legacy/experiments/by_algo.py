@@ -133,9 +133,9 @@ def mountaincar_continuous_sac(
     The flag pays +100 only to a car that has built momentum, and every push costs a little.
     Random actions drawn anew each step never get there (0 of 30 episodes here), so the
     defaults learn to stand still. This preset makes two changes:
-    - warm-up pushes are held for 50 steps (``warmup_hold``), for the first 10k frames; such
-      pushes reached the flag in 30 of 30 episodes here, so the replay buffer holds successes
-      from the start;
+    - warm-up pushes are held for 50 steps (``warmup_hold``), for the first 10k frames (random
+      full-strength pushes held that long reached the flag in 30 of 30 episodes here), so the
+      replay buffer holds successes from the start;
     - the discount is 0.999, so the +100 is still worth the pushes that lead to it.
     Two seeds reached the 90 target in greedy play (BENCHMARKS.md).
     """
