@@ -1,5 +1,5 @@
 """``impala``, ``dqn`` and ``sac`` on any environment, set up from its spaces: what
-``troupe train ENV --algo impala|dqn|sac`` runs (``--algo ppo``, the default, is
+``troupe train ENV --algo impala|dqn|sac`` runs (``--algo ppo`` is
 :func:`legacy.experiments.auto.ppo`).
 
 Each takes the recipe of the example that solves a classic task with that algorithm and
@@ -28,17 +28,11 @@ from typing import Any
 
 import gymnasium as gym
 
-from api.config import (
-    ActorConfig,
-    ComponentConfig,
-    EvaluationConfig,
-    ExperimentConfig,
-    PolicyConfig,
-    ReplayConfig,
-    StopConfig,
-)
+from api.config import ComponentConfig, EvaluationConfig, ExperimentConfig, StopConfig
 from api.errors import UserError
 from legacy.experiments.auto import agent_spaces, default_target, ppo, target_source
+from legacy.experiments.examples import cartpole_impala
+from legacy.experiments.off_policy import cartpole_dqn, pendulum_sac
 
 
 def impala(
@@ -50,17 +44,11 @@ def impala(
     """IMPALA on ``env``; ``target`` and ``frames`` (default 1M) as :func:`ppo`'s."""
     observation, action, agents = agent_spaces(env, env_args)
     _refuse(env, action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "impala")
-    policy_args: dict[str, Any] = dict(hidden_sizes=[64, 64], activation="tanh")
+    recipe = cartpole_impala()
+    policy = recipe.policies["default"]
     if isinstance(action, gym.spaces.Box) and _is_vector(observation):
-        policy_args["normalize_obs"] = True
-    trainer = dict(lr=1e-3, gamma=0.99, minibatches=4, entropy_coef=0.01, value_coef=0.5,
-                   max_grad_norm=1.0)  # fmt: skip
-    policy = PolicyConfig(
-        policy=ComponentConfig("actor-critic", policy_args),
-        trainer=ComponentConfig("impala", trainer),
-        batch_segments=16,
-    )
-    actors = ActorConfig(workers=4, envs_per_worker=8, segment_length=32, groups=1)
+        policy.policy.args["normalize_obs"] = True
+    actors = recipe.actors
     return _experiment(env, env_args, "impala", policy, actors, agents, target, frames or 1_000_000)
 
 
@@ -74,17 +62,10 @@ def dqn(
     _, action, agents = agent_spaces(env, env_args)
     _refuse(env, action, (gym.spaces.Discrete,), "dqn")
     frames = frames or 500_000
-    epsilon = dict(start=1.0, end=0.05, decay_frames=max(1_000, frames // 10))
-    policy = PolicyConfig(
-        policy=ComponentConfig(
-            "q-network", dict(hidden_sizes=[64, 64], dueling=True, epsilon=epsilon)
-        ),
-        trainer=ComponentConfig("dqn", dict(lr=1e-3, target_update_every=100)),
-        replay=ReplayConfig(capacity_frames=50_000, batch_size=64, n_step=3, gamma=0.99,
-                            prioritized=True, min_size=1000, samples_per_insert=8.0),
-        publish_every=10,
-    )  # fmt: skip
-    actors = ActorConfig(workers=2, envs_per_worker=4, segment_length=16, groups=1)
+    recipe = cartpole_dqn()
+    policy = recipe.policies["default"]
+    policy.policy.args["epsilon"]["decay_frames"] = max(1_000, frames // 10)
+    actors = recipe.actors
     return _experiment(env, env_args, "dqn", policy, actors, agents, target, frames)
 
 
@@ -167,6 +148,10 @@ def auto(
     return make(env, env_args, target, frames)
 
 
+SAC_FRAMES = 100_000
+"""``sac``'s default frame budget."""
+
+
 def sac(
     env: str = "Pendulum-v1",
     env_args: dict[str, Any] | None = None,
@@ -181,15 +166,13 @@ def sac(
             f"environment '{env}' observes {observation}; the sac experiment's networks take "
             "vector observations (a 1-dimensional Box): use --algo ppo"
         )
-    policy = PolicyConfig(
-        policy=ComponentConfig("sac-policy", dict(hidden_sizes=[64, 64], warmup_frames=1000)),
-        trainer=ComponentConfig("sac", dict(actor_lr=3e-4, critic_lr=1e-3)),
-        replay=ReplayConfig(capacity_frames=100_000, batch_size=128, gamma=0.99, min_size=1000,
-                            samples_per_insert=128.0),
-        publish_every=10,
-    )  # fmt: skip
-    actors = ActorConfig(workers=1, envs_per_worker=1, segment_length=16, groups=1)
-    return _experiment(env, env_args, "sac", policy, actors, agents, target, frames or 100_000)
+    frames = frames or SAC_FRAMES
+    recipe = pendulum_sac()
+    policy = recipe.policies["default"]
+    # room for the default budget whole (pendulum-sac's 20k-frame budget needed less)
+    policy.replay.capacity_frames = max(policy.replay.capacity_frames, SAC_FRAMES, frames)
+    actors = recipe.actors
+    return _experiment(env, env_args, "sac", policy, actors, agents, target, frames)
 
 
 def _experiment(env, env_args, algo, policy, actors, agents, target, frames) -> ExperimentConfig:
