@@ -49,6 +49,11 @@ class ActorHooks:
         self.is_evaluation = is_evaluation
         self.objects = make_callbacks(configs, ACTOR_HOOKS, "actor_callbacks")
         self.fields = declared_fields(self.objects)
+        self.segment_hooks = [
+            (name, obj.on_segment)
+            for name, obj in self.objects
+            if callable(getattr(obj, "on_segment", None))
+        ]
         self.episodes: dict[int, Episode] = {}
 
     @classmethod
@@ -98,11 +103,10 @@ class ActorHooks:
         """Finished segments of ``policy``, with the declared fields, after every
         ``on_segment``; a hook that changes the segments' layout is named."""
         segments = with_extras(segments, self.fields)
+        if not self.segment_hooks:  # episode hooks only: nothing to call or check per segment
+            return segments
         layout = _layout(segments)
-        for name, obj in self.objects:
-            method: Any = getattr(obj, "on_segment", None)
-            if not callable(method):
-                continue
+        for name, method in self.segment_hooks:
             try:
                 returned = method(segments, policy)
             except Exception as e:
