@@ -169,7 +169,7 @@ def _register_experiments() -> None:
         )
     registry.register_experiment(
         "ppo",
-        "legacy.experiments.auto:ppo",
+        "legacy.experiments.by_algo:ppo",
         description="PPO on any environment (env=NAME), set up from its spaces: troupe train ENV.",
     )
     for name, what in (
@@ -192,6 +192,12 @@ def _register_experiments() -> None:
         "legacy.experiments.by_algo:mountaincar_continuous_sac",
         description="SAC for MountainCarContinuous-v0: what troupe train runs on it.",
     )
+    for name, what in (("mujoco-ppo", "PPO"), ("mujoco-sac", "SAC")):
+        registry.register_experiment(
+            name,
+            f"legacy.experiments.mujoco:{name.replace('-', '_')}",
+            description=f"{what} with CleanRL's MuJoCo recipe (env=Hopper-v5; mujoco extra).",
+        )
     registry.register_experiment(
         "auto",
         "legacy.experiments.by_algo:auto",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -122,6 +123,7 @@ class GymnasiumEnvironment(Environment):
 
 def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
     """``gymnasium.make`` with errors that say which id failed and what to install."""
+    _quiet_mujoco(gym_id)
     try:
         return gym.make(gym_id, **gym_kwargs)
     except gym.error.DependencyNotInstalled as e:
@@ -130,6 +132,26 @@ def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
         ) from e
     except gym.error.Error as e:
         raise UserError(f"gymnasium could not make '{gym_id}': {e}") from e
+
+
+def _quiet_mujoco(gym_id: str) -> None:
+    """Send MuJoCo's warnings to this process's log instead of the console and a
+    ``MUJOCO_LOG.TXT`` in the working directory, MuJoCo's default. MuJoCo 4 warns on every load
+    of gymnasium's Hopper and Walker2d models (a deprecated attribute in their XML): a line per
+    environment per process that reads like Troupe's own error, and a file left in the user's
+    checkout."""
+    try:
+        entry = gym.spec(gym_id).entry_point
+    except gym.error.Error:
+        return
+    if not (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")):
+        return
+    try:
+        import mujoco
+    except ImportError:  # gymnasium's make says what to install
+        return
+    log = logging.getLogger("mujoco")
+    mujoco.set_mju_user_warning(lambda message: log.info("MuJoCo: %s", message))
 
 
 MAKE_ARGUMENTS = ("max_episode_steps", "disable_env_checker")

@@ -76,31 +76,16 @@ def ppo(
             "handles Discrete, MultiDiscrete and Box actions"
         )
     frames = frames or (500_000 if continuous else 1_000_000)
-    threshold = target if target is not None else default_target(env)
     recipe = _continuous(frames) if continuous else _discrete()
     policy_args = dict(hidden_sizes=[64, 64], activation="tanh")
     if continuous:
         policy_args.update(normalize_obs=_is_vector(observation), normalize_returns=True)
-    return ExperimentConfig(
-        name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + "-ppo",
-        # several agents with the same spaces share the one policy (parameter sharing)
-        agent_policies=["default"] * agents if agents > 1 else [],
-        environment=ComponentConfig(env, env_args),
-        policies={
-            "default": PolicyConfig(
-                policy=ComponentConfig("actor-critic", policy_args),
-                trainer=ComponentConfig("ppo", recipe["trainer"]),
-                batch_segments=recipe["batch_segments"],
-            )
-        },
-        actors=recipe["actors"],
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
-        stop=StopConfig(
-            eval_return=threshold,
-            env_frames=frames,
-            eval_return_source=target_source(env, target),
-        ),
+    policy = PolicyConfig(
+        policy=ComponentConfig("actor-critic", policy_args),
+        trainer=ComponentConfig("ppo", recipe["trainer"]),
+        batch_segments=recipe["batch_segments"],
     )
+    return named_experiment(env, env_args, "ppo", policy, recipe["actors"], agents, target, frames)
 
 
 def _discrete() -> dict[str, Any]:
@@ -167,6 +152,37 @@ def target_source(env: str, target: float | None) -> str:
     if env in DEFAULT_TARGETS:
         return f"Troupe's default for {env}, which declares no reward_threshold"
     return f"none: gymnasium declares no reward_threshold for {env}; give one with target="
+
+
+def named_experiment(
+    env: str,
+    env_args: dict[str, Any] | None,
+    algo: str,
+    policy: PolicyConfig,
+    actors: ActorConfig,
+    agents: int,
+    target: float | None,
+    frames: int,
+    evaluation: EvaluationConfig | None = None,
+) -> ExperimentConfig:
+    """The experiment that trains ``policy`` on ``env`` named ``<env>-<algo>``: several agents
+    with the same spaces share it, the stop rule is ``target`` (else the environment's, see
+    :func:`default_target`) or ``frames``, and evaluation windows of 20 greedy episodes unless
+    ``evaluation`` says otherwise."""
+    return ExperimentConfig(
+        name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}",
+        agent_policies=["default"] * agents if agents > 1 else [],
+        environment=ComponentConfig(env, dict(env_args or {})),
+        policies={"default": policy},
+        actors=actors,
+        evaluation=evaluation
+        or EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
+        stop=StopConfig(
+            eval_return=target if target is not None else default_target(env),
+            env_frames=frames,
+            eval_return_source=target_source(env, target),
+        ),
+    )
 
 
 def _reward_threshold(env: str) -> float | None:

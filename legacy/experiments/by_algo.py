@@ -1,6 +1,6 @@
 """``impala``, ``dqn`` and ``sac`` on any environment, set up from its spaces: what
-``troupe train ENV --algo impala|dqn|sac`` runs (``--algo ppo`` is
-:func:`legacy.experiments.auto.ppo`).
+``troupe train ENV --algo ppo|impala|dqn|sac`` runs (``ppo`` dispatches to
+:func:`legacy.experiments.auto.ppo` or, on MuJoCo, :mod:`legacy.experiments.mujoco`).
 
 Each takes the recipe of the example that solves a classic task with that algorithm and
 generalises what depends on the environment: the policy from the spaces (``actor-critic`` for
@@ -23,16 +23,30 @@ defaults are known to fail: ``mountaincar-dqn`` for MountainCar-v0 and
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import gymnasium as gym
 
-from api.config import ComponentConfig, EvaluationConfig, ExperimentConfig, StopConfig
+from api.config import ExperimentConfig
 from api.errors import UserError
-from legacy.experiments.auto import agent_spaces, default_target, ppo, target_source
+from legacy.experiments.auto import agent_spaces, named_experiment
+from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
+from legacy.experiments.mujoco import is_mujoco, mujoco_ppo, mujoco_sac
 from legacy.experiments.off_policy import cartpole_dqn, pendulum_sac
+
+
+def ppo(
+    env: str = "CartPole-v1",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """PPO on ``env``: on a MuJoCo task the recipe its published figures come from
+    (:func:`legacy.experiments.mujoco.mujoco_ppo`), else set up from the spaces
+    (:func:`legacy.experiments.auto.ppo`)."""
+    make = mujoco_ppo if is_mujoco(env) else ppo_from_spaces
+    return make(env, env_args, target, frames)
 
 
 def impala(
@@ -48,8 +62,8 @@ def impala(
     policy = recipe.policies["default"]
     if isinstance(action, gym.spaces.Box) and _is_vector(observation):
         policy.policy.args["normalize_obs"] = True
-    actors = recipe.actors
-    return _experiment(env, env_args, "impala", policy, actors, agents, target, frames or 1_000_000)
+    frames = frames or 1_000_000
+    return named_experiment(env, env_args, "impala", policy, recipe.actors, agents, target, frames)
 
 
 def dqn(
@@ -66,7 +80,7 @@ def dqn(
     policy = recipe.policies["default"]
     policy.policy.args["epsilon"]["decay_frames"] = max(1_000, frames // 10)
     actors = recipe.actors
-    return _experiment(env, env_args, "dqn", policy, actors, agents, target, frames)
+    return named_experiment(env, env_args, "dqn", policy, actors, agents, target, frames)
 
 
 def mountaincar_dqn(
@@ -158,7 +172,11 @@ def sac(
     target: float | None = None,
     frames: int | None = None,
 ) -> ExperimentConfig:
-    """SAC on ``env`` (Box actions, vector observations); ``frames`` default 100k."""
+    """SAC on ``env`` (Box actions, vector observations); ``frames`` default 100k. On a MuJoCo
+    task, the recipe its published figures come from
+    (:func:`legacy.experiments.mujoco.mujoco_sac`)."""
+    if is_mujoco(env):
+        return mujoco_sac(env, env_args, target, frames)
     observation, action, agents = agent_spaces(env, env_args)
     _refuse(env, action, (gym.spaces.Box,), "sac")
     if not _is_vector(observation):
@@ -172,23 +190,7 @@ def sac(
     # room for the default budget whole (pendulum-sac's 20k-frame budget needed less)
     policy.replay.capacity_frames = max(policy.replay.capacity_frames, SAC_FRAMES, frames)
     actors = recipe.actors
-    return _experiment(env, env_args, "sac", policy, actors, agents, target, frames)
-
-
-def _experiment(env, env_args, algo, policy, actors, agents, target, frames) -> ExperimentConfig:
-    return ExperimentConfig(
-        name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}",
-        agent_policies=["default"] * agents if agents > 1 else [],
-        environment=ComponentConfig(env, dict(env_args or {})),
-        policies={"default": policy},
-        actors=actors,
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
-        stop=StopConfig(
-            eval_return=target if target is not None else default_target(env),
-            env_frames=frames,
-            eval_return_source=target_source(env, target),
-        ),
-    )
+    return named_experiment(env, env_args, "sac", policy, actors, agents, target, frames)
 
 
 def _refuse(env: str, action: gym.Space, spaces: tuple[type, ...], algo: str) -> None:
