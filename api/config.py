@@ -301,6 +301,10 @@ class ExperimentConfig:
     default."""
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     """When a worker whose poll does not return counts as hung and is restarted."""
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Workers of roles defined outside Troupe: role name -> its arguments, which the role's
+    plan reads (``WorkerPlan.plans_for`` in ``system/run/plan.py``). The module that defines the
+    role goes in ``code.imports``."""
 
     def policy_of_agent(self, agent: int) -> str:
         """The policy of ``agent`` without a policy mapping (one with it: any of them)."""

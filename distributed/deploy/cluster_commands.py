@@ -163,7 +163,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     from system.roles import Role
 
     parser.add_argument("--id", required=True, help="worker id, e.g. actor/{ordinal} or params")
-    parser.add_argument("--role", required=True, choices=[r.value for r in Role])
+    parser.add_argument(
+        "--role", required=True, help=f"{', '.join(r.value for r in Role)}, or a role of yours"
+    )
     parser.add_argument("--controller", required=True, help="tcp://HOST:PORT")
     parser.add_argument("--bind-host", default="0.0.0.0")
     parser.add_argument(

@@ -269,16 +269,16 @@ def _pinned(options, *, needs_gpu_image: bool):
 
 
 def _node_selectors(items: list[str]) -> dict[str, dict[str, str]]:
-    from distributed.deploy.sizing import COMPONENTS
+    from distributed.deploy.sizing import components
 
     result: dict[str, dict[str, str]] = {}
     for item in items:
         head, sep, value = item.partition("=")
         component, _, key = head.rpartition(":") if ":" in head else ("*", "", head)
-        if not sep or not key or component not in ("*", *COMPONENTS):
+        if not sep or not key or component not in ("*", *components()):
             raise DeployError(
                 f"--node-selector '{item}': write KEY=VALUE or COMPONENT:KEY=VALUE with "
-                f"COMPONENT one of {', '.join(COMPONENTS)}"
+                f"COMPONENT one of {', '.join(components())}"
             )
         result.setdefault(component, {})[key] = value
     return result

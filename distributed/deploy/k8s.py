@@ -59,7 +59,7 @@ from distributed.deploy.manifests import (
     role_groups,
     to_yaml,
 )
-from distributed.deploy.sizing import MEASURED, RoleNeeds
+from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 
@@ -530,9 +530,9 @@ class _Builder:
         """Overrides first; else the component's measured needs; small fixed asks for helpers."""
         if component in self.o.resources:
             return self.o.resources[component]
-        if component in self.o.needs:
-            return Resources.from_needs(self.o.needs[component])
-        return HELPER_RESOURCES[component]
+        if component in HELPER_RESOURCES:
+            return HELPER_RESOURCES[component]
+        return Resources.from_needs(needs_of(self.o.needs, component))
 
     def probes(self) -> dict[str, Any]:
         """Exec probes on the age of the heartbeat file the worker loop touches: a worker that

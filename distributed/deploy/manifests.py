@@ -292,9 +292,10 @@ def parse_resource_overrides(
 ) -> dict[str, Resources]:
     """``["actor=cpu:2/4,memory:2Gi"]`` -> actor asks 2 CPUs (at most 4) and 2Gi (at most 2Gi);
     what an item does not name keeps what ``needs`` (measured figures) gives."""
-    from distributed.deploy.sizing import MEASURED
+    from distributed.deploy.sizing import MEASURED, components, needs_of
 
-    defaults = {c: Resources.from_needs(n) for c, n in (needs or MEASURED).items()}
+    needs = needs or MEASURED
+    defaults = {c: Resources.from_needs(needs_of(needs, c)) for c in components()}
     defaults.update(HELPER_RESOURCES)
     result: dict[str, Resources] = {}
     for item in items:

@@ -7,9 +7,11 @@ reports in its heartbeat and the controller keeps in the run folder's ``workers.
 margin, and the CPU a worker can use: actors, policy workers, trainers and replay workers are one
 busy process each (one core); the controller and the parameter service mostly wait on sockets.
 
-The components are the runtime's worker roles (:class:`system.roles.Role`, so a new role is a
-new component here, and a test asks :data:`MEASURED` for its figures), plus the controller and
-the evaluation actors, which are actors sized on their own.
+The components are the runtime's worker roles (every plan class of
+:data:`system.run.plan.PLAN_TYPES`, Troupe's own and any defined outside it), plus the controller
+and the evaluation actors, which are actors sized on their own. A role with no figure of its own
+here asks what a policy worker does when it runs a network (``needs_torch``), else what an actor
+does (:func:`needs_of`), until ``--measured``, ``--cpus`` or ``--memory`` say better.
 
 :data:`MEASURED` holds the figures of a cartpole-ppo run from the worker image;
 :func:`measured_from` reads a finished run (``workers.json``) or a ``troupe bench --json`` result
@@ -37,6 +39,7 @@ ROLE_COMPONENTS: dict[str, str] = {
 """Each worker role's component: its own name, but the parameter service's short one (it names
 cluster objects and groups: ``<run>-params``)."""
 COMPONENTS = (CONTROLLER, *ROLE_COMPONENTS.values(), EVAL)
+"""Troupe's own components; :func:`components` adds the roles defined outside Troupe."""
 MEMORY_MARGIN = 1.25
 """Memory asked for = measured peak x this, rounded up to 16 MiB (the peak moves a little with
 batch sizes and allocator timing)."""
@@ -84,10 +87,31 @@ MEASURED: dict[str, RoleNeeds] = {
 }
 
 
+def components() -> tuple[str, ...]:
+    """Every component: Troupe's own and the roles defined by the modules imported so far."""
+    from system.run.plan import PLAN_TYPES
+
+    return (*COMPONENTS, *(role for role in PLAN_TYPES if role not in ROLE_COMPONENTS))
+
+
+def needs_of(needs: Mapping[str, RoleNeeds], component: str) -> RoleNeeds:
+    """What one worker of ``component`` asks for: its figures in ``needs``, else (a role defined
+    outside Troupe, never measured here) a policy worker's if its plan runs a network, else an
+    actor's."""
+    if component in needs:
+        return needs[component]
+    from system.run.plan import PLAN_TYPES
+
+    plan = PLAN_TYPES.get(component)
+    if plan is None:
+        raise DeployError(f"no figures for '{component}': it is none of {', '.join(components())}")
+    return needs["policy" if plan.needs_torch else "actor"]
+
+
 def component_of(worker_id: str, role: str) -> str:
     """``actor/3`` -> actor, ``eval/0`` -> eval, ``params`` -> params, ``trainer/red/0``..."""
     head = worker_id.split("/", 1)[0]
-    if head in COMPONENTS:
+    if head in components():
         return head
     return ROLE_COMPONENTS.get(role, role)
 
@@ -116,7 +140,7 @@ def measured_from(path: Path) -> dict[str, float]:
         for worker_id, worker in data.items():
             component = component_of(worker_id, str(worker.get("role")))
             peaks[component] = max(peaks.get(component, 0.0), float(worker.get("peak_rss_mb", 0)))
-    peaks = {c: mb for c, mb in peaks.items() if c in COMPONENTS and mb > 0}
+    peaks = {c: mb for c, mb in peaks.items() if c in components() and mb > 0}
     if not peaks:
         raise DeployError(f"--measured {path}: holds no peak_rss_mb figure of any worker")
     return peaks
@@ -132,9 +156,9 @@ def role_needs(
     needs = dict(MEASURED)
     for source, field in ((measured, "peak_memory_mib"), (memory_mib, "peak_memory_mib")):
         for component, value in (source or {}).items():
-            needs[component] = replace(needs[component], **{field: float(value)})
+            needs[component] = replace(needs_of(needs, component), **{field: float(value)})
     for component, value in (cpus or {}).items():
-        old = needs[component]
+        old = needs_of(needs, component)
         needs[component] = replace(old, cpus=float(value), cpu_limit=max(old.cpu_limit, value))
     return needs
 
@@ -144,10 +168,10 @@ def parse_overrides(items: Sequence[str], flag: str) -> dict[str, float]:
     result, errors = {}, []
     for item in items:
         component, sep, value = item.partition("=")
-        if not sep or component not in COMPONENTS or not re.fullmatch(r"\d+(\.\d+)?", value):
+        if not sep or component not in components() or not re.fullmatch(r"\d+(\.\d+)?", value):
             errors.append(
                 f"{flag} '{item}': write COMPONENT=NUMBER with COMPONENT one of "
-                f"{', '.join(COMPONENTS)}"
+                f"{', '.join(components())}"
             )
         elif float(value) <= 0:
             errors.append(f"{flag} '{item}': must be more than 0")

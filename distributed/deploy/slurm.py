@@ -40,7 +40,7 @@ from pathlib import Path
 
 from api.config import ExperimentConfig
 from distributed.deploy.manifests import RoleGroup, config_json, role_groups
-from distributed.deploy.sizing import MEASURED, RoleNeeds
+from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
 from distributed.errors import DeployError
 from system import run_folder
 
@@ -135,7 +135,7 @@ def step_sizes(groups: list[RoleGroup], options: SlurmOptions) -> dict[str, Step
     """Per group name (and ``controller``): CPUs and memory of one task."""
     sizes = {}
     for name, component in [("controller", "controller")] + [(g.name, g.component) for g in groups]:
-        need = options.needs[component]
+        need = needs_of(options.needs, component)
         sizes[name] = StepSize(need.slurm_cpus, need.memory_mib)
     return sizes
 

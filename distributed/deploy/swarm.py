@@ -40,6 +40,7 @@ from distributed.deploy.sizing import (
     add_sizing_arguments,
     component_of,
     needs_from,
+    needs_of,
     parse_overrides,
 )
 from distributed.errors import SwarmError
@@ -202,7 +203,7 @@ def service_resources(
     from distributed.deploy.manifests import LIMIT_FACTOR
 
     component = component_of(spec.worker_id.replace("{ordinal}", "0"), spec.role)
-    need = needs[component]
+    need = needs_of(needs, component)
     mib = 2**20
     return SwarmResources(
         cpu_reservation=int(need.cpus * SECOND_NS) if component in reserve_cpus else None,

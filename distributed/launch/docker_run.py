@@ -78,10 +78,9 @@ class RoleSpec:
     @property
     def restartable(self) -> bool:
         """Whether the scheduler should restart it: as the controller's plan says of the role."""
-        from system.roles import Role
-        from system.run.plan import PLAN_TYPES
+        from system.run.plan import plan_type
 
-        return self.role != "controller" and PLAN_TYPES[Role(self.role)].restartable
+        return self.role != "controller" and plan_type(self.role).restartable
 
 
 def controller_command(advertise_host: str) -> list[str]:
@@ -332,9 +331,9 @@ def container_resources(spec: RoleSpec) -> dict[str, object]:
     Docker reclaims toward under memory pressure. No hard memory limit: a local run's
     experiment may need far more than the cartpole figures, and a container over a limit is
     killed; clusters get limits sized with ``--measured``."""
-    from distributed.deploy.sizing import MEASURED, component_of
+    from distributed.deploy.sizing import MEASURED, component_of, needs_of
 
-    need = MEASURED[component_of(spec.worker_id, spec.role)]
+    need = needs_of(MEASURED, component_of(spec.worker_id, spec.role))
     return {"nano_cpus": int(need.cpu_limit * 1e9), "mem_reservation": f"{need.memory_mib}m"}
 
 

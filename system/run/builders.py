@@ -9,7 +9,12 @@ starts, argument for argument.
 
 The runtime never imports a concrete environment, policy or trainer: it asks the registry, so the
 same code builds whatever the experiment names, in any process. Adding a role means a plan class
-(:mod:`system.run.plan`), a builder here and the worker module; nothing else.
+(:mod:`system.run.plan`), a builder and the worker module; nothing else. A role defined outside
+Troupe registers its builder with :func:`register_builder` in the module that defines its plan.
+
+Longer than 400 lines because every role's builder sits beside the others and beside the
+component makers they share (spaces, policies, trainers, environments): read together they show
+each role built the same way from the same wiring, which is what serial and process mode rely on.
 """
 
 from __future__ import annotations
@@ -356,20 +361,37 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
     return Built(worker)
 
 
-BUILDERS: dict[Role, Callable[[Any, ExperimentConfig, Wiring], Built]] = {
-    Role.PARAMETER_SERVICE: build_parameter_service,
-    Role.TRAINER: build_trainer,
-    Role.POLICY: build_policy_worker,
-    Role.ACTOR: build_actor,
-    Role.REPLAY: build_replay,
+Builder = Callable[[Any, ExperimentConfig, "Wiring"], Built]
+
+BUILDERS: dict[str, Builder] = {
+    Role.PARAMETER_SERVICE.value: build_parameter_service,
+    Role.TRAINER.value: build_trainer,
+    Role.POLICY.value: build_policy_worker,
+    Role.ACTOR.value: build_actor,
+    Role.REPLAY.value: build_replay,
 }
+"""Each role's builder by role name."""
+
+
+def register_builder(role: str, builder: Builder) -> None:
+    """Make ``builder`` build the workers of ``role``, a role defined outside Troupe (its plan
+    class is a :class:`~system.run.plan.WorkerPlan` subclass with that ``role``)."""
+    if role in {r.value for r in Role}:
+        raise ValueError(f"role '{role}' is one of Troupe's own; give yours another name")
+    BUILDERS[role] = builder
 
 
 def build(plan: WorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
     """Build the worker ``plan`` describes, after loading the run's user code (the modules and
     registrations of the process that launched the run)."""
     load_code(cfg.code)
-    return BUILDERS[plan.role](plan, cfg, wiring)
+    builder = BUILDERS.get(str(plan.role))
+    if builder is None:
+        raise ConfigError([
+            f"role '{plan.role}' has a plan but no builder: the module that defines it calls "
+            "system.run.builders.register_builder"
+        ])  # fmt: skip
+    return builder(plan, cfg, wiring)
 
 
 # ----------------------------------------------------------------------- helpers

@@ -27,7 +27,6 @@ from system.roles import Role
 from system.run import control_protocol as cp
 from system.run.control_server import ControlServer
 from system.run.coordination.coordinator import Coordination
-from system.run.coordination.evaluation_hold import HOLD_KEY
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks
 from system.run.finish import finish_run
@@ -62,6 +61,8 @@ class Controller:
         metrics_port: int | None = None,
     ):
         self.config = config
+        # first: the user's callbacks and any role of theirs may live in their own files
+        load_code(config.code)
         self.run_dir = Path(run_dir)
         self.server = ControlServer(bind, advertise_host)
         self.address = self.server.address
@@ -75,12 +76,9 @@ class Controller:
         )
         self.metrics = MetricsWriter(self.run_dir)
         self.display = LiveDisplay(config.name, enabled=display)
-        load_code(config.code)  # the user's callbacks may live in the user's own files
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)
         self.tally = Tally(config, observers=[self.coordination, self.callbacks])
-        # a resumed run's state may still hold a version: the first check releases it
-        self._hold_said = self.coordination.store.get(HOLD_KEY)[0]
         self.started = time.monotonic() - self.tally.continue_from(read_metrics(self.run_dir))
         self.stop_reason = ""
         self.shape = ShapeResolver(config)
@@ -99,10 +97,6 @@ class Controller:
             cp.Bye: lambda r, m: self.supervisor.on_bye(r),
             cp.StateWrite: self._on_state_write,
         }
-
-    @property
-    def failure(self) -> WorkerFailure | None:
-        return self.supervisor.failure
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> dict[str, Any]:
@@ -137,10 +131,10 @@ class Controller:
     def _check_stop(self) -> None:
         if self.stop_reason:
             return
-        if self.failure is not None:  # reported in this loop's messages: it decides
+        if self.supervisor.failure is not None:  # reported in this loop's messages: it decides
             self.stop_reason = "failed"
             return
-        self._say_hold()
+        self.coordination.say_hold(self.tally.evaluation.hold_order())
         stop, frames = self.config.stop, self.tally.env_frames
         if self.tally.evaluation.solved():
             self.stop_reason = "eval_return"
@@ -153,14 +147,6 @@ class Controller:
         else:
             self.stop_reason = self.coordination.stop_reason()
 
-    def _say_hold(self) -> None:
-        """Tell the judged policy's workers, through the global state, to hold the version
-        they have for evaluation (or to stop holding), when the confirmation's need changed."""
-        order = self.tally.evaluation.hold_order()
-        if order != self._hold_said:
-            self.coordination.store.set(HOLD_KEY, order)
-            self._hold_said = order
-
     def _finish(self) -> dict[str, Any]:
         self.folder.write(lambda: self._report(show=False))  # the last counts; no display
         self.folder.write(self.metrics.close)
@@ -170,7 +156,7 @@ class Controller:
             self.run_dir,
             wall_s=time.monotonic() - self.started,
             stop_reason=self.stop_reason,
-            failure=self.failure,
+            failure=self.supervisor.failure,
             evaluation=self.tally.evaluation,
             extra=self.coordination.summary(),
             write=self.folder.write,

@@ -14,11 +14,18 @@ What the runtime decides per role is said here too, on each plan class (whether 
 builds it and in what order it polls it, whether its process imports torch, which peers it
 follows), so that serial mode and worker processes name no role: a new role is its plan class,
 its builder (:mod:`system.run.builders`) and its worker module.
+
+Roles are open: a :class:`WorkerPlan` subclass with a ``role`` of its own is registered by
+defining it (:data:`PLAN_TYPES`), and says which workers of its kind a run has
+(:meth:`WorkerPlan.plans_for`, from the experiment's ``roles`` key). A module that defines one
+(with its builder, :func:`system.run.builders.register_builder`) goes in ``code.imports``, so that
+every process of the run, the controller's and each worker's, knows the role.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,6 +41,31 @@ from system.roles import (
     samples_endpoint,
     trainer_group_endpoint,
 )
+
+PLAN_TYPES: dict[str, type[WorkerPlan]] = {}
+"""Every role's plan class by role name: Troupe's own, and those of modules that define one."""
+
+
+ROLE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,22}[a-z0-9])?")
+"""A role defined outside Troupe names cluster objects (a Kubernetes Job ``<run>-<role>``, a
+Swarm service): lower-case letters, digits and '-', at most 24 characters."""
+
+
+def _register_plan_type(cls: type[WorkerPlan]) -> None:
+    role = str(cls.role)
+    if not isinstance(cls.role, Role) and not ROLE_NAME.fullmatch(role):
+        raise ValueError(
+            f"role '{role}' of {cls.__qualname__}: a role names cluster objects; use lower-case "
+            "letters, digits and '-' (at most 24 characters, a letter first)"
+        )
+    known = PLAN_TYPES.get(role)
+    if known is not None and (known.__module__, known.__qualname__) != (
+        cls.__module__, cls.__qualname__,
+    ):  # fmt: skip
+        raise ValueError(
+            f"role '{role}' is already defined by {known.__module__}.{known.__qualname__}"
+        )
+    PLAN_TYPES[role] = cls
 
 
 # ------------------------------------------------------------------------------ the plans
@@ -73,7 +105,9 @@ class WorkerPlan:
     worker processes treat every role alike."""
 
     worker_id: str
-    role: ClassVar[Role]
+    role: ClassVar[str]
+    """Troupe's own roles are :class:`~system.roles.Role` members; any other name is a role
+    defined outside Troupe (registered in :data:`PLAN_TYPES` when its class is defined)."""
     stop_order: ClassVar[int]
     """Workers stop in increasing order: actors 0, policy workers and trainers 1, parameters 2;
     so every sample in flight is trained on and the last checkpoint still reaches the service."""
@@ -86,6 +120,18 @@ class WorkerPlan:
     without it."""
     restartable: ClassVar[bool] = True
     """Whether the controller restarts this worker when it dies."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "role" in cls.__dict__:
+            _register_plan_type(cls)
+
+    @classmethod
+    def plans_for(cls, config: ExperimentConfig) -> list[WorkerPlan]:
+        """The workers of this role in ``config``, for a role defined outside Troupe (its
+        arguments are ``config.roles[role]``). Troupe's own roles are planned by
+        :func:`plan_workers` itself."""
+        return []
 
     def endpoints(self) -> list[str]:
         """The endpoint names this worker registers (and that go stale when it restarts)."""
@@ -275,18 +321,20 @@ class ActorPlan(WorkerPlan):
         }
 
 
-PLAN_TYPES: dict[Role, type[WorkerPlan]] = {
-    Role.PARAMETER_SERVICE: ParameterServicePlan,
-    Role.TRAINER: TrainerPlan,
-    Role.POLICY: PolicyWorkerPlan,
-    Role.ACTOR: ActorPlan,
-    Role.REPLAY: ReplayPlan,
-}
+def plan_type(role: str) -> type[WorkerPlan]:
+    """The plan class of ``role``; a clear error for a role no imported module defines."""
+    cls = PLAN_TYPES.get(str(role))
+    if cls is None:
+        raise ConfigError([
+            f"role '{role}': no worker plan defines it (roles: {', '.join(PLAN_TYPES)}); a "
+            "role of your own is defined by a module in code.imports (--import FILE)"
+        ])  # fmt: skip
+    return cls
 
 
-def plan_from_wire(role: Role | str, fields: Any) -> WorkerPlan:
+def plan_from_wire(role: str, fields: Any) -> WorkerPlan:
     """The typed plan of a ``configure`` message; a clear error if it does not fit the role."""
-    cls = PLAN_TYPES[Role(role)]
+    cls = plan_type(role)
     if not isinstance(fields, dict):
         raise ConfigError([f"plan of a {role} worker: expected a mapping, got {fields!r}"])
     names = {f.name for f in dataclasses.fields(cls)}
@@ -298,7 +346,7 @@ def plan_from_wire(role: Role | str, fields: Any) -> WorkerPlan:
 
 def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
     """Every worker of ``config``, in start order: parameters, replay buffers, trainers, policy
-    workers, actors."""
+    workers, the workers of roles defined outside Troupe (``config.roles``), actors."""
     plans: list[WorkerPlan] = [ParameterServicePlan("params")]
     for name, pc in config.policies.items():
         if pc.trainer.type and uses_replay(pc):
@@ -312,6 +360,7 @@ def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
             PolicyWorkerPlan(f"policy/{name}/{i}", policy=name, index=i)
             for i in range(pc.policy_workers)
         ]
+    plans += _other_roles(config)
     members = config.pbt.members
     plans += [
         ActorPlan(f"actor/{i}", index=i, member=members[i % len(members)] if members else "")
@@ -326,4 +375,20 @@ def plan_workers(config: ExperimentConfig) -> list[WorkerPlan]:
         )
         for i in range(config.evaluation.workers)
     ]
+    return plans
+
+
+def _other_roles(config: ExperimentConfig) -> list[WorkerPlan]:
+    """The workers of the roles ``config.roles`` names, each planned by its own class."""
+    own = {str(role) for role in Role}
+    unknown = sorted(set(config.roles) - set(PLAN_TYPES))
+    if unknown or own & set(config.roles):
+        raise ConfigError([
+            f"roles: {', '.join(unknown or sorted(own & set(config.roles)))} is not a role "
+            f"defined outside Troupe ({', '.join(sorted(set(PLAN_TYPES) - own)) or 'none is'} "
+            "imported); a module in code.imports defines one"
+        ])  # fmt: skip
+    plans: list[WorkerPlan] = []
+    for role in config.roles:
+        plans += PLAN_TYPES[role].plans_for(config)
     return plans

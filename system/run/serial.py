@@ -164,9 +164,9 @@ class SerialRun:
         }
         self.progress = SerialProgress()
 
-    def workers_of(self, role: Role) -> list[Any]:
+    def workers_of(self, role: str) -> list[Any]:
         """The built workers of ``role``, in plan order."""
-        return [self.built[p.worker_id] for p in self.plans if p.role is role]
+        return [self.built[p.worker_id] for p in self.plans if str(p.role) == str(role)]
 
     # ----------------------------------------------------------------- running
     def poll(self) -> int:

@@ -110,7 +110,7 @@ class Supervisor:
     def start_all(self, address: str) -> None:
         self.address = address
         for record in self.workers.values():
-            self.launcher.start(record.plan.worker_id, record.plan.role.value, address)
+            self.launcher.start(record.plan.worker_id, str(record.plan.role), address)
         logger.info("controller at %s; %d workers to start", address, len(self.workers))
 
     def fail(self, failure: WorkerFailure) -> None:
@@ -209,7 +209,7 @@ class Supervisor:
         _count_restart(record)
         record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
         record.last_seen = time.monotonic()
-        self.launcher.start(wid, record.plan.role.value, self.address)
+        self.launcher.start(wid, str(record.plan.role), self.address)
 
     def _restarted_elsewhere(self, record: WorkerRecord) -> None:
         """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
@@ -283,7 +283,7 @@ class Supervisor:
         """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
         return {
             wid: {
-                "role": r.plan.role.value,
+                "role": str(r.plan.role),
                 "pid": r.pid,
                 "state": r.state.value,
                 "restarts": r.restarts,

@@ -110,7 +110,7 @@ class TallyObserver(Protocol):
 def timing_role(plan: WorkerPlan) -> str:
     """The role a worker's timings are tallied under: evaluation actors apart from training
     ones (they are held to a pace, and wait for it by design)."""
-    return "eval_actor" if getattr(plan, "evaluation", False) else plan.role.value
+    return "eval_actor" if getattr(plan, "evaluation", False) else str(plan.role)
 
 
 def _policy_line(trainer: dict[str, float]) -> dict[str, Any]:
@@ -267,7 +267,7 @@ class Tally:
             "workers": [
                 {
                     "id": w.plan.worker_id,
-                    "role": w.plan.role.value,
+                    "role": str(w.plan.role),
                     "state": w.state.value,
                     "restarts": w.restarts,
                     "heartbeat_age_s": now - w.last_seen,

@@ -24,6 +24,7 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 from api import global_state
+from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import ConfigError, RegistryError, UserError
 from system import logs
@@ -190,6 +191,7 @@ class SocketWiring:
 def _build(
     ctl: ControlClient, role: str, cfg: ExperimentConfig, conf: cp.Configure, place: Placement
 ):
+    load_code(cfg.code)  # first: a role defined outside Troupe is defined there
     plan = plan_from_wire(role, conf.plan)
     # numpy's BLAS (OpenBLAS) starts a thread per core, which spin while they wait: a policy
     # worker acting through numpy (algorithm.modules.numpy_inference) on a 2-core machine used
@@ -381,7 +383,9 @@ if __name__ == "__main__":  # for launchers that start workers as commands (cont
 
     parser = argparse.ArgumentParser(description="Run one Troupe worker process.")
     parser.add_argument("--id", required=True)
-    parser.add_argument("--role", required=True, choices=[r.value for r in Role])
+    parser.add_argument(
+        "--role", required=True, help=f"{', '.join(r.value for r in Role)}, or a role of yours"
+    )
     parser.add_argument("--controller", required=True)
     parser.add_argument("--bind-host", default="127.0.0.1")
     parser.add_argument("--advertise-host", default="127.0.0.1")

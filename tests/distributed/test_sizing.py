@@ -14,7 +14,31 @@ def test_every_role_is_a_component_with_figures():
         "controller", "params", "trainer", "policy", "actor", "replay", "eval",
     )  # fmt: skip
     assert {sizing.component_of(r.value, r.value) for r in Role} <= set(sizing.COMPONENTS)
-    assert set(sizing.MEASURED) == set(sizing.COMPONENTS)  # a new role needs its figures here
+    assert set(sizing.MEASURED) == set(sizing.COMPONENTS)  # Troupe's own roles are measured
+
+
+def test_a_role_defined_outside_troupe_is_sized_from_its_plan():
+    """Never measured here, it asks what a policy worker does if it runs a network, else what an
+    actor does; ``--memory``/``--cpus`` can name it like any component."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from system.run.plan import PLAN_TYPES, WorkerPlan
+
+    @dataclass(frozen=True)
+    class ScorerPlan(WorkerPlan):
+        role: ClassVar[str] = "scorer"
+        stop_order: ClassVar[int] = 1
+        poll_order: ClassVar[int] = 2
+        needs_torch: ClassVar[bool] = True
+
+    try:
+        assert "scorer" in sizing.components()
+        assert sizing.needs_of(sizing.MEASURED, "scorer") == sizing.MEASURED["policy"]
+        needs = sizing.role_needs(memory_mib=sizing.parse_overrides(["scorer=900"], "--memory"))
+        assert needs["scorer"].peak_memory_mib == 900 and needs["scorer"].cpus == 1
+    finally:
+        del PLAN_TYPES["scorer"]
 
 
 def test_a_runs_workers_json_sizes_the_replay_worker(tmp_path):

@@ -363,6 +363,7 @@ def test_each_worker_class_plays_the_role_of_its_plan():
         Role.ACTOR: ActorWorker,
         Role.REPLAY: ReplayWorker,
     }
-    assert set(workers) == set(PLAN_TYPES)
+    assert {role.value for role in workers} == {r.value for r in Role} <= set(PLAN_TYPES)
+    assert all(PLAN_TYPES[role.value].role is role for role in workers)
     assert {role: cls.role for role, cls in workers.items()} == {r: r for r in workers}
     assert all(isinstance(cls.role, Role) for cls in workers.values())  # the enum, no literals

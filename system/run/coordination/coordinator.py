@@ -24,7 +24,7 @@ from system.ratelimit import BadMessages
 from system.roles import Role
 from system.run.control_protocol import StateResult, StateWrite
 from system.run.coordination.curriculum import CurriculumDriver, CurriculumFollower
-from system.run.coordination.evaluation_hold import EvaluationHold
+from system.run.coordination.evaluation_hold import HOLD_KEY, EvaluationHold
 from system.run.coordination.pbt import PBTDriver
 from system.run.coordination.ratings import Ratings
 from system.run.coordination.state import StateStore, answer_write
@@ -44,6 +44,8 @@ class Coordination:
         )
         self.pbt = PBTDriver(config, self.store, self.run_dir) if config.pbt.members else None
         self.ratings = Ratings(config, self.run_dir, self.store)
+        # a resumed run's state may still hold a version: the first order releases it
+        self._hold_said = self.store.get(HOLD_KEY)[0]
         self.bad_writes = BadMessages(logger, "global state writes")
 
     def snapshot(self) -> dict[str, Any]:
@@ -104,6 +106,14 @@ class Coordination:
 
     def stop_reason(self) -> str:
         return self.pbt.stop_reason() if self.pbt is not None else ""
+
+    def say_hold(self, order: dict[str, Any] | None) -> None:
+        """Tell the judged policy's workers, through the global state, to hold the version
+        they have for evaluation (or to stop holding), when the order changed
+        (:meth:`system.run.stopping.EvaluationWindows.hold_order`)."""
+        if order != self._hold_said:
+            self.store.set(HOLD_KEY, order)
+            self._hold_said = order
 
     def close(self) -> None:
         self.store.save(self.run_dir)

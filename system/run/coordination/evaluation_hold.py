@@ -1,7 +1,8 @@
 """The version the judged policy's workers hold for evaluation, through the global state.
 
 The controller's :class:`system.run.stopping.EvaluationWindows` decides: it opens a round per
-version to judge and writes the order under :data:`HOLD_KEY`. :class:`EvaluationHold` follows
+version to judge, and the run's coordination writes its order under :data:`HOLD_KEY`
+(:meth:`~system.run.coordination.coordinator.Coordination.say_hold`). :class:`EvaluationHold` follows
 it in each policy worker of the judged policy, on its heartbeat: evaluation requests are then
 answered by the held version while training goes on with the newest.
 """
