@@ -62,6 +62,7 @@ from distributed.deploy.manifests import (
 from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
+from system import run_folder
 
 MOUNT = "/troupe/run"
 KEYS_DIR, CONFIG_DIR = "/troupe/keys", "/troupe/config"
@@ -284,7 +285,7 @@ class _Builder:
             "kind": "ConfigMap",
             "immutable": True,
             "metadata": self.meta(f"{self.o.run_name}-config", "config"),
-            "data": {"config.json": text},
+            "data": {run_folder.CONFIG: text},
         }
 
     def secret(self, keys_text: str) -> dict[str, Any]:
@@ -384,7 +385,7 @@ class _Builder:
             {"name": "control", "containerPort": CONTROLLER_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ]
-        script = 'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/config.json"'
+        script = f'mkdir -p "$RUN_DIR" && cp "$CONFIG" "$RUN_DIR/{run_folder.CONFIG}"'
         copy = self.container(
             "copy-config",
             self.o.worker_image,
@@ -394,7 +395,7 @@ class _Builder:
         )
         copy["env"] += [
             {"name": "RUN_DIR", "value": self.o.run_dir},
-            {"name": "CONFIG", "value": f"{CONFIG_DIR}/config.json"},
+            {"name": "CONFIG", "value": f"{CONFIG_DIR}/{run_folder.CONFIG}"},
         ]
         copy["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
         pod = self.pod_spec(

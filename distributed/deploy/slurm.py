@@ -228,15 +228,15 @@ def _setup(options: SlurmOptions) -> list[str]:
         f"export RUN_DIR={q(str(options.run_dir))}",
         f"DEPLOY_DIR={q(str(options.deploy_dir))}",
         'mkdir -p "$RUN_DIR"',
-        'if [ -f "$RUN_DIR/metrics.jsonl" ]; then',
+        f'if [ -f "$RUN_DIR/{run_folder.METRICS}" ]; then',
         '  echo "run folder $RUN_DIR has a run already (restart ${SLURM_RESTART_COUNT:-0}):'
         ' resuming it from its last persisted version" >&2',
         "fi",
-        'cp "$DEPLOY_DIR/config.json" "$RUN_DIR/config.json"',
+        f'cp "$DEPLOY_DIR/{run_folder.CONFIG}" "$RUN_DIR/{run_folder.CONFIG}"',
         'install -m 600 "$DEPLOY_DIR/keys" "$RUN_DIR/keys"',
         "# What troupe status|logs|stop|ps read to find this job (distributed/ops/record.py).",
         _RECORD_PRINTF + f'{q(options.run_name)} "$RUN_DIR" "$SLURM_JOB_ID" "$(hostname)" '
-        '"$(date +%s)" > "$RUN_DIR/launch.json"',
+        f'"$(date +%s)" > "$RUN_DIR/{run_folder.LAUNCH}"',
         'export TROUPE_CURVE_KEYS_FILE="$RUN_DIR/keys"',
         "# The IPv4 address of an interface; the source address of the route to a host.",
         'address_on() { ip -4 -o addr show dev "$1" | awk \'{split($4, a, "/"); print a[1]; '
@@ -403,5 +403,5 @@ def write_deployment(config: ExperimentConfig, options: SlurmOptions, keys_text:
     submit.write_text(submit_script(options))
     for path in (script, submit):
         path.chmod(0o755)
-    (out / run_folder.CONFIG).write_text(config_json(config))
+    run_folder.write_bytes(out / run_folder.CONFIG, config_json(config).encode(), sync=False)
     return [submit, script, out / run_folder.CONFIG, write_private(out / "keys", keys_text)]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -371,7 +370,7 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
 
     for line in scale_policy_workers(config, args.overrides):
         console.print(line, highlight=False)
-    (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
+    run_folder.write_json(run_dir / run_folder.CONFIG, config.to_dict(), indent=2)
     from system.run import folder_lock
 
     # The run's controller service owns the folder from here (it takes the lock itself).

@@ -9,7 +9,6 @@ stop to finish, then exits with the controller's code.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -246,7 +245,7 @@ def start(
         check_can_run(client, image, run_dir)
     finally:
         client.close()
-    (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
+    run_folder.write_json(run_dir / run_folder.CONFIG, config.to_dict(), indent=2)
     process = mp.get_context("fork").Process(
         target=_docker_entry,
         args=(config.to_dict(), str(run_dir), image, display, forwards_signals(), metrics_port),

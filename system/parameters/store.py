@@ -391,7 +391,7 @@ class ParameterStore:
 
     def _save_tags(self, policy: str, entry: _Policy) -> None:
         text = json.dumps(entry.tags, sort_keys=True).encode()
-        write_atomically(self._folder(policy) / "tags.json", lambda f: f.write(text))
+        write_atomically(self._folder(policy) / run_folder.TAGS, lambda f: f.write(text))
 
     # ------------------------------------------------------------------------------- restore
     @classmethod
@@ -463,7 +463,7 @@ class ParameterStore:
             entry.latest = version
 
     def _read_tags(self, policy_dir: Path, entry: _Policy) -> dict[str, int]:
-        path = policy_dir / "tags.json"
+        path = policy_dir / run_folder.TAGS
         if not path.is_file():
             return {}
         try:

@@ -2,9 +2,9 @@
 
 The controller's :class:`system.run.stopping.EvaluationWindows` decides: it opens a round per
 version to judge, and the run's coordination writes its order under :data:`HOLD_KEY`
-(:meth:`~system.run.coordination.coordinator.Coordination.say_hold`). :class:`EvaluationHold` follows
-it in each policy worker of the judged policy, on its heartbeat: evaluation requests are then
-answered by the held version while training goes on with the newest.
+(:meth:`~system.run.coordination.coordinator.Coordination.say_hold`). :class:`EvaluationHold`
+follows it in each policy worker of the judged policy, on its heartbeat: evaluation requests are
+then answered by the held version while training goes on with the newest.
 """
 
 from __future__ import annotations
