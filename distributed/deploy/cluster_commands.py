@@ -98,10 +98,10 @@ def _add_insecure_argument(parser: argparse.ArgumentParser) -> None:
 def secure_or_refuse(insecure: bool, what: str) -> None:
     """CURVE from the environment's keys; without keys, refuse unless ``insecure`` (and then
     warn): a cluster port must never be open in plain text by accident."""
-    from system.streams import wire
+    from system.streams import transport
     from system.streams.security import ENV_KEYS_FILE
 
-    if wire.secure_from_environment():
+    if transport.secure_from_environment():
         if insecure:
             logger.warning("--insecure ignored: %s has CURVE keys and uses them", what)
         return

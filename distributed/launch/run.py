@@ -124,13 +124,13 @@ def controller_main(
     from distributed.launch.local import LocalLauncher
     from system import logs
     from system.run.controller import Controller
-    from system.streams import wire
+    from system.streams import transport
 
     logs.configure_process("controller")
     logs.keep_in_run_folder(run_dir, "controller")
     config = ExperimentConfig.from_dict(config_dict)
     try:
-        wire.secure_from_environment()
+        transport.secure_from_environment()
     except UserError as e:  # the keys went bad after the launch checked them
         logger.error("%s", e)
         return EXIT_FAILED

@@ -23,7 +23,7 @@ import zmq
 from api.errors import OperationalError
 from system.errors import PeerTimeoutError, WireError
 from system.parameters.protocol import REMOTE_ERRORS, ms_left
-from system.streams import wire
+from system.streams import transport, wire
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class RequestChannel:
         return self._max_bytes
 
     def _connect(self) -> zmq.Socket:
-        dealer = wire.make_socket(zmq.DEALER, server=False, max_message_bytes=self._max_bytes)
+        dealer = transport.make_socket(zmq.DEALER, server=False, max_message_bytes=self._max_bytes)
         dealer.connect(self.endpoint)
         return dealer
 
@@ -80,7 +80,7 @@ class RequestChannel:
         """Send a request and wait for its reply's body; a refusal raises the error it names."""
         request_id = next(self._ids)
         try:
-            wire.send(self.socket, kind, {**body, "id": request_id}, flags=zmq.NOBLOCK)
+            transport.send(self.socket, kind, {**body, "id": request_id}, flags=zmq.NOBLOCK)
         except zmq.Again:
             self.timed_out(kind, timeout_s)
         reply = self.await_reply(request_id, kind, timeout_s, deadline)
@@ -92,7 +92,7 @@ class RequestChannel:
     def send_hello(self) -> None:
         try:
             request_id = next(self._ids)
-            wire.send(self.socket, "hello", {"id": request_id}, flags=zmq.NOBLOCK)
+            transport.send(self.socket, "hello", {"id": request_id}, flags=zmq.NOBLOCK)
             self.hello_id = request_id
         except zmq.Again:
             self.hello_id = None  # sent again on the next occasion
@@ -118,7 +118,7 @@ class RequestChannel:
         while True:
             left = ms_left(deadline)
             slice_ms = left if self.abandon is None else min(left, ABANDON_CHECK_MS)
-            got = wire.recv(self.socket, timeout_ms=slice_ms, copy=self._copy, zero_copy=True)
+            got = transport.recv(self.socket, timeout_ms=slice_ms, copy=self._copy, zero_copy=True)
             if got is not None or left <= slice_ms:
                 return got
             if self.abandon is not None and self.abandon():
@@ -132,7 +132,7 @@ class RequestChannel:
             return
         while True:
             try:
-                got = wire.recv(self.socket, timeout_ms=0)
+                got = transport.recv(self.socket, timeout_ms=0)
             except WireError as e:
                 self._bad(e)
                 continue

@@ -55,7 +55,7 @@ from system.parameters.protocol import (
 from system.parameters.store import ParameterStore, check_policy_name
 from system.parameters.trainer_state import array_bytes
 from system.ratelimit import BadMessages
-from system.streams import shm, wire
+from system.streams import shm, transport, wire
 from system.streams.validation import HEADROOM_BYTES, ParamsLayout
 
 logger = logging.getLogger(__name__)
@@ -99,8 +99,8 @@ class ParameterServer:
         self._subscriptions: Counter[bytes] = Counter()
         self._bad_messages = BadMessages(logger, "parameter server")
         limit = None if layout is None else layout.max_message_bytes
-        self._router = wire.make_socket(zmq.ROUTER, server=True, max_message_bytes=limit)
-        self._xpub = wire.make_socket(
+        self._router = transport.make_socket(zmq.ROUTER, server=True, max_message_bytes=limit)
+        self._xpub = transport.make_socket(
             zmq.XPUB, server=True, hwm=push_hwm, max_message_bytes=SUBSCRIPTION_MAX_BYTES
         )
         self.shm: shm.ShmArea | None = None
@@ -217,7 +217,7 @@ class ParameterServer:
         handled = 0
         while handled < self.max_batch:
             try:
-                got = wire.recv(self._router, timeout_ms=0, zero_copy=True)
+                got = transport.recv(self._router, timeout_ms=0, zero_copy=True)
             except WireError as e:
                 handled += 1
                 self._bad(e)
@@ -248,7 +248,7 @@ class ParameterServer:
             kind, reply = "error", {"type": type(e).__name__, "error": str(e)}
         reply["id"] = request_id
         try:
-            wire.send(self._router, kind, reply, envelope=envelope, flags=zmq.NOBLOCK)
+            transport.send(self._router, kind, reply, envelope=envelope, flags=zmq.NOBLOCK)
         except zmq.Again:
             logger.warning("parameter server could not reply to a '%s' request", message.kind)
         if kind == "error" and reply["type"] == RunFolderError.__name__:
@@ -315,8 +315,10 @@ class ParameterServer:
         push = {"policy": policy, "version": version, "params": params}
         notice = push if layout is None else {"policy": policy, "version": version, "shm": layout}
         try:  # local subscribers first: theirs is the short path
-            wire.send(self._xpub, "params", notice, envelope=[SHM_TOPIC + topic], flags=zmq.NOBLOCK)
-            wire.send(self._xpub, "params", push, envelope=[topic], flags=zmq.NOBLOCK)
+            transport.send(
+                self._xpub, "params", notice, envelope=[SHM_TOPIC + topic], flags=zmq.NOBLOCK
+            )
+            transport.send(self._xpub, "params", push, envelope=[topic], flags=zmq.NOBLOCK)
             self.stats["pushes"] += 1
         except zmq.Again:  # XPUB drops rather than blocks; kept in case a transport differs
             logger.warning("parameter server could not push version %d of '%s'", version, policy)

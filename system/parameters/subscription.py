@@ -15,7 +15,7 @@ import zmq
 
 from system.errors import WireError
 from system.parameters.protocol import SHM_TOPIC
-from system.streams import shm, wire
+from system.streams import shm, transport, wire
 
 _SHM_PREFIX = SHM_TOPIC.decode()
 
@@ -40,7 +40,7 @@ class PushSubscription:
         self._bad = bad
         self._writable = writable
         self._copy = writable and not own_frames
-        self.socket = wire.make_socket(
+        self.socket = transport.make_socket(
             zmq.SUB, server=False, hwm=hwm, max_message_bytes=max_message_bytes
         )
         self._topics: set[bytes] = set()  # subscribed topics
@@ -78,7 +78,7 @@ class PushSubscription:
         """Receive every push waiting, keeping only the newest new one per policy."""
         while True:
             try:
-                got = wire.recv(self.socket, timeout_ms=0, copy=self._copy, zero_copy=True)
+                got = transport.recv(self.socket, timeout_ms=0, copy=self._copy, zero_copy=True)
             except WireError as e:
                 self._bad(e)
                 continue

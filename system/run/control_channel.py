@@ -38,7 +38,7 @@ from system.processes import process_exists
 from system.ratelimit import BadMessages
 from system.run import control_protocol as cp
 from system.run.coordination.state import StateReplica
-from system.streams import wire
+from system.streams import transport
 
 logger = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=cp.ControlMessage)
@@ -82,7 +82,7 @@ class ControlClient:
     ):
         self.worker_id = worker_id
         self.timeout_s = timeout_s
-        self.socket = wire.make_socket(
+        self.socket = transport.make_socket(
             zmq.DEALER, server=False, max_message_bytes=CONTROL_MAX_BYTES
         )
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
@@ -212,7 +212,7 @@ class ControlClient:
         """Read one message, if one comes within ``timeout_ms``; False when none did."""
         with self.lock:
             try:
-                got = wire.recv(self.socket, timeout_ms=timeout_ms)
+                got = transport.recv(self.socket, timeout_ms=timeout_ms)
             except WireError as e:
                 self.bad_messages.record(e)
                 return True

@@ -27,7 +27,7 @@ import zmq
 
 from api.global_state import MAX_VALUE_BYTES, GlobalStateError, check_key, check_value
 from system.errors import WireError
-from system.streams import wire
+from system.streams import transport, wire
 
 _MISSING = object()
 _M = TypeVar("_M", bound="ControlMessage")
@@ -120,7 +120,7 @@ def parse(message: wire.Message) -> ControlMessage:
 
 
 def send(socket: zmq.Socket, message: ControlMessage, envelope: list[bytes] | None = None) -> None:
-    wire.send(socket, message.kind, message.body(), envelope=envelope or ())
+    transport.send(socket, message.kind, message.body(), envelope=envelope or ())
 
 
 # ----------------------------------------------------------------- worker -> controller

@@ -16,14 +16,14 @@ from system.errors import WireError
 from system.ratelimit import BadMessages
 from system.run.control_channel import CONTROL_MAX_BYTES
 from system.run.control_protocol import ControlMessage, send
-from system.streams import wire
+from system.streams import transport, wire
 
 logger = logging.getLogger(__name__)
 
 
 class ControlServer:
     def __init__(self, bind: str, advertise_host: str | None = None):
-        self.socket = wire.make_socket(
+        self.socket = transport.make_socket(
             zmq.ROUTER, server=True, hwm=10_000, max_message_bytes=CONTROL_MAX_BYTES
         )
         # A worker's replacement (restarted by Docker, Kubernetes, Slurm) connects under the same
@@ -44,7 +44,7 @@ class ControlServer:
         first = True
         while True:
             try:
-                got = wire.recv(self.socket, timeout_ms=timeout_ms if first else 0)
+                got = transport.recv(self.socket, timeout_ms=timeout_ms if first else 0)
             except WireError as e:
                 self.bad_messages.record(e)
                 continue

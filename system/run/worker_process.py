@@ -45,7 +45,7 @@ from system.run.coordination.coordinator import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import Peers, plan_from_wire
 from system.run.shape import RunShape
-from system.streams import wire
+from system.streams import transport
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.obs_slots import SlotWriter
 from system.streams.replay import ZmqReplayClient, ZmqReplayServer
@@ -245,7 +245,7 @@ def main(
     logs.configure_process(worker_id)
     place = Placement(**(placement or {}))
     try:
-        wire.secure_from_environment()  # cluster runs: CURVE on every socket
+        transport.secure_from_environment()  # cluster runs: CURVE on every socket
     except UserError as e:  # fail closed, in one line: never plain sockets instead
         logger.error("%s", e)
         return EXIT_FAILED
@@ -296,7 +296,7 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
     from system.streams import security
 
     security.shutdown()  # its ZAP thread owns sockets of this context
-    wire.context().destroy(linger=linger_ms)
+    transport.context().destroy(linger=linger_ms)
 
 
 def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: tuple[str, float]) -> int:

@@ -24,7 +24,7 @@ from api.errors import NamedArrayError
 from api.policy import RolloutRequest, RolloutResult
 from system.errors import WireError
 from system.ratelimit import BadMessages
-from system.streams import wire
+from system.streams import transport, wire
 from system.streams.obs_slots import SlotReader, SlotWriter
 from system.streams.validation import RequestLayout
 
@@ -176,7 +176,9 @@ class ZmqInferenceServer(InferenceServer):
         counted, and the socket refuses messages larger than the largest of them."""
         self.layout = layout
         limit = None if layout is None else layout.max_message_bytes
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm, max_message_bytes=limit)
+        self.socket = transport.make_socket(
+            zmq.ROUTER, server=True, hwm=hwm, max_message_bytes=limit
+        )
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "inference server")
@@ -206,7 +208,7 @@ class ZmqInferenceServer(InferenceServer):
     def _recv(self, timeout_ms: int) -> PendingRequest | None:
         while True:
             try:
-                got = wire.recv(self.socket, timeout_ms=timeout_ms)
+                got = transport.recv(self.socket, timeout_ms=timeout_ms)
                 if got is None:
                     return None
                 envelope, message = got
@@ -219,7 +221,7 @@ class ZmqInferenceServer(InferenceServer):
         body = {"group": pending.group, "seq": pending.seq, "result": result, "version": version}
         if pending.shm_answer is not None:
             body["shm"] = pending.shm_answer
-        wire.send(self.socket, "rollout_result", body, envelope=pending.route)
+        transport.send(self.socket, "rollout_result", body, envelope=pending.route)
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -280,7 +282,7 @@ class ZmqInferenceClient(InferenceClient):
         if old is not None:
             self.poller.unregister(old)
             old.close(linger=0)
-        sock = wire.make_socket(zmq.DEALER, server=False, hwm=10_000)
+        sock = transport.make_socket(zmq.DEALER, server=False, hwm=10_000)
         sock.connect(endpoint)
         self.sockets[policy] = sock
         self.poller.register(sock, zmq.POLLIN)
@@ -293,7 +295,7 @@ class ZmqInferenceClient(InferenceClient):
                 self._through_slot(body, policy, group, request)
             elif self.shm.get(policy) is None:
                 body["shm_offer"] = self.slots.info
-        wire.send(self.sockets[policy], "rollout", body)
+        transport.send(self.sockets[policy], "rollout", body)
 
     def _through_slot(self, body: dict, policy: str, group: int, request: RolloutRequest) -> None:
         """Put the observations in this group's slot; the message names it instead. The slot is
@@ -325,7 +327,7 @@ class ZmqInferenceClient(InferenceClient):
     def _recv(self, policy: str, sock: zmq.Socket) -> InferenceReply | None:
         while True:
             try:
-                got = wire.recv(sock, timeout_ms=0)
+                got = transport.recv(sock, timeout_ms=0)
                 if got is None:
                     return None
                 _, message = got

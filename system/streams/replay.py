@@ -23,7 +23,7 @@ from api.errors import NamedArrayError
 from api.replay import TransitionBatch
 from system.errors import WireError
 from system.ratelimit import BadMessages
-from system.streams import wire
+from system.streams import transport, wire
 from system.streams.validation import BatchLayout, PriorityLayout
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,9 @@ class ZmqReplayServer:
         larger than the largest legal request."""
         self.layout = layout
         limit = None if layout is None else layout.max_message_bytes
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=16, max_message_bytes=limit)
+        self.socket = transport.make_socket(
+            zmq.ROUTER, server=True, hwm=16, max_message_bytes=limit
+        )
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "replay server")
@@ -167,7 +169,9 @@ class ZmqReplayServer:
         out: list[ReplayRequest] = []
         while True:
             try:
-                got = wire.recv(self.socket, timeout_ms=timeout_ms if not out else 0, copy=True)
+                got = transport.recv(
+                    self.socket, timeout_ms=timeout_ms if not out else 0, copy=True
+                )
                 if got is None:
                     return out
                 envelope, message = got
@@ -177,7 +181,7 @@ class ZmqReplayServer:
             timeout_ms = 0
 
     def reply(self, client: bytes, batch: TransitionBatch) -> None:
-        wire.send(self.socket, "replay_batch", {"batch": batch}, envelope=[client])
+        transport.send(self.socket, "replay_batch", {"batch": batch}, envelope=[client])
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -224,7 +228,7 @@ class ZmqReplayClient(ReplayClient):
         self.bad_messages = BadMessages(logger, "replay client")
 
     def _connect(self, address: str) -> zmq.Socket:
-        socket = wire.make_socket(
+        socket = transport.make_socket(
             zmq.DEALER, server=False, hwm=16, max_message_bytes=self.max_message_bytes
         )
         socket.connect(address)
@@ -244,11 +248,11 @@ class ZmqReplayClient(ReplayClient):
         return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
 
     def _send(self, keys, priorities) -> None:
-        wire.send(self.socket, "replay_sample", {"keys": keys, "priorities": priorities})
+        transport.send(self.socket, "replay_sample", {"keys": keys, "priorities": priorities})
 
     def _receive(self, timeout_ms: int) -> TransitionBatch | None:
         try:
-            got = wire.recv(self.socket, timeout_ms=timeout_ms, copy=True)
+            got = transport.recv(self.socket, timeout_ms=timeout_ms, copy=True)
             if got is None:
                 return None
             _, message = got

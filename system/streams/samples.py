@@ -27,7 +27,7 @@ from api.errors import NamedArrayError
 from api.policy import SampleBatch
 from system.errors import WireError
 from system.ratelimit import BadMessages
-from system.streams import wire
+from system.streams import transport, wire
 from system.streams.obs_slots import SlotReader, SlotWriter
 from system.streams.validation import HEADROOM_BYTES, SegmentLayout
 
@@ -155,7 +155,7 @@ class ZmqSampleProducer(SampleProducer):
         old = self.sockets.pop(policy, None)
         if old is not None:
             old.close(linger=0)
-        sock = wire.make_socket(
+        sock = transport.make_socket(
             zmq.DEALER, server=False, hwm=self.hwm, max_message_bytes=ACK_MAX_BYTES
         )
         for address in addresses:
@@ -185,7 +185,7 @@ class ZmqSampleProducer(SampleProducer):
                 continue
             body, slot = self._body(policy, segment)
             try:
-                wire.send(self.sockets[policy], "samples", body, flags=zmq.NOBLOCK)
+                transport.send(self.sockets[policy], "samples", body, flags=zmq.NOBLOCK)
             except zmq.Again:  # no trainer connected yet
                 if slot is not None:
                     self.free_slots[policy].append(slot)
@@ -241,7 +241,7 @@ class ZmqSampleProducer(SampleProducer):
         for policy, sock in self.sockets.items():
             while True:
                 try:
-                    got = wire.recv(sock, timeout_ms=0)
+                    got = transport.recv(sock, timeout_ms=0)
                 except WireError as e:
                     self.bad_messages.record(e)
                     continue
@@ -286,7 +286,9 @@ class ZmqSampleConsumer(SampleConsumer):
         larger than the largest legal chunk."""
         self.layout = layout
         limit = None if layout is None else layout.max_message_bytes
-        self.socket = wire.make_socket(zmq.ROUTER, server=True, hwm=hwm, max_message_bytes=limit)
+        self.socket = transport.make_socket(
+            zmq.ROUTER, server=True, hwm=hwm, max_message_bytes=limit
+        )
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bad_messages = BadMessages(logger, "sample consumer")
@@ -301,7 +303,9 @@ class ZmqSampleConsumer(SampleConsumer):
         out: list[SampleBatch] = []
         while len(out) < max_items:
             try:
-                got = wire.recv(self.socket, timeout_ms=timeout_ms if not out else 0, copy=True)
+                got = transport.recv(
+                    self.socket, timeout_ms=timeout_ms if not out else 0, copy=True
+                )
                 if got is None:
                     break
                 envelope, message = got
@@ -336,7 +340,9 @@ class ZmqSampleConsumer(SampleConsumer):
     def _ack(self, envelope: list[bytes], body: dict | None = None) -> None:
         """``body``: the answer to a shared-memory offer (``shm``), the slot read (``slot``)."""
         if envelope:
-            wire.send(self.socket, "samples_ack", body or {}, envelope=envelope, flags=zmq.NOBLOCK)
+            transport.send(
+                self.socket, "samples_ack", body or {}, envelope=envelope, flags=zmq.NOBLOCK
+            )
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -24,7 +24,7 @@ import zmq
 from distributed.images import build as images
 from distributed.launch import docker_run as dl
 from distributed.launch.run import prepare
-from system.streams import wire
+from system.streams import transport, wire
 from system.streams.security import RunKeys
 
 pytestmark = pytest.mark.docker
@@ -175,8 +175,8 @@ def ask_controller(address: str, keys: RunKeys | None) -> wire.Message | None:
         sock.curve_secretkey = keys.client_secret
     try:
         sock.connect(address)
-        wire.send(sock, "lookup", {"name": "params/request"})
-        got = wire.recv(sock, timeout_ms=3000)
+        transport.send(sock, "lookup", {"name": "params/request"})
+        got = transport.recv(sock, timeout_ms=3000)
         return None if got is None else got[1]
     finally:
         sock.close()

@@ -24,7 +24,7 @@ from system.parameters.inproc import InprocParameterService
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.run import builders, declared
-from system.streams import wire
+from system.streams import transport
 from system.streams.inference import InprocInferenceHub, ZmqInferenceClient, ZmqInferenceServer
 from system.streams.samples import InprocSampleHub, ZmqSampleConsumer
 from system.workers.actor_worker import ActorWorker
@@ -166,12 +166,12 @@ def test_trainer_drops_segments_that_do_not_fit_and_trains_on_the_rest(run):
         InprocParameterService(ParameterStore()),
         batch_segments=4,
     )
-    sender = wire.make_socket(zmq.DEALER, server=False, hwm=100)
+    sender = transport.make_socket(zmq.DEALER, server=False, hwm=100)
     sender.connect(consumer.endpoint)
     try:
         bad = bad_segments(good[0])
         for chunk in [good[0], *bad, good[1]]:
-            wire.send(sender, "samples", {"segment": chunk})
+            transport.send(sender, "samples", {"segment": chunk})
         deadline = time.monotonic() + 20
         while trainer.steps < 1 and time.monotonic() < deadline:
             trainer.poll()
@@ -211,7 +211,7 @@ def test_an_oversized_subscription_never_reaches_the_parameter_service(service):
     """On main one 50 MB subscription took the service down (ZeroMQ keeps every topic it is
     sent); here a 1 MB one shows the bound. The intruder runs in a process of its own: libzmq
     4.3.5's XSUB itself crashes on closing with so long a topic."""
-    honest = wire.context().socket(zmq.SUB)
+    honest = transport.context().socket(zmq.SUB)
     try:
         subprocess.run([sys.executable, "-c", INTRUDER, service.push_endpoint], timeout=60)
         honest.connect(service.push_endpoint)
@@ -247,7 +247,7 @@ def test_the_parameter_service_stores_only_checkpoints_laid_out_as_declared(run,
 
 
 def test_an_oversized_request_never_reaches_the_parameter_service(service):
-    sender = wire.context().socket(zmq.DEALER)
+    sender = transport.context().socket(zmq.DEALER)
     try:
         sender.connect(service.request_endpoint)
         sender.send_multipart([b"", b"x" * 50_000_000])

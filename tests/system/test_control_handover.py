@@ -16,7 +16,7 @@ from distributed.launch.local import ExternalLauncher
 from system.run import control_protocol as cp
 from system.run.control_channel import ControlClient
 from system.run.controller import Controller
-from system.streams import wire
+from system.streams import transport
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def controller(tmp_path):
 
 def _configured(client: ControlClient) -> bool:
     client.send(cp.Hello("actor", 1))
-    received = wire.recv(client.socket, timeout_ms=10_000)
+    received = transport.recv(client.socket, timeout_ms=10_000)
     return received is not None and isinstance(cp.parse(received[1]), cp.Configure)
 
 
@@ -70,7 +70,7 @@ def test_a_replacement_that_says_hello_during_the_stop_is_told_to_stop(tmp_path)
     def answer(client: ControlClient) -> type | None:
         client.send(cp.Hello("actor", 1))
         ctl._receive(timeout_ms=5_000)
-        received = wire.recv(client.socket, timeout_ms=5_000)
+        received = transport.recv(client.socket, timeout_ms=5_000)
         return None if received is None else type(cp.parse(received[1]))
 
     try:
@@ -97,13 +97,13 @@ def test_a_message_with_extra_routing_frames_is_counted_not_fatal(tmp_path):
     ctl = Controller(make_experiment("cartpole-ppo"), tmp_path, ExternalLauncher(), display=False)
     client = ControlClient(ctl.address, "actor/0")
     try:
-        wire.send(client.socket, "hello", {"pid": 1}, envelope=[b"hop"])
+        transport.send(client.socket, "hello", {"pid": 1}, envelope=[b"hop"])
         ctl._receive(timeout_ms=5_000)
         assert ctl.server.bad_messages.count == 1
         assert str(ctl.workers["actor/0"].state) == "starting"  # not configured by it
         client.send(cp.Hello("actor", 1))  # a well-formed one still is
         ctl._receive(timeout_ms=5_000)
-        received = wire.recv(client.socket, timeout_ms=5_000)
+        received = transport.recv(client.socket, timeout_ms=5_000)
         assert received is not None and isinstance(cp.parse(received[1]), cp.Configure)
     finally:
         client.close()

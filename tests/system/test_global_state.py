@@ -17,7 +17,7 @@ from system.run.control_channel import ControlClient
 from system.run.control_protocol import StateResult, StateWrite
 from system.run.controller import Controller
 from system.run.coordination.state import STATE_FILE, StateReplica, StateStore
-from system.streams import wire
+from system.streams import transport
 
 
 def test_versions_count_writes_per_key_and_cas_needs_the_current_one():
@@ -121,10 +121,10 @@ def test_workers_read_trainers_write_and_bad_writes_never_stop_the_controller(tm
         assert trainer.state.compare_and_set("league/x", 2, expected_version=0) == (False, 1)
         assert trainer.state.compare_and_set("league/x", 2, expected_version=1) == (True, 2)
 
-        wire.send(trainer.socket, "state_write", {"id": 99, "key": "", "value": 1})
+        transport.send(trainer.socket, "state_write", {"id": 99, "key": "", "value": 1})
         reply = trainer.wait_for(StateResult)
         assert reply.ok is False and "must be a non-empty str" in str(reply.error)
-        wire.send(trainer.socket, "state_write", ["not", "a", "mapping"])  # refused, counted
+        transport.send(trainer.socket, "state_write", ["not", "a", "mapping"])  # refused, counted
         with pytest.raises(GlobalStateError, match="only trainers and the controller"):
             actor.state.set("league/x", 3)
 

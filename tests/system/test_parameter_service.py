@@ -32,7 +32,7 @@ from system.parameters.inproc import InprocParameterService
 from system.parameters.interfaces import ParameterClientBase
 from system.parameters.service import SHM_TOPIC, ParameterServer
 from system.parameters.store import ParameterStore, load_checkpoint_file
-from system.streams import shm, wire
+from system.streams import shm, transport
 
 TIMEOUT_S = 5.0
 
@@ -327,21 +327,21 @@ def test_refused_requests_raise_their_own_type(service):
 
 
 def test_garbage_is_counted_and_dropped(service):
-    ctx = wire.context()
-    raw = wire.socket_options(ctx.socket(zmq.DEALER))
+    ctx = transport.context()
+    raw = transport.socket_options(ctx.socket(zmq.DEALER))
     raw.connect(service.server.request_endpoint)
     rng = np.random.default_rng(5)
     try:
         for _ in range(20):
             raw.send_multipart([rng.bytes(int(rng.integers(1, 40))) for _ in range(3)])
         raw.send_multipart([b"", b"\xff\x00garbage"])  # delimiter, then not msgpack
-        wire.send(raw, "publish", {"policy": "p", "version": 1})  # no id: cannot be answered
-        wire.send(raw, "steal", {"id": 1})  # unknown kind: answered with an error
-        error = wire.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
+        transport.send(raw, "publish", {"policy": "p", "version": 1})  # no id: cannot be answered
+        transport.send(raw, "steal", {"id": 1})  # unknown kind: answered with an error
+        error = transport.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
         assert error.kind == "error"
         assert error.body == {"id": 1, "type": "WireError", "error": "unknown request kind 'steal'"}
-        wire.send(raw, "get", {"id": 2, "policy": "p", "version": [1]})
-        error = wire.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
+        transport.send(raw, "get", {"id": 2, "policy": "p", "version": [1]})
+        error = transport.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
         assert error.body["error"] == "'get' request needs an int or str 'version', got [1]"
     finally:
         raw.close(linger=0)
@@ -355,8 +355,8 @@ def test_garbage_is_counted_and_dropped(service):
 
 
 def test_unanswered_request_times_out_and_a_late_reply_is_ignored():
-    ctx = wire.context()
-    silent = wire.socket_options(ctx.socket(zmq.ROUTER))
+    ctx = transport.context()
+    silent = transport.socket_options(ctx.socket(zmq.ROUTER))
     port = silent.bind_to_random_port("tcp://127.0.0.1")
     client = ParameterClient(f"tcp://127.0.0.1:{port}")
     try:
@@ -364,8 +364,8 @@ def test_unanswered_request_times_out_and_a_late_reply_is_ignored():
         with pytest.raises(PeerTimeoutError, match=r"did not answer 'get' within 0.2s"):
             client.get("p", timeout_s=0.2)
         assert 0.15 < time.monotonic() - start < 2.0
-        envelope, first = wire.recv(silent, timeout_ms=int(TIMEOUT_S * 1000))
-        wire.send(silent, "params", {"id": first.body["id"], "version": 1}, envelope=envelope)
+        envelope, first = transport.recv(silent, timeout_ms=int(TIMEOUT_S * 1000))
+        transport.send(silent, "params", {"id": first.body["id"], "version": 1}, envelope=envelope)
 
         answer = threading.Thread(target=_answer_twice, args=(silent,))
         answer.start()
@@ -380,9 +380,9 @@ def test_unanswered_request_times_out_and_a_late_reply_is_ignored():
 
 def _answer_twice(router: zmq.Socket) -> None:
     """Reply to one request first with a wrong id, then properly."""
-    envelope, request = wire.recv(router, timeout_ms=int(TIMEOUT_S * 1000))
-    wire.send(router, "params", {"id": -5, "version": 99}, envelope=envelope)
-    wire.send(router, "params", {"id": request.body["id"], "version": 2}, envelope=envelope)
+    envelope, request = transport.recv(router, timeout_ms=int(TIMEOUT_S * 1000))
+    transport.send(router, "params", {"id": -5, "version": 99}, envelope=envelope)
+    transport.send(router, "params", {"id": request.body["id"], "version": 2}, envelope=envelope)
 
 
 def test_wait_subscribers_times_out_without_subscribers():
@@ -462,8 +462,8 @@ def test_inproc_poll_latest_can_wait():
 
 def test_remote_error_types_are_a_fixed_set(service):
     # A reply naming some other type becomes a plain OperationalError, never an import.
-    ctx = wire.context()
-    router = wire.socket_options(ctx.socket(zmq.ROUTER))
+    ctx = transport.context()
+    router = transport.socket_options(ctx.socket(zmq.ROUTER))
     port = router.bind_to_random_port("tcp://127.0.0.1")
     client = ParameterClient(f"tcp://127.0.0.1:{port}")
     try:
@@ -479,9 +479,9 @@ def test_remote_error_types_are_a_fixed_set(service):
 
 
 def _reply_error(router: zmq.Socket, error_type: str) -> None:
-    envelope, request = wire.recv(router, timeout_ms=int(TIMEOUT_S * 1000))
+    envelope, request = transport.recv(router, timeout_ms=int(TIMEOUT_S * 1000))
     body = {"id": request.body["id"], "type": error_type, "error": "boom"}
-    wire.send(router, "error", body, envelope=envelope)
+    transport.send(router, "error", body, envelope=envelope)
 
 
 # ------------------------------------------------------------------------------ shared memory
@@ -704,8 +704,8 @@ def test_a_service_sweeps_files_it_never_took(shm_dir):
 
 def test_malformed_shm_publishes_are_refused(shm_dir):
     svc = Service(ParameterStore())
-    ctx = wire.context()
-    raw = wire.socket_options(ctx.socket(zmq.DEALER))
+    ctx = transport.context()
+    raw = transport.socket_options(ctx.socket(zmq.DEALER))
     raw.connect(svc.server.request_endpoint)
     area = svc.server.shm
     good = area.peer.write("p", 1, weights(1))
@@ -736,17 +736,17 @@ def test_malformed_shm_publishes_are_refused(shm_dir):
     try:
         for i, (case, layout) in enumerate(bad.items()):
             body = {"id": i, "policy": "p", "version": 1, "persist": False, "shm": layout}
-            wire.send(raw, "publish", body)
-            reply = wire.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
+            transport.send(raw, "publish", body)
+            reply = transport.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
             assert reply.kind == "error" and reply.body["type"] == "WireError", case
         assert svc.server.stats["bad_messages"] == len(bad)
         assert svc.server.store.latest_version("p") is None
         assert os.path.exists("/etc/passwd")
         assert (shm_dir / good["name"]).exists()  # refused requests unlink nothing
-        wire.send(
+        transport.send(
             raw, "publish", {"id": 99, "policy": "p", "version": 1, "persist": False, "shm": good}
         )
-        reply = wire.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
+        reply = transport.recv(raw, timeout_ms=int(TIMEOUT_S * 1000))[1]
         assert (reply.kind, reply.body) == ("ack", {"id": 99, "version": 1})
         np.testing.assert_array_equal(
             svc.client.get("p")[1]["model"]["w"], weights(1)["model"]["w"]
@@ -761,18 +761,18 @@ class FakeService:
 
     def __init__(self, directory: Path):
         self.area = shm.ShmArea(directory)
-        ctx = wire.context()
-        self.router = wire.socket_options(ctx.socket(zmq.ROUTER))
-        self.xpub = wire.socket_options(ctx.socket(zmq.XPUB))
+        ctx = transport.context()
+        self.router = transport.socket_options(ctx.socket(zmq.ROUTER))
+        self.xpub = transport.socket_options(ctx.socket(zmq.XPUB))
         self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.request = f"tcp://127.0.0.1:{self.router.bind_to_random_port('tcp://127.0.0.1')}"
         self.push = f"tcp://127.0.0.1:{self.xpub.bind_to_random_port('tcp://127.0.0.1')}"
 
     def answer_hello(self) -> None:
-        envelope, hello = wire.recv(self.router, timeout_ms=int(TIMEOUT_S * 1000))
+        envelope, hello = transport.recv(self.router, timeout_ms=int(TIMEOUT_S * 1000))
         assert hello.kind == "hello"
         body = {"id": hello.body["id"], "shm": self.area.info()}
-        wire.send(self.router, "hello", body, envelope=envelope)
+        transport.send(self.router, "hello", body, envelope=envelope)
 
     def wait_subscription(self, topic: bytes) -> None:
         while True:
@@ -782,7 +782,7 @@ class FakeService:
 
     def notice(self, version: int, layout) -> None:
         body = {"policy": "p", "version": version, "shm": layout}
-        wire.send(self.xpub, "params", body, envelope=[SHM_TOPIC + b"p"])
+        transport.send(self.xpub, "params", body, envelope=[SHM_TOPIC + b"p"])
 
     def close(self) -> None:
         self.router.close(linger=0)
@@ -813,7 +813,7 @@ def test_malformed_notices_are_counted_and_the_client_falls_back(shm_dir):
         assert client.stats["shm_missed"] == 1
         assert client.shm_peer is None  # back to full pushes, for good
         fake.wait_subscription(b"p")
-        wire.send(
+        transport.send(
             fake.xpub,
             "params",
             {"policy": "p", "version": 5, "params": weights(5)},

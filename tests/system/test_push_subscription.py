@@ -14,12 +14,12 @@ import zmq
 
 from system.parameters.protocol import SHM_TOPIC
 from system.parameters.subscription import PushSubscription
-from system.streams import wire
+from system.streams import transport
 
 
 @pytest.fixture
 def xpub():
-    sock = wire.make_socket(zmq.XPUB, server=True)
+    sock = transport.make_socket(zmq.XPUB, server=True)
     sock.bind("tcp://127.0.0.1:*")
     yield sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
     sock.close(linger=0)
@@ -39,7 +39,7 @@ def _push(sock, policy: str, version: int, *, shm: bool = False, extra: str = ""
     topic = (SHM_TOPIC if shm else b"") + (policy + extra).encode()
     body = {"policy": policy, "version": version}
     body |= {"shm": {"file": "x"}} if shm else {"params": {"w": np.full(3, version, np.float32)}}
-    wire.send(sock, "params", body, envelope=[topic])
+    transport.send(sock, "params", body, envelope=[topic])
 
 
 def _drain_until(sub: PushSubscription, done, is_new=lambda p, v: True) -> None:
@@ -81,8 +81,8 @@ def test_other_policies_and_malformed_pushes_are_counted_and_dropped(xpub):
     sub = _subscription(endpoint, bad)
     _subscribed(sock, 1)
     _push(sock, "a", 1, extra="b")  # topic "ab": SUB matches it by prefix
-    wire.send(sock, "params", {"policy": "a", "version": "7"}, envelope=[b"a"])
-    wire.send(sock, "error", {"policy": "a", "version": 7}, envelope=[b"a"])
+    transport.send(sock, "params", {"policy": "a", "version": "7"}, envelope=[b"a"])
+    transport.send(sock, "error", {"policy": "a", "version": 7}, envelope=[b"a"])
     _drain_until(sub, lambda: sub.stats["other_pushes"] == 1 and len(bad) == 2)
     assert sub.take("a") is None and all("unexpected push" in str(e) for e in bad)
     sub.close()

@@ -21,7 +21,7 @@ from system.replay.rate_limiter import RateLimiterConfig
 from system.roles import replay_samples_endpoint
 from system.run import builders, declared
 from system.run.plan import ActorPlan, ReplayPlan, TrainerPlan, plan_workers
-from system.streams import wire
+from system.streams import transport
 from system.streams.replay import InprocReplayHub, ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import InprocSampleHub
 from system.workers import replay_worker
@@ -86,11 +86,11 @@ def test_replay_config_errors_name_the_field():
 def test_batches_and_priorities_travel_over_sockets_and_garbage_is_dropped():
     server = ZmqReplayServer("tcp://127.0.0.1:*")
     client = ZmqReplayClient(server.endpoint)
-    garbage = wire.make_socket(__import__("zmq").DEALER, server=False)
+    garbage = transport.make_socket(__import__("zmq").DEALER, server=False)
     garbage.connect(server.endpoint)
     try:
         assert client.take(timeout_ms=0) is None  # sends the first request
-        wire.send(garbage, "replay_sample", {"keys": np.array([1]), "priorities": None})
+        transport.send(garbage, "replay_sample", {"keys": np.array([1]), "priorities": None})
         requests = []
         for _ in range(100):
             requests += server.poll(timeout_ms=50)
@@ -145,13 +145,15 @@ def test_the_replay_sockets_take_no_more_than_the_run_declares():
     server = ZmqReplayServer(layout=declared.priority_layout(config, "default"))
     layout = declared.batch_layout(config, spaces, policy, "default")
     client = ZmqReplayClient(server.endpoint, layout=layout)
-    sender = wire.make_socket(zmq.DEALER, server=False)
+    sender = transport.make_socket(zmq.DEALER, server=False)
     sender.connect(server.endpoint)
     try:
         many = 200_000  # 3.2 MB of keys and priorities: over the 1 MiB bound
-        wire.send(sender, "replay_sample", {"keys": np.arange(many), "priorities": np.ones(many)})
-        wire.send(sender, "replay_sample", {"keys": np.arange(5), "priorities": np.ones(5)})
-        wire.send(sender, "replay_sample", {"keys": np.arange(2), "priorities": np.ones(2)})
+        transport.send(
+            sender, "replay_sample", {"keys": np.arange(many), "priorities": np.ones(many)}
+        )
+        transport.send(sender, "replay_sample", {"keys": np.arange(5), "priorities": np.ones(5)})
+        transport.send(sender, "replay_sample", {"keys": np.arange(2), "priorities": np.ones(2)})
         requests = []
         for _ in range(200):
             requests += server.poll(timeout_ms=50)

@@ -13,12 +13,12 @@ import zmq
 
 from system.errors import PeerTimeoutError, VersionError
 from system.parameters.channel import RequestChannel, hello_info, owns_frames
-from system.streams import wire
+from system.streams import transport, wire
 
 
 @pytest.fixture
 def router():
-    sock = wire.make_socket(zmq.ROUTER, server=True)
+    sock = transport.make_socket(zmq.ROUTER, server=True)
     sock.bind("tcp://127.0.0.1:*")
     yield sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
     sock.close(linger=0)
@@ -31,7 +31,7 @@ def _channel(endpoint: str, **kw) -> tuple[RequestChannel, Counter, list]:
 
 
 def _request(sock):
-    return wire.recv(sock, timeout_ms=5_000)
+    return transport.recv(sock, timeout_ms=5_000)
 
 
 def test_a_reply_is_matched_to_its_request_and_a_stale_one_counted(router):
@@ -46,8 +46,8 @@ def test_a_reply_is_matched_to_its_request_and_a_stale_one_counted(router):
     def serve():
         env2, second = _request(sock)
         # the late answer to the first request arrives first, on the new socket's identity
-        wire.send(sock, "params", {"id": first.body["id"], "version": 1}, envelope=env2)
-        wire.send(sock, "params", {"id": second.body["id"], "version": 2}, envelope=env2)
+        transport.send(sock, "params", {"id": first.body["id"], "version": 1}, envelope=env2)
+        transport.send(sock, "params", {"id": second.body["id"], "version": 2}, envelope=env2)
 
     thread = threading.Thread(target=serve)
     thread.start()
@@ -64,7 +64,7 @@ def test_a_refusal_is_raised_as_the_error_it_names(router):
     def refuse():
         envelope, request = _request(sock)
         body = {"id": request.body["id"], "type": "VersionError", "error": "v3 < v5"}
-        wire.send(sock, "error", body, envelope=envelope)
+        transport.send(sock, "error", body, envelope=envelope)
 
     thread = threading.Thread(target=refuse)
     thread.start()
@@ -93,7 +93,7 @@ def test_hello_is_answered_whenever_it_comes(router):
     envelope, hello = _request(sock)
     assert hello.kind == "hello"
     answer = {"id": hello.body["id"], "shm": {"dir": "/dev/shm/x"}}
-    wire.send(sock, "hello", answer, envelope=envelope)
+    transport.send(sock, "hello", answer, envelope=envelope)
     deadline = time.monotonic() + 5
     while not hellos and time.monotonic() < deadline:
         channel.take_replies()

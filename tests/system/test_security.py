@@ -12,7 +12,7 @@ import zmq
 from e2e_support import finish, read_json, start, wait_for
 
 from api.policy import RolloutRequest
-from system.streams import wire
+from system.streams import transport
 from system.streams.security import RunKeys
 
 pytestmark = pytest.mark.multiprocess
@@ -32,8 +32,8 @@ def client(ctx: zmq.Context, address: str, keys: RunKeys | None, *, identity: by
 
 
 def answered(sock: zmq.Socket, kind: str, body: dict, timeout_ms: int = 3000) -> bool:
-    wire.send(sock, kind, body)
-    return wire.recv(sock, timeout_ms=timeout_ms) is not None
+    transport.send(sock, kind, body)
+    return transport.recv(sock, timeout_ms=timeout_ms) is not None
 
 
 def probes(endpoints: dict) -> list[tuple[str, str, dict, bytes | None]]:

@@ -18,7 +18,7 @@ from api.config import ComponentConfig, make_experiment
 from api.errors import ConfigError
 from system.errors import CallbackError
 from system.run import builders, declared
-from system.streams import wire
+from system.streams import transport
 from system.streams.samples import ZmqSampleConsumer
 from system.workers.actor_hooks import ActorHooks
 
@@ -104,13 +104,13 @@ def test_the_hook_rewrites_and_adds_fields_and_a_trainer_takes_them_off_a_socket
     layout = declared.segment_layout(config, spaces, policy, "default")
     assert set(layout.step["extras"]) == {"bonus", "late"}
     consumer = ZmqSampleConsumer(layout=layout)
-    sender = wire.make_socket(zmq.DEALER, server=False, hwm=100)
+    sender = transport.make_socket(zmq.DEALER, server=False, hwm=100)
     sender.connect(consumer.endpoint)
     try:
         without = chunks[0][:, :]
         without.extras = None  # what an actor without the callback would send
         for chunk in [chunks[0], without, chunks[1]]:
-            wire.send(sender, "samples", {"segment": chunk})
+            transport.send(sender, "samples", {"segment": chunk})
         got, deadline = [], time.monotonic() + 20
         while len(got) < 2 and time.monotonic() < deadline:
             got += consumer.poll(100, 10)

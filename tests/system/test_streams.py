@@ -11,7 +11,7 @@ import zmq
 from test_workers import CountingEnv, EchoPolicy, StubTrainer, answer_all, eval_actor, segment
 
 from system.ratelimit import Pace
-from system.streams import wire
+from system.streams import transport
 from system.streams.inference import InprocInferenceHub
 from system.streams.samples import (
     ACK_MAX_BYTES,
@@ -130,11 +130,11 @@ def test_a_chunk_unacked_for_minutes_is_taken_for_lost_in_transit(stream, monkey
 
 def test_foreign_messages_to_the_consumer_are_dropped_and_counted(stream):
     producer, consumer = stream
-    intruder = wire.make_socket(zmq.DEALER, server=False)
+    intruder = transport.make_socket(zmq.DEALER, server=False)
     intruder.connect(consumer.endpoint)
     try:
         intruder.send_multipart([b"", b"\xc1 not msgpack"])
-        wire.send(intruder, "rollout", {"x": 1})
+        transport.send(intruder, "rollout", {"x": 1})
         producer.post("p", segment(version=3))
         got = []
         for _ in range(10):

@@ -13,7 +13,7 @@ import zmq
 
 from api.namedarray import NamedArray, namedarray
 from system.errors import WireError
-from system.streams import wire
+from system.streams import transport, wire
 
 TIMEOUT_MS = 5000
 
@@ -256,13 +256,13 @@ def test_decode_refuses_deep_bodies():
 # ------------------------------------------------------------------------------------- sockets
 @pytest.fixture
 def ctx():
-    return wire.context()
+    return transport.context()
 
 
 @pytest.fixture
 def pair(ctx):
-    a = wire.socket_options(ctx.socket(zmq.PAIR))
-    b = wire.socket_options(ctx.socket(zmq.PAIR))
+    a = transport.socket_options(ctx.socket(zmq.PAIR))
+    b = transport.socket_options(ctx.socket(zmq.PAIR))
     port = a.bind_to_random_port("tcp://127.0.0.1")
     b.connect(f"tcp://127.0.0.1:{port}")
     yield a, b
@@ -271,17 +271,17 @@ def pair(ctx):
 
 
 def test_context_is_one_per_process():
-    assert wire.context() is wire.context()
+    assert transport.context() is transport.context()
 
 
 def _report_context(queue) -> None:
-    inherited = wire._context
-    queue.put(wire.context() is not inherited and wire.context() is wire.context())
+    inherited = transport._context
+    queue.put(transport.context() is not inherited and transport.context() is transport.context())
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_gets_its_own_context():
-    wire.context()
+    transport.context()
     mp = multiprocessing.get_context("fork")
     queue = mp.Queue()
     child = mp.Process(target=_report_context, args=(queue,))
@@ -296,8 +296,8 @@ def test_a_forked_child_gets_its_own_context():
 def test_large_array_round_trip_over_pair(pair):
     a, b = pair
     big = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)
-    wire.send(a, "weights", {"w": big, "step": 7})
-    got = wire.recv(b, timeout_ms=TIMEOUT_MS)
+    transport.send(a, "weights", {"w": big, "step": 7})
+    got = transport.recv(b, timeout_ms=TIMEOUT_MS)
     assert got is not None
     envelope, message = got
     assert envelope == []
@@ -308,18 +308,18 @@ def test_large_array_round_trip_over_pair(pair):
 
 
 def test_dealer_router_round_trip_with_envelope(ctx):
-    router = wire.socket_options(ctx.socket(zmq.ROUTER))
-    dealer = wire.socket_options(ctx.socket(zmq.DEALER))
+    router = transport.socket_options(ctx.socket(zmq.ROUTER))
+    dealer = transport.socket_options(ctx.socket(zmq.DEALER))
     try:
         port = router.bind_to_random_port("tcp://127.0.0.1")
         dealer.connect(f"tcp://127.0.0.1:{port}")
         obs = np.arange(12, dtype=np.uint8).reshape(3, 4)
-        wire.send(dealer, "rollout", {"obs": obs, "state": NamedArray(h=None)})
-        envelope, message = wire.recv(router, timeout_ms=TIMEOUT_MS)
+        transport.send(dealer, "rollout", {"obs": obs, "state": NamedArray(h=None)})
+        envelope, message = transport.recv(router, timeout_ms=TIMEOUT_MS)
         assert len(envelope) == 1 and envelope[0]
         assert_same_array(message.body["obs"], obs)
-        wire.send(router, "result", {"action": obs[:, 0]}, envelope=envelope)
-        reply_envelope, reply = wire.recv(dealer, timeout_ms=TIMEOUT_MS, copy=True)
+        transport.send(router, "result", {"action": obs[:, 0]}, envelope=envelope)
+        reply_envelope, reply = transport.recv(dealer, timeout_ms=TIMEOUT_MS, copy=True)
         assert reply_envelope == []
         assert_same_array(reply.body["action"], obs[:, 0])
         assert reply.body["action"].flags.writeable
@@ -329,21 +329,21 @@ def test_dealer_router_round_trip_with_envelope(ctx):
 
 
 def test_recv_times_out_with_none(pair):
-    assert wire.recv(pair[1], timeout_ms=10) is None
+    assert transport.recv(pair[1], timeout_ms=10) is None
 
 
 def test_recv_refuses_a_message_without_delimiter_and_goes_on(pair):
     a, b = pair
     a.send_multipart([wire.encode("test", 1)[0]])
     with pytest.raises(WireError, match="message of 1 frames has no empty delimiter frame"):
-        wire.recv(b, timeout_ms=TIMEOUT_MS)
-    wire.send(a, "test", 2)
-    assert wire.recv(b, timeout_ms=TIMEOUT_MS)[1].body == 2
+        transport.recv(b, timeout_ms=TIMEOUT_MS)
+    transport.send(a, "test", 2)
+    assert transport.recv(b, timeout_ms=TIMEOUT_MS)[1].body == 2
 
 
 def test_recv_needs_a_timeout(pair):
     with pytest.raises(ValueError, match="every receive needs a timeout"):
-        wire.recv(pair[1], timeout_ms=-1)
+        transport.recv(pair[1], timeout_ms=-1)
 
 
 # ------------------------------------------------------------------------------------- fuzzing
