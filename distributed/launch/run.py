@@ -69,6 +69,7 @@ def prepare(
     if not experiment:
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
     config = load_experiment(experiment, overrides, imports)
+    _check_plan(config)
     folder = Path(run_dir) if run_dir else default_run_dir(config.name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -82,6 +83,16 @@ def prepare(
         folder_lock.release(folder)
         raise
     return config, folder
+
+
+def _check_plan(config: ExperimentConfig) -> None:
+    """Plan the run's workers once here, so that what only the plan can tell (a role in
+    ``roles`` that no imported module defines) is said before a run folder is made."""
+    from api.code import load_code
+    from system.run.plan import plan_workers
+
+    load_code(config.code)
+    plan_workers(config)
 
 
 def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:

@@ -55,6 +55,15 @@ def test_the_role_is_planned_only_where_an_experiment_asks_for_it():
         plan_workers(dataclasses.replace(experiment(), roles={"trainer": {}}))
 
 
+def test_a_run_naming_a_role_no_module_defines_is_refused_before_its_folder_is_made(tmp_path):
+    from distributed.launch.run import prepare
+
+    config = dataclasses.replace(make_experiment("cartpole-ppo"), roles={"nope": {}})
+    with pytest.raises(ConfigError, match="nope is not a role defined outside Troupe"):
+        prepare(config, [], str(tmp_path / "run"), None)
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_role_runs_serially():
     from system.run.serial import SerialRun
 
