@@ -1,0 +1,70 @@
+"""Whether a process is alive, by its pid (system.processes): a live child is, a reaped one is
+not, a zombie exists but is not alive, and a pid whose start time differs is another process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from system.processes import process_alive, process_exists, process_start
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+
+def _until(condition, timeout_s: float = 10.0) -> bool:
+    pause = threading.Event()
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.01)
+    return True
+
+
+@pytest.fixture
+def child():
+    """A real process that lives until its stdin is closed (never reaped before the test
+    means it to be)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    with proc:  # closes its stdin and reaps it
+        yield proc
+        proc.kill()
+
+
+def test_a_live_child_is_alive_and_its_start_time_names_it(child):
+    start = process_start(child.pid)
+    assert start is not None and start >= process_start(os.getpid())
+    assert process_exists(child.pid)
+    assert process_alive(child.pid) and process_alive(child.pid, start)
+    # the same pid with another start time is a process the kernel gave that pid to since
+    assert not process_alive(child.pid, start + 1)
+
+
+def test_an_exited_child_is_a_zombie_until_reaped_and_then_gone(child):
+    child.stdin.close()  # it exits, and nobody waits for it yet
+    stat = Path(f"/proc/{child.pid}/stat")
+    assert _until(lambda: stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
+    assert process_exists(child.pid)  # kill(pid, 0) still finds the zombie...
+    assert not process_alive(child.pid)  # ...which is no live process
+    child.wait()
+    assert not process_exists(child.pid)
+    assert not process_alive(child.pid)
+    assert process_start(child.pid) is None  # no /proc entry left
+
+
+def test_no_pid_is_no_process():
+    assert not process_alive(None) and not process_alive(0)
+
+
+def test_this_process_is_alive_with_its_own_start_time():
+    start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[-1].split()[19])
+    assert process_start(os.getpid()) == start
+    assert process_alive(os.getpid(), start)

@@ -1,0 +1,106 @@
+"""What ``troupe run --resume`` checks first (system.run.resume_check): the saved config is read
+(a damaged one is one line), a change the checkpoints cannot follow is refused naming its key,
+other changes are recorded in ``resumes.jsonl``, and damaged checkpoints are skipped for the
+newest good one or, when none is left, refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from api.config import make_experiment
+from api.errors import RunFolderError, UserError
+from system import run_folder
+from system.parameters.checkpoint_file import write_checkpoint
+from system.parameters.store import LATEST_FILE, TRAINER_FILE
+from system.run.resume_check import check_checkpoints, check_compatible, saved_config
+
+
+def test_the_saved_config_is_read_back_and_a_damaged_one_is_one_line(tmp_path):
+    config = make_experiment("cartpole-ppo", ["stop.env_frames=1234"])
+    path = tmp_path / run_folder.CONFIG
+    path.write_text(json.dumps(config.to_dict()))
+    assert saved_config(tmp_path).to_dict() == config.to_dict()
+    path.write_text('{"name": ')
+    with pytest.raises(UserError, match=r"config\.json is damaged \(not valid JSON"):
+        saved_config(tmp_path)
+    path.write_text(json.dumps({"policies": 3}))
+    with pytest.raises(UserError, match="not a config this version of Troupe reads"):
+        saved_config(tmp_path)
+    path.unlink()
+    with pytest.raises(RunFolderError, match="cannot read"):
+        saved_config(tmp_path)
+
+
+def _changed(what: str):
+    config = make_experiment("cartpole-ppo")
+    policy = config.policies["default"]
+    if what == "network":
+        policy.policy.args["hidden_sizes"] = [32, 32]
+    elif what == "algorithm":
+        policy.trainer.type = "impala"
+    elif what == "environment":
+        config.environment.type = "Acrobot-v1"
+    elif what == "policies":
+        config.policies["other"] = config.policies.pop("default")
+    return config
+
+
+@pytest.mark.parametrize(
+    "what, key",
+    [
+        ("network", "policies.default.policy.args.hidden_sizes"),
+        ("algorithm", "policies.default.trainer.type"),
+        ("environment", "environment.type"),
+        ("policies", r"policies\.[\w.]+"),  # a renamed policy: its old keys are gone
+    ],
+)
+def test_a_change_the_checkpoints_cannot_follow_is_refused(tmp_path, what, key):
+    saved, new = make_experiment("cartpole-ppo"), _changed(what)
+    with pytest.raises(UserError, match=rf"cannot resume .* with {key}=.*the run was trained"):
+        check_compatible(saved, new, tmp_path)
+    assert not (tmp_path / run_folder.RESUMES).exists()
+
+
+def test_other_changes_are_allowed_and_recorded(tmp_path, caplog):
+    saved = make_experiment("cartpole-ppo")
+    check_compatible(saved, make_experiment("cartpole-ppo"), tmp_path)
+    assert not (tmp_path / run_folder.RESUMES).exists()  # nothing changed, nothing recorded
+    new = make_experiment(
+        "cartpole-ppo", ["stop.env_frames=1000", "policies.default.policy.args.device=cpu"]
+    )
+    with caplog.at_level(logging.WARNING):
+        check_compatible(saved, new, tmp_path)
+    assert "stop.env_frames: 500000 -> 1000" in caplog.text
+    (line,) = (tmp_path / run_folder.RESUMES).read_text().splitlines()
+    assert json.loads(line)["changed"] == {
+        "policies.default.policy.args.device": [None, "cpu"],
+        "stop.env_frames": [500000, 1000],
+    }
+
+
+def _checkpoint(path, field: str, version: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        write_checkpoint(f, {"version": version, field: {"w": np.ones(3, np.float32)}})
+
+
+def test_a_damaged_checkpoint_is_skipped_for_the_newest_good_one(tmp_path, caplog):
+    config = make_experiment("cartpole-ppo")
+    policy_dir = tmp_path / run_folder.CHECKPOINTS / "default"
+    _checkpoint(policy_dir / LATEST_FILE, "params", 7)
+    _checkpoint(policy_dir / "v00000005.ckpt", "params", 5)
+    _checkpoint(policy_dir / TRAINER_FILE, "trainer", 7)
+    check_checkpoints(tmp_path, config)  # all good: nothing said
+    assert not caplog.records
+    (policy_dir / LATEST_FILE).write_bytes(b"TROUPEC2" + b"\0" * 40)
+    with caplog.at_level(logging.WARNING):
+        check_checkpoints(tmp_path, config)
+    assert "skipping damaged parameters (latest.ckpt) for v00000005.ckpt" in caplog.text
+    (policy_dir / TRAINER_FILE).write_bytes(b"garbage")
+    check_checkpoints(tmp_path, config, trainer_state=False)  # an evaluation needs no trainer
+    with pytest.raises(RunFolderError, match=r"policy 'default': every trainer state file"):
+        check_checkpoints(tmp_path, config)
