@@ -295,10 +295,28 @@ def _controller_entry(
     # workers get the user's code from the config instead (api.code), by import, so the
     # controller's __main__ is made an empty module.
     sys.modules["__main__"] = types.ModuleType("__main__")
+    _forget_launchers_forkserver()
     own_process_group(own_group)  # signals come through the launcher (.signals)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_interrupt)
     sys.exit(controller_main(config_dict, run_dir, display, metrics_port))
+
+
+def _forget_launchers_forkserver() -> None:
+    """The launching program may have started multiprocessing's forkserver (its own code, or a
+    test suite): forked from it, this process holds that server's handle, whose process is not
+    its child, and starting the first worker would fail in ``os.waitpid`` (the run ending at
+    once, with no summary). Forget it: the launching program keeps its server, and this process
+    starts its own on first use. (The attributes are those ``ForkServer.__init__`` sets.)"""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):  # our copy would keep the launcher's server waiting
+            os.close(server._forkserver_alive_fd)
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    server._inherited_fds = None
+    server._lock = threading.Lock()  # a fork may have copied it held
 
 
 def _docker_entry(
