@@ -21,6 +21,7 @@ A policy serves this trainer by returning :class:`ImpalaAnalyzedResult` from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -107,7 +108,7 @@ class ImpalaTrainer(ActorCriticTrainer):
         value_coef: float = 0.5,
         max_grad_norm: float = 40.0,
         minibatches: int = 1,
-        lr_schedule: str = "constant",
+        lr_schedule: Literal["constant", "linear"] = "constant",
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,

@@ -9,7 +9,7 @@ trainers differ only in their targets and losses (their ``step`` and ``_update``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from api.policy import Policy
 from api.trainer import Trainer
 
 LR_SCHEDULES = ("constant", "linear")
+"""A trainer's learning-rate schedules; each trainer's signature spells them as a ``Literal``
+(read from the source by the config check, which resolves no imported alias), so that a config
+naming another is refused before launch and ``show-config`` lists them."""
 
 
 def masked_mean(mask: torch.Tensor | None):
@@ -87,7 +90,7 @@ class ActorCriticTrainer(Trainer):
         lr: float,
         minibatches: int,
         max_grad_norm: float,
-        lr_schedule: str = "constant",
+        lr_schedule: Literal["constant", "linear"] = "constant",
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,

@@ -23,6 +23,7 @@ A policy serves this trainer by returning :class:`PPOAnalyzedResult` from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -127,7 +128,7 @@ class PPOTrainer(ActorCriticTrainer):
         epochs: int = 4,
         minibatches: int = 4,
         normalize_advantages: bool = True,
-        lr_schedule: str = "constant",
+        lr_schedule: Literal["constant", "linear"] = "constant",
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,

@@ -277,3 +277,16 @@ def test_trainer_threads_must_be_at_least_one():
         ConfigError, match=r"policies\.default\.trainer_threads: must be at least 1"
     ):
         make_experiment("cartpole-ppo", ["policies.default.trainer_threads=0"])
+
+
+@pytest.mark.parametrize("experiment", ["cartpole-ppo", "cartpole-impala"])
+def test_a_learning_rate_schedule_is_one_of_the_two_before_launch(experiment):
+    """``lr_schedule`` is a ``Literal`` in the trainers' signatures: another name is refused by
+    the config check (not by the trainer's constructor in a worker), listing both."""
+    with pytest.raises(ConfigError, match="expected 'constant' or 'linear', got str 'cosine'"):
+        make_experiment(experiment, ["policies.default.trainer.args.lr_schedule=cosine"])
+    linear = ["policies.default.trainer.args.lr_schedule=linear",
+              "policies.default.trainer.args.total_steps=10"]  # fmt: skip
+    assert make_experiment(experiment, linear).policies["default"].trainer.args["lr_schedule"] == (
+        "linear"
+    )
