@@ -134,17 +134,21 @@ def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
         raise UserError(f"gymnasium could not make '{gym_id}': {e}") from e
 
 
-def _quiet_mujoco(gym_id: str) -> None:
-    """Send MuJoCo's warnings to this process's log instead of the console and a
-    ``MUJOCO_LOG.TXT`` in the working directory, MuJoCo's default. MuJoCo 4 warns on every load
-    of gymnasium's Hopper and Walker2d models (a deprecated attribute in their XML): a line per
-    environment per process that reads like Troupe's own error, and a file left in the user's
-    checkout."""
+def is_mujoco(gym_id: str) -> bool:
+    """Whether ``gym_id`` is one of gymnasium's MuJoCo tasks (its entry point says so)."""
     try:
         entry = gym.spec(gym_id).entry_point
-    except gym.error.Error:
-        return
-    if not (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")):
+    except Exception:  # not a gymnasium id (a Troupe environment, a PettingZoo name, a typo)
+        return False
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
+def _quiet_mujoco(gym_id: str) -> None:
+    """Send MuJoCo's warnings to this process's log instead of the console and a
+    ``MUJOCO_LOG.TXT`` in the working directory, MuJoCo's default. MuJoCo 4 warned on loads of
+    gymnasium's Hopper model (a deprecated attribute in its XML): a line per environment per
+    process that reads like Troupe's own error, and a file left in the user's checkout."""
+    if not is_mujoco(gym_id):
         return
     try:
         import mujoco

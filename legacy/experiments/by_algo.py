@@ -29,10 +29,11 @@ import gymnasium as gym
 
 from api.config import ExperimentConfig
 from api.errors import UserError
+from legacy.environment.gym_adapter import is_mujoco
 from legacy.experiments.auto import agent_spaces, named_experiment
 from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
-from legacy.experiments.mujoco import is_mujoco, mujoco_ppo, mujoco_sac
+from legacy.experiments.mujoco import mujoco_ppo, mujoco_sac
 from legacy.experiments.off_policy import cartpole_dqn, pendulum_sac
 
 

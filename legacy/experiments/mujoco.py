@@ -18,10 +18,10 @@ return can be read beside theirs (BENCHMARKS.md):
   buffer holding the whole budget.
 
 ``troupe train Hopper-v5`` (and ``--algo ppo``) runs ``mujoco-ppo`` on any MuJoCo id,
-``--algo sac`` runs ``mujoco-sac``: :func:`is_mujoco` tells them apart by gymnasium's entry
-point. The stop rule is gymnasium's ``reward_threshold`` where the task declares one (Hopper
-3,800, HalfCheetah 4,800), met by greedy windows, else the frame budget (1M by default, the
-budget of the published figures).
+``--algo sac`` runs ``mujoco-sac``: :func:`legacy.environment.gym_adapter.is_mujoco` tells
+them apart by gymnasium's entry point. The stop rule is gymnasium's ``reward_threshold`` where
+the task declares one (Hopper 3,800, HalfCheetah 4,800), met by greedy windows, else the frame
+budget (1M by default, the budget of the published figures).
 """
 
 from __future__ import annotations
@@ -50,16 +50,6 @@ at 1,000 frames a second so that evaluation takes a small share of the cores."""
 
 PPO_BATCH = 2048
 """Transitions a PPO trainer step: CleanRL's ``num_envs * num_steps`` (1 x 2,048)."""
-
-
-def is_mujoco(env: str) -> bool:
-    """Whether ``env`` is one of gymnasium's MuJoCo tasks (its entry point says so)."""
-    try:
-        spec = gym.spec(env)
-    except Exception:  # not a gymnasium id (a Troupe environment, a PettingZoo name, a typo)
-        return False
-    entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
-    return entry.startswith("gymnasium.envs.mujoco")
 
 
 def mujoco_ppo(

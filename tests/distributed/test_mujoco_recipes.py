@@ -14,7 +14,8 @@ import pytest
 
 from api.errors import UserError
 from api.resolve import load_experiment
-from legacy.experiments.mujoco import PPO_BATCH, is_mujoco, mujoco_ppo, mujoco_sac
+from legacy.environment.gym_adapter import is_mujoco
+from legacy.experiments.mujoco import PPO_BATCH, mujoco_ppo, mujoco_sac
 
 pytest.importorskip("mujoco", reason="the mujoco extra: pip install -e '.[mujoco]'")
 
