@@ -1,18 +1,18 @@
 """The controller's terminal display: a live rich panel on a TTY, compact plain lines elsewhere.
 
-The controller calls `update(snapshot)` as often as it likes; on a terminal the panel is redrawn at
-most 4 times a second from the latest snapshot, elsewhere (CI, pipes, log files) one plain line is
-printed at most every few seconds. Rendering tolerates any missing or malformed entry (shown as
-"-"), because a display must never be the thing that stops a run.
+The controller calls `update(snapshot)` as often as it likes with a :class:`Snapshot` (the
+tally makes it); on a terminal the panel is redrawn at most 4 times a second from the latest
+one, elsewhere (CI, pipes, log files) one plain line is printed at most every few seconds. A
+figure not known yet, or not finite, is shown as "-".
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -32,31 +32,61 @@ _STATE_STYLES = {
 _MISSING = "-"
 
 
-def _state(worker: Mapping[str, Any]) -> WorkerState | None:
-    """A snapshot worker's state (the controller sends its value), None if missing or unknown."""
-    try:
-        return WorkerState(worker.get("state"))
-    except (ValueError, TypeError):
-        return None
+@dataclass(frozen=True)
+class PolicyLine:
+    """A trained policy's row: the version its trainer published, the policy lag, its stats."""
+
+    version: int | None = None
+    lag: float | None = None
+    trainer: dict[str, float] = field(default_factory=dict)
 
 
-def _alive(worker: Mapping[str, Any]) -> bool:
-    return _state(worker) is WorkerState.ALIVE
+@dataclass(frozen=True)
+class WorkerLine:
+    """A worker's row."""
+
+    id: str
+    role: str
+    state: WorkerState
+    restarts: int = 0
+    heartbeat_age_s: float | None = None
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+@dataclass(frozen=True)
+class Snapshot:
+    """What the panel shows at one moment; None where a figure is not known yet."""
+
+    elapsed_s: float | None = None
+    env_frames: int | None = None
+    fps: float | None = None
+    episode_return: float | None = None
+    eval_return: float | None = None
+    game_return: float | None = None
+    """Whole games' unclipped score (Atari), where the environment reports one."""
+    target: float | None = None
+    custom: dict[str, float] = field(default_factory=dict)
+    """What the user's callbacks logged, by the label the panel gives it."""
+    policies: dict[str, PolicyLine] = field(default_factory=dict)
+    workers: tuple[WorkerLine, ...] = ()
+    bottleneck: str = ""
+    """The saturated role and the one that waits (``system.timing.bottleneck``)."""
 
 
-def _fmt(value: Any, spec: str, unit: str = "") -> str:
-    """`value` formatted with `spec` plus `unit`, or "-" when it is missing or not a number."""
+def _alive(worker: WorkerLine) -> bool:
+    return worker.state is WorkerState.ALIVE
+
+
+def _num(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    """`value` formatted with `spec` plus `unit`, or "-" when it is missing or not finite."""
     number = _num(value)
     return _MISSING if number is None else format(number, spec) + unit
 
 
-def _fmt_stat(value: Any) -> str:
+def _fmt_stat(value: float | None) -> str:
     """Losses span many magnitudes: 4 significant digits, scientific when tiny."""
     number = _num(value)
     if number is None:
@@ -64,67 +94,47 @@ def _fmt_stat(value: Any) -> str:
     return f"{number:.2e}" if number != 0 and abs(number) < 1e-3 else f"{number:.4g}"
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _workers(snapshot: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    workers = snapshot.get("workers")
-    if not isinstance(workers, (list, tuple)):
-        return []
-    return [w for w in workers if isinstance(w, Mapping)]
-
-
-def _policies(snapshot: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {str(k): _mapping(v) for k, v in _mapping(snapshot.get("policies")).items()}
-
-
-def plain_line(snapshot: Mapping[str, Any]) -> str:
+def plain_line(snapshot: Snapshot) -> str:
     """One compact line: "[  12.3s] frames 45,000 (3,650/s) return 187.2 eval 201.0/475 v12 ..."."""
+    s = snapshot
     parts = [
-        f"[{_fmt(snapshot.get('elapsed_s'), '6.1f', 's'):>7}]",
-        f"frames {_fmt(snapshot.get('env_frames'), ',.0f')}",
-        f"({_fmt(snapshot.get('fps'), ',.0f')}/s)",
-        f"return {_fmt(snapshot.get('episode_return'), '.1f')}",
-        f"eval {_fmt(snapshot.get('eval_return'), '.1f')}/{_fmt(snapshot.get('target'), 'g')}",
+        f"[{_fmt(s.elapsed_s, '6.1f', 's'):>7}]",
+        f"frames {_fmt(s.env_frames, ',.0f')}",
+        f"({_fmt(s.fps, ',.0f')}/s)",
+        f"return {_fmt(s.episode_return, '.1f')}",
+        f"eval {_fmt(s.eval_return, '.1f')}/{_fmt(s.target, 'g')}",
     ]
-    if _num(snapshot.get("game_return")) is not None:  # the unclipped score (Atari)
-        parts.insert(4, f"game {_fmt(snapshot.get('game_return'), '.1f')}")
-    policies = _policies(snapshot)
-    for name, policy in policies.items():
-        label = "" if len(policies) == 1 else f"{name}:"
-        version = f"{label}v{_fmt(policy.get('version'), '.0f')}"
-        lag = _num(policy.get("lag"))
+    if _num(s.game_return) is not None:  # the unclipped score (Atari)
+        parts.insert(4, f"game {_fmt(s.game_return, '.1f')}")
+    for name, policy in s.policies.items():
+        label = "" if len(s.policies) == 1 else f"{name}:"
+        version = f"{label}v{_fmt(policy.version, '.0f')}"
+        lag = _num(policy.lag)
         parts.append(version if lag is None else f"{version} lag {lag:.1f}")
-    workers = _workers(snapshot)
-    if workers:
-        alive = sum(1 for w in workers if _alive(w))
-        restarts = sum(int(_num(w.get("restarts")) or 0) for w in workers)
-        parts.append(f"workers {alive}/{len(workers)}")
+    if s.workers:
+        alive = sum(1 for w in s.workers if _alive(w))
+        restarts = sum(w.restarts for w in s.workers)
+        parts.append(f"workers {alive}/{len(s.workers)}")
         if restarts:
             parts.append(f"restarts {restarts}")
-    custom = _custom(snapshot)
+    custom = _custom(s)
     if custom:
         parts.append(f"| {custom}")
-    bottleneck = snapshot.get("bottleneck")
-    if isinstance(bottleneck, str) and bottleneck:
-        parts.append(f"| {bottleneck}")
+    if s.bottleneck:
+        parts.append(f"| {s.bottleneck}")
     return " ".join(parts)
 
 
-def _custom(snapshot: Mapping[str, Any]) -> str:
+def _custom(snapshot: Snapshot) -> str:
     """What the user's actor callbacks logged (``Episode.log``): ``name 1.23`` each."""
-    custom = snapshot.get("custom")
-    if not isinstance(custom, Mapping):
-        return ""
-    return " ".join(f"{name} {_fmt(value, '.3g')}" for name, value in sorted(custom.items()))
+    return " ".join(f"{k} {_fmt(v, '.3g')}" for k, v in sorted(snapshot.custom.items()))
 
 
-def _header(snapshot: Mapping[str, Any]) -> Table:
+def _header(snapshot: Snapshot) -> Table:
     grid = Table.grid(padding=(0, 3))
     for _ in range(5):
         grid.add_column()
-    eval_text = f"{_fmt(snapshot.get('eval_return'), '.1f')} / {_fmt(snapshot.get('target'), 'g')}"
+    eval_text = f"{_fmt(snapshot.eval_return, '.1f')} / {_fmt(snapshot.target, 'g')}"
     grid.add_row(
         Text("elapsed", style="dim"),
         Text("env frames", style="dim"),
@@ -133,20 +143,18 @@ def _header(snapshot: Mapping[str, Any]) -> Table:
         Text("eval (greedy) / target", style="dim"),
     )
     grid.add_row(
-        _fmt(snapshot.get("elapsed_s"), ".1f", "s"),
-        _fmt(snapshot.get("env_frames"), ",.0f"),
-        _fmt(snapshot.get("fps"), ",.0f"),
-        _fmt(snapshot.get("episode_return"), ".2f"),
+        _fmt(snapshot.elapsed_s, ".1f", "s"),
+        _fmt(snapshot.env_frames, ",.0f"),
+        _fmt(snapshot.fps, ",.0f"),
+        _fmt(snapshot.episode_return, ".2f"),
         eval_text,
     )
     return grid
 
 
-def _policy_table(snapshot: Mapping[str, Any]) -> Table:
-    policies = _policies(snapshot)
-    stats = [
-        s for s in _TRAINER_STATS if any(s in _mapping(p.get("trainer")) for p in policies.values())
-    ]
+def _policy_table(snapshot: Snapshot) -> Table:
+    policies = snapshot.policies
+    stats = [s for s in _TRAINER_STATS if any(s in p.trainer for p in policies.values())]
     table = Table(title="policies", title_justify="left", expand=False, box=None, pad_edge=False)
     table.add_column("policy")
     table.add_column("version", justify="right")
@@ -154,20 +162,19 @@ def _policy_table(snapshot: Mapping[str, Any]) -> Table:
     for stat in stats:
         table.add_column(stat, justify="right")
     for name, policy in policies.items():
-        trainer = _mapping(policy.get("trainer"))
         table.add_row(
             name,
-            _fmt(policy.get("version"), ".0f"),
-            _fmt(policy.get("lag"), ".1f"),
-            *(_fmt_stat(trainer.get(s)) for s in stats),
+            _fmt(policy.version, ".0f"),
+            _fmt(policy.lag, ".1f"),
+            *(_fmt_stat(policy.trainer.get(s)) for s in stats),
         )
     if not policies:
         table.add_row(_MISSING, _MISSING, _MISSING)
     return table
 
 
-def _worker_table(snapshot: Mapping[str, Any], max_rows: int) -> Table:
-    workers = _workers(snapshot)
+def _worker_table(snapshot: Snapshot, max_rows: int) -> Table:
+    workers = snapshot.workers
     alive = sum(1 for w in workers if _alive(w))
     table = Table(
         title=f"workers {alive}/{len(workers)} alive" if workers else "workers -",
@@ -182,23 +189,21 @@ def _worker_table(snapshot: Mapping[str, Any], max_rows: int) -> Table:
     # Trouble first: with dozens of actors the healthy ones are the ones worth hiding.
     ordered = sorted(workers, key=_alive)
     for worker in ordered[:max_rows]:
-        state = _state(worker)
         table.add_row(
-            str(worker.get("id", _MISSING)),
-            str(worker.get("role", _MISSING)),
-            Text(str(worker.get("state", _MISSING)), style=_STATE_STYLES.get(state, "")),
-            _fmt(worker.get("restarts"), ".0f"),
-            _fmt(worker.get("heartbeat_age_s"), ".1f", "s"),
+            worker.id,
+            worker.role,
+            Text(worker.state.value, style=_STATE_STYLES.get(worker.state, "")),
+            str(worker.restarts),
+            _fmt(worker.heartbeat_age_s, ".1f", "s"),
         )
     if len(ordered) > max_rows:
         table.add_row(f"... {len(ordered) - max_rows} more", "", "", "", "")
     return table
 
 
-def render_panel(experiment: str, snapshot: Mapping[str, Any], max_worker_rows: int = 12) -> Panel:
+def render_panel(experiment: str, snapshot: Snapshot, max_worker_rows: int = 12) -> Panel:
     """The rich renderable for one snapshot (what the live display shows)."""
-    bottleneck = snapshot.get("bottleneck")
-    line = bottleneck if isinstance(bottleneck, str) and bottleneck else _MISSING
+    line = snapshot.bottleneck or _MISSING
     custom = _custom(snapshot)
     body = Group(
         _header(snapshot),
@@ -218,16 +223,6 @@ class LiveDisplay:
     `enabled=None` shows the live panel only when the console is a terminal; `enabled=False` (or
     no terminal) prints one plain line per `update`, at most every `plain_interval_s` seconds, and a
     final line on `stop()`. `console` and `clock` are injectable for tests.
-
-    A snapshot looks like (every key optional)::
-
-        {"elapsed_s": 12.3, "env_frames": 45000, "fps": 3650.0, "episode_return": 187.2,
-         "eval_return": 201.0, "target": 475.0,
-         "bottleneck": "trainer busy 97% (compute 81%); actor waits 58% (wait_actions)",
-         "policies": {"default": {"version": 12, "lag": 1.5,
-                                  "trainer": {"policy_loss": -0.01, "value_loss": 0.3}}},
-         "workers": [{"id": "actor/0", "role": "actor", "state": "alive", "restarts": 0,
-                      "heartbeat_age_s": 0.4}]}
     """
 
     def __init__(
@@ -246,7 +241,7 @@ class LiveDisplay:
         self.plain_interval_s = plain_interval_s
         self.max_worker_rows = max_worker_rows
         self._clock = clock
-        self._snapshot: Mapping[str, Any] = {}
+        self._snapshot = Snapshot()
         self._last_print: float | None = None
         self._live: Live | None = None
         self._started = False
@@ -254,7 +249,7 @@ class LiveDisplay:
     def _renderable(self) -> Panel:
         try:
             return render_panel(self.experiment, self._snapshot, self.max_worker_rows)
-        except Exception as e:  # the refresh thread must survive any odd snapshot
+        except Exception as e:  # the refresh thread must survive a rendering bug
             return Panel(Text(f"display error: {e!r}", style="red"), title=self.experiment)
 
     def start(self) -> None:
@@ -270,9 +265,9 @@ class LiveDisplay:
             )
             self._live.start()
 
-    def update(self, snapshot: Mapping[str, Any]) -> None:
-        """Show `snapshot`; see the class docstring for its shape. Never raises on missing keys."""
-        self._snapshot = snapshot if isinstance(snapshot, Mapping) else {}
+    def update(self, snapshot: Snapshot) -> None:
+        """Show `snapshot` (on a terminal at the next refresh; elsewhere now, rate limited)."""
+        self._snapshot = snapshot
         if not self._started:
             self.start()
         if self._live is not None:

@@ -3,9 +3,10 @@
 Actors report every finished episode as a record: ``episode_return``, ``episode_length``,
 ``policy/<name>/episode_return`` per policy, ``versions`` (``{policy: [first, last]}``: the
 versions that answered its first and last steps), and ``episode_info/<key>`` for each number in
-the environment's ``info`` at the last step. :class:`EpisodeWindow` keeps the last episodes and
-gives their means for each metrics record (so every number among them reaches metrics.jsonl and
-TensorBoard).
+the environment's ``info`` at the last step. :class:`EpisodeRecord` is that record checked, as
+the tally and the coordination drivers read it. :class:`EpisodeWindow` keeps the last episodes
+and gives their means for each metrics record (so every number among them reaches metrics.jsonl
+and TensorBoard).
 
 :class:`Callbacks` runs the experiment's ``callbacks`` (components registered with
 ``api.registry.register_callback``) in the controller process. A callback is any object with
@@ -18,13 +19,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from api.config import ComponentConfig
 from api.registry import make_callbacks
-from system.errors import CallbackError
+from system.errors import CallbackError, WireError
 
 logger = logging.getLogger(__name__)
 
@@ -44,24 +46,116 @@ def is_custom(key: str) -> bool:
     return parts[0] == "custom" or per_policy
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Seat(NamedTuple):
+    """One agent of a multi-agent episode: who played it and what it scored."""
+
+    policy: str
+    version: int
+    episode_return: float
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """One finished episode as an actor reported it (``system.workers.actor_worker``), checked
+    once where the heartbeat is read, so that nothing downstream guards its keys."""
+
+    episode_return: float
+    numbers: dict[str, float] = field(default_factory=dict)
+    """Every number of the record that is a measure (``episode_return``, ``episode_length``,
+    ``policy/<name>/episode_return``, ``episode_info/<key>``, ``result/<a>_vs_<b>``, what
+    callbacks logged): what the windows average."""
+    versions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per policy, the versions that answered the episode's first and last steps."""
+    seats: tuple[Seat, ...] = ()
+    """Per agent of a multi-agent episode, from which the ratings are made."""
+    env: str | None = None
+    """The environment that played it (``<actor>/<index>``), for per-environment quotas."""
+    started_at: float | None = None
+    """When it began (Unix time): an evaluation window counts only episodes begun in it."""
+    sent: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The record as the actor sent it: what the user's callbacks receive."""
+
+    @classmethod
+    def from_wire(cls, body: Any) -> EpisodeRecord:
+        """Raises :class:`WireError` naming the entry that does not fit."""
+        if not (isinstance(body, dict) and _number(body.get("episode_return"))):
+            raise WireError(f"an episode record needs a numeric episode_return, got {body!r}")
+        started_at, env = body.get("started_at"), body.get("env")
+        if not (started_at is None or _number(started_at)):
+            raise WireError(f"an episode's started_at must be a number, got {started_at!r}")
+        return cls(
+            episode_return=float(body["episode_return"]),
+            numbers={
+                str(k): float(v) for k, v in body.items() if _number(v) and k not in NOT_AVERAGED
+            },
+            versions=_versions(body.get("versions", {})),
+            seats=_seats(body.get("seats", [])),
+            env=None if env is None else str(env),
+            started_at=None if started_at is None else float(started_at),
+            sent=body,
+        )
+
+    def policy_return(self, policy: str | None) -> float | None:
+        """The return of ``policy``'s agents (None: it played no part); the whole episode's
+        return when no policy is named (None or "")."""
+        if not policy:
+            return self.episode_return
+        return self.numbers.get(f"policy/{policy}/episode_return")
+
+    @property
+    def game_return(self) -> float | None:
+        """A whole game's unclipped score, where the environment reports one at its end
+        (``info["game_return"]``: Atari-v0, whose episodes are lives, rewards clipped)."""
+        return self.numbers.get("episode_info/game_return")
+
+
+def _versions(body: Any) -> dict[str, tuple[int, int]]:
+    if not isinstance(body, dict):
+        raise WireError(f"an episode's versions must map policies to [first, last], got {body!r}")
+    versions = {}
+    for policy, pair in body.items():
+        pair_of_ints = isinstance(pair, (list, tuple)) and len(pair) == 2
+        if not (pair_of_ints and all(type(v) is int for v in pair)):
+            raise WireError(
+                f"an episode's versions[{policy!r}] must be [first, last] ints, got {pair!r}"
+            )
+        versions[str(policy)] = (pair[0], pair[1])
+    return versions
+
+
+def _seats(body: Any) -> tuple[Seat, ...]:
+    if not isinstance(body, list):
+        raise WireError(f"an episode's seats must be a list, got {body!r}")
+    for seat in body:
+        if not (
+            isinstance(seat, (list, tuple))
+            and len(seat) == 3
+            and type(seat[1]) is int
+            and _number(seat[2])
+        ):
+            raise WireError(f"an episode's seat must be [policy, version, return], got {seat!r}")
+    return tuple(Seat(str(p), v, float(r)) for p, v, r in body)
+
+
 class EpisodeWindow:
     """The last ``size`` episodes' records, averaged key by key."""
 
     def __init__(self, size: int = 100):
-        self.episodes: deque[dict[str, float]] = deque(maxlen=size)
+        self.episodes: deque[EpisodeRecord] = deque(maxlen=size)
 
-    def extend(self, records: Iterable[dict[str, float]]) -> None:
+    def extend(self, records: Iterable[EpisodeRecord]) -> None:
         self.episodes.extend(records)
 
     def means(self, prefix: str = "") -> dict[str, float]:
         """``{prefix + key: mean}`` over the episodes that have that key."""
         values: dict[str, list[float]] = {}
         for record in self.episodes:
-            for key, value in record.items():
-                if key in NOT_AVERAGED:
-                    continue
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    values.setdefault(key, []).append(float(value))
+            for key, value in record.numbers.items():
+                values.setdefault(key, []).append(value)
         means = {f"{prefix}{k}": float(np.mean(v)) for k, v in values.items()}
         for key, v in values.items():  # the user's own numbers: their spread too
             if is_custom(key):
@@ -80,12 +174,12 @@ class Callbacks:
         keys: ``custom/<name>``, or ``policy/<policy>/custom/<name>`` from ``on_train_result``
         (the numbers of that policy's training)."""
 
-    def on_episodes(self, records: list[dict[str, Any]], evaluation: bool) -> None:
+    def on_episodes(self, records: list[EpisodeRecord], evaluation: bool) -> None:
         """Finished training episodes (evaluation ones reach ``on_evaluation`` by window)."""
         if evaluation:
             return
         for record in records:
-            self._call("on_episode_end", dict(record))
+            self._call("on_episode_end", dict(record.sent))
 
     def on_train_stats(self, policy: str, stats: dict[str, float]) -> None:
         """With a trainer's newest stats whenever its step count moved.
@@ -99,8 +193,8 @@ class Callbacks:
         self._train_steps[policy] = steps
         self._call("on_train_result", policy, dict(stats), logged_as=f"policy/{policy}/{CUSTOM}")
 
-    def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
-        self._call("on_evaluation", mean_return, [dict(e) for e in episodes])
+    def on_evaluation(self, mean_return: float | None, episodes: list[EpisodeRecord]) -> None:
+        self._call("on_evaluation", mean_return, [dict(e.sent) for e in episodes])
 
     def _call(self, hook: str, *args: Any, logged_as: str = CUSTOM) -> None:
         for name, obj in self.objects:

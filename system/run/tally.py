@@ -23,7 +23,8 @@ from api.config import ExperimentConfig
 from system import timing
 from system.errors import WireError
 from system.roles import Role, WorkerState
-from system.run.episodes import EpisodeWindow, is_custom
+from system.run.display import PolicyLine, Snapshot, WorkerLine
+from system.run.episodes import EpisodeRecord, EpisodeWindow, is_custom
 from system.run.plan import WorkerPlan
 from system.run.stopping import EvaluationWindows, judged_policy
 from system.run.supervisor import WorkerRecord
@@ -39,9 +40,9 @@ class WorkerStats:
 
     env_frames: int = 0
     eval_env_frames: int = 0
-    episodes: list[dict[str, Any]] = field(default_factory=list)
-    """Finished training episodes' records (:mod:`system.run.episodes`)."""
-    eval_episodes: list[dict[str, Any]] = field(default_factory=list)
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    """Finished training episodes."""
+    eval_episodes: list[EpisodeRecord] = field(default_factory=list)
     epsilon: float | None = None
     """The exploration rate a policy worker acts with."""
     peak_rss_mb: float = 0.0
@@ -87,21 +88,21 @@ def _count(stats: dict[str, Any], key: str) -> int:
     return value
 
 
-def _episodes(stats: dict[str, Any], key: str) -> list[dict[str, Any]]:
+def _episodes(stats: dict[str, Any], key: str) -> list[EpisodeRecord]:
     records = stats.get(key, [])
     if not isinstance(records, list):
         raise WireError(f"heartbeat stats: '{key}' must be a list, got {records!r}")
-    for record in records:
-        if not (isinstance(record, dict) and _number(record.get("episode_return"))):
-            raise WireError(f"heartbeat stats: an entry of '{key}' has no episode_return")
-    return records
+    try:
+        return [EpisodeRecord.from_wire(record) for record in records]
+    except WireError as e:
+        raise WireError(f"heartbeat stats: an entry of '{key}': {e}") from None
 
 
 class TallyObserver(Protocol):
     """Who hears of episodes and trainer stats as they are tallied."""
 
-    def on_episodes(self, episodes: list[dict[str, Any]], evaluation: bool) -> None: ...
-    def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
+    def on_episodes(self, episodes: list[EpisodeRecord], evaluation: bool) -> None: ...
+    def on_evaluation(self, mean_return: float | None, episodes: list[EpisodeRecord]) -> None:
         """Each time another ``evaluation.episodes`` greedy episodes have finished."""
 
     def on_train_stats(self, policy: str, stats: dict[str, float]) -> None: ...
@@ -113,9 +114,8 @@ def timing_role(plan: WorkerPlan) -> str:
     return "eval_actor" if getattr(plan, "evaluation", False) else str(plan.role)
 
 
-def _policy_line(trainer: dict[str, float]) -> dict[str, Any]:
-    return {"version": int(trainer.get("version", 0)), "lag": trainer.get("version_lag"),
-            "trainer": trainer}  # fmt: skip
+def _policy_line(trainer: dict[str, float]) -> PolicyLine:
+    return PolicyLine(int(trainer.get("version", 0)), trainer.get("version_lag"), trainer)
 
 
 class Tally:
@@ -179,26 +179,23 @@ class Tally:
     def _add_actor(self, stats: WorkerStats) -> None:
         self.env_frames += stats.env_frames
         self.eval_env_frames += stats.eval_env_frames
-        self.returns.extend(e["episode_return"] for e in stats.episodes)
-        self.game_returns.extend(
-            e["episode_info/game_return"] for e in stats.episodes if "episode_info/game_return" in e
-        )
+        self.returns.extend(e.episode_return for e in stats.episodes)
+        self.game_returns.extend(e.game_return for e in stats.episodes if e.game_return is not None)
         self.train_window.extend(stats.episodes)
         for o in self.observers:
             o.on_episodes(stats.episodes, evaluation=False)
             o.on_episodes(stats.eval_episodes, evaluation=True)
-        judged = self.config.evaluation.policy
         for e in stats.eval_episodes:
             # a mapping may leave the judged policy out of an episode: it does not count
-            key = f"policy/{judged}/episode_return" if judged else "episode_return"
-            if key not in e:
+            judged = e.policy_return(self.config.evaluation.policy)
+            if judged is None:
                 continue
-            versions = e.get("versions")
+            held = self.evaluation.policy  # None: no version is held, any may play
             self.evaluation.add(
-                e[key],
-                versions.get(self.evaluation.policy) if isinstance(versions, dict) else None,
-                env=e.get("env"),
-                started_at=e.get("started_at"),
+                judged,
+                None if held is None else e.versions.get(held),
+                env=e.env,
+                started_at=e.started_at,
             )
             self.eval_window.extend([e])
             self.eval_count += 1
@@ -248,34 +245,34 @@ class Tally:
         roles: dict[str, timing.RoleShares],
         workers: Iterable[WorkerRecord],
         now: float,
-    ) -> dict[str, Any]:
-        """What the live panel shows (:mod:`system.run.display`)."""
-        return {
-            "elapsed_s": record["wall_s"],
-            "env_frames": record["env_frames"],
-            "fps": record["fps"],
-            "episode_return": record["episode_return"],
-            "eval_return": record["eval_return"],
-            "game_return": record["game_return"],
-            "custom": {
-                _custom_label(k): v
+    ) -> Snapshot:
+        """What the live panel shows (:mod:`system.run.display`), from the record just made."""
+        return Snapshot(
+            elapsed_s=record["wall_s"],
+            env_frames=record["env_frames"],
+            fps=record["fps"],
+            episode_return=record["episode_return"],
+            eval_return=record["eval_return"],
+            game_return=record["game_return"],
+            target=self.config.stop.eval_return,
+            custom={
+                _custom_label(k): float(v)
                 for k, v in record.items()
                 if is_custom(k) and not k.endswith(("/min", "/max"))
             },
-            "target": self.config.stop.eval_return,
-            "policies": {name: _policy_line(s) for name, s in self.trainer_stats.items()},
-            "workers": [
-                {
-                    "id": w.plan.worker_id,
-                    "role": str(w.plan.role),
-                    "state": w.state.value,
-                    "restarts": w.restarts,
-                    "heartbeat_age_s": now - w.last_seen,
-                }
+            policies={name: _policy_line(s) for name, s in self.trainer_stats.items()},
+            workers=tuple(
+                WorkerLine(
+                    id=w.plan.worker_id,
+                    role=str(w.plan.role),
+                    state=w.state,
+                    restarts=w.restarts,
+                    heartbeat_age_s=now - w.last_seen,
+                )
                 for w in workers
-            ],
-            "bottleneck": timing.bottleneck(roles.values()),
-        }
+            ),
+            bottleneck=timing.bottleneck(roles.values()),
+        )
 
     def trainer_steps_reached(self, steps: int) -> bool:
         """Whether every trained policy's trainer has done ``steps`` steps."""

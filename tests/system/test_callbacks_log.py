@@ -10,7 +10,7 @@ from api.config import ComponentConfig
 from api.episode import Episode
 from api.errors import UserError
 from system.errors import CallbackError
-from system.run.episodes import Callbacks, EpisodeWindow
+from system.run.episodes import Callbacks, EpisodeRecord, EpisodeWindow
 
 
 class _Counting:
@@ -85,8 +85,9 @@ def test_episode_log_takes_finite_numbers_under_plain_names():
 
 def test_custom_numbers_get_their_spread_in_each_record():
     window = EpisodeWindow(10)
-    window.extend([{"custom/bonus": 1.0}, {"custom/bonus": 3.0}, {"episode_return": 5.0}])
-    window.extend([{"policy/main/custom/bonus": 2.0}, {"policy/main/custom/bonus": 4.0}])
+    records = [{"custom/bonus": 1.0}, {"custom/bonus": 3.0}, {}]
+    records += [{"policy/main/custom/bonus": 2.0}, {"policy/main/custom/bonus": 4.0}]
+    window.extend(EpisodeRecord.from_wire({"episode_return": 5.0, **r}) for r in records)
     means = window.means()
     assert means["custom/bonus"] == 2.0
     assert (means["custom/bonus/min"], means["custom/bonus/max"]) == (1.0, 3.0)

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import sys
+from dataclasses import replace
 from io import StringIO
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from rich.console import Console
 
 import system.run.monitor as monitor
 from system.roles import WorkerState
-from system.run.display import plain_line, render_panel
+from system.run.display import PolicyLine, Snapshot, WorkerLine, plain_line, render_panel
 from system.run.monitor import (
     LiveDisplay,
     MetricsWriter,
@@ -27,40 +28,30 @@ from system.run.monitor import (
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-SNAPSHOT = {
-    "elapsed_s": 12.34,
-    "env_frames": 45_000,
-    "fps": 3650.4,
-    "episode_return": 187.21,
-    "eval_return": 201.0,
-    "target": 475.0,
-    "policies": {
-        "default": {
-            "version": 12,
-            "lag": 1.5,
-            "trainer": {"policy_loss": -0.0123, "value_loss": 0.31, "entropy": 0.66},
-        }
+
+def _worker(id: str, role: str = "actor", state: WorkerState = WorkerState.ALIVE, **kw):
+    return WorkerLine(id=id, role=role, state=state, **kw)
+
+
+SNAPSHOT = Snapshot(
+    elapsed_s=12.34,
+    env_frames=45_000,
+    fps=3650.4,
+    episode_return=187.21,
+    eval_return=201.0,
+    target=475.0,
+    policies={
+        "default": PolicyLine(
+            version=12,
+            lag=1.5,
+            trainer={"policy_loss": -0.0123, "value_loss": 0.31, "entropy": 0.66},
+        )
     },
-    "workers": [
-        {
-            "id": f"actor/{i}",
-            "role": "actor",
-            "state": "alive",
-            "restarts": 0,
-            "heartbeat_age_s": 0.2,
-        }
-        for i in range(5)
-    ]
-    + [
-        {
-            "id": "trainer/0",
-            "role": "trainer",
-            "state": "alive",
-            "restarts": 0,
-            "heartbeat_age_s": 1.0,
-        }
-    ],
-}
+    workers=(
+        *(_worker(f"actor/{i}", heartbeat_age_s=0.2) for i in range(5)),
+        _worker("trainer/0", "trainer", heartbeat_age_s=1.0),
+    ),
+)
 SNAPSHOT_LINE = (
     "[  12.3s] frames 45,000 (3,650/s) return 187.2 eval 201.0/475 v12 lag 1.5 workers 6/6"
 )
@@ -353,9 +344,9 @@ def test_non_tty_display_prints_rate_limited_plain_lines() -> None:
     with display:
         display.update(SNAPSHOT)
         clock.now = 4.9
-        display.update({**SNAPSHOT, "env_frames": 50_000})  # within 5 s: not printed
+        display.update(replace(SNAPSHOT, env_frames=50_000))  # within 5 s: not printed
         clock.now = 5.0
-        display.update({**SNAPSHOT, "env_frames": 60_000})
+        display.update(replace(SNAPSHOT, env_frames=60_000))
     lines = console.file.getvalue().splitlines()
     assert lines == [
         SNAPSHOT_LINE,
@@ -376,14 +367,13 @@ def test_disabled_display_prints_to_stdout(capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.parametrize(
     "snapshot",
     [
-        {},
-        {"elapsed_s": None, "fps": "fast", "policies": None, "workers": "none"},
-        {"policies": {"p": None, "q": {"version": "x", "trainer": 3}}, "workers": [None, {}]},
-        {"env_frames": math.nan, "workers": [{"state": "failed", "restarts": 2}]},
-        {"workers": [{"state": "dead"}, {"state": ["alive"]}, {"state": None}]},
+        Snapshot(),
+        Snapshot(elapsed_s=None, fps=math.inf, policies={"p": PolicyLine()}),
+        Snapshot(policies={"q": PolicyLine(version=None, lag=math.nan, trainer={"entropy": 1})}),
+        Snapshot(env_frames=None, workers=(_worker("a", state=WorkerState.FAILED, restarts=2),)),
     ],
 )
-def test_display_renders_missing_keys_as_dashes(snapshot: dict) -> None:
+def test_display_renders_unknown_figures_as_dashes(snapshot: Snapshot) -> None:
     console = plain_console()
     with LiveDisplay("odd", console=console) as display:
         display.update(snapshot)
@@ -393,29 +383,19 @@ def test_display_renders_missing_keys_as_dashes(snapshot: dict) -> None:
 
 
 def test_plain_line_counts_failed_workers_and_restarts() -> None:
-    workers = [
-        {"state": "alive", "restarts": 1},
-        {"state": "failed", "restarts": 2},
-        {"state": "restarting", "restarts": 0},
-    ]
-    line = plain_line({"workers": workers, "policies": {"a": {"version": 3}, "b": {"version": 1}}})
+    workers = (
+        _worker("a", restarts=1),
+        _worker("b", state=WorkerState.FAILED, restarts=2),
+        _worker("c", state=WorkerState.RESTARTING),
+    )
+    policies = {"a": PolicyLine(version=3), "b": PolicyLine(version=1)}
+    line = plain_line(Snapshot(workers=workers, policies=policies))
     assert line.endswith(" a:v3 b:v1 workers 1/3 restarts 3")
 
 
 def test_panel_shows_policies_losses_and_worker_health() -> None:
-    snapshot = {
-        **SNAPSHOT,
-        "workers": [
-            *SNAPSHOT["workers"],
-            {
-                "id": "actor/9",
-                "role": "actor",
-                "state": "failed",
-                "restarts": 3,
-                "heartbeat_age_s": 31.0,
-            },
-        ],
-    }
+    failed = _worker("actor/9", state=WorkerState.FAILED, restarts=3, heartbeat_age_s=31.0)
+    snapshot = replace(SNAPSHOT, workers=(*SNAPSHOT.workers, failed))
     console = Console(file=StringIO(), width=120)
     console.print(render_panel("cartpole-ppo", snapshot, max_worker_rows=3))
     out = console.file.getvalue()
@@ -430,12 +410,9 @@ def test_panel_shows_policies_losses_and_worker_health() -> None:
 def test_the_panel_colours_each_worker_state_the_controller_reports() -> None:
     """The controller sends ``WorkerState`` values: failed workers are red, restarting ones
     yellow, alive ones green; other states (starting, stopped) stay plain."""
-    workers = [
-        {"id": f"w{i}", "role": "actor", "state": state.value}
-        for i, state in enumerate(WorkerState)
-    ]
+    workers = tuple(_worker(f"w{i}", state=state) for i, state in enumerate(WorkerState))
     console = Console(file=StringIO(), force_terminal=True, color_system="standard", width=120)
-    console.print(render_panel("cartpole-ppo", {"workers": workers}))
+    console.print(render_panel("cartpole-ppo", Snapshot(workers=workers)))
     out = console.file.getvalue()
     assert "\x1b[1;31mfailed" in out
     assert "\x1b[33mrestarting" in out and "\x1b[32malive" in out

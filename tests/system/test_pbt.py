@@ -13,6 +13,7 @@ from api.config_league import PBTConfig
 from system.run.coordination import pbt_rules as pbt
 from system.run.coordination.pbt import HISTORY_FILE, PLOT_FILE, PBTDriver, applied_key, order_key
 from system.run.coordination.state import StateStore
+from system.run.episodes import EpisodeRecord
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -63,7 +64,8 @@ def population(tmp_path, **pbt_overrides) -> tuple[ExperimentConfig, StateStore,
 def report(driver: PBTDriver, steps: int, returns: dict[str, float], episodes: int = 8) -> None:
     for name, value in returns.items():
         driver.on_train_stats(name, {"steps": steps, "version": steps})
-        driver.on_eval_episodes([{f"policy/{name}/episode_return": value}] * episodes)
+        played = {"episode_return": value, f"policy/{name}/episode_return": value}
+        driver.on_eval_episodes([EpisodeRecord.from_wire(played)] * episodes)
 
 
 def test_the_worst_ready_member_is_ordered_to_copy_and_waits_until_it_is_applied(tmp_path):

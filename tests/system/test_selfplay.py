@@ -15,6 +15,7 @@ from api.global_state import GlobalState
 from api.namedarray import NamedArray
 from api.policy import RolloutResult
 from system.run.coordination.ratings import Ratings
+from system.run.episodes import EpisodeRecord
 from system.streams.inference import InprocInferenceHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
@@ -151,7 +152,7 @@ def test_ratings_rank_players_and_score_the_learner_against_each_snapshot(tmp_pa
         + [{"seats": [["main", 40, 1.0], ["random", 0, -1.0]]}] * 20
         + [{"seats": [["main", 40, 0.0], ["main", 40, 0.0]]}]  # mirror play: not a game
     )
-    ratings.on_episodes(games)
+    ratings.on_episodes([EpisodeRecord.from_wire({"episode_return": 0.0, **g}) for g in games])
     record = ratings.on_record()
     table = {row["name"]: row for row in ratings.table()}
     assert set(table) == {"main", "main@10", "main@35", "random"}

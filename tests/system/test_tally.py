@@ -8,6 +8,7 @@ import pytest
 from api.config import make_experiment
 from system.errors import WireError
 from system.roles import WorkerState
+from system.run.episodes import Seat
 from system.run.plan import plan_workers
 from system.run.supervisor import WorkerRecord
 from system.run.tally import Tally, WorkerStats
@@ -40,8 +41,41 @@ def test_stats_that_do_not_fit_are_refused_naming_the_field():
         WorkerStats.from_heartbeat({"env_frames": -3})
     with pytest.raises(WireError, match="'episodes' must be a list"):
         WorkerStats.from_heartbeat({"episodes": {"episode_return": 1.0}})
-    with pytest.raises(WireError, match="an entry of 'eval_episodes' has no episode_return"):
+    with pytest.raises(WireError, match=r"'eval_episodes'.* needs a numeric episode_return"):
         WorkerStats.from_heartbeat({"eval_episodes": [{"episode_length": 3}]})
+    for bad, field in (
+        ({"versions": {"default": [3]}}, r"versions\['default'\]"),
+        ({"versions": {"default": [3, "4"]}}, r"versions\['default'\]"),
+        ({"seats": [["main", 3]]}, "seat must be"),
+        ({"seats": "main"}, "seats must be a list"),
+        ({"started_at": "noon"}, "started_at"),
+    ):
+        with pytest.raises(WireError, match=field):
+            WorkerStats.from_heartbeat({"episodes": [{"episode_return": 1.0, **bad}]})
+
+
+def test_an_episode_record_is_read_once_into_typed_fields():
+    sent = {
+        "episode_return": 1.0,
+        "episode_length": 9,
+        "policy/main/episode_return": 1.0,
+        "policy/past/episode_return": -1.0,
+        "versions": {"main": [4, 5], "past": [2, 2]},
+        "seats": [["main", 5, 1.0], ["past", 2, -1.0]],
+        "env": "actor/0/3",
+        "started_at": 1700000000.5,
+        "episode_info/game_return": 21,
+        "label": "kept for callbacks",
+    }
+    (episode,) = WorkerStats.from_heartbeat({"episodes": [sent]}).episodes
+    assert episode.policy_return("past") == -1.0 and episode.policy_return("random") is None
+    assert episode.policy_return(None) == 1.0 and episode.game_return == 21.0
+    assert episode.versions == {"main": (4, 5), "past": (2, 2)}
+    assert episode.seats[1] == Seat("past", 2, -1.0)
+    assert (episode.env, episode.started_at) == ("actor/0/3", 1700000000.5)
+    assert "started_at" not in episode.numbers and "label" not in episode.numbers
+    assert episode.numbers["episode_length"] == 9.0
+    assert episode.sent == sent  # what the user's callbacks receive
 
 
 def test_timing_stages_are_kept_apart_from_the_role_s_numbers():
@@ -80,7 +114,8 @@ def test_trainer_stats_make_the_policy_s_keys_and_the_step_rule(tally):
     assert record["policy/default/custom/grad_norm"] == 1.5
     assert "trainer/default/custom/grad_norm" not in record
     snapshot = t.snapshot(record, roles, records.values(), now=0.0)
-    assert snapshot["custom"] == {"default:grad_norm": 1.5}
+    assert snapshot.custom == {"default:grad_norm": 1.5}
+    assert snapshot.policies["default"].version == 4
     assert t.trainer_steps_reached(4) and not t.trainer_steps_reached(5)
     assert observer.calls == [("train", "default", 4.0)]
     assert records["trainer/default/0"].stats["version"] == 4  # for workers.json
@@ -98,5 +133,7 @@ def test_the_snapshot_names_every_worker_and_the_bottleneck(tally):
     records["actor/0"].state = WorkerState.ALIVE
     record, roles = t.record(1.0, records.values(), {})
     snapshot = t.snapshot(record, roles, records.values(), now=records["actor/0"].last_seen)
-    assert [w["id"] for w in snapshot["workers"]] == list(records)
-    assert record["worker_health/alive"] == 1 and "bottleneck" in snapshot
+    assert [w.id for w in snapshot.workers] == list(records)
+    states = {w.id: w.state for w in snapshot.workers}
+    assert states["actor/0"] is WorkerState.ALIVE and states["params"] is WorkerState.STARTING
+    assert record["worker_health/alive"] == 1 and snapshot.bottleneck == ""  # none reported

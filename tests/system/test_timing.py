@@ -9,7 +9,7 @@ from rich.console import Console
 
 import system.timing as timing
 from legacy.experiments.examples import cartpole_ppo
-from system.run.display import plain_line, render_panel
+from system.run.display import Snapshot, plain_line, render_panel
 from system.run.plan import ActorPlan, plan_workers
 from system.run.tally import timing_role
 from system.timing import (
@@ -124,7 +124,7 @@ def test_evaluation_actors_are_tallied_apart_from_training_actors():
 
 
 def test_the_panel_and_the_plain_line_show_the_bottleneck():
-    snapshot = {"bottleneck": "trainer busy 97% (compute 81%); actor waits 60% (wait_actions)"}
+    snapshot = Snapshot(bottleneck="trainer busy 97% (compute 81%); actor waits 60% (wait_actions)")
     assert plain_line(snapshot).endswith(
         "| trainer busy 97% (compute 81%); actor waits 60% (wait_actions)"
     )
@@ -132,7 +132,7 @@ def test_the_panel_and_the_plain_line_show_the_bottleneck():
     Console(file=out, width=120).print(render_panel("cartpole-ppo", snapshot))
     assert "bottleneck  trainer busy 97% (compute 81%)" in out.getvalue()
     out = StringIO()
-    Console(file=out, width=120).print(render_panel("cartpole-ppo", {}))
+    Console(file=out, width=120).print(render_panel("cartpole-ppo", Snapshot()))
     assert "bottleneck  -" in out.getvalue()
 
 

@@ -28,6 +28,7 @@ from system.run.coordination.evaluation_hold import HOLD_KEY, EvaluationHold
 from system.run.coordination.pbt import PBTDriver
 from system.run.coordination.ratings import Ratings
 from system.run.coordination.state import StateStore, answer_write
+from system.run.episodes import EpisodeRecord
 from system.run.plan import WorkerPlan
 from system.run.stopping import judged_policy
 
@@ -69,7 +70,7 @@ class Coordination:
         ident = body.get("id") if isinstance(body, dict) else None
         return StateResult(ident if type(ident) is int else None, False, error=str(error))
 
-    def on_episodes(self, episodes: list[dict[str, Any]], evaluation: bool) -> None:
+    def on_episodes(self, episodes: list[EpisodeRecord], evaluation: bool) -> None:
         self.ratings.on_episodes(episodes)
         if self.curriculum is not None and not evaluation:
             self.curriculum.on_episodes(len(episodes))
@@ -80,7 +81,7 @@ class Coordination:
         if self.pbt is not None:
             self.pbt.on_train_stats(policy, stats)
 
-    def on_evaluation(self, mean_return: float | None, episodes: list[dict[str, Any]]) -> None:
+    def on_evaluation(self, mean_return: float | None, episodes: list[EpisodeRecord]) -> None:
         """Evaluation windows reach the drivers episode by episode (:meth:`on_episodes`)."""
 
     def on_record(self, record: dict[str, Any]) -> dict[str, Any]:

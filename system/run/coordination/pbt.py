@@ -31,6 +31,7 @@ from api.global_state import GlobalState
 from system import run_folder
 from system.run.coordination import pbt_rules as pbt
 from system.run.coordination.pbt_rules import Member
+from system.run.episodes import EpisodeRecord
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +68,12 @@ class PBTDriver:
                 member.hyperparameters = dict(order["hyperparameters"])
 
     # ----------------------------------------------------------------- what the run reports
-    def on_eval_episodes(self, episodes: list[dict[str, Any]]) -> None:
+    def on_eval_episodes(self, episodes: list[EpisodeRecord]) -> None:
         for episode in episodes:
             for name, member in self.members.items():
-                value = episode.get(f"policy/{name}/episode_return")
+                value = episode.policy_return(name)
                 if value is not None:
-                    member.returns.append(float(value))
+                    member.returns.append(value)
 
     def on_train_stats(self, policy: str, stats: dict[str, float]) -> None:
         member = self.members.get(policy)

@@ -24,6 +24,7 @@ from typing import Any
 from api.config import ExperimentConfig
 from api.global_state import GlobalState
 from system import run_folder
+from system.run.episodes import EpisodeRecord, Seat
 from system.run_folder import write_atomically
 from system.workers.opponent_pool import SCORES_KEY
 
@@ -57,17 +58,14 @@ class Ratings:
     def player(self, policy: str, version: int) -> str:
         return f"{self.learner}@{version}" if policy == self.opponent else policy
 
-    def on_episodes(self, episodes: list[dict[str, Any]]) -> None:
+    def on_episodes(self, episodes: list[EpisodeRecord]) -> None:
         for episode in episodes:
-            seats = episode.get("seats")
-            if isinstance(seats, list):
-                self._games(seats)
+            if episode.seats:
+                self._games(episode.seats)
 
-    def _games(self, seats: list) -> None:
+    def _games(self, seats: tuple[Seat, ...]) -> None:
         played = [
-            (self.player(str(s[0]), int(s[1])), float(s[2]), str(s[0]), int(s[1]))
-            for s in seats
-            if isinstance(s, (list, tuple)) and len(s) == 3
+            (self.player(s.policy, s.version), s.episode_return, s.policy, s.version) for s in seats
         ]
         for i, (a, ret_a, policy_a, _) in enumerate(played):
             for b, ret_b, policy_b, version_b in played[i + 1 :]:
