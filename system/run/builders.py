@@ -58,6 +58,7 @@ from system.streams.samples import SampleConsumer, SampleProducer
 from system.workers.actor_hooks import ActorHooks
 from system.workers.actor_worker import ActorWorker
 from system.workers.base import Worker
+from system.workers.batch_source import ReplaySource, SegmentSource
 from system.workers.policy_worker import EVAL_TAG, PolicyWorker
 
 if TYPE_CHECKING:
@@ -221,35 +222,36 @@ def build_parameter_service(plan: ParameterServicePlan, cfg: ExperimentConfig, w
 
 
 def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
+    from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
+    from system.workers.trainer_hooks import TrainerHooks
+    from system.workers.trainer_worker import TrainerWorker, segment_source
+
     policy = make_policy(cfg, plan.policy, wiring.spaces, cfg.seed)
     trainer = make_trainer(cfg, plan.policy, policy)
     peers = plan.peers(cfg)
     params = wiring.parameter_client(subscribe=peers.parameters or [])
-    replay = samples = None
+    pc = cfg.policies[plan.policy]
     if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
-        replay = wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id)
+        source = ReplaySource(
+            wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id)
+        )
     else:
         endpoint = roles.samples_endpoint(plan.policy, plan.index)
         samples = wiring.sample_consumer(endpoint, plan.policy)
-    from system.workers.trainer_group import GroupTrainerWorker  # imports torch: trainers only
-    from system.workers.trainer_hooks import TrainerHooks
-    from system.workers.trainer_worker import TrainerWorker
-
+        source = segment_source(
+            samples, plan.policy, trainer, pc.batch_segments,
+            max_policy_lag=pc.max_policy_lag, warn_policy_lag=pc.warn_policy_lag,
+        )  # fmt: skip
     # One of several trainers of its policy is a group member (the group forms once built).
-    pc = cfg.policies[plan.policy]
     group_size = pc.trainer_workers
     worker = (GroupTrainerWorker if group_size > 1 else TrainerWorker)(
         plan.worker_id,
         plan.policy,
         trainer,
-        samples,
+        source,
         params,
-        replay=replay,
-        batch_segments=pc.batch_segments,
         checkpoint_every=cfg.checkpoint.every if wiring.run_dir else 0,
         checkpoint_dir=wiring.run_dir / run_folder.CHECKPOINTS if wiring.run_dir else None,
-        max_policy_lag=pc.max_policy_lag,
-        warn_policy_lag=pc.warn_policy_lag,
         publish_every=pc.publish_every,
         hooks=TrainerHooks.of(cfg.trainer_callbacks),
     )
@@ -257,8 +259,9 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     if latest is not None:  # resuming, or restarted after a failure
         worker.restore(latest[1])
         worker.mark_published()
-    if samples is not None and group_size == 1 and wiring.threads and pc.load_ahead:
-        worker.start_loader()  # a group's ranks agree on each step's batch: they load in turn
+    if isinstance(source, SegmentSource) and group_size == 1 and wiring.threads and pc.load_ahead:
+        # a group's ranks agree on each step's batch: they load in turn
+        source.start_loader(plan.worker_id)
     if group_size > 1:  # after restoring: every rank starts from rank 0's parameters
         name = roles.trainer_group_endpoint(plan.policy)
         group = wiring.trainer_group(name, plan.policy, plan.index, group_size)

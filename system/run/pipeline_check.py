@@ -105,23 +105,25 @@ def _config(
 
 def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str, Any]:
     """Fill the trainer's first batch, then check its shapes and what analyze returns."""
-    if worker.replay is not None:
+    from system.workers.batch_source import SegmentSource
+    from system.workers.trajectory import batch_segments
+
+    source = worker.source
+    if not isinstance(source, SegmentSource):  # it learns from replay
         return _check_first_replay_batch(run, name, worker, max_env_frames)
-    source = worker.source  # a SegmentSource: its batch is checked before it is cut
-    while source.pending_segments < worker.batch_segments:
+    size = source.batch_segments  # on-policy: its batch is checked before it is cut
+    while source.pending_segments < size:
         for other in _feeders(run):
             other.poll()
         source.gather(0, worker.stages)
         run._collect()
         if run.progress.env_frames > max_env_frames:
             raise PipelineCheckError(
-                f"no batch of {worker.batch_segments} segments for policy '{name}' after "
+                f"no batch of {size} segments for policy '{name}' after "
                 f"{max_env_frames} env frames: do the agents of this policy ever act?"
             )
-    from system.workers.trajectory import batch_segments
-
-    batch = batch_segments(source.buffer)[:, : worker.batch_segments]
-    _check_batch_shapes(batch, run.config.actors.segment_length + 1, worker.batch_segments)
+    batch = batch_segments(source.buffer)[:, :size]
+    _check_batch_shapes(batch, run.config.actors.segment_length + 1, size)
     _check_analyze(worker.trainer, batch, name)
     return batch.shape
 

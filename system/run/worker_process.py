@@ -220,7 +220,7 @@ def _watch_peers(
     parameter service, then (an actor) its policy workers and trainers."""
     watches: list[Callable[[], None]] = []
     if peers.replay_batches:
-        watches.append(ReplayWorkerWatch(ctl, worker.replay, peers.replay_batches))
+        watches.append(ReplayWorkerWatch(ctl, worker.source.stream, peers.replay_batches))
     if peers.parameters is not None:
         subscribe = peers.parameters
         new_client = lambda: wiring.parameter_client(subscribe)  # noqa: E731

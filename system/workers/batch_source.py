@@ -51,6 +51,9 @@ class BatchSource(Protocol):
     def age(self, version_before: int, batch: SampleBatch) -> dict[str, float]:
         """How old ``batch``'s samples were at the step, for the trainer's stats."""
 
+    def stats(self) -> dict[str, float]:
+        """Its own figures for the trainer's heartbeat (segments dropped as stale, so far)."""
+
     def stages(self) -> dict[str, StageClock]: ...
     def close(self) -> None: ...
 
@@ -64,19 +67,19 @@ class SegmentSource:
         policy_name: str,
         batch_segments: int,
         version: Callable[[], int],
-        stats: dict[str, Any],
-        stats_lock: threading.Lock,
         *,
         max_policy_lag: int | None = None,
         warn_policy_lag: int | None = None,
     ):
-        """``version``: the policy's current version; ``stats``: the worker's, written under
-        ``stats_lock`` (the loader thread drops stale segments too)."""
+        """``version``: the trained policy's current version (what a segment's lag is
+        counted from)."""
         self.stream = samples
         self.policy_name = policy_name
         self.batch_segments = batch_segments
         self.version = version
-        self.stats, self.stats_lock = stats, stats_lock
+        self.dropped = 0
+        """Segments dropped as stale so far (the loader thread drops them too)."""
+        self._dropped_lock = threading.Lock()
         self.max_policy_lag = max_policy_lag
         self.warn_policy_lag = warn_policy_lag
         self.buffer: list[SampleBatch] = []
@@ -141,9 +144,9 @@ class SegmentSource:
         dropped = count - len(keep)
         if dropped == 0:
             return chunk
-        with self.stats_lock:
-            so_far = self.stats.get("stale_segments_dropped", 0) + dropped
-            self.stats["stale_segments_dropped"] = so_far
+        with self._dropped_lock:
+            self.dropped += dropped
+            so_far = self.dropped
         if self._lag_warning_due():
             logger.warning(
                 "trainer of policy '%s' dropped %d segment(s) more than max_policy_lag=%d "
@@ -187,6 +190,10 @@ class SegmentSource:
             *(self.policy_name, lag, p, self.warn_policy_lag, p, p, p),
         )
 
+    def stats(self) -> dict[str, float]:
+        with self._dropped_lock:
+            return {"stale_segments_dropped": self.dropped} if self.dropped else {}
+
     def stages(self) -> dict[str, StageClock]:
         return {} if self.loader is None else {"loader": self.loader.stages}
 
@@ -221,6 +228,9 @@ class ReplaySource:
         return {
             "sample_age_versions": float(np.mean(version_before - np.asarray(batch.policy_version)))
         }
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     def stages(self) -> dict[str, StageClock]:
         return {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,12 +38,10 @@ from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeou
 from system.parameters import trainer_state
 from system.parameters.interfaces import ParameterPublisher
 from system.roles import Role
-from system.streams.replay import ReplayClient
 from system.streams.samples import SampleConsumer
 from system.timing import StageClock
 from system.workers.base import Worker
-from system.workers.batch_loader import BatchLoader
-from system.workers.batch_source import BatchSource, ReplaySource, SegmentSource
+from system.workers.batch_source import BatchSource, SegmentSource
 from system.workers.trainer_hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
@@ -58,6 +55,27 @@ PUBLISH_RETRY_S = 10.0
 unless the controller says where the restarted service is first (then it publishes at once)."""
 
 
+def segment_source(
+    samples: SampleConsumer,
+    policy_name: str,
+    trainer: Trainer,
+    batch_segments: int,
+    *,
+    max_policy_lag: int | None = None,
+    warn_policy_lag: int | None = None,
+) -> SegmentSource:
+    """An on-policy trainer's source: ``trainer``'s actors' segments, their lag counted from
+    the version it trains."""
+    return SegmentSource(
+        samples,
+        policy_name,
+        batch_segments,
+        lambda: trainer.policy.version,
+        max_policy_lag=max_policy_lag,
+        warn_policy_lag=warn_policy_lag,
+    )
+
+
 class TrainerWorker(Worker):
     role = Role.TRAINER
 
@@ -66,25 +84,23 @@ class TrainerWorker(Worker):
         worker_id: str,
         policy_name: str,
         trainer: Trainer,
-        samples: SampleConsumer | None,
+        source: BatchSource,
         params: ParameterPublisher,
         *,
-        replay: ReplayClient | None = None,
-        batch_segments: int,
         checkpoint_every: int = 50,
         checkpoint_dir: str | Path | None = None,
-        max_policy_lag: int | None = None,
-        warn_policy_lag: int | None = None,
         publish_every: int = 1,
         hooks: TrainerHooks | None = None,
     ):
+        """``source``: where its batches come from (:func:`segment_source` for an on-policy
+        trainer, a :class:`ReplaySource` for one that learns from replay)."""
         super().__init__(worker_id)
+        self.source = source
         self.hooks = hooks
         """The experiment's trainer callbacks (system.workers.trainer_hooks), if any."""
         self.policy_name = policy_name
         self.trainer = trainer
         self.params = params
-        self.batch_segments = batch_segments
         self.checkpoint_every = checkpoint_every
         self.publish_every = publish_every
         """Publish every this many steps (persisted versions always): see PolicyConfig."""
@@ -98,51 +114,12 @@ class TrainerWorker(Worker):
         self._retry_at = 0.0
         """After a publish timed out: when to try again on the same client (a restarted
         service's new address, from :meth:`reconnect`, comes sooner)."""
-        self._stats_lock = threading.Lock()
-        """``stats`` is also written by the loader thread (segments dropped as stale)."""
-        if (samples is None) == (replay is None):
-            raise ValueError("a trainer reads from exactly one of samples and replay")
-        self.source: BatchSource = (
-            ReplaySource(replay)
-            if replay is not None
-            else SegmentSource(
-                samples, policy_name, batch_segments, lambda: self.trainer.policy.version,
-                self.stats, self._stats_lock, max_policy_lag=max_policy_lag,
-                warn_policy_lag=warn_policy_lag,
-            )
-        )  # fmt: skip
-        """Where its batches come from (:mod:`system.workers.batch_source`)."""
-
-    @property
-    def samples(self) -> SampleConsumer | None:
-        return self.source.stream if isinstance(self.source, SegmentSource) else None
-
-    @property
-    def replay(self) -> ReplayClient | None:
-        """The replay worker's client, for a trainer that learns from replay."""
-        return self.source.stream if isinstance(self.source, ReplaySource) else None
-
-    @property
-    def loader(self) -> BatchLoader | None:
-        return getattr(self.source, "loader", None)
-
-    @property
-    def pending_segments(self) -> int:
-        return getattr(self.source, "pending_segments", 0)
-
-    def start_loader(self) -> None:
-        """From now on the next batch is received and cut while this one trains
-        (:mod:`system.workers.batch_loader`); the sample stream is the loader's alone."""
-        if not isinstance(self.source, SegmentSource):
-            raise ValueError("a replay trainer takes its batches from the replay worker")
-        self.source.start_loader(self.worker_id)
 
     def thread_stages(self) -> dict[str, StageClock]:
         return self.source.stages()
 
     def collect_stats(self) -> dict[str, Any]:
-        with self._stats_lock:
-            return super().collect_stats()
+        return {**super().collect_stats(), **self.source.stats()}
 
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:

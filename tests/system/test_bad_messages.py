@@ -29,7 +29,7 @@ from system.streams.inference import InprocInferenceHub, ZmqInferenceClient, Zmq
 from system.streams.samples import InprocSampleHub, ZmqSampleConsumer
 from system.workers.actor_worker import ActorWorker
 from system.workers.policy_worker import PolicyWorker
-from system.workers.trainer_worker import TrainerWorker
+from system.workers.trainer_worker import TrainerWorker, segment_source
 
 SEGMENT = 8
 
@@ -158,13 +158,13 @@ def test_trainer_drops_segments_that_do_not_fit_and_trains_on_the_rest(run):
     policy = builders.make_policy(config, "default", spaces, 0)
     layout = declared.segment_layout(config, spaces, policy, "default")
     consumer = ZmqSampleConsumer(layout=layout)
+    learner = builders.make_trainer(config, "default", policy)
     trainer = TrainerWorker(
         "trainer/default/0",
         "default",
-        builders.make_trainer(config, "default", policy),
-        consumer,
+        learner,
+        segment_source(consumer, "default", learner, 4),
         InprocParameterService(ParameterStore()),
-        batch_segments=4,
     )
     sender = transport.make_socket(zmq.DEALER, server=False, hwm=100)
     sender.connect(consumer.endpoint)

@@ -19,7 +19,7 @@ from system.streams.samples import (
     ZmqSampleConsumer,
     ZmqSampleProducer,
 )
-from system.workers.trainer_worker import TrainerWorker
+from system.workers.trainer_worker import TrainerWorker, segment_source
 
 
 @pytest.fixture
@@ -150,15 +150,15 @@ def test_foreign_messages_to_the_consumer_are_dropped_and_counted(stream):
 
 def test_the_trainer_takes_only_the_chunks_one_batch_needs():
     hub = InprocSampleHub()
-    worker = TrainerWorker(
-        "t", "p", StubTrainer(EchoPolicy()), hub.consumer("p"), _NoParams(), batch_segments=2
-    )
+    trainer = StubTrainer(EchoPolicy())
+    source = segment_source(hub.consumer("p"), "p", trainer, 2)
+    worker = TrainerWorker("t", "p", trainer, source, _NoParams())
     producer = hub.producer()
     for v in range(5):
         producer.post("p", segment(version=v))
     assert worker.poll() == 1
     # What the trainer does not need stays in the stream, holding the actors back.
-    assert worker.pending_segments == 0
+    assert source.pending_segments == 0
     assert len(hub.queues["p"]) == 3
 
 

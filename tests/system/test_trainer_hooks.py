@@ -17,7 +17,7 @@ from system.parameters.store import ParameterStore
 from system.run import builders
 from system.streams.samples import InprocSampleHub
 from system.workers.trainer_hooks import TrainerHooks
-from system.workers.trainer_worker import TrainerWorker
+from system.workers.trainer_worker import TrainerWorker, segment_source
 
 
 class WeightNorm:
@@ -50,13 +50,13 @@ def trainer_worker(callback: str):
     spaces = builders.probe_spaces(config)
     policy = builders.make_policy(config, "default", spaces, 0)
     hub = InprocSampleHub()
+    trainer = builders.make_trainer(config, "default", policy)
     worker = TrainerWorker(
         "trainer/default/0",
         "default",
-        builders.make_trainer(config, "default", policy),
-        hub.consumer("default"),
+        trainer,
+        segment_source(hub.consumer("default"), "default", trainer, 2),
         InprocParameterService(ParameterStore()),
-        batch_segments=2,
         hooks=TrainerHooks([ComponentConfig(callback)]),
     )
     return worker, hub

@@ -23,10 +23,11 @@ from system.run.plan import PLAN_TYPES
 from system.streams.inference import InferenceReply, InprocInferenceHub
 from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
+from system.workers.batch_source import ReplaySource
 from system.workers.parameter_worker import ParameterServiceWorker
 from system.workers.policy_worker import PolicyWorker
 from system.workers.replay_worker import ReplayWorker
-from system.workers.trainer_worker import TrainerWorker
+from system.workers.trainer_worker import TrainerWorker, segment_source
 
 
 class CountingEnv(Environment):
@@ -249,9 +250,8 @@ def segment(version: int = 0, segments: int = 1, t: int = 5) -> SampleBatch:
 def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
     samples, store = InprocSampleHub(), ParameterStore()
     trainer = StubTrainer(EchoPolicy())
-    worker = TrainerWorker(
-        "t", "p", trainer, samples.consumer("p"), InprocParameterService(store), batch_segments=3
-    )
+    source = segment_source(samples.consumer("p"), "p", trainer, 3)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
     producer = samples.producer()
     producer.post("p", segment())
     producer.post("p", segment())
@@ -259,7 +259,7 @@ def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
     producer.post("p", segment(segments=2))  # one message may carry several segments
     assert worker.poll() == 1
     assert trainer.seen == [(5, 3, 1)]
-    assert worker.pending_segments == 1  # the extra segment waits for the next batch
+    assert source.pending_segments == 1  # the extra segment waits for the next batch
     assert store.latest_version("p") == 1
     assert worker.collect_stats()["version_lag"] == 0.0
 
@@ -268,10 +268,8 @@ def test_trainer_worker_drops_segments_older_than_max_policy_lag(caplog):
     samples, store = InprocSampleHub(), ParameterStore()
     trainer = StubTrainer(EchoPolicy())
     trainer.policy._version = 5
-    worker = TrainerWorker(
-        "t", "p", trainer, samples.consumer("p"), InprocParameterService(store),
-        batch_segments=2, max_policy_lag=2,
-    )  # fmt: skip
+    source = segment_source(samples.consumer("p"), "p", trainer, 2, max_policy_lag=2)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
     producer = samples.producer()
     mixed = segment(version=4, segments=3)
     mixed.policy_version[:2, 1] = 2  # the oldest step decides: 3 versions behind
@@ -298,10 +296,8 @@ def test_trainer_worker_warns_when_it_trains_on_old_samples_and_keeps_them(caplo
     samples, store = InprocSampleHub(), ParameterStore()
     trainer = StubTrainer(EchoPolicy())
     trainer.policy._version = 20
-    worker = TrainerWorker(
-        "t", "p", trainer, samples.consumer("p"), InprocParameterService(store),
-        batch_segments=1, warn_policy_lag=16,
-    )  # fmt: skip
+    source = segment_source(samples.consumer("p"), "p", trainer, 1, warn_policy_lag=16)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
     producer = samples.producer()
     for version in (4, 2, 1):  # 16 versions behind (not warned), then 19 and 21
         producer.post("p", segment(version=version))
@@ -326,10 +322,7 @@ def test_the_policy_lag_warning_is_on_by_default_and_off_for_replay_trainers(cap
     assert config.policies["default"].warn_policy_lag == 16
     assert config.policies["default"].max_policy_lag is None  # warned, never dropped
     params = InprocParameterService(ParameterStore())
-    worker = TrainerWorker(
-        "t", "p", StubTrainer(EchoPolicy()), None, params, replay=object(), batch_segments=1,
-        warn_policy_lag=16,
-    )  # fmt: skip
+    worker = TrainerWorker("t", "p", StubTrainer(EchoPolicy()), ReplaySource(object()), params)
     old = SimpleNamespace(policy_version=np.zeros((4, 1), np.int64))
     with caplog.at_level(logging.WARNING):
         # a replay buffer's samples are old by design: their age is a stat, never a warning
@@ -341,14 +334,9 @@ def test_the_policy_lag_warning_is_on_by_default_and_off_for_replay_trainers(cap
 
 def test_trainer_worker_refuses_to_publish_non_finite_losses():
     samples, store = InprocSampleHub(), ParameterStore()
-    worker = TrainerWorker(
-        "t",
-        "p",
-        StubTrainer(EchoPolicy(), loss=float("nan")),
-        samples.consumer("p"),
-        InprocParameterService(store),
-        batch_segments=1,
-    )
+    trainer = StubTrainer(EchoPolicy(), loss=float("nan"))
+    source = segment_source(samples.consumer("p"), "p", trainer, 1)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
     samples.producer().post("p", segment())
     with pytest.raises(NonFiniteLossError, match=r"non-finite \['loss'\]"):
         worker.poll()
