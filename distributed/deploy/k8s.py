@@ -59,7 +59,14 @@ from distributed.deploy.manifests import (
     role_groups,
     to_yaml,
 )
-from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
+from distributed.deploy.sizing import (
+    CONTROLLER,
+    MEASURED,
+    RoleNeeds,
+    components,
+    needs_of,
+    plan_type,
+)
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from system import run_folder
@@ -77,15 +84,6 @@ BASE_DIR = "base"
 """Where the generated objects go in the output folder (the overlays' base)."""
 CONTROLLER_RETRIES = 2
 """Restarts of the controller's pod (its Job's backoffLimit), each resuming the run."""
-RUNTIME_COMPONENTS = ("controller", "params", "trainer", "replay")
-"""Pods whose eviction stops or sets back the run (the disruption budget's): a replay buffer
-evicted mid-run comes back empty and refills before its trainer trains again."""
-WRITER_COMPONENTS = ("params", "trainer", "replay")
-"""Workers that mount the run folder (versions, checkpoints, the replay buffer at a stop).
-Trainers write nothing there (their state goes to the parameter service); they mount it with
-``--storage claim`` or ``none`` only to read an older run's ``trainer.pt`` on resume."""
-POD_CLAIM_COMPONENTS = ("params", "replay")
-"""Workers that get a claim of their own with ``--storage pod`` (and the controller)."""
 STORAGE_MODES = ("claim", "pod", "none")
 RESTARTS_PER_WORKER = 10
 """A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
@@ -236,6 +234,13 @@ def gpu_image(image: str) -> str:
     return f"{name}:{tag}-gpu"
 
 
+def runtime_components() -> tuple[str, ...]:
+    """Pods whose eviction stops or sets back the run (the disruption budget's): the
+    controller's, and those of every role whose plan says so (``WorkerPlan.holds_run_state``)."""
+    held = [c for c in components() if (plan := plan_type(c)) and plan.holds_run_state]
+    return (CONTROLLER, *dict.fromkeys(held))
+
+
 class _Builder:
     """Builds the objects of one run; holds the names and labels they share."""
 
@@ -315,10 +320,12 @@ class _Builder:
         }
 
     def writes(self, component: str) -> bool:
-        """Whether the component's pods mount the run folder."""
-        if self.o.storage == "pod":
-            return component in POD_CLAIM_COMPONENTS
-        return component in WRITER_COMPONENTS
+        """Whether the component's pods mount the run folder: those that write there (each
+        with a claim of its own with ``--storage pod``), and, where the folder is shared,
+        those that only read it (``WorkerPlan.run_folder``)."""
+        plan = plan_type(component)
+        access = "" if plan is None else plan.run_folder
+        return access == "write" or (access == "read" and self.o.storage != "pod")
 
     def pod_claim(self, host: str) -> str:
         """``--storage pod``: the claim of the pod whose host name is ``host``."""
@@ -612,14 +619,15 @@ class _Builder:
 
     def disruption_budget(self, groups: list[RoleGroup]) -> dict[str, Any]:
         """Job pods have no scale subresource, so only an absolute minAvailable is allowed."""
-        count = 1 + sum(g.replicas for g in groups if g.component in RUNTIME_COMPONENTS)
+        runtime = runtime_components()
+        count = 1 + sum(g.replicas for g in groups if g.component in runtime)
         selector = {
             "matchLabels": {"app.kubernetes.io/instance": self.o.run_name},
             "matchExpressions": [
                 {
                     "key": "app.kubernetes.io/component",
                     "operator": "In",
-                    "values": list(RUNTIME_COMPONENTS),
+                    "values": list(runtime),
                 }
             ],
         }

@@ -27,10 +27,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distributed.errors import DeployError
 from system import run_folder
 from system.roles import Role
+
+if TYPE_CHECKING:
+    from system.run.plan import WorkerPlan
 
 CONTROLLER, EVAL = "controller", "eval"
 ROLE_COMPONENTS: dict[str, str] = {
@@ -106,6 +110,14 @@ def needs_of(needs: Mapping[str, RoleNeeds], component: str) -> RoleNeeds:
     if plan is None:
         raise DeployError(f"no figures for '{component}': it is none of {', '.join(components())}")
     return needs["policy" if plan.needs_torch else "actor"]
+
+
+def plan_type(component: str) -> type[WorkerPlan] | None:
+    """The plan class of ``component``'s workers (None: the controller; ``eval``: actors')."""
+    from system.run.plan import PLAN_TYPES
+
+    role = next((r for r, c in ROLE_COMPONENTS.items() if c == component), component)
+    return PLAN_TYPES.get(Role.ACTOR.value if component == EVAL else role)
 
 
 def component_of(worker_id: str, role: str) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from api.config import ExperimentConfig, uses_replay
 from api.errors import ConfigError
@@ -120,6 +120,13 @@ class WorkerPlan:
     without it."""
     restartable: ClassVar[bool] = True
     """Whether the controller restarts this worker when it dies."""
+    run_folder: ClassVar[Literal["", "read", "write"]] = ""
+    """What it does with the run folder, so a cluster knows whom to mount it on: ``write``
+    (versions, a replay buffer saved at a stop: it gets a claim of its own with per-pod
+    storage), ``read`` (mounted only where the folder is shared), or nothing."""
+    holds_run_state: ClassVar[bool] = False
+    """Whether losing it stops or sets back the run, so a cluster shields it from voluntary
+    eviction (the Kubernetes disruption budget)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -164,6 +171,8 @@ class ParameterServicePlan(WorkerPlan):
     restartable: ClassVar[bool] = True
     """Every version is on disk before it is announced (``latest.ckpt``), so a restarted
     service starts from the newest one; its peers are told its new address (``moved``)."""
+    run_folder: ClassVar[Literal["", "read", "write"]] = "write"
+    holds_run_state: ClassVar[bool] = True
 
     def endpoints(self) -> list[str]:
         return [PARAMS_REQUEST, PARAMS_PUSH]
@@ -179,6 +188,10 @@ class TrainerPlan(WorkerPlan):
     stop_order: ClassVar[int] = 1
     poll_order: ClassVar[int] = 3
     needs_torch: ClassVar[bool] = True
+    run_folder: ClassVar[Literal["", "read", "write"]] = "read"
+    """It writes nothing there (its state goes to the parameter service); it reads an older
+    run's ``trainer.pt`` on resume where the folder is shared."""
+    holds_run_state: ClassVar[bool] = True
     policy: str = ""
     """The policy this trainer trains."""
     index: int = 0
@@ -222,6 +235,10 @@ class ReplayPlan(WorkerPlan):
     """A restarted replay worker starts from the buffer saved at the last stop (a resumed run) or
     empty, and refills from the actors before it serves again (``replay.min_size``); its trainer
     and actors follow it to its new address (``moved``)."""
+    run_folder: ClassVar[Literal["", "read", "write"]] = "write"
+    """Its buffer is saved there at a stop."""
+    holds_run_state: ClassVar[bool] = True
+    """Evicted mid-run, it comes back empty and refills before its trainer trains again."""
     policy: str = ""
     """The policy whose samples this buffer holds."""
 

@@ -113,8 +113,14 @@ def test_the_role_appears_in_what_each_cluster_generator_writes():
     assert jobs, [o["metadata"]["name"] for o in objects]
     (job,) = jobs
     assert job["spec"]["completions"] == 2  # one Indexed Job of two replicas
-    command = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = container["args"]
     assert "--role" in command and command[command.index("--role") + 1] == toy.ROLE
+    # it writes in the run folder (its plan says so): mounted on its pods, as on the service's
+    assert "run" in [m["name"] for m in container["volumeMounts"]]
+    (budget,) = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    shielded = budget["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert "params" in shielded and toy.ROLE not in shielded  # losing it sets nothing back
     options = slurm.SlurmOptions(
         run_name="r1",
         run_dir=Path("/shared/runs/r1"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from api.config import ExperimentConfig
 from system.run.builders import Built, Wiring, register_builder
@@ -29,6 +29,8 @@ class VersionWatchPlan(WorkerPlan):
     stop_order: ClassVar[int] = 1
     poll_order: ClassVar[int] = 2
     needs_torch: ClassVar[bool] = False
+    run_folder: ClassVar[Literal["", "read", "write"]] = "write"
+    """It writes the versions it saw there (``<run>/version-watch/<index>.json``)."""
     index: int = 0
     policy: str = ""
 
