@@ -13,7 +13,9 @@ episodes that version played from start to end. A window that reaches the target
 version a candidate; the run is solved when ``stop.confirm_windows - 1`` further windows of
 fresh episodes of that same version reach it too. That version is the one the run delivers
 (``summary.json``'s ``solved_version``, what ``troupe eval`` plays). A window that falls short
-ends the round: the workers hold the version they have then, and the next window judges it. With
+ends the round: the next round holds the newest version its trainer reported (or, where the
+parameter service let that one go, the version a worker has loaded), and the next window judges
+it. With
 ``stop.max_return`` (the most an episode can return) a window falls short as soon as the
 episodes still to come could not lift it to the target: most versions a long run judges fail,
 and most fail early, so judging each on a few games instead of a whole window judges several
@@ -102,6 +104,12 @@ class EvaluationWindows:
         self.round = 0
         """Versions held so far; the current round while :attr:`policy` is set."""
         self.held_version: int | None = None
+        """The version a policy worker said it holds in this round: what every worker holds."""
+        self.newest: int | None = None
+        """The judged policy's newest version, from its trainer's stats."""
+        self.named: int | None = None
+        """The version this round's order asks for (the newest when it opened), until a
+        worker says what it holds (its own, where the named one was gone)."""
         self.solved_version: int | None = None
         self.judged: set[int | None] = set()
         """The versions judged so far (a version can be held again, by a round that began before
@@ -165,13 +173,19 @@ class EvaluationWindows:
             if type(version) is int:
                 self.held_version = version
 
+    def on_trainer_version(self, version: int) -> None:
+        """The judged policy's trainer published ``version``: a round opened from now on
+        names it."""
+        self.newest = version
+
     def hold_order(self) -> dict[str, Any] | None:
         """What ``HOLD_KEY`` should say now."""
         if self.policy is None or self.round == 0:
             return None
         order: dict[str, Any] = {"policy": self.policy, "round": self.round}
-        if self.held_version is not None:
-            order["version"] = self.held_version
+        version = self.held_version if self.held_version is not None else self.named
+        if version is not None:
+            order["version"] = version
         return order
 
     def figures(self) -> dict[str, Any]:
@@ -261,6 +275,7 @@ class EvaluationWindows:
     def _next_round(self) -> None:
         self.round += 1
         self.held_version, self._held, self.confirmed, self._others = None, self._window(), [], 0
+        self.named = self.newest
         self._since = self.clock()
 
     def _give_up_holding(self, why: str) -> None:

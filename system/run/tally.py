@@ -168,6 +168,9 @@ class Tally:
             if stats.epsilon is not None:  # what the actors act with
                 self.exploration.setdefault(policy, {})[plan.worker_id] = stats.epsilon
         elif plan.role is Role.TRAINER and stats.numbers:
+            version = stats.numbers.get("version")
+            if policy == self.evaluation.policy and type(version) is int:
+                self.evaluation.on_trainer_version(version)  # what a hold order names
             numbers = {k: float(v) for k, v in stats.numbers.items()}
             self.trainer_stats.setdefault(policy, {}).update(numbers)
             for o in self.observers:

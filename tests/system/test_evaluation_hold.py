@@ -128,3 +128,23 @@ def test_a_restarted_worker_takes_the_named_version_and_tags_nothing_else(tmp_pa
     EvaluationHold(state, worker)()
     assert worker.held.version == 3 and worker.held_round == 7
     assert store.tags("p")[EVAL_TAG] == 3 and not store.checkpoint_path("p", 4).exists()
+
+
+def test_a_round_holds_the_version_its_order_names_or_what_is_loaded_if_that_is_gone(tmp_path):
+    """The controller names the trainer's newest version when a round opens: a worker that has
+    not loaded it yet fetches it; one that cannot get it (the service let it go) holds its own,
+    and says so, for the order to name that one instead."""
+    _, store, worker = worker_at_version_3(tmp_path)
+    store.publish("p", 4, {"version": 4})  # published; not pushed to this worker yet
+    state = StateStore()
+    follow = EvaluationHold(state, worker)
+    state.set(HOLD_KEY, {"policy": "p", "round": 1, "version": 4})
+    follow()
+    assert worker.held.version == 4 and worker.policy.version == 3 and worker.held_round == 1
+    assert store.tags("p")[EVAL_TAG] == 4
+    state.set(HOLD_KEY, {"policy": "p", "round": 2, "version": 99})  # gone from the service
+    follow()
+    follow()  # tried once: no second fetch, no second warning
+    assert worker.held.version == 3 and worker.held_round == 2 and follow.tried == (2, 99)
+    stats = worker.collect_stats()
+    assert (stats["held_version"], stats["held_round"]) == (3, 2)

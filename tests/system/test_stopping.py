@@ -75,6 +75,19 @@ def test_every_window_judges_one_version_and_the_run_delivers_the_confirmed_one(
     )
 
 
+def test_a_round_names_the_trainer_s_newest_version_until_a_worker_says_what_it_holds():
+    w = EvaluationWindows(target=475.0, episodes=2, windows=2, policy="p")
+    w.on_trainer_version(7)
+    held(w, [0.0], None)  # evaluation has begun: round 1 names the newest version
+    assert w.hold_order() == {"policy": "p", "round": 1, "version": 7}
+    w.on_trainer_version(8)  # training goes on: the open round keeps its version
+    assert w.hold_order()["version"] == 7
+    w.on_worker_stats({"held_version": 6, "held_round": 1})  # 7 was gone: it holds its own
+    assert w.hold_order() == {"policy": "p", "round": 1, "version": 6}
+    assert not held(w, [0.0, 0.0], [6, 6])  # falls short: the next round names 8
+    assert w.hold_order() == {"policy": "p", "round": 2, "version": 8}
+
+
 def test_a_version_that_falls_short_ends_its_round_and_the_next_one_is_judged():
     w = EvaluationWindows(target=475.0, episodes=2, windows=2, policy="p")
     held(w, [0.0], None)

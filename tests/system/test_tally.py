@@ -137,3 +137,12 @@ def test_the_snapshot_names_every_worker_and_the_bottleneck(tally):
     states = {w.id: w.state for w in snapshot.workers}
     assert states["actor/0"] is WorkerState.ALIVE and states["params"] is WorkerState.STARTING
     assert record["worker_health/alive"] == 1 and snapshot.bottleneck == ""  # none reported
+
+
+def test_the_judged_policy_s_trainer_version_is_what_a_hold_round_names(tally):
+    t, _, records = tally
+    assert t.evaluation.policy == "default"  # cartpole-ppo confirms its target: it holds
+    t.add(records["trainer/default/0"], WorkerStats.from_heartbeat({"steps": 9, "version": 9}))
+    first = {"eval_episodes": [{"episode_return": 1.0}]}  # evaluation has begun: round 1
+    t.add(records["actor/0"], WorkerStats.from_heartbeat(first))
+    assert t.evaluation.hold_order() == {"policy": "default", "round": 1, "version": 9}

@@ -14,15 +14,18 @@ from typing import Any
 from api.global_state import GlobalState
 
 HOLD_KEY = "evaluation/hold"
-"""Global state: ``{"policy": name, "round": n}``, and ``"version"`` once a worker said which
-one it holds (so every worker holds that one); None when nothing is held."""
+"""Global state: ``{"policy": name, "round": n, "version": v}``: hold version ``v``, the
+trainer's newest when the round opened, or the one a worker said it holds (so every worker
+holds that one); without ``"version"`` (no trainer stats yet), what is loaded now. None when
+nothing is held."""
 
 
 class EvaluationHold:
     """In a policy worker of the judged policy: follow :data:`HOLD_KEY` (on its heartbeat).
 
-    A new round holds the version loaded now; once the order names a version (the one the first
-    worker to answer held), a worker that holds another one takes that one instead."""
+    A new round holds the version the order names, or, when it names none or the parameter
+    service no longer has it, the version loaded now; when the order names another version
+    later (the one the first worker to answer held), a worker takes that one instead."""
 
     def __init__(self, state: GlobalState, worker: Any):
         self.state = state
@@ -43,9 +46,12 @@ class EvaluationHold:
             return
         if round_ != self.round:
             self.round, self.tried = round_, None
-            if type(version) is not int:  # else (a restarted worker) take the named one
-                self.worker.hold_evaluation(round_)
-                return
+            if type(version) is int:
+                self.tried = (round_, version)  # one try: a failure is logged, once
+                if self.worker.hold_evaluation(round_, version) is not None:
+                    return
+            self.worker.hold_evaluation(round_)  # what is loaded now: the service has it
+            return
         held = self.worker.held
         other = type(version) is int and (held is None or held.version != version)
         if other and self.tried != (round_, version):  # one try: a failure is logged, once
