@@ -131,24 +131,40 @@ class ReplayWorker(Worker):
 
     def poll(self) -> int:
         """Stages: ``insert`` (chunks into the buffer), ``serve`` (priorities in, batches
-        sampled and sent), ``wait_samples`` (nothing to do), ``save``."""
+        sampled and sent), ``wait_samples`` or ``wait_requests`` (nothing to do), ``save``."""
         self.stages.enter("insert")
-        idle = self.held is not None or not self.waiting
         work = self._insert(timeout_ms=0)
         self.stages.enter("serve")
-        requests = self.server.poll(timeout_ms=0)
-        for request in requests:
-            if request.keys is not None and len(request.keys):
-                self.buffer.update_priorities(request.keys, request.priorities)
-        self.waiting += requests
-        work += len(requests) + self._serve()
-        if not work and idle:
-            self.stages.enter("wait_samples")
-            work = self._insert(timeout_ms=IDLE_WAIT_MS)
+        work += self._take_requests(timeout_ms=0) + self._serve()
+        if not work:
+            work = self._wait()
         self.stages.enter("save")
         self._save_when_due()
         self._report()
         return work
+
+    def _wait(self) -> int:
+        """Nothing moved: wait (at most :data:`IDLE_WAIT_MS`) for what can move it. With no
+        chunk held, the actors' next one (a waiting request needs more frames in too); with one
+        held back by the rate limiter, a trainer's request, the only thing that makes room.
+        Returning at once instead spins a core the trainer needs (it did: 15k polls a second)."""
+        if self.held is None:
+            self.stages.enter("wait_samples")
+            work = self._insert(timeout_ms=IDLE_WAIT_MS)
+        else:
+            self.stages.enter("wait_requests")
+            work = self._take_requests(timeout_ms=IDLE_WAIT_MS)
+        self.stages.enter("serve")
+        return work + self._serve() if work else 0
+
+    def _take_requests(self, timeout_ms: int) -> int:
+        """Trainers' requests, each with the priorities of the batch it trained on."""
+        requests = self.server.poll(timeout_ms=timeout_ms)
+        for request in requests:
+            if request.keys is not None and len(request.keys):
+                self.buffer.update_priorities(request.keys, request.priorities)
+        self.waiting += requests
+        return len(requests)
 
     def _insert(self, timeout_ms: int) -> int:
         """Insert the held chunk and new ones while the rate limiter lets them in."""
