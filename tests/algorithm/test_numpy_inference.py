@@ -197,3 +197,50 @@ def test_a_trainer_step_on_the_same_policy_object_is_acted_on_at_once():
     trainer.optimizer.step()
     fast.inc_version()
     assert not np.allclose(before, fast.rollout(req).policy_output.value)
+
+
+# ---------------------------------------------------------------------- the Q network
+def q_pair(observation_space, **kwargs):
+    """Two identical Q policies (same seed), one acting through numpy, one through torch."""
+    from algorithm.q_policies.policy import QPolicy
+
+    fast = QPolicy(observation_space, gym.spaces.Discrete(4, start=1), seed=3, **kwargs)
+    slow = QPolicy(
+        observation_space, gym.spaces.Discrete(4, start=1), seed=3, numpy_inference=False, **kwargs
+    )
+    assert fast._numpy is not None and slow._numpy is None
+    return fast, slow
+
+
+@pytest.mark.parametrize("dueling", [True, False])
+def test_q_values_and_greedy_actions_agree_with_torch(dueling):
+    fast, slow = q_pair(BOX_OBS, hidden_sizes=[16, 8], dueling=dueling)
+    req = request(7, greedy=True)
+    got, want = fast.rollout(req), slow.rollout(req)
+    np.testing.assert_allclose(got.policy_output.q, want.policy_output.q, atol=1e-5)
+    np.testing.assert_array_equal(got.action, want.action)
+    assert got.policy_output.q.dtype == np.float32 and got.action.min() >= 1
+
+
+def test_q_values_follow_a_trainer_step_and_a_loaded_checkpoint():
+    from algorithm.dqn.trainer import DQNTrainer
+
+    fast, slow = q_pair(BOX_OBS, hidden_sizes=[16])
+    req = request(5, greedy=True)
+    before = fast.rollout(req).policy_output.q.copy()
+    trainer = DQNTrainer(fast, lr=0.1)
+    for p in fast.parameters():
+        p.grad = torch.ones_like(p)
+    trainer.optimizer.step()  # fused: no parameter counter moves, the version does
+    fast.inc_version()
+    stepped = fast.rollout(req).policy_output.q
+    assert not np.allclose(before, stepped)
+    slow.load_checkpoint(fast.get_checkpoint())  # the torch path, on the stepped weights
+    np.testing.assert_allclose(slow.rollout(req).policy_output.q, stepped, atol=1e-5)
+
+
+def test_q_networks_on_images_act_through_torch():
+    from algorithm.q_policies.policy import QPolicy
+
+    space = gym.spaces.Box(0, 255, (3, 16, 16), np.uint8)
+    assert QPolicy(space, gym.spaces.Discrete(3))._numpy is None
