@@ -25,7 +25,7 @@ from system.streams import transport
 from system.streams.replay import InprocReplayHub, ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import InprocSampleHub
 from system.workers import replay_worker
-from system.workers.replay_worker import SAVE_SPACING, ReplayWorker
+from system.workers.replay_worker import IDLE_WAIT_MS, SAVE_SPACING, ReplayWorker
 
 
 def _segments(steps: int, batch: int, start: float = 0.0) -> SampleBatch:
@@ -222,6 +222,22 @@ def test_the_rate_limiter_holds_the_actors_back_and_priorities_come_back():
     assert worker.buffer.limiter.inserted == 160  # sampling let every segment in
     assert served >= 10
     assert worker.buffer._max_priority >= 5.0  # priorities reached the buffer
+
+
+def test_held_back_by_the_rate_limiter_it_waits_for_a_request_instead_of_spinning():
+    """With a chunk it may not insert yet, only a trainer's request makes room: the worker
+    waits for one (it used to return at once, spinning a core the trainer needed)."""
+    worker, producer, _ = _worker(samples_per_insert=1.0, min_size=8)
+    for i in range(10):
+        producer.post("p", _segments(5, 4, start=100.0 * i))
+    worker.poll()
+    assert worker.held is not None and not worker.waiting
+    waits: list[int] = []
+    poll = worker.server.poll
+    worker.server.poll = lambda timeout_ms: waits.append(timeout_ms) or poll(timeout_ms)
+    assert worker.poll() == 0
+    assert waits == [0, IDLE_WAIT_MS]  # a look, then a wait for the next request
+    assert "stage/wait_requests" in worker.stages.take()  # where its time goes says so
 
 
 # ------------------------------------------------------------------------------ serial mode
