@@ -3,8 +3,10 @@
 A :class:`WatchedRun` is one ``troupe run EXPERIMENT overrides --run-dir DIR`` subprocess in a
 session of its own (so a signal to it reaches the controller and every worker, and the bench's own
 Ctrl+C does not). While it runs, the bench process reads ``metrics.jsonl`` as it grows and notes,
-on its own clock, when frames first arrived and when the evaluation first reached the target;
-and it samples the peak resident memory (``VmHWM``) of every process in the run's session.
+on its own clock, when frames first arrived, and how far the controller's clock (the records'
+``wall_s``) lags it; and it samples the peak resident memory (``VmHWM``) of every process in the
+run's session. A solved run's moment is the summary's ``wall_s_to_target`` (when the stopping
+rule found the target met, confirmed) moved onto the bench's clock.
 
 Every wait has a deadline. A run past its deadline is interrupted (SIGINT to its session: the
 controller stops in order), then killed if it does not exit; :func:`stop_all` does the same for
@@ -56,6 +58,7 @@ class RunResult:
     exit_s: float | None
     first_frames_s: float | None
     solved_s: float | None
+    """When the stopping rule found the target met (None: not solved)."""
     timed_out: bool
     records: list[dict[str, Any]] = field(default_factory=list, repr=False)
     summary: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -96,7 +99,9 @@ def watch_run(
     tail = _MetricsTail(run_dir / run_folder.METRICS)
     peaks: dict[int, float] = {}
     procs: dict[int, tuple[int, str]] = {}
-    first_frames = solved = None
+    first_frames = None
+    clock_offset: float | None = None
+    """The least seen (bench clock - record's wall_s): where the controller's clock starts."""
     timed_out = False
     next_memory = 0.0
     try:
@@ -105,9 +110,10 @@ def watch_run(
             for record in tail.read_new():
                 if first_frames is None and (record.get("env_frames") or 0) > 0:
                     first_frames = now - started
-                value = record.get("eval_return")
-                if solved is None and target is not None and value is not None and value >= target:
-                    solved = now - started
+                wall = record.get("wall_s")
+                if isinstance(wall, (int, float)):
+                    offset = now - started - wall
+                    clock_offset = offset if clock_offset is None else min(clock_offset, offset)
             if now >= next_memory:
                 next_memory = now + MEMORY_EVERY_S
                 _sample_session(process.pid, peaks, procs)
@@ -127,8 +133,7 @@ def watch_run(
     records = tail.records
     summary = _read_json(run_dir / run_folder.SUMMARY)
     workers = _read_json(run_dir / run_folder.WORKERS)
-    if solved is None and target is not None and summary.get("solved"):
-        solved = exit_s  # solved between two reads of the file, just before exiting
+    solved = _solved_s(summary, clock_offset, exit_s) if target is not None else None
     return RunResult(
         experiment=experiment,
         overrides=overrides,
@@ -328,6 +333,14 @@ def _labels(
         else:
             labels[pid] = "other"
     return labels
+
+
+def _solved_s(summary: dict[str, Any], clock_offset: float | None, exit_s: float) -> float | None:
+    """A solved run's moment on the bench's clock (the exit, where no record was read)."""
+    at = summary.get("wall_s_to_target")
+    if not summary.get("solved") or not isinstance(at, (int, float)):
+        return None
+    return exit_s if clock_offset is None else min(exit_s, clock_offset + at)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -81,6 +81,8 @@ class Controller:
         self.tally = Tally(config, observers=[self.coordination, self.callbacks])
         self.started = time.monotonic() - self.tally.continue_from(read_metrics(self.run_dir))
         self.stop_reason = ""
+        self.stopped_at: tuple[int, float] | None = None
+        """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""
         self.shape = ShapeResolver(config)
         # Served where the control socket listens: loopback for a local run, every interface
         # in a cluster's container.
@@ -146,6 +148,8 @@ class Controller:
             self.stop_reason = "trainer_steps"
         else:
             self.stop_reason = self.coordination.stop_reason()
+        if self.stop_reason:
+            self.stopped_at = (frames, time.monotonic() - self.started)
 
     def _finish(self) -> dict[str, Any]:
         self.folder.write(lambda: self._report(show=False))  # the last counts; no display
@@ -156,6 +160,7 @@ class Controller:
             self.run_dir,
             wall_s=time.monotonic() - self.started,
             stop_reason=self.stop_reason,
+            stopped_at=self.stopped_at,
             failure=self.supervisor.failure,
             evaluation=self.tally.evaluation,
             extra=self.coordination.summary(),

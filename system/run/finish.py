@@ -36,13 +36,15 @@ def finish_run(
     *,
     wall_s: float,
     stop_reason: str,
+    stopped_at: tuple[int, float] | None = None,
     failure: WorkerFailure | None,
     evaluation: EvaluationWindows,
     extra: dict[str, Any],
     write: Callable[[Callable[[], Any]], bool],
 ) -> dict[str, Any]:
     """Write the summary and plots with ``write`` (the controller's guard of the run folder);
-    ``extra``: what the coordination drivers add (curriculum stage, PBT, ratings)."""
+    ``stopped_at``: env frames and wall seconds when the stopping rule held; ``extra``: what
+    the coordination drivers add (curriculum stage, PBT, ratings)."""
     target = config.stop.eval_return
     solved = stop_reason in TARGET_REASONS
     failed_late = failure is not None and stop_reason != "failed"
@@ -52,6 +54,7 @@ def finish_run(
         wall_s=wall_s,
         target=target,
         stop_reason="failed" if failed_late else stop_reason,
+        solved_at=stopped_at if solved else None,
     )
     if failed_late:
         summary["stop_rule_met"] = stop_reason

@@ -133,6 +133,13 @@ def _first_reaching(records: list[dict[str, Any]], target: float | None) -> dict
     return None
 
 
+def _moment(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {"env_frames": _as_int(_number(record.get("env_frames"))),
+            "wall_s": _number(record.get("wall_s"))}  # fmt: skip
+
+
 def build_summary(
     records: list[dict[str, Any]],
     *,
@@ -140,12 +147,17 @@ def build_summary(
     wall_s: float,
     target: float | None,
     stop_reason: str,
+    solved_at: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
     """Derive the end-of-run summary from the metrics records.
 
     `trainer_steps` is the last "trainer_steps" value when the controller logs one, otherwise the
     sum over policies of the last "trainer/<name>/steps" values (None when neither is logged).
-    `frames_to_target` / `wall_s_to_target` come from the first evaluation reaching `target`.
+    `frames_to_target` / `wall_s_to_target`: `solved_at`, the env frames and wall seconds at
+    which the stopping rule found the target met (None for a run not solved). The first record
+    whose evaluation mean reached `target` (of any versions, not yet confirmed) is
+    `first_eval_at_target`: a lucky window comes sooner than a solved run, so it is never the
+    time to solve.
     """
     env_frames = _as_int(_last(records, "env_frames"))
     eval_returns = _values(records, "eval_return")
@@ -167,8 +179,9 @@ def build_summary(
         "final_eval_return": eval_returns[-1] if eval_returns else None,
         "best_episode_return": max(episode_returns) if episode_returns else None,
         "final_episode_return": episode_returns[-1] if episode_returns else None,
-        "frames_to_target": _as_int(_number(reached.get("env_frames"))) if reached else None,
-        "wall_s_to_target": _number(reached.get("wall_s")) if reached else None,
+        "frames_to_target": None if solved_at is None else int(solved_at[0]),
+        "wall_s_to_target": None if solved_at is None else round(float(solved_at[1]), 3),
+        "first_eval_at_target": _moment(reached),
         "policy_versions": {name: int(v) for name, v in versions.items()},
         "trainer_steps": _as_int(trainer_steps),
         "num_records": len(records),

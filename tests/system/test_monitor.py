@@ -276,7 +276,12 @@ def synthetic_records() -> list[dict]:
 
 def test_build_summary_derives_fields() -> None:
     summary = build_summary(
-        synthetic_records(), solved=True, wall_s=8.0, target=100.0, stop_reason="target reached"
+        synthetic_records(),
+        solved=True,
+        wall_s=8.0,
+        target=100.0,
+        stop_reason="target reached",
+        solved_at=(3900, 3.9),
     )
     assert summary == {
         "solved": True,
@@ -289,8 +294,10 @@ def test_build_summary_derives_fields() -> None:
         "final_eval_return": 90.0,
         "best_episode_return": 30.0,
         "final_episode_return": 25.0,
-        "frames_to_target": 3000,
-        "wall_s_to_target": 3.0,
+        # when the stopping rule held, not the first (perhaps lucky) window at the target
+        "frames_to_target": 3900,
+        "wall_s_to_target": 3.9,
+        "first_eval_at_target": {"env_frames": 3000, "wall_s": 3.0},
         "policy_versions": {"default": 4, "opponent": 2},
         "trainer_steps": 10,
         "num_records": 4,
@@ -301,7 +308,7 @@ def test_build_summary_prefers_logged_trainer_steps() -> None:
     records = [*synthetic_records(), {"trainer_steps": 99}]
     summary = build_summary(records, solved=False, wall_s=1.0, target=None, stop_reason="x")
     assert summary["trainer_steps"] == 99
-    assert summary["frames_to_target"] is None
+    assert summary["frames_to_target"] is None and summary["first_eval_at_target"] is None
 
 
 def test_build_summary_of_no_records() -> None:
