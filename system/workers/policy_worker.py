@@ -124,19 +124,31 @@ class PolicyWorker(Worker):
         return offset
 
     # ----------------------------------------------------------------- holding a version
-    def hold_evaluation(self, round_: int, version: int | None = None) -> int | None:
+    def hold_evaluation(
+        self, round_: int, version: int | None = None, *, or_loaded: bool = False
+    ) -> int | None:
         """Answer evaluation requests with one version until :meth:`release`: ``version`` (from
         the parameter service), or the one loaded now. Either is tagged :attr:`eval_tag` there
         first, so the service keeps it and writes its file. Returns the version held, or None
         if this worker cannot hold (no copy of the policy can be built; the stats say so, for
         the controller) or the service could not give or tag it (logged; no episode of the
-        round's version comes from this worker, and the controller's round ends for it)."""
+        round's version comes from this worker, and the controller's round ends for it).
+
+        ``or_loaded``: where the service no longer has ``version``, hold the loaded one instead
+        (said at INFO: a fast trainer's newest version, named when a round opens, is often gone
+        by the time the order arrives; the round then holds what the first worker held)."""
         if self.make_copy is None or self.params is None:
             self.cannot_hold = True
             return None
         try:
             checkpoint = self._checkpoint_to_hold(version)
-        except (ParameterNotFoundError, PeerTimeoutError) as e:
+        except ParameterNotFoundError as e:
+            if not or_loaded or version is None:
+                logger.warning("%s: cannot hold a version for evaluation: %s", self.worker_id, e)
+                return None
+            logger.info("%s: %s; holding the loaded version", self.worker_id, e)
+            return self.hold_evaluation(round_)
+        except PeerTimeoutError as e:
             logger.warning("%s: cannot hold a version for evaluation: %s", self.worker_id, e)
             return None
         if self._spare is None:

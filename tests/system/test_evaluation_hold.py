@@ -5,6 +5,8 @@ actor stamps on each episode."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from test_workers import CountingEnv, EchoPolicy, answer_all, eval_actor, request
 
@@ -130,7 +132,9 @@ def test_a_restarted_worker_takes_the_named_version_and_tags_nothing_else(tmp_pa
     assert store.tags("p")[EVAL_TAG] == 3 and not store.checkpoint_path("p", 4).exists()
 
 
-def test_a_round_holds_the_version_its_order_names_or_what_is_loaded_if_that_is_gone(tmp_path):
+def test_a_round_holds_the_version_its_order_names_or_what_is_loaded_if_that_is_gone(
+    tmp_path, caplog
+):
     """The controller names the trainer's newest version when a round opens: a worker that has
     not loaded it yet fetches it; one that cannot get it (the service let it go) holds its own,
     and says so, for the order to name that one instead."""
@@ -143,8 +147,11 @@ def test_a_round_holds_the_version_its_order_names_or_what_is_loaded_if_that_is_
     assert worker.held.version == 4 and worker.policy.version == 3 and worker.held_round == 1
     assert store.tags("p")[EVAL_TAG] == 4
     state.set(HOLD_KEY, {"policy": "p", "round": 2, "version": 99})  # gone from the service
-    follow()
-    follow()  # tried once: no second fetch, no second warning
+    with caplog.at_level(logging.INFO):
+        follow()
+        follow()  # tried once: no second fetch
     assert worker.held.version == 3 and worker.held_round == 2 and follow.tried == (2, 99)
+    said = [r for r in caplog.records if "no version 99" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO]  # the designed way, not a warning
     stats = worker.collect_stats()
     assert (stats["held_version"], stats["held_round"]) == (3, 2)

@@ -46,11 +46,11 @@ class EvaluationHold:
             return
         if round_ != self.round:
             self.round, self.tried = round_, None
-            if type(version) is int:
-                self.tried = (round_, version)  # one try: a failure is logged, once
-                if self.worker.hold_evaluation(round_, version) is not None:
-                    return
-            self.worker.hold_evaluation(round_)  # what is loaded now: the service has it
+            if type(version) is int:  # the trainer's newest, or what is loaded if it is gone
+                self.tried = (round_, version)
+                self.worker.hold_evaluation(round_, version, or_loaded=True)
+            else:
+                self.worker.hold_evaluation(round_)
             return
         held = self.worker.held
         other = type(version) is int and (held is None or held.version != version)
