@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from algorithm.modules.device_batch import on_device
-from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
 from api.trainer import Trainer, TrainerStepResult
@@ -131,12 +130,11 @@ class DQNTrainer(Trainer):
         self._steps += 1
         if self._steps % self.target_update_every == 0:
             self._policy.update_target(self.tau)
-        stats = {}
-        if batch.policy_version is not None:
-            stats = policy_lag_stats(self._policy.version, batch.policy_version, torch.ones_like(q))
+        # No policy lag: replayed samples are old by design. The trainer worker reports how
+        # old (``sample_age_versions``, from its replay source).
         self._policy.inc_version()
         self.priorities = error.detach().abs().reshape(-1).cpu().numpy()
-        stats.update(
+        stats = dict(
             loss=float(loss.detach()),
             q_mean=float(q.detach().mean()),
             target_mean=float(target.mean()),

@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from algorithm.modules.device_batch import on_device
-from algorithm.modules.policy_lag import policy_lag_stats
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
 from api.trainer import Trainer, TrainerStepResult
@@ -148,10 +147,9 @@ class SACTrainer(Trainer):
         for optimizer in self._optimizers:
             optimizer.step()
         self._policy.update_target(self.tau)
-        stats = {}
-        if batch.policy_version is not None:
-            ones = torch.ones_like(target)
-            stats = policy_lag_stats(self._policy.version, batch.policy_version, ones)
+        # No policy lag: replayed samples are old by design (the trainer worker reports their
+        # age, ``sample_age_versions``, from its replay source).
+        stats: dict[str, float] = {}
         self._policy.inc_version()
         self._steps += 1
         with torch.no_grad():

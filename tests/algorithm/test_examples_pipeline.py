@@ -41,4 +41,7 @@ def test_example_experiment_passes_the_pipeline_check(experiment):
         kind = TRAINER_STATS[experiment]
         assert kind in stats, (experiment, sorted(stats))
         assert stats[kind] >= -1e-6 if kind == "approx_kl" else stats[kind] > 0.0, stats
-        assert stats["policy_lag_max"] >= stats["policy_lag_mean"] >= 0.0
+        if experiment in ("cartpole-dqn", "pendulum-sac"):  # replayed: old by design, no lag
+            assert stats["sample_age_versions"] >= 0.0 and "policy_lag_mean" not in stats
+        else:
+            assert stats["policy_lag_max"] >= stats["policy_lag_mean"] >= 0.0
