@@ -10,16 +10,15 @@ Endpoint names are made in :mod:`system.roles`: a worker registers the names its
 :meth:`~WorkerPlan.endpoints` says it owns and looks up those its :meth:`~WorkerPlan.peers`
 gives; the controller forgets exactly the owned names when a worker restarts.
 
-What the runtime decides per role is said here too, on each plan class (whether serial mode
-builds it and in what order it polls it, whether its process imports torch, which peers it
-follows), so that serial mode and worker processes name no role: a new role is its plan class,
-its builder (:mod:`system.run.builders`) and its worker module.
+What the runtime decides per role is said on each plan class (whether serial mode builds and
+polls it, whether its process imports torch, which peers it follows, what a cluster mounts on
+it), so that no runtime names a role: a new role is its plan class, its builder
+(:mod:`system.run.builders`) and its worker module.
 
 Roles are open: a :class:`WorkerPlan` subclass with a ``role`` of its own is registered by
-defining it (:data:`PLAN_TYPES`), and says which workers of its kind a run has
-(:meth:`WorkerPlan.plans_for`, from the experiment's ``roles`` key). A module that defines one
-(with its builder, :func:`system.run.builders.register_builder`) goes in ``code.imports``, so that
-every process of the run, the controller's and each worker's, knows the role.
+defining it (:data:`PLAN_TYPES`) and plans its workers (:meth:`WorkerPlan.plans_for`, from the
+``roles`` key). The module that defines it (and its builder,
+:func:`system.run.builders.register_builder`) goes in ``code.imports``, for every process.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from system.roles import (
     trainer_group_endpoint,
 )
 
+FolderUse = Literal["", "read", "write"]
 PLAN_TYPES: dict[str, type[WorkerPlan]] = {}
 """Every role's plan class by role name: Troupe's own, and those of modules that define one."""
 
@@ -75,8 +75,7 @@ class Peers:
     follows each to its new address when the controller restarts the peer behind it."""
 
     parameters: list[str] | None = None
-    """The policies its parameter client subscribes to ([]: it only requests and publishes);
-    None: it has no parameter client."""
+    """Policies its parameter client subscribes to ([]: it only publishes; None: no client)."""
     replay_batches: str = ""
     """The replay worker it takes transition batches from (empty: none)."""
     inference: dict[str, str] = field(default_factory=dict)
@@ -87,8 +86,7 @@ class Peers:
 
 @dataclass(frozen=True)
 class SerialOptions:
-    """What a serial run is asked to do; each plan says from these whether serial mode builds it
-    (:meth:`WorkerPlan.in_serial`)."""
+    """What a serial run is asked to do (each plan's :meth:`WorkerPlan.in_serial` reads it)."""
 
     train: bool = True
     """Train: build the trainers and what feeds them (False: evaluate stored parameters)."""
@@ -120,13 +118,11 @@ class WorkerPlan:
     without it."""
     restartable: ClassVar[bool] = True
     """Whether the controller restarts this worker when it dies."""
-    run_folder: ClassVar[Literal["", "read", "write"]] = ""
-    """What it does with the run folder, so a cluster knows whom to mount it on: ``write``
-    (versions, a replay buffer saved at a stop: it gets a claim of its own with per-pod
-    storage), ``read`` (mounted only where the folder is shared), or nothing."""
+    run_folder: ClassVar[FolderUse] = ""
+    """Whom a cluster mounts the run folder on: ``write`` (with per-pod storage, a claim of its
+    own), ``read`` (only where the folder is shared), or nothing."""
     holds_run_state: ClassVar[bool] = False
-    """Whether losing it stops or sets back the run, so a cluster shields it from voluntary
-    eviction (the Kubernetes disruption budget)."""
+    """Losing it stops or sets back the run: a cluster shields it from voluntary eviction."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -135,9 +131,8 @@ class WorkerPlan:
 
     @classmethod
     def plans_for(cls, config: ExperimentConfig) -> list[WorkerPlan]:
-        """The workers of this role in ``config``, for a role defined outside Troupe (its
-        arguments are ``config.roles[role]``). Troupe's own roles are planned by
-        :func:`plan_workers` itself."""
+        """The workers of a role defined outside Troupe in ``config`` (its arguments are
+        ``config.roles[role]``); :func:`plan_workers` plans Troupe's own."""
         return []
 
     def endpoints(self) -> list[str]:
@@ -149,13 +144,12 @@ class WorkerPlan:
         return Peers()
 
     def torch_threads(self, config: ExperimentConfig) -> int:
-        """Threads torch runs this worker's operations on: one (inference on small batches
-        gains nothing from more, and the cores are the actors')."""
+        """Torch's threads: one (small batches gain nothing from more, and the cores are the
+        actors')."""
         return 1
 
     def in_serial(self, options: SerialOptions) -> WorkerPlan | None:
-        """This worker as serial mode builds it, or None where serial mode has none. By
-        default a worker serves training: serial mode builds it when it trains."""
+        """This worker as serial mode builds it (by default, when it trains), or None."""
         return self if options.train else None
 
     def to_wire(self) -> dict[str, Any]:
@@ -169,9 +163,8 @@ class ParameterServicePlan(WorkerPlan):
     poll_order: ClassVar[int] = 0  # never polled serially: see in_serial
     needs_torch: ClassVar[bool] = False
     restartable: ClassVar[bool] = True
-    """Every version is on disk before it is announced (``latest.ckpt``), so a restarted
-    service starts from the newest one; its peers are told its new address (``moved``)."""
-    run_folder: ClassVar[Literal["", "read", "write"]] = "write"
+    """It restarts from the newest version on disk; its peers are told its new address."""
+    run_folder: ClassVar[FolderUse] = "write"
     holds_run_state: ClassVar[bool] = True
 
     def endpoints(self) -> list[str]:
@@ -188,9 +181,7 @@ class TrainerPlan(WorkerPlan):
     stop_order: ClassVar[int] = 1
     poll_order: ClassVar[int] = 3
     needs_torch: ClassVar[bool] = True
-    run_folder: ClassVar[Literal["", "read", "write"]] = "read"
-    """It writes nothing there (its state goes to the parameter service); it reads an older
-    run's ``trainer.pt`` on resume where the folder is shared."""
+    run_folder: ClassVar[FolderUse] = "read"  # an older run's trainer.pt, on resume
     holds_run_state: ClassVar[bool] = True
     policy: str = ""
     """The policy this trainer trains."""
@@ -235,10 +226,8 @@ class ReplayPlan(WorkerPlan):
     """A restarted replay worker starts from the buffer saved at the last stop (a resumed run) or
     empty, and refills from the actors before it serves again (``replay.min_size``); its trainer
     and actors follow it to its new address (``moved``)."""
-    run_folder: ClassVar[Literal["", "read", "write"]] = "write"
-    """Its buffer is saved there at a stop."""
-    holds_run_state: ClassVar[bool] = True
-    """Evicted mid-run, it comes back empty and refills before its trainer trains again."""
+    run_folder: ClassVar[FolderUse] = "write"  # its buffer, saved at a stop
+    holds_run_state: ClassVar[bool] = True  # evicted, it comes back empty and refills
     policy: str = ""
     """The policy whose samples this buffer holds."""
 
