@@ -34,6 +34,7 @@ from system.run.plan import (
 )
 from system.run.serial import InprocWiring, serial_plans
 from system.run.worker_process import Placement, SocketWiring, _watch_peers
+from system.workers.batch_source import ReplaySource, SegmentSource
 
 
 def _describe(worker) -> dict:
@@ -49,12 +50,13 @@ def _describe(worker) -> dict:
             "paced": worker.pace is not None,
             "policies": sorted({s.policy for env in worker.slots for s in env}),
         }
-    if hasattr(worker, "batch_segments"):  # trainer
+    if hasattr(worker, "source"):  # trainer
+        source = worker.source
         out |= {
             "policy": worker.policy_name,
-            "batch_segments": worker.batch_segments,
-            "from_replay": worker.replay is not None,
-            "from_samples": worker.samples is not None,
+            "batch_segments": getattr(source, "batch_segments", None),
+            "from_replay": isinstance(source, ReplaySource),
+            "from_samples": isinstance(source, SegmentSource),
         }
     if hasattr(worker, "max_batch_rows"):  # policy worker
         out |= {"policy": worker.policy_name, "rows": worker.max_batch_rows}
@@ -145,7 +147,7 @@ def test_a_worker_process_follows_the_peers_its_plan_looks_up():
     wiring = SimpleNamespace(parameter_client=lambda subscribe: subscribe)
     chains = {}
     for plan in plan_workers(config):
-        worker = SimpleNamespace(worker_id=plan.worker_id, replay="its client")
+        worker = SimpleNamespace(worker_id=plan.worker_id, source=SimpleNamespace(stream="its"))
         watches = _watch_peers(None, wiring, plan.peers(config), worker)
         chains[plan.worker_id] = [type(w).__name__ for w in watches]
         for watch in watches:

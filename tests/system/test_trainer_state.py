@@ -29,7 +29,7 @@ from system.streams import validation, wire
 from system.streams.samples import InprocSampleHub
 from system.streams.validation import HEADROOM_BYTES
 from system.workers.trainer_group import GroupTrainerWorker
-from system.workers.trainer_worker import LEGACY_TRAINER_FILE, TrainerWorker
+from system.workers.trainer_worker import LEGACY_TRAINER_FILE, TrainerWorker, segment_source
 
 TIMEOUT_S = 10.0
 
@@ -61,13 +61,13 @@ class Served(ServedInThread):
 def trainer_worker(config, spaces, params, root, cls=TrainerWorker, seed=0) -> TrainerWorker:
     policy = builders.make_policy(config, "default", spaces, seed)
     hub = InprocSampleHub()
+    trainer = builders.make_trainer(config, "default", policy)
     worker = cls(
         "trainer/default/0",
         "default",
-        builders.make_trainer(config, "default", policy),
-        hub.consumer("default"),
+        trainer,
+        segment_source(hub.consumer("default"), "default", trainer, 4),
         params,
-        batch_segments=4,
         checkpoint_every=1,
         checkpoint_dir=root / "checkpoints",
     )
