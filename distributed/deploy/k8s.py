@@ -63,9 +63,9 @@ from distributed.deploy.sizing import (
     CONTROLLER,
     MEASURED,
     RoleNeeds,
+    component_plan,
     components,
     needs_of,
-    plan_type,
 )
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
@@ -237,7 +237,7 @@ def gpu_image(image: str) -> str:
 def runtime_components() -> tuple[str, ...]:
     """Pods whose eviction stops or sets back the run (the disruption budget's): the
     controller's, and those of every role whose plan says so (``WorkerPlan.holds_run_state``)."""
-    held = [c for c in components() if (plan := plan_type(c)) and plan.holds_run_state]
+    held = [c for c in components() if (plan := component_plan(c)) and plan.holds_run_state]
     return (CONTROLLER, *dict.fromkeys(held))
 
 
@@ -323,7 +323,7 @@ class _Builder:
         """Whether the component's pods mount the run folder: those that write there (each
         with a claim of its own with ``--storage pod``), and, where the folder is shared,
         those that only read it (``WorkerPlan.run_folder``)."""
-        plan = plan_type(component)
+        plan = component_plan(component)
         access = "" if plan is None else plan.run_folder
         return access == "write" or (access == "read" and self.o.storage != "pod")
 

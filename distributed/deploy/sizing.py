@@ -104,15 +104,13 @@ def needs_of(needs: Mapping[str, RoleNeeds], component: str) -> RoleNeeds:
     actor's."""
     if component in needs:
         return needs[component]
-    from system.run.plan import PLAN_TYPES
-
-    plan = PLAN_TYPES.get(component)
+    plan = component_plan(component)
     if plan is None:
         raise DeployError(f"no figures for '{component}': it is none of {', '.join(components())}")
     return needs["policy" if plan.needs_torch else "actor"]
 
 
-def plan_type(component: str) -> type[WorkerPlan] | None:
+def component_plan(component: str) -> type[WorkerPlan] | None:
     """The plan class of ``component``'s workers (None: the controller; ``eval``: actors')."""
     from system.run.plan import PLAN_TYPES
 

@@ -46,7 +46,8 @@ def is_custom(key: str) -> bool:
     return parts[0] == "custom" or per_policy
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A number of a record: an int or a float, not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -82,15 +83,15 @@ class EpisodeRecord:
     @classmethod
     def from_wire(cls, body: Any) -> EpisodeRecord:
         """Raises :class:`WireError` naming the entry that does not fit."""
-        if not (isinstance(body, dict) and _number(body.get("episode_return"))):
+        if not (isinstance(body, dict) and is_number(body.get("episode_return"))):
             raise WireError(f"an episode record needs a numeric episode_return, got {body!r}")
         started_at, env = body.get("started_at"), body.get("env")
-        if not (started_at is None or _number(started_at)):
+        if not (started_at is None or is_number(started_at)):
             raise WireError(f"an episode's started_at must be a number, got {started_at!r}")
         return cls(
             episode_return=float(body["episode_return"]),
             numbers={
-                str(k): float(v) for k, v in body.items() if _number(v) and k not in NOT_AVERAGED
+                str(k): float(v) for k, v in body.items() if is_number(v) and k not in NOT_AVERAGED
             },
             versions=_versions(body.get("versions", {})),
             seats=_seats(body.get("seats", [])),
@@ -135,7 +136,7 @@ def _seats(body: Any) -> tuple[Seat, ...]:
             isinstance(seat, (list, tuple))
             and len(seat) == 3
             and type(seat[1]) is int
-            and _number(seat[2])
+            and is_number(seat[2])
         ):
             raise WireError(f"an episode's seat must be [policy, version, return], got {seat!r}")
     return tuple(Seat(str(p), v, float(r)) for p, v, r in body)

@@ -24,7 +24,7 @@ from system import timing
 from system.errors import WireError
 from system.roles import Role, WorkerState
 from system.run.display import PolicyLine, Snapshot, WorkerLine
-from system.run.episodes import EpisodeRecord, EpisodeWindow, is_custom
+from system.run.episodes import EpisodeRecord, EpisodeWindow, is_custom, is_number
 from system.run.plan import WorkerPlan
 from system.run.stopping import EvaluationWindows, judged_policy
 from system.run.supervisor import WorkerRecord
@@ -57,9 +57,9 @@ class WorkerStats:
     @classmethod
     def from_heartbeat(cls, stats: dict[str, Any]) -> WorkerStats:
         """Raises :class:`WireError` naming the field that does not fit."""
-        timed = {k: float(v) for k, v in stats.items() if _number(v)}
+        timed = {k: float(v) for k, v in stats.items() if is_number(v)}
         rest = timing.without_timing(stats)
-        numbers = {k: v for k, v in rest.items() if _number(v)}
+        numbers = {k: v for k, v in rest.items() if is_number(v)}
         return cls(
             env_frames=_count(rest, "env_frames"),
             eval_env_frames=_count(rest, "eval_env_frames"),
@@ -71,10 +71,6 @@ class WorkerStats:
             timing={k: v for k, v in timed.items() if k not in rest},
             flags={k: v for k, v in rest.items() if isinstance(v, bool)},
         )
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _float_or_none(value: int | float | None) -> float | None:
