@@ -1,22 +1,23 @@
 """Self-play on a PettingZoo classic game: the learner against its own past versions.
 
 ``connect4-selfplay`` trains ``main`` (actor-critic, PPO with an entropy bonus of 0.03; two 3x3
-convolutions of 32 channels over the board's piece planes, then an MLP of 256 and 256, made
-left-right symmetric by ``mirror_actions``) on connect four. Every episode the
-``self-play`` policy mapping seats ``main`` first or second (alternately) and draws the other
-seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers play snapshots of
-``main`` (every 5th version joins a pool of the last 20; every 5 seconds each worker draws the
-newest one half the time, else one uniformly, and makes a random legal move instead of the
+convolutions of 32 channels over the board's piece planes, then an MLP of 256 and 256, one body
+for the policy and the value, made left-right symmetric by ``mirror_actions``) on connect four.
+Every episode the ``self-play`` policy mapping seats ``main`` first or second (alternately) and
+draws the other seat: mostly ``past``, a frozen copy of ``main``'s network whose policy workers play
+snapshots of ``main`` (every 5th version joins a pool of the last 20; every 5 seconds each worker
+draws the newest one half the time, else one uniformly, and makes a random legal move instead of the
 snapshot's one time in ten, so that odd moves keep being met), and sometimes ``main`` itself
 (in both seats). Neither scripted policy is ever trained against: evaluation actors play ``main``
 greedily against ``random`` (uniform over legal columns) and ``heuristic`` (win, else block, else
 the centre); ``main``'s mean return in those games is the evaluation return (``evaluation.policy``),
 and the metrics report ``eval/result/main_vs_random`` and ``eval/result/main_vs_heuristic`` (1 a
-win, 0.5 a draw) over the last 300 such games. Each evaluation window of 300 games is played by
-one version of ``main`` (``system.run.stopping``), so the version the run stops on is one that
-met the target itself: ``summary.json``'s ``solved_version``, what ``troupe eval`` plays. A game
-returns at most 1 (``stop.max_return``), so a window ends as soon as its version can no longer
-reach the target; most versions lose within a few games and the run judges nearly every one.
+win, 0.5 a draw) over the last 300 such games, played on 30 boards at up to 600 frames/s (large
+batches for the policy workers). Each evaluation window of 300 games is played by one version of
+``main`` (``system.run.stopping``), so the version the run stops on is one that met the target
+itself: ``summary.json``'s ``solved_version``, what ``troupe eval`` plays. A game returns at most
+1 (``stop.max_return``), so a window ends as soon as its version can no longer reach the target;
+most versions lose within a few games, and the run judges about a third of them.
 ``ratings.json`` in the run folder rates every snapshot met, and ``win_rates.png`` plots every
 matchup's score.
 
@@ -42,6 +43,7 @@ _NETWORK = dict(
     hidden_sizes=[256, 256],
     activation="relu",
     grid_channels=[32, 32],
+    shared_backbone=True,  # one body for actor and critic: half the CPU a frame (BENCHMARKS.md)
     mirror_actions=[6, 5, 4, 3, 2, 1, 0],  # the game reflected left to right is the same game
 )
 _PPO = dict(
@@ -82,9 +84,9 @@ def connect4_selfplay() -> ExperimentConfig:
         **_training_league(),
         evaluation=EvaluationConfig(
             workers=1,
-            envs_per_worker=8,
+            envs_per_worker=30,  # 10 games each a window; large batches for the policy workers
             episodes=300,  # about 150 games against `random`: a version at 95% rarely passes
-            max_fps=1500.0,
+            max_fps=600.0,
             policy="main",
             policy_mapping=ComponentConfig(
                 "self-play", dict(learner="main", opponents=["random", "heuristic"], seed=1)
@@ -115,7 +117,7 @@ def selfplay(
     at that greedy mean return against ``random`` (1 a win, -1 a loss; default: none);
     ``frames``: at most (default 2M)."""
     grid = _is_grid(env, dict(env_args or {}))
-    network = dict(hidden_sizes=[256, 256], activation="relu")
+    network = dict(hidden_sizes=[256, 256], activation="relu", shared_backbone=True)
     if grid:
         network["grid_channels"] = [32, 32]
     return ExperimentConfig(
@@ -133,9 +135,9 @@ def selfplay(
         **_training_league(),
         evaluation=EvaluationConfig(
             workers=1,
-            envs_per_worker=8,
+            envs_per_worker=20,  # 10 games each a window
             episodes=200,
-            max_fps=1500.0,
+            max_fps=600.0,
             policy="main",
             policy_mapping=ComponentConfig(
                 "self-play", dict(learner="main", opponents=["random"], seed=1)
