@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from algorithm.modules.adam import load_adam_state, make_adam
 from algorithm.modules.device_batch import on_device
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
@@ -97,7 +98,7 @@ class DQNTrainer(Trainer):
         self.target_update_every = target_update_every
         self.huber_delta, self.max_grad_norm = huber_delta, max_grad_norm
         self._params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, foreach=True)
+        self.optimizer = make_adam(self._params, fused=True, lr=lr, eps=adam_eps)
         self._steps = 0
         self.priorities: np.ndarray | None = None
         """``[B]`` new priorities (absolute TD errors) of the last step's batch."""
@@ -153,5 +154,5 @@ class DQNTrainer(Trainer):
         return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        load_adam_state(self.optimizer, checkpoint["optimizer"])
         self._steps = int(checkpoint["steps"])

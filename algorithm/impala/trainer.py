@@ -81,8 +81,8 @@ class ImpalaTrainer(ActorCriticTrainer):
         lr_schedule: ``"constant"`` or ``"linear"`` (to zero at ``total_steps`` trainer steps).
         total_steps: trainer steps of the whole run; needed by the linear schedule.
         adam_eps: Adam's epsilon.
-        fused_adam: Adam's fused kernel (faster steps, slower first step; see
-            ``algorithm.modules.actor_critic_trainer.adam_impl``).
+        fused_adam: Adam's fused kernel (faster steps; see
+            ``algorithm.modules.adam.adam_impl``).
         seed: seeds the split of segments into minibatches (None: from torch's seed).
     """
 

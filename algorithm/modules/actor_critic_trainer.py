@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from algorithm.modules.adam import load_adam_state, make_adam
 from api.policy import Policy
 from api.trainer import Trainer
 
@@ -40,29 +41,6 @@ def masked_mean(mask: torch.Tensor | None):
     return mean
 
 
-def adam_impl(params: list[torch.Tensor], fused: bool) -> dict[str, bool]:
-    """How Adam runs: ``foreach`` (a few kernels for all parameters), or ``fused`` (one) when
-    asked and this torch has it for the parameters' device and dtype (CPU since torch 2.4).
-
-    All compute the default per-parameter loop's update up to float rounding; that loop, the
-    CPU's default, costs more than the update itself for small nets. Fused is faster still
-    (measured 59 against 170 us a step for cartpole-ppo's nets) but its first step imports
-    torch's compiler stack, 0.8 s on an idle core and seconds while a run's other workers start:
-    that delays the first weights every policy worker waits for, so it is opt-in.
-    """
-    if not fused:
-        return {"fused": False, "foreach": True}
-    for dtype, device in {(p.dtype, p.device) for p in params}:
-        probe = torch.zeros(1, dtype=dtype, device=device, requires_grad=True)
-        probe.grad = torch.zeros_like(probe)
-        try:
-            # older torch refuses in the constructor, newer ones on the first step
-            torch.optim.Adam([probe], fused=True).step()
-        except RuntimeError:
-            return {"fused": False, "foreach": True}
-    return {"fused": True, "foreach": False}
-
-
 class ActorCriticTrainer(Trainer):
     """Base of :class:`~algorithm.ppo.trainer.PPOTrainer` and
     :class:`~algorithm.impala.trainer.ImpalaTrainer`; a subclass implements ``step``.
@@ -76,7 +54,8 @@ class ActorCriticTrainer(Trainer):
         lr_schedule: ``"constant"`` or ``"linear"`` (to zero at ``total_steps`` trainer steps).
         total_steps: trainer steps of the whole run; needed by the linear schedule.
         adam_eps: Adam's epsilon.
-        fused_adam: Adam's fused kernel (faster steps, slower first step; see :func:`adam_impl`).
+        fused_adam: Adam's fused kernel (faster steps; see
+            :func:`algorithm.modules.adam.adam_impl`).
         seed: seeds the minibatch shuffling (None: derived from torch's current seed, so a run
             that seeds torch before building its trainer shuffles reproducibly).
     """
@@ -112,8 +91,7 @@ class ActorCriticTrainer(Trainer):
         self.lr, self.lr_schedule, self.total_steps = lr, lr_schedule, total_steps
         self.minibatches, self.max_grad_norm = minibatches, max_grad_norm
         self._params = [p for p in policy.parameters() if p.requires_grad]
-        self._adam_impl = adam_impl(self._params, fused_adam)
-        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, **self._adam_impl)
+        self.optimizer = make_adam(self._params, fused_adam, lr=lr, eps=adam_eps)
         self._steps = 0
         self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
 
@@ -172,10 +150,5 @@ class ActorCriticTrainer(Trainer):
         return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint["optimizer"]
-        # A group's settings come from the checkpoint, implementation flags included; keep the
-        # implementation that works here (the checkpoint may come from another torch or
-        # device). Set before loading: fused Adam needs its step counters cast for it.
-        groups = [{**group, **self._adam_impl} for group in state["param_groups"]]
-        self.optimizer.load_state_dict({**state, "param_groups": groups})
+        load_adam_state(self.optimizer, checkpoint["optimizer"])
         self._steps = int(checkpoint["steps"])

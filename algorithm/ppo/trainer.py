@@ -93,8 +93,8 @@ class PPOTrainer(ActorCriticTrainer):
         lr_schedule: ``"constant"`` or ``"linear"`` (to zero at ``total_steps`` trainer steps).
         total_steps: trainer steps of the whole run; needed by the linear schedule.
         adam_eps: Adam's epsilon.
-        fused_adam: Adam's fused kernel (faster steps, slower first step; see
-            ``algorithm.modules.actor_critic_trainer.adam_impl``).
+        fused_adam: Adam's fused kernel (faster steps; see
+            ``algorithm.modules.adam.adam_impl``).
         vtrace: V-trace value targets and advantages instead of GAE (see the module docstring).
         rho_bar: V-trace's clip of the importance weights in the targets and advantages. The
             traces also decay by ``gae_lambda``: on on-policy data the value targets are GAE's

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from algorithm.modules.adam import load_adam_state, make_adam
 from algorithm.modules.device_batch import on_device
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
@@ -103,11 +104,10 @@ class SACTrainer(Trainer):
         self.target_entropy = -float(policy.act_dim) if target_entropy is None else target_entropy
         device = getattr(policy, "device", torch.device("cpu"))
         self.log_alpha = torch.tensor(math.log(initial_alpha), device=device, requires_grad=True)
-        adam = dict(foreach=True)  # a few kernels for all parameters, not a loop over them
         actor, critics = list(policy.actor_parameters()), list(policy.critic_parameters())
-        self.actor_optimizer = torch.optim.Adam(actor, lr=actor_lr, **adam)
-        self.critic_optimizer = torch.optim.Adam(critics, lr=critic_lr, **adam)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=alpha_lr)
+        self.actor_optimizer = make_adam(actor, fused=True, lr=actor_lr)
+        self.critic_optimizer = make_adam(critics, fused=True, lr=critic_lr)
+        self.alpha_optimizer = make_adam([self.log_alpha], fused=True, lr=alpha_lr)
         self._optimizers = [self.actor_optimizer, self.critic_optimizer]
         if learn_alpha:
             self._optimizers.append(self.alpha_optimizer)
@@ -176,9 +176,8 @@ class SACTrainer(Trainer):
         }
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(checkpoint["critic_optimizer"])
-        self.alpha_optimizer.load_state_dict(checkpoint["alpha_optimizer"])
+        for name in ("actor", "critic", "alpha"):
+            load_adam_state(getattr(self, f"{name}_optimizer"), checkpoint[f"{name}_optimizer"])
         with torch.no_grad():
             self.log_alpha.copy_(torch.as_tensor(checkpoint["log_alpha"]))
         self._steps = int(checkpoint["steps"])
