@@ -78,11 +78,22 @@ class RequestChannel:
 
     def request(self, kind: str, body: dict, timeout_s: float, deadline: float) -> dict:
         """Send a request and wait for its reply's body; a refusal raises the error it names."""
+        return self.answer(self.send(kind, body, timeout_s), kind, timeout_s, deadline)
+
+    def send(self, kind: str, body: dict, timeout_s: float, *, copy: bool = False) -> int:
+        """Send a request without waiting; its id, for :meth:`answer`. ``copy``: ZeroMQ copies
+        the arrays now (the caller may change them before the reply)."""
         request_id = next(self._ids)
         try:
-            transport.send(self.socket, kind, {**body, "id": request_id}, flags=zmq.NOBLOCK)
+            transport.send(
+                self.socket, kind, {**body, "id": request_id}, flags=zmq.NOBLOCK, copy=copy
+            )
         except zmq.Again:
             self.timed_out(kind, timeout_s)
+        return request_id
+
+    def answer(self, request_id: int, kind: str, timeout_s: float, deadline: float) -> dict:
+        """Wait for the reply to a request sent; a refusal raises the error it names."""
         reply = self.await_reply(request_id, kind, timeout_s, deadline)
         if reply.kind == "error":
             error = REMOTE_ERRORS.get(reply.body.get("type"), OperationalError)

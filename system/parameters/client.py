@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -40,6 +41,17 @@ from system.streams import shm, wire
 from system.streams.validation import TRAINER_STATE_VALUES
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Outstanding:
+    """A publish sent without waiting for its answer (:meth:`ParameterClient.publish_nowait`)."""
+
+    request_id: int
+    layout: dict | None
+    """Its shared-memory file, if it went through one."""
+    timeout_s: float
+    deadline: float
 
 
 class ParameterClient(ParameterClientBase):
@@ -106,6 +118,7 @@ class ParameterClient(ParameterClientBase):
             max_message_bytes=max_message_bytes,
             abandon=abandon,
         )
+        self._outstanding: _Outstanding | None = None
         self.pushes: PushSubscription | None = None
         if subscribed:
             self.pushes = PushSubscription(
@@ -140,6 +153,7 @@ class ParameterClient(ParameterClientBase):
         self, policy, version, params, *, persist=False, trainer_state=None,
         timeout_s=DEFAULT_TIMEOUT_S,
     ):  # fmt: skip
+        self.settle()
         deadline = time.monotonic() + timeout_s
         state = trainer_state
         socket_request = Publish(policy, version, persist, params=params, trainer_state=state)
@@ -163,6 +177,49 @@ class ParameterClient(ParameterClientBase):
         request = socket_request
         self.channel.request(request.kind, request.body(), timeout_s, deadline)
 
+    def publish_nowait(self, policy, version, params, *, timeout_s=DEFAULT_TIMEOUT_S):
+        self.settle()
+        deadline = time.monotonic() + timeout_s
+        self._learn_shm(deadline, timeout_s)
+        layout = self.link.write(policy, version, params, False)
+        if layout is None:
+            request = Publish(policy, version, False, params=params)
+        else:
+            request = Publish(policy, version, False, shm=layout)
+        try:  # copied into ZeroMQ now: the trainer's next step may change the arrays
+            request_id = self.channel.send(request.kind, request.body(), timeout_s, copy=True)
+        except BaseException:
+            if layout is not None:
+                self.link.discard(layout)
+            raise
+        self._outstanding = _Outstanding(request_id, layout, timeout_s, deadline)
+
+    def settle(self) -> None:
+        """Take the answer to the publish sent without waiting; its deadline ran from when it
+        was sent, so an answer that is already late is not waited for again. A shared-memory
+        file the service refused is given up (the version is lost, the next goes over the
+        socket), as :meth:`publish` falls back."""
+        pending, self._outstanding = self._outstanding, None
+        if pending is None:
+            return
+        layout = pending.layout
+        try:
+            self.channel.answer(pending.request_id, "publish", pending.timeout_s, pending.deadline)
+        except PeerTimeoutError:
+            raise  # the service may have taken the file; else it removes it in time
+        except WireError as e:
+            if layout is None:
+                raise
+            self.link.discard(layout)
+            self.link.failed(f"the parameter service refused a shared-memory file: {e}")
+            return
+        except BaseException:
+            if layout is not None:
+                self.link.discard(layout)
+            raise
+        if layout is not None:
+            self.link.published(layout)
+
     def _check_size(self, request: Publish) -> None:
         """A publish carrying a trainer's state over the service's size limit would be dropped
         by ZeroMQ without a word (and time out): refuse it here, saying why. Checked as if the
@@ -182,6 +239,7 @@ class ParameterClient(ParameterClientBase):
             )
 
     def trainer_state(self, policy, *, timeout_s=DEFAULT_TIMEOUT_S):
+        self.settle()  # its answer comes first on the channel
         request = GetTrainerState(check_policy_name(policy))
         deadline = time.monotonic() + timeout_s
         body = self.channel.request(request.kind, request.body(), timeout_s, deadline)
@@ -193,10 +251,12 @@ class ParameterClient(ParameterClientBase):
         return version, state
 
     def tag(self, policy, version, tag, *, timeout_s=DEFAULT_TIMEOUT_S):
+        self.settle()  # its answer comes first on the channel
         request = Tag(policy, version, tag)
         self.channel.request(request.kind, request.body(), timeout_s, time.monotonic() + timeout_s)
 
     def get(self, policy, version=LATEST, *, timeout_s=DEFAULT_TIMEOUT_S):
+        self.settle()  # its answer comes first on the channel
         request = Get(policy, version)
         deadline = time.monotonic() + timeout_s
         body = self.channel.request(request.kind, request.body(), timeout_s, deadline)

@@ -62,6 +62,20 @@ class ParameterPublisher(ParameterReader):
         ``trainer_state`` (with ``persist``): the trainer's own state at this version, as
         :func:`system.parameters.trainer_state.to_wire` gives it, saved beside the checkpoint."""
 
+    def publish_nowait(
+        self, policy: str, version: int, params: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        """Send ``version`` of ``policy`` (not persisted) and return without waiting for the
+        answer: the next call on this publisher takes it (or :meth:`settle`), and raises what
+        :meth:`publish` would have raised. A trainer sending a version every few steps need
+        not wait out each round trip, which on a busy machine includes the service's turn on
+        a core. ``params`` may change as soon as this returns. By default: :meth:`publish`."""
+        self.publish(policy, version, params, timeout_s=timeout_s)
+
+    def settle(self) -> None:
+        """Wait for the answer to a :meth:`publish_nowait` still outstanding, if one is."""
+        return None
+
     @abc.abstractmethod
     def trainer_state(
         self, policy: str, *, timeout_s: float = DEFAULT_TIMEOUT_S

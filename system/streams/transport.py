@@ -28,15 +28,18 @@ def send(
     *,
     flags: int = 0,
     envelope: Sequence[bytes] = (),
+    copy: bool = False,
 ) -> None:
     """Encode and send one message: ``[*envelope, b"", header, *arrays]``.
 
-    Large array frames go without a copy (see the module docstring for the rule this imposes).
+    Large array frames go without a copy (see the module docstring for the rule this imposes)
+    unless ``copy``: then ZeroMQ has its own copy when this returns, and the sender may change
+    the arrays at once (a message that is not waited for).
     """
     frames = [*envelope, b"", *encode(kind, body)]
     # Zero-copy has a fixed cost per frame (a tracked zmq.Frame); it only pays for large ones.
     large = any(_nbytes(f) >= ZERO_COPY_THRESHOLD for f in frames)
-    socket.send_multipart(frames, flags=flags, copy=not large)
+    socket.send_multipart(frames, flags=flags, copy=copy or not large)
 
 
 def _nbytes(frame: Any) -> int:

@@ -206,16 +206,21 @@ class TrainerWorker(Worker):
                            self.trainer.policy.version, e)  # fmt: skip
 
     def _publish(self, persist: bool) -> None:
-        """A persisted version takes the trainer's own state along (see the module doc)."""
+        """A persisted version takes the trainer's own state along (see the module doc) and is
+        waited for. Any other goes without waiting for the service's answer, which the next
+        publish takes (and raises what it raised): on a busy 2-core machine, waiting took 13%
+        of cartpole-dqn's trainer, a version every 10 steps."""
         policy = self.trainer.policy
-        state = trainer_state.to_wire(self.trainer.get_checkpoint()) if persist else None
-        self.params.publish(
-            self.policy_name,
-            policy.version,
-            policy.get_checkpoint(),
-            persist=persist,
-            trainer_state=state,
-        )
+        if not persist:
+            self.params.publish_nowait(self.policy_name, policy.version, policy.get_checkpoint())
+        else:
+            self.params.publish(
+                self.policy_name,
+                policy.version,
+                policy.get_checkpoint(),
+                persist=True,
+                trainer_state=trainer_state.to_wire(self.trainer.get_checkpoint()),
+            )
         self._published, self._retry_at = True, 0.0
         self._owed_persist = self._owed_persist and not persist
 
@@ -239,6 +244,10 @@ class TrainerWorker(Worker):
 
     def on_stop(self) -> None:
         """Persist the final version, so the run folder ends with its last parameters."""
+        try:
+            self.params.settle()  # an earlier version's answer: what it says stops nothing
+        except PeerTimeoutError as e:
+            logger.warning("%s: an earlier version was not published: %s", self.worker_id, e)
         self._publish(persist=True)  # no service to take it is an error worth reporting
 
     def restore(self, policy_checkpoint: dict[str, Any] | None) -> None:

@@ -908,3 +908,67 @@ def test_a_full_disk_is_a_run_folder_error_naming_the_file_and_leaves_no_tmp(tmp
     with pytest.raises(RunFolderError, match=r"cannot write .*latest\.ckpt: .*; "):
         store.publish("p", 1, {"w": np.zeros(3, np.float32)})
     assert store.latest_version("p") is None  # not durable: not published, not announced
+
+
+# ------------------------------------------------------------ publishing without waiting
+def test_a_publish_not_waited_for_is_stored_and_pushed(service):
+    client, marker = service.client, [0]
+    for v in (1, 2, 3):
+        client.publish_nowait("p", v, params(v), timeout_s=TIMEOUT_S)  # settles the one before
+    client.settle()
+    assert client.get("p", timeout_s=TIMEOUT_S)[0] == 3
+    flush_pushes(client, marker)
+    assert service.server.stats["errors"] == 0
+    assert client.stats["stale_replies"] == 0  # every answer went to the publish it answered
+
+
+def test_what_a_publish_not_waited_for_raised_comes_with_the_next_call(service):
+    client = service.client
+    client.publish("p", 2, params(2), timeout_s=TIMEOUT_S)
+    client.publish_nowait("p", 1, params(1), timeout_s=TIMEOUT_S)  # older: refused, later
+    with pytest.raises(VersionError, match="policy 'p' is already at version 2"):
+        client.publish_nowait("p", 3, params(3), timeout_s=TIMEOUT_S)
+    client.publish_nowait("p", 3, params(3), timeout_s=TIMEOUT_S)  # said once, then goes on
+    assert client.get("p", timeout_s=TIMEOUT_S)[0] == 3
+
+
+def test_arrays_changed_after_a_publish_not_waited_for_do_not_change_the_version():
+    """The trainer's next step may write the arrays it published. A large array, which the
+    socket would send without a copy, is copied before ``publish_nowait`` returns: here the
+    message waits in the client's queue (the service is not listening yet) while the array
+    changes, and the service still receives the values published."""
+    with socket.socket() as probe:  # a free port, not listening until the array has changed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = ParameterClient(f"tcp://127.0.0.1:{port}", shm=False)
+    weights = np.zeros(1 << 18, np.float32)  # 1 MiB: far over the zero-copy threshold
+    service = None
+    try:
+        client.publish_nowait("p", 1, {"w": weights}, timeout_s=TIMEOUT_S)
+        weights += 7.0
+        service = transport.socket_options(transport.context().socket(zmq.ROUTER))
+        service.bind(f"tcp://127.0.0.1:{port}")
+        _, message = transport.recv(service, timeout_ms=int(TIMEOUT_S * 1000), copy=True)
+        assert message.kind == "publish" and message.body["version"] == 1
+        assert float(np.abs(np.asarray(message.body["params"]["w"])).max()) == 0.0
+    finally:
+        client.close()
+        if service is not None:
+            service.close(linger=0)
+
+
+def test_a_publish_not_waited_for_times_out_when_settled_not_when_sent():
+    ctx = transport.context()
+    silent = transport.socket_options(ctx.socket(zmq.ROUTER))
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    client = ParameterClient(f"tcp://127.0.0.1:{port}", shm=False)
+    try:
+        start = time.monotonic()
+        client.publish_nowait("p", 1, params(1), timeout_s=0.2)
+        assert time.monotonic() - start < 0.15  # sent, not waited for
+        with pytest.raises(PeerTimeoutError, match=r"did not answer 'publish' within 0.2s"):
+            client.settle()
+        client.settle()  # nothing outstanding any more
+    finally:
+        client.close()
+        silent.close(linger=0)

@@ -166,6 +166,9 @@ class _NoParams:
     def publish(self, *args, **kwargs) -> None:
         pass
 
+    publish_nowait = publish
+    settle = publish
+
 
 def test_pace_holds_a_loop_to_its_rate(monkeypatch):
     clock = [100.0]
