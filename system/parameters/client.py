@@ -6,7 +6,8 @@ poll, over sockets.
 :class:`~system.parameters.channel.RequestChannel` (requests and replies), a
 :class:`~system.parameters.subscription.PushSubscription` (pushes, when subscribed) and a
 :class:`~system.parameters.shm_link.ShmLink` (the service's shared memory, on its host). Each
-publish is encoded once, into a shared-memory file or onto the socket.
+publish is encoded once, into a shared-memory file or onto the socket. A trainer's routine
+versions go by :meth:`ParameterClient.publish_nowait`: sent, and answered at the next call.
 """
 
 from __future__ import annotations
