@@ -245,8 +245,8 @@ class TrainerWorker(Worker):
     def on_stop(self) -> None:
         """Persist the final version, so the run folder ends with its last parameters."""
         try:
-            self.params.settle()  # an earlier version's answer: what it says stops nothing
-        except PeerTimeoutError as e:
+            self.params.settle()  # an earlier version's answer: it must not stop the last one
+        except Exception as e:  # the final publish below reports its own errors
             logger.warning("%s: an earlier version was not published: %s", self.worker_id, e)
         self._publish(persist=True)  # no service to take it is an error worth reporting
 

@@ -15,7 +15,7 @@ from api.errors import ConfigError, PipelineCheckError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
-from system.errors import EnvironmentFailure, NonFiniteLossError
+from system.errors import EnvironmentFailure, NonFiniteLossError, VersionError
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.roles import Role
@@ -355,3 +355,37 @@ def test_each_worker_class_plays_the_role_of_its_plan():
     assert all(PLAN_TYPES[role.value].role is role for role in workers)
     assert {role: cls.role for role, cls in workers.items()} == {r: r for r in workers}
     assert all(isinstance(cls.role, Role) for cls in workers.values())  # the enum, no literals
+
+
+class _RefusingLater(InprocParameterService):
+    """Stores like the in-process service, but an answer to a version sent without waiting
+    comes as a refusal, raised by the next call (as the socket client does)."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.refusal: Exception | None = None
+
+    def publish_nowait(self, policy, version, params, *, timeout_s=5.0):
+        self.settle()
+        self.refusal = VersionError(f"policy '{policy}' refused version {version}")
+
+    def settle(self):
+        refusal, self.refusal = self.refusal, None
+        if refusal is not None:
+            raise refusal
+
+
+def test_a_refused_routine_version_does_not_stop_the_final_checkpoint(caplog, tmp_path):
+    samples, store = InprocSampleHub(), ParameterStore(tmp_path)
+    trainer = StubTrainer(EchoPolicy())
+    source = segment_source(samples.consumer("p"), "p", trainer, 1)
+    params = _RefusingLater(store)
+    worker = TrainerWorker("t", "p", trainer, source, params, checkpoint_every=0, publish_every=100)
+    samples.producer().post("p", segment())
+    assert worker.poll() == 1  # the initial version went without waiting; its refusal waits
+    assert params.refusal is not None and store.latest_version("p") is None
+    with caplog.at_level("WARNING"):
+        worker.on_stop()
+    assert store.latest_version("p") == 1  # the final version, waited for
+    assert store.checkpoint_path("p", 1).is_file()
+    assert any("an earlier version was not published" in r.getMessage() for r in caplog.records)
