@@ -18,11 +18,11 @@ def adam_impl(params: list[torch.Tensor], fused: bool) -> dict[str, bool]:
     """How Adam runs: ``foreach`` (a few kernels for all parameters), or ``fused`` (one) when
     asked and this torch has it for the parameters' device and dtype (CPU since torch 2.4).
 
-    With torch 2.13 the first step of any Adam imports torch's compiler stack (0.9 s on an idle
-    core), fused or not, so ``fused`` costs nothing extra there. The off-policy trainers (DQN,
-    SAC) ask for it: their first step comes once the replay buffer is warm, long after the first
-    weights. PPO and IMPALA keep ``foreach`` unless asked (``fused_adam``); their figures in
-    BENCHMARKS.md were measured with it.
+    With torch 2.13, building any Adam imports torch's compiler stack (0.97-0.99 s on an idle
+    core, whichever implementation: measured), and the first step then takes 1-3 ms, so
+    ``fused`` (and its probe) costs nothing extra at start-up. The off-policy trainers (DQN,
+    SAC) ask for it. PPO and IMPALA keep ``foreach`` unless asked (``fused_adam``); their
+    figures in BENCHMARKS.md were measured with it.
     """
     if not fused:
         return {"fused": False, "foreach": True}
