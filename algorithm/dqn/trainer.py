@@ -119,10 +119,8 @@ class DQNTrainer(Trainer):
             bootstrap = out.next_q_target.gather(-1, best)
             target = batch.reward.float() + batch.discount.float() * bootstrap
         q = out.q.gather(-1, out.action.reshape(-1, 1))
-        error = q - target
-        weight = torch.ones_like(q) if batch.weight is None else batch.weight.float()
         huber = F.huber_loss(q, target, reduction="none", delta=self.huber_delta)
-        loss = (weight * huber).mean()
+        loss = huber.mean() if batch.weight is None else (batch.weight.float() * huber).mean()
         for p in self._params:
             p.grad = None
         loss.backward()
@@ -134,21 +132,21 @@ class DQNTrainer(Trainer):
         # No policy lag: replayed samples are old by design. The trainer worker reports how
         # old (``sample_age_versions``, from its replay source).
         self._policy.inc_version()
-        self.priorities = error.detach().abs().reshape(-1).cpu().numpy()
-        stats = dict(
-            loss=float(loss.detach()),
-            q_mean=float(q.detach().mean()),
-            target_mean=float(target.mean()),
-            td_abs_mean=float(self.priorities.mean()),
-            grad_norm=grad_norm,
-        )
+        with torch.no_grad():
+            error = (q - target).abs().reshape(-1)
+            # one device-to-host read for all the statistics
+            means = torch.stack([loss, q.mean(), target.mean(), error.mean(), grad_norm])
+        self.priorities = error.cpu().numpy()
+        names = ("loss", "q_mean", "target_mean", "td_abs_mean", "grad_norm")
+        stats = dict(zip(names, means.double().tolist(), strict=True))
         # No epsilon here: this copy of the policy acts on nothing, so its schedule never
         # moves (it read 0.9998 at 29k frames); the policy workers report the one they use.
         return TrainerStepResult(stats=stats, step=self._steps)
 
-    def _clip(self) -> float:
+    def _clip(self) -> torch.Tensor:
+        """The global gradient norm before clipping (clipped to ``max_grad_norm`` if set)."""
         limit = float("inf") if self.max_grad_norm is None else self.max_grad_norm
-        return float(torch.nn.utils.clip_grad_norm_(self._params, limit))
+        return torch.nn.utils.clip_grad_norm_(self._params, limit)
 
     def get_checkpoint(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}

@@ -31,6 +31,7 @@ from algorithm.modules import numpy_inference as numpy_inference_lib
 from algorithm.modules.encoders import ObservationEncoder
 from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
+from api import namedarray as namedarray_lib
 from api.namedarray import namedarray
 from api.policy import RolloutRequest, RolloutResult
 from api.replay import require_transitions
@@ -189,14 +190,21 @@ class QPolicy(SingleModelPytorchPolicy):
     # ----------------------------------------------------------------- training
     def analyze(self, sample: Any, target: str = "dqn", **kwargs: Any) -> DQNAnalyzedResult:
         """Q-values of a :class:`~api.replay.TransitionBatch`: online at ``obs`` (with
-        gradient), online and target at ``next_obs`` (without)."""
+        gradient), online and target at ``next_obs`` (without).
+
+        The online network sees ``obs`` and ``next_obs`` in one pass: at replay batch sizes a
+        pass costs its layers' fixed overhead more than its rows. Only the ``obs`` half reaches
+        the loss, so only it is learned from; under data-parallel training the pass goes
+        through ``self.net`` as before.
+        """
         if target != "dqn":
             raise ValueError(f"QPolicy analyzes for target 'dqn' only, got '{target}'")
         require_transitions(sample, "QPolicy")
-        q = self.net(self.to_tensor(sample.obs))
+        obs, next_obs = self.to_tensor(sample.obs), self.to_tensor(sample.next_obs)
+        rows = len(sample.action)
+        both = self.net(_concatenate(obs, next_obs))
+        q, next_q_online = both[:rows], both[rows:].detach()
         with torch.no_grad():
-            next_obs = self.to_tensor(sample.next_obs)
-            next_q_online = self.module.online(next_obs)
             next_q_target = self.module.target(next_obs)
         action = self.to_tensor(sample.action).long().reshape(-1) - int(self.action_space.start)
         return DQNAnalyzedResult(
@@ -225,6 +233,13 @@ class QPolicy(SingleModelPytorchPolicy):
         super().load_checkpoint(checkpoint)
         frames = int(checkpoint.get("explore_frames", 0))
         self.explore_frames = max(self.explore_frames, frames)
+
+
+def _concatenate(first: Any, second: Any) -> Any:
+    """Two batches of observations as one: tensors, or NamedArrays of them (Dict spaces)."""
+    if isinstance(first, torch.Tensor):
+        return torch.cat([first, second])
+    return namedarray_lib.concatenate([first, second])
 
 
 def _schedule(epsilon: EpsilonSchedule | dict | None) -> EpsilonSchedule:

@@ -9,7 +9,9 @@ from replay_loop import SegmentCollector, greedy_returns, train_off_policy
 
 from algorithm.dqn.trainer import DQNAnalyzedResult, DQNTrainer
 from algorithm.q_policies.policy import EpsilonSchedule, QPolicy
+from api.namedarray import NamedArray
 from api.policy import RolloutRequest
+from api.replay import TransitionBatch
 from system.replay.buffer import ReplayBuffer, ReplayConfig
 from system.replay.rate_limiter import RateLimiterConfig
 
@@ -194,3 +196,44 @@ def test_registered_names_build_and_segments_are_refused_with_a_clear_error(make
     segments = make_batch(policy, ENV.observation_space, steps=5, segments=2)
     with pytest.raises(ConfigError, match="put a replay buffer between actors and trainer"):
         trainer.step(segments)
+
+
+@pytest.mark.parametrize("space", ["box", "dict"])
+def test_one_online_pass_over_obs_and_next_obs_matches_two(space):
+    """analyze runs the online network once over obs and next_obs together: the Q-values and
+    the gradient must be those of two separate passes (Dict observations included)."""
+    rng = np.random.default_rng(0)
+    if space == "box":
+        obs_space = ENV.observation_space
+        obs, next_obs = (rng.normal(size=(8, 4)).astype(np.float32) for _ in range(2))
+    else:
+        obs_space = gym.spaces.Dict(
+            {"a": gym.spaces.Box(-1, 1, (3,)), "b": gym.spaces.Box(-1, 1, (2,))}
+        )
+        obs, next_obs = (
+            NamedArray(
+                **{k: rng.normal(size=(8, n)).astype(np.float32) for k, n in [("a", 3), ("b", 2)]}
+            )
+            for _ in range(2)
+        )
+    policy = QPolicy(obs_space, ENV.action_space, hidden_sizes=(16,), seed=0)
+    batch = TransitionBatch(
+        obs=obs,
+        action=rng.integers(0, 2, size=(8, 1)),
+        reward=np.ones((8, 1), np.float32),
+        discount=np.full((8, 1), 0.99, np.float32),
+        next_obs=next_obs,
+    )
+    out = policy.analyze(batch)
+    out.q.sum().backward()
+    one_pass = [p.grad.clone() for p in policy.parameters()]
+    for p in policy.parameters():
+        p.grad = None
+    online = policy.module.online
+    q = online(policy.to_tensor(obs))
+    q.sum().backward()
+    torch.testing.assert_close(out.q, q)
+    torch.testing.assert_close(out.next_q_online, online(policy.to_tensor(next_obs)).detach())
+    assert not out.next_q_online.requires_grad
+    for a, p in zip(one_pass, policy.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad)
