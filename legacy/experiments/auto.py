@@ -27,6 +27,7 @@ import gymnasium as gym
 from api import environment as env_api
 from api.config import (
     ActorConfig,
+    CheckpointConfig,
     ComponentConfig,
     EvaluationConfig,
     ExperimentConfig,
@@ -164,11 +165,12 @@ def named_experiment(
     target: float | None,
     frames: int,
     evaluation: EvaluationConfig | None = None,
+    checkpoint: CheckpointConfig | None = None,
 ) -> ExperimentConfig:
     """The experiment that trains ``policy`` on ``env`` named ``<env>-<algo>``: several agents
     with the same spaces share it, the stop rule is ``target`` (else the environment's, see
-    :func:`default_target`) or ``frames``, and evaluation windows of 20 greedy episodes unless
-    ``evaluation`` says otherwise."""
+    :func:`default_target`) or ``frames``, evaluation windows of 20 greedy episodes unless
+    ``evaluation`` says otherwise, and ``checkpoint``'s cadence (default: the config's)."""
     return ExperimentConfig(
         name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}",
         agent_policies=["default"] * agents if agents > 1 else [],
@@ -182,6 +184,7 @@ def named_experiment(
             env_frames=frames,
             eval_return_source=target_source(env, target),
         ),
+        checkpoint=checkpoint or CheckpointConfig(),
     )
 
 

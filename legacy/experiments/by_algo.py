@@ -81,7 +81,10 @@ def dqn(
     policy = recipe.policies["default"]
     policy.policy.args["epsilon"]["decay_frames"] = max(1_000, frames // 10)
     actors = recipe.actors
-    return named_experiment(env, env_args, "dqn", policy, actors, agents, target, frames)
+    return named_experiment(
+        env, env_args, "dqn", policy, actors, agents, target, frames,
+        checkpoint=recipe.checkpoint,
+    )  # fmt: skip
 
 
 def mountaincar_dqn(
@@ -191,7 +194,10 @@ def sac(
     # room for the default budget whole (pendulum-sac's 20k-frame budget needed less)
     policy.replay.capacity_frames = max(policy.replay.capacity_frames, SAC_FRAMES, frames)
     actors = recipe.actors
-    return named_experiment(env, env_args, "sac", policy, actors, agents, target, frames)
+    return named_experiment(
+        env, env_args, "sac", policy, actors, agents, target, frames,
+        checkpoint=recipe.checkpoint,
+    )  # fmt: skip
 
 
 def _refuse(env: str, action: gym.Space, spaces: tuple[type, ...], algo: str) -> None:
