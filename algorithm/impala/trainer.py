@@ -111,7 +111,7 @@ class ImpalaTrainer(ActorCriticTrainer):
         lr_schedule: Literal["constant", "linear"] = "constant",
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
-        fused_adam: bool = True,
+        fused_adam: bool = False,
         seed: int | None = None,
     ):
         if c_bar > rho_bar:

@@ -72,7 +72,7 @@ class ActorCriticTrainer(Trainer):
         lr_schedule: Literal["constant", "linear"] = "constant",
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
-        fused_adam: bool = True,
+        fused_adam: bool = False,
         seed: int | None = None,
     ):
         if lr_schedule not in LR_SCHEDULES:

@@ -20,9 +20,9 @@ def adam_impl(params: list[torch.Tensor], fused: bool) -> dict[str, bool]:
 
     With torch 2.13, building any Adam imports torch's compiler stack (0.97-0.99 s on an idle
     core, whichever implementation: measured), and the first step then takes 1-3 ms, so
-    ``fused`` (and its probe) costs nothing extra at start-up. Every trainer asks for it: DQN
-    and SAC always, PPO and IMPALA unless ``fused_adam=False`` (for cartpole-ppo's two 64x64
-    bodies a step took 73 us fused against 218 with ``foreach``, measured on one core).
+    ``fused`` (and its probe) costs nothing extra at start-up. The off-policy trainers (DQN,
+    SAC) ask for it. PPO and IMPALA keep ``foreach`` unless asked (``fused_adam``); their
+    figures in BENCHMARKS.md were measured with it.
     """
     if not fused:
         return {"fused": False, "foreach": True}

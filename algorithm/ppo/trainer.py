@@ -131,7 +131,7 @@ class PPOTrainer(ActorCriticTrainer):
         lr_schedule: Literal["constant", "linear"] = "constant",
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
-        fused_adam: bool = True,
+        fused_adam: bool = False,
         vtrace: bool = False,
         rho_bar: float = 1.0,
         c_bar: float = 1.0,
