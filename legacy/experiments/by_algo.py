@@ -194,10 +194,7 @@ def sac(
     # room for the default budget whole (pendulum-sac's 20k-frame budget needed less)
     policy.replay.capacity_frames = max(policy.replay.capacity_frames, SAC_FRAMES, frames)
     actors = recipe.actors
-    return named_experiment(
-        env, env_args, "sac", policy, actors, agents, target, frames,
-        checkpoint=recipe.checkpoint,
-    )  # fmt: skip
+    return named_experiment(env, env_args, "sac", policy, actors, agents, target, frames)
 
 
 def _refuse(env: str, action: gym.Space, spaces: tuple[type, ...], algo: str) -> None:

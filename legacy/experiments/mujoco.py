@@ -40,7 +40,6 @@ from api.config import (
 )
 from api.errors import UserError
 from legacy.experiments.auto import agent_spaces, named_experiment
-from legacy.experiments.off_policy import off_policy_checkpoints
 
 MUJOCO_FRAMES = 1_000_000
 """The frame budget of the published MuJoCo figures (CleanRL's, SB3's zoo, the SAC paper's)."""
@@ -118,9 +117,8 @@ def mujoco_sac(
     )
     actors = ActorConfig(workers=1, envs_per_worker=1, segment_length=16, groups=1)
     return named_experiment(
-        env, env_args, "sac", policy, actors, agents, target, frames, EVALUATION,
-        checkpoint=off_policy_checkpoints(),
-    )  # fmt: skip
+        env, env_args, "sac", policy, actors, agents, target, frames, EVALUATION
+    )
 
 
 def _continuous_vector_task(env: str, env_args: dict[str, Any] | None, experiment: str) -> int:

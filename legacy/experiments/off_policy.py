@@ -18,13 +18,14 @@ from api.config import (
 )
 
 
-def off_policy_checkpoints() -> CheckpointConfig:
-    """A numbered checkpoint every 1,000 versions, for the off-policy recipes.
+def dqn_checkpoints() -> CheckpointConfig:
+    """A numbered checkpoint every 1,000 versions, for the DQN recipes.
 
-    Their trainers make a version every step, hundreds a second, and a numbered checkpoint (the
+    A DQN trainer makes a version every step, hundreds a second, and a numbered checkpoint (the
     optimiser's state goes with it) is waited for. At PPO's cadence of 50, cartpole-dqn spent
     9% of its frames/s on them (4,674-4,789 against 5,146-5,183 frames/s, alternating on a
-    quiet 2-core VM). At 1,000, a resume loses a few seconds of training at most.
+    quiet 2-core VM). At 1,000, a resume loses a few seconds of training at most. SAC keeps 50:
+    pendulum-sac was no faster at 1,000 (268-272 frames/s against 280-281, alternating).
     """
     return CheckpointConfig(every=1000)
 
@@ -44,7 +45,7 @@ def cartpole_dqn() -> ExperimentConfig:
       frames takes 1.25 s, so a good version is confirmed (two windows) seconds after it is
       made, not five or more;
     - a version published every 10 trainer steps, a numbered checkpoint every 1,000
-      (:func:`off_policy_checkpoints`).
+      (:func:`dqn_checkpoints`).
     On a quiet 2-core VM, seeds 7-12, it solved in 8.5-29.9 s (median 23.8), against 26.0-32.1 s
     (median 29.3) for the CleanRL-style ``dqn.py`` run alternately (BENCHMARKS.md).
     """
@@ -77,7 +78,7 @@ def cartpole_dqn() -> ExperimentConfig:
         actors=ActorConfig(workers=1, envs_per_worker=32, segment_length=16, groups=1),
         evaluation=EvaluationConfig(workers=1, envs_per_worker=10, episodes=10, max_fps=4000.0),
         stop=StopConfig(eval_return=475.0, env_frames=200_000),
-        checkpoint=off_policy_checkpoints(),
+        checkpoint=dqn_checkpoints(),
     )
 
 
@@ -115,5 +116,4 @@ def pendulum_sac() -> ExperimentConfig:
         actors=ActorConfig(workers=1, envs_per_worker=1, segment_length=16, groups=1),
         evaluation=EvaluationConfig(workers=1, envs_per_worker=2, episodes=10, max_fps=1000.0),
         stop=StopConfig(eval_return=-250.0, env_frames=20_000),
-        checkpoint=off_policy_checkpoints(),
     )
