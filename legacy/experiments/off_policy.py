@@ -22,10 +22,11 @@ def dqn_checkpoints() -> CheckpointConfig:
     """A numbered checkpoint every 1,000 versions, for the DQN recipes.
 
     A DQN trainer makes a version every step, hundreds a second, and a numbered checkpoint (the
-    optimiser's state goes with it) is waited for. At PPO's cadence of 50, cartpole-dqn spent
-    9% of its frames/s on them (4,674-4,789 against 5,146-5,183 frames/s, alternating on a
-    quiet 2-core VM). At 1,000, a resume loses a few seconds of training at most. SAC keeps 50:
-    pendulum-sac was no faster at 1,000 (268-272 frames/s against 280-281, alternating).
+    optimiser's state goes with it) is waited for. At PPO's cadence of 50, cartpole-dqn made
+    4,674-4,789 frames/s, against 5,146-5,183 at 1,000 (9% more; alternating on a quiet 2-core
+    VM). At 1,000, a resume loses a few seconds of training at most. SAC keeps 50:
+    pendulum-sac was no faster at 1,000 (268.3 and 271.7 frames/s against 279.9 and 280.5 at
+    50, alternating).
     """
     return CheckpointConfig(every=1000)
 
