@@ -143,7 +143,7 @@ def _serve_params(worker) -> None:
 
 
 def test_a_worker_process_follows_the_peers_its_plan_looks_up():
-    config = make_experiment("cartpole-dqn")
+    config = make_experiment("cartpole-dqn", ["actors.workers=2"])  # two actors, one watch each
     wiring = SimpleNamespace(parameter_client=lambda subscribe: subscribe)
     chains = {}
     for plan in plan_workers(config):
@@ -176,7 +176,8 @@ def test_plans_cross_the_wire_typed():
 
 @pytest.mark.parametrize("experiment", ["cartpole-ppo", "cartpole-dqn"])
 def test_endpoint_names_are_made_once(experiment):
-    config = make_experiment(experiment, ["policies.default.policy_workers=2"])
+    # two actors, so that the second one's peers show the spread over policy workers
+    config = make_experiment(experiment, ["policies.default.policy_workers=2", "actors.workers=2"])
     plans = plan_workers(config)
     owned = [name for p in plans for name in p.endpoints()]
     assert len(owned) == len(set(owned))  # no two workers register one name
