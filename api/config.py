@@ -569,6 +569,13 @@ def uses_replay(pc: PolicyConfig) -> bool:
     return bool(getattr(cls, "needs_replay", False))
 
 
+def rate_limited_replay(pc: PolicyConfig) -> bool:
+    """Whether this policy learns from a replay buffer whose sampling is tied to its inserts
+    (``replay.samples_per_insert`` set): then the limiter, not the trainer's speed, sets how
+    many steps a frame buys."""
+    return pc.replay.samples_per_insert is not None and uses_replay(pc)
+
+
 def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
     errors = [
         f"{path}.{k}: must be at least 1"

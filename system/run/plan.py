@@ -19,6 +19,10 @@ Roles are open: a :class:`WorkerPlan` subclass with a ``role`` of its own is reg
 defining it (:data:`PLAN_TYPES`) and plans its workers (:meth:`WorkerPlan.plans_for`, from the
 ``roles`` key). The module that defines it (and its builder,
 :func:`system.run.builders.register_builder`) goes in ``code.imports``, for every process.
+
+Longer than 400 lines because it holds one plan class per role beside the base that says what
+the runtime asks of each: split by role, one question (stop order, serial polling, torch) would
+be answered across eight files.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from api.config import ExperimentConfig, uses_replay
+from api.config import ExperimentConfig, rate_limited_replay, uses_replay
 from api.errors import ConfigError
 from system.roles import (
     PARAMS_PUSH,
@@ -148,6 +152,12 @@ class WorkerPlan:
         actors')."""
         return 1
 
+    def catches_up(self, config: ExperimentConfig) -> bool:
+        """Serial mode polls it again within a round while its trainer still trains: true
+        between a rate-limited replay buffer and its trainer, where the limiter, not the pace of
+        polling, sets how many steps a frame buys (:meth:`system.run.serial.SerialRun.poll`)."""
+        return False
+
     def in_serial(self, options: SerialOptions) -> WorkerPlan | None:
         """This worker as serial mode builds it (by default, when it trains), or None."""
         return self if options.train else None
@@ -206,6 +216,9 @@ class TrainerPlan(WorkerPlan):
             parameters=[], replay_batches=replay_batches_endpoint(self.policy) if replay else ""
         )
 
+    def catches_up(self, config: ExperimentConfig) -> bool:
+        return rate_limited_replay(config.policies[self.policy])
+
     def in_serial(self, options: SerialOptions) -> TrainerPlan | None:
         """Rank 0 only: serially, the in-process queue is the policy's whole sample stream, so
         one trainer trains alone (:func:`system.run.serial.serial_plans`)."""
@@ -233,6 +246,9 @@ class ReplayPlan(WorkerPlan):
 
     def endpoints(self) -> list[str]:
         return [replay_samples_endpoint(self.policy), replay_batches_endpoint(self.policy)]
+
+    def catches_up(self, config: ExperimentConfig) -> bool:
+        return rate_limited_replay(config.policies[self.policy])
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,10 @@ from system.workers.trainer_worker import TrainerWorker
 
 logger = logging.getLogger(__name__)
 
+MAX_CATCH_UP_POLLS = 10_000
+"""A bound on one round's catching up, should a limiter never say no (it always does: sampled
+transitions are bounded by inserted frames times ``samples_per_insert`` plus its tolerance)."""
+
 
 @dataclass
 class SerialProgress:
@@ -157,6 +161,10 @@ class SerialRun:
         # stable, so workers of one role keep their plan order.
         polled = sorted(self.plans, key=lambda p: p.poll_order)
         self.workers: list[Worker] = [self.built[p.worker_id] for p in polled]
+        self.catching_up: list[Worker] = [
+            self.built[p.worker_id] for p in polled if p.catches_up(self.config)
+        ]
+        """Polled again within a round while their trainers train (:meth:`poll`)."""
         # What the progress is counted from: frames and episodes, and training steps.
         self.actors: list[ActorWorker] = self.workers_of(Role.ACTOR)
         self.trainers: dict[str, TrainerWorker] = {
@@ -170,14 +178,44 @@ class SerialRun:
 
     # ----------------------------------------------------------------- running
     def poll(self) -> int:
-        """Poll every worker once; return the work done."""
+        """Poll every worker once, then let trainers on a rate-limited replay buffer catch up;
+        return the work done.
+
+        A round steps every actor's environments once, so a trainer polled once a round could
+        make one step per ``envs_per_worker`` frames whatever ``samples_per_insert`` allows:
+        cartpole-dqn's one actor of 32 got a quarter of its updates and learned a different
+        run than its processes do. So the replay workers and trainers that
+        :meth:`~system.run.plan.WorkerPlan.catches_up` names are polled again, in order, until
+        no trainer makes a step: as many steps as the limiter lets through, as in process mode
+        when the trainer keeps up. A buffer with no ratio sets no such bound, and its trainer
+        keeps one step a round."""
         work = 0
         for worker in self.workers:
             work += worker.poll()
         self._collect()
-        return work
+        return work + self._catch_up()
 
     def _collect(self) -> None:
+        self._collect_actors()
+        self._collect_trainers()
+
+    def _catch_up(self) -> int:
+        if not self.catching_up:
+            return 0
+        work = 0
+        for _ in range(MAX_CATCH_UP_POLLS):
+            steps_before = self._steps()
+            for worker in self.catching_up:
+                work += worker.poll()
+            self._collect_trainers()
+            if self._steps() == steps_before:
+                break
+        return work
+
+    def _steps(self) -> int:
+        return sum(len(stats) for stats in self.progress.trainer_stats.values())
+
+    def _collect_actors(self) -> None:
         p = self.progress
         for actor in self.actors:
             stats = actor.collect_stats()
@@ -185,6 +223,9 @@ class SerialRun:
             p.eval_env_frames += stats.get("eval_env_frames", 0)
             p.episodes.extend(stats.get("episodes", []))
             p.eval_episodes.extend(stats.get("eval_episodes", []))
+
+    def _collect_trainers(self) -> None:
+        p = self.progress
         for name, trainer in self.trainers.items():
             stats = trainer.collect_stats()
             if "steps" in stats:

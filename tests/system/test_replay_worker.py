@@ -279,6 +279,36 @@ def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
         run.close()
 
 
+def test_a_serial_trainer_takes_every_step_the_rate_limiter_allows():
+    """One actor of 32 environments steps 32 frames a round; samples_per_insert=8 with batches
+    of 64 then allows 4 steps a round, and serial mode makes them all (polled once a round, the
+    trainer made 1: a quarter of the updates process mode makes)."""
+    from system.roles import Role
+    from system.run.serial import SerialRun
+
+    cfg = make_experiment("cartpole-dqn")
+    assert (cfg.actors.workers, cfg.actors.envs_per_worker) == (1, 32)
+    cfg.evaluation = dataclasses.replace(cfg.evaluation, workers=0)
+    cfg.stop = StopConfig(env_frames=8_000)
+    run = SerialRun(cfg)
+    try:
+        progress = run.run(env_frames=8_000)
+        (replay,) = run.workers_of(Role.REPLAY)
+        limiter = replay.buffer.limiter
+        spi, batch = limiter.config.samples_per_insert, 64
+        # the actors' frames reach the buffer (none wait in the stream for the trainer) ...
+        chunk = cfg.actors.segment_length * cfg.actors.envs_per_worker
+        assert limiter.inserted >= progress.env_frames - 2 * chunk
+        # ... and the trainer samples as much as they allow
+        allowed = spi * (limiter.inserted - limiter.config.min_size) - limiter.config.tolerance
+        assert limiter.sampled >= allowed - batch
+        # one record a step, the steps counted by the trainer itself
+        records = progress.trainer_stats["default"]
+        assert len(records) == records[-1]["steps"] == limiter.sampled // batch
+    finally:
+        run.close()
+
+
 def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_path):
     path = tmp_path / "checkpoints" / "p" / "replay.ckpt"
     worker, producer, _ = _worker(min_size=8)
