@@ -281,8 +281,8 @@ def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
 
 def test_a_serial_trainer_takes_every_step_the_rate_limiter_allows():
     """One actor of 32 environments steps 32 frames a round; samples_per_insert=8 with batches
-    of 64 then allows 4 steps a round, and serial mode makes them all (polled once a round, the
-    trainer made 1: a quarter of the updates process mode makes)."""
+    of 64 then allows 4 steps a round, and serial mode makes them all. (Polled once a round, the
+    trainer made 1, and the limiter held three quarters of the actors' frames in the stream.)"""
     from system.roles import Role
     from system.run.serial import SerialRun
 
