@@ -90,6 +90,7 @@ class ReplayBuffer:
         self._tree: SumTree | None = None
         self._stamp = np.zeros(0, dtype=np.int64)  # serial number of the segment in each slot
         self._valid = np.zeros((0, 0), dtype=bool)  # [slots, T]: transitions that may be drawn
+        self._transitions = 0  # self._valid.sum(), kept by insert (asked before every sample)
         self._serial = 0  # segments inserted so far
         self._max_priority = 1.0
 
@@ -102,7 +103,7 @@ class ReplayBuffer:
     @property
     def transitions(self) -> int:
         """Transitions that can be drawn (frames whose action was executed)."""
-        return int(self._valid.sum())
+        return self._transitions
 
     def can_sample(self, count: int) -> bool:
         return self.transitions > 0 and self.limiter.can_sample(count, self.size)
@@ -138,6 +139,7 @@ class ReplayBuffer:
         ended = self._store["done"][slots, :, 0] | self._store["truncated"][slots, :, 0]
         valid = ~ended
         valid[:, -1] = False  # the last step only bootstraps
+        self._transitions += int(valid.sum()) - int(self._valid[slots].sum())
         self._valid[slots] = valid
         new = self._max_priority**self.config.priority_exponent if self.config.prioritized else 1.0
         items = (slots[:, None] * self._length + np.arange(self._length)).reshape(-1)
@@ -275,6 +277,7 @@ class ReplayBuffer:
         }
         self._length = int(state["length"])
         self._stamp, self._valid = np.array(state["stamp"]), np.array(state["valid"])
+        self._transitions = int(self._valid.sum())
         self._slots = len(self._stamp)
         self._tree = None
         if "tree" in state:

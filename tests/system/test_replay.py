@@ -160,6 +160,18 @@ def test_capacity_overwrites_the_oldest_segments():
         _buffer(capacity_frames=5).insert(_segments(10, 1))
 
 
+def test_the_count_of_drawable_transitions_follows_overwrites_and_a_reload():
+    """``transitions`` is kept by insert (not summed per sample): it must stay the number of
+    drawable steps as segments are overwritten, and come back with a loaded state."""
+    buffer = _buffer(capacity_frames=5 * 9)
+    for i in range(9):
+        buffer.insert(_segments(10, 1 + i % 3, seed=i))
+        assert buffer.transitions == int(buffer.state_dict()["valid"].sum()) > 0
+    copy = _buffer(capacity_frames=5 * 9)
+    copy.load_state_dict(buffer.state_dict())
+    assert copy.transitions == buffer.transitions
+
+
 def test_sampling_respects_the_rate_limiter():
     buffer = _buffer(
         capacity_frames=1000,
