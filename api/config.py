@@ -52,6 +52,11 @@ class ReplayConfig:
     """Frames the buffer keeps; the oldest segments are overwritten first."""
     batch_size: int = 128
     """Transitions in each batch the buffer hands the trainer."""
+    batches_per_message: int = 1
+    """Batches the replay worker samples at once and sends in one message; the trainer trains
+    on them one step at a time, and their priorities go back together. Each message and each
+    sample has a fixed cost that several batches share; the priorities then reach the buffer up
+    to that many steps later."""
     n_step: int = 1
     """Rewards summed per transition before bootstrapping (fewer at an episode end)."""
     gamma: float = 0.99
@@ -579,7 +584,7 @@ def rate_limited_replay(pc: PolicyConfig) -> bool:
 def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
     errors = [
         f"{path}.{k}: must be at least 1"
-        for k in ("capacity_frames", "batch_size", "n_step", "min_size")
+        for k in ("capacity_frames", "batch_size", "batches_per_message", "n_step", "min_size")
         if _below(getattr(rc, k), 1)
     ]
     if isinstance(rc.gamma, (int, float)) and not 0.0 <= rc.gamma <= 1.0:
@@ -595,10 +600,12 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
         errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
     elif rc.tolerance is not None and rc.samples_per_insert is not None:
         chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert
-        need = max(rc.batch_size, chunk)
+        message = rc.batch_size * rc.batches_per_message
+        need = max(message, chunk)
         if rc.tolerance < need:
             errors.append(
-                f"{path}.tolerance: {rc.tolerance:g} is less than one batch ({rc.batch_size}) or "
+                f"{path}.tolerance: {rc.tolerance:g} is less than one message of batches "
+                f"({message}) or "
                 f"one actor's segments times samples_per_insert ({chunk:g}), so the trainer and "
                 f"the actors could wait for each other forever; use at least {need:g}, or None"
             )

@@ -169,15 +169,18 @@ class ReplayBuffer:
         self._valid = np.zeros((self._slots, steps), dtype=bool)
 
     # ----------------------------------------------------------------- sample
-    def sample(self, count: int) -> TransitionBatch:
-        """``count`` transitions with their n-step returns and importance weights."""
-        if not self.can_sample(count):
+    def sample(self, count: int, batches: int = 1) -> TransitionBatch:
+        """``count`` transitions with their n-step returns and importance weights; with
+        ``batches``, that many batches of ``count`` rows one after another (``batches * count``
+        rows, each batch drawn and weighted as if alone), from one pass over the buffer."""
+        rows = count * batches
+        if not self.can_sample(rows):
             raise RuntimeError(
-                f"cannot sample {count} transitions now ({self.size} frames held, min_size "
+                f"cannot sample {rows} transitions now ({self.size} frames held, min_size "
                 f"{self.limiter.config.min_size}; inserted {self.limiter.inserted}, sampled "
                 f"{self.limiter.sampled}): check can_sample() first"
             )
-        items = self._tree.sample(count, self._rng)
+        items = self._tree.sample(count, self._rng, batches)
         slot, t = np.divmod(items, self._length)
         reward, discount, end = self._n_step(slot, t)
         batch = TransitionBatch(
@@ -186,11 +189,11 @@ class ReplayBuffer:
             reward=reward,
             discount=discount,
             next_obs=self._gather("obs", slot, end),
-            weight=self._weights(items),
+            weight=self._weights(items, count),
             key=self._stamp[slot] * self._length + t,
             policy_version=self._store["policy_version"][slot, t],
         )
-        self.limiter.record_sample(count)
+        self.limiter.record_sample(rows)
         return batch
 
     def _n_step(self, slot: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -213,13 +216,13 @@ class ReplayBuffer:
         discount = np.where(terminal, 0.0, scale)
         return reward[:, None].astype(np.float32), discount[:, None].astype(np.float32), end
 
-    def _weights(self, items: np.ndarray) -> np.ndarray:
+    def _weights(self, items: np.ndarray, count: int) -> np.ndarray:
         if not self.config.prioritized:
             return np.ones((len(items), 1), dtype=np.float32)
         probability = self._tree.get(items) / self._tree.total
-        weight = (self.transitions * probability) ** -self.beta
-        # normalised by the batch's largest weight: updates only ever scale down
-        return (weight / weight.max())[:, None].astype(np.float32)
+        weight = ((self.transitions * probability) ** -self.beta).reshape(-1, count)
+        # normalised by each batch's largest weight: updates only ever scale down
+        return (weight / weight.max(axis=1, keepdims=True)).reshape(-1, 1).astype(np.float32)
 
     def _gather(self, name: str, slot: np.ndarray, t: np.ndarray) -> Any:
         if name in self._store:

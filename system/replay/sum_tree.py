@@ -73,12 +73,13 @@ class SumTree:
             node += go_right
         return node - self.size
 
-    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """``count`` items drawn with probability proportional to priority, stratified: one draw
-        from each of ``count`` equal slices of the total (less variance than independent draws).
-        """
+    def sample(self, count: int, rng: np.random.Generator, batches: int = 1) -> np.ndarray:
+        """``batches`` runs of ``count`` items drawn with probability proportional to priority,
+        each run stratified: one draw from each of ``count`` equal slices of the total (less
+        variance than independent draws). One search serves every run."""
         total = self.total
         if total <= 0:
             raise ValueError("cannot sample from a SumTree whose priorities are all zero")
-        edges = np.arange(count, dtype=np.float64) * (total / count)
-        return self.find(edges + rng.random(count) * (total / count))
+        width = total / count
+        edges = np.tile(np.arange(count, dtype=np.float64) * width, batches)
+        return self.find(edges + rng.random(count * batches) * width)

@@ -233,7 +233,8 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
     pc = cfg.policies[plan.policy]
     if peers.replay_batches:  # an off-policy trainer learns from its replay worker's batches
         source = ReplaySource(
-            wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id)
+            wiring.replay_client(peers.replay_batches, plan.policy, plan.worker_id),
+            batches_per_message=pc.replay.batches_per_message,
         )
     else:
         endpoint = roles.samples_endpoint(plan.policy, plan.index)
@@ -281,6 +282,7 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
         wiring.sample_consumer(roles.replay_samples_endpoint(plan.policy), plan.policy),
         wiring.replay_server(roles.replay_batches_endpoint(plan.policy), plan.policy),
         batch_size=cfg.policies[plan.policy].replay.batch_size,
+        batches_per_message=cfg.policies[plan.policy].replay.batches_per_message,
         checkpoint_path=replay_file(wiring.run_dir, plan.policy) if wiring.run_dir else None,
         save_every_s=cfg.policies[plan.policy].replay.save_every_s,
     )

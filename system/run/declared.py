@@ -72,8 +72,10 @@ def extra_fields(config: ExperimentConfig) -> SegmentFields:
 
 def priority_layout(config: ExperimentConfig, name: str) -> PriorityLayout:
     """What the replay worker of policy ``name`` may receive: a trainer's request, with the
-    priorities of at most one batch."""
-    return PriorityLayout(config.policies[name].replay.batch_size)
+    priorities of the batches it trained on since its last request, at most one message's
+    (:class:`~system.workers.batch_source.ReplaySource`)."""
+    rc = config.policies[name].replay
+    return PriorityLayout(rc.batch_size * rc.batches_per_message)
 
 
 def batch_layout(
@@ -88,7 +90,8 @@ def batch_layout(
     buffer = ReplayBuffer(ReplayConfig(capacity_frames=1, rate_limit=RateLimiterConfig(1)))
     buffer.insert(_probe_segment(config, spaces, policy, name))
     row = validation.spec_of(buffer.sample(1), 1)
-    return BatchLayout(row, config.policies[name].replay.batch_size)
+    rc = config.policies[name].replay
+    return BatchLayout(row, rc.batch_size * rc.batches_per_message)
 
 
 def _probe_segment(

@@ -13,6 +13,7 @@ own (:mod:`system.workers.batch_loader`). :class:`ReplaySource` asks the replay 
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -205,17 +206,40 @@ class SegmentSource:
 
 class ReplaySource:
     """Off-policy: transition batches from the policy's replay worker; each batch's
-    priorities go back with the request for the next one."""
+    priorities go back with the request for the next one.
 
-    def __init__(self, replay: ReplayClient):
+    A message may hold several batches one after another (``batches_per_message``): they are
+    handed out one a step, and the priorities of those trained while the next request was
+    already out go with the request after, so a request hands back at most one message's."""
+
+    def __init__(self, replay: ReplayClient, *, batches_per_message: int = 1):
         self.stream = replay
+        self.batches_per_message = batches_per_message
+        self.pending: collections.deque[SampleBatch] = collections.deque()
+        """Batches of the last message not trained on yet."""
 
     def take(self, timeout_ms: int, clock: StageClock) -> SampleBatch | None:
+        if self.pending:
+            return self.pending.popleft()
         clock.enter("wait_replay")
         if not self.stream.wait(timeout_ms):
             return None
         clock.enter("receive")
-        return self.stream.take(0)
+        message = self.stream.take(0)
+        if message is None or self.batches_per_message == 1:
+            return message
+        rows, rest = divmod(len(message.action), self.batches_per_message)
+        if rows == 0 or rest:
+            logger.warning(
+                "dropped a replay message of %d transitions: it does not split into %d batches "
+                "(replay.batches_per_message) of one size",
+                len(message.action), self.batches_per_message,
+            )  # fmt: skip
+            return None
+        self.pending.extend(
+            message[i * rows : (i + 1) * rows] for i in range(1, self.batches_per_message)
+        )
+        return message[:rows]
 
     def prefetch(self, clock: StageClock) -> None:
         """The replay worker holds this trainer's one request: nothing to take meanwhile."""

@@ -69,7 +69,7 @@ def buffer_config(cfg: ExperimentConfig, policy: str) -> BufferConfig:
     chunk_frames = cfg.actors.segment_length * cfg.actors.envs_per_worker
     tolerance = rc.tolerance
     if tolerance is None:
-        tolerance = float(max(rc.batch_size, chunk_frames * (spi or 0.0)))
+        tolerance = float(max(rc.batch_size * rc.batches_per_message, chunk_frames * (spi or 0.0)))
     return BufferConfig(
         capacity_frames=rc.capacity_frames,
         n_step=rc.n_step,
@@ -96,6 +96,7 @@ class ReplayWorker(Worker):
         server: Any,
         *,
         batch_size: int,
+        batches_per_message: int = 1,
         checkpoint_path: Path | None = None,
         save_every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -103,13 +104,15 @@ class ReplayWorker(Worker):
         """``server``: the replay stream's serving end (``ZmqReplayServer`` or in process).
         ``checkpoint_path``: where the buffer is saved, and loaded from when this worker starts
         (None: never saved, as in serial mode). ``save_every_s``: seconds between saves while
-        frames come in (None: saved only when the run stops). ``clock``: seconds, for tests."""
+        frames come in (None: saved only when the run stops). ``batches_per_message``: batches
+        of ``batch_size`` sampled at once and sent in one reply. ``clock``: seconds, for tests."""
         super().__init__(worker_id)
         self.policy_name = policy_name
         self.buffer = buffer
         self.samples = samples
         self.server = server
         self.batch_size = batch_size
+        self.batches_per_message = batches_per_message
         self.held: SampleBatch | None = None
         """A chunk taken from the stream that the rate limiter did not let in yet."""
         self.waiting: list[ReplayRequest] = []
@@ -184,10 +187,11 @@ class ReplayWorker(Worker):
 
     def _serve(self) -> int:
         served = 0
-        while self.waiting and self.buffer.can_sample(self.batch_size):
+        per_message = self.batches_per_message
+        while self.waiting and self.buffer.can_sample(self.batch_size * per_message):
             request = self.waiting.pop(0)
-            self.server.reply(request.client, self.buffer.sample(self.batch_size))
-            served += 1
+            self.server.reply(request.client, self.buffer.sample(self.batch_size, per_message))
+            served += per_message
         self.batches_served += served
         return served
 

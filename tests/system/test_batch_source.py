@@ -101,3 +101,54 @@ def test_a_replay_source_takes_batches_and_hands_their_priorities_back():
     finally:
         source.close()
         server.close()
+
+
+def _transitions(keys: list[int]) -> TransitionBatch:
+    n = len(keys)
+    return TransitionBatch(
+        obs=np.ones((n, 3), np.float32), action=np.arange(n),
+        reward=np.ones((n, 1), np.float32), discount=np.ones((n, 1), np.float32),
+        next_obs=np.zeros((n, 3), np.float32), weight=np.ones((n, 1), np.float32),
+        key=np.array(keys), policy_version=np.zeros((n, 1), np.int64),
+    )  # fmt: skip
+
+
+def test_a_message_of_several_batches_is_trained_one_batch_a_step(caplog):
+    """batches_per_message=3: one reply of 6 transitions is three steps of 2; the priorities
+    of the steps trained while two requests were out go back together with the next request;
+    a reply that does not split into three batches is dropped with a warning."""
+    server = ZmqReplayServer("tcp://127.0.0.1:*")
+    source = ReplaySource(ZmqReplayClient(server.endpoint), batches_per_message=3)
+    clock = StageClock()
+    try:
+        assert source.take(0, clock) is None
+        requests = server.poll(timeout_ms=10_000)
+        for _ in range(10):
+            requests += [] if len(requests) == 2 else server.poll(timeout_ms=1000)
+        server.reply(requests[0].client, _transitions([0, 1, 2, 3, 4, 5]))
+        taken = []
+        for _ in range(3):
+            batch = source.take(10_000, clock)
+            taken.append(batch.key.tolist())
+            source.trained(batch, SimpleNamespace(priorities=batch.key * 0.5))
+        assert taken == [[0, 1], [2, 3], [4, 5]]
+        # the first step's priorities went at once (a request had come back); the other two
+        # wait for the next reply, as two requests are out again
+        (request,) = server.poll(timeout_ms=10_000)
+        assert request.keys.tolist() == [0, 1] and request.priorities.tolist() == [0.0, 0.5]
+        assert source.take(0, clock) is None and server.poll(timeout_ms=100) == []
+        server.reply(requests[1].client, _transitions([6, 7, 8, 9, 10, 11]))
+        batch = source.take(10_000, clock)
+        assert batch.key.tolist() == [6, 7]
+        source.trained(batch, SimpleNamespace(priorities=batch.key * 0.5))
+        (request,) = server.poll(timeout_ms=10_000)
+        assert request.keys.tolist() == [2, 3, 4, 5, 6, 7]
+        server.reply(request.client, _transitions([0, 1, 2, 3]))  # four rows: not three batches
+        with caplog.at_level(logging.WARNING):
+            for _ in range(2):
+                source.take(0, clock)  # the two left of the last message
+            assert source.take(10_000, clock) is None
+        assert "does not split into 3 batches" in caplog.text
+    finally:
+        source.close()
+        server.close()

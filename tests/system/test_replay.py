@@ -50,6 +50,27 @@ def test_sum_tree_samples_in_proportion_to_priority():
 # ------------------------------------------------------------------------------ rate limiter
 
 
+def test_sum_tree_samples_several_stratified_batches_in_one_search():
+    tree = SumTree(64)
+    tree.update(np.arange(64), np.ones(64))
+    items = tree.sample(8, np.random.default_rng(0), batches=3).reshape(3, 8)
+    # each batch has one draw from each eighth of the total, in order: items 8j .. 8j+7
+    assert (items // 8 == np.arange(8)).all()
+    assert len({tuple(row) for row in items}) == 3  # three draws, not one repeated
+
+
+def test_several_batches_sampled_at_once_are_each_weighted_as_one():
+    buffer = _buffer(capacity_frames=1000, prioritized=True, priority_exponent=1.0)
+    buffer.insert(_segments(10, 4, done_p=0.0, truncated_p=0.0))
+    keys = buffer.sample(36).key
+    buffer.update_priorities(keys, np.linspace(0.1, 10.0, len(keys)))
+    sampled = buffer.limiter.sampled
+    batch = buffer.sample(12, batches=3)
+    assert len(batch.key) == 36 and buffer.limiter.sampled == sampled + 36
+    # every batch is normalised by its own largest weight
+    assert batch.weight.reshape(3, 12).max(axis=1).tolist() == [1.0, 1.0, 1.0]
+
+
 def test_rate_limiter_waits_for_min_size_then_keeps_the_ratio():
     limiter = RateLimiter(RateLimiterConfig(min_size=100, samples_per_insert=2.0, tolerance=64))
     assert not limiter.can_sample(32, size=99)

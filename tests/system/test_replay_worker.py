@@ -309,6 +309,29 @@ def test_a_serial_trainer_takes_every_step_the_rate_limiter_allows():
         run.close()
 
 
+def test_a_serial_trainer_steps_through_messages_of_several_batches():
+    """batches_per_message=4: the replay worker samples 4 batches of 64 at once, the trainer
+    makes a step of each; sampling and stepping keep the rate limiter's pace."""
+    from system.roles import Role
+    from system.run.serial import SerialRun
+
+    cfg = make_experiment("cartpole-dqn", ["policies.default.replay.batches_per_message=4"])
+    cfg.evaluation = dataclasses.replace(cfg.evaluation, workers=0)
+    cfg.stop = StopConfig(env_frames=8_000)
+    run = SerialRun(cfg)
+    try:
+        progress = run.run(env_frames=8_000)
+        (replay,) = run.workers_of(Role.REPLAY)
+        limiter = replay.buffer.limiter
+        assert limiter.sampled % (4 * 64) == 0 and replay.batches_served == limiter.sampled // 64
+        steps = progress.trainer_stats["default"][-1]["steps"]
+        assert limiter.sampled // 64 - 4 < steps <= limiter.sampled // 64  # a message at most
+        allowed = 8 * (limiter.inserted - limiter.config.min_size) - limiter.config.tolerance
+        assert limiter.sampled >= allowed - 4 * 64
+    finally:
+        run.close()
+
+
 def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_path):
     path = tmp_path / "checkpoints" / "p" / "replay.ckpt"
     worker, producer, _ = _worker(min_size=8)
