@@ -134,15 +134,17 @@ def test_batches_and_priorities_travel_over_sockets_and_garbage_is_dropped():
 
 
 def test_the_replay_sockets_take_no_more_than_the_run_declares():
-    """The server's MAXMSGSIZE is one batch of priorities: a request too large for it never
-    arrives (ZeroMQ drops the connection at the size header), one handing back more priorities
-    than a batch holds is counted, and the sender's next request is served. The client's is the
-    largest batch the replay worker can send, and survives a reconnect."""
+    """The server's MAXMSGSIZE is one message of batches' priorities: a request too large for it
+    never arrives (ZeroMQ drops the connection at the size header), one handing back more
+    priorities than a message of batches holds is counted, and the sender's next request is
+    served. The client's is the largest message the replay worker can send, and survives a
+    reconnect."""
     import zmq
 
     config = make_experiment("cartpole-dqn", ["policies.default.replay.batch_size=4"])
     spaces = builders.probe_spaces(config)
     policy = builders.make_policy(config, "default", spaces, 0)
+    rows = 4 * config.policies["default"].replay.batches_per_message
     server = ZmqReplayServer(layout=declared.priority_layout(config, "default"))
     layout = declared.batch_layout(config, spaces, policy, "default")
     client = ZmqReplayClient(server.endpoint, layout=layout)
@@ -153,7 +155,8 @@ def test_the_replay_sockets_take_no_more_than_the_run_declares():
         transport.send(
             sender, "replay_sample", {"keys": np.arange(many), "priorities": np.ones(many)}
         )
-        transport.send(sender, "replay_sample", {"keys": np.arange(5), "priorities": np.ones(5)})
+        over = {"keys": np.arange(rows + 1), "priorities": np.ones(rows + 1)}
+        transport.send(sender, "replay_sample", over)
         transport.send(sender, "replay_sample", {"keys": np.arange(2), "priorities": np.ones(2)})
         requests = []
         for _ in range(200):
@@ -161,7 +164,7 @@ def test_the_replay_sockets_take_no_more_than_the_run_declares():
             if requests:
                 break
         assert [r.keys.tolist() for r in requests] == [[0, 1]]
-        assert server.bad_messages.count == 1  # the 5 keys; the 3.2 MB never arrived
+        assert server.bad_messages.count == 1  # the rows + 1 keys; the 3.2 MB never arrived
 
         assert client.socket.getsockopt(zmq.MAXMSGSIZE) == layout.max_message_bytes
         client.reconnect(server.endpoint)
