@@ -3,6 +3,7 @@ rate limiting, and DQN / SAC through the runtime's serial mode."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -282,21 +283,33 @@ def test_serial_run_of_cartpole_dqn_trains_on_replayed_batches():
         run.close()
 
 
+@contextlib.contextmanager
+def _serial_cartpole_dqn(frames: int, *overrides: str):
+    """cartpole-dqn without evaluation run serially for ``frames``: its progress, its replay
+    worker's rate limiter and the config."""
+    from system.roles import Role
+    from system.run.serial import SerialRun
+
+    cfg = make_experiment("cartpole-dqn", list(overrides))
+    cfg.evaluation = dataclasses.replace(cfg.evaluation, workers=0)
+    cfg.stop = StopConfig(env_frames=frames)
+    run = SerialRun(cfg)
+    try:
+        progress = run.run(env_frames=frames)
+        (replay,) = run.workers_of(Role.REPLAY)
+        yield progress, replay, cfg
+    finally:
+        run.close()
+
+
 def test_a_serial_trainer_takes_every_step_the_rate_limiter_allows():
     """One actor of 32 environments steps 32 frames a round; samples_per_insert=8 with batches
     of 64 then allows 4 steps a round, and serial mode makes them all. (Polled once a round, the
     trainer made 1, and the limiter held three quarters of the actors' frames in the stream.)"""
-    from system.roles import Role
-    from system.run.serial import SerialRun
-
-    cfg = make_experiment("cartpole-dqn")
-    assert (cfg.actors.workers, cfg.actors.envs_per_worker) == (1, 32)
-    cfg.evaluation = dataclasses.replace(cfg.evaluation, workers=0)
-    cfg.stop = StopConfig(env_frames=8_000)
-    run = SerialRun(cfg)
-    try:
-        progress = run.run(env_frames=8_000)
-        (replay,) = run.workers_of(Role.REPLAY)
+    with _serial_cartpole_dqn(8_000, "policies.default.replay.batches_per_message=1") as (
+        progress, replay, cfg,
+    ):  # fmt: skip
+        assert (cfg.actors.workers, cfg.actors.envs_per_worker) == (1, 32)
         limiter = replay.buffer.limiter
         spi, batch = limiter.config.samples_per_insert, 64
         # the actors' frames reach the buffer (none wait in the stream for the trainer) ...
@@ -308,31 +321,21 @@ def test_a_serial_trainer_takes_every_step_the_rate_limiter_allows():
         # one record a step, the steps counted by the trainer itself
         records = progress.trainer_stats["default"]
         assert len(records) == records[-1]["steps"] == limiter.sampled // batch
-    finally:
-        run.close()
 
 
 def test_a_serial_trainer_steps_through_messages_of_several_batches():
     """batches_per_message=4: the replay worker samples 4 batches of 64 at once, the trainer
-    makes a step of each; sampling and stepping keep the rate limiter's pace."""
-    from system.roles import Role
-    from system.run.serial import SerialRun
-
-    cfg = make_experiment("cartpole-dqn", ["policies.default.replay.batches_per_message=4"])
-    cfg.evaluation = dataclasses.replace(cfg.evaluation, workers=0)
-    cfg.stop = StopConfig(env_frames=8_000)
-    run = SerialRun(cfg)
-    try:
-        progress = run.run(env_frames=8_000)
-        (replay,) = run.workers_of(Role.REPLAY)
+    makes a step of each (within the round: none is left over when it ends); sampling keeps the
+    rate limiter's pace."""
+    with _serial_cartpole_dqn(8_000, "policies.default.replay.batches_per_message=4") as (
+        progress, replay, _,
+    ):  # fmt: skip
         limiter = replay.buffer.limiter
         assert limiter.sampled % (4 * 64) == 0 and replay.batches_served == limiter.sampled // 64
-        steps = progress.trainer_stats["default"][-1]["steps"]
-        assert limiter.sampled // 64 - 4 < steps <= limiter.sampled // 64  # a message at most
+        records = progress.trainer_stats["default"]
+        assert len(records) == records[-1]["steps"] == limiter.sampled // 64
         allowed = 8 * (limiter.inserted - limiter.config.min_size) - limiter.config.tolerance
         assert limiter.sampled >= allowed - 4 * 64
-    finally:
-        run.close()
 
 
 def test_the_buffer_is_saved_when_the_run_stops_and_loaded_when_it_resumes(tmp_path):
