@@ -74,8 +74,8 @@ class ReplayConfig:
     trainer is ahead its requests wait; when the actors are, the buffer stops taking segments
     and the sample stream holds the actors back."""
     tolerance: float | None = None
-    """Slack of the samples-per-insert ratio, in sampled transitions (None: enough for one batch
-    and one chunk of segments, so neither side can wait forever)."""
+    """Slack of the samples-per-insert ratio, in sampled transitions (None: enough for one
+    message of batches and one chunk of segments, so neither side can wait forever)."""
     save_every_s: float | None = 60.0
     """Seconds between saves of the buffer to ``checkpoints/<policy>/replay.npz`` in the run
     folder (it is also saved when the run stops), so a replay worker restarted after a crash, or
@@ -83,6 +83,11 @@ class ReplayConfig:
     when the run stops. A save rewrites the whole buffer and holds up the replay worker meanwhile
     (measured: cartpole-dqn's 50k frames, 3 MiB, about 6 ms; 1M frames of 17 floats, 125 MiB,
     about 0.2 s), so saves are also spaced to at least 50 times the last one's duration."""
+
+    @property
+    def message_rows(self) -> int:
+        """Transitions in one reply of the replay worker: ``batches_per_message`` batches."""
+        return self.batch_size * self.batches_per_message
 
 
 @dataclass
@@ -600,7 +605,7 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
         errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
     elif rc.tolerance is not None and rc.samples_per_insert is not None:
         chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert
-        message = rc.batch_size * rc.batches_per_message
+        message = rc.message_rows
         need = max(message, chunk)
         if rc.tolerance < need:
             errors.append(

@@ -74,8 +74,7 @@ def priority_layout(config: ExperimentConfig, name: str) -> PriorityLayout:
     """What the replay worker of policy ``name`` may receive: a trainer's request, with the
     priorities of the batches it trained on since its last request, at most one message's
     (:class:`~system.workers.batch_source.ReplaySource`)."""
-    rc = config.policies[name].replay
-    return PriorityLayout(rc.batch_size * rc.batches_per_message)
+    return PriorityLayout(config.policies[name].replay.message_rows)
 
 
 def batch_layout(
@@ -90,8 +89,7 @@ def batch_layout(
     buffer = ReplayBuffer(ReplayConfig(capacity_frames=1, rate_limit=RateLimiterConfig(1)))
     buffer.insert(_probe_segment(config, spaces, policy, name))
     row = validation.spec_of(buffer.sample(1), 1)
-    rc = config.policies[name].replay
-    return BatchLayout(row, rc.batch_size * rc.batches_per_message)
+    return BatchLayout(row, config.policies[name].replay.message_rows)
 
 
 def _probe_segment(

@@ -69,7 +69,7 @@ def buffer_config(cfg: ExperimentConfig, policy: str) -> BufferConfig:
     chunk_frames = cfg.actors.segment_length * cfg.actors.envs_per_worker
     tolerance = rc.tolerance
     if tolerance is None:
-        tolerance = float(max(rc.batch_size * rc.batches_per_message, chunk_frames * (spi or 0.0)))
+        tolerance = float(max(rc.message_rows, chunk_frames * (spi or 0.0)))
     return BufferConfig(
         capacity_frames=rc.capacity_frames,
         n_step=rc.n_step,
