@@ -162,6 +162,7 @@ def _register_experiments() -> None:
         )
     for name, attr, description in (
         ("pong-ppo", "pong_ppo", "PPO, Nature CNN on Atari Pong (needs the atari extra)."),
+        ("pong-ppo-gpu", "pong_ppo_gpu", "pong-ppo for one GPU and many cores (atari extra)."),
         ("breakout-ppo", "breakout_ppo", "PPO, Nature CNN on Atari Breakout (atari extra)."),
     ):
         registry.register_experiment(

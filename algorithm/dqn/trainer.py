@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from algorithm.modules.adam import load_adam_state, make_adam
 from algorithm.modules.device_batch import on_device
+from algorithm.policy import wait_for_gpu
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
 from api.trainer import Trainer, TrainerStepResult
@@ -136,6 +137,7 @@ class DQNTrainer(Trainer):
             error = (q - target).abs().reshape(-1)
             # one device-to-host read for all the statistics
             means = torch.stack([loss, q.mean(), target.mean(), error.mean(), grad_norm])
+        wait_for_gpu(error.device)  # asleep, not spinning, while the step's kernels run
         self.priorities = error.cpu().numpy()
         names = ("loss", "q_mean", "target_mean", "td_abs_mean", "grad_norm")
         stats = dict(zip(names, means.double().tolist(), strict=True))

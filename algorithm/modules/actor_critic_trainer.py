@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from algorithm.modules.adam import load_adam_state, make_adam
+from algorithm.policy import wait_for_gpu
 from api.policy import Policy
 from api.trainer import Trainer
 
@@ -136,6 +137,7 @@ class ActorCriticTrainer(Trainer):
         one device-to-host read."""
         if not rows:
             return {}
+        wait_for_gpu(rows[0].device)  # asleep: the step's kernels may still be running
         means = torch.stack(rows).double().mean(dim=0).tolist()
         return dict(zip(names, means, strict=True))
 

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from algorithm.modules.adam import load_adam_state, make_adam
 from algorithm.modules.device_batch import on_device
+from algorithm.policy import wait_for_gpu
 from api.policy import Policy
 from api.replay import TransitionBatch, require_transitions
 from api.trainer import Trainer, TrainerStepResult
@@ -154,6 +155,7 @@ class SACTrainer(Trainer):
         self._steps += 1
         with torch.no_grad():
             td = 0.5 * ((out.q1 - target).abs() + (out.q2 - target).abs())
+            wait_for_gpu(td.device)  # asleep, not spinning, while the step's kernels run
             self.priorities = td.reshape(-1).cpu().numpy()
             stats.update(
                 critic_loss=float(critic_loss),

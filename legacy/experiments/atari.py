@@ -25,6 +25,8 @@ environment.args.repeat_action_probability=0.25`` (sticky actions) is one overri
 
 from __future__ import annotations
 
+import dataclasses
+
 from api.config import (
     ActorConfig,
     ComponentConfig,
@@ -32,6 +34,7 @@ from api.config import (
     ExperimentConfig,
     PolicyConfig,
     StopConfig,
+    auto_actor_workers,
 )
 
 AGENT_STEPS = 10_000_000
@@ -96,6 +99,67 @@ def pong_ppo() -> ExperimentConfig:
         actors=ActorConfig(workers=1, envs_per_worker=8, segment_length=SEGMENT_LENGTH, groups=2),
         evaluation=EvaluationConfig(workers=1, envs_per_worker=2, episodes=8, max_fps=50.0),
         stop=StopConfig(eval_return=18.0, env_frames=AGENT_STEPS),
+    )
+
+
+GPU_BATCH_SEGMENTS, GPU_MINIBATCHES, GPU_POLICY_WORKERS = 32, 8, 2
+
+
+def pong_ppo_gpu() -> ExperimentConfig:
+    """``pong-ppo`` laid out for one GPU and a machine of many cores (BENCHMARKS.md, issue 23).
+
+    What the stage timings of ``pong-ppo`` showed on a 16-core H200 machine, and what changes:
+
+    * its trainer, busy all the time on 512-transition steps, capped the run at about 30k
+      emulator frames/s with 9 of 16 cores busy: a step takes 32 segments (4,096 transitions)
+      in 8 minibatches of 512, so the GPU works on larger products (and the loader thread has a
+      whole step to gather the next batch). That is half the gradient steps a sample gets from
+      the 2-core recipe's minibatches of 256 (16 instead of 32 over its 4 epochs);
+    * its one policy worker, then busy all the time forming batches and waiting on the GPU,
+      became the next limit: two of them;
+    * the actors, as many as the cores the other roles leave (``actors.workers=auto``: 12 on
+      16 cores), each with 16 environments in 2 groups, so that one group steps while the
+      other's request is answered;
+    * greedy evaluation at full speed, on 8 environments with one game each, so that a window
+      takes minutes, not the quarter hour the 2-core recipe's paced one would.
+
+    Falls back to the CPU without a GPU (then it is only a slower ``pong-ppo``)."""
+    config = pong_ppo()
+    base = config.policies["default"]
+    trainer_args = dict(
+        base.trainer.args,
+        minibatches=GPU_MINIBATCHES,
+        total_steps=AGENT_STEPS // (GPU_BATCH_SEGMENTS * SEGMENT_LENGTH),
+        fused_adam=True,
+    )
+    policy = dataclasses.replace(
+        base,
+        policy=dataclasses.replace(base.policy, args=dict(base.policy.args, device="cuda")),
+        trainer=dataclasses.replace(base.trainer, args=trainer_args),
+        batch_segments=GPU_BATCH_SEGMENTS,
+        policy_workers=GPU_POLICY_WORKERS,
+        trainer_threads=1,
+    )
+    layout = {
+        "policies": {
+            "default": {
+                "policy_workers": GPU_POLICY_WORKERS,
+                "trainer": {"type": "ppo"},
+                "trainer_workers": 1,
+            }
+        }
+    }
+    return dataclasses.replace(
+        config,
+        name="pong-ppo-gpu",
+        policies={"default": policy},
+        actors=ActorConfig(
+            workers=auto_actor_workers(layout),
+            envs_per_worker=16,
+            segment_length=SEGMENT_LENGTH,
+            groups=2,
+        ),
+        evaluation=EvaluationConfig(workers=1, envs_per_worker=8, episodes=8, max_fps=None),
     )
 
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from api import testing
+from api.config import auto_actor_workers
 from api.environment import make
 from api.errors import UserError
 from legacy.environment.atari import AtariEnvironment  # imports ale-py only when built
-from legacy.experiments.atari import pong_ppo
+from legacy.experiments.atari import pong_ppo, pong_ppo_gpu
 
 pytest.importorskip("ale_py", reason="Atari tests need ale-py: pip install -e '.[atari]'")
 pytest.importorskip("cv2", reason="Atari tests need opencv: pip install -e '.[atari]'")
@@ -99,10 +100,12 @@ def test_bad_arguments_are_named():
         AtariEnvironment(game="Pongg")
 
 
-def test_pong_ppo_trains_one_step_on_real_frames():
+@pytest.mark.parametrize("recipe", [pong_ppo, pong_ppo_gpu])
+def test_pong_ppo_trains_one_step_on_real_frames(recipe):
     """pong-ppo's own environment, policy and trainer, through the runtime's serial pipeline:
-    real Pong frames into the Nature CNN and one PPO step (games cut short to end episodes)."""
-    config = pong_ppo()
+    real Pong frames into the Nature CNN and one PPO step (games cut short to end episodes).
+    The GPU layout's policy (cuda, fused Adam) falls back to the CPU here when there is none."""
+    config = recipe()
     config.environment.args["max_episode_frames"] = 200
     config.actors.segment_length = 16
     policy = config.policies["default"]
@@ -113,3 +116,19 @@ def test_pong_ppo_trains_one_step_on_real_frames():
     assert tuple(report.batch_shapes["default"]["obs"]) == (17, 2, 4, 84, 84)
     obs_shape = report.batch_shapes["default"]["obs"]
     assert tuple(obs_shape) == (17, 2, 4, 84, 84)
+
+
+def test_the_gpu_layout_sizes_its_actors_from_the_cores():
+    """pong-ppo-gpu: pong-ppo's environment and network, with the GPU machine's layout, and as
+    many actors as the cores its other roles leave (actors.workers=auto's rule)."""
+    config, base = pong_ppo_gpu(), pong_ppo()
+    policy = config.policies["default"]
+    assert config.environment == base.environment
+    assert policy.policy.type == base.policies["default"].policy.type
+    assert policy.policy.args["device"] == "cuda" and policy.policy_workers == 2
+    assert policy.batch_segments * config.actors.segment_length == 4096
+    layout = {"policies": {"default": {"policy_workers": 2, "trainer": {"type": "ppo"}}}}
+    layout["policies"]["default"]["trainer_workers"] = 1
+    assert config.actors.workers == auto_actor_workers(layout)
+    assert auto_actor_workers(layout, cores=16) == 12
+    assert config.evaluation.max_fps is None
