@@ -125,12 +125,11 @@ def _leaves_to_numpy(value: Any) -> Any:
 
 
 def tune_cuda() -> None:
-    """Let cuDNN pick the fastest convolution algorithm for each input shape it meets (a
-    trainer's minibatches have one shape; a policy worker's batches a few dozen, each timed
-    once), and let matrix products and convolutions run in TF32, the tensor cores' float32
-    format (10-bit mantissa: an RL loss does not notice; 3-8x the float32 rate on Ampere and
-    later). Process-wide switches, hence set once here, where a process picks a GPU."""
-    torch.backends.cudnn.benchmark = True
+    """Let matrix products run in TF32, the tensor cores' float32 format (10-bit mantissa: an RL
+    loss does not notice; several times the float32 rate on Ampere and later), as PyTorch
+    already lets convolutions. A process-wide switch, hence set once here, where a process
+    picks a GPU. (cuDNN's autotuner stays off: a policy worker's batches come in dozens of
+    sizes, and each new one would stall it while the algorithms are timed.)"""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
