@@ -12,12 +12,14 @@ scales it by 1/255.
 * **frame skip**: the action is repeated for ``frame_skip`` emulator frames (rewards summed);
 * **max-pool**: the observation is the pixel-wise max of the last two of those frames (some
   games draw sprites on alternate frames only);
-* **84x84 grayscale**: the emulator's own grayscale screen (no RGB conversion), resized with
-  OpenCV. ``area`` interpolation by default, as the common DQN/PPO preprocessing does;
-  ``linear`` is cheaper but samples rather than averages (thin sprites fade). Measured on the
-  project's 2-core VM, one process stepping Pong (``distributed/bench/pixels.py``, emulator
-  frames per CPU second): raw ALE 10.8k, ``Atari-v0`` with ``area`` 8.4k, with ``linear`` 9.4k.
-  Pillow's bilinear resize alone took longer than a whole step here, hence OpenCV;
+* **84x84 grayscale**: the emulator's own grayscale screen (no RGB conversion), resized.
+  ``area`` interpolation by default, as the common DQN/PPO preprocessing does (OpenCV's
+  ``INTER_AREA``), computed by :class:`AreaResize`: the same weights in two small matrix
+  products, 19 us a frame against OpenCV's 55 us on the project's 2-core VM. On the 16-core
+  GPU machine OpenCV's resize was 13% of an actor's time (py-spy, BENCHMARKS.md, issue 23).
+  ``linear`` (OpenCV's ``INTER_LINEAR``) is cheaper still but samples rather than averages
+  (thin sprites fade). Pillow's bilinear resize alone took longer than a whole step, hence
+  OpenCV;
 * **frame stack**: the last ``frame_stack`` preprocessed frames, stacked **channel first**:
   ``obs.shape == (frame_stack, 84, 84)``, dtype uint8. Channel first because that is the layout a
   convolution reads (no transpose in the model), and because pushing a frame into the stack then
@@ -44,6 +46,7 @@ Frames: one ``step`` is one agent step of ``frame_skip`` emulator frames;
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -148,6 +151,9 @@ class AtariEnvironment(Environment):
         height, width = self._ale.getScreenDims()
         self._pool = np.zeros((min(2, self.frame_skip), height, width), dtype=np.uint8)
         self._stack = np.zeros((frame_stack, screen_size, screen_size), dtype=np.uint8)
+        self._area = None
+        if interpolation == "area" and screen_size <= min(height, width):
+            self._area = AreaResize((height, width), (screen_size, screen_size))
         self._observation_space = gym.spaces.Box(0, 255, self._stack.shape, np.uint8)
         self._action_space = gym.spaces.Discrete(len(self._actions))
         self._rng = np.random.default_rng()
@@ -272,6 +278,8 @@ class AtariEnvironment(Environment):
         self._ale.getScreenGrayscale(self._pool[slot])
 
     def _resize(self, frame: np.ndarray) -> np.ndarray:
+        if self._area is not None:
+            return self._area(frame)
         size = self._stack.shape[1:]
         return self._cv2.resize(frame, size[::-1], interpolation=self._interpolation)
 
@@ -281,6 +289,52 @@ class AtariEnvironment(Environment):
 
     def close(self) -> None:
         self._env.close()
+
+
+class AreaResize:
+    """OpenCV's ``INTER_AREA`` downscaling of a 2-D uint8 image, in two small matrix products.
+
+    Each output pixel is the mean of the input area it covers, input pixels cut at its border
+    counted by the fraction inside: a weight matrix per axis, applied one axis after the other.
+    The weights repeat every ``n_in / gcd(n_in, n_out)`` input pixels (every 5 rows and 40
+    columns for 210x160 -> 84x84), so each axis is one product with a block of them: a few
+    hundred thousand multiply-adds, where OpenCV's general path for a non-integer ratio walks
+    the pixels one by one. Rounded half to even, as OpenCV rounds; summed in another order, so
+    a sum that lands within float rounding of .5 may come out one grey level apart (a handful
+    of pixels of a random image; none in 2,000 Pong frames, tests/legacy/test_atari.py).
+    """
+
+    def __init__(self, size_in: tuple[int, int], size_out: tuple[int, int]):
+        (h_in, w_in), (h_out, w_out) = size_in, size_out
+        if not (0 < h_out <= h_in and 0 < w_out <= w_in):
+            raise ValueError(f"AreaResize downscales only: {size_in} -> {size_out}")
+        self.size_in, self.size_out = (h_in, w_in), (h_out, w_out)
+        self._rows = _area_block(h_in, h_out)  # (out, in) of one block of rows
+        self._cols = np.ascontiguousarray(_area_block(w_in, w_out).T)  # (in, out), columns
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        (h_in, w_in), (h_out, w_out) = self.size_in, self.size_out
+        rows_in = self._rows.shape[1]
+        # rows: blocks of rows_in input rows -> rows_out output rows, every column at once
+        x = frame.astype(np.float32).reshape(h_in // rows_in, rows_in, w_in)
+        x = np.matmul(self._rows, x).reshape(h_out, w_in)
+        # columns: every output row's blocks of cols_in input columns -> cols_out
+        x = (x.reshape(-1, self._cols.shape[0]) @ self._cols).reshape(h_out, w_out)
+        return np.rint(x, out=x).astype(np.uint8)
+
+
+def _area_block(n_in: int, n_out: int) -> np.ndarray:
+    """The area weights of one repeating block along an axis of ``n_in`` -> ``n_out`` pixels:
+    ``[n_out / g, n_in / g]`` for ``g = gcd(n_in, n_out)``, float32."""
+    g = math.gcd(n_in, n_out)
+    block_in, block_out = n_in // g, n_out // g
+    scale = n_in / n_out
+    weights = np.zeros((block_out, block_in))
+    for i in range(block_out):
+        start, end = i * scale, (i + 1) * scale
+        for j in range(int(start), min(block_in, math.ceil(end))):
+            weights[i, j] = max(0.0, min(end, j + 1) - max(start, j)) / scale
+    return weights.astype(np.float32)
 
 
 def _check_args(args: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from api import testing
 from api.config import auto_actor_workers
 from api.environment import make
 from api.errors import UserError
-from legacy.environment.atari import AtariEnvironment  # imports ale-py only when built
+from legacy.environment.atari import AreaResize, AtariEnvironment  # ale-py only when built
 from legacy.experiments.atari import pong_ppo, pong_ppo_gpu
 
 pytest.importorskip("ale_py", reason="Atari tests need ale-py: pip install -e '.[atari]'")
@@ -132,3 +132,47 @@ def test_the_gpu_layout_sizes_its_actors_from_the_cores():
     assert config.actors.workers == auto_actor_workers(layout)
     assert auto_actor_workers(layout, cores=16) == 12
     assert config.evaluation.max_fps is None
+
+
+@pytest.mark.parametrize(
+    "size_in, size_out", [((210, 160), (84, 84)), ((210, 160), (64, 48)), ((84, 84), (84, 84))]
+)
+def test_area_resize_gives_opencvs_area_interpolation(size_in, size_out):
+    """AreaResize is INTER_AREA computed another way: at most one grey level apart where a sum
+    lands on a rounding tie, and on nearly every pixel the same."""
+    import cv2
+
+    rng = np.random.default_rng(0)
+    resize = AreaResize(size_in, size_out)
+    for _ in range(5):
+        image = rng.integers(0, 256, size_in, dtype=np.uint8)
+        ours = resize(image)
+        theirs = cv2.resize(image, size_out[::-1], interpolation=cv2.INTER_AREA)
+        assert ours.shape == theirs.shape == size_out and ours.dtype == np.uint8
+        diff = np.abs(ours.astype(int) - theirs)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+def test_pong_frames_are_resized_as_opencv_resizes_them():
+    import cv2
+
+    env = AtariEnvironment(max_episode_frames=400)
+    env.seed(3)
+    env.reset()
+    rng = np.random.default_rng(3)
+    differing = 0
+    for _ in range(300):
+        env.step([int(rng.integers(6))])
+        frame = np.maximum(env._pool[0], env._pool[-1])
+        theirs = cv2.resize(frame, (84, 84), interpolation=cv2.INTER_AREA)
+        diff = np.abs(env._resize(frame).astype(int) - theirs)
+        assert diff.max() <= 1
+        differing += int((diff > 0).sum())
+        if env._episode_over:
+            env.reset()
+    assert differing <= 300 * 84 * 84 // 1000
+
+
+def test_area_resize_refuses_to_enlarge():
+    with pytest.raises(ValueError, match="downscales only"):
+        AreaResize((84, 84), (100, 84))
