@@ -1,4 +1,5 @@
-"""Atari experiments, ``pong-ppo`` and ``breakout-ppo`` (need ``pip install 'troupe-rl[atari]'``).
+"""Atari experiments, ``pong-ppo``, ``pong-ppo-gpu`` and ``breakout-ppo`` (need ``pip install
+'troupe-rl[atari]'``).
 
 PPO with the numbers most Atari PPO baselines share (Schulman et al. 2017; CleanRL's
 ``ppo_atari``): 8 environments, 128-step segments, minibatches of 256 transitions, 4 epochs,
@@ -6,7 +7,8 @@ learning rate 2.5e-4 decaying linearly to zero over 10M agent steps, clip 0.1 (p
 entropy 0.01, value weight 0.5, gradient norm 0.5, gamma 0.99, GAE lambda 0.95. One Nature-CNN
 backbone feeds both heads (``shared_backbone=True``, no MLP after its 512 features).
 
-Sized for 2 CPU cores: one actor process with the 8 environments in 2 groups (one steps while
+``pong-ppo`` is sized for 2 CPU cores (``pong-ppo-gpu`` for one GPU and many cores, see its
+docstring): one actor process with the 8 environments in 2 groups (one steps while
 the other waits for actions), one policy worker, one trainer. On such a machine the trainer is
 the bottleneck: a pass of the 1.7M-parameter CNN forward and back costs about 1.4 ms of one core
 a frame on one thread, so throughput is a few hundred agent steps a second whatever the
@@ -123,7 +125,9 @@ def pong_ppo_gpu() -> ExperimentConfig:
     * greedy evaluation at full speed, on 8 environments with one game each, so that a window
       takes minutes, not the quarter hour the 2-core recipe's paced one would.
 
-    Falls back to the CPU without a GPU (then it is only a slower ``pong-ppo``)."""
+    On an H200 with 16 cores it ran at 50k emulator frames/s with 14 cores busy, reached a
+    greedy 18 five minutes after the command and stopped solved at 6 min 15 s. Falls back to
+    the CPU without a GPU (then it is only a slower ``pong-ppo``)."""
     config = pong_ppo()
     base = config.policies["default"]
     trainer_args = dict(
