@@ -131,6 +131,9 @@ def test_troupe_train_picks_the_preset_where_ppo_is_known_to_fail():
     default = preset.policies["default"]
     assert (default.policy.type, default.trainer.type) == ("q-network", "dqn")
     assert default.policy.args["hidden_sizes"] == [256, 256] and default.replay.gamma == 0.98
+    # the Zoo's own settings, not what cartpole-dqn's recipe would hand down
+    assert (default.replay.n_step, default.replay.prioritized) == (1, False)
+    assert default.policy.args["dueling"] is False and preset.actors.envs_per_worker == 4
     assert preset.name == "mountaincar-v0-dqn-preset" and preset.stop.eval_return == -110.0
     continuous = load_experiment("auto", ["env=MountainCarContinuous-v0"])
     default = continuous.policies["default"]
