@@ -115,8 +115,9 @@ def pong_ppo_gpu() -> ExperimentConfig:
     * its trainer, busy all the time on 512-transition steps, capped the run at about 30k
       emulator frames/s with 9 of 16 cores busy: a step takes 32 segments (4,096 transitions)
       in 8 minibatches of 512, so the GPU works on larger products (and the loader thread has a
-      whole step to gather the next batch). That is half the gradient steps a sample gets from
-      the 2-core recipe's minibatches of 256 (16 instead of 32 over its 4 epochs);
+      whole step to gather the next batch). That is half as many gradient steps for the frames
+      collected as the 2-core recipe's minibatches of 256 take (32 instead of 64 per 4,096
+      transitions over the 4 epochs), each on twice the transitions;
     * its one policy worker, then busy all the time forming batches and waiting on the GPU,
       became the next limit: two of them;
     * the actors, as many as the cores the other roles leave (``actors.workers=auto``: 12 on

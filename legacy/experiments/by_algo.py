@@ -109,10 +109,10 @@ def mountaincar_dqn(
     Until 2026-11-28 it kept what it inherits from ``cartpole-dqn`` (32 environments, 3-step
     returns, prioritized replay, dueling heads): that solved three runs on one VM and none of
     four on another (seeds 1 and 2; best -165 to -199 at 150k frames). On that second VM these
-    settings solved 3 runs of 6 (seeds 1, 2 and 3, at 103k to 186k frames); of the others, two
-    came within 2-4 of the target at 150k frames and one reached -157 at 200k (BENCHMARKS.md):
-    better, and still not sure.
-    Frames are capped at 200k: about 5 minutes at those runs' 670-700 frames/s.
+    settings solved 4 runs of 8 (seeds 1 and 2 at a 150k cap, 1 and 3 at 200k; 103k to 186k
+    frames); of the others, three came within 5 of the target and one reached -157
+    (BENCHMARKS.md): better, and still not sure. Frames are capped at 200k: 5 to 6 minutes at
+    those runs' 590-700 frames/s.
     """
     config = dqn(env, env_args, target, frames or 200_000)
     default = config.policies["default"]
