@@ -30,7 +30,10 @@ def test_curriculum_advances_and_every_environment_plays_the_new_stage(tmp_path)
             "curriculum.thresholds=[20.0, 30.0]",
             "curriculum.min_episodes=20",
             "stop.eval_return=None",
-            "stop.env_frames=60000",
+            # stage 2 comes at 30-40k frames; the rest leaves the evaluation actor time to start
+            # an episode in it (at 60k frames a fast machine ended the run 1.2 s after the
+            # switch, before the evaluation actor's next reset)
+            "stop.env_frames=150000",
         ]
     )
     out = finish(proc, timeout=400)
