@@ -15,7 +15,7 @@ scales it by 1/255.
 * **84x84 grayscale**: the emulator's own grayscale screen (no RGB conversion), resized.
   ``area`` interpolation by default, as the common DQN/PPO preprocessing does (OpenCV's
   ``INTER_AREA``), computed by :class:`AreaResize`: the same weights in two small matrix
-  products, 19 us a frame against OpenCV's 55 us on the project's 2-core VM. On the 16-core
+  products, 19 us a frame against OpenCV's 46-55 us on the project's 2-core VM. On the 16-core
   GPU machine OpenCV's resize was 13% of an actor's time (py-spy, BENCHMARKS.md, issue 23).
   ``linear`` (OpenCV's ``INTER_LINEAR``) is cheaper still but samples rather than averages
   (thin sprites fade). Pillow's bilinear resize alone took longer than a whole step, hence
@@ -301,7 +301,7 @@ class AreaResize:
     hundred thousand multiply-adds, where OpenCV's general path for a non-integer ratio walks
     the pixels one by one. Rounded half to even, as OpenCV rounds; summed in another order, so
     a sum that lands within float rounding of .5 may come out one grey level apart (a handful
-    of pixels of a random image; none in 2,000 Pong frames, tests/legacy/test_atari.py).
+    of pixels of a random image; none in 2,000 Pong frames checked by hand; the test checks 300).
     """
 
     def __init__(self, size_in: tuple[int, int], size_out: tuple[int, int]):
