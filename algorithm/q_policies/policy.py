@@ -11,6 +11,10 @@
   counted). The count travels in checkpoints and loading one never moves it backwards; whoever
   knows the run's frames (the replay buffer) can advance it with :meth:`observe_frames` in the
   trainer's copy, so that every policy worker, a restarted one too, follows the same schedule.
+* Held exploration (``explore_hold`` > 1): a random action, once drawn, is repeated for that
+  many of its agent's steps before epsilon is asked again (per request client id: environment
+  and agent). One random step at a time dithers in place; a held push is what carries a car up
+  a hill (MountainCar-v0), as in temporally extended epsilon-greedy (Dabney et al., 2021).
 * ``policy_output.q``: the online Q-value of the chosen action, ``[B, 1]`` (for statistics).
 """
 
@@ -116,9 +120,11 @@ class QPolicy(SingleModelPytorchPolicy):
             (vector, one-hot and board observations, MLP trunks, the CPU;
             :mod:`algorithm.modules.numpy_inference`): the same Q-values up to float rounding,
             at a fraction of torch's per-call cost on small batches.
+        explore_hold: steps a random exploratory action is held for its agent (1: a fresh
+            epsilon draw every step, plain epsilon-greedy).
     """
 
-    arg_ranges = {"hidden_sizes": "[1, inf)", "seed": "[0, inf)"}
+    arg_ranges = {"hidden_sizes": "[1, inf)", "seed": "[0, inf)", "explore_hold": "[1, inf)"}
 
     def __init__(
         self,
@@ -131,6 +137,7 @@ class QPolicy(SingleModelPytorchPolicy):
         device: str = "cpu",
         seed: int | None = None,
         numpy_inference: bool = True,
+        explore_hold: int = 1,
     ):
         if not isinstance(action_space, gym.spaces.Discrete):
             raise TypeError(
@@ -139,6 +146,8 @@ class QPolicy(SingleModelPytorchPolicy):
             )
         self.observation_space, self.action_space = observation_space, action_space
         self.epsilon = _schedule(epsilon)
+        if int(explore_hold) < 1:
+            raise ValueError(f"explore_hold must be 1 or more (steps), got {explore_hold!r}")
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -148,6 +157,9 @@ class QPolicy(SingleModelPytorchPolicy):
         super().__init__(QNetworks(online), device=device)
         self._rng = np.random.default_rng(seed)
         self.explore_frames = 0
+        self.explore_hold = int(explore_hold)
+        self._held: dict[Any, tuple[int, int]] = {}
+        """Per client id: the exploratory action it holds and the steps it has left."""
         self._numpy = None
         if numpy_inference and numpy_inference_lib.supports_q(self.module.online, self.device):
             self._numpy = numpy_inference_lib.NumpyQNet(self.module.online)
@@ -159,9 +171,11 @@ class QPolicy(SingleModelPytorchPolicy):
         explore = np.ones(len(action), dtype=bool)
         if request.is_evaluation is not None:
             explore = ~np.asarray(request.is_evaluation, dtype=bool).reshape(-1)
-        epsilon = self.epsilon.value(self.explore_frames)
-        random = explore & (self._rng.random(len(action)) < epsilon)
-        action = np.where(random, self._rng.integers(q.shape[-1], size=len(action)), action)
+        random = explore & (self._rng.random(len(action)) < self.current_epsilon)
+        fresh = self._rng.integers(q.shape[-1], size=len(action))
+        if self.explore_hold > 1 and request.client_id is not None:
+            random, fresh = self._hold(request.client_id, explore, random, fresh)
+        action = np.where(random, fresh, action)
         self.explore_frames += int(explore.sum())
         return RolloutResult(
             action=action.astype(np.int64) + int(self.action_space.start),
@@ -169,6 +183,21 @@ class QPolicy(SingleModelPytorchPolicy):
             client_id=request.client_id,
             request_id=request.request_id,
         )
+
+    def _hold(self, client_id: Any, explore, random, fresh) -> tuple[np.ndarray, np.ndarray]:
+        """Rows whose client still holds an exploratory action repeat it; a row that starts
+        one (``random``) holds its ``fresh`` action for ``explore_hold`` steps."""
+        random, fresh = random.copy(), fresh.copy()
+        for i, client in enumerate(np.asarray(client_id).reshape(-1).tolist()):
+            if not explore[i]:
+                continue
+            held, left = self._held.get(client, (0, 0))
+            if left > 0:
+                random[i], fresh[i] = True, held
+                self._held[client] = (held, left - 1)
+            elif random[i]:
+                self._held[client] = (int(fresh[i]), self.explore_hold - 1)
+        return random, fresh
 
     def _q_values(self, obs: Any) -> np.ndarray:
         """The online network's ``[B, actions]``: through its numpy copy where it applies

@@ -71,6 +71,34 @@ def test_exploration_follows_the_schedule_and_evaluation_is_greedy():
     assert fresh.explore_frames == 0  # evaluation rows are not counted
 
 
+def test_held_exploration_repeats_each_clients_random_action_for_explore_hold_steps():
+    policy = _policy(epsilon=dict(start=1.0, end=1.0, decay_frames=1), explore_hold=5)
+    clients = np.arange(64)[:, None]  # as actors send them: [rows, 1]
+    request = _request(64)
+    request.client_id = clients
+    steps = []
+    for _ in range(10):
+        steps.append(policy.rollout(request).action)
+    steps = np.stack(steps)  # [step, client]
+    # every client holds one action over steps 0-4 and another (drawn afresh) over 5-9
+    assert (steps[:5] == steps[0]).all() and (steps[5:] == steps[5]).all()
+    assert 0.4 < np.mean(steps[0] == steps[5]) < 0.9  # a new draw, not the old action
+    assert policy.explore_frames == 640
+    # the clients are told apart: a client's hold does not leak to another
+    assert len(set(steps[0].tolist())) == 2
+    # evaluation rows stay greedy and neither use nor move a hold
+    evaluation = _request(64, evaluation=True)
+    evaluation.client_id = clients
+    with torch.no_grad():
+        greedy = policy.module.online(torch.as_tensor(evaluation.obs)).argmax(-1).numpy()
+    assert np.array_equal(policy.rollout(evaluation).action, greedy)
+    # epsilon 0: no hold is started, so play is greedy
+    still = _policy(epsilon=dict(start=0.0, end=0.0, decay_frames=1), explore_hold=5)
+    assert np.array_equal(still.rollout(request).action, greedy)
+    with pytest.raises(ValueError, match="explore_hold must be 1 or more"):
+        _policy(explore_hold=0)
+
+
 def test_dueling_head_centres_advantages():
     policy = _policy(dueling=True)
     net = policy.module.online
