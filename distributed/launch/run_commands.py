@@ -228,7 +228,7 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
     from rich.padding import Padding
     from rich.table import Table
 
-    from api.config_docs import MISSING, describe_config
+    from api.config.docs import MISSING, describe_config
     from api.resolve import load_experiment
 
     config = load_experiment(args.experiment, args.overrides, args.imports)

@@ -10,7 +10,7 @@ from api.config import (
     PolicyConfig,
     StopConfig,
 )
-from api.config_league import CurriculumConfig, PBTConfig
+from api.config.league import CurriculumConfig, PBTConfig
 
 _NETWORK = dict(hidden_sizes=[64, 64], shared_backbone=False, activation="tanh")
 _PPO = dict(epochs=6, minibatches=2, gamma=0.99, gae_lambda=0.95, clip=0.2, max_grad_norm=0.5)

@@ -37,7 +37,7 @@ from api.config import (
     PolicyConfig,
     StopConfig,
 )
-from api.config_league import SelfPlayConfig
+from api.config.league import SelfPlayConfig
 
 _NETWORK = dict(
     hidden_sizes=[256, 256],

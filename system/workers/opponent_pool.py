@@ -1,5 +1,5 @@
 """Self-play against the past: a policy worker that plays versions of another policy it draws
-from a pool of snapshots (``api.config_league.SelfPlayConfig``).
+from a pool of snapshots (``api.config.league.SelfPlayConfig``).
 
 The opponent's policy worker subscribes to the *learner's* parameter pushes. Every
 ``snapshot_every``-th version it receives joins a bounded pool, and every ``swap_every_s``
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from api.config_league import SelfPlayConfig
+from api.config.league import SelfPlayConfig
 from api.global_state import GlobalStateError, global_state
 from api.policy import Policy, RolloutRequest, RolloutResult
 from system.parameters.interfaces import ParameterSubscriber

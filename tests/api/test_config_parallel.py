@@ -1,4 +1,4 @@
-"""The data-parallel trainer check (api.config_parallel): more than one trainer needs a trainer
+"""The data-parallel trainer check (api.config.parallel): more than one trainer needs a trainer
 and a policy class with ``distributed_setup()``; anything else is left to other checks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from api import registry
 from api.config import ComponentConfig, PolicyConfig
-from api.config_parallel import check_data_parallel
+from api.config.parallel import check_data_parallel
 
 
 class Frozen:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from api.config_check import _hints, parse_interval
+from api.config.arguments import _hints, parse_interval
 from api.registry import REGISTRIES
 from api.signatures import UNKNOWN, static_class_attribute, static_signature
 

@@ -12,7 +12,7 @@ import pytest
 from algorithm.actor_critic_policies.policy import ActorCriticPolicy
 from algorithm.ppo.trainer import PPOTrainer
 from api.config import make_experiment
-from api.config_league import CurriculumConfig
+from api.config.league import CurriculumConfig
 from api.errors import ConfigError
 from legacy.environment.staged_cartpole import StagedCartPole
 from system.errors import EnvironmentFailure, WireError

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from api.config import ExperimentConfig, apply_overrides, make_experiment, validate
-from api.config_league import PBTConfig
+from api.config.league import PBTConfig
 from system.run.coordination import pbt_rules as pbt
 from system.run.coordination.pbt import HISTORY_FILE, PLOT_FILE, PBTDriver, applied_key, order_key
 from system.run.coordination.state import StateStore

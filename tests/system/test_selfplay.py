@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from api.config import make_experiment
-from api.config_league import SelfPlayConfig
+from api.config.league import SelfPlayConfig
 from api.environment import Environment, StepResult
 from api.errors import ConfigError
 from api.global_state import GlobalState

@@ -15,7 +15,7 @@ import logging
 import weakref
 from typing import Any
 
-from api.config_league import CurriculumConfig
+from api.config.league import CurriculumConfig
 from api.global_state import GlobalState
 from system.errors import EnvironmentFailure
 

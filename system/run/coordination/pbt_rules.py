@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from api.config_league import PBTConfig
+from api.config.league import PBTConfig
 
 
 @dataclass

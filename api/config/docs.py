@@ -19,8 +19,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from api.config import ExperimentConfig
-from api.config_check import describe
+from api.config.arguments import describe
+from api.config.schema import ExperimentConfig
 from api.errors import RegistryError
 from api.registry import REGISTRIES
 

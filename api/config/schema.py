@@ -1,37 +1,32 @@
-"""Typed experiment configuration, validated as a whole before any process starts.
+"""The experiment's schema: a tree of documented dataclasses, and how one is read from a mapping.
 
-An experiment is a tree of dataclasses: which environment, which policies (each with its trainer),
-how agents map to policies, how many actor / policy / trainer workers, and when to stop.
-``validate`` walks the whole tree and returns every problem it finds (unknown keys, bad values,
-unknown registered names, keyword arguments the component does not take), so a user fixes them in
-one go instead of one per launch.
+An experiment says which environment, which policies (each with its trainer), how agents map to
+policies, how many actor / policy / trainer workers, and when to stop. Each field's docstring is
+what ``troupe show-config`` prints (:mod:`api.config.docs`).
 
-Experiments are registered by name (``register_experiment``); their entry point is a function
-that returns an :class:`ExperimentConfig`. ``troupe run NAME key=value ...`` applies dotted
-overrides with :func:`apply_overrides`.
+Reading a mapping (:meth:`ExperimentConfig.from_dict`, :func:`from_mapping`) checks the shape
+only: unknown keys (with the closest real one, of this section or another), wrong types, modes
+outside their ``Literal``. Whether the values make a runnable experiment is
+:mod:`api.config.check`'s question.
 
-Longer than 400 lines because every field of an experiment is a documented dataclass field here
-(``troupe show-config`` prints these docstrings), beside the one validation pass over them; the
-argument checks and user code already live in their own modules.
+Longer than 400 lines because every field of an experiment is a documented dataclass field here,
+beside the one reader that the field types drive; the checks and the overrides are modules of
+their own.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import difflib
-import os
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from api.code import CodeConfig, attach_user_code, load_code
-from api.config_check import check_arguments, check_ranges, suggest_key
-from api.config_league import CurriculumConfig, PBTConfig, SelfPlayConfig, check_league
-from api.errors import ConfigError, RegistryError
-from api.registry import REGISTRIES, experiments
-from api.signatures import UNKNOWN, static_class_attribute
+from api.code import CodeConfig
+from api.config.arguments import suggest_key
+from api.config.league import CurriculumConfig, PBTConfig, SelfPlayConfig
+from api.errors import ConfigError
 
 
 @dataclass
@@ -302,12 +297,12 @@ class ExperimentConfig:
     """Registered callbacks (``register_callback``) the controller calls: ``on_episode_end``,
     ``on_train_result`` and ``on_evaluation``; see ``system.run.episodes``."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    """A curriculum driven by a metric (``api.config_league``); off by default."""
+    """A curriculum driven by a metric (``api.config.league``); off by default."""
     pbt: PBTConfig = field(default_factory=PBTConfig)
-    """Population-based training over several policies (``api.config_league``); off by
+    """Population-based training over several policies (``api.config.league``); off by
     default."""
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
-    """A frozen opponent that plays past versions of a learner (``api.config_league``); off by
+    """A frozen opponent that plays past versions of a learner (``api.config.league``); off by
     default."""
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     """When a worker whose poll does not return counts as hung and is restarted."""
@@ -338,7 +333,7 @@ class ExperimentConfig:
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
         """Build and validate; raises ConfigError listing every problem."""
         errors: list[str] = []
-        config = _build(cls, _renamed(data), "", errors)
+        config = from_mapping(cls, _renamed(data), "", errors)
         if errors:
             raise ConfigError(errors)
         return config
@@ -363,7 +358,9 @@ def _renamed(data: Any) -> Any:
     return data
 
 
-def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
+def from_mapping(cls: type, data: Any, path: str, errors: list[str]) -> Any:
+    """An instance of the config dataclass ``cls`` from a mapping, its problems appended to
+    ``errors`` (each naming its key under ``path``); what it cannot read keeps its default."""
     if not isinstance(data, dict):
         errors.append(f"{path or 'config'}: expected a mapping for {cls.__name__}, got {data!r}")
         return cls()
@@ -385,7 +382,7 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, path, errors)
+        return from_mapping(hint, value, path, errors)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -443,330 +440,3 @@ def _unknown_key(path: str, key: str, names: list[str]) -> str:
     close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(names)}"
     return f"{_join(path, str(key))}: unknown key{hint}"
-
-
-# --------------------------------------------------------------------- validation
-def validate(config: ExperimentConfig) -> list[str]:
-    """Every problem with ``config``, as messages naming the key; empty when it is fine."""
-    errors: list[str] = []
-    errors += _check_types(config)
-    if not config.name:
-        errors.append("name: must be set")
-    errors += _check_component("environment", "environment", config.environment)
-    if not config.policies:
-        errors.append("policies: at least one policy is needed")
-    for pname, pc in config.policies.items():
-        errors += _check_component("policy", f"policies.{pname}.policy", pc.policy)
-        if pc.trainer.type:
-            errors += _check_component(
-                "trainer", f"policies.{pname}.trainer", pc.trainer, skip=("policy",)
-            )
-        for key in ("policy_workers", "trainer_workers", "trainer_threads", "batch_segments",
-                    "publish_every"):  # fmt: skip
-            if _below(getattr(pc, key), 1):
-                errors.append(f"policies.{pname}.{key}: must be at least 1")
-        if pc.trainer.type and uses_replay(pc):
-            errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
-        if pc.checkpoint:
-            errors += _check_checkpoint(f"policies.{pname}", pc)
-        for key, off in (("max_policy_lag", "no cap"), ("warn_policy_lag", "no warning")):
-            if _below(getattr(pc, key), 1):
-                errors.append(f"policies.{pname}.{key}: must be at least 1, or None for {off}")
-    for i, callback in enumerate(config.callbacks):
-        errors += _check_component("callback", f"callbacks[{i}]", callback)
-    for i, callback in enumerate(config.actor_callbacks):
-        errors += _check_component("callback", f"actor_callbacks[{i}]", callback)
-    for i, callback in enumerate(config.trainer_callbacks):
-        errors += _check_component("callback", f"trainer_callbacks[{i}]", callback)
-    for i, pname in enumerate(config.agent_policies):
-        if pname not in config.policies:
-            errors.append(
-                f"agent_policies[{i}]: unknown policy '{pname}'; policies are "
-                f"{sorted(config.policies)}"
-            )
-    errors += _check_mappings(config)
-    from api.config_parallel import check_data_parallel  # its own module: keeps this one short
-
-    for pname, pc in config.policies.items():
-        errors += check_data_parallel(f"policies.{pname}", pc)
-    errors += _check_positive(
-        config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
-    )
-    errors += _check_positive(config.evaluation, "evaluation", ("envs_per_worker", "episodes"))
-    if _below(config.evaluation.workers, 0):
-        errors.append("evaluation.workers: must be 0 or more")
-    if _below(config.evaluation.max_fps, 1e-300):
-        errors.append("evaluation.max_fps: must be more than 0, or None for no cap")
-    errors += check_ranges(config)
-    errors += _check_stop(config)
-    errors += check_league(config)
-    return errors
-
-
-def _check_checkpoint(path: str, pc: PolicyConfig) -> list[str]:
-    if pc.trainer.type:
-        return [
-            f"{path}.checkpoint: only a frozen policy (no trainer) starts from a checkpoint; a "
-            "trained one continues its own run with `troupe run --resume RUN`"
-        ]
-    if not os.path.isfile(pc.checkpoint):
-        return [f"{path}.checkpoint: no file {pc.checkpoint!r} (a v*.ckpt of a run's checkpoints)"]
-    return []
-
-
-def _check_mappings(config: ExperimentConfig) -> list[str]:
-    """Exactly one way to say who plays whom; a mapping is built and asked about a few
-    episodes (cheap: its factory is plain Python), so a bad argument shows here."""
-    mapped = config.policy_mapping.type
-    if mapped and config.agent_policies:
-        return ["agent_policies: leave empty with policy_mapping (the mapping decides seats)"]
-    if mapped and config.pbt.members:
-        return ["policy_mapping: leave empty with pbt (each member plays its own actors)"]
-    if (
-        not (mapped or config.agent_policies)
-        and len(config.policies) > 1
-        and not config.pbt.members
-    ):
-        return [
-            "agent_policies: must map every agent to a policy when there are several (or set "
-            "policy_mapping)"
-        ]
-    errors = []
-    for path, comp in (
-        ("policy_mapping", config.policy_mapping),
-        ("evaluation.policy_mapping", config.evaluation.policy_mapping),
-    ):
-        if comp.type:
-            errors += _check_mapping(path, comp, config)
-    if config.evaluation.policy and config.evaluation.policy not in config.policies:
-        errors.append(
-            f"evaluation.policy: unknown policy '{config.evaluation.policy}'; policies are "
-            f"{sorted(config.policies)}"
-        )
-    return errors
-
-
-def _check_mapping(path: str, comp: ComponentConfig, config: ExperimentConfig) -> list[str]:
-    from api.policy_mapping import check_policy_mapping, make_policy_mapping
-
-    errors = _check_component("policy_mapping", path, comp)
-    if errors:
-        return errors
-    try:
-        mapping = make_policy_mapping(comp.type, **comp.args)
-    except (ConfigError, RegistryError) as e:
-        problems = e.errors if isinstance(e, ConfigError) else [str(e)]
-        return [f"{path}: {p}" for p in problems]
-    agents = int(comp.args.get("agent_count", 2))  # the env's own count is checked at start
-    return [f"{path}: {p}" for p in check_policy_mapping(mapping, config.policies, agents)]
-
-
-def uses_replay(pc: PolicyConfig) -> bool:
-    """Whether this policy's trainer learns from a replay buffer (its class says
-    ``needs_replay = True``); False for an unknown trainer (validation reports that)."""
-    if not pc.trainer.type:
-        return False
-    try:
-        spec = REGISTRIES["trainer"].spec(pc.trainer.type)
-        if isinstance(spec.entry_point, str) and not spec.source:
-            # read from source when it says so plainly: a config check then imports no torch
-            declared = static_class_attribute(spec.entry_point, "needs_replay")
-            if declared is not UNKNOWN:
-                return bool(declared)
-        cls = spec.load()
-    except RegistryError:
-        return False
-    return bool(getattr(cls, "needs_replay", False))
-
-
-def rate_limited_replay(pc: PolicyConfig) -> bool:
-    """Whether this policy learns from a replay buffer whose sampling is tied to its inserts
-    (``replay.samples_per_insert`` set): then the limiter, not the trainer's speed, sets how
-    many steps a frame buys."""
-    return pc.replay.samples_per_insert is not None and uses_replay(pc)
-
-
-def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
-    errors = [
-        f"{path}.{k}: must be at least 1"
-        for k in ("capacity_frames", "batch_size", "batches_per_message", "n_step", "min_size")
-        if _below(getattr(rc, k), 1)
-    ]
-    if isinstance(rc.gamma, (int, float)) and not 0.0 <= rc.gamma <= 1.0:
-        errors.append(f"{path}.gamma: must be in [0, 1], got {rc.gamma}")
-    for key in ("alpha", "beta"):
-        if _below(getattr(rc, key), 0):
-            errors.append(f"{path}.{key}: must be 0 or more")
-    if rc.samples_per_insert is not None and _below(rc.samples_per_insert, 1e-300):
-        errors.append(f"{path}.samples_per_insert: must be more than 0, or None for no limit")
-    if rc.save_every_s is not None and _below(rc.save_every_s, 1e-300):
-        errors.append(f"{path}.save_every_s: must be more than 0, or None to save only at the end")
-    if rc.tolerance is not None and _below(rc.tolerance, 1e-300):
-        errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
-    elif rc.tolerance is not None and rc.samples_per_insert is not None:
-        chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert
-        message = rc.message_rows
-        need = max(message, chunk)
-        if rc.tolerance < need:
-            errors.append(
-                f"{path}.tolerance: {rc.tolerance:g} is less than one message of batches "
-                f"({message}) or "
-                f"one actor's segments times samples_per_insert ({chunk:g}), so the trainer and "
-                f"the actors could wait for each other forever; use at least {need:g}, or None"
-            )
-    sizes = (rc.min_size, rc.capacity_frames)
-    if all(isinstance(v, int) for v in sizes) and rc.min_size > rc.capacity_frames:
-        errors.append(
-            f"{path}.min_size: {rc.min_size} frames can never be in a buffer of "
-            f"capacity_frames={rc.capacity_frames}; lower min_size or raise capacity_frames"
-        )
-    return errors
-
-
-def check(config: ExperimentConfig) -> ExperimentConfig:
-    """Raise ConfigError listing every problem, or return the config unchanged.
-
-    The run's user code is loaded first: the names it registers are part of what is checked."""
-    load_code(config.code)
-    errors = validate(config)
-    if errors:
-        raise ConfigError(errors)
-    return config
-
-
-def _check_types(config: ExperimentConfig) -> list[str]:
-    errors: list[str] = []
-    try:
-        _build(ExperimentConfig, dataclasses.asdict(config), "", errors)
-    except TypeError as e:
-        errors.append(f"config: {e}")
-    return errors
-
-
-def _check_positive(obj: Any, path: str, keys: tuple[str, ...]) -> list[str]:
-    return [f"{path}.{k}: must be at least 1" for k in keys if _below(getattr(obj, k), 1)]
-
-
-def _below(value: Any, bound: int) -> bool:
-    """A number below ``bound``; a value of the wrong type is the type check's to report."""
-    return isinstance(value, (int, float)) and value < bound
-
-
-def _check_stop(config: ExperimentConfig) -> list[str]:
-    stop = config.stop
-    rules = [stop.eval_return, stop.env_frames, stop.trainer_steps, stop.wall_seconds]
-    errors = []
-    if all(r is None for r in rules):
-        errors.append(
-            "stop: set at least one of eval_return, env_frames, trainer_steps, wall_seconds"
-        )
-    if stop.eval_return is not None and _below(config.evaluation.workers, 1):
-        errors.append("stop.eval_return: needs evaluation.workers >= 1")
-    if stop.confirm_windows < 1:
-        errors.append("stop.confirm_windows: must be at least 1 (1: no confirmation)")
-    reachable = stop.max_return is None or stop.eval_return is None
-    if not reachable and stop.max_return < stop.eval_return:
-        errors.append(
-            f"stop.max_return: {stop.max_return} is below stop.eval_return "
-            f"({stop.eval_return}): no window could reach it"
-        )
-    return errors
-
-
-def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> list[str]:
-    if not comp.type:
-        return [f"{path}.type: must name a registered {kind}"]
-    try:
-        spec = REGISTRIES[kind].spec(comp.type)
-    except RegistryError as e:
-        return [f"{path}.type: {e}"]
-    return check_arguments(spec, comp.args, path, skip)
-
-
-# --------------------------------------------------------------------- overrides
-def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
-    """Apply ``key.path=value`` strings; values are Python literals or plain strings.
-
-    Raises ConfigError listing every bad override (unknown keys with the closest real key of
-    any section, wrong types) and every error of the result."""
-    data = config.to_dict()
-    errors = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            errors.append(f"{item}: an override must look like key.path=value")
-            continue
-        key = RENAMED_KEYS.get(key.strip(), key.strip())
-        err = _set_path(data, key.split("."), parse_value(raw.strip()))
-        if err:
-            hint = "" if "did you mean" in err else _hint(config, key.strip())
-            errors.append(f"{key}: {err}{hint}")
-    if data.get("actors", {}).get("workers") == AUTO:
-        data["actors"]["workers"] = auto_actor_workers(data)
-    new = _build(ExperimentConfig, data, "", errors)
-    if errors:  # with what the rest of the config gets wrong, so one launch shows them all
-        raise ConfigError(errors + [e for e in validate(new) if e not in errors])
-    return new
-
-
-AUTO = "auto"
-"""``actors.workers=auto``: as many actor processes as the cores the other roles leave."""
-
-
-def auto_actor_workers(data: dict[str, Any], cores: int | None = None) -> int:
-    """Actor processes for ``actors.workers=auto``: the cores this process may use (those of
-    the machine that launches the run: size a cluster run by hand), less one for each policy
-    and trainer worker and one for the parameter service, controller and evaluation, at
-    least one. On a 16-core machine with one policy and one trainer worker: 13 actors."""
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    others = 1
-    for policy in (data.get("policies") or {}).values():
-        if isinstance(policy, dict):
-            others += int(policy.get("policy_workers") or 0)
-            if (policy.get("trainer") or {}).get("type"):
-                others += int(policy.get("trainer_workers") or 0)
-    return max(1, cores - others)
-
-
-def _hint(config: ExperimentConfig, key: str) -> str:
-    close = suggest_key(config, key)
-    return f"; did you mean {' or '.join(close)}?" if close else ""
-
-
-def _set_path(data: dict, parts: list[str], value: Any) -> str | None:
-    node: Any = data
-    for i, part in enumerate(parts[:-1]):
-        if not isinstance(node, dict) or part not in node:
-            names = list(node) if isinstance(node, dict) else []
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            return f"no key '{'.'.join(parts[: i + 1])}'{hint}"
-        node = node[part]
-    if not isinstance(node, dict):
-        return f"'{'.'.join(parts[:-1])}' is not a mapping"
-    node[parts[-1]] = value  # unknown leaf keys are reported by from_dict, with a suggestion
-    return None
-
-
-def parse_value(raw: str) -> Any:
-    """The value of a ``key=value`` argument, read the same way everywhere (overrides, env
-    arguments): ``none``/``null`` is None, ``true``/``false`` in any case a bool, a Python
-    literal its value, anything else the text itself."""
-    if raw in ("none", "null", "None"):
-        return None
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-
-
-def make_experiment(name: str, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Build a registered experiment, apply overrides, and check it as a whole."""
-    config = experiments.make(name)
-    if not isinstance(config, ExperimentConfig):
-        raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
-    if overrides:
-        config = apply_overrides(config, overrides)
-    return check(attach_user_code(config))
