@@ -121,7 +121,9 @@ class QPolicy(SingleModelPytorchPolicy):
             :mod:`algorithm.modules.numpy_inference`): the same Q-values up to float rounding,
             at a fraction of torch's per-call cost on small batches.
         explore_hold: steps a random exploratory action is held for its agent (1: a fresh
-            epsilon draw every step, plain epsilon-greedy).
+            epsilon draw every step, plain epsilon-greedy). Epsilon is then the chance that a
+            hold starts, so more than epsilon of the steps are random: about
+            ``h * e / (1 - e + h * e)`` for a hold of ``h`` and epsilon ``e``.
     """
 
     arg_ranges = {"hidden_sizes": "[1, inf)", "seed": "[0, inf)", "explore_hold": "[1, inf)"}
