@@ -4,7 +4,9 @@ One package, a module per question:
 
 - :mod:`~api.config.schema`: what an experiment is (documented dataclasses) and how one is read
   from a mapping;
-- :mod:`~api.config.check`: whether it makes a runnable experiment (every problem at once);
+- :mod:`~api.config.checks`: whether it makes a runnable experiment (every problem at once;
+  plural because this package exports the function ``check``, which would hide a module of
+  that name from ``import api.config.check``);
 - :mod:`~api.config.load`: how one is made from outside (a registered name, overrides);
 - :mod:`~api.config.arguments`: components' arguments against their signatures, key hints;
 - :mod:`~api.config.league`: the curriculum, PBT and self-play sections and their checks;
@@ -15,7 +17,7 @@ The names users import (``from api.config import ExperimentConfig, make_experime
 re-exported here; the modules import each other directly, never this package.
 """
 
-from api.config.check import check, rate_limited_replay, uses_replay, validate
+from api.config.checks import check, rate_limited_replay, uses_replay, validate
 from api.config.league import CurriculumConfig, PBTConfig, SelfPlayConfig
 from api.config.load import AUTO, apply_overrides, auto_actor_workers, make_experiment, parse_value
 from api.config.schema import (

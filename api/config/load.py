@@ -15,7 +15,7 @@ from typing import Any
 
 from api.code import attach_user_code
 from api.config.arguments import suggest_key
-from api.config.check import check, validate
+from api.config.checks import check, validate
 from api.config.schema import RENAMED_KEYS, ExperimentConfig, from_mapping
 from api.errors import ConfigError
 from api.registry import experiments

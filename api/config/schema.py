@@ -7,7 +7,7 @@ what ``troupe show-config`` prints (:mod:`api.config.docs`).
 Reading a mapping (:meth:`ExperimentConfig.from_dict`, :func:`from_mapping`) checks the shape
 only: unknown keys (with the closest real one, of this section or another), wrong types, modes
 outside their ``Literal``. Whether the values make a runnable experiment is
-:mod:`api.config.check`'s question.
+:mod:`api.config.checks`'s question.
 
 Longer than 400 lines because every field of an experiment is a documented dataclass field here,
 beside the one reader that the field types drive; the checks and the overrides are modules of
