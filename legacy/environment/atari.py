@@ -150,6 +150,8 @@ class AtariEnvironment(Environment):
         self._fire = fire_on_reset and len(meanings) >= 3 and meanings[1] == "FIRE"
         height, width = self._ale.getScreenDims()
         self._pool = np.zeros((min(2, self.frame_skip), height, width), dtype=np.uint8)
+        self._screens = list(self._pool)  # views, made once: the grabs write into them
+        self._pooled = np.empty((height, width), dtype=np.uint8)
         self._stack = np.zeros((frame_stack, screen_size, screen_size), dtype=np.uint8)
         self._area = None
         if interpolation == "area" and screen_size <= min(height, width):
@@ -225,14 +227,17 @@ class AtariEnvironment(Environment):
                 "reset() was never called); call reset() to start a new episode"
             )
         reward = self._skip(int(actions[0]))
-        terminated = self._ale.game_over(with_truncation=False)
-        truncated = not terminated and self._ale.game_truncated()
-        self._game_over = terminated or truncated
-        lives = self._ale.lives()
+        ale = self._ale
+        # game_over() (checked each frame) is terminal or truncated: ask which only when it is
+        terminated = self._game_over and ale.game_over(with_truncation=False)
+        truncated = self._game_over and not terminated
+        lives = ale.lives()
         life_lost = self.episodic_life and 0 < lives < self._lives
         self._lives = lives
-        self._stack[:-1] = self._stack[1:]
-        self._stack[-1] = self._resize(np.maximum(self._pool[0], self._pool[-1]))
+        stack = self._stack
+        stack[:-1] = stack[1:]
+        np.maximum(self._pool[0], self._pool[-1], out=self._pooled)
+        stack[-1] = self._resize(self._pooled)
         done = terminated or life_lost
         self._episode_over = done or truncated
         info: dict[str, Any] = {}
@@ -240,30 +245,32 @@ class AtariEnvironment(Environment):
             info = {"game_return": self._game_return, "game_frames": self._game_frames}
         elif life_lost:
             info = {"lives": lives}
-        return [
-            StepResult(
-                obs=self._stack.copy(),
-                reward=float(np.sign(reward)) if self.clip_rewards else reward,
-                done=bool(done),
-                truncated=bool(truncated),
-                info=info,
-            )
-        ]
+        if self.clip_rewards:
+            reward = float((reward > 0) - (reward < 0))
+        return [StepResult(stack.copy(), reward, done, truncated, info)]
 
     def _skip(self, action: int) -> float:
-        """Repeat ``action`` for ``frame_skip`` frames, keeping the last two screens in the pool."""
-        reward = 0.0
-        first_kept = self.frame_skip - len(self._pool)
+        """Repeat ``action`` for ``frame_skip`` frames, keeping the last two screens in the pool.
+
+        The hottest loop of an Atari actor (the emulator aside): what :meth:`_act` does for one
+        frame, inlined, with the score and frame count added once a step."""
+        ale, code, screens = self._ale, self._actions[action], self._screens
+        first_kept = self.frame_skip - len(screens)
+        reward, frames = 0, 0
         for i in range(self.frame_skip):
-            reward += self._act(action)
-            if self._game_over:
+            reward += ale.act(code, 1.0)
+            frames += 1
+            if ale.game_over():  # terminal or truncated
                 # the game ended mid-skip: its last screen is the observation, twice
-                self._grab_screen(-1)
-                self._pool[0] = self._pool[-1]
+                self._game_over = True
+                ale.getScreenGrayscale(screens[-1])
+                screens[0][:] = screens[-1]
                 break
             if i >= first_kept:
-                self._grab_screen(i - first_kept)
-        return reward
+                ale.getScreenGrayscale(screens[i - first_kept])
+        self._game_return += reward
+        self._game_frames += frames
+        return float(reward)
 
     def _act(self, action: int) -> float:
         """One emulator frame; keeps the unclipped score, the frame count and the game-over

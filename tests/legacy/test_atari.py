@@ -173,6 +173,38 @@ def test_pong_frames_are_resized_as_opencv_resizes_them():
     assert differing <= 300 * 84 * 84 // 1000
 
 
+def test_steps_match_gymnasiums_atari_preprocessing():
+    """The same game, seed and actions through gymnasium's ``AtariPreprocessing`` (frame skip,
+    max-pool of the last two screens, 84x84 area resize), the reference this environment
+    re-implements for speed: the same rewards and, each step, the same newest frame within
+    AreaResize's one grey level."""
+    import gymnasium as gym
+
+    ours = AtariEnvironment(
+        noop_max=0, episodic_life=False, clip_rewards=False, fire_on_reset=False
+    )
+    reference = gym.wrappers.AtariPreprocessing(
+        gym.make(ours.gym_id, frameskip=1, repeat_action_probability=0.0), noop_max=0
+    )
+    ours.seed(5)
+    first = ours.reset()[0].obs[-1]
+    assert np.abs(first.astype(int) - reference.reset(seed=5)[0]).max() <= 1
+    rng = np.random.default_rng(5)
+    rewards = 0.0
+    for _ in range(400):  # random play loses a point every ~60 steps, a game in ~1,000
+        action = int(rng.integers(6))
+        result = ours.step([action])[0]
+        frame, reward, terminated, truncated, _ = reference.step(action)
+        assert not (terminated or truncated or result.done or result.truncated)
+        assert result.reward == reward
+        diff = np.abs(result.obs[-1].astype(int) - frame)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+        rewards += reward
+    assert rewards < 0  # points were played, so the frames moved
+    ours.close()
+    reference.close()
+
+
 def test_area_resize_refuses_to_enlarge():
     with pytest.raises(ValueError, match="downscales only"):
         AreaResize((84, 84), (100, 84))
