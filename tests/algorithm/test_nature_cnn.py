@@ -42,6 +42,27 @@ def test_inputs_are_scaled_by_1_over_255_inside_the_model():
     torch.testing.assert_close(cnn(frames), cnn.net(frames.float() / 255.0))
 
 
+def test_training_on_the_cpu_gives_the_features_and_gradients_of_inference():
+    """With autograd on, the CPU path feeds the convolutions channels-last inputs (faster
+    gradients): the features must be inference's, and the gradients those of the plain
+    layout, up to float rounding; the parameters keep their layout."""
+    torch.manual_seed(0)
+    cnn = NatureCNN((4, 84, 84))
+    frames = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        inferred = cnn(frames)
+    trained = cnn(frames)
+    torch.testing.assert_close(trained, inferred)
+    trained.square().sum().backward()
+    ours = [p.grad.clone() for p in cnn.parameters()]
+    cnn.zero_grad()
+    cnn.net(frames.float() / 255.0).square().sum().backward()  # the plain NCHW layout
+    for got, want in zip(ours, [p.grad for p in cnn.parameters()]):
+        scale = want.abs().max().item()  # summed in another order: compare to the largest
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * scale)
+    assert all(p.is_contiguous() for p in cnn.parameters())
+
+
 def test_atari_frames_get_the_nature_cnn_and_small_images_the_small_one():
     assert isinstance(image_encoder((4, 84, 84)), NatureCNN)
     assert isinstance(image_encoder((84, 84, 3)), NatureCNN)
