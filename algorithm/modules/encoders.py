@@ -88,7 +88,7 @@ class _ImageEncoder(nn.Module):
             x = x.permute(0, 3, 1, 2)
         if x.device.type == "cpu" and torch.is_grad_enabled():
             # A trainer on the CPU: oneDNN's convolution gradients run faster on channels-last
-            # (NHWC) inputs; a pong-ppo trainer step took 0.74x the CPU (BENCHMARKS.md). Not for
+            # (NHWC) inputs; a pong-ppo trainer step took 0.71x the CPU (BENCHMARKS.md). Not for
             # inference, where small batches got slower, nor on a GPU, where it was not
             # measured. Laid out while still uint8 (a quarter of the bytes); the features are
             # the same in any layout.
