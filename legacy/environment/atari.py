@@ -150,7 +150,6 @@ class AtariEnvironment(Environment):
         self._fire = fire_on_reset and len(meanings) >= 3 and meanings[1] == "FIRE"
         height, width = self._ale.getScreenDims()
         self._pool = np.zeros((min(2, self.frame_skip), height, width), dtype=np.uint8)
-        self._screens = list(self._pool)  # views, made once: the grabs write into them
         self._pooled = np.empty((height, width), dtype=np.uint8)
         self._stack = np.zeros((frame_stack, screen_size, screen_size), dtype=np.uint8)
         self._area = None
@@ -254,8 +253,8 @@ class AtariEnvironment(Environment):
 
         The hottest loop of an Atari actor (the emulator aside): what :meth:`_act` does for one
         frame, inlined, with the score and frame count added once a step."""
-        ale, code, screens = self._ale, self._actions[action], self._screens
-        first_kept = self.frame_skip - len(screens)
+        ale, code, pool = self._ale, self._actions[action], self._pool
+        first_kept = self.frame_skip - len(pool)
         reward, frames = 0, 0
         for i in range(self.frame_skip):
             reward += ale.act(code, 1.0)
@@ -263,11 +262,11 @@ class AtariEnvironment(Environment):
             if ale.game_over():  # terminal or truncated
                 # the game ended mid-skip: its last screen is the observation, twice
                 self._game_over = True
-                ale.getScreenGrayscale(screens[-1])
-                screens[0][:] = screens[-1]
+                ale.getScreenGrayscale(pool[-1])
+                pool[0] = pool[-1]
                 break
             if i >= first_kept:
-                ale.getScreenGrayscale(screens[i - first_kept])
+                ale.getScreenGrayscale(pool[i - first_kept])
         self._game_return += reward
         self._game_frames += frames
         return float(reward)
