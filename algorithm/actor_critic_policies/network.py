@@ -114,11 +114,31 @@ class ActorCriticNet(nn.Module):
             value_features, critic_hx = self.critic_body(obs, critic_hx, on_reset)
             new_hx = None if actor_hx is None else torch.cat([actor_hx, critic_hx])
         new_hx = None if new_hx is None else new_hx.transpose(0, 1)
-        params, value = self.policy_head(features), self.value_head(value_features)
+        params, value = self._heads(features, value_features)
         if self.mirror is not None:
             params, value = self.mirror.fold(params, value)
         params = params.reshape(steps, batch, self.policy_head.out_features)
         return params, value.reshape(steps, batch, 1), new_hx
+
+    def _heads(self, features, value_features):
+        """Distribution parameters and values, in float32 even when the bodies ran in a lower
+        precision (a trainer's bfloat16 autocast): log-probabilities from bfloat16 logits would
+        be off by about 1% before any update, as large a change of the ratio as PPO's clip
+        lets through in a tenth of an epoch."""
+        device_type = features.device.type
+        if not _autocast_on(device_type):
+            return self.policy_head(features), self.value_head(value_features)
+        with torch.autocast(device_type, enabled=False):
+            return self.policy_head(features.float()), self.value_head(value_features.float())
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch before 2.4: no device argument
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return torch.is_autocast_enabled()
 
 
 def _param_count(space: gym.Space) -> int:

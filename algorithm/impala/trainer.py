@@ -83,6 +83,8 @@ class ImpalaTrainer(ActorCriticTrainer):
         adam_eps: Adam's epsilon.
         fused_adam: Adam's fused kernel (faster steps; see
             ``algorithm.modules.adam.adam_impl``).
+        precision: ``"float32"`` or ``"bfloat16"`` (autocast forward and backward passes; see
+            ``algorithm.modules.actor_critic_trainer.ActorCriticTrainer``).
         seed: seeds the split of segments into minibatches (None: from torch's seed).
     """
 
@@ -112,6 +114,7 @@ class ImpalaTrainer(ActorCriticTrainer):
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,
+        precision: Literal["float32", "bfloat16"] = "float32",
         seed: int | None = None,
     ):
         if c_bar > rho_bar:
@@ -125,6 +128,7 @@ class ImpalaTrainer(ActorCriticTrainer):
             total_steps=total_steps,
             adam_eps=adam_eps,
             fused_adam=fused_adam,
+            precision=precision,
             seed=seed,
         )
         self.gamma, self.rho_bar, self.c_bar = gamma, rho_bar, c_bar
@@ -148,7 +152,7 @@ class ImpalaTrainer(ActorCriticTrainer):
 
     def _update(self, minibatch: SampleBatch) -> torch.Tensor:
         """One gradient step on whole segments; the :data:`UPDATE_STATS` as one tensor."""
-        out: ImpalaAnalyzedResult = self._policy.analyze(minibatch, target=self.analyze_target)
+        out: ImpalaAnalyzedResult = self._analyze(minibatch)
         with torch.no_grad():
             log_rho = out.new_log_prob - out.old_log_prob
             vs, advantages, mask = vtrace_targets(

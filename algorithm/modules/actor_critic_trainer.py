@@ -9,6 +9,7 @@ trainers differ only in their targets and losses (their ``step`` and ``_update``
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import numpy as np
@@ -19,6 +20,10 @@ from algorithm.policy import wait_for_gpu
 from api.policy import Policy
 from api.trainer import Trainer
 
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("float32", "bfloat16")
+"""The precisions a trainer's forward and backward passes may run at (its ``precision`` arg)."""
 LR_SCHEDULES = ("constant", "linear")
 """A trainer's learning-rate schedules; each trainer's signature spells them as a ``Literal``
 (read from the source by the config check, which resolves no imported alias), so that a config
@@ -42,6 +47,14 @@ def masked_mean(mask: torch.Tensor | None):
     return mean
 
 
+def _cpu_has_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 natively on this CPU (True when it cannot tell)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
+
+
 class ActorCriticTrainer(Trainer):
     """Base of :class:`~algorithm.ppo.trainer.PPOTrainer` and
     :class:`~algorithm.impala.trainer.ImpalaTrainer`; a subclass implements ``step``.
@@ -57,6 +70,11 @@ class ActorCriticTrainer(Trainer):
         adam_eps: Adam's epsilon.
         fused_adam: Adam's fused kernel (faster steps; see
             :func:`algorithm.modules.adam.adam_impl`).
+        precision: ``"bfloat16"`` runs the policy's ``analyze`` (forward and backward) under
+            autocast, so that convolutions and matrix products take bfloat16 inputs; weights,
+            optimizer state and losses stay float32, and Troupe's actor-critic network keeps
+            its heads (logits, values) in float32. Rollouts are unchanged. It pays on GPUs and
+            on CPUs with bfloat16 units (AMX, AVX-512 BF16); elsewhere it is slower.
         seed: seeds the minibatch shuffling (None: derived from torch's current seed, so a run
             that seeds torch before building its trainer shuffles reproducibly).
     """
@@ -74,8 +92,11 @@ class ActorCriticTrainer(Trainer):
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,
+        precision: Literal["float32", "bfloat16"] = "float32",
         seed: int | None = None,
     ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be 'float32' or 'bfloat16', got '{precision}'")
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be 'constant' or 'linear', got '{lr_schedule}'")
         if lr_schedule == "linear" and not total_steps:
@@ -95,6 +116,12 @@ class ActorCriticTrainer(Trainer):
         self.optimizer = make_adam(self._params, fused_adam, lr=lr, eps=adam_eps)
         self._steps = 0
         self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
+        self.precision = precision
+        if precision == "bfloat16" and self._device().type == "cpu" and not _cpu_has_bf16():
+            logger.warning(
+                "precision='bfloat16' on a CPU without bfloat16 units: training will be slower "
+                "than in float32"
+            )
 
     @property
     def policy(self) -> Policy:
@@ -102,6 +129,13 @@ class ActorCriticTrainer(Trainer):
 
     def _device(self) -> torch.device:
         return getattr(self._policy, "device", torch.device("cpu"))
+
+    def _analyze(self, batch: Any) -> Any:
+        """``policy.analyze(batch, target=analyze_target)`` at the trainer's ``precision``. The
+        backward pass of what it returns follows the same casts."""
+        device = self._device()
+        with torch.autocast(device.type, torch.bfloat16, enabled=self.precision == "bfloat16"):
+            return self._policy.analyze(batch, target=self.analyze_target)
 
     def _set_lr(self) -> float:
         """Set this step's learning rate on the optimizer and return it."""

@@ -95,6 +95,8 @@ class PPOTrainer(ActorCriticTrainer):
         adam_eps: Adam's epsilon.
         fused_adam: Adam's fused kernel (faster steps; see
             ``algorithm.modules.adam.adam_impl``).
+        precision: ``"float32"`` or ``"bfloat16"`` (autocast forward and backward passes; see
+            ``algorithm.modules.actor_critic_trainer.ActorCriticTrainer``).
         vtrace: V-trace value targets and advantages instead of GAE (see the module docstring).
         rho_bar: V-trace's clip of the importance weights in the targets and advantages. The
             traces also decay by ``gae_lambda``: on on-policy data the value targets are GAE's
@@ -132,6 +134,7 @@ class PPOTrainer(ActorCriticTrainer):
         total_steps: int | None = None,
         adam_eps: float = 1e-5,
         fused_adam: bool = False,
+        precision: Literal["float32", "bfloat16"] = "float32",
         vtrace: bool = False,
         rho_bar: float = 1.0,
         c_bar: float = 1.0,
@@ -148,6 +151,7 @@ class PPOTrainer(ActorCriticTrainer):
             total_steps=total_steps,
             adam_eps=adam_eps,
             fused_adam=fused_adam,
+            precision=precision,
             seed=seed,
         )
         self.gamma, self.gae_lambda = gamma, gae_lambda
@@ -195,7 +199,7 @@ class PPOTrainer(ActorCriticTrainer):
                 self.gamma,
                 self.gae_lambda,
             )
-        out: PPOAnalyzedResult = self._policy.analyze(batch, target=self.analyze_target)
+        out: PPOAnalyzedResult = self._analyze(batch)
         returns, advantages, mask = vtrace_targets(
             reward,
             out.value,
@@ -212,7 +216,7 @@ class PPOTrainer(ActorCriticTrainer):
     def _update(self, mb: NamedArray, adv, ret, mask) -> torch.Tensor:
         """One gradient step; returns the :data:`UPDATE_STATS` as one detached tensor, so that
         the step reads them back once instead of once per statistic and minibatch."""
-        out: PPOAnalyzedResult = self._policy.analyze(mb, target=self.analyze_target)
+        out: PPOAnalyzedResult = self._analyze(mb)
         mean = masked_mean(mask)
         if self.normalize_advantages:
             centred = adv - mean(adv)
