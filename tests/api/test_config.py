@@ -290,3 +290,11 @@ def test_a_learning_rate_schedule_is_one_of_the_two_before_launch(experiment):
     assert make_experiment(experiment, linear).policies["default"].trainer.args["lr_schedule"] == (
         "linear"
     )
+
+
+@pytest.mark.parametrize("experiment", ["cartpole-ppo", "cartpole-impala"])
+def test_a_training_precision_is_float32_or_bfloat16_before_launch(experiment):
+    with pytest.raises(ConfigError, match="expected 'float32' or 'bfloat16', got str 'fp16'"):
+        make_experiment(experiment, ["policies.default.trainer.args.precision=fp16"])
+    bf16 = make_experiment(experiment, ["policies.default.trainer.args.precision=bfloat16"])
+    assert bf16.policies["default"].trainer.args["precision"] == "bfloat16"
