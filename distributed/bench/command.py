@@ -4,6 +4,7 @@
     troupe bench throughput latency   # some suites
     troupe bench pixels               # Pong end to end against the raw emulator (atari extra)
     troupe bench pixels --actors auto --envs 8 --device cuda   # ... in a layout of your own
+    troupe bench pixels --precision bfloat16   # ... with the trainer under bfloat16 autocast
     troupe bench --quick --json b.json  # every suite at minimum size: proves the command works
 
 Each suite lives in :mod:`distributed.bench.suites`; whole runs are watched by
@@ -80,6 +81,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--envs", type=int, metavar="N", help="environments per actor")
     layout.add_argument(
         "--device", metavar="DEVICE", help="policy device, e.g. cuda (the CPU if none is there)"
+    )
+    layout.add_argument(
+        "--precision",
+        choices=("float32", "bfloat16"),
+        help="the trainer's precision (bfloat16: autocast; pays on GPUs and CPUs with AMX)",
     )
     parser.add_argument(
         "--keep-runs",
@@ -158,7 +164,8 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def layout_overrides(args: argparse.Namespace) -> list[str]:
-    """``--actors``, ``--envs`` and ``--device`` as overrides of the pixels suite's run."""
+    """``--actors``, ``--envs``, ``--device`` and ``--precision`` as overrides of the pixels
+    suite's run."""
     overrides = []
     if getattr(args, "actors", None) is not None:
         overrides.append(f"actors.workers={args.actors}")
@@ -168,6 +175,8 @@ def layout_overrides(args: argparse.Namespace) -> list[str]:
         overrides.append(f"actors.envs_per_worker={args.envs}")
     if getattr(args, "device", None):
         overrides.append(f"policies.default.policy.args.device={args.device}")
+    if getattr(args, "precision", None):
+        overrides.append(f"policies.default.trainer.args.precision={args.precision}")
     return overrides
 
 

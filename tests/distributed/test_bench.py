@@ -93,15 +93,19 @@ def test_window_timing_averages_each_roles_shares_and_names_its_largest_wait():
 def test_the_pixels_layout_flags_become_overrides_of_its_run():
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
-    args = parser.parse_args(["pixels", "--actors", "auto", "--envs", "16", "--device", "cuda"])
+    layout = ["--actors", "auto", "--envs", "16", "--device", "cuda", "--precision", "bfloat16"]
+    args = parser.parse_args(["pixels", *layout])
     assert layout_overrides(args) == [
         "actors.workers=auto",
         "actors.envs_per_worker=16",
         "policies.default.policy.args.device=cuda",
+        "policies.default.trainer.args.precision=bfloat16",
     ]
     assert layout_overrides(parser.parse_args(["pixels"])) == []
     with pytest.raises(UserError, match="--envs must be at least 1, got 0"):
         layout_overrides(parser.parse_args(["pixels", "--envs", "0"]))
+    with pytest.raises(SystemExit):  # argparse names the two choices
+        parser.parse_args(["pixels", "--precision", "fp16"])
 
 
 def test_the_suite_names_the_parser_shows_are_the_suites_that_run():
