@@ -11,6 +11,7 @@ import torch
 
 from algorithm.actor_critic_policies.policy import ActorCriticPolicy
 from algorithm.impala.trainer import ImpalaTrainer
+from algorithm.modules import actor_critic_trainer
 from algorithm.ppo.trainer import PPOTrainer
 from api.policy import RolloutRequest
 
@@ -100,3 +101,11 @@ def test_bfloat16_log_probs_values_and_gradient_are_close_to_float32(make_batch)
 def test_an_unknown_precision_is_refused_naming_the_two(trainer_class):
     with pytest.raises(ValueError, match="precision must be 'float32' or 'bfloat16', got 'fp16'"):
         trainer_class(_policy(), precision="fp16")
+
+
+def test_bfloat16_on_a_cpu_without_bfloat16_units_warns_that_it_is_slower(monkeypatch, caplog):
+    monkeypatch.setattr(actor_critic_trainer, "_cpu_has_bf16", lambda: False)
+    PPOTrainer(_policy(), precision="float32")
+    assert not caplog.records
+    PPOTrainer(_policy(), precision="bfloat16")
+    assert "without bfloat16 units: training will be slower" in caplog.text
