@@ -122,10 +122,10 @@ class ActorCriticNet(nn.Module):
 
     def _heads(self, features, value_features):
         """Distribution parameters and values, in float32 even when the bodies ran in a lower
-        precision (a trainer's bfloat16 autocast). From bfloat16 logits, a Nature CNN's
-        log-probabilities moved by up to 1.1e-2 from float32's before any update (a tenth of
-        PPO's clip); from float32 heads on the same bfloat16 features, by up to 1.9e-3
-        (tests/algorithm/test_precision.py)."""
+        precision (a trainer's bfloat16 autocast). On the batches of
+        tests/algorithm/test_precision.py, a Nature CNN's log-probabilities moved from
+        float32's by up to 7.8e-3-1.1e-2 with bfloat16 heads (a tenth of PPO's clip, before any
+        update), and by up to 1.9e-3 with float32 heads on the same bfloat16 features."""
         device_type = features.device.type
         if not _autocast_on(device_type):
             return self.policy_head(features), self.value_head(value_features)

@@ -47,8 +47,17 @@ def masked_mean(mask: torch.Tensor | None):
     return mean
 
 
+def _has_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively: a GPU from Ampere on, a CPU whose oneDNN
+    has bfloat16 kernels (AMX, AVX-512 BF16). True when it cannot tell."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return True
+    return _cpu_has_bf16()
+
+
 def _cpu_has_bf16() -> bool:
-    """Whether oneDNN runs bfloat16 natively on this CPU (True when it cannot tell)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
@@ -117,10 +126,11 @@ class ActorCriticTrainer(Trainer):
         self._steps = 0
         self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
         self.precision = precision
-        if precision == "bfloat16" and self._device().type == "cpu" and not _cpu_has_bf16():
+        if precision == "bfloat16" and not _has_bf16(self._device()):
             logger.warning(
-                "precision='bfloat16' on a CPU without bfloat16 units: training will be slower "
-                "than in float32"
+                "precision='bfloat16' on a %s without bfloat16 units: training will be slower "
+                "than in float32",
+                self._device().type.upper(),
             )
 
     @property

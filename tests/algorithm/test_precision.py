@@ -108,4 +108,4 @@ def test_bfloat16_on_a_cpu_without_bfloat16_units_warns_that_it_is_slower(monkey
     PPOTrainer(_policy(), precision="float32")
     assert not caplog.records
     PPOTrainer(_policy(), precision="bfloat16")
-    assert "without bfloat16 units: training will be slower" in caplog.text
+    assert "on a CPU without bfloat16 units: training will be slower" in caplog.text
