@@ -57,11 +57,11 @@ def test_bfloat16_convolves_in_bfloat16_and_keeps_heads_weights_and_adam_float32
     # the rollout (a policy worker's forward pass) is not under the trainer's autocast
     seen.clear()
     policy.eval_mode()
-    policy.rollout(_request(policy))
+    policy.rollout(_request())
     assert seen["conv"] == torch.float32
 
 
-def _request(policy):
+def _request():
     rng = np.random.default_rng(0)
     obs = rng.integers(0, 256, (2, *FRAMES.shape), dtype=np.uint8)
     return RolloutRequest(obs=obs, on_reset=np.ones((2, 1), dtype=bool))
