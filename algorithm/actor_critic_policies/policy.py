@@ -39,6 +39,7 @@ from algorithm.actor_critic_policies.network import (
     PolicyState,
 )
 from algorithm.impala.trainer import ImpalaAnalyzedResult
+from algorithm.modules import cuda_graphs
 from algorithm.modules import numpy_inference as numpy_inference_lib
 from algorithm.modules.distributions import (
     ActionDistribution,
@@ -83,6 +84,10 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             ``[6, 5, 4, 3, 2, 1, 0]``), each action's mirror action, counted from 0: the
             network is then symmetric by construction, so a pattern learnt on one side of the
             board holds on the other (:mod:`algorithm.modules.mirror`). Empty: no symmetry.
+        cuda_graphs: on a GPU, act through CUDA graphs, one per padded batch size (one launch
+            a batch instead of some thirty; :mod:`algorithm.modules.cuda_graphs`). For a
+            feed-forward network with one Discrete action and one observation array; ignored
+            on the CPU. Training always goes through torch.
     """
 
     arg_ranges = {
@@ -106,6 +111,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         normalize_returns: bool = False,
         grid_channels: Sequence[int] = (),
         mirror_actions: Sequence[int] = (),
+        cuda_graphs: bool = False,
     ):
         self.observation_space, self.action_space = observation_space, action_space
         mirror = _mirror(observation_space, action_space, mirror_actions, rnn_hidden, normalize_obs)
@@ -138,6 +144,9 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         if numpy_inference and numpy_inference_lib.supports(net, observation_space, self.device):
             self._numpy = numpy_inference_lib.NumpyActorCritic(self.module)
             self._rng = np.random.default_rng(seed if seed is not None else torch.initial_seed())
+        self._graphed = None
+        if cuda_graphs:
+            self._graphed = _graphed_rollout(net, observation_space, action_space, self.device)
 
     @property
     def default_policy_state(self) -> PolicyState | None:
@@ -149,6 +158,10 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
     def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
         if self._numpy is not None:
             return self._rollout_numpy(request)
+        if self._graphed is not None:
+            result = self._rollout_graphed(request)
+            if result is not None:
+                return result
         obs = self._normalized(self.to_tensor(request.obs))
         batch = len(request.obs)
         with torch.no_grad():
@@ -168,6 +181,19 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             action=self._env_action(action),
             policy_state=None if hx is None else PolicyState(hx=self.to_numpy(hx)),
             policy_output=self.to_numpy(output),
+            client_id=request.client_id,
+            request_id=request.request_id,
+        )
+
+    def _rollout_graphed(self, request: RolloutRequest) -> RolloutResult | None:
+        """``rollout`` through the captured graphs; None for a batch they do not take."""
+        out = self._graphed.act(request.obs, request.is_evaluation, self._generator)
+        if out is None:
+            return None
+        action, log_prob, value = out
+        return RolloutResult(
+            action=action + _action_start(self.action_space),
+            policy_output=ActorCriticOutput(log_prob=log_prob, value=value),
             client_id=request.client_id,
             request_id=request.request_id,
         )
@@ -303,6 +329,19 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             lead = (lead,) if isinstance(lead, int) else lead
             return torch.zeros(*lead, 1, dtype=torch.bool, device=self.device)
         return self.to_tensor(flags).bool()
+
+
+def _graphed_rollout(net, observation_space, action_space, device):
+    """The graphed rollout on a GPU (None on the CPU); a clear error where it cannot apply."""
+    if not cuda_graphs.supports(net, observation_space, action_space):
+        raise ValueError(
+            "cuda_graphs needs a feed-forward network (rnn_hidden=0) without normalize_obs or "
+            "mirror_actions, one Discrete action and one observation array (no Dict); got "
+            f"{observation_space} -> {action_space}; set cuda_graphs=False"
+        )
+    if device.type != "cuda":
+        return None  # no GPU (a "cuda" policy falls back to the CPU): the eager way
+    return cuda_graphs.GraphedRollout(net, observation_space, int(action_space.n), device)
 
 
 def _mirror(obs_space, action_space, actions, rnn_hidden, normalize_obs) -> Mirror | None:

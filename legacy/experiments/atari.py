@@ -119,7 +119,8 @@ def pong_ppo_gpu() -> ExperimentConfig:
       collected as the 2-core recipe's minibatches of 256 take (32 instead of 64 per 4,096
       transitions over the 4 epochs), each on twice the transitions;
     * its one policy worker, then busy all the time forming batches and waiting on the GPU,
-      became the next limit: two of them;
+      became the next limit: two of them, acting through CUDA graphs (one launch a batch, 1.46
+      cores for the two instead of 1.84, and 5% more frames);
     * the actors, as many as the cores the other roles leave (``actors.workers=auto``: 12 on
       16 cores), each with 16 environments in 2 groups, so that one group steps while the
       other's request is answered;
@@ -139,7 +140,9 @@ def pong_ppo_gpu() -> ExperimentConfig:
     )
     policy = dataclasses.replace(
         base,
-        policy=dataclasses.replace(base.policy, args=dict(base.policy.args, device="cuda")),
+        policy=dataclasses.replace(
+            base.policy, args=dict(base.policy.args, device="cuda", cuda_graphs=True)
+        ),
         trainer=dataclasses.replace(base.trainer, args=trainer_args),
         batch_segments=GPU_BATCH_SEGMENTS,
         policy_workers=GPU_POLICY_WORKERS,
