@@ -333,12 +333,9 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
 
 def _graphed_rollout(net, observation_space, action_space, device):
     """The graphed rollout on a GPU (None on the CPU); a clear error where it cannot apply."""
-    if not cuda_graphs.supports(net, observation_space, action_space):
-        raise ValueError(
-            "cuda_graphs needs a feed-forward network (rnn_hidden=0) without normalize_obs or "
-            "mirror_actions, one Discrete action and one observation array (no Dict); got "
-            f"{observation_space} -> {action_space}; set cuda_graphs=False"
-        )
+    missing = cuda_graphs.unsupported(net, observation_space, action_space)
+    if missing:
+        raise ValueError(f"cuda_graphs=True needs {missing}; set cuda_graphs=False")
     if device.type != "cuda":
         return None  # no GPU (a "cuda" policy falls back to the CPU): the eager way
     return cuda_graphs.GraphedRollout(net, observation_space, int(action_space.n), device)

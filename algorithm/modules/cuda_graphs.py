@@ -30,7 +30,7 @@ How:
 
 What applies: a feed-forward network (no GRU), one ``Discrete`` action, an observation that is
 one array (not a Dict: no action mask), no observation normalisation, no mirror, on a GPU.
-:func:`supports` says so; elsewhere the policy acts the eager way.
+:func:`unsupported` says what is missing; elsewhere the policy acts the eager way.
 
 Without a GPU the same buckets, static buffers and padding run as plain calls (``capture=False``),
 which is how the tests on a CPU check everything but the capture itself.
@@ -51,15 +51,19 @@ MIN_BUCKET = 8
 """The smallest bucket: a batch of 1-8 rows replays the 8-row graph."""
 
 
-def supports(net: nn.Module, observation_space: gym.Space, action_space: gym.Space) -> bool:
-    """Whether :class:`GraphedRollout` can act for this network and these spaces."""
-    return (
-        isinstance(action_space, gym.spaces.Discrete)
-        and isinstance(observation_space, gym.spaces.Box)
-        and getattr(net.actor_body, "rnn", None) is None
-        and getattr(net, "obs_norm", None) is None
-        and getattr(net, "mirror", None) is None
-    )
+def unsupported(net: nn.Module, observation_space: gym.Space, action_space: gym.Space) -> str:
+    """Why :class:`GraphedRollout` cannot act for this network and these spaces ("" if it can)."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        return f"one Discrete action, not {type(action_space).__name__}"
+    if not isinstance(observation_space, gym.spaces.Box):
+        return f"one observation array (a Box), not {type(observation_space).__name__}"
+    if getattr(net.actor_body, "rnn", None) is not None:
+        return "a feed-forward network (rnn_hidden=0)"
+    if getattr(net, "obs_norm", None) is not None:
+        return "observations as they come (normalize_obs=False)"
+    if getattr(net, "mirror", None) is not None:
+        return "no mirror (mirror_actions empty)"
+    return ""
 
 
 def sample_rows(

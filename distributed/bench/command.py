@@ -85,7 +85,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument(
         "--precision",
         choices=("float32", "bfloat16"),
-        help="the trainer's precision (bfloat16: autocast; pays on GPUs and CPUs with AMX)",
+        help="the trainer's precision (bfloat16: autocast; pays where the trainer's arithmetic "
+        "is the limit, on CPUs with AMX; not on an H200 for Pong, BENCHMARKS.md)",
+    )
+    layout.add_argument(
+        "--eager",
+        action="store_true",
+        help="with --device cuda, act through eager torch calls instead of CUDA graphs",
     )
     parser.add_argument(
         "--keep-runs",
@@ -165,7 +171,8 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
 
 def layout_overrides(args: argparse.Namespace) -> list[str]:
     """``--actors``, ``--envs``, ``--device`` and ``--precision`` as overrides of the pixels
-    suite's run."""
+    suite's run. On a GPU the policy acts through CUDA graphs, as ``pong-ppo-gpu`` does, unless
+    ``--eager`` (to compare)."""
     overrides = []
     if getattr(args, "actors", None) is not None:
         overrides.append(f"actors.workers={args.actors}")
@@ -175,6 +182,9 @@ def layout_overrides(args: argparse.Namespace) -> list[str]:
         overrides.append(f"actors.envs_per_worker={args.envs}")
     if getattr(args, "device", None):
         overrides.append(f"policies.default.policy.args.device={args.device}")
+        if args.device.startswith("cuda"):
+            graphs = not getattr(args, "eager", False)
+            overrides.append(f"policies.default.policy.args.cuda_graphs={graphs}")
     if getattr(args, "precision", None):
         overrides.append(f"policies.default.trainer.args.precision={args.precision}")
     return overrides

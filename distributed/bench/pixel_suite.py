@@ -11,7 +11,8 @@ each frame costs in copies on the observation path, with shared memory (this run
 sockets (what it was before, and still is across hosts), from the wire codec's own message sizes.
 
 ``troupe bench pixels --actors N|auto --envs M --device cuda`` sets the run's layout, and
-``--precision bfloat16`` its trainer's precision.
+``--precision bfloat16`` its trainer's precision; on a GPU the policy acts through CUDA graphs
+unless ``--eager``.
 """
 
 from __future__ import annotations

@@ -146,8 +146,10 @@ def test_on_the_cpu_the_option_acts_the_eager_way():
 
 
 def test_a_policy_the_graphs_cannot_act_for_is_refused_before_it_runs():
-    with pytest.raises(ValueError, match="cuda_graphs needs a feed-forward network"):
+    with pytest.raises(ValueError, match=r"needs a feed-forward network \(rnn_hidden=0\)"):
         _policy(rnn_hidden=8, cuda_graphs=True)
+    with pytest.raises(ValueError, match="needs one Discrete action, not Box"):
+        ActorCriticPolicy(VECTOR, gym.spaces.Box(-1, 1, (2,)), cuda_graphs=True)
 
 
 # ------------------------------------------------------------------------- on a GPU

@@ -99,7 +99,13 @@ def test_the_pixels_layout_flags_become_overrides_of_its_run():
         "actors.workers=auto",
         "actors.envs_per_worker=16",
         "policies.default.policy.args.device=cuda",
+        "policies.default.policy.args.cuda_graphs=True",
         "policies.default.trainer.args.precision=bfloat16",
+    ]
+    eager = layout_overrides(parser.parse_args(["pixels", "--device", "cuda", "--eager"]))
+    assert eager[-1] == "policies.default.policy.args.cuda_graphs=False"
+    assert layout_overrides(parser.parse_args(["pixels", "--device", "cpu"])) == [
+        "policies.default.policy.args.device=cpu"
     ]
     assert layout_overrides(parser.parse_args(["pixels"])) == []
     with pytest.raises(UserError, match="--envs must be at least 1, got 0"):
