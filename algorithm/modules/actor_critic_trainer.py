@@ -157,13 +157,22 @@ class ActorCriticTrainer(Trainer):
         return lr
 
     def _minibatch_indices(
-        self, count: int, device: torch.device, sort: bool = False
+        self, count: int, device: torch.device, sort: bool = False, passes: int = 1
     ) -> list[torch.Tensor]:
-        """One pass: a shuffle of ``count`` entries split into ``minibatches`` index tensors
-        (fewer if there are fewer entries), each in ascending order if ``sort``."""
-        order = self._rng.permutation(count)
-        chunks = np.array_split(order, min(self.minibatches, max(count, 1)))
-        return [torch.as_tensor(np.sort(c) if sort else c, device=device) for c in chunks]
+        """``passes`` passes, each a shuffle of ``count`` entries split into ``minibatches``
+        index tensors (fewer if there are fewer entries), each in ascending order if ``sort``.
+
+        Every pass's indices reach the device in **one** copy: PyTorch's copy from ordinary host
+        memory to a GPU waits for the stream to drain, so one copy a minibatch would stop the
+        trainer from queueing a minibatch's kernels while the GPU still runs the previous one's
+        (on an H200 a Pong trainer spends its step launching kernels, BENCHMARKS.md)."""
+        chunks = []
+        for _ in range(passes):
+            order = self._rng.permutation(count)
+            split = np.array_split(order, min(self.minibatches, max(count, 1)))
+            chunks += [np.sort(c) if sort else c for c in split]
+        flat = torch.as_tensor(np.concatenate(chunks), device=device)
+        return list(flat.split([len(c) for c in chunks]))
 
     def _gradient_step(self, loss: torch.Tensor) -> torch.Tensor:
         """Backpropagate ``loss``, clip the global gradient norm, step Adam; the norm before

@@ -172,10 +172,10 @@ class PPOTrainer(ActorCriticTrainer):
         lag = policy_lag_stats(self._policy.version, batch.policy_version, mask)
         pool, pool_adv, pool_ret, pool_mask = self._training_pool(batch, advantages, returns, mask)
         rows = []
-        for _ in range(self.epochs):
-            for index in self._minibatch_indices(pool_adv.shape[1], pool_adv.device):
-                minibatch = (_take(x, index) for x in (pool, pool_adv, pool_ret, pool_mask))
-                rows.append(self._update(*minibatch))
+        count, device = pool_adv.shape[1], pool_adv.device
+        for index in self._minibatch_indices(count, device, passes=self.epochs):
+            minibatch = (_take(x, index) for x in (pool, pool_adv, pool_ret, pool_mask))
+            rows.append(self._update(*minibatch))
         step = self._finish_step()
         stats = self._mean_update_stats(rows, UPDATE_STATS)
         stats.update(self._batch_stats(advantages, returns, old_value, mask), lr=lr, **lag)

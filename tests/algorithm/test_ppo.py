@@ -77,6 +77,23 @@ def test_minibatches_cover_valid_transitions_once_per_epoch(make_batch):
     assert sorted(i for c in chunks for i in c.tolist()) == list(range(int(valid.sum())))
 
 
+def test_a_steps_minibatches_reach_the_device_in_one_copy_as_the_same_shuffles(monkeypatch):
+    """All epochs' minibatch indices are uploaded at once (a blocking copy to a GPU drains its
+    stream), and they are the shuffles that one upload per minibatch gave: the same generator
+    draws, epoch after epoch, split the same way."""
+    trainer = PPOTrainer(_policy(), minibatches=3, seed=5)
+    want = []
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        want += [c.tolist() for c in np.array_split(rng.permutation(10), 3)]
+    uploads = []
+    as_tensor = torch.as_tensor
+    monkeypatch.setattr(torch, "as_tensor", lambda *a, **k: uploads.append(1) or as_tensor(*a, **k))
+    chunks = trainer._minibatch_indices(10, torch.device("cpu"), passes=4)
+    assert len(uploads) == 1
+    assert [c.tolist() for c in chunks] == want
+
+
 def test_linear_schedule_decays_to_zero(make_batch):
     policy = _policy()
     trainer = PPOTrainer(policy, lr=1e-3, lr_schedule="linear", total_steps=4, epochs=1)
