@@ -215,6 +215,15 @@ class GroupTrainerWorker(TrainerWorker):
         self.group = group
         policy.distributed_setup()
         self.stats["param_checksum"] = parameter_checksum(policy.module)
+        # Where a re-formed group goes on from: an operator reading a restart needs it (and so
+        # does a test that must tell the new group's versions from the old one's).
+        logger.info(
+            "trainer rank %d/%d of '%s' trains on from version %d",
+            group.rank,
+            group.size,
+            self.policy_name,
+            policy.version,
+        )
 
     @property
     def publishes(self) -> bool:
