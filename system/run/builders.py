@@ -262,7 +262,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         worker.mark_published()
     if isinstance(source, SegmentSource) and group_size == 1 and wiring.threads and pc.load_ahead:
         # a group's ranks agree on each step's batch: they load in turn
-        source.start_loader(plan.worker_id)
+        worker.load_ahead()
     if group_size > 1:  # after restoring: every rank starts from rank 0's parameters
         name = roles.trainer_group_endpoint(plan.policy)
         group = wiring.trainer_group(name, plan.policy, plan.index, group_size)

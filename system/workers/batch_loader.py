@@ -1,18 +1,19 @@
-"""The trainer's loader thread: the next batch is received, decoded and cut while this one trains.
+"""The trainer's loader thread: the next batch is received, decoded, cut and staged while this one
+trains.
 
-Without it a trainer does everything in turn: wait for segments, decode them (a Pong batch is
-tens of megabytes of frames), cut a ``[T, B]`` batch, then train. With it, a thread of the
-trainer worker's own does the first three while ``Trainer.step`` runs (torch releases the GIL in
-its kernels, and a GPU step leaves the CPU idle), and hands over each batch through a queue of
-one: the trainer waits only when the loader has nothing yet (``wait_batch`` in its timings),
-and the loader only when the trainer has not taken its last batch (``wait_trainer``). The
-loader starts on the next batch only once the trainer took the last one, so a batch is
-assembled while exactly one trains: back-pressure still reaches the actors, and samples are
-one trainer step older than without a loader, never more.
+Without it a trainer does everything in turn: wait for segments, decode them (a Pong batch is tens
+of megabytes of frames), cut a ``[T, B]`` batch, put it on the device, then train. With it, a
+thread of the trainer worker's own does the first four while ``Trainer.step`` runs (torch releases
+the GIL in its kernels, and a GPU step leaves the CPU idle), and hands over each batch through a
+queue of one: the trainer waits only when the loader has nothing yet (``wait_batch`` in its
+timings), and the loader only when the trainer has not taken its last batch (``wait_trainer``). The
+loader starts on the next batch only once the trainer took the last one, so a batch is assembled
+while exactly one trains: back-pressure still reaches the actors, and samples are one trainer step
+older than without a loader, never more.
 
-Only process mode starts one (``Wiring.threads``): serial mode polls every worker in turn, in
-one thread, and stays deterministic. The thread owns the sample consumer's socket from its
-start (ZeroMQ sockets belong to one thread); ``stop`` joins it before the socket is closed.
+Only process mode starts one (``Wiring.threads``): serial mode polls every worker in turn, in one
+thread, and stays deterministic. The thread owns the sample consumer's socket from its start
+(ZeroMQ sockets belong to one thread); ``stop`` joins it before the socket is closed.
 """
 
 from __future__ import annotations
@@ -36,10 +37,19 @@ class LoaderFailed(RuntimeError):
 
 
 class BatchLoader:
-    """Runs ``assemble(timeout_ms, clock)`` in a thread until stopped; ``take`` gets a batch."""
+    """Runs ``assemble(timeout_ms, clock)`` in a thread until stopped; ``take`` gets a batch.
 
-    def __init__(self, assemble: Callable[[int, StageClock], SampleBatch | None], name: str):
+    ``prepare``, if given, runs on each batch in the same thread before it is handed over (a
+    :class:`~system.workers.staging.DeviceStager` putting it on the trainer's device)."""
+
+    def __init__(
+        self,
+        assemble: Callable[[int, StageClock], SampleBatch | None],
+        name: str,
+        prepare: Callable[[SampleBatch], None] | None = None,
+    ):
         self._assemble = assemble
+        self._prepare = prepare
         self.stages = SharedStageClock(first="wait_samples")
         """The loader thread's own stages, reported beside the trainer's (``trainer.loader``)."""
         self._ready: queue.Queue[SampleBatch] = queue.Queue(maxsize=1)
@@ -76,8 +86,12 @@ class BatchLoader:
         try:
             while not self._stop.is_set():
                 batch = self._assemble(20, self.stages)
-                if batch is not None:
-                    self._hand_over(batch)
+                if batch is None:
+                    continue
+                if self._prepare is not None:
+                    self.stages.enter("to_device")
+                    self._prepare(batch)
+                self._hand_over(batch)
         except BaseException as e:  # reported by the next take, in the trainer's own thread
             self._error = e
 

@@ -87,10 +87,10 @@ class SegmentSource:
         self.loader: BatchLoader | None = None
         self._next_lag_warning = 0.0
 
-    def start_loader(self, name: str) -> None:
-        """From now on the next batch is received and cut while this one trains; the sample
-        stream is the loader's alone."""
-        self.loader = BatchLoader(self._cut, name)
+    def start_loader(self, name: str, prepare: Callable[[SampleBatch], None] | None = None) -> None:
+        """From now on the next batch is received and cut (and ``prepare``d: put on the
+        trainer's device) while this one trains; the sample stream is the loader's alone."""
+        self.loader = BatchLoader(self._cut, name, prepare)
         self.loader.start()
 
     @property

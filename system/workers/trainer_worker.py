@@ -8,8 +8,9 @@ request for the next one.
 Its stages (:mod:`system.timing`): ``wait_samples`` (or ``wait_replay``), ``receive``
 (decoding chunks and cutting a batch from them), ``to_device`` (for a trainer that
 ``accepts_device_batches``), ``compute`` (``Trainer.step``) and ``publish``. With a loader
-thread (:mod:`system.workers.batch_loader`, ``load_ahead``) the first two are the loader's, and
-the trainer's own wait is ``wait_batch``.
+thread (:mod:`system.workers.batch_loader`, ``load_ahead``) the first three are the loader's
+(:mod:`system.workers.staging` puts its batches on the device), and the trainer's own wait is
+``wait_batch``.
 
 Back-pressure comes from the sample stream (bounded queues), so actors slow down when training
 does. After every step the new parameters go to the parameter service, which pushes them to the
@@ -42,6 +43,7 @@ from system.streams.samples import SampleConsumer
 from system.timing import StageClock
 from system.workers.base import Worker
 from system.workers.batch_source import BatchSource, SegmentSource
+from system.workers.staging import DeviceStager
 from system.workers.trainer_hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
@@ -114,9 +116,23 @@ class TrainerWorker(Worker):
         self._retry_at = 0.0
         """After a publish timed out: when to try again on the same client (a restarted
         service's new address, from :meth:`reconnect`, comes sooner)."""
+        self.stager: DeviceStager | None = None
+        """Set by :meth:`load_ahead` for a trainer that takes device batches."""
 
     def thread_stages(self) -> dict[str, StageClock]:
         return self.source.stages()
+
+    def load_ahead(self) -> None:
+        """Receive, cut and (for a trainer that ``accepts_device_batches``) put on the device
+        the next batch on a loader thread while this one trains. Process mode only: the
+        source must be a :class:`SegmentSource`, read by this one trainer."""
+        if not isinstance(self.source, SegmentSource):
+            raise TypeError(f"only segments are loaded ahead, not {type(self.source).__name__}")
+        device = self._device()
+        if device is not None:
+            self.stager = DeviceStager(device)
+        prepare = None if self.stager is None else self.stager.prepare
+        self.source.start_loader(self.worker_id, prepare)
 
     def collect_stats(self) -> dict[str, Any]:
         return {**super().collect_stats(), **self.source.stats()}
@@ -178,11 +194,22 @@ class TrainerWorker(Worker):
             trainer=self.trainer,
         )
 
-    def _to_device(self, batch: SampleBatch) -> SampleBatch:
-        """The batch as tensors on the policy's device, for a trainer that takes them
-        (``accepts_device_batches``); otherwise the batch itself, which ``step`` converts."""
+    def _device(self) -> torch.device | None:
+        """The policy's device, for a trainer that takes batches there; None otherwise."""
         device = getattr(self.trainer.policy, "device", None)
         if not self.trainer.accepts_device_batches or not isinstance(device, torch.device):
+            return None
+        return device
+
+    def _to_device(self, batch: SampleBatch) -> SampleBatch:
+        """The batch as tensors on the policy's device, for a trainer that takes them
+        (``accepts_device_batches``): the loader's, if it staged this batch; otherwise the
+        batch itself, which ``step`` converts."""
+        staged = None if self.stager is None else self.stager.take(batch)
+        if staged is not None:
+            return staged
+        device = self._device()
+        if device is None:
             return batch
         return batch.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
 

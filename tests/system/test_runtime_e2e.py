@@ -71,7 +71,7 @@ def test_run_writes_a_complete_run_folder_and_eval_reads_it(tmp_path):
             "actor": {"env_step", "requests", "answers", "wait_actions", "control"},
             "policy": {"wait_requests", "batch", "forward", "reply"},
             "trainer": {"wait_batch", "to_device", "compute", "publish"},
-            "trainer.loader": {"receive"},  # the loader thread (load_ahead, on by default)
+            "trainer.loader": {"receive", "to_device"},  # its loader thread (load_ahead)
             "parameter_service": {"wait_requests", "serve"},
         },
     )
