@@ -111,7 +111,8 @@ class PolicyConfig:
     frames with 2)."""
     load_ahead: bool = True
     """A trainer receives, decodes and cuts its next batch in a thread of its own while the
-    current one trains (one trainer worker learning from segments, in separate processes):
+    current one trains, and puts it on the trainer's device there (one trainer worker learning
+    from segments, in separate processes):
     the trainer then waits for samples only when the actors are behind. At most one batch
     more waits for it (samples one trainer step older). False: all in turn, in one thread."""
     publish_every: int = 1
