@@ -123,7 +123,9 @@ def test_a_killed_rank_makes_the_group_form_again(tmp_path):
     versions in one), so the version the new group starts from is read from what its ranks
     log as they join, never from the records around the kill."""
     run_dir = tmp_path / "run"
-    args = [*GROUP, "stop.trainer_steps=100000", "--run-dir", str(run_dir), "--no-display"]
+    # Ctrl+C ends it, not a rule: the 500k-frame one once ended a run the test still watched
+    stops = ["stop.trainer_steps=100000", "stop.env_frames=None"]
+    args = [*GROUP, *stops, "--run-dir", str(run_dir), "--no-display"]
     proc = start(["run", "cartpole-ppo", *args])
     wait_for(lambda: (_versions(run_dir) or [0])[-1] >= 2, proc, timeout=240, what="version 2")
     seen_at_kill = _versions(run_dir)[-1]
