@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import numpy as np
 import torch
@@ -56,7 +55,7 @@ class DeviceStager:
         if self.failed:
             return
         try:
-            staged = self._copy(batch) if self._cuda else batch.apply(_as_tensor)
+            staged = self._copy(batch) if self._cuda else to_device(batch, self.device)
         except RuntimeError as e:
             self.failed = True
             logger.warning(
@@ -101,5 +100,7 @@ class DeviceStager:
         return pinned.to(self.device, non_blocking=True)
 
 
-def _as_tensor(value: Any) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(value))
+def to_device(batch: SampleBatch, device: torch.device) -> SampleBatch:
+    """The batch as tensors on ``device``, copied in the calling thread (none on the CPU): what
+    the trainer does with a batch its loader did not stage."""
+    return batch.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))

@@ -43,7 +43,7 @@ from system.streams.samples import SampleConsumer
 from system.timing import StageClock
 from system.workers.base import Worker
 from system.workers.batch_source import BatchSource, SegmentSource
-from system.workers.staging import DeviceStager
+from system.workers.staging import DeviceStager, to_device
 from system.workers.trainer_hooks import TrainerHooks
 
 logger = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class TrainerWorker(Worker):
         device = self._device()
         if device is None:
             return batch
-        return batch.apply(lambda x: torch.as_tensor(np.asarray(x), device=device))
+        return to_device(batch, device)
 
     def publish(self, persist: bool) -> None:
         """Publish the current version. If the parameter service does not answer (it is being
