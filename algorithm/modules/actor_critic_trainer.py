@@ -86,6 +86,9 @@ class ActorCriticTrainer(Trainer):
             on CPUs with bfloat16 units (AMX, AVX-512 BF16); elsewhere it is slower.
         seed: seeds the minibatch shuffling (None: derived from torch's current seed, so a run
             that seeds torch before building its trainer shuffles reproducibly).
+        capturable: on a GPU, build Adam so that its step can be captured in a CUDA graph (its
+            step counts on the device, its learning rate a device tensor that :meth:`_set_lr`
+            fills); see :mod:`algorithm.modules.graphed_minibatches`. Ignored elsewhere.
     """
 
     accepts_device_batches = True
@@ -103,6 +106,7 @@ class ActorCriticTrainer(Trainer):
         fused_adam: bool = False,
         precision: Literal["float32", "bfloat16"] = "float32",
         seed: int | None = None,
+        capturable: bool = False,
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be 'float32' or 'bfloat16', got '{precision}'")
@@ -122,7 +126,10 @@ class ActorCriticTrainer(Trainer):
         self.lr, self.lr_schedule, self.total_steps = lr, lr_schedule, total_steps
         self.minibatches, self.max_grad_norm = minibatches, max_grad_norm
         self._params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = make_adam(self._params, fused_adam, lr=lr, eps=adam_eps)
+        self.capturable = capturable and self._device().type == "cuda"
+        adam_lr = torch.tensor(lr, device=self._device()) if self.capturable else lr
+        extra = {"capturable": True} if self.capturable else {}
+        self.optimizer = make_adam(self._params, fused_adam, lr=adam_lr, eps=adam_eps, **extra)
         self._steps = 0
         self._rng = np.random.default_rng(torch.initial_seed() if seed is None else seed)
         self.precision = precision
@@ -144,7 +151,12 @@ class ActorCriticTrainer(Trainer):
         """``policy.analyze(batch, target=analyze_target)`` at the trainer's ``precision``. The
         backward pass of what it returns follows the same casts."""
         device = self._device()
-        with torch.autocast(device.type, torch.bfloat16, enabled=self.precision == "bfloat16"):
+        with torch.autocast(
+            device.type,
+            torch.bfloat16,
+            enabled=self.precision == "bfloat16",
+            cache_enabled=not self.capturable,  # a graph must not keep autocast's cached casts
+        ):
             return self._policy.analyze(batch, target=self.analyze_target)
 
     def _set_lr(self) -> float:
@@ -153,26 +165,34 @@ class ActorCriticTrainer(Trainer):
         if self.lr_schedule == "linear":
             lr = self.lr * max(0.0, 1.0 - self._steps / self.total_steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # in place: a captured Adam step reads this tensor
+            else:
+                group["lr"] = lr
         return lr
 
     def _minibatch_indices(
         self, count: int, device: torch.device, sort: bool = False, passes: int = 1
     ) -> list[torch.Tensor]:
-        """``passes`` passes, each a shuffle of ``count`` entries split into ``minibatches``
-        index tensors (fewer if there are fewer entries), each in ascending order if ``sort``.
+        """:meth:`_minibatch_chunks` as index tensors on ``device``.
 
         Every pass's indices reach the device in **one** copy: PyTorch's copy from ordinary host
         memory to a GPU waits for the stream to drain, so one copy a minibatch would stop the
         trainer from queueing a minibatch's kernels while the GPU still runs the previous one's
         (on an H200 a Pong trainer spends its step launching kernels, BENCHMARKS.md)."""
+        chunks = self._minibatch_chunks(count, sort, passes)
+        flat = torch.as_tensor(np.concatenate(chunks), device=device)
+        return list(flat.split([len(c) for c in chunks]))
+
+    def _minibatch_chunks(self, count: int, sort: bool = False, passes: int = 1) -> list:
+        """``passes`` passes, each a shuffle of ``count`` entries split into ``minibatches``
+        numpy index arrays (fewer if there are fewer entries), each ascending if ``sort``."""
         chunks = []
         for _ in range(passes):
             order = self._rng.permutation(count)
             split = np.array_split(order, min(self.minibatches, max(count, 1)))
             chunks += [np.sort(c) if sort else c for c in split]
-        flat = torch.as_tensor(np.concatenate(chunks), device=device)
-        return list(flat.split([len(c) for c in chunks]))
+        return chunks
 
     def _gradient_step(self, loss: torch.Tensor) -> torch.Tensor:
         """Backpropagate ``loss``, clip the global gradient norm, step Adam; the norm before
@@ -202,8 +222,14 @@ class ActorCriticTrainer(Trainer):
 
     # ----------------------------------------------------------------- checkpoints
     def get_checkpoint(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "steps": self._steps}
+        state = self.optimizer.state_dict()
+        # a capturable Adam's learning rate is a device tensor; a checkpoint holds the number
+        groups = [{**g, "lr": float(g["lr"])} for g in state["param_groups"]]
+        return {"optimizer": {**state, "param_groups": groups}, "steps": self._steps}
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         load_adam_state(self.optimizer, checkpoint["optimizer"])
+        if self.capturable:
+            for group in self.optimizer.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=self._device())
         self._steps = int(checkpoint["steps"])

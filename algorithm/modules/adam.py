@@ -49,7 +49,7 @@ def make_adam(params: list[torch.Tensor], fused: bool, **settings: Any) -> torch
 def load_adam_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a checkpoint's Adam state, keeping the implementation this optimizer runs (the
     checkpoint may come from another torch or device, or from a run that used another one).
-    Set before loading: fused Adam needs its step counters cast for it."""
-    impl = {k: optimizer.param_groups[0][k] for k in ("fused", "foreach")}
+    Set before loading: fused and capturable Adam need their step counters on the device."""
+    impl = {k: optimizer.param_groups[0][k] for k in ("fused", "foreach", "capturable")}
     groups = [{**group, **impl} for group in state["param_groups"]]
     optimizer.load_state_dict({**state, "param_groups": groups})

@@ -1,0 +1,161 @@
+"""PPO's minibatch steps through CUDA graphs (``PPOTrainer(cuda_graphs=True)``): the same updates
+as the eager trainer.
+
+The CPU tests run the graph-ready path (static pool, padded minibatches, masked means) as plain
+calls, against the eager trainer on the same batches; the ones marked ``cuda`` capture the graphs
+and are skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+from algorithm.modules import graphed_minibatches
+from algorithm.modules.graphed_minibatches import padded_minibatches
+from algorithm.ppo.trainer import PPOTrainer
+
+OBS = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+FRAMES = gym.spaces.Box(0, 255, shape=(4, 36, 36), dtype=np.uint8)
+TF32 = 2e-3
+"""On a GPU, products run in TF32 and a graph may take other cuBLAS/cuDNN algorithms than the
+eager steps: parameters agree to about 1e-3."""
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def _twins(space=OBS, device="cpu", **trainer_args):
+    """A graphed trainer and an eager one, on two identical policies."""
+    hidden = [] if space is FRAMES else [16]
+    policy_args = trainer_args.pop("policy_args", {})
+    trainers = []
+    for graphs in (True, False):
+        policy = ActorCriticPolicy(
+            observation_space=space,
+            action_space=gym.spaces.Discrete(3),
+            seed=0,
+            hidden_sizes=hidden,
+            device=device,
+            **policy_args,
+        )
+        args = dict(lr=1e-3, seed=0, minibatches=3, value_clip=0.2, **trainer_args)
+        trainers.append(PPOTrainer(policy, cuda_graphs=graphs, **args))
+    return trainers
+
+
+def _assert_same(graphed, eager, batches, atol=1e-5):
+    for batch in batches:
+        g, e = graphed.step(batch).stats, eager.step(batch).stats
+        assert g == pytest.approx(e, rel=1e-3, abs=atol)
+    for a, b in zip(graphed.policy.parameters(), eager.policy.parameters(), strict=True):
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=atol, atol=atol)
+
+
+def test_minibatches_are_padded_with_row_zero_at_weight_zero():
+    index, weight = padded_minibatches([np.array([5, 2, 7]), np.array([1, 4])])
+    assert index.tolist() == [[5, 2, 7], [1, 4, 0]]
+    assert weight.tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+def test_padded_minibatches_train_as_the_eager_ones(make_batch):
+    graphed, eager = _twins(lr_schedule="linear", total_steps=10)
+    assert graphed._graphs is not None and eager._graphs is None
+    # 8 steps of 4 segments: 28 valid transitions at most, in minibatches of 10, 9 and 9 (or
+    # fewer): every step has a padded one; segment counts change, so the pool's rows do too
+    batches = [make_batch(eager.policy, OBS, steps=8, segments=s, seed=s) for s in (4, 3, 5, 4)]
+    _assert_same(graphed, eager, batches)
+    assert graphed._graphs.graphs == 0  # no GPU: nothing captured, the same buffers as calls
+
+
+def test_the_static_pool_grows_only_for_a_larger_batch(make_batch):
+    graphed, _ = _twins()
+    graphed.step(make_batch(graphed.policy, OBS, steps=8, segments=4))
+    pool, capacity = graphed._graphs._pool, graphed._graphs._capacity
+    graphed.step(make_batch(graphed.policy, OBS, steps=8, segments=2))
+    assert graphed._graphs._pool is pool  # fewer rows: the same buffers
+    graphed.step(make_batch(graphed.policy, OBS, steps=8, segments=8))
+    assert graphed._graphs._capacity > capacity and graphed._graphs._pool is not pool
+
+
+def test_a_recurrent_policy_trains_without_graphs(make_batch, caplog):
+    with caplog.at_level(logging.WARNING):
+        graphed, eager = _twins(policy_args=dict(rnn_hidden=8))
+    assert graphed._graphs is None and "feed-forward" in caplog.text
+    _assert_same(graphed, eager, [make_batch(eager.policy, OBS, steps=8, segments=4)])
+
+
+def test_data_parallel_training_stays_eager(make_batch, tmp_path, monkeypatch):
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        graphed, _ = _twins()
+        graphed.policy.distributed_setup()
+        monkeypatch.setattr(graphed._graphs, "run", pytest.fail)
+        assert graphed.step(make_batch(graphed.policy, OBS, 5, 4)).step == 1
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_keeps_a_plain_learning_rate_and_loading_one_drops_the_graphs(make_batch):
+    graphed, eager = _twins()
+    graphed.step(make_batch(graphed.policy, OBS, 5, 4))
+    graphed._graphs._sizes[99] = "a captured size"
+    checkpoint = graphed.get_checkpoint()
+    assert all(type(g["lr"]) is float for g in checkpoint["optimizer"]["param_groups"])
+    graphed.load_checkpoint(eager.get_checkpoint())
+    assert graphed._graphs._sizes == {}
+
+
+# ----------------------------------------------------------------- on a GPU
+
+
+@cuda
+@pytest.mark.parametrize("fused", [False, True])
+def test_captured_minibatches_train_as_the_eager_ones_on_a_gpu(make_batch, fused):
+    graphed, eager = _twins(
+        FRAMES, "cuda", fused_adam=fused, minibatches=4, lr_schedule="linear", total_steps=10
+    )
+    group = graphed.optimizer.param_groups[0]
+    assert group["capturable"] and isinstance(group["lr"], torch.Tensor)
+    batches = [make_batch(eager.policy, FRAMES, steps=9, segments=4, seed=s) for s in range(3)]
+    # 12 minibatches of one size: WARMUP eager ones on a side stream, then the captured graph
+    _assert_same(graphed, eager, batches, atol=TF32)
+    assert graphed._graphs.graphs == 1
+    assert float(group["lr"]) == pytest.approx(1e-3 * (1 - 2 / 10))  # the schedule, in place
+
+
+@cuda
+def test_loading_a_checkpoint_captures_again_on_a_gpu(make_batch):
+    graphed, eager = _twins(FRAMES, "cuda", minibatches=4)
+    batch = make_batch(eager.policy, FRAMES, steps=9, segments=4)
+    for trainer in (graphed, eager):
+        trainer.step(batch)
+        trainer.step(batch)
+    assert graphed._graphs.graphs == 1
+    graphed.load_checkpoint(eager.get_checkpoint())
+    graphed.policy.load_checkpoint(eager.policy.get_checkpoint())
+    assert graphed._graphs.graphs == 0
+    _assert_same(graphed, eager, [batch, batch], atol=TF32)
+    assert graphed._graphs.graphs == 1
+
+
+@cuda
+def test_a_step_that_cannot_be_captured_trains_eagerly_on_a_gpu(make_batch, caplog, monkeypatch):
+    graphed, eager = _twins(FRAMES, "cuda", minibatches=4)
+    update = graphed._graphs.update
+
+    def reads_back(*args):
+        row = update(*args)
+        float(row[0])  # a host read: refused while capturing
+        return row
+
+    monkeypatch.setattr(graphed._graphs, "update", reads_back)
+    batches = [make_batch(eager.policy, FRAMES, steps=9, segments=4, seed=s) for s in range(2)]
+    with caplog.at_level(logging.WARNING, logger=graphed_minibatches.__name__):
+        _assert_same(graphed, eager, batches, atol=TF32)
+    # the capture was tried at minibatch WARMUP + 1 of 8, and only once
+    assert caplog.text.count("without graphs") == 1 and not graphed._graphs.capture
