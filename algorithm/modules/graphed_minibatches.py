@@ -1,12 +1,13 @@
 """A trainer's minibatch steps replayed as CUDA graphs: one launch a gradient step.
 
 Why: on a 16-core H200 machine, ``pong-ppo-gpu``'s trainer was busy 100% of the time at 7-8 ms
-a 512-transition minibatch, and the GPU was busy 31% of the call (BENCHMARKS.md, issue 23). A
-Nature CNN's forward and backward passes on 512 frames are a fraction of a millisecond of GPU
-work. The step's time goes to its core dispatching, one by one, the roughly two hundred
-operations of a minibatch: the gather, the forward pass, the loss, the backward pass, the norm
-clip and Adam (``torch.profiler`` on the 2-core VM counts 236 operators a PPO minibatch). Captured
-once as a graph, a minibatch replays with one launch.
+a 512-transition minibatch, and the GPU was busy 31% of the call (BENCHMARKS.md, issue 23). By
+arithmetic, a Nature CNN's forward and backward passes on 512 frames are about 29 GFLOP: under a
+millisecond even at the H200's plain float32 rate. So the step's time most likely goes to its
+core dispatching, one by one, the operations of a minibatch: the gather, the forward pass, the
+loss, the backward pass, the norm clip and Adam (``torch.profiler`` on the 2-core VM counts 236
+top-level ATen operators a PPO minibatch of ``pong-ppo``'s network, views included). Captured once
+as a graph, a minibatch replays with one launch.
 
 How:
 
