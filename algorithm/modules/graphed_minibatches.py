@@ -12,10 +12,12 @@ as a graph, a minibatch replays with one launch.
 How:
 
 * **fixed shapes**: each step copies its training pool (the valid transitions, ``[1, N, ...]``)
-  into static buffers, and every minibatch of the step is padded to the step's largest
-  (``ceil(N / minibatches)`` rows). Padding rows repeat row 0 with weight 0. The trainer's
-  losses are masked means over the real rows, so a padded minibatch trains as the unpadded one
-  would, up to the order of float sums;
+  into static buffers, and every minibatch is padded to the largest seen so far (``ceil(N /
+  minibatches)`` rows of the largest pool). Padding rows repeat row 0 with weight 0. The
+  trainer's losses are masked means over the real rows, so a padded minibatch trains as the
+  unpadded one would, up to the order of float sums. ``N`` changes from batch to batch (a step
+  that ends an episode is not trained on), so padding to the largest keeps one size, and one
+  graph, for the run;
 * **one graph per minibatch size** (a run usually has one), captured after :data:`WARMUP` eager
   minibatches of that size on a side stream, as CUDA graph capture needs: cuBLAS and cuDNN
   choose their algorithms, Adam builds its state. Those are real gradient steps, on real
@@ -66,10 +68,10 @@ class _Size:
     out: torch.Tensor | None = None
 
 
-def padded_minibatches(chunks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """``(index, weight)``, both ``[len(chunks), rows]`` for ``rows`` the longest chunk: each
+def padded_minibatches(chunks: list[np.ndarray], rows: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, weight)``, both ``[len(chunks), rows]`` (at least the longest chunk): each
     chunk's entries, then index 0 with weight 0.0 up to ``rows``."""
-    rows = max(len(c) for c in chunks)
+    rows = max(rows, *(len(c) for c in chunks))
     index = np.zeros((len(chunks), rows), dtype=np.int64)
     weight = np.zeros((len(chunks), rows), dtype=np.float32)
     for i, chunk in enumerate(chunks):
@@ -94,6 +96,7 @@ class GraphedMinibatches:
         self._pool: tuple[NamedArray, torch.Tensor, torch.Tensor] | None = None
         self._capacity, self._layout = 0, ()
         self._sizes: dict[int, _Size] = {}
+        self._rows = 0  # the rows every minibatch is padded to: the most seen
         self._side: torch.cuda.Stream | None = None
 
     @property
@@ -118,7 +121,8 @@ class GraphedMinibatches:
         ``pool``, ``advantages`` and ``returns`` are ``[1, N, ...]`` on :attr:`device`; every
         chunk is a non-empty array of indices below ``N``."""
         self._load(pool, advantages, returns)
-        index, weight = padded_minibatches(chunks)
+        index, weight = padded_minibatches(chunks, self._rows)
+        self._rows = index.shape[1]
         index_d = torch.as_tensor(index, device=self.device)
         weight_d = torch.as_tensor(weight, device=self.device)
         size = self._size(index.shape[1])

@@ -59,6 +59,8 @@ def test_minibatches_are_padded_with_row_zero_at_weight_zero():
     index, weight = padded_minibatches([np.array([5, 2, 7]), np.array([1, 4])])
     assert index.tolist() == [[5, 2, 7], [1, 4, 0]]
     assert weight.tolist() == [[1, 1, 1], [1, 1, 0]]
+    index, weight = padded_minibatches([np.array([3])], rows=2)
+    assert index.tolist() == [[3, 0]] and weight.tolist() == [[1, 0]]
 
 
 def test_padded_minibatches_train_as_the_eager_ones(make_batch):
@@ -75,8 +77,10 @@ def test_the_static_pool_grows_only_for_a_larger_batch(make_batch):
     graphed, _ = _twins()
     graphed.step(make_batch(graphed.policy, OBS, steps=8, segments=4))
     pool, capacity = graphed._graphs._pool, graphed._graphs._capacity
+    sizes = list(graphed._graphs._sizes)
     graphed.step(make_batch(graphed.policy, OBS, steps=8, segments=2))
-    assert graphed._graphs._pool is pool  # fewer rows: the same buffers
+    assert graphed._graphs._pool is pool  # fewer rows: the same buffers,
+    assert list(graphed._graphs._sizes) == sizes  # and minibatches padded to the same size
     graphed.step(make_batch(graphed.policy, OBS, steps=8, segments=8))
     assert graphed._graphs._capacity > capacity and graphed._graphs._pool is not pool
 
