@@ -5,6 +5,7 @@
     troupe bench pixels               # Pong end to end against the raw emulator (atari extra)
     troupe bench pixels --actors auto --envs 8 --device cuda   # ... in a layout of your own
     troupe bench pixels --precision bfloat16   # ... with the trainer under bfloat16 autocast
+    troupe bench pixels --device cuda --trainer-graphs   # ... its minibatch steps as CUDA graphs
     troupe bench --quick --json b.json  # every suite at minimum size: proves the command works
 
 Each suite lives in :mod:`distributed.bench.suites`; whole runs are watched by
@@ -93,6 +94,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --device cuda, act through eager torch calls instead of CUDA graphs",
     )
+    layout.add_argument(
+        "--trainer-graphs",
+        action="store_true",
+        help="replay the trainer's minibatch steps as CUDA graphs (PPO's cuda_graphs; on a GPU)",
+    )
     parser.add_argument(
         "--keep-runs",
         metavar="DIR",
@@ -170,9 +176,9 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def layout_overrides(args: argparse.Namespace) -> list[str]:
-    """``--actors``, ``--envs``, ``--device`` and ``--precision`` as overrides of the pixels
-    suite's run. On a GPU the policy acts through CUDA graphs, as ``pong-ppo-gpu`` does, unless
-    ``--eager`` (to compare)."""
+    """``--actors``, ``--envs``, ``--device``, ``--precision`` and ``--trainer-graphs`` as
+    overrides of the pixels suite's run. On a GPU the policy acts through CUDA graphs, as
+    ``pong-ppo-gpu`` does, unless ``--eager`` (to compare)."""
     overrides = []
     if getattr(args, "actors", None) is not None:
         overrides.append(f"actors.workers={args.actors}")
@@ -187,6 +193,8 @@ def layout_overrides(args: argparse.Namespace) -> list[str]:
             overrides.append(f"policies.default.policy.args.cuda_graphs={graphs}")
     if getattr(args, "precision", None):
         overrides.append(f"policies.default.trainer.args.precision={args.precision}")
+    if getattr(args, "trainer_graphs", False):
+        overrides.append("policies.default.trainer.args.cuda_graphs=True")
     return overrides
 
 

@@ -10,9 +10,9 @@ resident memory by role (each worker's own ``ru_maxrss``, from ``workers.json``)
 each frame costs in copies on the observation path, with shared memory (this run) and over
 sockets (what it was before, and still is across hosts), from the wire codec's own message sizes.
 
-``troupe bench pixels --actors N|auto --envs M --device cuda`` sets the run's layout, and
-``--precision bfloat16`` its trainer's precision; on a GPU the policy acts through CUDA graphs
-unless ``--eager``.
+``troupe bench pixels --actors N|auto --envs M --device cuda`` sets the run's layout,
+``--precision bfloat16`` its trainer's precision and ``--trainer-graphs`` its minibatch steps as
+CUDA graphs; on a GPU the policy acts through CUDA graphs unless ``--eager``.
 """
 
 from __future__ import annotations

@@ -108,6 +108,8 @@ def test_the_pixels_layout_flags_become_overrides_of_its_run():
         "policies.default.policy.args.device=cpu"
     ]
     assert layout_overrides(parser.parse_args(["pixels"])) == []
+    graphs = parser.parse_args(["pixels", "--device", "cuda", "--trainer-graphs"])
+    assert layout_overrides(graphs)[-1] == "policies.default.trainer.args.cuda_graphs=True"
     with pytest.raises(UserError, match="--envs must be at least 1, got 0"):
         layout_overrides(parser.parse_args(["pixels", "--envs", "0"]))
     with pytest.raises(SystemExit):  # argparse names the two choices
