@@ -63,12 +63,13 @@ def test_minibatches_are_padded_with_row_zero_at_weight_zero():
     assert index.tolist() == [[3, 0]] and weight.tolist() == [[1, 0]]
 
 
-def test_padded_minibatches_train_as_the_eager_ones(make_batch):
-    graphed, eager = _twins(lr_schedule="linear", total_steps=10)
+@pytest.mark.parametrize("space", [OBS, FRAMES], ids=["vector", "frames"])
+def test_padded_minibatches_train_as_the_eager_ones(make_batch, space):
+    graphed, eager = _twins(space, lr_schedule="linear", total_steps=10)
     assert graphed._graphs is not None and eager._graphs is None
     # 8 steps of 4 segments: 28 valid transitions at most, in minibatches of 10, 9 and 9 (or
     # fewer): every step has a padded one; segment counts change, so the pool's rows do too
-    batches = [make_batch(eager.policy, OBS, steps=8, segments=s, seed=s) for s in (4, 3, 5, 4)]
+    batches = [make_batch(eager.policy, space, steps=8, segments=s, seed=s) for s in (4, 3, 5, 4)]
     _assert_same(graphed, eager, batches)
     assert graphed._graphs.graphs == 0  # no GPU: nothing captured, the same buffers as calls
 
