@@ -184,21 +184,27 @@ class GraphedMinibatches:
 
     def _on_side_stream(self, size: _Size) -> torch.Tensor:
         """An eager step on a stream of its own, as CUDA graph capture needs for warming up."""
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        main = torch.cuda.current_stream(self.device)
-        self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
+        side, main = self._side_stream(), torch.cuda.current_stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
             out = self._body(size)
-        main.wait_stream(self._side)
+        main.wait_stream(side)
         return out
 
+    def _side_stream(self) -> torch.cuda.Stream:
+        """The one stream of warm-ups and captures: cuBLAS keeps its handles and workspaces per
+        stream, so a capture on a stream that never warmed up would create them mid-capture."""
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
+
     def _capture(self, size: _Size) -> None:
-        """Capture the step of this size, in a memory pool of its own (its gradients live
-        there between replays). Only this thread's calls are checked during the capture: the
-        trainer's loader thread may be staging the next batch meanwhile, on its own stream."""
+        """Capture the step of this size on the warm-ups' stream, in a memory pool of its own
+        (its gradients live there between replays). Only this thread's calls are checked during
+        the capture: the trainer's loader thread may be staging the next batch meanwhile, on
+        its own stream."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=self._side_stream(), capture_error_mode="thread_local"):
             out = self._body(size)
         size.graph, size.out = graph, out
 
