@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -109,8 +109,8 @@ class PPOTrainer(ActorCriticTrainer):
         c_bar: V-trace's clip of the trace-cutting weights (at most ``rho_bar``).
         seed: seeds minibatch shuffling (None: derived from torch's current seed, so a run that
             seeds torch before building its trainer shuffles reproducibly).
-        cuda_graphs: replay each minibatch step as a CUDA graph, one launch instead of some two
-            hundred (feed-forward policies on a GPU, one trainer process; see
+        cuda_graphs: replay each minibatch step as a CUDA graph, one launch instead of one per
+            operation (feed-forward policies on a GPU, one trainer process; see
             :mod:`algorithm.modules.graphed_minibatches`). Without a GPU the same padded
             minibatches run as plain calls; a recurrent policy trains as without it.
     """
@@ -214,7 +214,7 @@ class PPOTrainer(ActorCriticTrainer):
         own, which a captured graph would not run)."""
         return isinstance(getattr(self._policy, "net", None), DistributedDataParallel)
 
-    def load_checkpoint(self, checkpoint) -> None:
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().load_checkpoint(checkpoint)
         if self._graphs is not None:
             self._graphs.reset()  # the optimizer's state is new tensors: capture again
