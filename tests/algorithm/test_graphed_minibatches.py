@@ -105,14 +105,24 @@ def test_data_parallel_training_stays_eager(make_batch, tmp_path, monkeypatch):
         dist.destroy_process_group()
 
 
-def test_a_checkpoint_keeps_a_plain_learning_rate_and_loading_one_drops_the_graphs(make_batch):
-    graphed, eager = _twins()
+def test_a_learning_rate_tensor_is_filled_in_place_and_checkpointed_as_a_number(make_batch):
+    graphed, eager = _twins(lr_schedule="linear", total_steps=10)
     graphed.step(make_batch(graphed.policy, OBS, 5, 4))
     graphed._graphs._sizes[99] = "a captured size"
-    checkpoint = graphed.get_checkpoint()
-    assert all(type(g["lr"]) is float for g in checkpoint["optimizer"]["param_groups"])
-    graphed.load_checkpoint(eager.get_checkpoint())
-    assert graphed._graphs._sizes == {}
+    # as a capturable Adam on a GPU has it: the learning rate a tensor that a graph reads
+    graphed.capturable, lr = True, torch.tensor(1.0)
+    for group in graphed.optimizer.param_groups:
+        group["lr"] = lr
+    graphed._steps = 5
+    assert graphed._set_lr() == pytest.approx(5e-4)
+    assert graphed.optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(5e-4)
+    groups = graphed.get_checkpoint()["optimizer"]["param_groups"]
+    assert [type(g["lr"]) for g in groups] == [float] and groups[0]["lr"] == pytest.approx(5e-4)
+    graphed.load_checkpoint(eager.get_checkpoint())  # eager's Adam: lr 1e-3, as built
+    loaded = graphed.optimizer.param_groups[0]["lr"]
+    assert isinstance(loaded, torch.Tensor) and loaded is not lr
+    assert float(loaded) == pytest.approx(1e-3)
+    assert graphed._graphs._sizes == {}  # new optimizer state: every size captures again
 
 
 # ----------------------------------------------------------------- on a GPU
