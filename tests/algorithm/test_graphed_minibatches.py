@@ -8,6 +8,7 @@ and are skipped without a GPU.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import gymnasium as gym
@@ -25,6 +26,10 @@ FRAMES = gym.spaces.Box(0, 255, shape=(4, 36, 36), dtype=np.uint8)
 TF32 = 2e-3
 """On a GPU, products run in TF32 and a graph may take other cuBLAS/cuDNN algorithms than the
 eager steps: parameters agree to about 1e-3."""
+SMOOTH = dict(lr=1e-4, epochs=2, minibatches=4)
+"""The GPU tests' trainer: ratios stay near 1, so that no row sits at the clip's edge. There a
+rounding difference switches a row's gradient on or off, and the two trainers part ways (these
+tests run on the CPU at lr 1e-3 counted one row in 112 clipped by one trainer, not the other)."""
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
@@ -42,7 +47,7 @@ def _twins(space=OBS, device="cpu", **trainer_args):
             device=device,
             **policy_args,
         )
-        args = dict(lr=1e-3, seed=0, minibatches=3, value_clip=0.2, **trainer_args)
+        args = {**dict(lr=1e-3, seed=0, minibatches=3, value_clip=0.2), **trainer_args}
         trainers.append(PPOTrainer(policy, cuda_graphs=graphs, **args))
     return trainers
 
@@ -50,7 +55,10 @@ def _twins(space=OBS, device="cpu", **trainer_args):
 def _assert_same(graphed, eager, batches, atol=1e-5):
     for batch in batches:
         g, e = graphed.step(batch).stats, eager.step(batch).stats
-        assert g == pytest.approx(e, rel=1e-3, abs=atol)
+        # a ratio within rounding of the clip's edge may count on one side here, on the other
+        # there: a few rows in the step's hundred
+        assert g.pop("clip_fraction") == pytest.approx(e.pop("clip_fraction"), abs=0.05)
+        assert g == pytest.approx(e, rel=max(1e-3, atol), abs=atol)
     for a, b in zip(graphed.policy.parameters(), eager.policy.parameters(), strict=True):
         torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=atol, atol=atol)
 
@@ -132,26 +140,29 @@ def test_a_learning_rate_tensor_is_filled_in_place_and_checkpointed_as_a_number(
 @pytest.mark.parametrize("fused", [False, True])
 def test_captured_minibatches_train_as_the_eager_ones_on_a_gpu(make_batch, fused):
     graphed, eager = _twins(
-        FRAMES, "cuda", fused_adam=fused, minibatches=4, lr_schedule="linear", total_steps=10
+        FRAMES, "cuda", fused_adam=fused, lr_schedule="linear", total_steps=10, **SMOOTH
     )
     group = graphed.optimizer.param_groups[0]
     assert group["capturable"] and isinstance(group["lr"], torch.Tensor)
     batches = [make_batch(eager.policy, FRAMES, steps=9, segments=4, seed=s) for s in range(3)]
-    # 12 minibatches of one size: WARMUP eager ones on a side stream, then the captured graph
+    # 8 minibatches a step: a size's first WARMUP on a side stream, then its captured graph (a
+    # batch with more valid transitions than those before it brings a larger size)
     _assert_same(graphed, eager, batches, atol=TF32)
-    assert graphed._graphs.graphs == 1
-    assert float(group["lr"]) == pytest.approx(1e-3 * (1 - 2 / 10))  # the schedule, in place
+    sizes = graphed._graphs._sizes.values()
+    assert sizes and all(size.graph is not None for size in sizes)
+    assert float(group["lr"]) == pytest.approx(1e-4 * (1 - 2 / 10))  # the schedule, in place
 
 
 @cuda
 def test_loading_a_checkpoint_captures_again_on_a_gpu(make_batch):
-    graphed, eager = _twins(FRAMES, "cuda", minibatches=4)
+    graphed, eager = _twins(FRAMES, "cuda", **SMOOTH)
     batch = make_batch(eager.policy, FRAMES, steps=9, segments=4)
     for trainer in (graphed, eager):
         trainer.step(batch)
         trainer.step(batch)
     assert graphed._graphs.graphs == 1
-    graphed.load_checkpoint(eager.get_checkpoint())
+    # a copy, as a checkpoint comes off the wire: a state_dict holds the optimizer's own tensors
+    graphed.load_checkpoint(copy.deepcopy(eager.get_checkpoint()))
     graphed.policy.load_checkpoint(eager.policy.get_checkpoint())
     assert graphed._graphs.graphs == 0
     _assert_same(graphed, eager, [batch, batch], atol=TF32)
@@ -160,7 +171,7 @@ def test_loading_a_checkpoint_captures_again_on_a_gpu(make_batch):
 
 @cuda
 def test_a_step_that_cannot_be_captured_trains_eagerly_on_a_gpu(make_batch, caplog, monkeypatch):
-    graphed, eager = _twins(FRAMES, "cuda", minibatches=4)
+    graphed, eager = _twins(FRAMES, "cuda", **SMOOTH)
     update = graphed._graphs.update
 
     def reads_back(*args):
@@ -172,5 +183,5 @@ def test_a_step_that_cannot_be_captured_trains_eagerly_on_a_gpu(make_batch, capl
     batches = [make_batch(eager.policy, FRAMES, steps=9, segments=4, seed=s) for s in range(2)]
     with caplog.at_level(logging.WARNING, logger=graphed_minibatches.__name__):
         _assert_same(graphed, eager, batches, atol=TF32)
-    # the capture was tried at minibatch WARMUP + 1 of 8, and only once
+    # the capture was tried at minibatch WARMUP + 1 of the first step's 8, and only once
     assert caplog.text.count("without graphs") == 1 and not graphed._graphs.capture
