@@ -21,6 +21,8 @@ pytestmark = pytest.mark.multiprocess
 def client(ctx: zmq.Context, address: str, keys: RunKeys | None, *, identity: bytes | None = None):
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    # a DEALER with no peer blocks on send: a refused handshake must end in "not answered"
+    sock.setsockopt(zmq.SNDTIMEO, 3000)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     if keys is not None:
@@ -32,7 +34,10 @@ def client(ctx: zmq.Context, address: str, keys: RunKeys | None, *, identity: by
 
 
 def answered(sock: zmq.Socket, kind: str, body: dict, timeout_ms: int = 3000) -> bool:
-    transport.send(sock, kind, body)
+    try:
+        transport.send(sock, kind, body)
+    except zmq.Again:  # no peer to queue it for within SNDTIMEO: the handshake was refused
+        return False
     return transport.recv(sock, timeout_ms=timeout_ms) is not None
 
 
