@@ -7,6 +7,8 @@ These are the ceilings an end-to-end Pong run is compared with (``troupe bench p
 * :func:`preprocessed_rate`: ``Atari-v0`` (the built-in Atari environment, from the registry),
   the same frame skip plus max-pool, 84x84 grayscale, frame stack 4, no-op and fire resets,
   episodic life and reward clipping, exactly as an actor worker steps it;
+* :func:`distributed.bench.pixel_ceiling.parallel_rate`: either loop in one process per core at
+  once, the machine's ceiling;
 * :func:`wire_bytes`: bytes per observation in the messages an actor sends, encoded by the
   runtime's own wire codec.
 
@@ -70,11 +72,17 @@ class EmulatorRate:
         }
 
 
-def _run_for(name, game, seconds, step, reset, n_actions, seed) -> EmulatorRate:
-    """Step random actions for ``seconds`` (checking the clock every 64 steps)."""
+def _run_for(
+    name, game, seconds, step, reset, n_actions, seed, ready=None, frame_skip=FRAME_SKIP
+) -> EmulatorRate:
+    """Step random actions for ``seconds`` (checking the clock every 64 steps). ``ready``, if
+    given, is called once everything is built and returns when the window starts (so that
+    processes started together measure the same window)."""
     rng = np.random.default_rng(seed)
     actions = rng.integers(n_actions, size=4096)
     reset()
+    if ready is not None:
+        ready()
     steps = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()
     deadline = wall0 + seconds
@@ -86,10 +94,12 @@ def _run_for(name, game, seconds, step, reset, n_actions, seed) -> EmulatorRate:
         if time.perf_counter() >= deadline:
             break
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return EmulatorRate(name, game, FRAME_SKIP, steps, wall, cpu)
+    return EmulatorRate(name, game, frame_skip, steps, wall, cpu)
 
 
-def raw_rate(game: str = DEFAULT_GAME, seconds: float = 5.0, seed: int = 0) -> EmulatorRate:
+def raw_rate(
+    game: str = DEFAULT_GAME, seconds: float = 5.0, seed: int = 0, ready=None
+) -> EmulatorRate:
     """ALE's own ``step`` at ``frameskip=4``, RGB frames, no sticky actions, no preprocessing."""
     import ale_py
     import gymnasium as gym
@@ -103,29 +113,48 @@ def raw_rate(game: str = DEFAULT_GAME, seconds: float = 5.0, seed: int = 0) -> E
             _, _, terminated, truncated, _ = env.step(action)
             return terminated or truncated
 
-        return _run_for("raw", game, seconds, step, lambda: env.reset(), env.action_space.n, seed)
+        n_actions = env.action_space.n
+        return _run_for("raw", game, seconds, step, env.reset, n_actions, seed, ready)
     finally:
         env.close()
 
 
 def preprocessed_rate(
-    game: str = DEFAULT_GAME, seconds: float = 5.0, seed: int = 0, **env_kwargs: Any
+    game: str = DEFAULT_GAME,
+    seconds: float = 5.0,
+    seed: int = 0,
+    envs: int = 1,
+    ready=None,
+    **env_kwargs: Any,
 ) -> EmulatorRate:
-    """``Atari-v0`` as an actor steps it (``env_kwargs`` override its defaults)."""
+    """``Atari-v0`` as an actor steps it (``env_kwargs`` override its defaults): ``envs``
+    environments in turn, one step each, as an actor's ring of environments."""
     from api import environment  # the built-in Atari-v0, found through the registry
 
-    env = environment.make("Atari-v0", game=game, frame_skip=FRAME_SKIP, **env_kwargs)
-    env.seed(seed)
+    kwargs = {"game": game, "frame_skip": FRAME_SKIP, **env_kwargs}
+    ring = [environment.make("Atari-v0", **kwargs) for _ in range(max(1, envs))]
+    for i, env in enumerate(ring):
+        env.seed(seed * 1000 + i)
+    turn = [0]
+
+    def step(action: int) -> bool:
+        env = ring[turn[0]]
+        turn[0] = (turn[0] + 1) % len(ring)
+        result = env.step([action])[0]
+        if result.done or result.truncated:
+            env.reset()
+        return False
+
+    def reset() -> None:
+        for env in ring:
+            env.reset()
+
     try:
-
-        def step(action: int) -> bool:
-            result = env.step([action])[0]
-            return result.done or result.truncated
-
-        n_actions = env.action_spaces[0].n
-        return _run_for("preprocessed", game, seconds, step, env.reset, n_actions, seed)
+        n_actions, skip = ring[0].action_spaces[0].n, ring[0].frames_per_step
+        return _run_for("preprocessed", game, seconds, step, reset, n_actions, seed, ready, skip)
     finally:
-        env.close()
+        for env in ring:
+            env.close()
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distributed.bench import pixels
+from distributed.bench import pixel_ceiling, pixels
 
 pytest.importorskip("ale_py", reason="the pixel bench needs ale-py: pip install -e '.[atari]'")
 pytest.importorskip("cv2", reason="the pixel bench needs opencv: pip install -e '.[atari]'")
@@ -38,3 +38,29 @@ def test_shared_memory_saves_the_kernel_copies_of_every_observation():
     # more; shared memory writes each once: about 2 x obs a step fewer, and never more
     saved = (copies["socket"] - copies["shm"]) * frame_skip
     assert 1.9 * obs < saved < 2.6 * obs, saved
+
+
+def test_parallel_rate_steps_every_process_over_one_window():
+    rate = pixel_ceiling.parallel_rate("preprocessed", 2, 0.3, envs=3, env_args={"frame_skip": 2})
+    assert rate.processes == 2 and rate.envs_per_process == 3
+    for one in rate.rates:  # the run's frame skip is what frames are counted in
+        assert one.frame_skip == 2 and one.frames == 2 * one.agent_steps
+        assert 0.3 <= one.wall_s < 5.0 and one.agent_steps >= 64
+    assert rate.frames_per_s == pytest.approx(sum(r.frames_per_s for r in rate.rates))
+    frames, cpu = sum(r.frames for r in rate.rates), sum(r.cpu_s for r in rate.rates)
+    assert rate.cpu_us_per_frame == pytest.approx(1e6 * cpu / frames)
+    assert rate.to_dict()["per_process_frames_per_s"] == [round(r.frames_per_s) for r in rate.rates]
+
+
+def test_a_loop_that_cannot_start_says_why():
+    with pytest.raises(RuntimeError, match=r"did not start.*unexpected keyword argument 'bogus'"):
+        pixel_ceiling.parallel_rate("preprocessed", 2, 0.3, env_args={"bogus": 1})
+    with pytest.raises(ValueError, match="'raw' or 'preprocessed'"):
+        pixel_ceiling.parallel_rate("cartpole", 1, 0.3)
+
+
+def test_the_environment_ceiling_follows_the_runs_actor_layout():
+    from distributed.bench.pixel_suite import actor_layout
+
+    envs, args = actor_layout(["actors.envs_per_worker=4", "environment.args.noop_max=7"])
+    assert envs == 4 and args["game"] == "Pong" and args["noop_max"] == 7
