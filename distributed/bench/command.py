@@ -6,6 +6,7 @@
     troupe bench pixels --actors auto --envs 8 --device cuda   # ... in a layout of your own
     troupe bench pixels --precision bfloat16   # ... with the trainer under bfloat16 autocast
     troupe bench pixels --device cuda --trainer-graphs   # ... its minibatch steps as CUDA graphs
+    troupe bench pixels --experiment pong-ppo-gpu       # ... another Atari recipe, as it ships
     troupe bench --quick --json b.json  # every suite at minimum size: proves the command works
 
 Each suite lives in :mod:`distributed.bench.suites`; whole runs are watched by
@@ -77,6 +78,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     layout = parser.add_argument_group("pixels layout (the pong-ppo run of the pixels suite)")
     layout.add_argument(
+        "--experiment",
+        metavar="NAME",
+        help="the Atari experiment to run instead of pong-ppo (e.g. pong-ppo-gpu); the "
+        "options below override its layout",
+    )
+    layout.add_argument(
         "--actors", metavar="N", help="actor processes: a number, or auto (from the cores)"
     )
     layout.add_argument("--envs", type=int, metavar="N", help="environments per actor")
@@ -135,7 +142,10 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
         "errors": {},
     }
     rows: list[Row] = []
-    context: dict[str, Any] = {"pixels_overrides": layout_overrides(args)}
+    context: dict[str, Any] = {
+        "pixels_overrides": layout_overrides(args),
+        "pixels_experiment": args.experiment or "pong-ppo",
+    }
     code = EXIT_OK
     try:
         for name in names:

@@ -15,6 +15,8 @@ resident memory by role (each worker's own ``ru_maxrss``, from ``workers.json``)
 each frame costs in copies on the observation path, with shared memory (this run) and over
 sockets (what it was before, and still is across hosts), from the wire codec's own message sizes.
 
+``troupe bench pixels --experiment pong-ppo-gpu`` runs another Atari recipe as it ships (the
+ceilings then step its game, with its environment arguments);
 ``troupe bench pixels --actors N|auto --envs M --device cuda`` sets the run's layout,
 ``--precision bfloat16`` its trainer's precision and ``--trainer-graphs`` its minibatch steps as
 CUDA graphs; on a GPU the policy acts through CUDA graphs unless ``--eager``.
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config.load import make_experiment
+from api.errors import UserError
 from distributed.bench import pixel_ceiling, pixels
 from distributed.bench.cpu_profile import _cpu, _frames
 from distributed.bench.rows import Row
@@ -45,15 +48,18 @@ FIRST_FRAMES_S = 240.0
 def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
     cores = len(os.sched_getaffinity(0))
     window = max(size.run_s, 10.0)
-    raw_before = pixels.raw_rate(seconds=max(size.raw_s, 1.0))
     overrides = list(context.get("pixels_overrides") or [])
-    envs, env_args = actor_layout(overrides)
-    all_raw = pixel_ceiling.parallel_rate("raw", cores, max(size.raw_s, 1.0))
+    experiment = context.get("pixels_experiment") or "pong-ppo"
+    envs, env_args = actor_layout(overrides, experiment)
+    game = env_args.get("game", pixels.DEFAULT_GAME)
+    seconds = max(size.raw_s, 1.0)
+    raw_before = pixels.raw_rate(game, seconds=seconds)
+    all_raw = pixel_ceiling.parallel_rate("raw", cores, seconds, game=game)
     all_env = pixel_ceiling.parallel_rate(
-        "preprocessed", cores, max(size.raw_s, 1.0), envs, env_args=env_args
+        "preprocessed", cores, seconds, envs, game=game, env_args=env_args
     )
-    run = pong_run(workdir / "pixels-pong", size.warmup_s, window, overrides)
-    raw_after = pixels.raw_rate(seconds=max(size.raw_s, 1.0))
+    run = pong_run(workdir / "pixels-pong", size.warmup_s, window, overrides, experiment)
+    raw_after = pixels.raw_rate(game, seconds=seconds)
     raw_fps = (raw_before.frames_per_s + raw_after.frames_per_s) / 2
     ceiling = all_raw.frames_per_s
     raw_cpu = (raw_before.frames_per_cpu_s + raw_after.frames_per_cpu_s) / 2
@@ -77,26 +83,28 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
         "ratio_per_cpu_s": run["fps"] / max(run["cpu_percent"] / 100.0, 1e-9) / raw_cpu,
         "bytes_copied_per_frame": copies,
         "load_average": list(os.getloadavg()),
+        "experiment": experiment,
+        "game": game,
         "overrides": overrides,
     }
     by_role = ", ".join(f"{w} {us:,.0f}" for w, us in run["us_per_frame"].items())
     memory = ", ".join(f"{w} {mb:,.0f}" for w, mb in run["peak_rss_mb"].items())
     rows = [
-        Row("pixels", "ALE Pong raw emulator frames/s, 1 core (before / after the run)",
+        Row("pixels", f"ALE {game} raw emulator frames/s, 1 core (before / after the run)",
             f"{raw_before.frames_per_s:,.0f} / {raw_after.frames_per_s:,.0f}"),
-        Row("pixels", f"ALE Pong raw, {cores} processes at once: the ceiling (CPU us a frame)",
+        Row("pixels", f"ALE {game} raw, {cores} processes at once: the ceiling (CPU us a frame)",
             f"{ceiling:,.0f} ({all_raw.cpu_us_per_frame:,.1f}); {cores} x 1 core: "
             f"{cores * raw_fps:,.0f}"),
         Row("pixels", f"Atari-v0 as the actors step it, {envs} a process, {cores} processes at "
             "once (CPU us a frame)", f"{all_env.frames_per_s:,.0f} "
             f"({all_env.cpu_us_per_frame:,.1f}): {100 * figures['env_ceiling_ratio']:.1f}% of "
             "the ceiling"),
-        Row("pixels", f"pong-ppo emulator frames/s end to end, training ({window:.0f} s window"
+        Row("pixels", f"{experiment} emulator frames/s end to end, training ({window:.0f} s window"
             f"{'; ' + ' '.join(overrides) if overrides else ''})", f"{run['fps']:,.0f}"),
-        Row("pixels", f"pong-ppo / the raw ceiling ({cores} processes at once)",
+        Row("pixels", f"{experiment} / the raw ceiling ({cores} processes at once)",
             f"{100 * figures['ratio_to_ceiling']:.1f}%", ">= 60%",
             figures["ratio_to_ceiling"] >= 0.6),
-        Row("pixels", "emulator frames per CPU second: pong-ppo (all workers) / raw loop",
+        Row("pixels", f"emulator frames per CPU second: {experiment} (all workers) / raw loop",
             f"{figures['fps_per_cpu_s']:,.0f} / {raw_cpu:,.0f} "
             f"({100 * figures['ratio_per_cpu_s']:.1f}%)"),
         Row("pixels", f"CPU us an emulator frame, by worker ({run['cpu_percent']:.0f}% CPU)",
@@ -110,21 +118,33 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
     return figures, rows
 
 
-def actor_layout(overrides: Sequence[str]) -> tuple[int, dict[str, Any]]:
+def actor_layout(
+    overrides: Sequence[str], experiment: str = "pong-ppo"
+) -> tuple[int, dict[str, Any]]:
     """The environments a process and the environment arguments of the run's actors
-    (``pong-ppo`` with ``overrides``)."""
-    config = make_experiment("pong-ppo", list(overrides))
+    (``experiment`` with ``overrides``); UserError for an experiment that does not step
+    ``Atari-v0``."""
+    config = make_experiment(experiment, list(overrides))
+    if config.environment.type != "Atari-v0":
+        raise UserError(
+            f"the pixels suite measures Atari experiments; '{experiment}' steps "
+            f"'{config.environment.type}'"
+        )
     return config.actors.envs_per_worker, dict(config.environment.args)
 
 
 def pong_run(
-    run_dir: Path, warmup_s: float, window_s: float, overrides: Sequence[str] = ()
+    run_dir: Path,
+    warmup_s: float,
+    window_s: float,
+    overrides: Sequence[str] = (),
+    experiment: str = "pong-ppo",
 ) -> dict[str, Any]:
-    """``troupe run pong-ppo`` (no evaluation workers; ``overrides`` after the bench's own):
+    """``troupe run EXPERIMENT`` (no evaluation workers; ``overrides`` after the bench's own):
     frames/s, CPU a frame by worker and each role's stage timings over ``window_s`` after
     ``warmup_s`` past the first frames; peak memory by worker at the end."""
     command = [
-        *troupe_command(), "run", "pong-ppo", "stop.eval_return=None", "evaluation.workers=0",
+        *troupe_command(), "run", experiment, "stop.eval_return=None", "evaluation.workers=0",
         "stop.env_frames=1000000000", "--run-dir", str(run_dir), "--no-display",
         f"stop.wall_seconds={FIRST_FRAMES_S + warmup_s + window_s}", *overrides,
     ]  # fmt: skip
@@ -135,7 +155,7 @@ def pong_run(
     try:
         while _frames(run_dir) == 0:
             if process.poll() is not None or time.monotonic() - started > FIRST_FRAMES_S:
-                raise RuntimeError(f"pong-ppo gave no frames in {FIRST_FRAMES_S:.0f}s")
+                raise RuntimeError(f"{experiment} gave no frames in {FIRST_FRAMES_S:.0f}s")
             time.sleep(0.2)
         first_frames_s = time.monotonic() - started
         time.sleep(warmup_s)

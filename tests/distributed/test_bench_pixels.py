@@ -64,3 +64,13 @@ def test_the_environment_ceiling_follows_the_runs_actor_layout():
 
     envs, args = actor_layout(["actors.envs_per_worker=4", "environment.args.noop_max=7"])
     assert envs == 4 and args["game"] == "Pong" and args["noop_max"] == 7
+
+
+def test_the_pixels_suite_measures_atari_experiments_only():
+    from api.errors import UserError
+    from distributed.bench.pixel_suite import actor_layout
+
+    envs, args = actor_layout([], "pong-ppo-gpu")  # the GPU recipe, as it ships
+    assert envs == 16 and args["game"] == "Pong"
+    with pytest.raises(UserError, match="measures Atari experiments; 'cartpole-ppo' steps"):
+        actor_layout([], "cartpole-ppo")
