@@ -172,6 +172,7 @@ class PPOTrainer(ActorCriticTrainer):
         self.normalize_advantages = normalize_advantages
         self.vtrace, self.rho_bar, self.c_bar = vtrace, rho_bar, c_bar
         self._graphs = None
+        self.cuda_graphs = cuda_graphs
         if cuda_graphs and policy.default_policy_state is not None:
             logger.warning(
                 "cuda_graphs=True applies to feed-forward policies; this recurrent one trains on "
@@ -194,6 +195,8 @@ class PPOTrainer(ActorCriticTrainer):
         step = self._finish_step()
         stats = self._mean_update_stats(rows, UPDATE_STATS)
         stats.update(self._batch_stats(advantages, returns, old_value, mask), lr=lr, **lag)
+        if self.cuda_graphs:  # how many minibatch sizes replay as graphs (0: all eager)
+            stats["minibatch_graphs"] = float(self._graphs.graphs if self._graphs else 0)
         return TrainerStepResult(stats=stats, step=step)
 
     def _minibatch_steps(self, pool, pool_adv, pool_ret, pool_mask) -> list[torch.Tensor]:

@@ -36,6 +36,7 @@ from api.config.load import make_experiment
 from api.errors import UserError
 from distributed.bench import pixel_ceiling, pixels
 from distributed.bench.cpu_profile import _cpu, _frames
+from distributed.bench.gpu_use import GpuSampler
 from distributed.bench.rows import Row
 from distributed.bench.runs import role_utilisation, troupe_command, window_timing
 from system import run_folder
@@ -111,6 +112,10 @@ def pixel_suite(size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
             by_role),
         Row("pixels", "busy share of wall time by role (largest wait)",
             role_utilisation(run["timing"])),
+        Row("pixels", "trainer step (s, mean over the window); minibatch sizes replayed as CUDA "
+            "graphs", trainer_row(run["trainer"])),
+        Row("pixels", "GPU busy over the window (nvidia-smi: mean, max; peak memory)",
+            gpu_row(run["gpu"])),
         Row("pixels", "peak RSS by worker (MiB)", memory),
         Row("pixels", "observation bytes copied an emulator frame: shared memory / sockets",
             f"{copies['shm']:,.0f} / {copies['socket']:,.0f}"),
@@ -152,6 +157,7 @@ def pong_run(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     started = time.monotonic()
+    gpu = GpuSampler()
     try:
         while _frames(run_dir) == 0:
             if process.poll() is not None or time.monotonic() - started > FIRST_FRAMES_S:
@@ -162,10 +168,13 @@ def pong_run(
         pids = {w: v["pid"] for w, v in _workers(run_dir).items()}
         cpu0, frames0, t0 = _cpu(pids), _frames(run_dir), time.monotonic()
         records0 = len(read_metrics(run_dir))
+        gpu.start()
         time.sleep(window_s)
+        gpu_use = gpu.stop()
         cpu1, frames1, t1 = _cpu(pids), _frames(run_dir), time.monotonic()
         in_window = read_metrics(run_dir)[records0:]
     finally:
+        gpu.stop()  # (nothing left to stop once the window ended)
         process.send_signal(2)  # SIGINT: the controller stops every worker in order
         try:
             process.wait(timeout=120)
@@ -185,6 +194,8 @@ def pong_run(
         "peak_rss_mb": {w: float(v.get("peak_rss_mb") or 0.0) for w, v in workers.items()},
         "restarts": sum(int(v.get("restarts") or 0) for v in workers.values()),
         "timing": window_timing(in_window),
+        "gpu": gpu_use,
+        "trainer": trainer_figures(in_window),
     }
 
 
@@ -211,6 +222,45 @@ def copied_bytes_per_frame(batch: int = 4, segment_length: int = 128) -> dict[st
         "obs_bytes": obs,
         "per": "emulator frame (agent step / frame skip)",
     }
+
+
+def trainer_figures(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Over a window's metrics records: each trainer's mean ``step_s`` and its last
+    ``minibatch_graphs`` (PPO with ``cuda_graphs``), by policy."""
+    out: dict[str, float] = {}
+    steps: dict[str, list[float]] = {}
+    for record in records:
+        for key, value in record.items():
+            parts = key.split("/")
+            if len(parts) != 3 or parts[0] != "trainer" or not isinstance(value, (int, float)):
+                continue
+            if parts[2] == "step_s":
+                steps.setdefault(parts[1], []).append(float(value))
+            elif parts[2] == "minibatch_graphs":
+                out[f"{parts[1]}/minibatch_graphs"] = float(value)
+    for policy, values in steps.items():
+        out[f"{policy}/step_s"] = sum(values) / len(values)
+    return out
+
+
+def trainer_row(figures: dict[str, float]) -> str:
+    """``default 0.222 s, 1 graph`` for each policy's trainer; ``-`` when none reported."""
+    parts = []
+    for key in sorted(k for k in figures if k.endswith("/step_s")):
+        policy = key.split("/")[0]
+        part = f"{policy} {figures[key]:.3f} s"
+        graphs = figures.get(f"{policy}/minibatch_graphs")
+        if graphs is not None:
+            part += f", {graphs:.0f} graph{'s' if graphs != 1 else ''}"
+        parts.append(part)
+    return "; ".join(parts) or "-"
+
+
+def gpu_row(gpu: dict[str, Any] | None) -> str:
+    if not gpu:
+        return "no GPU (nvidia-smi not found or silent)"
+    return (f"{gpu['utilisation_mean']:.0f}%, {gpu['utilisation_max']:.0f}%; "
+            f"{gpu['memory_peak_mib']:,.0f} MiB")  # fmt: skip
 
 
 def _workers(run_dir: Path) -> dict[str, Any]:

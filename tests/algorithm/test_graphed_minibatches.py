@@ -55,6 +55,8 @@ def _twins(space=OBS, device="cpu", **trainer_args):
 def _assert_same(graphed, eager, batches, atol=1e-5):
     for batch in batches:
         g, e = graphed.step(batch).stats, eager.step(batch).stats
+        # said in the metrics: how many sizes replay as graphs (none for a recurrent policy)
+        assert g.pop("minibatch_graphs") == (graphed._graphs.graphs if graphed._graphs else 0)
         # a ratio within rounding of the clip's edge may count on one side here, on the other
         # there: a few rows in the step's hundred
         assert g.pop("clip_fraction") == pytest.approx(e.pop("clip_fraction"), abs=0.05)

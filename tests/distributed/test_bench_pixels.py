@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from distributed.bench import pixel_ceiling, pixels
@@ -74,3 +77,48 @@ def test_the_pixels_suite_measures_atari_experiments_only():
     assert envs == 16 and args["game"] == "Pong"
     with pytest.raises(UserError, match="measures Atari experiments; 'cartpole-ppo' steps"):
         actor_layout([], "cartpole-ppo")
+
+
+def test_gpu_samples_are_summarised_and_their_absence_said():
+    from distributed.bench.gpu_use import GpuSampler, summarize
+    from distributed.bench.pixel_suite import gpu_row
+
+    text = "31, 20000\n45, 21000\n[N/A], [N/A]\n"
+    gpu = summarize(text)
+    assert gpu == {"utilisation_mean": 38.0, "utilisation_max": 45.0, "memory_peak_mib": 21000.0,
+                   "samples": 2}  # fmt: skip
+    assert gpu_row(gpu) == "38%, 45%; 21,000 MiB"
+    assert summarize("") is None and summarize("garbage\n") is None
+    assert gpu_row(None).startswith("no GPU")
+    assert GpuSampler().stop() is None  # never started: nothing sampled, nothing to stop
+
+
+def test_the_trainer_row_gives_step_time_and_graphs_by_policy():
+    from distributed.bench.pixel_suite import trainer_figures, trainer_row
+
+    records = [
+        {"trainer/default/step_s": 0.2, "trainer/default/minibatch_graphs": 0.0, "fps": 1.0},
+        {"trainer/default/step_s": 0.3, "trainer/default/minibatch_graphs": 1.0},
+        {"trainer/other/step_s": 0.5, "timing/trainer/busy": 1.0},
+    ]
+    figures = trainer_figures(records)
+    assert figures == {"default/step_s": pytest.approx(0.25), "default/minibatch_graphs": 1.0,
+                       "other/step_s": 0.5}  # fmt: skip
+    assert trainer_row(figures) == "default 0.250 s, 1 graph; other 0.500 s"
+    assert trainer_row({}) == "-"
+
+
+def test_the_gpu_sampler_reads_nvidia_smi_until_stopped(tmp_path, monkeypatch):
+    # a stand-in printing what `nvidia-smi --query-gpu=... -lms N` prints, once a period, as
+    # long as it runs: what is checked is the sampler's process handling and parsing
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\nwhile true; do echo '50, 1000'; sleep 0.05; done\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    from distributed.bench.gpu_use import GpuSampler
+
+    sampler = GpuSampler(period_ms=50).start()
+    time.sleep(0.5)
+    gpu = sampler.stop()
+    assert gpu["utilisation_mean"] == 50.0 and gpu["memory_peak_mib"] == 1000.0
+    assert gpu["samples"] >= 3 and sampler.stop() is None
