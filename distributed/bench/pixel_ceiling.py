@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import subprocess
 import sys
 import time
@@ -112,7 +113,9 @@ def _in_step(children: list[subprocess.Popen], name: str, seconds: float) -> lis
     """Wait until every child is ready, start them together, collect their rates."""
     deadline = time.monotonic() + START_TIMEOUT_S
     for child in children:  # each prints "ready" once built (or exits: an empty line)
-        if child.stdout.readline().strip() != "ready" or time.monotonic() > deadline:
+        left = max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([child.stdout], [], [], left)
+        if not ready or child.stdout.readline().strip() != "ready":
             raise RuntimeError(f"a {name} loop's process did not start: {_failure(child)}")
     start_at = time.time() + 0.2
     for child in children:

@@ -122,3 +122,18 @@ def test_the_gpu_sampler_reads_nvidia_smi_until_stopped(tmp_path, monkeypatch):
     gpu = sampler.stop()
     assert gpu["utilisation_mean"] == 50.0 and gpu["memory_peak_mib"] == 1000.0
     assert gpu["samples"] >= 3 and sampler.stop() is None
+
+
+def test_a_loop_that_never_gets_ready_is_given_up(monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(pixel_ceiling, "START_TIMEOUT_S", 0.5)
+    silent = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not start"):
+        pixel_ceiling._in_step([silent], "raw", 0.3)
+    assert time.monotonic() - started < 10 and silent.poll() is not None  # killed, not waited
