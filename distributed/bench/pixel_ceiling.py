@@ -63,12 +63,6 @@ class ParallelRate:
             "per_process_frames_per_s": [round(r.frames_per_s) for r in self.rates],
         }
 
-    @classmethod
-    def from_output(cls, line: str) -> EmulatorRate:
-        """What a :func:`parallel_rate` process printed."""
-        fields = json.loads(line)
-        return EmulatorRate(**{k: fields[k] for k in EmulatorRate.__dataclass_fields__})
-
 
 START_TIMEOUT_S = 120.0
 """The longest a process may take to import ALE and build its environments."""
@@ -126,8 +120,14 @@ def _in_step(children: list[subprocess.Popen], name: str, seconds: float) -> lis
         out, err = child.communicate(timeout=seconds + 60)
         if child.returncode != 0:
             raise RuntimeError(f"a {name} loop's process failed: {_failure(child, err)}")
-        rates.append(ParallelRate.from_output(out.strip().splitlines()[-1]))
+        rates.append(_rate_from(out.strip().splitlines()[-1]))
     return rates
+
+
+def _rate_from(line: str) -> EmulatorRate:
+    """What a :func:`parallel_rate` process printed (:meth:`EmulatorRate.to_dict`)."""
+    fields = json.loads(line)
+    return EmulatorRate(**{k: fields[k] for k in EmulatorRate.__dataclass_fields__})
 
 
 def _failure(child: subprocess.Popen, err: str | None = None) -> str:
