@@ -59,6 +59,7 @@ class Snapshot:
     elapsed_s: float | None = None
     env_frames: int | None = None
     fps: float | None = None
+    """Frames a second lately (the metrics' ``fps_recent``), not the mean since the launch."""
     episode_return: float | None = None
     eval_return: float | None = None
     game_return: float | None = None

@@ -9,7 +9,8 @@ the scheduler (Kubernetes annotations, a published Swarm port).
 
 Series (every one labelled with ``run``):
 
-- ``troupe_env_frames_total``, ``troupe_frames_per_second``, ``troupe_wall_seconds``,
+- ``troupe_env_frames_total``, ``troupe_frames_per_second`` (over the last 10 s),
+  ``troupe_frames_per_second_mean`` (since the launch), ``troupe_wall_seconds``,
   ``troupe_episode_return``, ``troupe_episode_length``, ``troupe_eval_return``,
   ``troupe_run_running`` (1 until the run ends);
 - ``troupe_policy_version{policy}``, ``troupe_policy_episode_return{policy}``;
@@ -49,7 +50,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RUN_SERIES: dict[str, tuple[str, str, str]] = {
     # record key: (series, type, help)
     "env_frames": ("troupe_env_frames_total", "counter", "Environment frames played."),
-    "fps": ("troupe_frames_per_second", "gauge", "Environment frames a second, last second."),
+    "fps_recent": (
+        "troupe_frames_per_second",
+        "gauge",
+        "Environment frames a second, the last 10 s.",
+    ),
+    "fps": ("troupe_frames_per_second_mean", "gauge", "Environment frames a second, whole run."),
     "wall_s": ("troupe_wall_seconds", "gauge", "Seconds since the run started."),
     "episode_return": ("troupe_episode_return", "gauge", "Mean return of recent episodes."),
     "episode_length": ("troupe_episode_length", "gauge", "Mean length of recent episodes."),

@@ -33,6 +33,11 @@ from system.workers.trainer_hooks import CUSTOM_STAT
 RETURNS_WINDOW = 100
 """Training episodes the ``episode_return`` of a record averages."""
 
+FPS_WINDOW_S = 10.0
+"""Seconds of records the recent frame rate (``fps_recent``) is measured over. ``fps``, the
+mean since the launch, still counts the start-up minutes long after a run has reached speed;
+what the live panel and the metrics endpoint show is this one."""
+
 
 @dataclass(frozen=True)
 class WorkerStats:
@@ -142,6 +147,9 @@ class Tally:
         """Each policy's exploration rate (epsilon) by the policy worker acting with it."""
         self.timing = timing.RoleTimes()
         """Where each role's wall time goes (system.timing), from every heartbeat."""
+        self._frames_at: deque[tuple[float, int]] = deque()
+        """``(elapsed, env_frames)`` of the records of the last :data:`FPS_WINDOW_S`, and
+        the one just before them."""
 
     def continue_from(self, records: list[dict[str, Any]]) -> float:
         """A resumed run counts frames on from its last record; the wall-clock seconds it ran
@@ -213,6 +221,7 @@ class Tally:
             "wall_s": elapsed,
             "env_frames": self.env_frames,
             "fps": self.env_frames / max(elapsed, 1e-9),
+            "fps_recent": self._recent_fps(elapsed),
             "eval_env_frames": self.eval_env_frames,
             "episode_return": float(np.mean(self.returns)) if self.returns else None,
             "eval_return": self.evaluation.mean(),
@@ -238,6 +247,16 @@ class Tally:
         record.update({f"timing/{k}": v for k, v in self.timing.take_batches().items()})
         return record, roles
 
+    def _recent_fps(self, elapsed: float) -> float | None:
+        """Frames a second over the last :data:`FPS_WINDOW_S` of records (fewer at the start
+        of a run); None for the first record."""
+        seen = self._frames_at
+        seen.append((elapsed, self.env_frames))
+        while len(seen) > 2 and elapsed - seen[1][0] >= FPS_WINDOW_S:
+            seen.popleft()
+        since, frames = seen[0]
+        return (self.env_frames - frames) / (elapsed - since) if elapsed > since else None
+
     def snapshot(
         self,
         record: dict[str, Any],
@@ -249,7 +268,7 @@ class Tally:
         return Snapshot(
             elapsed_s=record["wall_s"],
             env_frames=record["env_frames"],
-            fps=record["fps"],
+            fps=record["fps"] if record["fps_recent"] is None else record["fps_recent"],
             episode_return=record["episode_return"],
             eval_return=record["eval_return"],
             game_return=record["game_return"],

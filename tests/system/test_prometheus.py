@@ -25,6 +25,7 @@ RECORD = {
     "wall_s": 12.5,
     "env_frames": 40000,
     "fps": 3200.5,
+    "fps_recent": 3400.0,
     "episode_return": 120.0,
     "eval_return": float("nan"),
     "policy/default/version": 17.0,
@@ -86,10 +87,11 @@ def test_the_endpoint_serves_the_latest_record_over_http():
             assert answer.headers["Content-Type"] == prometheus.CONTENT_TYPE
             body = answer.read().decode()
         assert "troupe_frames_per_second" in families(body)
-        endpoint.update({**RECORD, "fps": 10.0}, WORKERS, "r1", running=False)
+        endpoint.update({**RECORD, "fps": 8.0, "fps_recent": 10.0}, WORKERS, "r1", running=False)
         with urllib.request.urlopen(endpoint.url, timeout=10) as answer:
             parsed = families(answer.read().decode())
-        assert parsed["troupe_frames_per_second"][0].value == 10.0
+        assert parsed["troupe_frames_per_second"][0].value == 10.0  # the recent rate
+        assert parsed["troupe_frames_per_second_mean"][0].value == 8.0
         assert parsed["troupe_run_running"][0].value == 0
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(endpoint.url.replace("/metrics", "/admin"), timeout=10)

@@ -87,6 +87,21 @@ def test_timing_stages_are_kept_apart_from_the_role_s_numbers():
     assert set(stats.timing) == {"stage/compute", "stage_wall_s"} and stats.flags == {"held": True}
 
 
+def test_the_recent_rate_forgets_the_start_up_the_mean_keeps(tally):
+    t, _, records = tally
+    actor = records["actor/0"]
+    assert t.record(1.0, records.values(), {})[0]["fps_recent"] is None  # nothing to compare
+    for second in range(2, 40):  # 100 frames a second for 20 s, then 1,000 a second
+        t.add(actor, WorkerStats(env_frames=100 if second <= 20 else 1_000))
+        record, roles = t.record(float(second), records.values(), {})
+    assert record["fps_recent"] == pytest.approx(1_000.0)  # the last FPS_WINDOW_S only
+    assert record["fps"] == pytest.approx((19 * 100 + 19 * 1_000) / 39.0)
+    assert t.snapshot(record, roles, records.values(), 39.0).fps == record["fps_recent"]
+    t.add(actor, WorkerStats(env_frames=500))
+    record, _ = t.record(45.0, records.values(), {})  # a late record: the window reaches back
+    assert record["fps_recent"] == pytest.approx((4 * 1_000 + 500) / (45.0 - 35.0))
+
+
 def test_actor_episodes_reach_the_record_and_the_observers(tally):
     t, observer, records = tally
     episodes = [{"episode_return": r, "episode_length": 10} for r in (10.0, 30.0)]
