@@ -70,7 +70,7 @@ class StageClock:
         """Seconds per stage since the last ``take`` (or the start), as heartbeat stats
         (``stage/<name>``, and :data:`WALL_KEY` for the wall time they cover; both after
         ``prefix``, ``loader.`` for a worker's loader thread); the running stage goes on."""
-        self.enter(self._stage)
+        StageClock.enter(self, self._stage)  # this class's: a subclass may hold a lock here
         now = self._since
         stats = {f"{prefix}{STAGE_KEY}{name}": s for name, s in self._seconds.items()}
         stats[prefix + WALL_KEY] = now - self._started
@@ -86,7 +86,7 @@ class SharedStageClock(StageClock):
     __slots__ = ("_lock",)
 
     def __init__(self, first: str = CONTROL) -> None:
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         super().__init__(first)
 
     def enter(self, stage: str) -> None:
@@ -94,7 +94,7 @@ class SharedStageClock(StageClock):
             super().enter(stage)
 
     def take(self, prefix: str = "") -> dict[str, float]:
-        with self._lock:  # reentrant: take ends the running stage through enter
+        with self._lock:
             return super().take(prefix)
 
 
@@ -148,8 +148,10 @@ class RoleTimes:
     """The controller's tally of stage seconds by role, between two records.
 
     ``add`` takes each heartbeat's stats; ``take`` returns every role's shares over the interval
-    and starts the next. A role that sent no timing in an interval (a trainer in a long step
-    sends heartbeats without stats) keeps the shares it had, so the panel does not flicker.
+    and starts the next. A role that sent no timing in an interval (its heartbeats and the
+    records need not keep step) keeps the shares it had, so the panel does not flicker. A worker
+    inside one long poll, a trainer's step, still sends its stage seconds: the busy-heartbeat
+    thread takes them (:class:`~system.run.control_channel.BusyHeartbeat`).
     """
 
     def __init__(self) -> None:

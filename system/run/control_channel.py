@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import zmq
@@ -251,19 +251,30 @@ class BusyHeartbeat:
     A trainer's step on pixels (a Nature-CNN update over thousands of frames) can take longer
     than the controller's heartbeat timeout on a loaded machine, and the worker loop beats only
     between polls: the controller took such a trainer for dead and restarted it. While a poll
-    runs longer than :data:`BUSY_AFTER_S`, this thread sends the heartbeats instead (no stats,
-    so the controller keeps the worker's last figures), for at most ``max_poll``: a poll that
+    runs longer than :data:`BUSY_AFTER_S`, this thread sends the heartbeats instead, for at
+    most ``max_poll``. They carry only what ``stats`` returns, the stage seconds (so the
+    timings show a long step as the compute it is, not the wait before it); the controller
+    keeps the worker's last other figures. A poll that
     runs longer is a hung worker (a stuck environment, a deadlock), which must go silent to be
     restarted, by the controller or by a liveness probe on ``on_beat``'s file. It says so once,
     with where the main thread is stuck. The torch work of a step releases the GIL, so the
     thread runs while the main thread computes.
     """
 
-    def __init__(self, ctl: ControlClient, max_poll: tuple[str, float], on_beat=None):
+    def __init__(
+        self,
+        ctl: ControlClient,
+        max_poll: tuple[str, float],
+        on_beat: Callable[[], None] | None = None,
+        stats: Callable[[], dict[str, Any]] | None = None,
+    ):
         """``max_poll``: the setting that bounds one poll (named in the report) and its value
-        in seconds (:meth:`api.config.LivenessConfig.bound`)."""
+        in seconds (:meth:`api.config.LivenessConfig.bound`). ``stats``: what each heartbeat of
+        this thread carries, called from it (so only what is safe to read from another thread:
+        the worker's stage clocks, which are :class:`~system.timing.SharedStageClock`)."""
         self.ctl = ctl
         self.on_beat = on_beat
+        self.stats = stats
         self.setting, self.max_s = max_poll
         self.busy_since: float | None = None
         self.beats = 0
@@ -295,7 +306,7 @@ class BusyHeartbeat:
             if busy < BUSY_AFTER_S:
                 continue
             try:
-                self.ctl.heartbeat({})
+                self.ctl.heartbeat(self.stats() if self.stats is not None else {})
             except zmq.ZMQError:  # the socket is being closed: the worker is leaving
                 return
             self.beats += 1

@@ -302,7 +302,7 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
 def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: tuple[str, float]) -> int:
     """Poll until stopped; ``hooks`` run with every heartbeat (and once more at the stop)."""
     ctl.looping = True
-    busy = BusyHeartbeat(ctl, max_poll, on_beat=_mark_alive)
+    busy = BusyHeartbeat(ctl, max_poll, on_beat=_mark_alive, stats=lambda: _stage_seconds(worker))
     try:
         return _polls(ctl, worker, list(hooks or ()), busy)
     finally:
@@ -342,7 +342,14 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
 def _timed(worker: Worker) -> dict[str, Any]:
     """The worker's stats and where its time went since the last heartbeat (stage seconds)."""
     stats = worker.collect_stats()
-    stats.update(worker.stages.take())
+    stats.update(_stage_seconds(worker))
+    return stats
+
+
+def _stage_seconds(worker: Worker) -> dict[str, float]:
+    """The seconds of each stage since they were last taken: the worker loop's, and its
+    threads' (``loader.``); also read by the busy-heartbeat thread during a long poll."""
+    stats = worker.stages.take()
     for name, clock in worker.thread_stages().items():
         stats.update(clock.take(prefix=f"{name}."))
     return stats

@@ -13,7 +13,7 @@ import abc
 from typing import Any, ClassVar
 
 from system.roles import Role
-from system.timing import StageClock
+from system.timing import SharedStageClock, StageClock
 
 
 class Worker(abc.ABC):
@@ -26,10 +26,12 @@ class Worker(abc.ABC):
         self.worker_id = worker_id
         self.stats: dict[str, Any] = {}
         """Counters since the last ``collect_stats``; subclasses add to it."""
-        self.stages = StageClock()
+        self.stages: StageClock = SharedStageClock()
         """Where this worker's loop spends its time: ``poll`` enters the stage it works on
         (its first one at once), the process loop enters ``control`` after it and sends the
-        seconds with every heartbeat (:mod:`system.timing`)."""
+        seconds with every heartbeat (:mod:`system.timing`). Shared: during a long poll (a
+        trainer's step) the busy-heartbeat thread takes its seconds, so the shares of a worker
+        in one long stage stay current instead of repeating its last heartbeat's."""
 
     @abc.abstractmethod
     def poll(self) -> int:

@@ -161,3 +161,80 @@ def test_a_shared_clock_taken_from_another_thread_loses_and_doubles_nothing():
     for stats in reports:
         stages = sum(v for k, v in stats.items() if k.startswith("stage/"))
         assert stages == pytest.approx(stats["stage_wall_s"], abs=1e-9)
+
+
+def test_a_long_poll_reports_its_stage_while_it_runs():
+    """A trainer inside one long step (minutes on a CPU for pixels) beats from its busy thread;
+    those beats carry the step's seconds, so the timings say "compute", not the wait before."""
+    import threading
+    import time
+
+    from system.roles import Role
+    from system.run import worker_process
+    from system.workers.base import Worker
+
+    class Control:
+        worker_id = "trainer/default/0"
+
+        def __init__(self):
+            self.beats: list[dict] = []
+            self.stop = threading.Event()
+
+        def heartbeat(self, stats):
+            self.beats.append(dict(stats))
+
+        def stop_requested(self):
+            return self.stop.is_set()
+
+        def send(self, message):
+            pass
+
+        def check_controller(self):
+            pass
+
+    class LongStep(Worker):
+        role = Role.TRAINER
+
+        def __init__(self):
+            super().__init__("trainer/default/0")
+            self.step, self.release, self.inside = threading.Event(), threading.Event(), False
+
+        def poll(self):
+            if self.step.is_set() and not self.release.is_set():
+                self.stages.enter("compute")
+                self.inside = True
+                self.release.wait(30)  # one long step, until the test has seen it reported
+                self.inside = False
+            else:
+                self.stages.enter("wait_batch")
+                time.sleep(0.005)
+            return 0
+
+    ctl, worker = Control(), LongStep()
+    loop = threading.Thread(
+        target=worker_process._loop, args=(ctl, worker, [], ("liveness.max_poll_s", 60.0))
+    )
+    loop.start()
+    try:
+        _wait_for(lambda: len(ctl.beats) >= 2)
+        worker.step.set()
+        _wait_for(lambda: sum("stage/compute" in b for b in ctl.beats) >= 2)
+        during = [b for b in ctl.beats if "stage/compute" in b]
+        assert worker.inside  # those beats came from the busy thread, while the poll ran
+        # the first also ends the wait before the step; the next hold the step alone
+        assert set(during[1]) == {"stage/compute", timing.WALL_KEY}
+    finally:
+        worker.release.set()
+        ctl.stop.set()
+        loop.join(timeout=10)
+    assert not loop.is_alive()
+    for beat in ctl.beats:  # every beat's stages add up to the wall time it covers
+        stages = sum(v for k, v in beat.items() if k.startswith(timing.STAGE_KEY))
+        assert stages == pytest.approx(beat[timing.WALL_KEY], abs=1e-9)
+
+
+def _wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = __import__("time").monotonic() + timeout_s
+    while not condition():
+        assert __import__("time").monotonic() < deadline, "timed out"
+        __import__("time").sleep(0.01)
