@@ -103,6 +103,9 @@ class ActorWorker(Worker):
         self.episodes: list[dict[str, float]] = []
         self._started = False
         self.pace = Pace(max_fps) if max_fps else None
+        self.looked_for_answers_at = 0.0
+        """When this worker last looked for answers (``time.monotonic``): the clock of
+        :meth:`stalled_policies`."""
 
     def _group(self, envs: list[int], segment_length: int, record: bool) -> Group:
         group = Group(envs)
@@ -136,6 +139,7 @@ class ActorWorker(Worker):
         if self.pace is not None and self._held_back():
             return 0
         clock.enter("wait_actions")
+        self.looked_for_answers_at = time.monotonic()
         if not self.inference.wait(timeout_ms=5):
             return 0
         clock.enter("answers")
@@ -196,12 +200,16 @@ class ActorWorker(Worker):
 
     def stalled_policies(self, timeout_s: float) -> set[str]:
         """Policies that have not answered a request for ``timeout_s`` (their worker may be
-        gone: the caller reconnects and calls :meth:`repost`)."""
-        now = time.monotonic()
+        gone: the caller reconnects and calls :meth:`repost`).
+
+        Counted up to the last time this worker looked for answers: while it is held back (the
+        trainers' back-pressure, its pace) answers wait unread in its socket, and a request
+        posted before a long wait for a trainer's step is not one its policy worker failed."""
+        looked = self.looked_for_answers_at
         return {
             policy
             for group in self.groups
-            if group.waiting and now - group.posted_at > timeout_s
+            if group.waiting and looked - group.posted_at > timeout_s
             for policy in group.waiting
             if policy not in group.replies
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -22,6 +23,7 @@ from system.roles import Role
 from system.run.plan import PLAN_TYPES
 from system.streams.inference import InferenceReply, InprocInferenceHub
 from system.streams.samples import InprocSampleHub
+from system.workers import actor_worker
 from system.workers.actor_worker import ActorWorker
 from system.workers.batch_source import ReplaySource
 from system.workers.parameter_worker import ParameterServiceWorker
@@ -120,6 +122,25 @@ def test_actor_ignores_stale_replies_and_reposts_unanswered_requests():
     stale = InferenceReply("p", 0, 99, RolloutResult(action=np.ones(1, np.int64)), 1)
     hub.replies["a"].append(stale)
     assert actor.poll() == 0  # a reply to an old sequence number is not used
+
+
+def test_a_request_is_stalled_only_after_the_actor_looked_for_its_answer_that_long(monkeypatch):
+    """An actor held back (the trainers' back-pressure during a long step) does not read its
+    answers: a request that waited unread in its socket is not a policy worker's failure."""
+    clock = [100.0]
+    fake = SimpleNamespace(monotonic=lambda: clock[0], time=time.time, sleep=time.sleep)
+    monkeypatch.setattr(actor_worker, "time", fake)
+    hub = InprocInferenceHub()
+    actor = eval_actor(hub, "a", lambda i: CountingEnv(), 2, groups=1)
+    actor.poll()  # posts the request and looks for its answer at once
+    clock[0] += 30.0  # held back all this time: no poll, no look
+    assert actor.stalled_policies(timeout_s=5.0) == set()
+    actor.poll()  # looks, and no answer has come in 30 s
+    assert actor.stalled_policies(timeout_s=5.0) == {"p"}
+    answer_all(hub, "p")
+    clock[0] += 1.0
+    assert actor.poll() == 2  # answered: stepped, and asked again
+    assert actor.stalled_policies(timeout_s=5.0) == set()
 
 
 def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
