@@ -341,9 +341,7 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
 
 def _timed(worker: Worker) -> dict[str, Any]:
     """The worker's stats and where its time went since the last heartbeat (stage seconds)."""
-    stats = worker.collect_stats()
-    stats.update(_stage_seconds(worker))
-    return stats
+    return {**worker.collect_stats(), **_stage_seconds(worker)}
 
 
 def _stage_seconds(worker: Worker) -> dict[str, float]:
