@@ -147,7 +147,11 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
         heartbeat_timeout_s=args.heartbeat_timeout or HEARTBEAT_TIMEOUT_S,
         metrics_port=args.metrics_port,
     )
-    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's stop: in order, as Ctrl+C
+    # Swarm and Slurm stop a run with SIGINT, Kubernetes with SIGTERM: both stop it in order,
+    # even where the controller was started with SIGINT ignored (`nohup ... &`, a script's
+    # background job), which Python would otherwise keep: the stop would never arrive.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         summary = controller.run()
     except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
