@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
@@ -34,6 +33,7 @@ from distributed.deploy.commands import add_deploy_arguments, run_deploy
 from distributed.images.build import add_image_arguments, run_image
 from distributed.launch import run_commands as rc
 from distributed.ops import commands as ops
+from system.console import Console
 
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 HANDLER = "_troupe_subcommand"

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from system.console import Console
 from system.roles import WorkerState
 
 _REFRESH_PER_SECOND = 4

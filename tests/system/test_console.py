@@ -1,0 +1,50 @@
+"""A console whose reader is gone goes quiet; the run it reports on goes on (system.console)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from e2e_support import ROOT, TROUPE, read_json
+
+from system.console import Console
+from system.run.display import LiveDisplay, Snapshot
+
+
+def test_a_closed_pipe_makes_the_console_quiet_instead_of_exiting(tmp_path, caplog):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    with os.fdopen(write_end, "w") as stream:
+        display = LiveDisplay("x", enabled=False, console=Console(file=stream))
+        display.update(Snapshot())  # rich's own console raises SystemExit(1) here
+        display.stop()
+        assert display.console.quiet
+    assert "reader is gone" in caplog.text
+
+
+def test_a_run_whose_output_reader_leaves_still_ends_by_its_rule_and_writes_its_summary(tmp_path):
+    """``troupe run ... | head -2``: the controller's first progress line used to end the run
+    (rich exits on a broken pipe) with exit code 1, no summary and not a word why."""
+    run_dir = tmp_path / "run"
+    read_end, write_end = os.pipe()
+    args = ["run", "cartpole-ppo", "--no-display", "--run-dir", str(run_dir),
+            "stop.eval_return=None", "stop.env_frames=20000", "evaluation.workers=0"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*TROUPE, *args], cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(write_end)
+    with os.fdopen(read_end) as out:  # as head -2 would: the launcher's two lines, then gone
+        first, _ = out.readline(), out.readline()
+    try:
+        _, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("troupe run did not end")
+    assert first.startswith("run folder:")
+    assert proc.returncode == 0, err[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 20000
+    # the controller's progress lines (every 5 s, and a last one) met the closed pipe
+    assert "reader is gone" in (run_dir / "logs" / "controller.log").read_text()
