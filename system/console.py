@@ -21,10 +21,13 @@ logger = logging.getLogger(__name__)
 class Console(RichConsole):
     """A rich console that stops printing when its reader is gone, instead of exiting."""
 
+    reader_gone = False
+    """Set when a write met a broken pipe: a loop that only prints (``troupe logs -f``) ends."""
+
     def on_broken_pipe(self) -> None:
-        if self.quiet:
+        if self.reader_gone:
             return
-        self.quiet = True
+        self.reader_gone = self.quiet = True
         try:  # the interpreter's flush at exit must not fail on the broken pipe either
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:

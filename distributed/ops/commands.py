@@ -14,7 +14,6 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -22,6 +21,7 @@ from distributed.errors import OpsError
 from distributed.ops import backends, folder
 from distributed.ops.backends import resolve
 from distributed.ops.record import LaunchRecord, read
+from system.console import Console
 
 DEFAULT_RUNS_DIR = "runs"
 STOP_WAIT_S = 180.0
@@ -143,6 +143,8 @@ def run_logs(args: argparse.Namespace, console: Console) -> int:
         for worker, line in lines:
             console.print(Text(f"[{worker}] {line}"), highlight=False, soft_wrap=True)
             shown += 1
+            if getattr(console, "reader_gone", False):  # `troupe logs -f | head`: done
+                return 0
     except KeyboardInterrupt:
         return 0
     if not shown and not args.follow:

@@ -48,3 +48,32 @@ def test_a_run_whose_output_reader_leaves_still_ends_by_its_rule_and_writes_its_
     assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 20000
     # the controller's progress lines (every 5 s, and a last one) met the closed pipe
     assert "reader is gone" in (run_dir / "logs" / "controller.log").read_text()
+
+
+def test_troupe_logs_follow_ends_when_its_reader_is_gone(tmp_path, monkeypatch):
+    """``troupe logs RUN -f | head``: following a run that goes on for hours must end with the
+    reader, not print into the void until the run ends."""
+    import argparse
+    import itertools
+
+    from distributed.ops import commands
+
+    class Record:
+        run = "r"
+
+        def folder(self):
+            return tmp_path
+
+    def endless(record, run_dir, args):
+        for n in itertools.count():
+            assert n < 1000, "still following after its reader left"
+            yield "actor/0", f"line {n}"
+
+    monkeypatch.setattr(commands, "resolve", lambda run, runs_dir: Record())
+    monkeypatch.setattr(commands, "_folder_lines", endless)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    args = argparse.Namespace(run="r", runs_dir=".", source="auto", worker=None, tail=0,
+                              follow=True)  # fmt: skip
+    with os.fdopen(write_end, "w") as stream:
+        assert commands.run_logs(args, Console(file=stream)) == 0
