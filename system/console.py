@@ -19,10 +19,18 @@ logger = logging.getLogger(__name__)
 
 
 class Console(RichConsole):
-    """A rich console that stops printing when its reader is gone, instead of exiting."""
+    """A rich console that stops printing when its reader is gone, instead of exiting.
+
+    ``gone_note``: logged as a warning when that happens, where work goes on without the
+    console (a run's progress lines); a command that only prints (``troupe list | head``)
+    stops quietly, as ``ls | head`` does."""
 
     reader_gone = False
     """Set when a write met a broken pipe: a loop that only prints (``troupe logs -f``) ends."""
+
+    def __init__(self, *args, gone_note: str = "", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gone_note = gone_note
 
     def on_broken_pipe(self) -> None:
         if self.reader_gone:
@@ -36,7 +44,5 @@ class Console(RichConsole):
                 os.close(devnull)
         except (OSError, ValueError, AttributeError):  # no descriptor: quiet is enough
             pass
-        logger.warning(
-            "the console's reader is gone (broken pipe): nothing more is printed there; the "
-            "work goes on (a run's folder, `troupe status` and `troupe logs` show it)"
-        )
+        if self.gone_note:
+            logger.warning("the console's reader is gone (broken pipe): %s", self.gone_note)

@@ -31,6 +31,7 @@ _STATE_STYLES = {
     WorkerState.RESTARTING: "yellow",
 }
 _MISSING = "-"
+GONE_NOTE = "progress lines stop; the run goes on (its folder, `troupe status` and `troupe logs`)"
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class LiveDisplay:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.experiment = experiment
-        self.console = console if console is not None else Console()
+        self.console = console if console is not None else Console(gone_note=GONE_NOTE)
         self.live_enabled = self.console.is_terminal if enabled is None else enabled
         self.plain_interval_s = plain_interval_s
         self.max_worker_rows = max_worker_rows
