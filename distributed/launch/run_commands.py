@@ -111,8 +111,10 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         imports=args.imports,
     )
     check_keys(run_dir, args.secure)  # before a line is printed: a refusal is one line
-    console.print(f"run folder: {run_dir}")
-    console.print(stop_rule(config.stop, pbt_target=config.pbt.target_return), highlight=False)
+    # soft_wrap: a path stays on one line for grep and scripts; a terminal wraps it for the eye
+    console.print(f"run folder: {run_dir}", highlight=False, soft_wrap=True)
+    console.print(stop_rule(config.stop, pbt_target=config.pbt.target_return), highlight=False,
+                  soft_wrap=True)  # fmt: skip
     started = time.time()
     display = False if args.no_display else None
     process = start(
@@ -143,7 +145,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     if summary.get("failure"):
         console.print(Text(f"run failed: {summary['failure']}", style="red"))
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
-    console.print(f"results in {run_dir} ({', '.join(written)})")
+    console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
     return code
 
 
