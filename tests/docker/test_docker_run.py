@@ -68,7 +68,9 @@ class BackgroundRun:
         return self.code
 
     def log(self) -> str:
-        return self.output.getvalue()[-4000:]
+        """The run's last output, and how it ended if it has."""
+        ended = "" if self.thread.is_alive() else f"\n(exit code {self.code}, error {self.error!r})"
+        return self.output.getvalue()[-4000:] + ended
 
     def wait_for(self, condition, what: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
