@@ -25,8 +25,8 @@ def adam_impl(params: list[torch.Tensor], fused: bool) -> dict[str, bool]:
     figures in BENCHMARKS.md and their learning tests were measured with it. Fused is faster
     (cartpole-ppo's two 64x64 bodies: 73 us a step against 218, on one core) but rounds
     differently, and a serial run follows another path: with fused as PPO's default,
-    ``test_pendulum_reaches_minus_200_for_two_of_three_seeds`` had a seed train to -200 and
-    play -360 greedily (2026-11-27).
+    the Pendulum learning check (then on pendulum-ppo's earlier config, discount 0.9 and raw
+    rewards) had a seed train to -200 and play -360 greedily (2026-11-27).
     """
     if not fused:
         return {"fused": False, "foreach": True}

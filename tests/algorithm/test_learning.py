@@ -7,8 +7,8 @@ Targets (training-episode returns, stochastic actions, averaged over the last ``
 
 * CartPole-v1: 475 within 175k environment steps, for 3 of 3 seeds (and 475 greedily).
 * MemoryCue-v0: +0.9 with a GRU policy; a feed-forward policy stays at chance (about 0).
-* Pendulum-v1: -200 within the example's 300k-step budget for 2 of 3 seeds (and -300 or better
-  greedily for those seeds).
+* Pendulum-v1: -200 within the example's 300k-step budget for 3 of 3 seeds (and -250 or better
+  greedily).
 * CartPole-v1 with IMPALA (4 actors): 475 within 300k environment steps (and 475 greedily).
 * CartPole-v1 with DQN (cartpole-dqn, replay worker): greedy 475 within 200k environment steps,
   under CleanRL's DQN budget (``dqn.py``'s default ``--total-timesteps`` of 500k, the budget of
@@ -78,26 +78,23 @@ def test_memory_cue_is_solved_with_a_gru_and_not_without():
     assert abs(mean) < 0.15, f"feed-forward policy should be at chance, got {mean}"
 
 
-@pytest.mark.timeout(1500)  # three seeds of about 250 s each on a quiet 2-core machine
-def test_pendulum_reaches_minus_200_for_two_of_three_seeds():
-    """Pendulum's PPO is seed-sensitive, and serial mode is deterministic for a given machine's
-    numerics: seed 0 ends at -260 after 300k frames on an AMD EPYC VM (the same at 572747a and
-    after), and reached -198 after 80k on the Intel VM of an earlier run. So the target is the
-    training mean for 2 of 3 seeds, and greedy play of -300 or better for every seed. The mean
-    is over 100 episodes, the usual window: over 40, seed 2 reached -199 after 35k frames on a
-    2-core AMD EPYC VM (2026-11-26, at 468a32e and after) on a lucky stretch, and played -432
-    greedily; over 100 it trains on to 117k frames and plays -191.
+@pytest.mark.timeout(900)  # three seeds of 20-40 s each on a quiet 2-core machine
+def test_pendulum_reaches_minus_200_for_every_seed():
+    """Every seed's mean over 100 training episodes (the usual window) reaches -200, and greedy
+    play of the config's 100 evaluation episodes then scores -250 or better.
 
-    Greedy play is required of the seeds that reached the target: with every evaluation
-    episode seeded apart (system.eval_quota), seed 1, which trained to -264 only, played
-    -313.7 (seeds 0 and 2: -218.6 and -220.3; 2026-11-27)."""
+    With return normalisation and a discount of 0.99 (the preset since 2026-11-29), seeds 0-8
+    reached -200 after 49.6k-105.6k frames on a 2-core AMD EPYC VM and played -161 to -208
+    greedily, so 300k frames leave a wide margin for another machine's numerics (serial mode
+    is deterministic on one machine only). The config before (discount 0.9, raw rewards) was
+    seed-sensitive: seed 1 ended at -264 after 300k frames, and this check asked 2 of 3 seeds."""
     results = [
         _train("pendulum-ppo", seed, 300_000, -200.0, 100, evaluate=True) for seed in (0, 1, 2)
     ]
     means = [mean for _, mean, _ in results]
-    assert sum(mean >= -200.0 for mean in means) >= 2, f"training means {means}"
-    learned = [greedy for _, mean, greedy in results if mean >= -200.0]
-    assert all(greedy >= -300.0 for greedy in learned), [g for _, _, g in results]
+    assert all(mean >= -200.0 for mean in means), f"training means {means}"
+    greedy = [g for _, _, g in results]
+    assert all(g >= -250.0 for g in greedy), f"greedy returns {greedy}"
 
 
 def test_cartpole_impala_reaches_475_within_300k_steps():
