@@ -1,8 +1,13 @@
-"""What the whole suite shares: how many processes ``pytest -n auto`` runs it in."""
+"""What the whole suite shares: how many processes ``pytest -n auto`` runs it in, and how a
+test that starts jobs outside pytest's processes (containers, Slurm jobs) tells what an earlier,
+killed session left."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 MAX_AUTO_WORKERS = 16
 """``-n auto`` runs one pytest process a core, at most this many. Many tests start a run of
@@ -15,3 +20,21 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # pytest-xdist's own reading of it
     return max(1, min(MAX_AUTO_WORKERS, len(os.sched_getaffinity(0))))
+
+
+@pytest.fixture(scope="session")
+def left_by_earlier_sessions(tmp_path_factory):
+    """Whether a path is under an earlier pytest session's temporary folder (of this user).
+
+    Containers and Slurm jobs outlive a session that is killed (CI stopped, Ctrl+C twice);
+    they keep their names and use the CPU, and the next session's tests meet them. A test that
+    starts such things removes the ones whose folders this says are an earlier session's: a
+    user's own runs, elsewhere, are never touched. Always False under ``--basetemp``."""
+    basetemp = tmp_path_factory.getbasetemp().resolve()
+    root = next((p for p in basetemp.parents if p.name.startswith("pytest-of-")), None)
+
+    def earlier(path: str | Path) -> bool:
+        path = Path(path)
+        return root is not None and path.is_relative_to(root) and not path.is_relative_to(basetemp)
+
+    return earlier

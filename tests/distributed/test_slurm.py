@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -370,6 +371,23 @@ needs_slurm = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="session")
+def no_jobs_of_earlier_sessions(left_by_earlier_sessions):
+    """Cancel the jobs an earlier, killed pytest session left in the queue: one still running
+    holds the node's CPUs, and this session's jobs would wait behind it. Only jobs whose script
+    lies in an earlier session's temporary folder are cancelled."""
+    queued = subprocess.run(
+        ["squeue", "--noheader", "--format=%i %o"], capture_output=True, text=True, timeout=20
+    )
+    for line in queued.stdout.splitlines():
+        job, _, command = line.partition(" ")
+        if command and left_by_earlier_sessions(command.split()[0]):
+            warnings.warn(
+                f"cancelling Slurm job {job}, left by an earlier test session", stacklevel=2
+            )
+            subprocess.run(["scancel", job], check=False, timeout=20)
+
+
 def submit(out: Path, *sbatch_args: str, env: dict | None = None) -> str:
     done = subprocess.run(
         [str(out / "submit.sh"), "--parsable", *sbatch_args],
@@ -391,6 +409,7 @@ def job_fields(job_id: str) -> dict[str, str]:
 
 @pytest.mark.slurm
 @needs_slurm
+@pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
 def test_slurm_itself_reads_the_64_actor_request_as_72_cpus_and_the_measured_memory(tmp_path):
     deploy(
         "cartpole-ppo",
@@ -417,6 +436,7 @@ def test_slurm_itself_reads_the_64_actor_request_as_72_cpus_and_the_measured_mem
 @pytest.mark.slurm
 @pytest.mark.multiprocess
 @needs_slurm
+@pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
 def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "deploy"
@@ -446,6 +466,7 @@ def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
 @pytest.mark.slurm
 @pytest.mark.multiprocess
 @needs_slurm
+@pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
 def test_status_logs_and_stop_of_a_real_slurm_job(tmp_path):
     """The operations commands on a Slurm run, named by its deploy folder: the job writes its id
     into the run folder's launch record; stop signals the controller step, which stops the run
@@ -520,6 +541,7 @@ def release_at_once(job: str) -> None:
 @pytest.mark.slurm
 @pytest.mark.multiprocess
 @needs_slurm
+@pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
 def test_a_requeued_job_resumes_its_run_from_the_last_version(tmp_path):
     """What a preemption does to a job (`scontrol requeue`: every step ended, the job queued
     again): the requeued job's controller resumes the run from its folder, so frames and
