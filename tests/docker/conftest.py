@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from distributed.deploy import swarm
 from distributed.images import build as images
 from distributed.launch.docker_run import LABEL_RUN, remove_run_objects
 
@@ -31,7 +32,8 @@ def docker_client(no_runs_of_earlier_sessions):
 
 @pytest.fixture(scope="session")
 def no_runs_of_earlier_sessions(left_by_earlier_sessions):
-    """Remove the runs an earlier, killed pytest session left on the engine.
+    """Remove the runs an earlier, killed pytest session left on the engine (containers, and
+    services when it is a Swarm manager).
 
     A test's run is named after its folder (``docker-crash``): left containers make the same
     test of the next session fail with "containers of a run named ... still exist", and their
@@ -42,6 +44,8 @@ def no_runs_of_earlier_sessions(left_by_earlier_sessions):
         client = images.connect()
     except images.DockerUnavailableError:
         return
+    if (client.info().get("Swarm") or {}).get("ControlAvailable"):  # first: Swarm restarts tasks
+        _remove_services_of_earlier_sessions(client, left_by_earlier_sessions)
     left = set()
     for container in client.containers.list(all=True, filters={"label": LABEL_RUN}):
         sources = [m.get("Source") or "" for m in container.attrs.get("Mounts", [])]
@@ -52,3 +56,19 @@ def no_runs_of_earlier_sessions(left_by_earlier_sessions):
             f"removing the containers of run {run!r}, left by an earlier test session", stacklevel=2
         )
         remove_run_objects(client, run)
+
+
+def _remove_services_of_earlier_sessions(client, left_by_earlier_sessions) -> None:
+    """The same for a Swarm run (services, network, secret): the engine stays a manager when
+    the session that made it one was killed, and its services would go on running."""
+    left = set()
+    for service in client.services.list(filters={"label": LABEL_RUN}):
+        labels = service.attrs["Spec"].get("Labels") or {}
+        if left_by_earlier_sessions(labels.get(swarm.LABEL_RUN_DIR) or "/"):
+            left.add(labels[LABEL_RUN])
+    for run in sorted(left):
+        warnings.warn(
+            f"removing the services of Swarm run {run!r}, left by an earlier test session",
+            stacklevel=2,
+        )
+        swarm.remove_run(client, run)
