@@ -29,12 +29,18 @@ def left_by_earlier_sessions(tmp_path_factory):
     Containers and Slurm jobs outlive a session that is killed (CI stopped, Ctrl+C twice);
     they keep their names and use the CPU, and the next session's tests meet them. A test that
     starts such things removes the ones whose folders this says are an earlier session's: a
-    user's own runs, elsewhere, are never touched. Always False under ``--basetemp``."""
+    user's own runs, elsewhere, are never touched. Always False under ``--basetemp``.
+
+    This session's folder is the ``pytest-N`` under ``pytest-of-<user>``: under pytest-xdist
+    each process has a folder of its own inside it, and the other processes' runs are this
+    session's too."""
     basetemp = tmp_path_factory.getbasetemp().resolve()
-    root = next((p for p in basetemp.parents if p.name.startswith("pytest-of-")), None)
+    chain = [basetemp, *basetemp.parents]
+    at = next((i for i, p in enumerate(chain) if p.name.startswith("pytest-of-")), None)
+    root, session = (None, None) if at in (None, 0) else (chain[at], chain[at - 1])
 
     def earlier(path: str | Path) -> bool:
         path = Path(path)
-        return root is not None and path.is_relative_to(root) and not path.is_relative_to(basetemp)
+        return root is not None and path.is_relative_to(root) and not path.is_relative_to(session)
 
     return earlier

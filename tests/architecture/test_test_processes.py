@@ -1,8 +1,11 @@
-"""``pytest -n auto``: one process a core, up to a cap (tests/conftest.py)."""
+"""``pytest -n auto``: one process a core, up to a cap; what an earlier session left
+(tests/conftest.py)."""
 
 import importlib.util
 import os
 from pathlib import Path
+
+import pytest
 
 
 def _conftest():
@@ -21,3 +24,16 @@ def test_auto_is_one_process_a_core_up_to_the_cap(monkeypatch):
         assert conftest.pytest_xdist_auto_num_workers(None) == expected
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
     assert conftest.pytest_xdist_auto_num_workers(None) is None  # xdist's own hook reads it
+
+
+def test_only_an_earlier_sessions_folders_count_as_left(left_by_earlier_sessions, tmp_path):
+    """Under pytest-xdist another process's folder is this session's: the docker tests must not
+    remove the runs of a test running beside them."""
+    sessions = [p for p in tmp_path.parents if p.parent.name.startswith("pytest-of-")]
+    if not sessions:
+        pytest.skip("--basetemp: nothing is taken for an earlier session's")
+    session = sessions[0]
+    assert not left_by_earlier_sessions(tmp_path / "run")
+    assert not left_by_earlier_sessions(session / "popen-gw9" / "test_x0" / "run")
+    assert left_by_earlier_sessions(session.parent / "pytest-0" / "test_x0" / "run")
+    assert not left_by_earlier_sessions("/home/someone/runs/cp1")
