@@ -23,7 +23,10 @@ class TrainerStepResult:
     """What one trainer step reports."""
 
     stats: dict[str, float] = field(default_factory=dict)
-    """Scalars to log: losses, entropy, KL, gradient norm, ..."""
+    """Scalars to log: losses, entropy, KL, gradient norm, ... Every one must be finite: the
+    trainer worker ends the run on a NaN or an infinity, as a loss that diverged. Leave out a
+    statistic that a batch leaves undefined (PPO's ``explained_variance`` of constant returns)
+    rather than reporting it as NaN."""
     step: int = 0
     """How many steps this trainer has taken, this one included."""
 

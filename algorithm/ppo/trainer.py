@@ -297,14 +297,17 @@ class PPOTrainer(ActorCriticTrainer):
         return batch[t, b], advantages[t, b], returns[t, b], None
 
     def _batch_stats(self, advantages, returns, old_value, mask) -> dict[str, float]:
+        """The batch's diagnostics. ``explained_variance`` is left out of a batch whose returns
+        do not vary (every reward 0 and the values equal, as early in a sparse-reward task):
+        it is undefined there, and a NaN among the stats ends the run as a diverged loss."""
         valid = mask.bool()
         ret, val = returns[valid], old_value[valid]
         var = ret.var() if ret.numel() > 1 else torch.tensor(0.0)
-        explained = 1.0 - (ret - val).var() / var if var > 0 else torch.tensor(float("nan"))
         stats = {
-            "explained_variance": float(explained),
             "advantage_mean": float(advantages[valid].mean()) if ret.numel() else 0.0,
             "return_mean": float(ret.mean()) if ret.numel() else 0.0,
             "valid_fraction": float(mask.mean()),
         }
+        if var > 0:
+            stats["explained_variance"] = float(1.0 - (ret - val).var() / var)
         return stats

@@ -243,3 +243,22 @@ def test_checkpoint_of_a_per_parameter_adam_loads_into_the_fast_one(make_batch):
     assert (group["fused"], group["foreach"]) in ((True, False), (False, True))
     result = trainer.step(make_batch(trainer.policy, OBS, 5, 2))
     assert result.step == 2 and np.isfinite(result.stats["loss"])
+
+
+def test_a_batch_whose_returns_do_not_vary_leaves_explained_variance_out(make_batch):
+    """Every reward 0 and the values equal (one observation everywhere, a zero value): the
+    explained variance is undefined. It used to be reported as NaN, and the trainer worker
+    ended the run on it as on a diverged loss."""
+    policy = _policy()
+    batch = make_batch(policy, OBS, steps=9, segments=8)
+    batch.obs[:] = 0.0
+    batch.reward[:] = 0.0
+    batch.policy_output.value[:] = 0.0
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.zero_()  # the value of every observation is 0, as the returns are
+    result = PPOTrainer(policy, lr=1e-3).step(batch)
+    assert "explained_variance" not in result.stats
+    assert all(np.isfinite(v) for v in result.stats.values()), result.stats
+    varied = PPOTrainer(_policy(), lr=1e-3).step(make_batch(_policy(), OBS, steps=9, segments=8))
+    assert np.isfinite(varied.stats["explained_variance"])
