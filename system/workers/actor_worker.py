@@ -38,7 +38,7 @@ from system.streams.samples import SampleProducer
 from system.streams.validation import check_action
 from system.workers.actor_hooks import ActorHooks
 from system.workers.base import Worker
-from system.workers.lanes import Group, Lane, Slot, matchups, per_policy
+from system.workers.lanes import Group, Lane, Misfit, Slot, matchups, observation_spec, per_policy
 from system.workers.nonfinite import NonFiniteGuard
 from system.workers.trajectory import SegmentBuffer
 
@@ -122,7 +122,12 @@ class ActorWorker(Worker):
         for lane in group.lanes.values():
             keep = record and (self.trained is None or lane.policy in self.trained)
             lane.buffer = SegmentBuffer(len(lane.slots), segment_length) if keep else None
+            first = lane.slots[0]  # the agent whose spaces the policy's network is built for
+            lane.obs_spec = observation_spec(self._observation_space(first))
         return group
+
+    def _observation_space(self, slot: Slot):
+        return self.envs[slot.env].observation_spaces[slot.agent]
 
     # ----------------------------------------------------------------- the loop
     def poll(self) -> int:
@@ -174,11 +179,7 @@ class ActorWorker(Worker):
         group = self.groups[g]
         group.seq += 1
         for retry in (False, True):  # once more after dropping episodes that went non-finite
-            group.replies = {}
-            group.waiting = set()
-            for policy, lane in group.lanes.items():
-                if lane.build_request(group.seq) is not None:
-                    group.waiting.add(policy)
+            self._build_requests(group)
             bad = self.nonfinite.inputs(group)
             if not bad:
                 break
@@ -191,6 +192,34 @@ class ActorWorker(Worker):
                 "environment must give at least one agent a result on every step"
             )
         self._post(g, group.waiting)
+
+    def _build_requests(self, group: Group) -> None:
+        """Each lane's request; an environment whose observation does not fit its space fails
+        (or, with ``on_env_error='reset'``, is rebuilt and reset, once per environment)."""
+        for _ in range(len(group.envs) + 1):
+            group.replies = {}
+            group.waiting = set()
+            try:
+                for policy, lane in group.lanes.items():
+                    if lane.build_request(group.seq) is not None:
+                        group.waiting.add(policy)
+                return
+            except Misfit as misfit:
+                error = self._misfit_error(misfit)
+                if self.on_env_error != "reset":
+                    raise error from None
+                logger.warning("%s; resetting it", error)
+                self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
+                self._recover_env(misfit.slot.env)
+        raise error
+
+    def _misfit_error(self, misfit: Misfit) -> EnvironmentFailure:
+        space = self._observation_space(misfit.slot)
+        return EnvironmentFailure(
+            f"{self._where(misfit.slot)} returned an observation that does not fit its "
+            f"observation space {space}: {misfit.problem}; fix the environment "
+            "(test_environment checks every step against the spaces)"
+        )
 
     def _post(self, g: int, policies) -> None:
         group = self.groups[g]

@@ -12,11 +12,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from api.environment import StepResult
 from api.namedarray import NamedArray, stack
 from api.policy import RolloutRequest, RolloutResult, SampleBatch
+from system.errors import WireError
+from system.streams import validation
 from system.streams.inference import InferenceReply
 from system.workers.trajectory import SegmentBuffer
 
@@ -50,6 +53,10 @@ class Lane:
     """``[slots, ...]``: every slot's memory after its last answered observation."""
     acting: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     request: RolloutRequest | None = None
+    obs_spec: validation.Spec = None
+    """One observation's layout, from the observation space (:func:`observation_spec`): a
+    request whose observations do not fit it would be dropped by the policy worker as malformed,
+    and its actor would wait for an answer forever. None: not checked."""
     rewards: np.ndarray | None = None
     dones: np.ndarray | None = None
     truncateds: np.ndarray | None = None
@@ -69,7 +76,7 @@ class Lane:
         self.dones = np.array([[bool(r.done)] for r in results], dtype=np.bool_)
         self.truncateds = np.array([[bool(r.truncated)] for r in results], dtype=np.bool_)
         self.request = RolloutRequest(
-            obs=_stack_obs([r.obs for r in results]),
+            obs=self._observations(acting),
             policy_state=None if self.state is None else self.state[self.acting],
             is_evaluation=np.full((n, 1), self.is_evaluation, dtype=np.bool_),
             on_reset=np.array([[self.slots[c].on_reset] for c in acting], dtype=np.bool_),
@@ -77,6 +84,25 @@ class Lane:
             request_id=np.full((n, 1), seq, dtype=np.int64),
         )
         return self.request
+
+    def _observations(self, acting: list[int]) -> np.ndarray | NamedArray:
+        """The acting slots' observations, stacked. Raises :class:`Misfit` naming the first
+        slot whose observation does not fit ``obs_spec`` (one comparison a request when they
+        all do)."""
+        observations = [self.slots[c].result.obs for c in acting]
+        try:
+            obs = _stack_obs(observations)
+            if _fits(obs, self.obs_spec):
+                return obs
+            validation.check(obs, self.obs_spec, (len(acting),), "observations")
+            return obs  # of another width of the same kind: the policy casts, as on the wire
+        except (WireError, ValueError, TypeError) as e:
+            stacked = e
+        for c in acting:
+            problem = misfit(self.slots[c].result.obs, self.obs_spec)
+            if problem:
+                raise Misfit(self.slots[c], problem)
+        raise Misfit(self.slots[acting[0]], f"together they do not stack: {stacked}")
 
     def take_answer(self, result: RolloutResult, version: int) -> SampleBatch | None:
         """Record the answered step, update memories; return segments completed by it."""
@@ -140,6 +166,56 @@ class Group:
     posted_at: float = 0.0
     waiting: set[str] = field(default_factory=set)
     replies: dict[str, InferenceReply] = field(default_factory=dict)
+
+
+class Misfit(Exception):
+    """An agent's observation does not fit its observation space."""
+
+    def __init__(self, slot: Slot, problem: str):
+        super().__init__(problem)
+        self.slot, self.problem = slot, problem
+
+
+def observation_spec(space: gym.Space) -> validation.Spec:
+    """One observation's layout in ``space`` (a Box, Discrete, MultiDiscrete, MultiBinary or a
+    Dict of them), as the policy workers' check reads it; None for spaces it cannot say."""
+    if isinstance(space, gym.spaces.Dict):
+        specs = {k: observation_spec(s) for k, s in space.spaces.items()}
+        return None if any(v is None for v in specs.values()) else specs
+    simple = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    if isinstance(space, simple):
+        return validation.Leaf(tuple(space.shape), np.dtype(space.dtype), finite=False)
+    return None
+
+
+def misfit(obs: Any, spec: validation.Spec) -> str | None:
+    """What is wrong with one observation for ``spec`` (None: nothing)."""
+    if spec is None:
+        return None
+    try:
+        validation.check(_as_arrays(obs), spec, (), "observation")
+    except (WireError, ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+def _as_arrays(obs: Any) -> np.ndarray | NamedArray:
+    """One observation as its lane would stack it: a dict as a NamedArray, values as arrays."""
+    if isinstance(obs, dict):
+        return NamedArray(**{k: _as_arrays(v) for k, v in obs.items()})
+    return np.asarray(obs)
+
+
+def _fits(obs: Any, spec: validation.Spec) -> bool:
+    """The common case at the cost of a comparison: an array exactly as declared."""
+    if spec is None:
+        return True
+    return (
+        isinstance(spec, validation.Leaf)
+        and type(obs) is np.ndarray
+        and obs.shape[1:] == spec.shape
+        and obs.dtype == spec.dtype
+    )
 
 
 def _at(slots: list[Slot], columns: list[int]) -> list[Slot]:

@@ -1,0 +1,232 @@
+"""An observation that does not fit its space is caught at the actor, with the environment named.
+
+Before, a policy worker in another process dropped such a request as malformed (rightly: it
+cannot tell a broken environment from garbage on its socket), and the actor that sent it waited
+for an answer that never came: the run went on at 0 frames/s with a warning a second, and never
+ended. In one process the request reached the network and failed there, far from its cause.
+The environment here is a real gymnasium CartPole whose observation grows at a chosen step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+from api.config import make_experiment
+from api.environment import Environment, StepResult
+from api.namedarray import NamedArray
+from api.policy import RolloutResult
+from legacy.environment.gym_adapter import GymnasiumEnvironment
+from system.errors import EnvironmentFailure
+from system.run import builders
+from system.streams import validation
+from system.streams.inference import InprocInferenceHub
+from system.streams.samples import InprocSampleHub
+from system.workers.actor_worker import ActorWorker
+from system.workers.lanes import misfit, observation_spec
+from system.workers.policy_worker import PolicyWorker
+
+
+class GrowingCartPole(CartPoleEnv):
+    """CartPole whose observation has one value too many from step ``at`` of every episode."""
+
+    def __init__(self, at: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        self.at, self.t = at, 0
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, done, truncated, info = super().step(action)
+        self.t += 1
+        if self.t >= self.at:
+            obs = np.append(obs, np.float32(0.0))
+        return obs, reward, done, truncated, info
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+gym.register("GrowingCartPole-v0", entry_point=GrowingCartPole, max_episode_steps=500)
+
+
+def actor_and_policy(make_env, on_env_error: str = "raise", envs: int = 4):
+    config = make_experiment("cartpole-ppo")
+    spaces = builders.probe_spaces(config)
+    hub, samples = InprocInferenceHub(), InprocSampleHub()
+    policy = builders.make_policy(config, "default", spaces, 0)
+    worker = PolicyWorker("policy", "default", policy, hub.server("default"), None)
+    actor = ActorWorker(
+        "actor/3",
+        make_env,
+        envs,
+        config.policy_of_agent,
+        hub.client("actor/3"),
+        samples.producer(),
+        segment_length=4,
+        on_env_error=on_env_error,
+        env_name="GrowingCartPole-v0",
+    )
+    return actor, worker, samples.queues["default"]
+
+
+def growing(which: set[int], at: int = 3):
+    def make(index: int):
+        if index in which:
+            return GymnasiumEnvironment("GrowingCartPole-v0", at=at)
+        return GymnasiumEnvironment("CartPole-v1")
+
+    return make
+
+
+def run(actor, worker, polls: int) -> None:
+    for _ in range(polls):
+        actor.poll()
+        worker.poll()
+
+
+@pytest.mark.parametrize("which", [{2}, {0, 1, 2, 3}], ids=["one-env", "every-env"])
+def test_an_observation_of_the_wrong_shape_fails_the_actor_naming_the_environment(which):
+    """One environment (the request cannot be stacked) or all of them (it can, wrongly)."""
+    actor, worker, _ = actor_and_policy(growing(which))
+    with pytest.raises(EnvironmentFailure) as caught:
+        run(actor, worker, 50)
+    first = min(which)
+    assert str(caught.value) == (
+        f"environment 'GrowingCartPole-v0' #{first} of actor/3, agent 0, at step 3 of its "
+        "episode returned an observation that does not fit its observation space "
+        f"{actor.envs[first].observation_spaces[0]}: observation has shape (5,), declared (4,); "
+        "fix the environment (test_environment checks every step against the spaces)"
+    )
+    actor.close()
+
+
+def test_on_env_error_reset_rebuilds_the_environment_and_no_misfit_leaves_the_actor():
+    actor, worker, segments = actor_and_policy(growing({2}, at=2), on_env_error="reset")
+    errors = 0
+    for _ in range(60):
+        run(actor, worker, 1)
+        errors += actor.collect_stats().get("env_errors", 0)
+    assert errors >= 10  # every episode of environment 2 misfits at its second step
+    assert segments, "the healthy environments kept producing segments"
+    assert all(chunk.obs.shape[2:] == (4,) for chunk in segments)
+    actor.close()
+
+
+def test_observations_the_policy_worker_would_accept_pass_unchanged():
+    """Same kind, another width (float64 for float32), as the wire accepts; and no check for a
+    space that has no simple layout."""
+    box = gym.spaces.Box(-1, 1, (3,), np.float32)
+    spec = observation_spec(box)
+    assert misfit(np.zeros(3, np.float64), spec) is None
+    wide = misfit(np.zeros((1, 3), np.float32), spec)
+    assert wide == "observation has shape (1, 3), declared (3,)"
+    assert misfit(np.zeros(3, np.complex64), spec) == (
+        "observation has dtype complex64, declared float32"
+    )
+    nested = gym.spaces.Dict({"image": box, "step": gym.spaces.Discrete(5)})
+    assert misfit({"image": np.zeros(3, np.float32), "step": 2}, observation_spec(nested)) is None
+    assert "missing ['step']" in misfit(
+        {"image": np.zeros(3, np.float32)}, observation_spec(nested)
+    )
+    assert observation_spec(gym.spaces.Tuple((box, box))) is None
+    assert misfit(object(), None) is None
+    # the layout is the one the policy workers check requests against
+    row = validation.spec_of(np.stack([box.sample()]), 1)
+    assert (row.shape, row.dtype) == (spec.shape, spec.dtype)
+
+
+class DictObs(Environment):
+    """A one-agent environment with a Dict observation that loses a key at ``at``."""
+
+    def __init__(self, at: int = 2):
+        self.at, self.t = at, 0
+
+    agent_count = 1
+    observation_spaces = [
+        gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,), np.float32), "n": gym.spaces.Discrete(3)})
+    ]
+    action_spaces = [gym.spaces.Discrete(2)]
+
+    def reset(self):
+        self.t = 0
+        return [StepResult({"x": np.zeros(2, np.float32), "n": 0})]
+
+    def step(self, actions):
+        self.t += 1
+        obs = {"x": np.zeros(2, np.float32)} if self.t >= self.at else {"x": np.zeros(2), "n": 1}
+        return [StepResult(obs, 0.0, self.t >= 9)]
+
+
+def test_a_dict_observation_that_loses_a_field_is_named():
+    hub = InprocInferenceHub()
+    actor = ActorWorker("a", lambda i: DictObs(), 2, lambda _: "p", hub.client("a"), None)
+    server = hub.server("p")
+    with pytest.raises(EnvironmentFailure, match=r"#0 of a, agent 0, at step 2 of its episode "
+                       r"returned an observation that does not fit .*missing \['n'\]"):  # fmt: skip
+        for _ in range(5):
+            actor.poll()
+            for pending in server.gather(100, 0):
+                n = pending.rows
+                out = NamedArray(log_prob=np.zeros((n, 1), np.float32))
+                server.reply(pending, RolloutResult(np.zeros(n, np.int64), out), 1)
+    actor.close()
+
+
+USER_FILE = '''\
+import gymnasium as gym
+import numpy as np
+from api.environment import Environment, StepResult, register
+
+
+class Stretching(Environment):
+    """Declares 3 values an observation and returns 4 from step ``at`` of every episode."""
+
+    def __init__(self, at=5):
+        self.at, self.t = at, 0
+
+    agent_count = 1
+    observation_spaces = [gym.spaces.Box(-1, 1, (3,), np.float32)]
+    action_spaces = [gym.spaces.Discrete(2)]
+
+    def reset(self):
+        self.t = 0
+        return [StepResult(np.zeros(3, np.float32))]
+
+    def step(self, actions):
+        self.t += 1
+        obs = np.zeros(4 if self.t >= self.at else 3, np.float32)
+        return [StepResult(obs, 1.0, self.t >= 20)]
+
+
+register("Stretching-v0", Stretching)
+'''
+
+
+@pytest.mark.multiprocess
+def test_a_run_whose_environment_misfits_ends_with_its_error_instead_of_waiting(tmp_path):
+    """Every worker in its own process, as `troupe run` starts them: the actors fail naming
+    the environment, and the run ends non-zero (it used to wait at 0 frames/s for ever)."""
+    user_file = tmp_path / "stretching.py"
+    user_file.write_text(USER_FILE)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "run", "--import", str(user_file),
+         "Stretching-v0", "stop.eval_return=None", "--run-dir", str(run_dir), "--no-display"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    failure = json.loads((run_dir / "summary.json").read_text())["failure"]
+    assert "environment 'Stretching-v0' #" in failure, failure
+    assert "at step 5 of its episode returned an observation that does not fit" in failure
+    assert "observation has shape (4,), declared (3,)" in failure
