@@ -103,12 +103,15 @@ def _add_test_env_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=200, help="random steps to take")
     parser.add_argument("--seed", type=int, default=0, help="seed for the determinism check")
+    rc.add_import_argument(parser)
 
 
 def _run_test_env(args: argparse.Namespace, console: Console) -> int:
     """Run ``api.testing.test_environment`` on a registered environment; print the report."""
-    from api import testing
+    from api import testing, user_code
 
+    for item in args.imports:  # the user's file registers the environment, as for `troupe run`
+        user_code.import_code(item)
     report = testing.test_environment(
         args.name,
         test_stepping=not args.no_stepping,

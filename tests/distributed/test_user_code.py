@@ -71,6 +71,14 @@ def test_troupe_run_import_registers_a_file_in_every_worker(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())
     assert summary["stop_reason"] == "env_frames"
+    # the same file for the checks before a run (test-env took no --import before)
+    for check, said in ((["test-env", "--import", str(module), "Corridor-v0", "length=4"],
+                         "Corridor-v0: passed"),
+                        (["test-pipeline", "--import", str(module), "Corridor-v0"],
+                         "pipeline ok")):  # fmt: skip
+        result = _run([sys.executable, "-m", "distributed.cli", *check], cwd=tmp_path)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        assert said in result.stdout, result.stdout
 
 
 @pytest.mark.multiprocess
