@@ -129,7 +129,7 @@ def _find_spec_without_importing(module_name: str) -> importlib.machinery.Module
     if module_name in sys.modules:
         return getattr(sys.modules[module_name], "__spec__", None)
     top, *rest = module_name.split(".")
-    spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
+    spec = _top_level_spec(top)
     name = top
     for part in rest:
         if spec is None or spec.submodule_search_locations is None:
@@ -139,6 +139,25 @@ def _find_spec_without_importing(module_name: str) -> importlib.machinery.Module
             spec = getattr(sys.modules[name], "__spec__", None)
             continue
         spec = importlib.machinery.PathFinder.find_spec(name, spec.submodule_search_locations)
+    return spec
+
+
+def _top_level_spec(top: str) -> importlib.machinery.ModuleSpec | None:
+    """A top-level package's spec (a lookup that imports nothing). A folder of the same name
+    without an ``__init__.py`` on ``sys.path`` (``tests/algorithm``, with ``tests`` on the path
+    as pytest puts it) is a namespace package, and the path finder offers it before an editable
+    install's finder is asked: then the other finders are asked for the real package."""
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin not in (None, "namespace"):
+        return spec
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        try:
+            other = find(top, None) if find is not None else None
+        except (ImportError, TypeError, ValueError):
+            continue
+        if other is not None and other.origin not in (None, "namespace"):
+            return other
     return spec
 
 

@@ -109,3 +109,21 @@ def test_arg_ranges_read_from_source_match_the_class_and_its_constructor(kind):
             low, _, high, _ = parse_interval(interval)
             assert low < high, (spec.entry_point, key)
     assert read >= (4 if kind == "trainer" else 3)  # every built-in trainer; the learning policies
+
+
+def test_a_folder_named_like_a_package_does_not_hide_its_source(tmp_path):
+    """A folder ``algorithm/`` without ``__init__.py`` where Python looks first (the working
+    folder here; ``tests/`` under pytest) is a namespace package, offered before the editable
+    install's finder is asked. Reading signatures from source then found nothing, and this
+    module's checks failed whenever no test before them had imported ``algorithm.*``."""
+    (tmp_path / "algorithm").mkdir()
+    code = (
+        "import importlib.util\n"
+        "from api.signatures import static_signature\n"
+        "print(importlib.util.find_spec('algorithm').origin)\n"  # the folder: a namespace
+        "print(static_signature('algorithm.ppo.trainer:PPOTrainer') is not None)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.split() == ["None", "True"], out.stdout + out.stderr
