@@ -142,6 +142,10 @@ class Supervisor:
         wid = record.plan.worker_id
         if quiet:
             logger.warning("%s failed: %s", wid, message)
+        elif self.failure is not None and message in str(self.failure):
+            # the error that failed the run, met by another worker (every role that builds
+            # the policy when it cannot be built): its traceback is above already
+            logger.warning("%s failed with the same error", wid)
         elif message == record.last_error:  # a crash loop: its traceback was shown once
             logger.warning("%s failed again with the same error (restart %d in a row)",
                            wid, record.in_a_row)  # fmt: skip

@@ -85,6 +85,22 @@ def test_a_fatal_error_fails_the_run_without_a_restart(run):
     assert launcher.started.count("trainer/default/0") == 1
 
 
+def test_the_error_that_failed_the_run_is_shown_once_when_more_workers_meet_it(run, caplog):
+    """A policy every role builds and none can (an observation space it has no encoder for):
+    one traceback, then a line for each other worker, not three tracebacks."""
+    s, _, _ = run
+    error = "RegistryError: could not build policy 'actor-critic': unsupported space"
+    for wid in ("policy/default/0", "params", "trainer/default/0"):
+        s.on_error(s.workers[wid], error, f"Traceback of {wid}", True, False)
+    shown = [r.getMessage() for r in caplog.records if r.name == sup.__name__]
+    assert sum("Traceback of" in m for m in shown) == 1 and "Traceback of policy" in shown[0]
+    assert "params failed with the same error" in shown
+    assert "trainer/default/0 failed with the same error" in shown
+    assert s.failure.worker == "policy/default/0"
+    s.on_error(s.workers["actor/0"], "EnvironmentFailure: another", "Traceback 2", False, False)
+    assert "Traceback 2" in caplog.records[-1].getMessage()  # a different error: in full
+
+
 def test_the_stop_goes_actors_first_and_the_parameter_service_last(run):
     s, _, _ = run
     stops: list[str] = []
