@@ -4,7 +4,8 @@ Before, a policy worker in another process dropped such a request as malformed (
 cannot tell a broken environment from garbage on its socket), and the actor that sent it waited
 for an answer that never came: the run went on at 0 frames/s with a warning a second, and never
 ended. In one process the request reached the network and failed there, far from its cause.
-The environment here is a real gymnasium CartPole whose observation grows at a chosen step.
+The environment here is a real gymnasium CartPole whose observation grows at a chosen step
+(test_nonfinite's BrokenCartPole).
 """
 
 from __future__ import annotations
@@ -18,71 +19,29 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+import test_nonfinite as nonfinite  # its actor and policy worker in one process
 
-from api.config import make_experiment
 from api.environment import Environment, StepResult
 from api.namedarray import NamedArray
 from api.policy import RolloutResult
 from legacy.environment.gym_adapter import GymnasiumEnvironment
 from system.errors import EnvironmentFailure
-from system.run import builders
 from system.streams import validation
 from system.streams.inference import InprocInferenceHub
-from system.streams.samples import InprocSampleHub
 from system.workers.actor_worker import ActorWorker
 from system.workers.lanes import misfit, observation_spec
-from system.workers.policy_worker import PolicyWorker
-
-
-class GrowingCartPole(CartPoleEnv):
-    """CartPole whose observation has one value too many from step ``at`` of every episode."""
-
-    def __init__(self, at: int = 3, **kwargs):
-        super().__init__(**kwargs)
-        self.at, self.t = at, 0
-
-    def reset(self, **kwargs):
-        self.t = 0
-        return super().reset(**kwargs)
-
-    def step(self, action):
-        obs, reward, done, truncated, info = super().step(action)
-        self.t += 1
-        if self.t >= self.at:
-            obs = np.append(obs, np.float32(0.0))
-        return obs, reward, done, truncated, info
-
 
 ROOT = Path(__file__).resolve().parents[2]
 
-gym.register("GrowingCartPole-v0", entry_point=GrowingCartPole, max_episode_steps=500)
 
-
-def actor_and_policy(make_env, on_env_error: str = "raise", envs: int = 4):
-    config = make_experiment("cartpole-ppo")
-    spaces = builders.probe_spaces(config)
-    hub, samples = InprocInferenceHub(), InprocSampleHub()
-    policy = builders.make_policy(config, "default", spaces, 0)
-    worker = PolicyWorker("policy", "default", policy, hub.server("default"), None)
-    actor = ActorWorker(
-        "actor/3",
-        make_env,
-        envs,
-        config.policy_of_agent,
-        hub.client("actor/3"),
-        samples.producer(),
-        segment_length=4,
-        on_env_error=on_env_error,
-        env_name="GrowingCartPole-v0",
-    )
-    return actor, worker, samples.queues["default"]
+def actor_and_policy(make_env, on_env_error: str = "raise"):
+    return nonfinite.actor_and_policy("fail", make_env, on_env_error=on_env_error)
 
 
 def growing(which: set[int], at: int = 3):
     def make(index: int):
         if index in which:
-            return GymnasiumEnvironment("GrowingCartPole-v0", at=at)
+            return GymnasiumEnvironment("BrokenCartPole-v0", at=at, field="shape")
         return GymnasiumEnvironment("CartPole-v1")
 
     return make
@@ -102,7 +61,7 @@ def test_an_observation_of_the_wrong_shape_fails_the_actor_naming_the_environmen
         run(actor, worker, 50)
     first = min(which)
     assert str(caught.value) == (
-        f"environment 'GrowingCartPole-v0' #{first} of actor/3, agent 0, at step 3 of its "
+        f"environment 'BrokenCartPole-v0' #{first} of actor/3, agent 0, at step 3 of its "
         "episode returned an observation that does not fit its observation space "
         f"{actor.envs[first].observation_spaces[0]}: observation has shape (5,), declared (4,); "
         "fix the environment (test_environment checks every step against the spaces)"

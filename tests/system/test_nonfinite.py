@@ -23,7 +23,9 @@ from system.workers.policy_worker import PolicyWorker
 
 
 class BrokenCartPole(CartPoleEnv):
-    """CartPole whose observation (or reward) turns NaN at step ``at`` of every episode."""
+    """CartPole whose observation (or reward) turns NaN at step ``at`` of every episode; or,
+    ``field="shape"``, whose observation has one value too many there
+    (tests/system/test_misfit_observations.py)."""
 
     def __init__(self, at: int = 3, field: str = "obs", **kwargs):
         super().__init__(**kwargs)
@@ -40,6 +42,8 @@ class BrokenCartPole(CartPoleEnv):
             if self.field == "obs":
                 obs = obs.copy()
                 obs[2] = np.nan
+            elif self.field == "shape":
+                obs = np.append(obs, np.float32(0.0))
             else:
                 reward = float("inf")
         return obs, reward, done, truncated, info
@@ -48,7 +52,9 @@ class BrokenCartPole(CartPoleEnv):
 gym.register("BrokenCartPole-v0", entry_point=BrokenCartPole, max_episode_steps=500)
 
 
-def actor_and_policy(on_nonfinite: str, make_env):
+def actor_and_policy(on_nonfinite: str, make_env, env_name="BrokenCartPole-v0", **kwargs):
+    """A cartpole-ppo actor of 4 environments and its policy worker, in one process: the test
+    polls both. ``kwargs``: more of the actor's arguments."""
     config = make_experiment("cartpole-ppo")
     spaces = builders.probe_spaces(config)
     hub, samples = InprocInferenceHub(), InprocSampleHub()
@@ -63,7 +69,8 @@ def actor_and_policy(on_nonfinite: str, make_env):
         samples.producer(),
         segment_length=4,
         on_nonfinite=on_nonfinite,
-        env_name="BrokenCartPole-v0",
+        env_name=env_name,
+        **kwargs,
     )
     return actor, worker, samples.queues["default"]
 
