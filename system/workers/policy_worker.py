@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from api.errors import UserError
 from api.namedarray import concatenate
 from api.policy import Policy, RolloutRequest
 from system.errors import ParameterNotFoundError, PeerTimeoutError
@@ -110,7 +111,7 @@ class PolicyWorker(Worker):
         request = requests[0] if len(requests) == 1 else concatenate(requests)
         self.stages.enter("forward")
         result = policy.rollout(request)
-        self.batch_sizes.add(len(request.on_reset))
+        self.batch_sizes.add(_answered_rows(self.policy_name, policy, request, result))
         self.stages.enter("reply")
         version = policy.version
         if len(pending) == 1:
@@ -251,3 +252,21 @@ def _evaluation_only(request: RolloutRequest) -> bool:
     """A request of an evaluation actor: every row greedy (actors never mix the two)."""
     flags = request.is_evaluation
     return flags is not None and bool(np.all(flags))
+
+
+def _answered_rows(name: str, policy: Policy, request: RolloutRequest, result) -> int:
+    """The batch's rows, once its answer is checked to have an action for each: a policy of
+    one's own that answers with fewer or more rows is named here, rather than as a numpy error
+    in the actor that records the answer."""
+    rows = len(request.on_reset)
+    try:
+        answered = len(result.action)
+    except TypeError:
+        answered = None
+    if answered != rows:
+        raise UserError(
+            f"policy '{name}' ({type(policy).__name__}).rollout answered a batch of {rows} "
+            f"observations with {answered if answered is not None else 'no'} actions: a "
+            "RolloutResult holds one row per observation, in the request's order"
+        )
+    return rows

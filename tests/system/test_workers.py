@@ -12,7 +12,7 @@ import pytest
 
 from api.config import make_experiment
 from api.environment import Environment, StepResult
-from api.errors import ConfigError, PipelineCheckError
+from api.errors import ConfigError, PipelineCheckError, UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
@@ -238,6 +238,27 @@ def test_policy_worker_takes_new_versions_and_never_reloads_an_unchanged_one():
     hub.client("a").post("p", 0, 1, request(1, state=True))
     worker.poll()
     assert hub.replies["a"][0].version == 3
+
+
+class ShortPolicy(EchoPolicy):
+    """A policy of one's own with a bug: the last row of every answer is lost."""
+
+    def rollout(self, request: RolloutRequest, **kwargs) -> RolloutResult:
+        return super().rollout(request)[:-1]
+
+
+def test_a_policy_that_answers_fewer_rows_than_it_was_asked_is_named():
+    """Before, the answer went to the actors, and the one whose rows were short failed with a
+    numpy broadcasting error while recording it."""
+    hub = InprocInferenceHub()
+    worker = PolicyWorker("w", "p", ShortPolicy(), hub.server("p"), None)
+    hub.client("a").post("p", 0, 1, request(3, state=True))
+    hub.client("b").post("p", 0, 1, request(2, state=True))
+    with pytest.raises(UserError, match=r"^policy 'p' \(ShortPolicy\)\.rollout answered a batch "
+                       r"of 5 observations with 4 actions: a RolloutResult holds one row per "
+                       r"observation"):  # fmt: skip
+        worker.poll()
+    assert not hub.replies.get("a") and not hub.replies.get("b")  # nothing wrong went out
 
 
 class StubTrainer(Trainer):
