@@ -149,9 +149,10 @@ class ActorConfig:
     a group steps while another waits for its answer. 1: a single request for all environments,
     the fewest messages (each costs CPU on both ends), but the process idles during inference."""
     on_env_error: Literal["raise", "reset"] = "raise"
-    """``raise``: an env exception, or an observation that does not fit its observation space
-    (shape, dtype kind, a Dict's keys), fails the worker naming the environment, agent and step;
-    ``reset``: log it, rebuild and reset that env (``env_errors`` in the actor's stats)."""
+    """``raise``: an env exception, a ``reset``/``step`` that returns no list of one StepResult
+    (or None) per agent, or an observation that does not fit its observation space (shape,
+    dtype kind, a Dict's keys) fails the worker naming the environment; ``reset``: log it,
+    rebuild and reset that env (``env_errors`` in the actor's stats)."""
     on_nonfinite: Literal["fail", "drop_episode"] = "fail"
     """A NaN or infinite observation or reward from an environment, or action from a policy:
     ``fail`` stops the worker with an error naming the environment, agent and step;

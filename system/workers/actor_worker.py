@@ -78,6 +78,8 @@ class ActorWorker(Worker):
         self.on_env_error, self.on_nonfinite = on_env_error, on_nonfinite
         self.validate_actions, self.env_factory = validate_actions, env_factory
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
+        self._rebuilding: set[int] = set()
+        """Environments being rebuilt after an error (``on_env_error='reset'``)."""
         self.env_name = env_name or type(self.envs[0]).__name__
         self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
         self.mapping = policy_mapping
@@ -354,15 +356,33 @@ class ActorWorker(Worker):
 
     def _call_env(self, e: int, method: str, *args) -> list[StepResult | None] | None:
         try:
-            return getattr(self.envs[e], method)(*args)
+            results = getattr(self.envs[e], method)(*args)
         except Exception as err:
             message = f"environment {e} of {self.worker_id} raised in {method}(): {err!r}"
-            if self.on_env_error != "reset":
-                raise EnvironmentFailure(message) from err
-            logger.warning("%s; resetting it\n%s", message, traceback.format_exc())
-            self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
+            return self._env_failed(e, message, err)
+        problem = _results_problem(results, len(self.slots[e]))
+        if problem is None:
+            return results
+        message = (
+            f"environment '{self.env_name}' #{e} of {self.worker_id}: {method}() returned "
+            f"{problem}; it returns a list of one StepResult (or None) per agent"
+        )
+        return self._env_failed(e, message, None)
+
+    def _env_failed(self, e: int, message: str, err: Exception | None) -> None:
+        """Raise EnvironmentFailure, or (``on_env_error='reset'``) rebuild the environment; one
+        that fails again in the reset after its rebuild fails the worker (no endless loop)."""
+        if e in self._rebuilding:
+            raise EnvironmentFailure(f"{message}, right after it was rebuilt") from err
+        if self.on_env_error != "reset":
+            raise EnvironmentFailure(message) from err
+        logger.warning("%s; resetting it\n%s", message, traceback.format_exc() if err else "")
+        self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
+        self._rebuilding.add(e)
+        try:
             self._recover_env(e)
-            return None
+        finally:
+            self._rebuilding.discard(e)
 
     def _recover_env(self, e: int) -> None:
         """Rebuild a failed environment; its agents' unfinished steps are dropped."""
@@ -434,3 +454,18 @@ class ActorWorker(Worker):
         self.inference.close()
         if self.samples is not None:
             self.samples.close()
+
+
+def _results_problem(results: Any, agents: int) -> str | None:
+    """What is wrong with what ``reset``/``step`` returned for ``agents`` agents (None: nothing).
+    A short list would leave the missing agents' last results in place: acted on, and their
+    rewards recorded, again."""
+    if not isinstance(results, (list, tuple)):
+        return f"a {type(results).__name__}"
+    if len(results) != agents:
+        got = f"{len(results)} result{'s' if len(results) != 1 else ''}"
+        return f"{got} for {agents} agent{'s' if agents != 1 else ''}"
+    for agent, result in enumerate(results):
+        if result is not None and not isinstance(result, StepResult):
+            return f"a {type(result).__name__} for agent {agent}"
+    return None

@@ -160,6 +160,60 @@ def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
     assert resetting.collect_stats()["env_errors"] == 1
 
 
+class MalformedEnv(CountingEnv):
+    """``returns`` what ``step`` gives from the second step on: ``bare`` (a StepResult, not a
+    list) or ``short`` (one result for two agents); or its ``reset`` raises (``reset_fails``)."""
+
+    def __init__(self, returns: str = "bare", reset_fails: bool = False):
+        super().__init__(length=10)
+        self.returns, self.reset_fails = returns, reset_fails
+        self.agent_count = 1 if returns == "bare" else 2
+        self.observation_spaces = CountingEnv.observation_spaces * self.agent_count
+        self.action_spaces = CountingEnv.action_spaces * self.agent_count
+
+    def reset(self):
+        if self.reset_fails:
+            raise RuntimeError("no reset today")
+        return super().reset() * self.agent_count
+
+    def step(self, actions):
+        (result,) = super().step(actions[:1])
+        if self.t < 2:
+            return [result] * self.agent_count
+        return result if self.returns == "bare" else [result]
+
+
+@pytest.mark.parametrize(
+    "returns, said",
+    [("bare", "a StepResult"), ("short", "1 result for 2 agents")],
+)
+def test_an_environment_that_returns_no_list_of_one_result_per_agent_is_named(returns, said):
+    """A short list used to leave the missing agents' last results in place: acted on, and
+    their rewards recorded, again, with no error; a bare StepResult was a TypeError."""
+    hub = InprocInferenceHub()
+    actor = eval_actor(hub, "a", lambda i: MalformedEnv(returns), 1, groups=1,
+                       env_name="Malformed-v0")  # fmt: skip
+    with pytest.raises(EnvironmentFailure) as caught:
+        for _ in range(4):
+            actor.poll()
+            answer_all(hub, "p")
+    assert str(caught.value) == (
+        f"environment 'Malformed-v0' #0 of a: step() returned {said}; it returns a list of one "
+        "StepResult (or None) per agent"
+    )
+
+
+def test_on_env_error_reset_gives_up_on_an_environment_that_fails_again_once_rebuilt():
+    """Its reset raises every time: rebuilding it once more would recurse for ever."""
+    hub = InprocInferenceHub()
+    actor = eval_actor(
+        hub, "a", lambda i: MalformedEnv(reset_fails=True), 1, groups=1, on_env_error="reset"
+    )
+    with pytest.raises(EnvironmentFailure, match=r"raised in reset\(\): RuntimeError\('no reset "
+                       r"today'\), right after it was rebuilt"):  # fmt: skip
+        actor.poll()
+
+
 def test_actor_validates_actions_against_the_action_space():
     hub = InprocInferenceHub()
     actor = eval_actor(hub, "a", lambda i: CountingEnv(), 1, groups=1, validate_actions=True)
