@@ -278,6 +278,20 @@ def _seed(env: Environment, act_spaces: list[gym.Space], seed: int) -> None:
 
 
 # --------------------------------------------------------------------- structure and spaces
+def declared_spaces(env: Environment, name: str) -> tuple[list[gym.Space], list[gym.Space]]:
+    """The observation and action spaces of ``env`` (registered as ``name``), one of each per
+    agent, checked as :func:`test_environment` checks them: what a run reads before anything
+    else, so a count that disagrees is named here rather than met as an index error later."""
+    try:
+        count = _check_agent_count(env)
+        observation = _check_spaces(env, "observation_spaces", count)
+        return observation, _check_spaces(env, "action_spaces", count)
+    except EnvironmentCheckError as e:
+        raise EnvironmentCheckError(
+            f"environment '{name}': {e} (troupe test-env checks the whole contract)"
+        ) from e
+
+
 def _check_agent_count(env: Environment) -> int:
     count = _get(env, "agent_count")
     if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)):

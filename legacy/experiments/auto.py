@@ -34,6 +34,7 @@ from api.config import (
     PolicyConfig,
     StopConfig,
 )
+from api.env_check import declared_spaces
 from api.errors import UserError
 
 DEFAULT_TARGETS: dict[str, float] = {
@@ -126,7 +127,7 @@ def agent_spaces(env: str, env_args: dict[str, Any] | None) -> tuple[gym.Space, 
     multi-agent game whose agents differ needs an experiment with a policy per kind)."""
     made = env_api.make(env, **(env_args or {}))
     try:
-        spaces = list(zip(made.observation_spaces, made.action_spaces, strict=True))
+        spaces = list(zip(*declared_spaces(made, env), strict=True))
         if any(pair != spaces[0] for pair in spaces):
             raise UserError(
                 f"environment '{env}' has {made.agent_count} agents whose spaces differ; the "

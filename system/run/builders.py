@@ -34,6 +34,7 @@ from api import policy as policy_api
 from api import trainer as trainer_api
 from api.code import load_code
 from api.config import ExperimentConfig
+from api.env_check import declared_spaces
 from api.environment import Environment
 from api.errors import ConfigError
 from api.policy import Policy
@@ -93,7 +94,7 @@ def probe_spaces(config: ExperimentConfig) -> AgentSpaces:
     """Build one environment to read its agents' spaces, and check the agent-policy mapping."""
     env = env_factory(config)(0)
     try:
-        spaces = AgentSpaces(list(env.observation_spaces), list(env.action_spaces))
+        spaces = AgentSpaces(*declared_spaces(env, config.environment.type))
     finally:
         env.close()
     if config.agent_policies and len(config.agent_policies) != spaces.agent_count:

@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 from api import global_state
 from api.code import load_code
 from api.config import ExperimentConfig
-from api.errors import ConfigError, RegistryError, UserError
+from api.errors import ConfigError, EnvironmentCheckError, RegistryError, UserError
 from system import logs
 from system.errors import CallbackError, ControllerGoneError
 from system.parameters.client import ParameterClient
@@ -270,12 +270,12 @@ def main(
         return EXIT_ORPHANED
     except Exception as e:
         message = f"{type(e).__name__}: {e}"
-        # An unknown name or a bad argument fails the same way in every restart: say so, and
-        # the controller ends the run with this message instead of restarting the worker. A
-        # ValueError/TypeError before the worker exists is a constructor refusing its arguments.
-        fatal = isinstance(e, (RegistryError, ConfigError, CallbackError)) or (
-            worker is None and isinstance(e, (ValueError, TypeError))
-        )
+        # An unknown name, a bad argument or an environment that declares its spaces wrongly
+        # fails the same way in every restart: say so, and the controller ends the run with
+        # this message instead of restarting the worker. A ValueError/TypeError before the
+        # worker exists is a constructor refusing its arguments.
+        fatal = isinstance(e, (RegistryError, ConfigError, CallbackError, EnvironmentCheckError))
+        fatal = fatal or (worker is None and isinstance(e, (ValueError, TypeError)))
         tb = traceback.format_exc()
         ctl.send(cp.Error(message, tb, type(e).__name__, fatal))
         return EXIT_FAILED

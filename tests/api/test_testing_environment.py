@@ -270,3 +270,32 @@ def test_constructor_failure_is_reported_as_a_check_error():
     assert str(e.value) == (
         "building environment 'test-bad-ctor' raised FileNotFoundError: no such file: missing.cfg"
     )
+
+
+def test_a_run_reads_spaces_that_disagree_with_the_agent_count_as_a_named_error():
+    """What a run reads first (the controller's probe, ``troupe train``'s set-up from the
+    spaces): an environment declaring two agents and one space each used to be met as
+    ``zip() argument 2 is longer than argument 1``, or a worker's index error."""
+    from api.env_check import declared_spaces
+    from api.resolve import load_experiment
+    from system.run import builders
+
+    environment.register("WrongAgentCount-v0", broken_envs.WrongAgentCount)
+    try:
+        said = (
+            "environment 'WrongAgentCount-v0': [field 'observation_spaces'] observation_spaces "
+            "has 1 spaces but agent_count is 2; declare one space per agent (troupe test-env "
+            "checks the whole contract)"
+        )
+        with pytest.raises(EnvironmentCheckError) as caught:
+            declared_spaces(broken_envs.WrongAgentCount(), "WrongAgentCount-v0")
+        assert str(caught.value) == said
+        with pytest.raises(EnvironmentCheckError, match=re.escape(said)):
+            load_experiment("WrongAgentCount-v0")  # troupe run/train ENV: before any process
+        config = load_experiment("cartpole-ppo", ["environment.type=WrongAgentCount-v0"])
+        with pytest.raises(EnvironmentCheckError, match=re.escape(said)):
+            builders.probe_spaces(config)  # the controller's, and every worker's
+        coin = declared_spaces(broken_envs.CoinFlipEnv(), "CoinFlip")
+        assert [len(s) for s in coin] == [1, 1]
+    finally:
+        registry.environments.unregister("WrongAgentCount-v0")

@@ -189,3 +189,57 @@ def test_a_run_whose_environment_misfits_ends_with_its_error_instead_of_waiting(
     assert "environment 'Stretching-v0' #" in failure, failure
     assert "at step 5 of its episode returned an observation that does not fit" in failure
     assert "observation has shape (4,), declared (3,)" in failure
+
+
+EXPERIMENT_FILE = '''\
+import gymnasium as gym
+import numpy as np
+from api.config import ComponentConfig
+from api.environment import Environment, StepResult, register
+from legacy.experiments.examples import cartpole_ppo
+
+
+class OneSpace(Environment):
+    """Two agents, one observation space."""
+
+    agent_count = 2
+    observation_spaces = [gym.spaces.Box(-1, 1, (3,), np.float32)]
+    action_spaces = [gym.spaces.Discrete(2)] * 2
+
+    def reset(self):
+        return [StepResult(np.zeros(3, np.float32))] * 2
+
+    def step(self, actions):
+        return [StepResult(np.zeros(3, np.float32), 0.0, True)] * 2
+
+
+register("OneSpace-v0", OneSpace)
+
+
+def experiment():
+    config = cartpole_ppo()
+    config.environment = ComponentConfig("OneSpace-v0")
+    return config
+'''
+
+
+@pytest.mark.multiprocess
+def test_an_environment_that_declares_its_spaces_wrongly_fails_the_run_at_once(tmp_path):
+    """Every worker that reads the spaces fails the same way, in every restart: the first
+    error ends the run, with no restart (it used to crash-loop five times in every role)."""
+    experiment = tmp_path / "one_space.py"
+    experiment.write_text(EXPERIMENT_FILE)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "run", str(experiment), "--run-dir",
+         str(run_dir), "--no-display"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    failure = json.loads((run_dir / "summary.json").read_text())["failure"]
+    said = "EnvironmentCheckError: environment 'OneSpace-v0': [field 'observation_spaces']"
+    assert said in failure, failure
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert all(w["restarts"] == 0 for w in workers.values()), workers
+    assert "restarting" not in result.stderr
