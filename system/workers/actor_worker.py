@@ -196,8 +196,9 @@ class ActorWorker(Worker):
         self._post(g, group.waiting)
 
     def _build_requests(self, group: Group) -> None:
-        """Each lane's request; an environment whose observation does not fit its space fails
-        (or, with ``on_env_error='reset'``, is rebuilt and reset, once per environment)."""
+        """Each lane's request; an environment whose observation does not fit its space is an
+        environment error (:meth:`_env_failed`: the worker fails, or the environment is rebuilt,
+        at most once per environment here)."""
         for _ in range(len(group.envs) + 1):
             group.replies = {}
             group.waiting = set()
@@ -207,17 +208,13 @@ class ActorWorker(Worker):
                         group.waiting.add(policy)
                 return
             except Misfit as misfit:
-                error = self._misfit_error(misfit)
-                if self.on_env_error != "reset":
-                    raise error from None
-                logger.warning("%s; resetting it", error)
-                self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
-                self._recover_env(misfit.slot.env)
-        raise error
+                message = self._misfit_message(misfit)
+                self._env_failed(misfit.slot.env, message, None)
+        raise EnvironmentFailure(message)
 
-    def _misfit_error(self, misfit: Misfit) -> EnvironmentFailure:
+    def _misfit_message(self, misfit: Misfit) -> str:
         space = self._observation_space(misfit.slot)
-        return EnvironmentFailure(
+        return (
             f"{self._where(misfit.slot)} returned an observation that does not fit its "
             f"observation space {space}: {misfit.problem}; fix the environment "
             "(test_environment checks every step against the spaces)"
