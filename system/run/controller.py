@@ -177,17 +177,18 @@ class Controller:
         workers = self.workers.values()
         record, roles = self.tally.record(elapsed, workers, self.callbacks.logged)
         record.update(self.coordination.on_record(record))  # curriculum stage, PBT scores
-        self.metrics.write(record)
         table = self.supervisor.table()
-        if self.exporter is not None:  # the last record of a run says it has ended
-            self.exporter.update(record, table, self.run_name, running=show)
-        if show:
-            self.display.update(self.tally.snapshot(record, roles, workers, time.monotonic()))
+        # workers and endpoints first: a reader that sees a record's frames finds them as of it
         run_folder.write_json(self.run_dir / run_folder.WORKERS, table)
         endpoints = {"controller": self.address, **self.names.endpoints}
         if self.exporter is not None:
             endpoints["metrics"] = self.exporter.url
         run_folder.write_json(self.run_dir / run_folder.ENDPOINTS, endpoints)
+        self.metrics.write(record)
+        if self.exporter is not None:  # the last record of a run says it has ended
+            self.exporter.update(record, table, self.run_name, running=show)
+        if show:
+            self.display.update(self.tally.snapshot(record, roles, workers, time.monotonic()))
 
     # ----------------------------------------------------------------- messages
     def _receive(self, timeout_ms: int) -> None:
