@@ -8,9 +8,9 @@
 * Exploration is epsilon-greedy: a uniformly random action with probability ``epsilon``, which
   falls linearly from ``start`` to ``end`` over ``decay_frames`` frames that *this policy* has
   acted on (it counts the training rows of every ``rollout``; evaluation rows are greedy and not
-  counted). The count travels in checkpoints and loading one never moves it backwards; whoever
-  knows the run's frames (the replay buffer) can advance it with :meth:`observe_frames` in the
-  trainer's copy, so that every policy worker, a restarted one too, follows the same schedule.
+  counted). The trainer's copy follows the replay worker's count of the run's frames, and the
+  count travels in checkpoints, so every policy worker, a restarted one and a resumed run's
+  too, follows one schedule (:mod:`algorithm.modules.exploration`).
 * Held exploration (``explore_hold`` > 1): a random action, once drawn, is repeated for that
   many of its agent's steps before epsilon is asked again (per request client id: environment
   and agent). One random step at a time dithers in place; a held push is what carries a car up
@@ -33,6 +33,7 @@ from torch import nn
 from algorithm.dqn.trainer import DQNAnalyzedResult
 from algorithm.modules import numpy_inference as numpy_inference_lib
 from algorithm.modules.encoders import ObservationEncoder
+from algorithm.modules.exploration import CountsExploration
 from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
 from api import namedarray as namedarray_lib
@@ -104,7 +105,7 @@ class QNetworks(nn.Module):
         return self.online(obs)
 
 
-class QPolicy(SingleModelPytorchPolicy):
+class QPolicy(CountsExploration, SingleModelPytorchPolicy):
     """Q-network policy for DQN; see the module docstring.
 
     Args:
@@ -214,10 +215,6 @@ class QPolicy(SingleModelPytorchPolicy):
     def current_epsilon(self) -> float:
         return self.epsilon.value(self.explore_frames)
 
-    def observe_frames(self, frames: int) -> None:
-        """Move the exploration count to ``frames`` if that is further along."""
-        self.explore_frames = max(self.explore_frames, int(frames))
-
     # ----------------------------------------------------------------- training
     def analyze(self, sample: Any, target: str = "dqn", **kwargs: Any) -> DQNAnalyzedResult:
         """Q-values of a :class:`~api.replay.TransitionBatch`: online at ``obs`` (with
@@ -255,15 +252,6 @@ class QPolicy(SingleModelPytorchPolicy):
         online, target = self.module.online.parameters(), self.module.target.parameters()
         for o, t in zip(online, target, strict=True):
             t.lerp_(o, tau)
-
-    # ----------------------------------------------------------------- checkpoints
-    def get_checkpoint(self) -> dict[str, Any]:
-        return {**super().get_checkpoint(), "explore_frames": self.explore_frames}
-
-    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().load_checkpoint(checkpoint)
-        frames = int(checkpoint.get("explore_frames", 0))
-        self.explore_frames = max(self.explore_frames, frames)
 
 
 def _concatenate(first: Any, second: Any) -> Any:

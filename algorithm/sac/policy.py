@@ -11,7 +11,8 @@
   their target copies (frozen, moved by Polyak averaging with :meth:`update_target`) live in the
   same module, so a checkpoint carries everything.
 * Exploration is the Gaussian's own noise; ``warmup_frames`` training rows are acted uniformly at
-  random first (counted by this policy, as the q-network's epsilon schedule is), each random
+  random first (counted as the q-network's epsilon schedule is, across restarts and resumes:
+  :mod:`algorithm.modules.exploration`), each random
   action held for ``warmup_hold`` of its agent's steps: a task that needs momentum (a car in a
   valley) is never solved by a fresh random push every step, and always by pushes held long
   enough. Evaluation rows act with ``tanh(mean)``.
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from algorithm.modules.encoders import mlp
+from algorithm.modules.exploration import CountsExploration
 from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.sac.trainer import SACAnalyzedResult
@@ -154,7 +156,7 @@ def _frozen(*modules: nn.Module):
             p.requires_grad_(True)
 
 
-class SACPolicy(SingleModelPytorchPolicy):
+class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
     """Soft actor-critic networks for Box actions; see the module docstring.
 
     Args:
@@ -320,14 +322,6 @@ class SACPolicy(SingleModelPytorchPolicy):
         net = self.module
         targets = [*net.q1_target.parameters(), *net.q2_target.parameters()]
         torch._foreach_lerp_(targets, list(self.critic_parameters()), tau)
-
-    def get_checkpoint(self) -> dict[str, Any]:
-        return {**super().get_checkpoint(), "explore_frames": self.explore_frames}
-
-    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().load_checkpoint(checkpoint)
-        frames = int(checkpoint.get("explore_frames", 0))
-        self.explore_frames = max(self.explore_frames, frames)
 
     @staticmethod
     def _flat(obs: torch.Tensor) -> torch.Tensor:

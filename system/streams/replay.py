@@ -6,6 +6,12 @@ buffer without a message of their own and before the next batch is drawn. The re
 answers when its rate limiter lets it sample; until then the request waits on its side, so a
 trainer that is ahead of the actors simply waits for data.
 
+Each batch carries the replay worker's count of the frames inserted so far (the policy's
+training frames, kept with the buffer across restarts and resumes): the trainer hands it to its
+policy's ``observe_frames``, so an exploration schedule counted in frames (a Q policy's epsilon,
+SAC's warm-up) travels in the published parameters and a restarted policy worker, or a resumed
+run, goes on with it instead of exploring from the start again.
+
 Process mode: the replay worker binds a ROUTER, each trainer connects a DEALER. Serial mode: the
 same calls on in-process queues (:class:`InprocReplayHub`).
 """
@@ -49,9 +55,10 @@ class InprocReplayHub:
         self.requests: dict[str, collections.deque[ReplayRequest]] = collections.defaultdict(
             collections.deque
         )
-        self.replies: dict[bytes, collections.deque[TransitionBatch]] = collections.defaultdict(
-            collections.deque
+        self.replies: dict[bytes, collections.deque[tuple[TransitionBatch, int]]] = (
+            collections.defaultdict(collections.deque)
         )
+        """Per client: each batch and the frames inserted when it was drawn."""
 
     def server(self, policy: str) -> InprocReplayServer:
         return InprocReplayServer(self, policy)
@@ -70,8 +77,8 @@ class InprocReplayServer:
         queue.clear()
         return out
 
-    def reply(self, client: bytes, batch: TransitionBatch) -> None:
-        self.hub.replies[client].append(batch)
+    def reply(self, client: bytes, batch: TransitionBatch, inserted_frames: int = 0) -> None:
+        self.hub.replies[client].append((batch, int(inserted_frames)))
 
     def close(self) -> None:
         pass
@@ -88,6 +95,8 @@ class ReplayClient:
 
     def __init__(self) -> None:
         self.in_flight = 0
+        self.inserted_frames = 0
+        """The replay worker's count of inserted frames as of the last batch taken."""
         self._keys: list[np.ndarray] = []
         self._priorities: list[np.ndarray] = []
         """Priorities not sent yet (every request was in flight when they came)."""
@@ -145,7 +154,10 @@ class InprocReplayClient(ReplayClient):
 
     def _receive(self, timeout_ms: int) -> TransitionBatch | None:
         replies = self.hub.replies[self.client]
-        return replies.popleft() if replies else None
+        if not replies:
+            return None
+        batch, self.inserted_frames = replies.popleft()
+        return batch
 
 
 # ------------------------------------------------------------------------------ sockets
@@ -180,8 +192,9 @@ class ZmqReplayServer:
                 self.bad_messages.record(e)
             timeout_ms = 0
 
-    def reply(self, client: bytes, batch: TransitionBatch) -> None:
-        transport.send(self.socket, "replay_batch", {"batch": batch}, envelope=[client])
+    def reply(self, client: bytes, batch: TransitionBatch, inserted_frames: int = 0) -> None:
+        body = {"batch": batch, "inserted_frames": int(inserted_frames)}
+        transport.send(self.socket, "replay_batch", body, envelope=[client])
 
     def close(self) -> None:
         self.socket.close(linger=0)
@@ -260,6 +273,10 @@ class ZmqReplayClient(ReplayClient):
                 raise WireError(f"replay client expects 'replay_batch', got '{message.kind}'")
             batch = TransitionBatch(**dict(message.body["batch"].items()))
             len(batch.reward)
+            inserted = message.body["inserted_frames"]
+            if type(inserted) is not int or inserted < 0:
+                raise WireError(f"replay batch: inserted_frames {inserted!r} is no count")
+            self.inserted_frames = inserted
             return batch
         except (KeyError, TypeError, AttributeError, NamedArrayError) as e:
             self.bad_messages.record(WireError(f"malformed replay batch: {e}"))

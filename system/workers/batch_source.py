@@ -245,7 +245,13 @@ class ReplaySource:
         """The replay worker holds this trainer's one request: nothing to take meanwhile."""
 
     def trained(self, batch: SampleBatch, trainer: Any) -> None:
+        """Hand back the batch's priorities, and move the policy's exploration count on to
+        the frames the replay worker has taken in: it goes out with the next published
+        version (see :mod:`system.streams.replay`)."""
         self.stream.request(batch.key, getattr(trainer, "priorities", None))
+        observe = getattr(trainer.policy, "observe_frames", None)
+        if observe is not None:
+            observe(self.stream.inserted_frames)
 
     def age(self, version_before: int, batch: SampleBatch) -> dict[str, float]:
         """Old by design: how old on average, not a lag to act on (never warned)."""

@@ -190,7 +190,8 @@ class ReplayWorker(Worker):
         per_message = self.batches_per_message
         while self.waiting and self.buffer.can_sample(self.batch_size * per_message):
             request = self.waiting.pop(0)
-            self.server.reply(request.client, self.buffer.sample(self.batch_size, per_message))
+            batch = self.buffer.sample(self.batch_size, per_message)
+            self.server.reply(request.client, batch, self.buffer.limiter.inserted)
             served += per_message
         self.batches_served += served
         return served

@@ -9,9 +9,12 @@ import logging
 from types import SimpleNamespace
 
 import numpy as np
+from gymnasium.spaces import Box, Discrete
 from test_workers import segment
 
+from algorithm.q_policies.policy import QPolicy
 from api.replay import TransitionBatch
+from system.streams import transport
 from system.streams.replay import ZmqReplayClient, ZmqReplayServer
 from system.streams.samples import InprocSampleHub, ZmqSampleConsumer, ZmqSampleProducer
 from system.timing import StageClock
@@ -91,13 +94,22 @@ def test_a_replay_source_takes_batches_and_hands_their_priorities_back():
             next_obs=np.zeros((2, 3), np.float32), weight=np.ones((2, 1), np.float32),
             key=np.array([10, 11]), policy_version=np.array([[2], [6]]),
         )  # fmt: skip
-        server.reply(requests[0].client, batch)
+        server.reply(requests[0].client, batch, inserted_frames=5000)
         got = source.take(10_000, StageClock())
         assert got.key.tolist() == [10, 11]
         assert source.age(8, got) == {"sample_age_versions": 4.0}
-        source.trained(got, SimpleNamespace(priorities=np.array([0.5, 2.0])))
+        policy = QPolicy(Box(-1, 1, (3,)), Discrete(2), hidden_sizes=[4])
+        policy.explore_frames = 100  # what this copy counted itself
+        trainer = SimpleNamespace(priorities=np.array([0.5, 2.0]), policy=policy)
+        source.trained(got, trainer)
         (request,) = server.poll(timeout_ms=10_000)
         assert request.keys.tolist() == [10, 11] and request.priorities.tolist() == [0.5, 2.0]
+        # the replay worker's count of the run's frames moves the trainer's copy on, and
+        # goes out with its next published checkpoint
+        assert policy.get_checkpoint()["explore_frames"] == 5000
+        server.reply(request.client, batch, inserted_frames=10)  # never backwards
+        source.trained(source.take(10_000, StageClock()), trainer)
+        assert policy.explore_frames == 5000
     finally:
         source.close()
         server.close()
@@ -130,7 +142,7 @@ def test_a_message_of_several_batches_is_trained_one_batch_a_step(caplog):
         for _ in range(3):
             batch = source.take(10_000, clock)
             taken.append(batch.key.tolist())
-            source.trained(batch, SimpleNamespace(priorities=batch.key * 0.5))
+            source.trained(batch, SimpleNamespace(priorities=batch.key * 0.5, policy=None))
         assert taken == [[0, 1], [2, 3], [4, 5]]
         # the first step's priorities went at once (a request had come back); the other two
         # wait for the next reply, as two requests are out again
@@ -140,7 +152,7 @@ def test_a_message_of_several_batches_is_trained_one_batch_a_step(caplog):
         server.reply(requests[1].client, _transitions([6, 7, 8, 9, 10, 11]))
         batch = source.take(10_000, clock)
         assert batch.key.tolist() == [6, 7]
-        source.trained(batch, SimpleNamespace(priorities=batch.key * 0.5))
+        source.trained(batch, SimpleNamespace(priorities=batch.key * 0.5, policy=None))
         (request,) = server.poll(timeout_ms=10_000)
         assert request.keys.tolist() == [2, 3, 4, 5, 6, 7]
         server.reply(request.client, _transitions([0, 1, 2, 3]))  # four rows: not three batches
@@ -151,4 +163,26 @@ def test_a_message_of_several_batches_is_trained_one_batch_a_step(caplog):
         assert "does not split into 3 batches" in caplog.text
     finally:
         source.close()
+        server.close()
+
+
+def test_a_replay_batch_without_a_true_frame_count_is_dropped_and_counted():
+    """The count moves every policy worker's exploration: a reply whose ``inserted_frames``
+    is missing, negative or not an integer is refused like any malformed message, and the
+    next good one is taken."""
+    server = ZmqReplayServer("tcp://127.0.0.1:*")
+    client = ZmqReplayClient(server.endpoint)
+    try:
+        client.request()
+        request = server.poll(timeout_ms=10_000)[0]
+        batch = _transitions([1, 2])
+        for body in ({"batch": batch}, {"batch": batch, "inserted_frames": -1},
+                     {"batch": batch, "inserted_frames": 2.5}):  # fmt: skip
+            transport.send(server.socket, "replay_batch", body, envelope=[request.client])
+            assert client._receive(10_000) is None
+        assert client.bad_messages.count == 3 and client.inserted_frames == 0
+        server.reply(request.client, batch, inserted_frames=7)
+        assert client._receive(10_000).key.tolist() == [1, 2] and client.inserted_frames == 7
+    finally:
+        client.close()
         server.close()
