@@ -97,12 +97,14 @@ def _check_plan(config: ExperimentConfig) -> None:
 
 def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
     """The config a run folder resumes with: its own, with ``overrides`` allowed to change
-    what can change (:mod:`system.run.resume_check`); the folder's checkpoints verified."""
+    what can change (:mod:`system.run.resume_check`), a stop budget left to run; the folder's
+    checkpoints verified."""
     from system.run import resume_check
 
     saved = resume_check.saved_config(folder)
     _check_writable(folder)
     config = load_experiment(saved, overrides, imports)
+    resume_check.check_budget_left(folder, config)
     resume_check.check_compatible(saved, config, folder)
     resume_check.check_checkpoints(folder, config)
     return config

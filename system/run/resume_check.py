@@ -10,6 +10,10 @@ So the saved config is compared with the resumed one first:
 - everything else can (stop rules, worker counts, learning rates, evaluation, liveness); what
   changed is printed and appended to the run folder's ``resumes.jsonl``.
 
+A resume whose stop budget the run has already spent (``stop.wall_seconds`` or
+``stop.env_frames``, which count the whole run, the part before the resume too) is refused in
+one line saying how far the run got: it used to start every worker, stop at once and exit 0.
+
 Then the checkpoints are verified (each file's digest, :mod:`system.parameters.checkpoint_file`):
 a damaged file is named in a warning and the newest good one is used; a policy whose parameter
 files (or trainer states) are all damaged is refused in one line, since resuming it would
@@ -103,6 +107,30 @@ def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Pat
             f.write(json.dumps(record, default=str) + "\n")
     except OSError as e:
         raise RunFolderError.from_os_error(folder / RESUMES_FILE, e) from e
+
+
+def check_budget_left(folder: Path, config: ExperimentConfig) -> None:
+    """Refuse a resume that would stop as soon as it started: the run's last record already
+    meets ``stop.wall_seconds`` or ``stop.env_frames``."""
+    from system.run.report import read_metrics
+
+    records = read_metrics(folder)
+    if not records:
+        return
+    stop, last = config.stop, records[-1]
+    wall, frames = float(last.get("wall_s") or 0.0), int(last.get("env_frames") or 0)
+    spent, raised = [], []
+    if stop.wall_seconds is not None and wall >= stop.wall_seconds:
+        spent.append(f"stop.wall_seconds={stop.wall_seconds:g} (it has run {wall:.0f} s)")
+        raised.append(f"stop.wall_seconds={wall + 600:.0f} for ten minutes more")
+    if stop.env_frames is not None and frames >= stop.env_frames:
+        spent.append(f"stop.env_frames={stop.env_frames} (it has {frames} frames)")
+        raised.append(f"stop.env_frames={2 * frames} for as many frames again")
+    if spent:
+        raise UserError(
+            f"nothing to resume in {folder}: the run already reached {' and '.join(spent)}; "
+            f"these budgets count the whole run, so raise them (e.g. {', '.join(raised)})"
+        )
 
 
 def check_checkpoints(folder: Path, config: ExperimentConfig, trainer_state: bool = True) -> None:

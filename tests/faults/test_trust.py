@@ -143,7 +143,7 @@ def _copy(run_dir, tmp_path):
 def test_a_resume_that_changes_the_network_is_refused_naming_the_key(trained, tmp_path):
     run_dir = _copy(trained, tmp_path)
     before = (run_dir / "metrics.jsonl").read_bytes()
-    proc = start(["run", "--resume", str(run_dir),
+    proc = start(["run", "--resume", str(run_dir), "stop.env_frames=100000000",
                   "policies.default.policy.args.hidden_sizes=[32,32]"],
                  env={"COLUMNS": "400"})  # fmt: skip
     out = finish(proc)
@@ -187,8 +187,8 @@ def test_resume_secure_with_an_empty_keys_file_refuses_to_start(trained, tmp_pat
     run_dir = _copy(trained, tmp_path)
     (run_dir / "keys").write_text("")
     before = (run_dir / "metrics.jsonl").read_bytes()
-    proc = start(["run", "--resume", str(run_dir), "--secure", "--no-display"],
-                 env={"COLUMNS": "400"})  # fmt: skip
+    proc = start(["run", "--resume", str(run_dir), "stop.env_frames=100000000", "--secure",
+                  "--no-display"], env={"COLUMNS": "400"})  # fmt: skip
     out = finish(proc)
     assert proc.returncode == 1, out
     assert f"{run_dir / 'keys'}" in out and "empty" in out, out

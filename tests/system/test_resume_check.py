@@ -16,7 +16,13 @@ from api.errors import RunFolderError, UserError
 from system import run_folder
 from system.parameters.checkpoint_file import write_checkpoint
 from system.parameters.store import LATEST_FILE, TRAINER_FILE
-from system.run.resume_check import check_checkpoints, check_compatible, saved_config
+from system.run.report import METRICS_FILE
+from system.run.resume_check import (
+    check_budget_left,
+    check_checkpoints,
+    check_compatible,
+    saved_config,
+)
 
 
 def test_the_saved_config_is_read_back_and_a_damaged_one_is_one_line(tmp_path):
@@ -104,3 +110,24 @@ def test_a_damaged_checkpoint_is_skipped_for_the_newest_good_one(tmp_path, caplo
     check_checkpoints(tmp_path, config, trainer_state=False)  # an evaluation needs no trainer
     with pytest.raises(RunFolderError, match=r"policy 'default': every trainer state file"):
         check_checkpoints(tmp_path, config)
+
+
+def test_a_resume_whose_stop_budget_is_spent_is_refused_saying_how_far_the_run_got(tmp_path):
+    """stop.wall_seconds and stop.env_frames count the whole run: a resume asking for less than
+    the run already had would start every worker and stop at once with exit 0."""
+    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=15", "stop.env_frames=1000"])
+    check_budget_left(tmp_path, config)  # a run that never wrote a record: nothing to judge
+    records = [{"wall_s": 10.0, "env_frames": 400}, {"wall_s": 22.6, "env_frames": 4628}]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(UserError) as refused:
+        check_budget_left(tmp_path, config)
+    assert str(refused.value) == (
+        f"nothing to resume in {tmp_path}: the run already reached stop.wall_seconds=15 (it has "
+        "run 23 s) and stop.env_frames=1000 (it has 4628 frames); these budgets count the whole "
+        "run, so raise them (e.g. stop.wall_seconds=623 for ten minutes more, "
+        "stop.env_frames=9256 for as many frames again)"
+    )
+    with pytest.raises(UserError, match=r"reached stop.env_frames=1000 \(it has 4628 frames\);"):
+        check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.env_frames=1000"]))
+    check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.wall_seconds=60"]))
+    check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.env_frames=5000"]))
