@@ -4,6 +4,7 @@ Re-exported by the top-level ``troupe`` module (``import troupe``)::
 
     result = troupe.train("cartpole-ppo")                 # blocks; a RunResult
     result = troupe.train(config, background=True)        # returns at once; result.wait()
+    result = troupe.train(resume=result.run_dir, overrides=["stop.env_frames=2000000"])
     policy = troupe.load_policy(result.run_dir)
     action, state = policy.act(obs)
 
@@ -80,10 +81,11 @@ class RunResult:
 
 
 def train(
-    experiment: str | ExperimentConfig,
+    experiment: str | ExperimentConfig | None = None,
     overrides: Sequence[str] = (),
     *,
     run_dir: str | Path | None = None,
+    resume: str | Path | None = None,
     imports: Sequence[str] = (),
     background: bool = False,
     display: bool = False,
@@ -97,6 +99,8 @@ def train(
     id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
     workers import first. Bad config raises ConfigError before any process starts.
     ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``.
+    ``resume``: a run folder to continue instead (``troupe run --resume``): its own config,
+    ``overrides`` changing what may change (stop rules, worker counts, learning rates).
     ``launcher``: ``"local"`` (processes here) or ``"docker"`` (every role in its own container
     of ``image``, default ``troupe image build``'s tag; your registered files are mounted into
     them), as ``troupe run --launcher docker --image IMAGE``.
@@ -105,9 +109,12 @@ def train(
 
     if launcher not in LAUNCHERS:  # before the run folder is made
         raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
+    if resume is not None and (experiment is not None or run_dir is not None):
+        raise UserError("resume continues a run folder with its own experiment: pass either "
+                        "resume=RUN_DIR or an experiment (and run_dir), not both")  # fmt: skip
     config, folder = prepare(
-        experiment, list(overrides), None if run_dir is None else str(run_dir), None,
-        imports=list(imports),
+        experiment, list(overrides), None if run_dir is None else str(run_dir),
+        None if resume is None else str(resume), imports=list(imports),
     )  # fmt: skip
     result = RunResult(folder)
     try:

@@ -287,3 +287,42 @@ def test_eval_video_writes_a_playable_mp4(trained, tmp_path):
     assert "XDG_RUNTIME_DIR" not in result.stdout + result.stderr  # no foreign noise
     assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.shape[1] > 100
     assert frames.std() > 1.0  # a drawing, not a blank
+
+
+@pytest.mark.multiprocess
+def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_path):
+    """``troupe.train(resume=RUN)`` continues a copy of the run from its own config: a budget
+    the run has spent is refused before anything starts, a raised one is trained to. (In a
+    script of its own: the run's user file registers its environment when first imported.)"""
+    import troupe
+    from api.errors import UserError
+
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(trained["run_dir"]), str(copy)], check=True)
+    (copy / ".troupe.lock").unlink(missing_ok=True)
+    frames = json.loads((copy / "summary.json").read_text())["env_frames"]
+    with pytest.raises(UserError, match="pass either resume=RUN_DIR or an experiment"):
+        troupe.train("cartpole-ppo", resume=copy)
+    script = (
+        "import sys, troupe\n"
+        "from api.errors import UserError\n"
+        "try:\n"
+        "    troupe.train(resume=sys.argv[1])\n"
+        "except UserError as e:\n"
+        "    print('REFUSED', e)\n"
+        "r = troupe.train(resume=sys.argv[1], overrides=[f'stop.env_frames={sys.argv[2]}'])\n"
+        "print('EXIT', r.exit_code, r.summary['env_frames'])\n"
+    )
+    target = frames + 3000
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(copy), str(target)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=trained["folder"],
+    )  # fmt: skip
+    out = result.stdout[-3000:] + result.stderr[-3000:]
+    refused = f"REFUSED nothing to resume in {copy}: the run already reached stop.env_frames=12000"
+    assert refused in out
+    said = result.stdout.split("EXIT ")[-1].split()
+    assert said[0] == "0" and int(said[1]) >= target, out
+    (record,) = [json.loads(line) for line in (copy / "resumes.jsonl").read_text().splitlines()]
+    assert record["changed"]["stop.env_frames"] == [12000, target]
