@@ -118,9 +118,11 @@ class PBTDriver:
             new_hyperparameters=new,
             generation=member.generation,
         )
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v!r}"
+                          for k, v in new.items())  # fmt: skip
         logger.warning(
             "pbt: %s (%.1f) copies %s (%.1f), hyper-parameters %s",
-            *(member.name, scores[member.name], source, scores[source], new),
+            *(member.name, scores[member.name], source, scores[source], shown),
         )
         member.hyperparameters = new
 
