@@ -151,7 +151,7 @@ class RoleTimes:
     and starts the next. A role that sent no timing in an interval (its heartbeats and the
     records need not keep step) keeps the shares it had, so the panel does not flicker. A worker
     inside one long poll, a trainer's step, still sends its stage seconds: the busy-heartbeat
-    thread takes them (:class:`~system.run.control_channel.BusyHeartbeat`).
+    thread takes them (:class:`~system.run.busy_heartbeat.BusyHeartbeat`).
     """
 
     def __init__(self) -> None:

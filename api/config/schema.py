@@ -216,7 +216,7 @@ class LivenessConfig:
     """How long one ``poll`` of a worker may run before the worker counts as hung.
 
     A worker's loop heartbeats between polls; while one poll runs long, a thread of the worker
-    heartbeats instead (``system.run.control_channel.BusyHeartbeat``), up to this bound. Past it
+    heartbeats instead (``system.run.busy_heartbeat.BusyHeartbeat``), up to this bound. Past it
     the heartbeats stop, and with them the touches of the file a Kubernetes liveness probe
     reads: the controller restarts the worker after its heartbeat timeout, or the kubelet after
     ``--probe-stale-seconds`` (``distributed/DEPLOY.md``)."""

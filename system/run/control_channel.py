@@ -23,11 +23,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import zmq
@@ -55,8 +53,9 @@ class StopRequested(Exception):
 HEARTBEAT_S = 0.25
 """How often a worker sends a heartbeat (also while it waits for an answer)."""
 BUSY_AFTER_S = 1.0
-"""A poll running this long gets heartbeats from :class:`BusyHeartbeat`'s thread (for at most
-the role's ``liveness`` bound, :class:`api.config.LivenessConfig`)."""
+"""A poll running this long gets heartbeats from a thread of its own
+(:class:`~system.run.busy_heartbeat.BusyHeartbeat`), for at most the role's ``liveness``
+bound (:class:`api.config.LivenessConfig`)."""
 CONTROLLER_SILENCE_S = 30.0
 """A worker whose heartbeats the controller has not answered for this long leaves. Silence is
 the weakest evidence of a controller's death: one starved of CPU on a loaded machine (a load
@@ -102,7 +101,7 @@ class ControlClient:
         self.state = StateReplica(self.state_write)
         """This worker's copy of the run's global state, brought up to date by every ``ack``."""
         self.lock = threading.RLock()
-        """Held around every use of the socket: a :class:`BusyHeartbeat` thread sends on it
+        """Held around every use of the socket: a busy heartbeat's thread sends on it
         too (a ZeroMQ socket may change threads only across a full memory barrier)."""
 
     def send(self, message: cp.ControlMessage) -> None:
@@ -243,89 +242,6 @@ class ControlClient:
         self.watch.stop()
         with self.lock:
             self.socket.close(linger=200)  # let bye/error reach the controller
-
-
-class BusyHeartbeat:
-    """Heartbeats from a thread of its own while the worker is inside one long ``poll``.
-
-    A trainer's step on pixels (a Nature-CNN update over thousands of frames) can take longer
-    than the controller's heartbeat timeout on a loaded machine, and the worker loop beats only
-    between polls: the controller took such a trainer for dead and restarted it. While a poll
-    runs longer than :data:`BUSY_AFTER_S`, this thread sends the heartbeats instead, for at
-    most ``max_poll``. They carry only what ``stats`` returns, the stage seconds (so the
-    timings show a long step as the compute it is, not the wait before it); the controller
-    keeps the worker's last other figures. A poll that
-    runs longer is a hung worker (a stuck environment, a deadlock), which must go silent to be
-    restarted, by the controller or by a liveness probe on ``on_beat``'s file. It says so once,
-    with where the main thread is stuck. The torch work of a step releases the GIL, so the
-    thread runs while the main thread computes.
-    """
-
-    def __init__(
-        self,
-        ctl: ControlClient,
-        max_poll: tuple[str, float],
-        on_beat: Callable[[], None] | None = None,
-        stats: Callable[[], dict[str, Any]] | None = None,
-    ):
-        """``max_poll``: the setting that bounds one poll (named in the report) and its value
-        in seconds (:meth:`api.config.LivenessConfig.bound`). ``stats``: what each heartbeat of
-        this thread carries, called from it (so only what is safe to read from another thread:
-        the worker's stage clocks, which are :class:`~system.timing.SharedStageClock`)."""
-        self.ctl = ctl
-        self.on_beat = on_beat
-        self.stats = stats
-        self.setting, self.max_s = max_poll
-        self.busy_since: float | None = None
-        self.beats = 0
-        """Heartbeats this thread sent (tests and the worker's stats read it)."""
-        self.hung = False
-        """The current (or last) poll outlasted ``max_poll``: no heartbeats until it returns."""
-        self._main = threading.get_ident()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="busy-heartbeat", daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> BusyHeartbeat:
-        self.hung = False
-        self.busy_since = time.monotonic()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.busy_since = None
-
-    def _run(self) -> None:
-        while not self._stopping.wait(HEARTBEAT_S):
-            since = self.busy_since
-            busy = 0.0 if since is None else time.monotonic() - since
-            if busy > self.max_s:
-                if not self.hung:
-                    self.hung = True
-                    self._report_hang(busy)
-                continue
-            if busy < BUSY_AFTER_S:
-                continue
-            try:
-                self.ctl.heartbeat(self.stats() if self.stats is not None else {})
-            except zmq.ZMQError:  # the socket is being closed: the worker is leaving
-                return
-            self.beats += 1
-            if self.on_beat is not None:
-                self.on_beat()
-
-    def _report_hang(self, busy: float) -> None:
-        frame = sys._current_frames().get(self._main)
-        where = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
-        logger.error(
-            "%s: one poll has run for %.0fs, longer than %s=%g: taken for hung, so its "
-            "heartbeats stop and it is restarted (the controller's heartbeat timeout, or a "
-            "liveness probe); raise %s if this role's polls are that long. The poll is at:\n%s",
-            *(self.ctl.worker_id, busy, self.setting, self.max_s, self.setting, where),
-        )
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(timeout=2.0)
 
 
 class ConnectionWatch:

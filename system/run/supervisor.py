@@ -149,6 +149,8 @@ class Supervisor:
         elif message == record.last_error:  # a crash loop: its traceback was shown once
             logger.warning("%s failed again with the same error (restart %d in a row)",
                            wid, record.in_a_row)  # fmt: skip
+        elif shown_by := self._shown_by(message):  # every actor's environment hangs alike
+            logger.warning("%s failed with the same error as %s", wid, shown_by)
         else:
             logger.error("%s failed: %s\n%s", wid, message, tb)
         record.last_error = message
@@ -156,6 +158,10 @@ class Supervisor:
             self.fail(WorkerFailure(wid, message, tb))
         elif _crash_looping(record):
             self.fail(WorkerFailure(wid, _given_up(record, message), tb))
+
+    def _shown_by(self, message: str) -> str | None:
+        """Another worker whose last error, shown in full, was ``message``."""
+        return next((w for w, r in self.workers.items() if r.last_error == message), None)
 
     # ------------------------------------------------------------- supervision
     def supervise(self) -> None:

@@ -35,12 +35,8 @@ from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
 from system.run import builders
 from system.run import control_protocol as cp
-from system.run.control_channel import (
-    HEARTBEAT_S,
-    BusyHeartbeat,
-    ControlClient,
-    StopRequested,
-)
+from system.run.busy_heartbeat import BusyHeartbeat
+from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
 from system.run.coordination.coordinator import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import Peers, plan_from_wire
@@ -315,6 +311,9 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
     while True:
         with busy:  # a poll that runs long (a trainer step) still sends heartbeats
             worker.poll()
+        if busy.reported:  # the controller took it for hung and restarts this worker
+            logger.error("the poll taken for hung returned after all; leaving")
+            return EXIT_FAILED
         clock.enter(CONTROL)
         now = time.monotonic()
         if now < next_check:

@@ -19,8 +19,9 @@ from api import registry
 from api.config import make_experiment
 from api.errors import ConfigError
 from distributed.launch.local import LocalLauncher
-from system.run import control_channel, worker_process
-from system.run.control_channel import HEARTBEAT_S, BusyHeartbeat
+from system.run import busy_heartbeat, worker_process
+from system.run.busy_heartbeat import BusyHeartbeat
+from system.run.control_channel import HEARTBEAT_S
 from system.run.controller import Controller
 from system.workers.base import Worker
 
@@ -40,6 +41,8 @@ class FakeControl:
         self.beats: list[float] = []
         self.stop = threading.Event()
         self.sent: list[str] = []
+        self.errors: list = []
+        self.lock = threading.RLock()
 
     def heartbeat(self, stats):
         self.beats.append(time.monotonic())
@@ -49,6 +52,8 @@ class FakeControl:
 
     def send(self, message):
         self.sent.append(message.kind)
+        if message.kind == "error":
+            self.errors.append(message)
 
     def check_controller(self):
         pass
@@ -94,13 +99,13 @@ def test_the_busy_thread_beats_up_to_the_bound_and_then_reports_the_hang(
     monkeypatch, tmp_path, caplog
 ):
     clock = [0.0]  # the thread's clock, so the bound is crossed exactly when the test says
-    monkeypatch.setattr(control_channel, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(busy_heartbeat, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     beat_file = tmp_path / "heartbeat"
     monkeypatch.setenv("TROUPE_HEARTBEAT_FILE", str(beat_file))
     ctl = FakeControl()
     busy = BusyHeartbeat(ctl, ("liveness.max_poll_s", 5.0), on_beat=worker_process._mark_alive)
     try:
-        with caplog.at_level(logging.ERROR, logger=control_channel.__name__), busy:
+        with caplog.at_level(logging.INFO, logger=busy_heartbeat.__name__), busy:
             clock[0] = 4.9  # long, but within the bound: beats go on
             wait_for(lambda: busy.beats >= 2)
             assert beat_file.exists() and not busy.hung
@@ -108,18 +113,49 @@ def test_the_busy_thread_beats_up_to_the_bound_and_then_reports_the_hang(
             wait_for(lambda: busy.hung)
             beats, touched = busy.beats, beat_file.stat().st_mtime_ns
             checked = len(ctl.beats)
-            wait_for(lambda: any("taken for hung" in r.getMessage() for r in caplog.records))
+            wait_for(lambda: busy.reported)
     finally:
         busy.stop()
     assert busy.beats == beats == checked and beat_file.stat().st_mtime_ns == touched
-    (report,) = [r.getMessage() for r in caplog.records]
-    assert report.startswith(
-        "actor/0: one poll has run for 5s, longer than liveness.max_poll_s=5: taken for hung, so "
-        "its heartbeats stop and it is restarted (the controller's heartbeat timeout, or a "
-        "liveness probe); raise liveness.max_poll_s if this role's polls are that long. The "
-        "poll is at:\n"
+    # the line the main thread is stuck on (the test's own wait), said once on the console and
+    # to the controller as an error, with the whole stack
+    stuck = "; it is stuck at " + __file__
+    said = (
+        "one poll has run longer than liveness.max_poll_s=5s: taken for hung and restarted "
+        "(raise liveness.max_poll_s if this role's polls are that long)" + stuck
     )
-    assert "wait_for" in report  # the main thread's stack: where the poll is stuck
+    (error,) = ctl.errors
+    assert error.message.startswith(said) and " in wait_for: time.sleep(0.02)" in error.message
+    assert error.type == busy_heartbeat.HUNG_POLL and not error.fatal
+    assert "in wait_for" in error.traceback and "test_the_busy_thread_beats" in error.traceback
+    # the stack from the frame that polls (here: this test) down, not the process's start-up
+    assert error.traceback.startswith(f'  File "{__file__}", line ')
+    assert error.traceback.splitlines()[0].endswith(", in test_the_busy_thread_beats_up_to_the_"
+                                                    "bound_and_then_reports_the_hang")  # fmt: skip
+    # the controller shows it on the console; the worker's log has it too
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, f"actor/0: {error.message} (after 5s)"),
+        (logging.INFO, f"actor/0: the hung poll's stack:\n{error.traceback}"),
+    ]
+
+
+def test_a_hang_the_controller_cannot_be_told_of_is_said_on_the_console(monkeypatch, caplog):
+    """The main thread hung holding the control socket (inside a send): the thread cannot
+    report it, so it says so itself; the stopped heartbeats tell the controller."""
+    clock = [0.0]
+    monkeypatch.setattr(busy_heartbeat, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    ctl = FakeControl()
+    busy = BusyHeartbeat(ctl, ("liveness.max_poll_s", 5.0))
+    try:
+        with caplog.at_level(logging.INFO, logger=busy_heartbeat.__name__), busy, ctl.lock:
+            clock[0] = 5.1
+            wait_for(lambda: busy.hung and len(caplog.records) == 2)
+    finally:
+        busy.stop()
+    assert not busy.reported and ctl.errors == []
+    error, stack = caplog.records
+    assert error.levelno == logging.ERROR and "taken for hung" in error.getMessage()
+    assert stack.levelno == logging.INFO and "in test_a_hang_the_controller" in stack.getMessage()
 
 
 def test_a_worker_whose_poll_hangs_lets_its_probe_file_go_stale(monkeypatch, tmp_path):
@@ -149,7 +185,8 @@ def test_a_worker_whose_poll_hangs_lets_its_probe_file_go_stale(monkeypatch, tmp
         worker.release.set()
         ctl.stop.set()
         loop.join(timeout=10)
-    assert not loop.is_alive() and ctl.sent[-1] == "bye"
+    # the controller was told and restarts the worker: the poll that came back leaves
+    assert not loop.is_alive() and ctl.sent[-1] == "error" and "bye" not in ctl.sent
 
 
 @pytest.mark.multiprocess
@@ -178,4 +215,7 @@ def test_an_actor_whose_environment_hangs_is_restarted_and_the_run_goes_on(tmp_p
     assert summary["stop_reason"] == "env_frames", summary
     workers = json.loads((run_dir / "workers.json").read_text())
     assert {w: s["restarts"] for w, s in workers.items() if s["restarts"]} == {"actor/0": 1}
-    assert "actor/0 went silent; restarting it (restart 1)" in caplog.messages
+    # told by the worker, not a heartbeat timeout later; the stuck line is named
+    assert "actor/0 failed; restarting it (restart 1)" in caplog.messages
+    (failed,) = [m for m in caplog.messages if m.startswith("actor/0 failed: ")]
+    assert f"it is stuck at {HANGING}:" in failed

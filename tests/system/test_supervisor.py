@@ -101,6 +101,21 @@ def test_the_error_that_failed_the_run_is_shown_once_when_more_workers_meet_it(r
     assert "Traceback 2" in caplog.records[-1].getMessage()  # a different error: in full
 
 
+def test_an_error_another_worker_met_first_is_shown_once(run, caplog):
+    """Two actors whose environments hang at the same line (a restartable error): one stack,
+    then a line naming the worker that showed it; the run goes on restarting both."""
+    s, _, _ = run
+    hang = "one poll has run longer than liveness.max_poll_s=60s: ...; it is stuck at env.py:9"
+    s.on_error(s.workers["actor/0"], hang, "stack of actor/0", False, False)
+    s.on_error(s.workers["actor/1"], hang, "stack of actor/1", False, False)
+    shown = [r.getMessage() for r in caplog.records if r.name == sup.__name__]
+    assert shown == [f"actor/0 failed: {hang}\nstack of actor/0",
+                     "actor/1 failed with the same error as actor/0"]  # fmt: skip
+    s.supervise()
+    assert s.failure is None
+    assert {s.workers[w].state for w in ("actor/0", "actor/1")} == {WorkerState.RESTARTING}
+
+
 def test_the_stop_goes_actors_first_and_the_parameter_service_last(run):
     s, _, _ = run
     stops: list[str] = []
