@@ -61,11 +61,12 @@ def with_user_code(code: CodeConfig) -> CodeConfig:
     """``code`` with this process's own registrations, and its import paths made absolute."""
     registrations = {(r.kind, r.name): r for r in code.registrations}
     for spec in registry.user_specs():
+        module = spec.entry_point.partition(":")[0]
         registrations[(spec.kind, spec.name)] = RegistrationConfig(
             kind=spec.kind,
             name=spec.name,
             entry_point=spec.entry_point,
-            source=spec.source,
+            source=spec.source or user_code.local_file(module) or "",
             kwargs=dict(spec.kwargs),
             description=spec.description,
         )
@@ -95,7 +96,8 @@ def load_code(code: CodeConfig) -> None:
 
 
 def _absolute(item: str) -> str:
-    """File imports as absolute paths: workers may run in another folder."""
+    """File imports as absolute paths: workers may run in another folder. So is a module
+    found only in the launching folder (``user_code.add_working_directory``)."""
     if item.endswith(".py"):
         return str(Path(item).resolve())
-    return item
+    return user_code.local_file(item) or item

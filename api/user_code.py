@@ -73,7 +73,10 @@ def import_module(name: str, source: str = "") -> ModuleType:
 
 def import_file(path: str | Path, name: str | None = None) -> ModuleType:
     """Import the Python file ``path`` as a module (once per process), without running its
-    ``__main__`` block. Its folder goes on ``sys.path`` so it can import its neighbours."""
+    ``__main__`` block. Its folder goes on ``sys.path`` so it can import its neighbours. A
+    file of a package (its folder has an ``__init__.py``) is imported under its package's
+    name, the package's root on ``sys.path``: what it registers as ``package.module:Class``
+    then resolves, as it would had the package been installed."""
     path = Path(path).resolve()
     key = str(path)
     with _lock:
@@ -85,6 +88,9 @@ def import_file(path: str | Path, name: str | None = None) -> ModuleType:
                 return module
         if not path.is_file():
             raise RegistryError(f"cannot import {path}: no such file")
+        if name is None and (module := _import_from_package(path)) is not None:
+            _by_file[key] = module
+            return module
         name = name or module_name_for(path)
         folder = str(path.parent)
         if folder not in sys.path:
@@ -104,6 +110,57 @@ def import_file(path: str | Path, name: str | None = None) -> ModuleType:
             ) from e
         _by_file[key] = module
         return module
+
+
+def _import_from_package(path: Path) -> ModuleType | None:
+    """``path`` imported by its dotted name in the package that holds it, or None when it is
+    in no package, or that name is another module (an installed package of the same name)."""
+    root, parts = path.parent, [path.stem]
+    while (root / "__init__.py").is_file() and root.name.isidentifier():
+        root, parts = root.parent, [root.name, *parts]
+    if len(parts) == 1 or not all(p.isidentifier() for p in parts):
+        return None
+    name = ".".join(parts)
+    if str(root) not in sys.path:
+        sys.path.append(str(root))  # after what is installed: it shadows nothing
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if not _is_missing(e, name):
+            raise RegistryError(
+                f"importing {path} failed: {type(e).__name__}: {e} (fix the file; every worker "
+                "imports it to build your components)"
+            ) from e
+        return None
+    return module if _same_file(getattr(module, "__file__", None), str(path)) else None
+
+
+_local_roots: list[str] = []
+"""Folders :func:`add_working_directory` put on ``sys.path``: modules found there are the
+user's own, shipped to workers as files (:func:`local_file`)."""
+
+
+def add_working_directory() -> None:
+    """Let the working directory's modules and packages be imported by name (``troupe run
+    --import my_package.policies`` where ``my_package/`` is here), as ``python -m`` does;
+    appended, so that nothing installed is shadowed."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+        _local_roots.append(cwd)
+
+
+def local_file(module_name: str) -> str | None:
+    """The file of ``module_name`` (imported already) when it is found only in a folder
+    :func:`add_working_directory` added: workers started elsewhere, or a later ``troupe eval``
+    from another folder, import it from there."""
+    module = sys.modules.get(module_name)
+    source = getattr(module, "__file__", None)
+    if not source or not _local_roots:
+        return None
+    path = str(Path(source).resolve())
+    roots = [str(Path(r).resolve()) for r in _local_roots]
+    return path if any(path.startswith(os.path.join(r, "")) for r in roots) else None
 
 
 def import_code(item: str) -> ModuleType:

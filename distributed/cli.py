@@ -213,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``troupe`` console script; returns the exit code."""
     args = _parse(build_parser(), argv)
     _configure_logging(args.verbose)
+    from api.user_code import add_working_directory
+
+    add_working_directory()  # --import my_package.module from here, as python -m would
     try:
         return getattr(args, HANDLER)(args, Console())
     except TroupeError as e:  # each names the file, key or peer at fault, and the fix

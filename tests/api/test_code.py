@@ -5,6 +5,7 @@ code builds the component from the user's file, whether registered again or impo
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import subprocess
 import sys
@@ -101,3 +102,78 @@ def test_a_registration_of_an_unknown_kind_is_refused():
     code = CodeConfig(registrations=[RegistrationConfig("widget", "w", "m:W")])
     with pytest.raises(RegistryError, match="unknown kind 'widget' of 'w'"):
         load_code(code)
+
+
+PACKAGED = """
+from api import registry
+
+
+class Corridor:
+    def __init__(self, length=1):
+        self.length = length
+
+
+registry.register_environment("{name}", "{package}.corridors:Corridor", length=5)
+"""
+
+
+def _package(root, package: str, name: str):
+    """``root/package/corridors.py``, registering its class by its dotted name (as one does for
+    an installed package)."""
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text("")
+    path = root / package / "corridors.py"
+    path.write_text(PACKAGED.format(name=name, package=package))
+    return path
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """sys.path, the working-directory roots and the modules as they were."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(user_code, "_local_roots", [])
+    modules = set(sys.modules)
+    yield
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+    for name in ("test-code-packaged", "test-code-local"):
+        if name in registry.environments.names():
+            registry.environments.unregister(name)
+
+
+def test_a_file_of_a_package_is_imported_by_its_dotted_name(tmp_path, isolated):
+    """``--import my_package/corridors.py``: what the file registers as
+    ``my_package.corridors:Corridor`` resolves, though the package is not installed."""
+    path = _package(tmp_path, "troupe_test_pkg", "test-code-packaged")
+    module = user_code.import_file(path)
+    assert module.__name__ == "troupe_test_pkg.corridors"
+    assert registry.environments.make("test-code-packaged").length == 5
+    assert user_code.import_file(path) is module  # once per process
+    # a package named as an installed module is not that module: the file is imported alone
+    other = _package(tmp_path / "elsewhere", "json", "test-code-local")
+    assert user_code.import_file(other).__name__ != "json.corridors"
+
+
+def test_a_module_of_the_working_directory_travels_as_its_file(tmp_path, isolated, monkeypatch):
+    """``troupe run --import my_package.corridors`` where ``my_package/`` is in the folder the
+    command runs in: importable here (as ``python -m`` would have it), and shipped to workers
+    (and to config.json) as its file, with the registration's source, so a worker in another
+    folder builds it."""
+    monkeypatch.chdir(tmp_path)
+    path = _package(tmp_path, "troupe_test_local", "test-code-local")
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("troupe_test_local.corridors")
+    user_code.add_working_directory()
+    assert sys.path[-1] == str(tmp_path)  # after what is installed: it shadows nothing
+    load_code(CodeConfig(imports=["troupe_test_local.corridors"]))
+    code = with_user_code(CodeConfig(imports=["troupe_test_local.corridors", "json"]))
+    assert code.imports == [str(path), "json"]  # an installed module stays a name
+    (mine,) = [r for r in code.registrations if r.name == "test-code-local"]
+    assert (mine.entry_point, mine.source) == ("troupe_test_local.corridors:Corridor", str(path))
+    worker = WORKER.replace(NAME, "test-code-local")
+    out = subprocess.run(
+        [sys.executable, "-c", worker, json.dumps(dataclasses.asdict(code))],
+        cwd=tmp_path.parent, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [5, str(path)]

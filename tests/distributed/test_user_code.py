@@ -82,6 +82,32 @@ def test_troupe_run_import_registers_a_file_in_every_worker(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_troupe_imports_a_package_of_the_folder_it_runs_in(tmp_path):
+    """``my_envs/`` beside the user, not installed, registering by dotted name as the docs
+    show: the ``troupe`` command (not ``python -m``, which has the folder on its path anyway)
+    imports ``--import my_envs.corridor`` from there, and its workers and a later ``troupe
+    eval`` from another folder find it by the file config.json records."""
+    package = tmp_path / "my_envs"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    text = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+    (package / "corridor.py").write_text(
+        text + '\nregister("Corridor-v0", "my_envs.corridor:Corridor", length=4)\n'
+    )
+    troupe = str(Path(sys.executable).with_name("troupe"))
+    args = ["--import", "my_envs.corridor", "Corridor-v0"]
+    result = _run([troupe, "test-pipeline", *args], cwd=tmp_path)
+    assert result.returncode == 0 and "pipeline ok" in result.stdout, result.stderr[-3000:]
+    run = [troupe, "run", *args, "frames=2000", "stop.eval_return=None", "--run-dir", "r"]
+    result = _run([*run, "--no-display"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["code"]["imports"] == [str(package / "corridor.py")]
+    result = _run([troupe, "eval", str(tmp_path / "r"), "--episodes", "2"], cwd=ROOT)
+    assert result.returncode == 0 and "2 greedy episodes" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.multiprocess
 def test_a_worker_that_cannot_load_user_code_fails_the_run_at_once(tmp_path):
     """The file is gone by the time workers start: the run ends on the first worker's error,
     naming the file, with no restart."""
