@@ -12,7 +12,9 @@ a folder of user code added to a worker image (``TROUPE_USER_CODE``, see ``troup
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -156,11 +158,18 @@ def local_file(module_name: str) -> str | None:
     from another folder, import it from there."""
     module = sys.modules.get(module_name)
     source = getattr(module, "__file__", None)
-    if not source or not _local_roots:
+    if not source or not _local_roots or module_name.partition(".")[0] in _installed():
         return None
     path = str(Path(source).resolve())
     roots = [str(Path(r).resolve()) for r in _local_roots]
     return path if any(path.startswith(os.path.join(r, "")) for r in roots) else None
+
+
+@functools.cache
+def _installed() -> frozenset[str]:
+    """Top-level names of installed distributions (an editable install's too: run from its
+    checkout, its modules are in the working directory and still not the user's)."""
+    return frozenset(importlib.metadata.packages_distributions())
 
 
 def import_code(item: str) -> ModuleType:

@@ -9,9 +9,11 @@ import importlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import api.code
 from api import registry, user_code
 from api.code import CodeConfig, RegistrationConfig, attach_user_code, load_code, with_user_code
 from api.config import make_experiment
@@ -177,3 +179,7 @@ def test_a_module_of_the_working_directory_travels_as_its_file(tmp_path, isolate
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [5, str(path)]
+    # run from a checkout of an installed package (ours, editable): its modules are not the
+    # user's, they stay names
+    monkeypatch.setattr(user_code, "_local_roots", [str(Path(api.code.__file__).parents[1])])
+    assert user_code.local_file("api.code") is None
