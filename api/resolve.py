@@ -87,7 +87,8 @@ def _from_python(target: str) -> tuple[ExperimentConfig, str]:
     config = factory()
     if not isinstance(config, ExperimentConfig):
         raise UserError(
-            f"{path}:{function}() returned a {type(config).__name__}, not an ExperimentConfig"
+            f"{path}:{function}() returned {type(config).__name__} {config!r:.60}, not an "
+            "ExperimentConfig"
         )
     return config, str(Path(path).resolve())
 

@@ -17,7 +17,7 @@ import pytest
 from algorithm.actor_critic_policies.policy import ActorCriticPolicy
 from algorithm.ppo.trainer import PPOTrainer
 from api.config import ExperimentConfig
-from api.errors import ConfigError
+from api.errors import ConfigError, UserError
 from api.resolve import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,6 +197,12 @@ def test_yaml_toml_and_python_files_resolve_to_the_same_experiment(files):
 def test_a_python_file_names_its_function_and_overrides_apply(files):
     other = load_experiment(f"{files / 'exp.py'}:other", ["actors.workers=2"])
     assert other.seed == 6 and other.actors.workers == 2
+
+
+def test_a_function_that_returns_no_config_is_named_with_what_it_returned(tmp_path):
+    (tmp_path / "odd.py").write_text("def experiment():\n    return 42\n")
+    with pytest.raises(UserError, match=r"odd.py:experiment\(\) returned int 42, not an Exp"):
+        load_experiment(str(tmp_path / "odd.py"))
 
 
 @pytest.mark.multiprocess
