@@ -46,6 +46,10 @@ class CodeConfig:
     registrations: list[RegistrationConfig] = field(default_factory=list)
     """Registrations made outside any plugin by the process that launched the run (e.g. in a
     script's ``__main__`` block); the launcher fills this in, workers register them again."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Module names of ``imports`` that the launching process found only in the folder it ran
+    in (``my_package.envs``, not installed), and their files: where the name cannot be imported
+    (a worker or a ``troupe eval`` in another folder) the file is. The launcher fills this in."""
 
 
 _loaded: set[tuple[str, ...]] = set()
@@ -58,7 +62,8 @@ def attach_user_code(config: Any) -> Any:
 
 
 def with_user_code(code: CodeConfig) -> CodeConfig:
-    """``code`` with this process's own registrations, and its import paths made absolute."""
+    """``code`` with this process's own registrations, its import paths made absolute, and
+    the files of the modules it found only in its working directory."""
     registrations = {(r.kind, r.name): r for r in code.registrations}
     for spec in registry.user_specs():
         module = spec.entry_point.partition(":")[0]
@@ -71,7 +76,9 @@ def with_user_code(code: CodeConfig) -> CodeConfig:
             description=spec.description,
         )
     imports = [_absolute(item) for item in code.imports]
-    return CodeConfig(imports=imports, registrations=list(registrations.values()))
+    local = {item: user_code.local_file(item) for item in imports if not item.endswith(".py")}
+    sources = {**code.sources, **{item: path for item, path in local.items() if path}}
+    return CodeConfig(imports, list(registrations.values()), sources)
 
 
 def load_code(code: CodeConfig) -> None:
@@ -80,7 +87,7 @@ def load_code(code: CodeConfig) -> None:
     if key in _loaded:
         return
     for item in code.imports:
-        user_code.import_code(item)
+        user_code.import_code(item, code.sources.get(item, ""))
     for r in code.registrations:
         if r.kind not in registry.REGISTRIES:
             raise RegistryError(f"code.registrations: unknown kind '{r.kind}' of '{r.name}'")
@@ -96,8 +103,7 @@ def load_code(code: CodeConfig) -> None:
 
 
 def _absolute(item: str) -> str:
-    """File imports as absolute paths: workers may run in another folder. So is a module
-    found only in the launching folder (``user_code.add_working_directory``)."""
+    """File imports as absolute paths: workers may run in another folder."""
     if item.endswith(".py"):
         return str(Path(item).resolve())
-    return user_code.local_file(item) or item
+    return item

@@ -139,7 +139,7 @@ def _import_from_package(path: Path) -> ModuleType | None:
 
 _local_roots: list[str] = []
 """Folders :func:`add_working_directory` put on ``sys.path``: modules found there are the
-user's own, shipped to workers as files (:func:`local_file`)."""
+user's own, and their files go with the run's config (:func:`local_file`)."""
 
 
 def add_working_directory() -> None:
@@ -172,12 +172,13 @@ def _installed() -> frozenset[str]:
     return frozenset(importlib.metadata.packages_distributions())
 
 
-def import_code(item: str) -> ModuleType:
-    """One entry of a run's ``code.imports``: a ``.py`` file, else a module name."""
+def import_code(item: str, source: str = "") -> ModuleType:
+    """One entry of a run's ``code.imports``: a ``.py`` file, else a module name (imported
+    from ``source``, its file, where the name cannot be: see :func:`import_module`)."""
     if item.endswith(".py"):
         return import_file(_find_source(item, item))
     try:
-        return importlib.import_module(item)
+        return import_module(item, source)
     except ImportError as e:
         raise RegistryError(
             f"code.imports: cannot import module '{item}' ({e}); name an installed module or "

@@ -36,7 +36,8 @@ import json, sys
 from api import registry
 from api.code import CodeConfig, RegistrationConfig, load_code
 code = json.loads(sys.argv[1])
-load_code(CodeConfig(code["imports"], [RegistrationConfig(**r) for r in code["registrations"]]))
+registrations = [RegistrationConfig(**r) for r in code["registrations"]]
+load_code(CodeConfig(code["imports"], registrations, code["sources"]))
 env = registry.environments.make("{NAME}")
 print(json.dumps([env.length, sys.modules[type(env).__module__].__file__]))
 """
@@ -158,9 +159,10 @@ def test_a_file_of_a_package_is_imported_by_its_dotted_name(tmp_path, isolated):
 
 def test_a_module_of_the_working_directory_travels_as_its_file(tmp_path, isolated, monkeypatch):
     """``troupe run --import my_package.corridors`` where ``my_package/`` is in the folder the
-    command runs in: importable here (as ``python -m`` would have it), and shipped to workers
-    (and to config.json) as its file, with the registration's source, so a worker in another
-    folder builds it."""
+    command runs in: importable here (as ``python -m`` would have it), its file recorded beside
+    the name (in config.json), and the registration's source too, so a worker in another
+    folder builds it, while a worker image holding the package (``troupe image build --add
+    my_package/``) imports it by name."""
     monkeypatch.chdir(tmp_path)
     path = _package(tmp_path, "troupe_test_local", "test-code-local")
     with pytest.raises(ModuleNotFoundError):
@@ -169,7 +171,8 @@ def test_a_module_of_the_working_directory_travels_as_its_file(tmp_path, isolate
     assert sys.path[-1] == str(tmp_path)  # after what is installed: it shadows nothing
     load_code(CodeConfig(imports=["troupe_test_local.corridors"]))
     code = with_user_code(CodeConfig(imports=["troupe_test_local.corridors", "json"]))
-    assert code.imports == [str(path), "json"]  # an installed module stays a name
+    assert code.imports == ["troupe_test_local.corridors", "json"]
+    assert code.sources == {"troupe_test_local.corridors": str(path)}  # json is installed
     (mine,) = [r for r in code.registrations if r.name == "test-code-local"]
     assert (mine.entry_point, mine.source) == ("troupe_test_local.corridors:Corridor", str(path))
     worker = WORKER.replace(NAME, "test-code-local")

@@ -86,7 +86,7 @@ def test_troupe_imports_a_package_of_the_folder_it_runs_in(tmp_path):
     """``my_envs/`` beside the user, not installed, registering by dotted name as the docs
     show: the ``troupe`` command (not ``python -m``, which has the folder on its path anyway)
     imports ``--import my_envs.corridor`` from there, and its workers and a later ``troupe
-    eval`` from another folder find it by the file config.json records."""
+    eval`` from another folder find it by the file config.json records beside the name."""
     package = tmp_path / "my_envs"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -102,7 +102,8 @@ def test_troupe_imports_a_package_of_the_folder_it_runs_in(tmp_path):
     result = _run([*run, "--no-display"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     config = json.loads((tmp_path / "r" / "config.json").read_text())
-    assert config["code"]["imports"] == [str(package / "corridor.py")]
+    assert config["code"]["imports"] == ["my_envs.corridor"]
+    assert config["code"]["sources"] == {"my_envs.corridor": str(package / "corridor.py")}
     result = _run([troupe, "eval", str(tmp_path / "r"), "--episodes", "2"], cwd=ROOT)
     assert result.returncode == 0 and "2 greedy episodes" in result.stdout, result.stderr[-3000:]
 
