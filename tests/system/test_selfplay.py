@@ -162,7 +162,10 @@ def test_ratings_rank_players_and_score_the_learner_against_each_snapshot(tmp_pa
     assert "rating/main@10" not in record
     assert state.get(SCORES_KEY)[0] == {"10": 1.0, "35": 0.0}
     assert (tmp_path / "ratings.json").exists()
-    assert ratings.on_record() == {}  # nothing new: nothing written
+    (tmp_path / "ratings.json").unlink()
+    # nothing new: nothing written, and the next record has the ratings all the same (the
+    # last one of a run is what `troupe status` shows)
+    assert ratings.on_record() == record and not (tmp_path / "ratings.json").exists()
 
 
 def test_selfplay_config_errors_name_the_key():

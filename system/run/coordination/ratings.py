@@ -101,15 +101,16 @@ class Ratings:
         return [{**asdict(p), "rating": round(p.rating, 1)} for p in ordered]
 
     def on_record(self) -> dict[str, Any]:
-        """Each policy's rating (not the snapshots') for the metrics record; saves the table,
-        and the learner's scores against the snapshots for prioritised sampling."""
-        if not self.changed:
-            return {}
-        self.changed = False
-        text = (json.dumps(self.table(), indent=1) + "\n").encode()
-        write_atomically(self.path, lambda f: f.write(text), sync=False)
-        if self.opponent and self.scores:
-            self.store.set(SCORES_KEY, {str(v): s / n for v, (s, n) in self.scores.items()})
+        """Each policy's rating (not the snapshots') for every metrics record once it has one
+        (the last record, which ``troupe status`` shows, has them even when no game ended in
+        its second); when a game changed them, saves the table, and the learner's scores
+        against the snapshots for prioritised sampling."""
+        if self.changed:
+            self.changed = False
+            text = (json.dumps(self.table(), indent=1) + "\n").encode()
+            write_atomically(self.path, lambda f: f.write(text), sync=False)
+            if self.opponent and self.scores:
+                self.store.set(SCORES_KEY, {str(v): s / n for v, (s, n) in self.scores.items()})
         return {f"rating/{p.name}": p.rating for p in self.players.values() if "@" not in p.name}
 
     def summary(self) -> list[dict[str, Any]]:
