@@ -127,13 +127,13 @@ def _import_from_package(path: Path) -> ModuleType | None:
         sys.path.append(str(root))  # after what is installed: it shadows nothing
     try:
         module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if not _is_missing(e, name):
-            raise RegistryError(
-                f"importing {path} failed: {type(e).__name__}: {e} (fix the file; every worker "
-                "imports it to build your components)"
-            ) from e
-        return None
+    except Exception as e:
+        if isinstance(e, ModuleNotFoundError) and _is_missing(e, name):
+            return None
+        raise RegistryError(
+            f"importing {path} failed: {type(e).__name__}: {e} (fix the file; every worker "
+            "imports it to build your components)"
+        ) from e
     return module if _same_file(getattr(module, "__file__", None), str(path)) else None
 
 

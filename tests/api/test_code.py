@@ -155,6 +155,11 @@ def test_a_file_of_a_package_is_imported_by_its_dotted_name(tmp_path, isolated):
     # a package named as an installed module is not that module: the file is imported alone
     other = _package(tmp_path / "elsewhere", "json", "test-code-local")
     assert user_code.import_file(other).__name__ != "json.corridors"
+    # a file that fails says which, as any user file does
+    broken = _package(tmp_path / "broken", "troupe_test_broken", "test-code-local")
+    broken.write_text("import numpy\n1 / 0\n")
+    with pytest.raises(RegistryError, match=r"importing .*corridors.py failed: ZeroDivisionError"):
+        user_code.import_file(broken)
 
 
 def test_a_module_of_the_working_directory_travels_as_its_file(tmp_path, isolated, monkeypatch):
