@@ -288,7 +288,8 @@ def _refuse_leftovers(client: docker.DockerClient, run: str) -> None:
 def user_files(config: ExperimentConfig) -> list[str]:
     """The user's own files the run's workers import (mounted into every container)."""
     code = config.code
-    return [r.source for r in code.registrations] + [i for i in code.imports if i.endswith(".py")]
+    files = [i for i in code.imports if i.endswith(".py")] + list(code.sources.values())
+    return [r.source for r in code.registrations] + files
 
 
 def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,
