@@ -29,7 +29,7 @@ from distributed.launch.signals import (
     forwarding,
     forwards_signals,
     own_process_group,
-    raise_interrupt,
+    run_interrupts,
 )
 from distributed.ops import record as launch_record
 from system import run_folder
@@ -299,8 +299,7 @@ def _controller_entry(
     sys.modules["__main__"] = types.ModuleType("__main__")
     _forget_launchers_forkserver()
     own_process_group(own_group)  # signals come through the launcher (.signals)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    run_interrupts()
     sys.exit(controller_main(config_dict, run_dir, display, metrics_port))
 
 
@@ -335,8 +334,7 @@ def _docker_entry(
     from distributed.launch.docker_run import run_docker
 
     own_process_group(own_group)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # run_docker stops the run on it
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    run_interrupts()  # run_docker stops the run on the first
     config = ExperimentConfig.from_dict(config_dict)
     try:
         code = run_docker(

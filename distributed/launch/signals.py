@@ -3,13 +3,14 @@ a CI runner, systemd, a notebook's interrupt.
 
 ``troupe run`` (and ``troupe.train``) fork the process that runs the run (the controller, or
 the process that runs its containers). That process gets a process group of its own, so a
-signal reaches the run one way only: through the launching process, which forwards every
+terminal's Ctrl+C reaches the run one way only: through the launching process, which forwards every
 SIGINT, SIGTERM or SIGHUP it receives as one SIGINT; if the launcher itself dies, the run
 stops in order all the same. The first stops the run in order (the final
-checkpoints are written; exit code :data:`EXIT_INTERRUPTED`); a second, while it stops,
-abandons the stop: every worker is killed at once (:data:`EXIT_ABANDONED`; resume from the
-last persisted version). A signal sent to the launching process alone used to be swallowed
-there, and the run went on to its wall-clock limit and exited 0.
+checkpoints are written; exit code :data:`EXIT_INTERRUPTED`); a second, while it stops (and
+not within a quarter second of the first: one request delivered twice), abandons the stop: every
+worker is killed at once (:data:`EXIT_ABANDONED`; resume from the last persisted version). A
+signal sent to the launching process alone used to be swallowed there, and the run went on to
+its wall-clock limit and exited 0.
 """
 
 from __future__ import annotations
@@ -63,6 +64,30 @@ def own_process_group(yes: bool) -> None:
 def raise_interrupt(signum, frame) -> None:
     """SIGTERM handled as SIGINT is: stop the run in order."""
     raise KeyboardInterrupt()
+
+
+DUPLICATE_S = 0.25
+"""Signals this close together are one request (see :func:`run_interrupts`)."""
+
+
+def run_interrupts() -> None:
+    """In the run's process: SIGINT and SIGTERM raise KeyboardInterrupt (the first stops the
+    run in order, a second abandons it), but one that comes within :data:`DUPLICATE_S` of the
+    last is the same request arriving twice: ``pkill -f "troupe run"`` signals the launcher,
+    which forwards it, and this process too, forked from it with the same command line. Each
+    used to count, and the run was abandoned (exit 131, no summary) instead of stopped."""
+    last: float | None = None
+
+    def interrupt(signum: int, frame) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if last is not None and now - last < DUPLICATE_S:
+            return
+        last = now
+        raise KeyboardInterrupt()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, interrupt)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from e2e_support import (
     wait_for,
 )
 
+from distributed.launch.signals import DUPLICATE_S
 from system.run.report import read_metrics
 
 pytestmark = pytest.mark.multiprocess
@@ -260,6 +261,23 @@ def test_a_signal_to_the_troupe_process_alone_stops_the_run_in_order(tmp_path, s
     assert _workers_gone(run_dir, controller), "processes outlived the signal"
 
 
+def test_one_signal_to_the_launcher_and_the_controller_at_once_stops_the_run_in_order(tmp_path):
+    """``pkill -INT -f "troupe run"``: the controller, forked from ``troupe run``, has its
+    command line, so both get the signal, and the launcher forwards its own. One request,
+    delivered twice: it used to count as a second signal (exit 131, no summary)."""
+    run_dir = tmp_path / "run"
+    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
+                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    controller = _controller_pid(proc)
+    os.kill(proc.pid, signal.SIGINT)
+    os.kill(controller, signal.SIGINT)
+    out = finish(proc, timeout=90)
+    assert proc.returncode == 130, out
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out
+    assert _workers_gone(run_dir, controller), "processes outlived the signal"
+
+
 def test_a_second_signal_stops_the_run_at_once(tmp_path):
     """The trainer is stopped (SIGSTOP), so the stop in order waits on it; a second signal
     then kills every worker at once, and the exit code says the run was abandoned."""
@@ -271,8 +289,11 @@ def test_a_second_signal_stops_the_run_at_once(tmp_path):
     trainer = read_json(run_dir / "workers.json")["trainer/default/0"]["pid"]
     os.kill(trainer, signal.SIGSTOP)
     os.kill(proc.pid, signal.SIGINT)
+    first = time.monotonic()
     wait_for(lambda: not _alive(read_json(run_dir / "workers.json")["actor/0"]["pid"]), proc,
              what="the actors to stop (the stop in order has begun)")  # fmt: skip
+    # closer to the first than DUPLICATE_S (as the controller sees them) is the same request
+    time.sleep(max(0.0, first + DUPLICATE_S + 1.0 - time.monotonic()))
     os.kill(proc.pid, signal.SIGINT)
     out = finish(proc, timeout=60)
     assert proc.returncode == 131, out
