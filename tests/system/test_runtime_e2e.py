@@ -242,15 +242,21 @@ def _controller_pid(proc: subprocess.Popen) -> int:
     return int(child)
 
 
+def _running(run_dir: Path) -> tuple[subprocess.Popen, int]:
+    """A run with no end of its own, 3000 frames in: ``troupe run``'s process and its
+    controller's pid."""
+    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
+                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
+    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
+    return proc, _controller_pid(proc)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_troupe_process_alone_stops_the_run_in_order(tmp_path, sig):
     """What a supervisor, a CI runner or systemd does: a signal to ``troupe run``'s own pid,
     not its process group. It was swallowed there; the run went on, and exited 0."""
     run_dir = tmp_path / "run"
-    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
-                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
-    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
-    controller = _controller_pid(proc)
+    proc, controller = _running(run_dir)
     os.kill(proc.pid, sig)
     out = finish(proc, timeout=90)
     assert proc.returncode == 130, out
@@ -266,10 +272,7 @@ def test_one_signal_to_the_launcher_and_the_controller_at_once_stops_the_run_in_
     command line, so both get the signal, and the launcher forwards its own. One request,
     delivered twice: it used to count as a second signal (exit 131, no summary)."""
     run_dir = tmp_path / "run"
-    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
-                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
-    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
-    controller = _controller_pid(proc)
+    proc, controller = _running(run_dir)
     os.kill(proc.pid, signal.SIGINT)
     os.kill(controller, signal.SIGINT)
     out = finish(proc, timeout=90)
@@ -282,10 +285,7 @@ def test_a_second_signal_stops_the_run_at_once(tmp_path):
     """The trainer is stopped (SIGSTOP), so the stop in order waits on it; a second signal
     then kills every worker at once, and the exit code says the run was abandoned."""
     run_dir = tmp_path / "run"
-    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
-                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
-    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
-    controller = _controller_pid(proc)
+    proc, controller = _running(run_dir)
     trainer = read_json(run_dir / "workers.json")["trainer/default/0"]["pid"]
     os.kill(trainer, signal.SIGSTOP)
     os.kill(proc.pid, signal.SIGINT)
@@ -307,10 +307,7 @@ def test_a_run_whose_launcher_is_killed_stops_in_order(tmp_path):
     process dies without a word (SIGKILL, the OOM killer, a closed terminal's SIGHUP), the run
     stops in order rather than going on with nobody to stop it."""
     run_dir = tmp_path / "run"
-    proc = start(["run", "cartpole-ppo", *QUICK, "stop.env_frames=100000000",
-                  "--run-dir", str(run_dir), "--no-display"])  # fmt: skip
-    wait_for(lambda: frames(run_dir) > 3000, proc, what="3000 frames")
-    controller = _controller_pid(proc)
+    proc, controller = _running(run_dir)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     deadline = time.monotonic() + 90
