@@ -12,6 +12,7 @@ curriculum, PBT, ratings) is the observers' business: the tally calls each
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,8 +31,14 @@ from system.run.stopping import EvaluationWindows, judged_policy
 from system.run.supervisor import WorkerRecord
 from system.workers.trainer_hooks import CUSTOM_STAT
 
+logger = logging.getLogger(__name__)
+
 RETURNS_WINDOW = 100
 """Training episodes the ``episode_return`` of a record averages."""
+ENDLESS_STEPS = 100_000
+"""Steps of every training environment with no episode ended anywhere, after which the run
+says that its environment may never end one (returns, evaluation and the stop target need
+ends; a long episode of a real task, a game of Atari, ends far sooner)."""
 
 FPS_WINDOW_S = 10.0
 """Seconds of records the recent frame rate (``fps_recent``) is measured over. ``fps``, the
@@ -147,16 +154,37 @@ class Tally:
         """Each policy's exploration rate (epsilon) by the policy worker acting with it."""
         self.timing = timing.RoleTimes()
         """Where each role's wall time goes (system.timing), from every heartbeat."""
+        self.episodes_ended = 0
+        """Training and evaluation episodes ended since the controller started."""
+        self._frames_before = 0
+        """The frames of a resumed run before this controller: counted from its records."""
+        self._endless_said = False
         self._frames_at: deque[tuple[float, int]] = deque()
         """``(elapsed, env_frames)`` of the records of the last :data:`FPS_WINDOW_S`, and
         the one just before them."""
+
+    def _check_episodes_end(self) -> None:
+        """Say once that no episode has ended though every training environment has stepped
+        :data:`ENDLESS_STEPS` times: the live panel's ``return -`` alone does not tell why."""
+        envs = self.config.actors.workers * self.config.actors.envs_per_worker
+        steps = self.env_frames - self._frames_before
+        if self.episodes_ended or self._endless_said or steps < ENDLESS_STEPS * envs:
+            return
+        self._endless_said = True
+        logger.warning(
+            "no episode has ended in %d environment steps (%d per environment): does "
+            "environment '%s' ever end one? Training goes on, but episode returns, evaluation "
+            "and stop.eval_return need episodes that end: give it a time limit (gymnasium's "
+            "max_episode_steps, or truncated=True)",
+            steps, steps // max(envs, 1), self.config.environment.type,
+        )  # fmt: skip
 
     def continue_from(self, records: list[dict[str, Any]]) -> float:
         """A resumed run counts frames on from its last record; the wall-clock seconds it ran
         (0.0 for a new run), from which the run's clock goes on."""
         if not records:
             return 0.0
-        self.env_frames = int(records[-1].get("env_frames") or 0)
+        self.env_frames = self._frames_before = int(records[-1].get("env_frames") or 0)
         return float(records[-1].get("wall_s") or 0.0)
 
     def add(self, record: WorkerRecord, stats: WorkerStats) -> None:
@@ -185,6 +213,8 @@ class Tally:
 
     def _add_actor(self, stats: WorkerStats) -> None:
         self.env_frames += stats.env_frames
+        self.episodes_ended += len(stats.episodes) + len(stats.eval_episodes)
+        self._check_episodes_end()
         self.eval_env_frames += stats.eval_env_frames
         self.returns.extend(e.episode_return for e in stats.episodes)
         self.game_returns.extend(e.game_return for e in stats.episodes if e.game_return is not None)

@@ -3,15 +3,18 @@ observers told as figures come."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from api.config import make_experiment
 from system.errors import WireError
 from system.roles import WorkerState
+from system.run import tally as tally_lib
 from system.run.episodes import Seat
 from system.run.plan import plan_workers
 from system.run.supervisor import WorkerRecord
-from system.run.tally import Tally, WorkerStats
+from system.run.tally import ENDLESS_STEPS, Tally, WorkerStats
 
 
 class Observer:
@@ -114,6 +117,33 @@ def test_actor_episodes_reach_the_record_and_the_observers(tally):
     assert record["eval/episode_return"] == 500.0 and record["custom/shaped"] == 1.5
     assert observer.calls[:2] == [("episodes", 2, False), ("episodes", 2, True)]
     assert observer.calls[2][0] == "evaluation" and observer.calls[2][2] == 2
+
+
+def test_a_run_whose_episodes_never_end_is_told_so_once(tally, caplog):
+    """Once every training environment has stepped ENDLESS_STEPS times with no episode ended
+    anywhere, one warning; none where an episode has ended, and a resumed run counts its own
+    steps only."""
+    t, _, records = tally
+    actor, envs = records["actor/0"], t.config.actors.workers * t.config.actors.envs_per_worker
+    with caplog.at_level(logging.WARNING, logger=tally_lib.__name__):
+        for _ in range(8):
+            t.add(actor, WorkerStats(env_frames=ENDLESS_STEPS * envs // 4))
+    (said,) = caplog.messages
+    assert said.startswith(
+        f"no episode has ended in {ENDLESS_STEPS * envs} environment steps ({ENDLESS_STEPS} "
+        "per environment): does environment 'CartPole-v1' ever end one?"
+    )
+    config = make_experiment("cartpole-ppo")
+    ended = Tally(config)
+    resumed = Tally(config)
+    resumed.continue_from([{"env_frames": 10 * ENDLESS_STEPS * envs, "wall_s": 60.0}])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=tally_lib.__name__):
+        beat = {"env_frames": 100, "episodes": [{"episode_return": 1.0, "episode_length": 9}]}
+        ended.add(actor, WorkerStats.from_heartbeat(beat))
+        ended.add(actor, WorkerStats(env_frames=2 * ENDLESS_STEPS * envs))
+        resumed.add(actor, WorkerStats(env_frames=100))
+    assert caplog.messages == []
 
 
 def test_trainer_stats_make_the_policy_s_keys_and_the_step_rule(tally):
