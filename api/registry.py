@@ -218,8 +218,13 @@ class Registry:
         """Specs registered outside any plugin, in name order."""
         return [self._specs[n] for n in sorted(self._user) if n in self._specs]
 
+    def close_matches(self, name: str, n: int = 3) -> list[str]:
+        """Registered names like ``name`` (a typo's likely intent), the closest first."""
+        _load_plugins()
+        return difflib.get_close_matches(name, list(self._specs), n=n, cutoff=0.6)
+
     def _unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, list(self._specs), n=3, cutoff=0.6)
+        close = self.close_matches(name)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         return (
             f"unknown {self.kind} '{name}'.{hint} Run 'troupe list' to see every registered "

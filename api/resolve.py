@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import logging
@@ -206,7 +207,9 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
     """A registered experiment (or the environment experiment on a registered environment);
     the overrides that are the experiment function's own arguments are taken out."""
     kwargs: dict[str, Any] = {}
-    if name not in registry.experiments and name in registry.environments:
+    if name not in registry.experiments and name not in registry.environments:
+        raise RegistryError(_unknown_target(name))
+    if name not in registry.experiments:
         logger.info("'%s' is an environment: training it with experiment '%s'", name,
                     ENVIRONMENT_EXPERIMENT)  # fmt: skip
         kwargs["env"] = name
@@ -220,6 +223,21 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
         else:
             rest.append(item)
     return _make_registered(name, kwargs), rest
+
+
+def _unknown_target(name: str) -> str:
+    """What ``troupe run NAME`` says of a name that is neither an experiment nor an
+    environment: the closest of both (``Taxi-v3`` is ``Taxi-v4`` in this gymnasium)."""
+    kinds = {c: "experiment" for c in registry.experiments.close_matches(name)}
+    kinds.update({c: "environment" for c in registry.environments.close_matches(name)})
+    close = difflib.get_close_matches(name, list(kinds), n=3, cutoff=0.6)
+    hint = " or ".join(f"{kinds[c]} '{c}'" for c in close)
+    return (
+        f"unknown experiment or environment '{name}'."
+        + (f" Did you mean {hint}?" if hint else "")
+        + " Run 'troupe list' to see every registered experiment and environment, or name an "
+        "experiment file (.py, .yaml, .toml, .json)."
+    )
 
 
 def _make_registered(name: str, kwargs: dict[str, Any]) -> ExperimentConfig:

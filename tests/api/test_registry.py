@@ -12,6 +12,7 @@ from api import environment, registry
 from api.environment import Environment, StepResult
 from api.errors import RegistryError
 from api.registry import Registry, Spec, load_entry_point
+from api.resolve import load_experiment
 
 
 class CountingEnv(Environment):
@@ -113,6 +114,21 @@ def test_unknown_name_suggests_close_matches():
     message = str(e.value)
     assert message.startswith("unknown environment 'CartPol-v1'. Did you mean 'CartPole-v1'")
     assert "Run 'troupe list' to see every registered environment" in message
+
+
+def test_troupe_run_of_an_unknown_name_suggests_experiments_and_environments():
+    """``troupe run Taxi-v3``: no experiment, and gymnasium 1.x names the environment
+    ``Taxi-v4``; the suggestion must come from the environments too."""
+    with pytest.raises(RegistryError) as e:
+        load_experiment("CartPol-v1")
+    assert str(e.value).startswith(
+        "unknown experiment or environment 'CartPol-v1'. Did you mean environment 'CartPole-v1'"
+    )
+    with pytest.raises(RegistryError, match=r"Did you mean experiment 'cartpole-ppo'"):
+        load_experiment("cartpole-ppp")
+    with pytest.raises(RegistryError) as e:
+        load_experiment("zzzzzz")
+    assert "Did you mean" not in str(e.value) and "name an experiment file" in str(e.value)
 
 
 def test_unknown_name_without_close_match_has_no_suggestion():
