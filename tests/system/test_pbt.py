@@ -111,6 +111,28 @@ def test_a_resumed_driver_goes_on_from_the_orders_in_the_state(tmp_path):
     assert again.members["member2"].hyperparameters["lr"] == 5e-3
 
 
+def test_a_resumed_driver_s_history_goes_on_from_its_last_lines(tmp_path):
+    """pbt.jsonl of a resumed run: its clock goes on (it restarted from 0), and a member's
+    step, version and last decision are its lines', not 0 until its trainer reports."""
+    _, _, driver = population(tmp_path)
+    report(driver, 12, {"member0": 20.0, "member1": 200.0, "member2": 100.0, "member3": 150.0})
+    driver.on_record({})
+    driver.close()
+    lines = (tmp_path / HISTORY_FILE).read_text().splitlines()
+    last = max(json.loads(line)["wall_s"] for line in lines)
+    (tmp_path / HISTORY_FILE).write_text("\n".join([*lines, '{"torn": ', "[1, 2]"]) + "\n")
+    again = PBTDriver(make_experiment("cartpole-pbt"), StateStore(), tmp_path)
+    member = again.members["member0"]
+    assert (member.steps, member.version, member.last_decision_step) == (12, 12, 12)
+    played = {"episode_return": 30.0, "policy/member0/episode_return": 30.0}
+    again.on_eval_episodes([EpisodeRecord.from_wire(played)] * 10)  # before any trainer stats
+    again.close()
+    written = (tmp_path / HISTORY_FILE).read_text().splitlines()[len(lines) + 2 :]
+    (final,) = [json.loads(line) for line in written if '"final"' in line]
+    assert final["member"] == "member0" and final["score"] == 30.0
+    assert final["step"] == final["version"] == 12 and final["wall_s"] >= last
+
+
 def test_pbt_config_errors_name_the_field():
     config = make_experiment("cartpole-pbt")
     bad = apply_overrides(config, [])

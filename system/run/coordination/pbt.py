@@ -66,6 +66,31 @@ class PBTDriver:
             if isinstance(order, dict):
                 member.generation = member.applied = int(order["generation"])
                 member.hyperparameters = dict(order["hyperparameters"])
+        self.started -= self._continue_history()
+
+    def _continue_history(self) -> float:
+        """A resumed run's history goes on where it stopped: each member's step, version and
+        last decision from its lines (a line written before its trainer reports would say 0),
+        and the clock, whose seconds are returned (0.0 for a new run)."""
+        try:
+            lines = (self.run_dir / HISTORY_FILE).read_text().splitlines()
+        except OSError:
+            return 0.0
+        wall = 0.0
+        for line in lines:
+            try:
+                record = json.loads(line)
+                member = self.members.get(record.get("member"))
+                wall = max(wall, float(record.get("wall_s") or 0.0))
+                if member is None:
+                    continue
+                member.steps = max(member.steps, int(record.get("step") or 0))
+                member.version = max(member.version, int(record.get("version") or 0))
+                if record.get("event") == "ready":
+                    member.last_decision_step = int(record["step"])
+            except (ValueError, TypeError, KeyError, AttributeError):  # a torn or foreign line
+                continue
+        return wall
 
     # ----------------------------------------------------------------- what the run reports
     def on_eval_episodes(self, episodes: list[EpisodeRecord]) -> None:
