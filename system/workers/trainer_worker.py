@@ -110,6 +110,8 @@ class TrainerWorker(Worker):
         """The run's checkpoints folder, only read: an older run's ``trainer.pt`` (resume)."""
         self.last_batch: SampleBatch | None = None
         self.steps = 0
+        """Trainer steps of the run: this process's, or the trainer's own count where that is
+        further (its state restored on a resume or after a restart)."""
         self._published = False
         self._owed_persist = False
         """A persisted publish failed: the next publish persists, so no checkpoint is skipped."""
@@ -164,7 +166,9 @@ class TrainerWorker(Worker):
                 f"trainer of policy '{self.policy_name}' produced non-finite {bad} at step "
                 f"{result.step}; lower the learning rate or check the rewards for NaN/inf"
             )
-        self.steps += 1
+        # the trainer's own count goes on across a restart or a resume (its state is restored);
+        # this process's alone would start from 0 again (stop.trainer_steps, PBT's intervals)
+        self.steps = max(self.steps + 1, int(result.step))
         self.last_batch = batch
         self.source.trained(batch, self.trainer)
         version = self.trainer.policy.version

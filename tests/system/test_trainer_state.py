@@ -135,6 +135,41 @@ def test_the_trainer_state_is_shipped_persisted_and_restored_by_the_service(run,
         restarted.close()
 
 
+def _train_one_step(worker: TrainerWorker, config, spaces) -> None:
+    for chunk in real_segments(config, spaces, 2):
+        worker.hub.producer().post("default", chunk)
+    for _ in range(200):
+        if worker.poll():
+            return
+    raise AssertionError("no trainer step")
+
+
+def test_a_restored_trainer_counts_its_steps_on_from_its_state(run, tmp_path):
+    """A resumed run's (or a restarted trainer's) steps go on from the trainer's restored
+    count: ``stop.trainer_steps``, PBT's intervals and the callbacks read the run's steps, not
+    this process's (which started from 0 again)."""
+    config, spaces = run
+    served = Served(config, tmp_path)
+    try:
+        first = trainer_worker(config, spaces, served.client(), tmp_path)
+        for _ in range(2):
+            _train_one_step(first, config, spaces)
+        assert first.steps == first.stats["steps"] == 2  # each version persists its state here
+        first.close()
+    finally:
+        served.close()
+    resumed = Served(config, tmp_path)  # a resumed run's service: the state is on disk
+    try:
+        again = trainer_worker(config, spaces, resumed.client(), tmp_path)
+        again.restore(resumed.client().get("default")[1])
+        again.mark_published()  # as the builder does: version 2 is the service's already
+        _train_one_step(again, config, spaces)
+        assert again.steps == again.stats["steps"] == 3
+        again.close()
+    finally:
+        resumed.close()
+
+
 def test_an_older_runs_trainer_pt_is_still_read_when_the_service_has_none(run, tmp_path):
     config, spaces = run
     served = Served(config, tmp_path)
