@@ -66,7 +66,9 @@ def test_a_restarted_policy_worker_goes_on_with_the_runs_epsilon(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert after, out[-3000:]
-    # a fresh schedule would be back near 1.0; the run's goes on falling from where it was
-    assert max(after) <= reached + 0.02, (reached, after)
+    # a fresh schedule would be back near 1.0 (0.94 before the fix, where the run had reached
+    # 0.74); the run's goes on from where its published version's count was (a few hundred
+    # frames behind the worker's own: 0.05 of epsilon is 5,000 frames here)
+    assert max(after) <= reached + 0.05, (reached, after)
     assert workers(run_dir)["policy/default/0"]["restarts"] == 1
     assert not group(proc.pid), "processes outlived the run"
