@@ -8,14 +8,14 @@ frames (the same happened to every policy worker of a resumed run)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 from lifecycle_support import SMALL, all_alive, finish, group, start, wait_for, workers
+
+from system.run.report import read_metrics
 
 pytestmark = [pytest.mark.faults, pytest.mark.multiprocess]
 
@@ -25,17 +25,8 @@ DECAY = 100_000
 down to where the run had got."""
 
 
-def _records(run_dir: Path) -> list[dict]:
-    out = []
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(json.JSONDecodeError):  # the line being written
-            out.append(json.loads(line))
-    return out
-
-
 def _epsilon(run_dir: Path) -> float | None:
-    known = [r[EPSILON] for r in _records(run_dir) if EPSILON in r]
+    known = [r[EPSILON] for r in read_metrics(run_dir) if EPSILON in r]
     return known[-1] if known else None
 
 
@@ -56,9 +47,9 @@ def test_a_restarted_policy_worker_goes_on_with_the_runs_epsilon(tmp_path):
             return now["restarts"] == before["restarts"] + 1 and all_alive(run_dir)
 
         wait_for(restarted, proc, 120, "the policy worker restarted")
-        seen = len(_records(run_dir))
-        wait_for(lambda: len(_records(run_dir)) >= seen + 5, proc, 120, "five more records")
-        after = [r[EPSILON] for r in _records(run_dir)[seen:] if EPSILON in r]
+        seen = len(read_metrics(run_dir))
+        wait_for(lambda: len(read_metrics(run_dir)) >= seen + 5, proc, 120, "five more records")
+        after = [r[EPSILON] for r in read_metrics(run_dir)[seen:] if EPSILON in r]
         os.killpg(proc.pid, signal.SIGINT)
         out = finish(proc)
     finally:
