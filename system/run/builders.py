@@ -301,11 +301,14 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
 
         server = wiring.inference_server(name, plan.policy)
         seed = cfg.seed * 7_919 + plan.index
-        return Built(
-            OpponentPolicyWorker(
-                plan.worker_id, plan.policy, policy, server, params, cfg.selfplay, seed=seed
-            )
-        )
+        opponent = OpponentPolicyWorker(plan.worker_id, plan.policy, policy, server, params,
+                                        cfg.selfplay, index=plan.index, seed=seed)  # fmt: skip
+        # Its past snapshots (a restart, a resumed run), then the learner's newest: it plays a
+        # version of the learner from its first answer, never its own untrained weights.
+        opponent.restore_pool()
+        if wiring.waits_for_peers:
+            opponent.offer(*_wait_first_version(params, cfg.selfplay.learner, wiring.keep_alive))
+        return Built(opponent)
     if cfg.policies[plan.policy].trainer.type and wiring.waits_for_peers:
         _, checkpoint = _wait_first_version(params, plan.policy, wiring.keep_alive)
         policy.load_checkpoint(checkpoint)

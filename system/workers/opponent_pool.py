@@ -8,6 +8,14 @@ exactly as any policy worker does, and the version it reports with every answer 
 learner's version it plays, so actors record who played whom and the controller rates every
 snapshot (``system.run.coordination.ratings``).
 
+The pool outlives its worker: each snapshot that joins it is tagged at the parameter service
+(``pool-<opponent>-<worker index>-<slot>``, one tag per place in the pool), which keeps the
+version and writes its file. A restarted opponent worker, and every opponent worker of a resumed
+run, reads its tags back (:meth:`OpponentPolicyWorker.restore_pool`) and goes on playing the
+same past versions instead of only the newest. A snapshot whose tag cannot be written (the
+service let the version go, or did not answer) stays in this worker's pool and is counted
+(``pool_untagged``): only that one is missing after a restart.
+
 ``prioritized`` sampling reads the learner's score against each version from the run's global
 state (``selfplay/scores``, written by the controller): versions the learner still loses to are
 drawn more often, as in prioritised fictitious self-play.
@@ -15,6 +23,7 @@ drawn more often, as in prioritised fictitious self-play.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,9 +34,12 @@ import numpy as np
 from api.config.league import SelfPlayConfig
 from api.global_state import GlobalStateError, global_state
 from api.policy import Policy, RolloutRequest, RolloutResult
+from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterSubscriber
 from system.streams.inference import InferenceServer
 from system.workers.policy_worker import PolicyWorker
+
+logger = logging.getLogger(__name__)
 
 ACTION_MASK_KEY = "action_mask"
 """The observation key of legal actions, as environments and policies write and read it."""
@@ -35,8 +47,17 @@ SCORES_KEY = "selfplay/scores"
 """Global state key: ``{str(version): the learner's mean score against it}`` (1 win, 0 loss)."""
 
 
+def pool_tag(opponent: str, index: int, slot: int) -> str:
+    """The parameter-service tag of place ``slot`` in the pool of ``opponent``'s worker
+    ``index``."""
+    return f"pool-{opponent}-{index}-{slot}"
+
+
 class OpponentPool:
-    """Snapshots of a learner's versions, at most ``size``, and the rule that draws one."""
+    """Snapshots of a learner's versions, at most ``size``, and the rule that draws one.
+
+    Each snapshot has a place (a *slot*, ``0 .. size-1``): the next one kept takes the slot
+    after the newest's, which in a full pool is the oldest's, the one it pushes out."""
 
     def __init__(self, snapshot_every: int, size: int, sampling: str, seed: int = 0):
         self.snapshot_every = snapshot_every
@@ -45,20 +66,30 @@ class OpponentPool:
         self.rng = np.random.default_rng(seed)
         self.snapshots: OrderedDict[int, Any] = OrderedDict()
         self._last_kept: int | None = None
+        self._next_slot = 0
 
     def __len__(self) -> int:
         return len(self.snapshots)
 
-    def offer(self, version: int, checkpoint: Any) -> bool:
+    def offer(self, version: int, checkpoint: Any) -> int | None:
         """Keep ``version`` if it is ``snapshot_every`` past the last one kept (the first one
-        always is); the oldest leaves a full pool. True if it was kept."""
+        always is); the oldest leaves a full pool. The slot it took if it was kept, else None."""
         if self._last_kept is not None and version < self._last_kept + self.snapshot_every:
-            return False
+            return None
         self.snapshots[version] = _own_copy(checkpoint)  # pushed arrays may map shared memory
         self._last_kept = version
         while len(self.snapshots) > self.size:
             self.snapshots.popitem(last=False)
-        return True
+        slot, self._next_slot = self._next_slot, (self._next_slot + 1) % self.size
+        return slot
+
+    def restore(self, slots: dict[int, tuple[int, Any]]) -> None:
+        """Fill an empty pool with ``{slot: (version, checkpoint)}`` saved by an earlier
+        worker: oldest first, and the next snapshot takes the place after the newest's."""
+        saved = {s: vc for s, vc in slots.items() if 0 <= s < self.size}
+        for slot, (version, checkpoint) in sorted(saved.items(), key=lambda item: item[1][0]):
+            self.snapshots[version] = _own_copy(checkpoint)
+            self._last_kept, self._next_slot = version, (slot + 1) % self.size
 
     def draw(self, scores: dict[int, float] | None = None) -> tuple[int, Any]:
         """A ``(version, checkpoint)`` by the sampling rule; ``scores`` (the learner's mean
@@ -88,6 +119,7 @@ class OpponentPolicyWorker(PolicyWorker):
         params: ParameterSubscriber,
         selfplay: SelfPlayConfig,
         *,
+        index: int = 0,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -98,15 +130,48 @@ class OpponentPolicyWorker(PolicyWorker):
         self.pool = OpponentPool(
             selfplay.snapshot_every, selfplay.pool_size, selfplay.sampling, seed
         )
+        self.index = index
         self.swap_every_s = selfplay.swap_every_s
         self.clock = clock
         self.next_swap = 0.0
 
+    def restore_pool(self) -> int:
+        """Take back the snapshots an earlier worker in this place tagged (a restart, or a
+        resumed run); returns how many. Missing tags are a fresh pool's, not an error."""
+        saved = {}
+        for slot in range(self.pool.size):
+            try:
+                saved[slot] = self.params.get(self.learner, pool_tag(self.policy_name, self.index,
+                                                                      slot))  # fmt: skip
+            except ParameterNotFoundError:
+                continue
+        self.pool.restore(saved)
+        self._pool_stats()
+        return len(saved)
+
+    def offer(self, version: int, checkpoint: Any) -> None:
+        """A version of the learner this worker received: it joins the pool if it is due, and
+        its tag at the service keeps it for a restarted worker."""
+        slot = self.pool.offer(version, checkpoint)
+        if slot is None:
+            return
+        self._pool_stats()
+        try:
+            self.params.tag(self.learner, version, pool_tag(self.policy_name, self.index, slot))
+        except (ParameterNotFoundError, PeerTimeoutError) as e:
+            self.stats["pool_untagged"] = self.stats.get("pool_untagged", 0) + 1
+            logger.warning("%s: snapshot %d is in the pool but not saved for a restart: %s",
+                           self.worker_id, version, e)  # fmt: skip
+
+    def _pool_stats(self) -> None:
+        if len(self.pool):
+            self.stats["pool_size"] = len(self.pool)
+            self.stats["pool_newest"] = next(reversed(self.pool.snapshots))
+
     def _update_parameters(self) -> None:
         latest = self.params.poll_latest(self.learner)
-        if latest is not None and self.pool.offer(*latest):
-            self.stats["pool_size"] = len(self.pool)
-            self.stats["pool_newest"] = latest[0]
+        if latest is not None:
+            self.offer(*latest)
         now = self.clock()
         if len(self.pool) and now >= self.next_swap:
             self.next_swap = now + self.swap_every_s
@@ -129,7 +194,7 @@ class OpponentPolicyWorker(PolicyWorker):
 
     def _catch_up(self, params: ParameterSubscriber) -> None:
         """After the parameter service moved: the learner's newest joins the pool (if due)."""
-        self.pool.offer(*params.get(self.learner))
+        self.offer(*params.get(self.learner))
 
 
 class RandomMoves:

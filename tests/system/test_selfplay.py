@@ -99,7 +99,7 @@ def test_a_mapping_naming_a_policy_the_actor_does_not_play_fails_with_its_name()
 
 def test_the_pool_keeps_every_kth_version_and_draws_by_its_rule():
     pool = OpponentPool(snapshot_every=5, size=3, sampling="uniform", seed=0)
-    kept = [v for v in range(1, 30) if pool.offer(v, {"w": np.full(2, float(v))})]
+    kept = [v for v in range(1, 30) if pool.offer(v, {"w": np.full(2, float(v))}) is not None]
     assert kept == [1, 6, 11, 16, 21, 26]
     assert list(pool.snapshots) == [16, 21, 26]  # the oldest left
     draws = {pool.draw()[0] for _ in range(200)}
@@ -168,6 +168,32 @@ def test_ratings_rank_players_and_score_the_learner_against_each_snapshot(tmp_pa
     assert ratings.on_record() == record and not (tmp_path / "ratings.json").exists()
 
 
+def test_a_resumed_run_goes_on_with_its_ratings_and_scores(tmp_path, caplog):
+    config = make_experiment("connect4-selfplay")
+    state = _State()
+    first = Ratings(config, tmp_path, state)
+    games = [{"seats": [["main", 40, 1.0], ["past", 10, -1.0]]}] * 3 + [
+        {"seats": [["past", 10, 1.0], ["main", 40, -1.0]]}
+    ]
+    first.on_episodes([EpisodeRecord.from_wire({"episode_return": 0.0, **g}) for g in games])
+    first.on_record()
+    before = {row["name"]: row for row in first.table()}
+
+    resumed = Ratings(config, tmp_path, state)  # the controller of `troupe run --resume`
+    assert {row["name"]: row for row in resumed.table()} == before
+    assert resumed.on_record()["rating/main"] == pytest.approx(before["main"]["rating"])
+    more = [{"seats": [["past", 10, 1.0], ["main", 40, -1.0]]}] * 4
+    resumed.on_episodes([EpisodeRecord.from_wire({"episode_return": 0.0, **g}) for g in more])
+    resumed.on_record()
+    table = {row["name"]: row for row in resumed.table()}
+    assert table["main"]["games"] == 8 and table["main"]["wins"] == 3
+    assert state.get(SCORES_KEY)[0] == {"10": 3 / 8}  # weighed by all 8 games, not the last 4
+
+    (tmp_path / "ratings.json").write_text('[{"name": "main", "rating": "high"}]')
+    assert Ratings(config, tmp_path, _State()).table() == []
+    assert "ratings.json is unreadable, the ratings start afresh" in caplog.text
+
+
 def test_selfplay_config_errors_name_the_key():
     bad = [
         "selfplay.learner=main", "selfplay.opponent=heuristic", "selfplay.sampling=best",
@@ -192,8 +218,86 @@ def test_a_mapping_with_an_unknown_policy_is_a_config_error():
 def test_the_pool_follows_the_config():
     sp = SelfPlayConfig(learner="main", opponent="past", snapshot_every=2, pool_size=4)
     pool = OpponentPool(sp.snapshot_every, sp.pool_size, sp.sampling)
-    assert [v for v in range(10) if pool.offer(v, {})] == [0, 2, 4, 6, 8]
+    assert [v for v in range(10) if pool.offer(v, {}) is not None] == [0, 2, 4, 6, 8]
     assert len(pool) == 4
+
+
+def test_each_snapshot_takes_the_place_of_the_one_it_pushes_out():
+    pool = OpponentPool(1, 3, "uniform")
+    assert [pool.offer(v, {}) for v in range(5)] == [0, 1, 2, 0, 1]  # 3 then 4 replace 0, 1
+    restored = OpponentPool(1, 3, "uniform")
+    restored.restore({2: (2, {}), 0: (3, {}), 1: (4, {}), 7: (9, {})})  # slot 7: no such place
+    assert list(restored.snapshots) == [2, 3, 4]
+    assert restored.offer(4, {}) is None and restored.offer(5, {}) == 2  # after 4's, in 2's
+
+
+def _opponent_worker(store, config, spaces, seed=0):
+    from system.parameters.inproc import InprocParameterService
+    from system.run import builders
+    from system.workers.opponent_pool import OpponentPolicyWorker
+
+    policy = builders.make_policy(config, "past", spaces, seed)
+    server = InprocInferenceHub().server("past")
+    params = InprocParameterService(store)
+    return OpponentPolicyWorker("policy/past/0", "past", policy, server, params, config.selfplay)
+
+
+def test_a_restarted_or_resumed_opponent_plays_the_same_past_versions(tmp_path):
+    """Issue 14's pool outlives its worker: the snapshots are tagged at the service, which keeps
+    them (and their files) for a restarted worker and for a resumed run's."""
+    from system.parameters.inproc import InprocParameterService
+    from system.parameters.store import ParameterStore
+    from system.run import builders
+
+    config = make_experiment("connect4-selfplay", ["selfplay.snapshot_every=2",
+                                                   "selfplay.pool_size=3"])  # fmt: skip
+    spaces = builders.probe_spaces(config)
+    learner = builders.make_policy(config, "main", spaces, 1)
+    store = ParameterStore(tmp_path, keep=2, durable=True, keep_files=1)
+    trainer = InprocParameterService(store)
+    worker = _opponent_worker(store, config, spaces)
+    for version in range(10):
+        checkpoint = learner.get_checkpoint()
+        checkpoint["version"] = version
+        trainer.publish("main", version, checkpoint, persist=version % 5 == 4)
+        worker.offer(*worker.params.poll_latest("main"))
+    assert list(worker.pool.snapshots) == [4, 6, 8]
+    assert "pool_untagged" not in worker.stats
+
+    restarted = _opponent_worker(store, config, spaces, seed=3)
+    assert restarted.restore_pool() == 3
+    assert list(restarted.pool.snapshots) == [4, 6, 8]
+    drawn = {restarted.pool.draw()[0] for _ in range(50)}
+    assert drawn == {4, 6, 8}
+    restarted.pool.draw = lambda scores=None: (6, restarted.pool.snapshots[6])
+    restarted._update_parameters()
+    assert restarted.policy.version == 6  # the drawn past version, loaded from the service
+
+    resumed = ParameterStore(tmp_path, keep=2, durable=True, keep_files=1)
+    resumed.load_from_disk()  # what the parameter service of `troupe run --resume` does
+    again = _opponent_worker(resumed, config, spaces)
+    assert again.restore_pool() == 3 and list(again.pool.snapshots) == [4, 6, 8]
+    kept_files = sorted(f.name for f in (tmp_path / "checkpoints" / "main").glob("v*.ckpt"))
+    assert kept_files == ["v00000004.ckpt", "v00000006.ckpt", "v00000008.ckpt",
+                          "v00000009.ckpt"]  # fmt: skip
+
+
+def test_a_snapshot_the_service_let_go_stays_in_the_pool_and_is_counted(tmp_path):
+    from system.parameters.inproc import InprocParameterService
+    from system.parameters.store import ParameterStore
+    from system.run import builders
+
+    config = make_experiment("connect4-selfplay")
+    spaces = builders.probe_spaces(config)
+    store = ParameterStore(keep=1)
+    checkpoint = builders.make_policy(config, "main", spaces, 1).get_checkpoint()
+    InprocParameterService(store).publish("main", 0, checkpoint)
+    worker = _opponent_worker(store, config, spaces)
+    pushed = worker.params.poll_latest("main")
+    InprocParameterService(store).publish("main", 1, checkpoint)  # 0 leaves the service
+    worker.offer(*pushed)
+    assert list(worker.pool.snapshots) == [0] and worker.stats["pool_untagged"] == 1
+    assert _opponent_worker(store, config, spaces).restore_pool() == 0
 
 
 def test_a_frozen_policy_starts_from_another_runs_checkpoint_file(tmp_path):

@@ -11,13 +11,16 @@ count; evaluation games against scripted policies anchor the scale.
 The controller feeds episodes in, adds the learner's rating to each metrics record, keeps
 ``ratings.json`` in the run folder (the table, sorted by rating, with games, wins, draws and
 losses), and writes the learner's score against each snapshot into the global state
-(``selfplay/scores``) for ``prioritized`` opponent sampling.
+(``selfplay/scores``, with the games behind each in ``selfplay/score_games``) for
+``prioritized`` opponent sampling. A resumed run goes on from both: its players keep their
+ratings and games, and the scores their weight.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import logging
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,11 @@ from system.run.episodes import EpisodeRecord, Seat
 from system.run_folder import write_atomically
 from system.workers.opponent_pool import SCORES_KEY
 
+logger = logging.getLogger(__name__)
+
 RATINGS_FILE = run_folder.RATINGS
+SCORE_GAMES_KEY = "selfplay/score_games"
+"""Global state key: ``{str(version): games}`` behind each of ``selfplay/scores``' means."""
 INITIAL = 1000.0
 K = 16.0
 """Elo's step: how far one game moves a rating (16: slow and steady, many games a second)."""
@@ -44,6 +51,11 @@ class Player:
     losses: int = 0
 
 
+def _numbers(player: Player) -> bool:
+    counts = (player.rating, player.games, player.wins, player.draws, player.losses)
+    return all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts)
+
+
 class Ratings:
     def __init__(self, config: ExperimentConfig, run_dir: Path, store: GlobalState):
         self.learner = config.selfplay.learner
@@ -54,6 +66,26 @@ class Ratings:
         self.scores: dict[int, list[float]] = {}
         """Opponent version -> [the learner's total score against it, games]."""
         self.changed = False
+        self._restore()
+
+    def _restore(self) -> None:
+        """A resumed run's table and scores (a fresh run has neither)."""
+        if self.path.is_file():
+            try:
+                rows = json.loads(self.path.read_text())
+                names = [f.name for f in fields(Player)]
+                players = [Player(**{k: row[k] for k in names}) for row in rows]
+                if not all(isinstance(p.name, str) and _numbers(p) for p in players):
+                    raise TypeError("a row's name is not a string or a count is not a number")
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logger.warning("%s is unreadable, the ratings start afresh: %s", self.path, e)
+            else:
+                self.players = {p.name: p for p in players}
+        means, games = self.store.get(SCORES_KEY)[0], self.store.get(SCORE_GAMES_KEY)[0]
+        if isinstance(means, dict) and isinstance(games, dict):
+            for version, n in games.items():
+                if str(version).isdigit() and str(version) in means:
+                    self.scores[int(version)] = [float(means[str(version)]) * n, n]
 
     def player(self, policy: str, version: int) -> str:
         return f"{self.learner}@{version}" if policy == self.opponent else policy
@@ -111,6 +143,7 @@ class Ratings:
             write_atomically(self.path, lambda f: f.write(text), sync=False)
             if self.opponent and self.scores:
                 self.store.set(SCORES_KEY, {str(v): s / n for v, (s, n) in self.scores.items()})
+                self.store.set(SCORE_GAMES_KEY, {str(v): n for v, (_, n) in self.scores.items()})
         return {f"rating/{p.name}": p.rating for p in self.players.values() if "@" not in p.name}
 
     def summary(self) -> list[dict[str, Any]]:
