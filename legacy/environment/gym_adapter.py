@@ -193,7 +193,7 @@ def register_gymnasium_ids() -> None:
     an explicit registration wins over the blanket adapter one. They count as a plugin's, never
     as the user's, whenever this is called (see :func:`api.registry.registering_as_plugin`).
     """
-    _add_ale_ids_to_gymnasium()
+    add_ale_ids_to_gymnasium()
     with registry.registering_as_plugin():
         for gym_id in sorted(gym.registry):
             if gym_id in registry.environments:
@@ -203,7 +203,7 @@ def register_gymnasium_ids() -> None:
             )
 
 
-def _add_ale_ids_to_gymnasium() -> None:
+def add_ale_ids_to_gymnasium() -> None:
     """ALE registers its Atari ids only when told to; do so if the package is present."""
     try:
         import ale_py

@@ -28,6 +28,11 @@ environment.args.repeat_action_probability=0.25`` (sticky actions) is one overri
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
+from typing import Any
+
+import gymnasium as gym
 
 from api.config import (
     ActorConfig,
@@ -38,6 +43,9 @@ from api.config import (
     StopConfig,
     auto_actor_workers,
 )
+from api.errors import UserError
+from legacy.environment.atari import AtariEnvironment
+from legacy.environment.gym_adapter import add_ale_ids_to_gymnasium
 
 AGENT_STEPS = 10_000_000
 """Length of a run in agent steps (40M emulator frames), as in the PPO paper's Atari runs."""
@@ -187,3 +195,105 @@ def breakout_ppo() -> ExperimentConfig:
         evaluation=EvaluationConfig(workers=0),
         stop=StopConfig(env_frames=AGENT_STEPS),
     )
+
+
+ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
+"""The gymnasium entry point of every ALE id."""
+PONG_TARGET = 18.0
+"""Pong's greedy target, ``pong-ppo``'s: the one game whose episodes are whole games (no lives)
+and whose rewards clipping leaves alone, so a return is its score."""
+
+
+def atari_ppo(
+    env: str = "ALE/Pong-v5",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """The Atari recipe for a gymnasium Atari id (``ALE/Breakout-v5``, ``PongNoFrameskip-v4``)
+    or ``Atari-v0``: what ``troupe train`` runs for one, instead of a network over raw
+    210x160 RGB frames.
+
+    The game is the id's, played through ``Atari-v0`` (DeepMind preprocessing, see
+    :mod:`legacy.environment.atari`) with the id's sticky actions (0.25 for ``-v5`` and ``-v0``
+    ids, none for ``-v4`` ones); ``env_args`` are ``Atari-v0``'s and override. The layout is
+    ``pong-ppo``'s on a machine without a GPU and ``pong-ppo-gpu``'s with one; ``frames`` agent
+    steps (default 10M) set the run's length and the learning-rate schedule. The stop target
+    is ``target``, else 18 for Pong; other games are trained for their frames with no greedy
+    evaluation (``breakout-ppo``'s reasoning: their episodes are lives, their rewards
+    clipped, so an evaluation return would not be the game's score). The score of every game
+    played is in the panel and the metrics all the same (``game``, ``game_return``)."""
+    args = atari_args(env, env_args or {})
+    game = args["game"]
+    config = pong_ppo_gpu() if _has_cuda() else pong_ppo()
+    frames = frames or AGENT_STEPS
+    default = config.policies["default"]
+    per_step = default.batch_segments * config.actors.segment_length
+    default.trainer.args["total_steps"] = max(1, frames // per_step)
+    if target is None and game == "Pong":
+        target, source = PONG_TARGET, "Troupe's Pong target (pong-ppo's)"
+    elif target is None:
+        source = (f"none: {game}'s episodes are lives and its rewards clipped; "
+                  "give one with target= (a greedy return per life)")  # fmt: skip
+        config.evaluation = EvaluationConfig(workers=0)
+    else:
+        source = "given: target="
+    config.name = re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + "-ppo"
+    config.environment = ComponentConfig("Atari-v0", args)
+    config.stop = StopConfig(eval_return=target, env_frames=frames, eval_return_source=source)
+    return config
+
+
+ALE_KEYS = {
+    "repeat_action_probability": "repeat_action_probability",
+    "full_action_space": "full_action_space",
+    "frameskip": "frame_skip",
+    "max_num_frames_per_episode": "max_episode_frames",
+}
+"""Arguments of a gymnasium Atari id and the ``Atari-v0`` argument each is."""
+
+
+def atari_args(env: str, env_args: dict[str, Any]) -> dict[str, Any]:
+    """``Atari-v0``'s arguments for an Atari id and its ``env_args`` (the id's own, as
+    :data:`ALE_KEYS` translates them, or ``Atari-v0``'s), or for ``Atari-v0``'s ``env_args``:
+    the recipe's preprocessing, the id's game and sticky actions, then what was given."""
+    if env == "Atari-v0":
+        return dict(_atari_env(str(env_args.get("game", "Pong"))).args, **env_args)
+    kwargs = gym.spec(env).kwargs
+    game = "".join(part.capitalize() for part in str(kwargs["game"]).split("_"))
+    args = dict(_atari_env(game).args, repeat_action_probability=float(
+        kwargs.get("repeat_action_probability", 0.25)))  # fmt: skip
+    own = set(inspect.signature(AtariEnvironment).parameters) - {"game"}
+    for key, value in env_args.items():
+        if key == "obs_type":
+            continue  # the screen either way: the recipe makes it 84x84 grayscale
+        if key not in ALE_KEYS and key not in own:
+            raise UserError(
+                f"{env}: the Atari recipe plays it through Atari-v0, which has no '{key}'; "
+                f"it takes {sorted(ALE_KEYS)} of the id's arguments and its own {sorted(own)}"
+            )
+        args[ALE_KEYS.get(key, key)] = value
+    return args
+
+
+def is_atari_pixels(env: str, env_args: dict[str, Any] | None = None) -> bool:
+    """Whether ``env`` is ``Atari-v0`` or a gymnasium Atari id that observes the screen (not
+    its RAM, ``obs_type="ram"``: 128 bytes are a vector, which the spaces' own recipe suits)."""
+    if (env_args or {}).get("obs_type") == "ram":
+        return False
+    if env == "Atari-v0":
+        return True
+    if not env.startswith("ALE/") and not re.fullmatch(r"[A-Za-z0-9]+-v[04]", env):
+        return False  # no need to load ALE's ids to know
+    add_ale_ids_to_gymnasium()
+    try:
+        spec = gym.spec(env)
+    except Exception:  # not a gymnasium id (a Troupe environment, a PettingZoo name, a typo)
+        return False
+    return spec.entry_point == ALE_ENTRY_POINT and spec.kwargs.get("obs_type") != "ram"
+
+
+def _has_cuda() -> bool:
+    import torch  # only for an Atari id: other experiments are set up without it
+
+    return torch.cuda.is_available()

@@ -1,6 +1,7 @@
 """``impala``, ``dqn`` and ``sac`` on any environment, set up from its spaces: what
 ``troupe train ENV --algo ppo|impala|dqn|sac`` runs (``ppo`` dispatches to
-:func:`legacy.experiments.auto.ppo` or, on MuJoCo, :mod:`legacy.experiments.mujoco`).
+:func:`legacy.experiments.auto.ppo` or, on MuJoCo and Atari, :mod:`legacy.experiments.mujoco` and
+:func:`legacy.experiments.atari.atari_ppo`).
 
 Each takes the recipe of the example that solves a classic task with that algorithm and
 generalises what depends on the environment: the policy from the spaces (``actor-critic`` for
@@ -30,6 +31,7 @@ import gymnasium as gym
 from api.config import ExperimentConfig
 from api.errors import UserError
 from legacy.environment.gym_adapter import is_mujoco
+from legacy.experiments.atari import atari_ppo, is_atari_pixels
 from legacy.experiments.auto import agent_spaces, named_experiment
 from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
@@ -44,10 +46,14 @@ def ppo(
     frames: int | None = None,
 ) -> ExperimentConfig:
     """PPO on ``env``: on a MuJoCo task the recipe its published figures come from
-    (:func:`legacy.experiments.mujoco.mujoco_ppo`), else set up from the spaces
+    (:func:`legacy.experiments.mujoco.mujoco_ppo`), on an Atari game the Atari recipe
+    (:func:`legacy.experiments.atari.atari_ppo`), else set up from the spaces
     (:func:`legacy.experiments.auto.ppo`)."""
-    make = mujoco_ppo if is_mujoco(env) else ppo_from_spaces
-    return make(env, env_args, target, frames)
+    if is_mujoco(env):
+        return mujoco_ppo(env, env_args, target, frames)
+    if is_atari_pixels(env, env_args):
+        return atari_ppo(env, env_args, target, frames)
+    return ppo_from_spaces(env, env_args, target, frames)
 
 
 def impala(

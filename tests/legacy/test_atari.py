@@ -209,3 +209,34 @@ def test_steps_match_gymnasiums_atari_preprocessing():
 def test_area_resize_refuses_to_enlarge():
     with pytest.raises(ValueError, match="downscales only"):
         AreaResize((84, 84), (100, 84))
+
+
+def test_troupe_train_of_an_atari_id_gets_the_atari_recipe():
+    """`troupe train ALE/Breakout-v5` used to set up PPO from the raw 210x160 RGB spaces (a
+    few dozen frames/s, no preprocessing); an Atari id now gets pong-ppo's recipe for its game,
+    with the id's sticky actions."""
+    from legacy.experiments.by_algo import auto
+
+    breakout = auto("ALE/Breakout-v5")
+    assert breakout.environment.type == "Atari-v0" and breakout.name == "ale-breakout-v5-ppo"
+    assert breakout.environment.args["game"] == "Breakout"
+    assert breakout.environment.args["repeat_action_probability"] == 0.25  # v5's protocol
+    assert breakout.evaluation.workers == 0 and breakout.stop.eval_return is None
+    assert "episodes are lives" in breakout.stop.eval_return_source
+    assert breakout.policies["default"].trainer.args == pong_ppo().policies["default"].trainer.args
+
+    pong = auto("PongNoFrameskip-v4", {"noop_max": 10}, frames=1_024_000)
+    assert pong.environment.args["repeat_action_probability"] == 0.0  # the v4 protocol
+    assert pong.environment.args["noop_max"] == 10
+    assert pong.stop.eval_return == 18.0 and pong.stop.env_frames == 1_024_000
+    assert pong.policies["default"].trainer.args["total_steps"] == 2_000  # 512 a step
+    invaders = auto("ALE/SpaceInvaders-v5", target=5.0)
+    assert invaders.environment.args["game"] == "SpaceInvaders"
+    assert invaders.stop.eval_return == 5.0 and invaders.evaluation.workers == 1
+    sticky = auto("ALE/Pong-v5", {"repeat_action_probability": 0.0, "frameskip": 3})
+    assert sticky.environment.args["repeat_action_probability"] == 0.0
+    assert sticky.environment.args["frame_skip"] == 3  # the id's argument, as Atari-v0 names it
+    with pytest.raises(UserError, match="Atari-v0, which has no 'mode'"):
+        auto("ALE/Pong-v5", {"mode": 1})
+    ram = auto("ALE/Pong-v5", {"obs_type": "ram"}, frames=1000)  # 128 bytes: a vector
+    assert ram.environment.type == "ALE/Pong-v5" and ram.name == "ale-pong-v5-ppo"
