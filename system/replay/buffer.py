@@ -22,15 +22,20 @@ Storing segments rather than ``(obs, next_obs)`` pairs keeps each observation on
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from api.errors import ConfigError
 from api.namedarray import NamedArray
 from api.replay import TransitionBatch
+from system.memory import available_bytes, format_bytes
 from system.replay.rate_limiter import RateLimiter, RateLimiterConfig
 from system.replay.sum_tree import SumTree
+
+logger = logging.getLogger(__name__)
 
 STORED = ("obs", "action", "reward", "done", "truncated", "policy_version")
 """The SampleBatch fields a replay buffer keeps."""
@@ -161,12 +166,35 @@ class ReplayBuffer:
                 f"capacity_frames={self.config.capacity_frames} holds no segment of "
                 f"{steps - 1} frames: raise capacity_frames"
             )
-        for path, leaf in _leaves(segments):
-            leaf = np.asarray(leaf)
-            self._store[path] = np.zeros((self._slots, steps, *leaf.shape[2:]), leaf.dtype)
+        shapes = {path: ((self._slots, steps, *np.shape(leaf)[2:]), np.asarray(leaf).dtype)
+                  for path, leaf in _leaves(segments)}  # fmt: skip
+        self._check_memory(shapes, steps)
+        for path, (shape, dtype) in shapes.items():
+            self._store[path] = np.zeros(shape, dtype)
         self._tree = SumTree(self._slots * steps)
         self._stamp = np.full(self._slots, -1, dtype=np.int64)
         self._valid = np.zeros((self._slots, steps), dtype=bool)
+
+    def _check_memory(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], steps: int):
+        """Refuse a buffer that cannot fit in the memory left to this process: its pages are
+        only taken as it fills, so it would otherwise be killed by the OOM killer once full,
+        hours in. Said when it would take more than half of it."""
+        need = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes.values())
+        need += self._slots * steps * (2 * 8 + 1)  # the sum tree and the valid flags
+        free = available_bytes()
+        if free is None or need <= free // 2:
+            return
+        obs = ", ".join(f"{p} {shape[2:]} {dtype}" for p, (shape, dtype) in shapes.items()
+                        if p.startswith("obs"))  # fmt: skip
+        what = (f"replay.capacity_frames={self.config.capacity_frames}: the buffer "
+                f"({obs or 'no observation'} a frame) needs {format_bytes(need)}")  # fmt: skip
+        if need > free:  # a config error: no restart would fix it, the run ends on it at once
+            raise ConfigError([
+                f"{what}, and this process has {format_bytes(free)} of memory left (the "
+                "machine's, or its container's limit): lower it"
+            ])  # fmt: skip
+        logger.warning("%s, more than half of the %s this process has left", what,
+                       format_bytes(free))  # fmt: skip
 
     # ----------------------------------------------------------------- sample
     def sample(self, count: int, batches: int = 1) -> TransitionBatch:

@@ -260,3 +260,46 @@ def test_state_dict_is_plain_arrays_and_restores_the_buffer(tmp_path):
     assert restored.size == buffer.size and restored.limiter.sampled == 16
     restored.insert(_segments(10, 1, seed=9, start=900))  # and it goes on
     assert restored.sample(8).obs.shape == (8, 2)
+
+
+def test_a_buffer_larger_than_the_memory_left_is_refused_before_it_fills():
+    """A capacity that cannot fit used to be taken (its pages are lazy) and the replay worker
+    killed by the OOM killer once the buffer filled, hours in."""
+    from api.errors import ConfigError
+    from system.memory import available_bytes
+
+    free = available_bytes()
+    if free is None:
+        pytest.skip("this platform does not say how much memory is left")
+    frame = 2 * 4 + 8 + 4 + 1 + 1 + 8  # obs (2 float32), action, reward, done, truncated, version
+    too_many = 2 * free // frame
+    buffer = _buffer(capacity_frames=too_many)
+    with pytest.raises(ConfigError, match=r"capacity_frames=\d+: the buffer \(obs \(2,\) float32 "
+                       r"a frame\) needs [\d.]+ [GMk]B, and this process has"):  # fmt: skip
+        buffer.insert(_segments(5, 2))
+    assert buffer.size == 0
+    small = _buffer(capacity_frames=1_000)
+    small.insert(_segments(5, 2))
+    assert small.size == 8
+
+
+def test_memory_left_is_the_machines_or_its_cgroups_whichever_is_smaller(tmp_path):
+    from system.memory import available_bytes
+
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
+    (proc / "self" / "cgroup").write_text("0::/docker/abc\n")
+    assert available_bytes(proc, cgroup) == 6_000_000 * 1024  # no limit files: the machine's
+    (cgroup / "docker").mkdir(parents=True)  # a limit set one level above the process's
+    (cgroup / "docker" / "memory.max").write_text("2000000000\n")
+    (cgroup / "docker" / "memory.current").write_text("500000000\n")
+    assert available_bytes(proc, cgroup) == 1_500_000_000
+    (cgroup / "docker" / "memory.max").write_text("max\n")
+    assert available_bytes(proc, cgroup) == 6_000_000 * 1024
+    (proc / "self" / "cgroup").write_text("4:memory:/job\n")  # cgroup v1
+    (cgroup / "memory" / "job").mkdir(parents=True)
+    (cgroup / "memory" / "job" / "memory.limit_in_bytes").write_text("1000000000\n")
+    (cgroup / "memory" / "job" / "memory.usage_in_bytes").write_text("400000000\n")
+    assert available_bytes(proc, cgroup) == 600_000_000
+    assert available_bytes(tmp_path / "nowhere", tmp_path / "nowhere") is None
