@@ -145,6 +145,10 @@ class OpponentPolicyWorker(PolicyWorker):
                                                                       slot))  # fmt: skip
             except ParameterNotFoundError:
                 continue
+            except PeerTimeoutError as e:  # play on from what came back; said, not hidden
+                logger.warning("%s: the pool's snapshots from place %d on are not restored: %s",
+                               self.worker_id, slot, e)  # fmt: skip
+                break
         self.pool.restore(saved)
         self._pool_stats()
         return len(saved)
