@@ -85,11 +85,14 @@ class OpponentPool:
 
     def restore(self, slots: dict[int, tuple[int, Any]]) -> None:
         """Fill an empty pool with ``{slot: (version, checkpoint)}`` saved by an earlier
-        worker: oldest first, and the next snapshot takes the place after the newest's."""
-        saved = {s: vc for s, vc in slots.items() if 0 <= s < self.size}
-        for slot, (version, checkpoint) in sorted(saved.items(), key=lambda item: item[1][0]):
+        worker: its newest ``size``, oldest first, and the next snapshot takes the place after
+        the newest's. Where that worker's pool was larger (``selfplay.pool_size`` lowered on a
+        resume), the places start again from 0."""
+        by_version = sorted(slots.items(), key=lambda item: item[1][0])[-self.size :]
+        larger = any(slot >= self.size for slot, _ in by_version)
+        for slot, (version, checkpoint) in by_version:
             self.snapshots[version] = _own_copy(checkpoint)
-            self._last_kept, self._next_slot = version, (slot + 1) % self.size
+            self._last_kept, self._next_slot = version, 0 if larger else (slot + 1) % self.size
 
     def draw(self, scores: dict[int, float] | None = None) -> tuple[int, Any]:
         """A ``(version, checkpoint)`` by the sampling rule; ``scores`` (the learner's mean
@@ -137,21 +140,25 @@ class OpponentPolicyWorker(PolicyWorker):
 
     def restore_pool(self) -> int:
         """Take back the snapshots an earlier worker in this place tagged (a restart, or a
-        resumed run); returns how many. Missing tags are a fresh pool's, not an error."""
-        saved = {}
-        for slot in range(self.pool.size):
+        resumed run); returns how many. Missing tags are a fresh pool's, not an error (nor
+        is one place missing: its tag could not be written). Places past ``pool_size`` are
+        read while there are any, for a run resumed with a smaller pool."""
+        saved: dict[int, tuple[int, Any]] = {}
+        slot = 0
+        while slot < self.pool.size or slot - 1 in saved:
             try:
                 saved[slot] = self.params.get(self.learner, pool_tag(self.policy_name, self.index,
                                                                       slot))  # fmt: skip
             except ParameterNotFoundError:
-                continue
+                pass
             except PeerTimeoutError as e:  # play on from what came back; said, not hidden
                 logger.warning("%s: the pool's snapshots from place %d on are not restored: %s",
                                self.worker_id, slot, e)  # fmt: skip
                 break
+            slot += 1
         self.pool.restore(saved)
         self._pool_stats()
-        return len(saved)
+        return len(self.pool)
 
     def offer(self, version: int, checkpoint: Any) -> None:
         """A version of the learner this worker received: it joins the pool if it is due, and

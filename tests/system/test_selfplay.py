@@ -226,9 +226,12 @@ def test_each_snapshot_takes_the_place_of_the_one_it_pushes_out():
     pool = OpponentPool(1, 3, "uniform")
     assert [pool.offer(v, {}) for v in range(5)] == [0, 1, 2, 0, 1]  # 3 then 4 replace 0, 1
     restored = OpponentPool(1, 3, "uniform")
-    restored.restore({2: (2, {}), 0: (3, {}), 1: (4, {}), 7: (9, {})})  # slot 7: no such place
+    restored.restore({2: (2, {}), 0: (3, {}), 1: (4, {})})
     assert list(restored.snapshots) == [2, 3, 4]
     assert restored.offer(4, {}) is None and restored.offer(5, {}) == 2  # after 4's, in 2's
+    smaller = OpponentPool(1, 2, "uniform")  # a pool of 3 places resumed with pool_size=2
+    smaller.restore({2: (2, {}), 0: (3, {}), 1: (4, {})})
+    assert list(smaller.snapshots) == [3, 4] and smaller.offer(5, {}) == 0
 
 
 def _opponent_worker(store, config, spaces, seed=0):
@@ -277,6 +280,9 @@ def test_a_restarted_or_resumed_opponent_plays_the_same_past_versions(tmp_path):
     resumed.load_from_disk()  # what the parameter service of `troupe run --resume` does
     again = _opponent_worker(resumed, config, spaces)
     assert again.restore_pool() == 3 and list(again.pool.snapshots) == [4, 6, 8]
+    config.selfplay.pool_size = 2  # `troupe run --resume RUN selfplay.pool_size=2`
+    fewer = _opponent_worker(resumed, config, spaces)
+    assert fewer.restore_pool() == 2 and list(fewer.pool.snapshots) == [6, 8]
     kept_files = sorted(f.name for f in (tmp_path / "checkpoints" / "main").glob("v*.ckpt"))
     assert kept_files == ["v00000004.ckpt", "v00000006.ckpt", "v00000008.ckpt",
                           "v00000009.ckpt"]  # fmt: skip
