@@ -92,23 +92,70 @@ def write_json(path: Path, data: Any, *, indent: int = 1, sync: bool = False) ->
 class FolderGuard:
     """Runs the controller's writes to a run folder. The first one that fails (a full disk, a
     read-only mount) is logged once, in one line naming the file, and ``on_error`` decides what
-    follows (the controller stops the run with it); later ones are quiet."""
+    follows (the controller stops the run with it); later ones are quiet.
+
+    A folder removed while the run goes on (``rm -rf`` of the wrong folder, a cleanup job) fails
+    the same way, and nothing more is written: before, ``metrics.jsonl`` went on into its
+    unlinked file, the next writes made a new folder of the same name holding a summary and a
+    few files, and the run exited 0 as if its record were whole. The guard holds the folder
+    open, so one removed and made again under its name (the parameter service's next checkpoint
+    makes its folders) is not taken for it: the held one's inode cannot be reused meanwhile."""
 
     def __init__(self, run_dir: Path, on_error: Callable[[RunFolderError], None]):
         self.run_dir = Path(run_dir)
         self.on_error = on_error
         self.error: RunFolderError | None = None
         """The first failure, if any: what a run that stops for it reports."""
+        self.gone = False
+        """The folder was removed: nothing more is written (a write would make it again)."""
+        try:  # held open, the folder's inode is never reused by another while the run goes on
+            self._fd: int | None = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            self._fd = None
 
     def write(self, write: Callable[[], Any]) -> bool:
-        """Do one write; False when the folder refused it."""
+        """Do one write; False when the folder refused it, or is no longer the run's."""
+        if self.gone:
+            return False
+        where = self._where()
+        if where == "missing":
+            return self._gone("")
         try:
             write()
-            return True
         except RunFolderError as e:  # an atomic write already named its file
             self.failed(e)
+            return False
         except OSError as e:
             self.failed(RunFolderError.from_os_error(self.run_dir, e))
+            return False
+        # Another folder under the name (one the parameter service's next checkpoint made, a
+        # mount over it): its own refusal, if it refuses (read-only), says more; else this.
+        if where == "another":
+            return self._gone(" (a folder of that name is there again, not the run's)")
+        return True
+
+    def _where(self) -> str:
+        """``"here"``, ``"missing"`` (nothing at its path), or ``"another"`` folder there."""
+        if self._fd is None:
+            return "here"  # it did not exist when the guard was made: nothing to compare
+        held = os.fstat(self._fd)
+        try:
+            now = os.stat(self.run_dir)
+        except OSError:
+            return "missing"
+        return "here" if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino) else "another"
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _gone(self, detail: str) -> bool:
+        self.gone = True
+        self.failed(RunFolderError(
+            f"the run folder {self.run_dir} was removed while the run went on{detail}: its "
+            "metrics, logs and checkpoints went with it; the run stops (start it again)"
+        ))  # fmt: skip
         return False
 
     def failed(self, error: RunFolderError) -> None:

@@ -166,6 +166,7 @@ class Controller:
             extra=self.coordination.summary(),
             write=self.folder.write,
         )
+        self.folder.close()
         self.server.close()
         if self.exporter is not None:
             self.exporter.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -116,4 +117,26 @@ def test_a_run_folder_turning_read_only_mid_run_fails_with_one_line(tmp_path, mo
     cause = [line for line in out.splitlines() if CAUSE in line and ADVICE in line]
     assert cause, out[-3000:]
     assert "no summary.json" in out, out[-3000:]  # it could not be written: not claimed
+    assert not group(proc.pid), "processes outlived the run"
+
+
+def test_a_run_folder_removed_mid_run_fails_the_run(tmp_path):
+    """`rm -rf` of a running run's folder: before, metrics.jsonl went on into its unlinked file,
+    the next checkpoint made a new folder of the same name, the controller wrote its summary
+    there, and the run exited 0 as solved with no config, metrics or logs left."""
+    folder = tmp_path / "run"
+    args = ["run", "cartpole-ppo", *SMALL, "stop.env_frames=1000000000", "--run-dir", str(folder)]
+    proc = start([*args, "--no-display"], env=ENV)
+    try:
+        wait_for(lambda: frames(folder) > 2000, proc, 300, "2000 frames")
+        shutil.rmtree(folder, ignore_errors=True)  # files being written may come and go
+        out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    assert f"the run folder {folder} was removed while the run went on" in out, out[-3000:]
+    assert not (folder / "summary.json").exists()  # nothing claims a whole run
     assert not group(proc.pid), "processes outlived the run"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -70,3 +71,29 @@ def test_a_summary_that_cannot_be_written_says_so(tmp_path):
         failure=None, evaluation=_windows(), extra={}, write=lambda w: False,
     )  # fmt: skip
     assert summary["summary_written"] is False and summary["stop_reason"] == "wall_seconds"
+
+
+def test_a_run_folder_removed_mid_run_fails_the_run_and_is_not_written_again(tmp_path, caplog):
+    """`rm -rf` of a running run's folder: metrics.jsonl went on into its unlinked file, the
+    next writes made a new folder of the same name, and the run exited 0."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    seen: list[RunFolderError] = []
+    guard = run_folder.FolderGuard(folder, seen.append)
+    assert guard.write(lambda: run_folder.write_json(folder / "x.json", 1))
+    shutil.rmtree(folder)
+    assert not guard.write(lambda: run_folder.write_json(folder / "x.json", 2))
+    assert "was removed while the run went on: its metrics" in str(seen[0])
+    assert not folder.exists()  # the write was not done: it would have made the folder again
+    assert not guard.write(lambda: run_folder.write_json(folder / "x.json", 3))
+    assert not folder.exists()
+
+    again = tmp_path / "again"
+    again.mkdir()
+    guard = run_folder.FolderGuard(again, seen.append)
+    shutil.rmtree(again)
+    (again / "checkpoints").mkdir(parents=True)  # what another process's write makes
+    assert not guard.write(lambda: run_folder.write_json(again / "x.json", 1))
+    assert "a folder of that name is there again, not the run's" in str(seen[-1])
+    assert not guard.write(lambda: run_folder.write_json(again / "y.json", 1))
+    assert not (again / "y.json").exists()
