@@ -230,7 +230,7 @@ def atari_ppo(
     default = config.policies["default"]
     per_step = default.batch_segments * config.actors.segment_length
     default.trainer.args["total_steps"] = max(1, frames // per_step)
-    if target is None and game == "Pong":
+    if target is None and str(game).lower() == "pong":
         target, source = PONG_TARGET, "Troupe's Pong target (pong-ppo's)"
     elif target is None:
         source = (f"none: {game}'s episodes are lives and its rewards clipped; "

@@ -190,7 +190,11 @@ def test_a_resumed_run_goes_on_with_its_ratings_and_scores(tmp_path, caplog):
     assert state.get(SCORES_KEY)[0] == {"10": 3 / 8}  # weighed by all 8 games, not the last 4
 
     (tmp_path / "ratings.json").write_text('[{"name": "main", "rating": "high"}]')
-    assert Ratings(config, tmp_path, _State()).table() == []
+    odd = _State()
+    odd.set(SCORES_KEY, {"10": 0.5, "11": "x"})
+    odd.set("selfplay/score_games", {"10": "many", "11": 3})
+    fresh = Ratings(config, tmp_path, odd)
+    assert fresh.table() == [] and fresh.scores == {}  # nothing odd is taken for a count
     assert "ratings.json is unreadable, the ratings start afresh" in caplog.text
 
 

@@ -84,8 +84,9 @@ class Ratings:
         means, games = self.store.get(SCORES_KEY)[0], self.store.get(SCORE_GAMES_KEY)[0]
         if isinstance(means, dict) and isinstance(games, dict):
             for version, n in games.items():
-                if str(version).isdigit() and str(version) in means:
-                    self.scores[int(version)] = [float(means[str(version)]) * n, n]
+                mean = means.get(str(version))
+                if str(version).isdigit() and type(n) is int and isinstance(mean, (int, float)):
+                    self.scores[int(version)] = [float(mean) * n, n]
 
     def player(self, policy: str, version: int) -> str:
         return f"{self.learner}@{version}" if policy == self.opponent else policy
