@@ -196,13 +196,29 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
                 f"one actor's segments times samples_per_insert ({chunk:g}), so the trainer and "
                 f"the actors could wait for each other forever; use at least {need:g}, or None"
             )
-    sizes = (rc.min_size, rc.capacity_frames)
-    if all(isinstance(v, int) for v in sizes) and rc.min_size > rc.capacity_frames:
-        errors.append(
-            f"{path}.min_size: {rc.min_size} frames can never be in a buffer of "
-            f"capacity_frames={rc.capacity_frames}; lower min_size or raise capacity_frames"
-        )
+    sizes = (rc.min_size, rc.capacity_frames, actors.segment_length)
+    if all(isinstance(v, int) and v >= 1 for v in sizes):
+        errors += _check_min_size(path, rc, actors.segment_length)
     return errors
+
+
+def _check_min_size(path: str, rc: ReplayConfig, segment_length: int) -> list[str]:
+    """The buffer keeps whole segments of ``segment_length`` frames, so it holds at most
+    ``capacity_frames`` rounded down to a whole number of them. A ``min_size`` above that
+    is never reached: the trainer would wait for its first batch, and the rate-limited actors
+    for the trainer, for ever (a run stalled with no error)."""
+    held = rc.capacity_frames // segment_length * segment_length
+    if rc.min_size <= held:
+        return []
+    if rc.min_size > rc.capacity_frames:
+        why = f"a buffer of capacity_frames={rc.capacity_frames}"
+    else:
+        why = (f"a buffer of capacity_frames={rc.capacity_frames}, which keeps whole segments "
+               f"of actors.segment_length={segment_length} frames: {held} at most")  # fmt: skip
+    return [
+        f"{path}.min_size: {rc.min_size} frames can never be in {why}; lower min_size or raise "
+        "capacity_frames"
+    ]
 
 
 def check(config: ExperimentConfig) -> ExperimentConfig:

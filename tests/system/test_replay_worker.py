@@ -78,6 +78,14 @@ def test_replay_config_errors_name_the_field():
     ]
     cfg.policies["default"].replay = ReplayConfig(save_every_s=None)
     assert validate(cfg) == []
+    # the buffer keeps whole 16-frame segments: 62 of them (992 frames) in 1000. A min_size of
+    # 1000 was never reached, and the run stalled with no error (trainer and actors both waiting)
+    cfg.policies["default"].replay = ReplayConfig(capacity_frames=1000, min_size=1000)
+    (error,) = validate(cfg)
+    assert error.startswith("policies.default.replay.min_size: 1000 frames can never be in")
+    assert "actors.segment_length=16 frames: 992 at most" in error
+    cfg.policies["default"].replay = ReplayConfig(capacity_frames=1000, min_size=992)
+    assert validate(cfg) == []
     # the same settings mean nothing to an on-policy trainer: not checked there
     ppo = make_experiment("cartpole-ppo")
     ppo.policies["default"].replay = cfg.policies["default"].replay
