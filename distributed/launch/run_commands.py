@@ -195,8 +195,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="the algorithm; its policy follows the spaces (ppo, impala: any actions; dqn: "
         "discrete; sac: continuous). auto (the default): ppo, or the preset tuned for ENV "
-        "where PPO's defaults are known to fail (MountainCar-v0: DQN); ppo on an Atari id "
-        "(ALE/Breakout-v5) is the Atari recipe (pong-ppo's, DeepMind preprocessing)",
+        "where PPO's defaults are known to fail (MountainCar-v0: DQN); on an Atari id "
+        "(ALE/Breakout-v5) ppo, impala and dqn are the Atari recipes (DeepMind "
+        "preprocessing, the Nature CNN)",
     )
     parser.add_argument("--run-dir", help="run folder (default: runs/<env>-<algo>-<time>)")
     add_metrics_argument(parser)

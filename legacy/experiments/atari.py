@@ -223,13 +223,29 @@ def atari_ppo(
     evaluation (``breakout-ppo``'s reasoning: their episodes are lives, their rewards
     clipped, so an evaluation return would not be the game's score). The score of every game
     played is in the panel and the metrics all the same (``game``, ``game_return``)."""
+    config = pong_ppo_gpu() if has_cuda() else pong_ppo()
+    return for_game(config, "ppo", env, env_args, target, frames)
+
+
+def for_game(
+    config: ExperimentConfig,
+    algo: str,
+    env: str,
+    env_args: dict[str, Any] | None,
+    target: float | None,
+    frames: int | None,
+) -> ExperimentConfig:
+    """An Atari recipe's ``config`` set to play ``env``'s game (:func:`atari_args`) for
+    ``frames`` agent steps (default 10M), named ``<env>-<algo>``, with :func:`atari_ppo`'s stop
+    rule: ``target``, else 18 for Pong, else no greedy evaluation. A trainer with a linear
+    learning-rate schedule gets its ``total_steps`` from the frames."""
     args = atari_args(env, env_args or {})
     game = args["game"]
-    config = pong_ppo_gpu() if _has_cuda() else pong_ppo()
     frames = frames or AGENT_STEPS
     default = config.policies["default"]
-    per_step = default.batch_segments * config.actors.segment_length
-    default.trainer.args["total_steps"] = max(1, frames // per_step)
+    if "total_steps" in default.trainer.args:
+        per_step = default.batch_segments * config.actors.segment_length
+        default.trainer.args["total_steps"] = max(1, frames // per_step)
     if target is None and str(game).lower() == "pong":
         target, source = PONG_TARGET, "Troupe's Pong target (pong-ppo's)"
     elif target is None:
@@ -238,7 +254,7 @@ def atari_ppo(
         config.evaluation = EvaluationConfig(workers=0)
     else:
         source = "given: target="
-    config.name = re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + "-ppo"
+    config.name = re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}"
     config.environment = ComponentConfig("Atari-v0", args)
     config.stop = StopConfig(eval_return=target, env_frames=frames, eval_return_source=source)
     return config
@@ -293,7 +309,8 @@ def is_atari_pixels(env: str, env_args: dict[str, Any] | None = None) -> bool:
     return spec.entry_point == ALE_ENTRY_POINT and spec.kwargs.get("obs_type") != "ram"
 
 
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
+    """Whether torch sees a GPU: the Atari recipes take their GPU layout where it does."""
     import torch  # only for an Atari id: other experiments are set up without it
 
     return torch.cuda.is_available()

@@ -1,7 +1,8 @@
 """``impala``, ``dqn`` and ``sac`` on any environment, set up from its spaces: what
 ``troupe train ENV --algo ppo|impala|dqn|sac`` runs (``ppo`` dispatches to
 :func:`legacy.experiments.auto.ppo` or, on MuJoCo and Atari, :mod:`legacy.experiments.mujoco` and
-:func:`legacy.experiments.atari.atari_ppo`).
+:func:`legacy.experiments.atari.atari_ppo`; ``impala`` and ``dqn`` on an Atari game dispatch to
+:mod:`legacy.experiments.atari_algos`).
 
 Each takes the recipe of the example that solves a classic task with that algorithm and
 generalises what depends on the environment: the policy from the spaces (``actor-critic`` for
@@ -32,6 +33,7 @@ from api.config import ExperimentConfig
 from api.errors import UserError
 from legacy.environment.gym_adapter import is_mujoco
 from legacy.experiments.atari import atari_ppo, is_atari_pixels
+from legacy.experiments.atari_algos import atari_dqn, atari_impala
 from legacy.experiments.auto import agent_spaces, named_experiment
 from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
@@ -62,7 +64,10 @@ def impala(
     target: float | None = None,
     frames: int | None = None,
 ) -> ExperimentConfig:
-    """IMPALA on ``env``; ``target`` and ``frames`` (default 1M) as :func:`ppo`'s."""
+    """IMPALA on ``env``; ``target`` and ``frames`` (default 1M) as :func:`ppo`'s. On an Atari
+    game, the Atari recipe (:func:`legacy.experiments.atari_algos.atari_impala`)."""
+    if is_atari_pixels(env, env_args):
+        return atari_impala(env, env_args, target, frames)
     observation, action, agents = agent_spaces(env, env_args)
     _refuse(env, action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "impala")
     recipe = cartpole_impala()
@@ -79,7 +84,10 @@ def dqn(
     target: float | None = None,
     frames: int | None = None,
 ) -> ExperimentConfig:
-    """DQN on ``env`` (Discrete actions); ``frames`` default 500k."""
+    """DQN on ``env`` (Discrete actions); ``frames`` default 500k. On an Atari game, the Atari
+    recipe (:func:`legacy.experiments.atari_algos.atari_dqn`)."""
+    if is_atari_pixels(env, env_args):
+        return atari_dqn(env, env_args, target, frames)
     _, action, agents = agent_spaces(env, env_args)
     _refuse(env, action, (gym.spaces.Discrete,), "dqn")
     frames = frames or 500_000

@@ -18,6 +18,7 @@ from api.environment import make
 from api.errors import UserError
 from legacy.environment.atari import AreaResize, AtariEnvironment  # ale-py only when built
 from legacy.experiments.atari import pong_ppo, pong_ppo_gpu
+from legacy.experiments.by_algo import auto
 
 pytest.importorskip("ale_py", reason="Atari tests need ale-py: pip install -e '.[atari]'")
 pytest.importorskip("cv2", reason="Atari tests need opencv: pip install -e '.[atari]'")
@@ -215,7 +216,6 @@ def test_troupe_train_of_an_atari_id_gets_the_atari_recipe():
     """`troupe train ALE/Breakout-v5` used to set up PPO from the raw 210x160 RGB spaces (a
     few dozen frames/s, no preprocessing); an Atari id now gets pong-ppo's recipe for its game,
     with the id's sticky actions."""
-    from legacy.experiments.by_algo import auto
 
     breakout = auto("ALE/Breakout-v5")
     assert breakout.environment.type == "Atari-v0" and breakout.name == "ale-breakout-v5-ppo"
@@ -240,3 +240,48 @@ def test_troupe_train_of_an_atari_id_gets_the_atari_recipe():
         auto("ALE/Pong-v5", {"mode": 1})
     ram = auto("ALE/Pong-v5", {"obs_type": "ram"}, frames=1000)  # 128 bytes: a vector
     assert ram.environment.type == "ALE/Pong-v5" and ram.name == "ale-pong-v5-ppo"
+
+
+def test_impala_and_dqn_on_an_atari_id_get_the_atari_recipes():
+    """`troupe train ALE/Pong-v5 --algo impala|dqn` set the network up from the raw 210x160
+    RGB screen with CartPole's numbers; they now play through Atari-v0 as `--algo ppo` does,
+    with the IMPALA paper's and the RL Zoo's Atari settings."""
+    from api.config import validate
+    from legacy.experiments.by_algo import dqn, impala
+
+    ppo_env = auto("ALE/Pong-v5").environment
+    vtrace = impala("ALE/Pong-v5")
+    assert vtrace.name == "ale-pong-v5-impala" and vtrace.environment == ppo_env
+    policy = vtrace.policies["default"]
+    assert policy.policy.type == "actor-critic" and policy.trainer.type == "impala"
+    assert vtrace.actors.segment_length * policy.batch_segments == 20 * 32
+    assert policy.trainer.args["total_steps"] == 10_000_000 // 640
+    assert vtrace.stop.eval_return == 18.0 and validate(vtrace) == []
+
+    q = dqn("ALE/Breakout-v5", frames=2_000_000)
+    assert q.name == "ale-breakout-v5-dqn" and q.environment.args["game"] == "Breakout"
+    assert q.evaluation.workers == 0 and q.stop.env_frames == 2_000_000
+    default = q.policies["default"]
+    assert default.policy.type == "q-network" and default.trainer.type == "dqn"
+    assert default.policy.args["epsilon"]["decay_frames"] == 200_000  # 10% of the frames
+    replay = default.replay
+    assert replay.capacity_frames == replay.min_size == 100_000 and replay.save_every_s is None
+    assert validate(q) == []  # 100k frames are whole segments: min_size can be reached
+    ram = dqn("ALE/Pong-v5", {"obs_type": "ram"}, frames=1000)  # 128 bytes: the vector recipe
+    assert ram.environment.type == "ALE/Pong-v5" and ram.name == "ale-pong-v5-dqn"
+
+
+@pytest.mark.parametrize("algo", ["impala", "dqn"])
+def test_the_atari_impala_and_dqn_recipes_train_on_real_frames(algo):
+    """Each recipe's environment, network and trainer through the serial pipeline (games cut
+    short, a small buffer for DQN): real frames into the Nature CNN, and trainer steps."""
+    from legacy.experiments import by_algo
+
+    config = getattr(by_algo, algo)("ALE/Pong-v5", {"max_episode_frames": 200}, frames=10_000)
+    config.actors.segment_length = 16
+    policy = config.policies["default"]
+    policy.batch_segments = 2
+    policy.replay.capacity_frames, policy.replay.min_size = 1_024, 64
+    report = testing.test_pipeline(experiment=config, trainer_steps=2, envs=2)
+    assert report.trainer_steps["default"] >= 2 and report.episodes >= 1
+    assert tuple(report.batch_shapes["default"]["obs"])[-3:] == (4, 84, 84)
