@@ -60,6 +60,7 @@ RANGES: dict[str, tuple[str, float]] = {
     "stop.env_frames": (">", 0),
     "stop.trainer_steps": (">", 0),
     "stop.wall_seconds": (">", 0),
+    "stop.stall_seconds": (">", 0),
     "liveness.max_poll_s": (">", 0),
     "liveness.max_trainer_poll_s": (">", 0),
 }

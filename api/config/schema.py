@@ -205,6 +205,11 @@ class StopConfig:
     """Stop after this many trainer steps of every policy."""
     wall_seconds: float | None = None
     """Stop after this many seconds."""
+    stall_seconds: float | None = 900.0
+    """Fail the run (exit 1) after this many seconds in which, with every worker up, neither a
+    training frame was stepped nor a trainer step taken: its workers are waiting for one
+    another (``system/run/stall_watch.py``). A warning comes after 120 s. None: never fail for
+    it. Not a stopping rule: a run that stalls has failed."""
     eval_return_source: str = ""
     """Where ``eval_return`` came from when an experiment chose it (the ``ppo`` experiment:
     gymnasium's ``reward_threshold``, or Troupe's default for an id that declares none); printed

@@ -23,7 +23,7 @@ from api.config import ExperimentConfig
 from api.errors import RunFolderError
 from system import run_folder
 from system.errors import CallbackError, WireError, WorkerFailure
-from system.roles import Role
+from system.roles import Role, WorkerState
 from system.run import control_protocol as cp
 from system.run.control_server import ControlServer
 from system.run.coordination.coordinator import Coordination
@@ -36,6 +36,7 @@ from system.run.plan import plan_workers
 from system.run.prometheus import open_endpoint, run_name_of
 from system.run.report import read_metrics
 from system.run.shape import ShapeResolver
+from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
 from system.run.tally import Tally, WorkerStats
 from system.streams import wire
@@ -84,6 +85,7 @@ class Controller:
         self.stopped_at: tuple[int, float] | None = None
         """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""
         self.shape = ShapeResolver(config)
+        self.stall = StallWatch(config.stop.stall_seconds)
         # Served where the control socket listens: loopback for a local run, every interface
         # in a cluster's container.
         bind_host = bind.removeprefix("tcp://").rsplit(":", 1)[0]
@@ -188,8 +190,18 @@ class Controller:
         self.metrics.write(record)
         if self.exporter is not None:  # the last record of a run says it has ended
             self.exporter.update(record, table, self.run_name, running=show)
+        snapshot = self.tally.snapshot(record, roles, workers, time.monotonic())
         if show:
-            self.display.update(self.tally.snapshot(record, roles, workers, time.monotonic()))
+            self.display.update(snapshot)
+            self._watch_progress(snapshot.bottleneck)
+
+    def _watch_progress(self, waits: str) -> None:
+        """Fail a run whose workers are all up and all waiting (:mod:`system.run.stall_watch`)."""
+        steps = sum(s.get("steps", 0.0) for s in self.tally.trainer_stats.values())
+        up = all(w.state in (WorkerState.ALIVE, WorkerState.STOPPED) for w in self.workers.values())
+        stalled = self.stall.see(time.monotonic(), (self.tally.env_frames, steps), up, waits)
+        if stalled and self.supervisor.failure is None:
+            self.supervisor.fail(WorkerFailure("controller", stalled))
 
     # ----------------------------------------------------------------- messages
     def _receive(self, timeout_ms: int) -> None:

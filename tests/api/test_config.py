@@ -90,7 +90,7 @@ def test_unknown_key_without_a_close_match_lists_valid_keys():
         ExperimentConfig.from_dict({"stop": {"zzz": 1}})
     assert e.value.errors == [
         "stop.zzz: unknown key; valid keys: eval_return, confirm_windows, max_return, "
-        "env_frames, trainer_steps, wall_seconds, eval_return_source"
+        "env_frames, trainer_steps, wall_seconds, stall_seconds, eval_return_source"
     ]
 
 

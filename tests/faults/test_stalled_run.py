@@ -1,0 +1,86 @@
+"""A run whose workers are all up but none moves fails (exit 1) naming what waits, instead of
+running idle for ever (system/run/stall_watch.py).
+
+The stall here is real: the only actor's environment blocks in ``step`` for 45 s (inside the
+60 s a poll may take before the worker counts as hung), so no frame is stepped and the trainer
+waits for samples, every worker alive. With ``stop.stall_seconds=6`` the run fails within
+seconds of it. Before the watch, it went on idle, then on to its frame budget and exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from lifecycle_support import SMALL, finish, read_json, start
+
+pytestmark = pytest.mark.faults
+
+SLEEPY = '''
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from api.environment import Environment, StepResult, register
+
+
+class Sleepy(Environment):
+    """A short corridor (walk right) whose steps block for 45 s once the process has stepped
+    SLEEP_AFTER times."""
+
+    steps = 0
+
+    def __init__(self):
+        self.pos = 0
+
+    @property
+    def agent_count(self):
+        return 1
+
+    @property
+    def observation_spaces(self):
+        return [gym.spaces.Box(0.0, 1.0, (1,), np.float32)]
+
+    @property
+    def action_spaces(self):
+        return [gym.spaces.Discrete(2)]
+
+    def seed(self, seed):
+        pass
+
+    def reset(self):
+        self.pos = 0
+        return [StepResult(np.zeros(1, np.float32))]
+
+    def step(self, actions):
+        Sleepy.steps += 1
+        if Sleepy.steps == 3000:
+            time.sleep(45)
+        self.pos = max(0, self.pos + (1 if actions[0] == 1 else -1))
+        done = self.pos == 4
+        obs = np.array([self.pos / 4], np.float32)
+        return [StepResult(obs, float(done), done, False)]
+
+
+register("Sleepy-v0", Sleepy)
+'''
+
+
+def test_a_run_whose_workers_all_wait_fails_naming_the_waits(tmp_path):
+    code = tmp_path / "sleepy.py"
+    code.write_text(SLEEPY)
+    run_dir = tmp_path / "run"
+    proc = start(["train", "Sleepy-v0", "--import", str(code), "--run-dir", str(run_dir),
+                  "--no-display", *SMALL, "actors.workers=1", "stop.env_frames=1000000",
+                  "stop.stall_seconds=6"])  # fmt: skip
+    try:
+        out = finish(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    assert proc.returncode == 1, out[-3000:]
+    assert "the run is stalled: no training frames" in out, out[-3000:]
+    assert "trainer waits" in out and "stop.stall_seconds" in out, out[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "failed" and 0 < summary["env_frames"] < 1_000_000
