@@ -427,7 +427,7 @@ class SlurmBackend:
 
     @staticmethod
     def find(name: str) -> LaunchRecord | None:
-        if shutil.which("squeue") is None:
+        if shutil.which("squeue") is None or not _controller_answers():
             return None
         try:
             out = _slurm("squeue", "-h", "-n", f"troupe-{name}", "-o", "%i")
@@ -480,6 +480,20 @@ class SlurmBackend:
 
     def remove(self, record: LaunchRecord) -> str | None:
         return None  # the job ends with its controller
+
+
+def _controller_answers() -> bool:
+    """Whether a Slurm controller is up to ask, by ``scontrol ping`` (one try, milliseconds).
+    ``squeue`` against a controller that is down retries for about 9 s before it fails: every
+    ``troupe status NAME`` of a name that is not a run waited that long on a machine with the
+    Slurm client installed and no controller running. Without ``scontrol``, assumed up."""
+    if shutil.which("scontrol") is None:
+        return True
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # squeue says what is wrong, if anything
+    return " is UP" in done.stdout
 
 
 def _slurm(*argv: str, check: bool = True) -> str:

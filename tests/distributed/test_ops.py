@@ -73,6 +73,29 @@ def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path, monkeypatch):
         backends.resolve("ghost", tmp_path)
 
 
+def test_a_slurm_controller_that_is_down_is_not_asked_for_a_run_by_name(tmp_path, monkeypatch):
+    """With the Slurm client installed and its controller down, ``squeue`` retries for about
+    9 s before it fails: every ``troupe status NAME`` of a name that is no run waited that long.
+    ``scontrol ping`` answers at once. Here ``scontrol`` and ``squeue`` are stand-ins on PATH
+    that answer as Slurm's do (the real ones are in tests/distributed/test_slurm.py's job)."""
+    bin_dir, asked = tmp_path / "bin", tmp_path / "asked"
+    bin_dir.mkdir()
+    state = tmp_path / "state"
+    (bin_dir / "scontrol").write_text(
+        f"#!/bin/sh\necho \"Slurmctld(primary) at vm is $(cat {state})\"\n"
+        f"[ \"$(cat {state})\" = UP ]\n"
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho \"$@\" >> {asked}\necho 4242\n")
+    for tool in ("scontrol", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    state.write_text("DOWN")
+    assert backends.SlurmBackend.find("ghost") is None and not asked.exists()
+    state.write_text("UP")
+    found = backends.SlurmBackend.find("ghost")
+    assert found is not None and found.job_id == "4242" and "troupe-ghost" in asked.read_text()
+
+
 def test_a_folder_without_a_record_is_the_run_of_whoever_holds_its_lock(tmp_path):
     """Run folders written before launch records: the lock's holder is the run's process."""
     run_dir = run_folder_at(tmp_path / "old")

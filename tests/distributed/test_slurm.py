@@ -496,6 +496,9 @@ def test_status_logs_and_stop_of_a_real_slurm_job(tmp_path):
         assert status.returncode == 0, status.stderr
         assert "run ops (slurm): running" in status.stdout, status.stdout
         assert f"job {job}" in status.stdout and "controller" in status.stdout, status.stdout
+        # by its name alone: squeue finds the job (once scontrol ping says the controller is up)
+        by_name = ops("ps", "ops")
+        assert by_name.returncode == 0 and f"job {job}" in by_name.stdout, by_name.stdout
         logs = ops("logs", str(out), "--worker", "actor/0")
         assert "actor/0 ready" in logs.stdout, logs.stdout + logs.stderr
         stop = ops("stop", str(out))
