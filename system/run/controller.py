@@ -193,6 +193,7 @@ class Controller:
         snapshot = self.tally.snapshot(record, roles, workers, time.monotonic())
         if show:
             self.display.update(snapshot)
+        if show and not self.stop_reason:  # a run that met its rule has not stalled
             self._watch_progress(snapshot.bottleneck)
 
     def _watch_progress(self, waits: str) -> None:
