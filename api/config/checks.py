@@ -23,6 +23,7 @@ from api.config.schema import (
     ExperimentConfig,
     PolicyConfig,
     ReplayConfig,
+    StopConfig,
     from_mapping,
 )
 from api.errors import ConfigError, RegistryError
@@ -51,6 +52,7 @@ def validate(config: ExperimentConfig) -> list[str]:
                 errors.append(f"policies.{pname}.{key}: must be at least 1")
         if pc.trainer.type and uses_replay(pc):
             errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
+            errors += _check_replay_budget(f"policies.{pname}.replay", pc.replay, config.stop)
         if pc.checkpoint:
             errors += _check_checkpoint(f"policies.{pname}", pc)
         for key, off in (("max_policy_lag", "no cap"), ("warn_policy_lag", "no warning")):
@@ -200,6 +202,19 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
     if all(isinstance(v, int) and v >= 1 for v in sizes):
         errors += _check_min_size(path, rc, actors.segment_length)
     return errors
+
+
+def _check_replay_budget(path: str, rc: ReplayConfig, stop: StopConfig) -> list[str]:
+    """A frame budget below ``min_size`` ends the run before its trainer's first step: it
+    would stop as planned (exit 0) having trained nothing."""
+    sizes = (rc.min_size, stop.env_frames)
+    if not all(isinstance(v, int) and v >= 1 for v in sizes) or stop.env_frames >= rc.min_size:
+        return []
+    return [
+        f"{path}.min_size: the trainer's first batch waits for {rc.min_size} frames in the "
+        f"buffer, and stop.env_frames={stop.env_frames} ends the run before that: it would "
+        "train nothing. Raise stop.env_frames (frames=) or lower min_size"
+    ]
 
 
 def _check_min_size(path: str, rc: ReplayConfig, segment_length: int) -> list[str]:

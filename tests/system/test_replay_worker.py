@@ -86,6 +86,11 @@ def test_replay_config_errors_name_the_field():
     assert "actors.segment_length=16 frames: 992 at most" in error
     cfg.policies["default"].replay = ReplayConfig(capacity_frames=1000, min_size=992)
     assert validate(cfg) == []
+    # a frame budget that ends the run before the first batch: it would exit 0 untrained
+    budget = dataclasses.replace(cfg, stop=StopConfig(env_frames=900))
+    (error,) = validate(budget)
+    assert "waits for 992 frames in the buffer, and stop.env_frames=900 ends the run" in error
+    assert validate(dataclasses.replace(cfg, stop=StopConfig(env_frames=992))) == []
     # the same settings mean nothing to an on-policy trainer: not checked there
     ppo = make_experiment("cartpole-ppo")
     ppo.policies["default"].replay = cfg.policies["default"].replay
