@@ -82,10 +82,9 @@ def test_a_slurm_controller_that_is_down_is_not_asked_for_a_run_by_name(tmp_path
     bin_dir.mkdir()
     state = tmp_path / "state"
     (bin_dir / "scontrol").write_text(
-        f"#!/bin/sh\necho \"Slurmctld(primary) at vm is $(cat {state})\"\n"
-        f"[ \"$(cat {state})\" = UP ]\n"
+        f'#!/bin/sh\necho "Slurmctld(primary) at vm is $(cat {state})"\n[ "$(cat {state})" = UP ]\n'
     )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho \"$@\" >> {asked}\necho 4242\n")
+    (bin_dir / "squeue").write_text(f'#!/bin/sh\necho "$@" >> {asked}\necho 4242\n')
     for tool in ("scontrol", "squeue"):
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
