@@ -1,10 +1,10 @@
 """A run whose workers are all up but none moves fails (exit 1) naming what waits, instead of
 running idle for ever (system/run/stall_watch.py).
 
-The stall here is real: the only actor's environment blocks in ``step`` for 45 s (inside the
-60 s a poll may take before the worker counts as hung), so no frame is stepped and the trainer
-waits for samples, every worker alive. With ``stop.stall_seconds=6`` the run fails within
-seconds of it. Before the watch, it went on idle, then on to its frame budget and exit 0.
+The stall here is real: the only actor's environment (CartPole) blocks in ``step`` for 45 s
+(inside the 60 s a poll may take before the worker counts as hung), so no frame is stepped and
+the trainer waits for samples, every worker alive. With ``stop.stall_seconds=6`` the run fails
+within seconds of it. Before the watch, it went on idle, then on to its frame budget and exit 0.
 """
 
 from __future__ import annotations
@@ -16,58 +16,29 @@ from lifecycle_support import SMALL, finish, read_json, start
 
 pytestmark = pytest.mark.faults
 
-SLEEPY = '''
+SLEEPY = """
 import time
 
 import gymnasium as gym
-import numpy as np
-
-from api.environment import Environment, StepResult, register
 
 
-class Sleepy(Environment):
-    """A short corridor (walk right) whose steps block for 45 s once the process has stepped
-    SLEEP_AFTER times."""
+class Sleepy(gym.Wrapper):
+    \"\"\"CartPole whose steps block for 45 s once the process has stepped 3000 times.\"\"\"
 
     steps = 0
 
-    def __init__(self):
-        self.pos = 0
-
-    @property
-    def agent_count(self):
-        return 1
-
-    @property
-    def observation_spaces(self):
-        return [gym.spaces.Box(0.0, 1.0, (1,), np.float32)]
-
-    @property
-    def action_spaces(self):
-        return [gym.spaces.Discrete(2)]
-
-    def seed(self, seed):
-        pass
-
-    def reset(self):
-        self.pos = 0
-        return [StepResult(np.zeros(1, np.float32))]
-
-    def step(self, actions):
+    def step(self, action):
         Sleepy.steps += 1
         if Sleepy.steps == 3000:
             time.sleep(45)
-        self.pos = max(0, self.pos + (1 if actions[0] == 1 else -1))
-        done = self.pos == 4
-        obs = np.array([self.pos / 4], np.float32)
-        return [StepResult(obs, float(done), done, False)]
+        return self.env.step(action)
 
 
-register("Sleepy-v0", Sleepy)
-'''
+gym.register("Sleepy-v0", entry_point=lambda **kw: Sleepy(gym.make("CartPole-v1", **kw)))
+"""
 
 
-def test_a_run_whose_workers_all_wait_fails_naming_the_waits(tmp_path):
+def test_a_run_in_which_nothing_moves_fails_naming_the_waits(tmp_path):
     code = tmp_path / "sleepy.py"
     code.write_text(SLEEPY)
     run_dir = tmp_path / "run"
