@@ -123,11 +123,13 @@ class ReplayBuffer:
         steps, batch = np.shape(segments.reward)[:2]
         if not self._store:
             self._allocate(segments, steps)
-        if steps != self._length:
-            raise ValueError(
-                f"segments have T={steps} steps but this buffer holds T={self._length}: one "
-                "buffer takes one actors.segment_length"
-            )
+        if steps != self._length:  # fatal: a restart would meet the same segments
+            raise ConfigError([
+                f"actors.segment_length: segments of {steps - 1} frames came to a replay buffer "
+                f"that holds segments of {self._length - 1} (one buffer takes one length). A "
+                "resumed run's buffer keeps its run's length: resume with that one, or remove "
+                "its save (checkpoints/<policy>/replay.ckpt) to start the buffer empty"
+            ])  # fmt: skip
         slots = (self._serial + np.arange(batch)) % self._slots
         serials = self._serial + np.arange(batch)
         if batch > self._slots:  # more segments than fit: only the newest stay
@@ -324,6 +326,44 @@ class ReplayBuffer:
         self.limiter.load_state_dict(
             {k[len("limiter/") :]: v for k, v in state.items() if k.startswith("limiter/")}
         )
+        slots = self.config.capacity_frames // max(self._length - 1, 1)
+        if self._store and slots != self._slots:
+            self._resize(slots)
+
+    def _resize(self, slots: int) -> None:
+        """Lay a loaded buffer out at this config's capacity (a run resumed with another
+        ``replay.capacity_frames``; the save keeps its own): the newest segments that fit, in
+        the order they came, numbered afresh (no key from before the load is still out)."""
+        if slots < 1:
+            raise ConfigError([
+                f"replay.capacity_frames={self.config.capacity_frames} holds no segment of the "
+                f"resumed buffer's {self._length - 1} frames: raise it"
+            ])  # fmt: skip
+        held = min(self._serial, self._slots)
+        kept = np.arange(self._serial - min(held, slots), self._serial) % self._slots
+        before = held * (self._length - 1)
+        old_slots, self._slots = self._slots, slots
+        shapes = {p: ((slots, *a.shape[1:]), a.dtype) for p, a in self._store.items()}
+        self._check_memory(shapes, self._length)
+        items = (kept[:, None] * self._length + np.arange(self._length)).reshape(-1)
+        priorities = self._tree.get(items)
+        for path, (shape, dtype) in shapes.items():
+            whole = np.zeros(shape, dtype)
+            whole[: len(kept)] = self._store[path][kept]
+            self._store[path] = whole
+        valid = np.zeros((slots, self._length), dtype=bool)
+        valid[: len(kept)] = self._valid[kept]
+        self._valid, self._transitions = valid, int(valid.sum())
+        self._stamp = np.full(slots, -1, dtype=np.int64)
+        self._stamp[: len(kept)] = np.arange(len(kept))
+        self._serial = len(kept)
+        self._tree = SumTree(slots * self._length)
+        self._tree.update(np.arange(len(items)), priorities)
+        logger.info(
+            "replay buffer resized from %d to %d frames (replay.capacity_frames): kept the "
+            "newest %d of the %d frames it held",
+            old_slots * (self._length - 1), slots * (self._length - 1), self.size, before,
+        )  # fmt: skip
 
     def _whole(self, saved: np.ndarray) -> np.ndarray:
         """A field's storage at the buffer's capacity from its saved filled slots (a save

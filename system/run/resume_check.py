@@ -97,6 +97,7 @@ def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Pat
                 f"cannot resume {folder} with {key}={after!r}: the run was trained with "
                 f"{before!r}, and its checkpoints hold that; start a new run for the change"
             )
+    _check_replay_segments(saved, changed, folder)
     if not changed:
         return
     listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -107,6 +108,28 @@ def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Pat
             f.write(json.dumps(record, default=str) + "\n")
     except OSError as e:
         raise RunFolderError.from_os_error(folder / RESUMES_FILE, e) from e
+
+
+def _check_replay_segments(
+    saved: ExperimentConfig, changed: dict[str, tuple[Any, Any]], folder: Path
+) -> None:
+    """A saved replay buffer holds whole segments of the run's ``actors.segment_length``: a
+    resume with another length would crash its replay worker on the first insert, again and
+    again (a crash loop that failed the run)."""
+    if "actors.segment_length" not in changed:
+        return
+    from api.config.checks import uses_replay
+    from system.workers.replay_worker import replay_file
+
+    before, after = changed["actors.segment_length"]
+    for name, pc in saved.policies.items():
+        path = replay_file(folder, name)
+        if pc.trainer.type and uses_replay(pc) and path.is_file():
+            raise UserError(
+                f"cannot resume {folder} with actors.segment_length={after!r}: policy "
+                f"'{name}''s replay buffer ({path}) holds segments of {before!r} frames; keep "
+                f"actors.segment_length={before!r}, or remove that file to start the buffer empty"
+            )
 
 
 def check_budget_left(folder: Path, config: ExperimentConfig) -> None:

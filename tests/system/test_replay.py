@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from api.errors import ConfigError
 from api.namedarray import NamedArray
 from api.policy import SampleBatch
 from system.replay.buffer import ReplayBuffer, ReplayConfig
@@ -175,7 +176,9 @@ def test_capacity_overwrites_the_oldest_segments():
     one = _buffer(capacity_frames=9)  # one segment: of three inserted at once, the last stays
     one.insert(_segments(10, 3, done_p=0.0, truncated_p=0.0))
     assert set(one.sample(50).action % 3) == {2} and one.size == 9
-    with pytest.raises(ValueError, match="T=5 steps but this buffer holds T=10"):
+    # a config error (fatal): a restarted replay worker would meet the same segments
+    with pytest.raises(ConfigError, match="segments of 4 frames came to a replay buffer that "
+                       "holds segments of 9"):  # fmt: skip
         buffer.insert(_segments(5, 2))
     with pytest.raises(ValueError, match="raise capacity_frames"):
         _buffer(capacity_frames=5).insert(_segments(10, 1))
@@ -281,6 +284,33 @@ def test_a_buffer_saved_before_it_filled_is_written_at_the_size_it_holds():
         restored.insert(_segments(10, 1, seed=i, start=100 * i))
     assert restored.size == 90 and restored.state_dict()["store/obs"].shape[0] == 10
     assert restored.sample(16).obs.shape == (16, 2)
+
+
+@pytest.mark.parametrize("slots", [2, 4, 12])
+def test_a_buffer_loaded_at_another_capacity_takes_the_new_one(slots):
+    """``troupe run --resume DIR policies.P.replay.capacity_frames=N``: the resume said the
+    change was made, and the buffer kept its saved capacity. Now it takes the new one, keeping
+    the newest segments that fit, and inserts, samples and priorities go on."""
+    config = dict(capacity_frames=9 * 6, prioritized=True)  # 6 slots of 9 frames
+    buffer = _buffer(**config)
+    for i in range(8):  # 8 segments into 6 slots: the first two are overwritten
+        buffer.insert(_segments(10, 1, seed=i, start=100 * i, done_p=0.0, truncated_p=0.0))
+    buffer.update_priorities([7 * 10 + 3], [50.0])  # key serial * T + t: the newest segment
+    resized = _buffer(**{**config, "capacity_frames": 9 * slots})
+    resized.load_state_dict(buffer.state_dict())
+    kept = min(slots, 6)
+    assert resized.size == 9 * kept and resized.transitions == 9 * kept
+    assert resized._store["obs"].shape[0] == slots and resized.limiter.inserted == 72
+    actions = resized.sample(400).action // 100  # which insert each sampled step came from
+    assert set(np.unique(actions)) == set(range(8 - kept, 8))  # the newest that fit
+    # its priority came along: the newest segment is now the last kept, numbered kept - 1
+    raised = buffer._tree.get(np.array([(7 % 6) * 10 + 3]))
+    assert resized._tree.get(np.array([(kept - 1) * 10 + 3])) == pytest.approx(raised)
+    assert raised[0] == pytest.approx(50.0**0.6)
+    for i in range(8, 8 + slots + 1):  # it fills and overwrites at its own capacity
+        resized.insert(_segments(10, 1, seed=i, start=100 * i, done_p=0.0, truncated_p=0.0))
+    assert resized.size == 9 * slots
+    assert set(np.unique(resized.sample(400).action // 100)) == set(range(9, 9 + slots))
 
 
 def test_a_buffer_larger_than_the_memory_left_is_refused_before_it_fills():

@@ -88,6 +88,25 @@ def test_other_changes_are_allowed_and_recorded(tmp_path, caplog):
     }
 
 
+def test_a_saved_replay_buffer_keeps_its_segment_length(tmp_path):
+    """A saved buffer holds whole segments: a resume with another ``actors.segment_length``
+    crash-looped its replay worker on the first insert. Refused before anything starts where the
+    buffer was saved; allowed where it was not (nothing to keep), or for on-policy runs."""
+    saved = make_experiment("cartpole-dqn")
+    new = make_experiment("cartpole-dqn", ["actors.segment_length=32"])
+    (tmp_path / "unsaved").mkdir()
+    check_compatible(saved, new, tmp_path / "unsaved")  # no buffer saved: nothing to keep
+    replay = tmp_path / run_folder.CHECKPOINTS / "default" / "replay.ckpt"
+    replay.parent.mkdir(parents=True)
+    replay.write_bytes(b"a saved buffer")
+    with pytest.raises(UserError, match=r"with actors\.segment_length=32: policy 'default''s "
+                       r"replay buffer \(.*replay\.ckpt\) holds segments of 16 frames; keep "
+                       r"actors\.segment_length=16, or remove that file"):  # fmt: skip
+        check_compatible(saved, new, tmp_path)
+    ppo = make_experiment("cartpole-ppo")
+    check_compatible(ppo, make_experiment("cartpole-ppo", ["actors.segment_length=64"]), tmp_path)
+
+
 def _checkpoint(path, field: str, version: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
