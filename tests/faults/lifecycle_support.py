@@ -36,6 +36,15 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return e2e_support.finish(proc, timeout)
 
 
+def end_run(*procs: subprocess.Popen) -> None:
+    """Kill what is left of runs a test started, each whole process group (the command and
+    every worker it started), and reap them: a failed check must not leave a run behind."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def wait_for(condition, proc: subprocess.Popen | None, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from lifecycle_support import SMALL, all_alive, finish, group, start, wait_for, workers
+from lifecycle_support import SMALL, all_alive, end_run, finish, group, start, wait_for, workers
 
 from system.run.report import read_metrics
 
@@ -53,9 +53,7 @@ def test_a_restarted_policy_worker_goes_on_with_the_runs_epsilon(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         out = finish(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_run(proc)
     assert after, out[-3000:]
     # a fresh schedule would be back near 1.0 (0.94 before the fix, where the run had reached
     # 0.74); the run's goes on from where its published version's count was (a few hundred

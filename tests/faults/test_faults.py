@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import ROOT, finish, frames, read_json, start, wait_for
+from lifecycle_support import end_run
 
 from distributed.launch.run import EXIT_INTERRUPTED
 
@@ -74,9 +75,7 @@ def test_malformed_traffic_crashes_nothing(tmp_path, run, sockets, count):
     try:
         out = flood_and_stop(run_dir, proc, sockets, count)
     finally:
-        if proc.poll() is None:  # a failed check must not leave the run behind
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == EXIT_INTERRUPTED, out[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["stop_reason"] == "interrupted" and "failure" not in summary, out[-3000:]
@@ -156,9 +155,7 @@ def test_a_stopped_policy_worker_holds_the_run_up_but_does_not_end_it(tmp_path):
             os.kill(victim, signal.SIGCONT)
         out = finish(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == 0, out[-3000:]
     assert read_json(run_dir / "summary.json")["stop_reason"] == "env_frames"
     workers = read_json(run_dir / "workers.json")

@@ -17,7 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-from lifecycle_support import ROOT, SMALL, TROUPE, all_alive, group, leftovers, workers
+from lifecycle_support import (
+    ROOT,
+    SMALL,
+    TROUPE,
+    all_alive,
+    end_run,
+    group,
+    leftovers,
+    workers,
+)
 
 from api.config import make_experiment
 
@@ -77,9 +86,7 @@ def test_a_killed_replay_worker_restarts_from_its_saved_buffer(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_run(proc)
     out = log.read_text()
     (restored,) = [int(n) for n in RESUMED.findall(out)]
     assert restored >= MIN_SIZE, out[-3000:]  # so the trainer need not wait for a refill

@@ -11,7 +11,7 @@ import os
 import signal
 
 import pytest
-from lifecycle_support import finish, group, start, wait_for, workers
+from lifecycle_support import end_run, finish, group, start, wait_for, workers
 
 pytest.importorskip("pettingzoo", reason="connect four needs pip install -e '.[multiagent]'")
 pytestmark = [pytest.mark.faults, pytest.mark.multiprocess]
@@ -48,8 +48,6 @@ def test_a_restarted_opponent_plays_versions_from_before_its_restart(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         finish(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_run(proc)
     assert workers(run_dir)[OPPONENT]["restarts"] == 1
     assert not group(proc.pid), "processes outlived the run"

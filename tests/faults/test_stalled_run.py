@@ -9,10 +9,8 @@ within seconds of it. Before the watch, it went on idle, then on to its frame bu
 
 from __future__ import annotations
 
-import signal
-
 import pytest
-from lifecycle_support import SMALL, finish, read_json, start
+from lifecycle_support import SMALL, end_run, finish, read_json, start
 
 pytestmark = pytest.mark.faults
 
@@ -48,8 +46,7 @@ def test_a_run_in_which_nothing_moves_fails_naming_the_waits(tmp_path):
     try:
         out = finish(proc, timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        end_run(proc)
     assert proc.returncode == 1, out[-3000:]
     assert "the run is stalled: no training frames" in out, out[-3000:]
     assert "trainer waits" in out and "stop.stall_seconds" in out, out[-3000:]

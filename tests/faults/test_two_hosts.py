@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from lifecycle_support import end_run
 
 from api.resolve import load_experiment
 from system.streams.security import ENV_KEYS_FILE, RunKeys
@@ -134,10 +134,7 @@ def test_a_run_across_two_network_namespaces_survives_the_link_going_down(two_ho
         ip("-n", NS_B, "link", "set", "veth-tb", "up")
         code = controller.wait(timeout=300)
     finally:
-        for proc in [controller, *workers]:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_run(controller, *workers)
     out = (logs / "controller.out").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert code == 0, out[-3000:]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lifecycle_support import TROUPE, frames, read_json, wait_for
+from lifecycle_support import TROUPE, end_run, frames, read_json, wait_for
 
 from api.config import make_experiment
 from system.run.plan import plan_workers
@@ -106,10 +106,7 @@ def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_pat
         _ended(controller, run_dir, timeout=HEARTBEAT_TIMEOUT_S + RESTART_GRACE_S + 240)
         took = time.monotonic() - killed
     finally:
-        for proc in [controller, *workers.values()]:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_run(controller, *workers.values())
     out = (run_dir / "controller.log").read_text()
     assert controller.returncode == 1, out[-3000:]
     summary = read_json(run_dir / "summary.json")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from lifecycle_support import (
     ROOT,
     SMALL,
     TROUPE,
+    end_run,
     finish,
     frames,
     group,
@@ -109,9 +109,7 @@ def test_a_run_folder_turning_read_only_mid_run_fails_with_one_line(tmp_path, mo
         mounts.append(folder)
         out = finish(proc)
     finally:
-        if proc.poll() is None:  # a failed check must not leave the run behind
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode != 0, out[-3000:]
     assert "Traceback" not in out, out[-5000:]
     cause = [line for line in out.splitlines() if CAUSE in line and ADVICE in line]
@@ -132,9 +130,7 @@ def test_a_run_folder_removed_mid_run_fails_the_run(tmp_path):
         shutil.rmtree(folder, ignore_errors=True)  # files being written may come and go
         out = finish(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback" not in out, out[-5000:]
     assert f"the run folder {folder} was removed while the run went on" in out, out[-3000:]
