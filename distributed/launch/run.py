@@ -70,6 +70,7 @@ def prepare(
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
     config = load_experiment(experiment, overrides, imports)
     _check_plan(config)
+    _warn_short_budget(config)
     folder = Path(run_dir) if run_dir else default_run_dir(config.name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -83,6 +84,25 @@ def prepare(
         folder_lock.release(folder)
         raise
     return config, folder
+
+
+def _warn_short_budget(config: ExperimentConfig) -> None:
+    """Say when ``stop.env_frames`` ends a new run before an on-policy trainer's first step
+    (``troupe train CartPole-v1 frames=100``): it stops as asked, exit 0, having trained
+    nothing. A replay trainer's ``min_size`` above the budget is a config error already."""
+    from api.config.checks import uses_replay
+
+    budget = config.stop.env_frames
+    for name, pc in config.policies.items():
+        step = pc.batch_segments * config.actors.segment_length * pc.trainer_workers
+        if not pc.trainer.type or uses_replay(pc) or budget is None or budget >= step:
+            continue
+        logger.warning(
+            "stop.env_frames=%d ends the run before policy '%s' trains once: a trainer step "
+            "takes %d frames (batch_segments %d x actors.segment_length %d%s)",
+            budget, name, step, pc.batch_segments, config.actors.segment_length,
+            f" x trainer_workers {pc.trainer_workers}" if pc.trainer_workers > 1 else "",
+        )  # fmt: skip
 
 
 def _check_plan(config: ExperimentConfig) -> None:

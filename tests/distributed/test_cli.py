@@ -144,3 +144,23 @@ def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     assert stop_rule(pbt.stop, pbt_target=400.0) == (
         "stop at: a PBT member's score 400, or 3000000 env frames, or 1200 seconds"
     )
+
+
+def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog):
+    """`troupe train CartPole-v1 frames=100` stopped as asked (exit 0) having trained nothing:
+    the run now says so before it starts. A budget of one step or more says nothing."""
+    import logging
+
+    from distributed.launch.run import prepare
+    from system.run import folder_lock
+
+    with caplog.at_level(logging.WARNING, logger="distributed.launch.run"):
+        for frames, folder in ((100, "short"), (1024, "enough")):
+            _, run_dir = prepare("cartpole-ppo", [f"stop.env_frames={frames}"],
+                                 str(tmp_path / folder), None)  # fmt: skip
+            folder_lock.release(run_dir)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "stop.env_frames=100 ends the run before policy 'default' trains once: a trainer step "
+        "takes 1024 frames (batch_segments 16 x actors.segment_length 64)"
+    )
