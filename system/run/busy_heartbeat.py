@@ -8,13 +8,15 @@ returns, a deadlock). This module tells the two apart by the role's bound.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
@@ -113,6 +115,18 @@ class BusyHeartbeat:
 
     def __exit__(self, *exc) -> None:
         self.busy_since = None
+
+    @contextlib.contextmanager
+    def unbounded(self) -> Iterator[BusyHeartbeat]:
+        """Beat through one long call with no hang bound: a worker's stop, whose last save
+        may take minutes and which the controller bounds itself
+        (:data:`system.run.supervisor.SAVE_STOP_MAX_S`)."""
+        bound, self.max_s = self.max_s, math.inf
+        try:
+            with self:
+                yield self
+        finally:
+            self.max_s = bound
 
     def _run(self) -> None:
         while not self._stopping.wait(HEARTBEAT_S):

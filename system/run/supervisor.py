@@ -35,6 +35,11 @@ SAVING_ROLES = (Role.TRAINER, Role.PARAMETER_SERVICE, Role.REPLAY)
 """Roles whose stop writes the run's last checkpoints (parameters, trainer state, replay)."""
 MAX_RESTARTS = 5
 """Restarts in a row without progress after which a worker is given up on (a crash loop)."""
+SAVE_STOP_MAX_S = 600.0
+"""How long a saving worker's stop may take while it keeps beating (its last checkpoint on a
+slow disk: a full 100k-frame Atari replay buffer is 2.8 GB)."""
+SAVE_BEAT_S = 5.0
+"""A saving worker heard from this recently is still at its stop's save: it is waited for."""
 PROGRESS_S = 60.0
 """A worker that ran this long since its last restart made progress: its count starts over,
 so a long run survives occasional crashes (a preempted node each hour) but not a loop."""
@@ -266,8 +271,8 @@ class Supervisor:
         self.told_to_stop.update(ids)
         for w in waiting:
             send(w, Stop())
-        deadline = time.monotonic() + timeout_s
-        while waiting and time.monotonic() < deadline:
+        started = time.monotonic()
+        while waiting and any(self._may_still_stop(w, started, timeout_s) for w in waiting):
             pump(100)
             waiting = {w for w in waiting if self.workers[w].state.running}
             gone = {w for w in waiting if not self.launcher.is_alive(w)}
@@ -279,7 +284,7 @@ class Supervisor:
                         self.workers[w].state = WorkerState.FAILED
                 waiting -= gone
         for w in waiting:
-            logger.warning("%s did not stop in %.0fs; killing it", w, timeout_s)
+            logger.warning("%s did not stop in %.0fs; killing it", w, time.monotonic() - started)
             self.launcher.kill(w)
             self.workers[w].state = WorkerState.FAILED
         for w in ids:  # a saver that left without its bye did not save: the run is incomplete
@@ -287,6 +292,17 @@ class Supervisor:
             if record.state is WorkerState.FAILED and record.plan.role in SAVING_ROLES:
                 why = f"{w} did not finish its stop; its last checkpoint may be missing"
                 self.fail(WorkerFailure(w, why))
+
+    def _may_still_stop(self, wid: str, started: float, timeout_s: float) -> bool:
+        """Whether a worker told to stop is still given time: ``timeout_s``, or, for one whose
+        stop writes the run's last checkpoints (:data:`SAVING_ROLES`) and that still beats
+        while it writes them, up to :data:`SAVE_STOP_MAX_S`. A fixed 15 s killed a replay
+        worker saving a large buffer to a slow disk, and failed the run for it."""
+        now, record = time.monotonic(), self.workers[wid]
+        if now - started < timeout_s:
+            return True
+        saving = record.plan.role in SAVING_ROLES and now - record.last_seen < SAVE_BEAT_S
+        return saving and now - started < SAVE_STOP_MAX_S
 
     # ------------------------------------------------------------- what tools read
     def table(self) -> dict[str, dict[str, Any]]:

@@ -330,7 +330,8 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
         if ctl.stop_requested():
             for hook in hooks:  # a peer restarted elsewhere gets the last words there
                 hook()
-            worker.on_stop()
+            with busy.unbounded():  # a long last save still beats, and is waited for
+                worker.on_stop()
             ctl.heartbeat(_timed(worker))
             ctl.send(cp.Bye())
             logger.info("stopped by the controller")

@@ -1,6 +1,8 @@
 """Issue 15, item 3: a trainer whose step outlasts the controller's heartbeat timeout is not taken
 for dead. Before the busy heartbeat thread, the worker loop beat only between polls, so a trainer
-silent for longer than the timeout (a CNN update on a loaded machine) was restarted."""
+silent for longer than the timeout (a CNN update on a loaded machine) was restarted. The same
+thread beats through a worker's stop: a last save longer than the 15 s every stop was given is
+waited for, where it was killed and the run failed."""
 
 from __future__ import annotations
 
@@ -45,3 +47,20 @@ def test_a_trainer_step_longer_than_the_heartbeat_timeout_is_not_restarted(tmp_p
     steps = [r["trainer/default/step_s"] for r in read_metrics(tmp_path)
              if r.get("trainer/default/step_s") is not None]  # fmt: skip
     assert steps and min(steps) > 2 * HEARTBEAT_TIMEOUT_S, steps  # the steps were that long
+
+
+def test_a_last_save_longer_than_the_stop_bound_is_waited_for(tmp_path):
+    registry.register_trainer(
+        "slow-save-ppo", "slow_trainer:SlowSavePPOTrainer", source=str(SLOW), override=True
+    )
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "policies.default.trainer.type=slow-save-ppo", "actors.workers=1",
+            "evaluation.workers=0", "stop.eval_return=None", "stop.env_frames=3000",
+        ])  # fmt: skip
+    finally:
+        registry.trainers.unregister("slow-save-ppo")
+    controller = Controller(config, tmp_path, LocalLauncher(), display=False)
+    summary = controller.run()
+    assert summary["stop_reason"] == "env_frames" and "failure" not in summary, summary
+    assert summary["policy_versions"]["default"] >= 1  # the last version, saved slowly, is there

@@ -165,6 +165,29 @@ def test_a_saver_that_leaves_without_its_bye_makes_the_run_incomplete(run):
     assert "did not finish its stop; its last checkpoint may be missing" in str(s.failure)
 
 
+def test_a_saver_still_beating_at_its_stop_is_waited_for_and_a_silent_worker_is_not(run):
+    """A fixed 15 s killed a replay worker saving a large buffer to a slow disk, and failed the
+    run for it. A saver whose heartbeats go on through its stop (its last save) is now waited
+    for, past ``timeout_s``; a worker that says nothing is killed at ``timeout_s``."""
+    import time
+
+    s, launcher, _ = run
+    trainer, actor = s.workers["trainer/default/0"], s.workers["actor/0"]
+    told = time.monotonic()
+
+    def pump(ms):
+        time.sleep(ms / 1000)
+        if trainer.state is WorkerState.ALIVE:
+            trainer.last_seen = time.monotonic()  # its busy heartbeat, while it saves
+            if time.monotonic() - told > 1.0:
+                s.on_bye(trainer)  # saved, 1 s on: past the 0.3 s bound
+
+    s.stop_workers(["trainer/default/0", "actor/0"], lambda w, m: None, pump, timeout_s=0.3)
+    assert trainer.state is WorkerState.STOPPED and "trainer/default/0" not in launcher.killed
+    assert actor.state is WorkerState.FAILED and launcher.killed == ["actor/0"]
+    assert s.failure is None  # the actor saves nothing: its kill loses no checkpoint
+
+
 def test_workers_json_says_who_runs_where(run):
     s, _, _ = run
     s.workers["trainer/default/0"].stats = {"version": 4}

@@ -17,3 +17,24 @@ class SlowPPOTrainer(PPOTrainer):
         result = super().step(samples)
         time.sleep(STEP_S)
         return result
+
+
+SAVE_S = 20.0
+
+
+class SlowSavePPOTrainer(PPOTrainer):
+    """PPO whose state takes ``SAVE_S`` seconds to hand over at the stop (the final
+    checkpoint), as a large state written to a slow disk does; longer than the 15 s the
+    controller gave every worker's stop (used by tests/system/test_busy_heartbeat.py)."""
+
+    def get_checkpoint(self):
+        state = super().get_checkpoint()
+        if self.stopping():
+            time.sleep(SAVE_S)
+        return state
+
+    @staticmethod
+    def stopping() -> bool:
+        import inspect  # called from the trainer worker's on_stop: the last save
+
+        return any(frame.function == "on_stop" for frame in inspect.stack(0))
