@@ -225,6 +225,12 @@ def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     add_import_argument(parser)
     parser.add_argument("--json", action="store_true", help="the resolved config as JSON only")
+    parser.add_argument(
+        "--algo",
+        choices=ALGORITHMS,
+        help="with an environment id: the config troupe train ENV --algo ALGO would run "
+        "(default: troupe train ENV's)",
+    )
 
 
 def run_show_config(args: argparse.Namespace, console: Console) -> int:
@@ -235,7 +241,10 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
     from api.config.docs import MISSING, describe_config
     from api.resolve import load_experiment
 
-    config = load_experiment(args.experiment, args.overrides, args.imports)
+    experiment, overrides = args.experiment, list(args.overrides)
+    if args.algo:  # what `troupe train ENV --algo ALGO` runs (run_train's translation)
+        experiment, overrides = args.algo, [f"env={experiment}", *overrides]
+    config = load_experiment(experiment, overrides, args.imports)
     if args.json:
         print(json.dumps(config.to_dict(), indent=2))
         return 0

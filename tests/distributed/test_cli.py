@@ -164,3 +164,16 @@ def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog)
         "stop.env_frames=100 ends the run before policy 'default' trains once: a trainer step "
         "takes 1024 frames (batch_segments 16 x actors.segment_length 64)"
     )
+
+
+def test_show_config_shows_what_train_runs_with_an_algo(capsys):
+    """`troupe show-config ENV` showed only what `troupe train ENV` runs (PPO); `--algo` shows
+    the config `troupe train ENV --algo ALGO` would run."""
+    import json
+
+    assert main(["show-config", "CartPole-v1", "--algo", "dqn", "--json"]) == 0
+    config = json.loads(capsys.readouterr().out)
+    assert config["name"] == "cartpole-v1-dqn"
+    assert config["policies"]["default"]["trainer"]["type"] == "dqn"
+    assert main(["show-config", "CartPole-v1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "cartpole-v1-ppo"
