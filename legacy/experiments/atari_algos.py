@@ -23,7 +23,7 @@ these were written on, one game takes hours. What is tested is that each builds,
 frames and trains (``tests/legacy/test_atari.py``). On 2 CPU cores ``troupe train ALE/Pong-v5
 --algo impala`` stepped 320-430 agent steps a second, its policy worker the busiest role; with
 ``--algo dqn`` each update of the CNN took 0.12-0.17 s, so the limit of 8 sampled transitions a
-frame held the actors to 25-46 frames a second: DQN on Atari wants a GPU.
+frame held the actors to 24-46 frames a second: DQN on Atari wants a GPU.
 """
 
 from __future__ import annotations

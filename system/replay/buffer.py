@@ -339,10 +339,10 @@ class ReplayBuffer:
                 f"replay.capacity_frames={self.config.capacity_frames} holds no segment of the "
                 f"resumed buffer's {self._length - 1} frames: raise it"
             ])  # fmt: skip
-        held = min(self._serial, self._slots)
+        held, frames = min(self._serial, self._slots), self._length - 1
         kept = np.arange(self._serial - min(held, slots), self._serial) % self._slots
-        before = held * (self._length - 1)
-        old_slots, self._slots = self._slots, slots
+        said = f"from {self._slots * frames} to {slots * frames} frames"
+        self._slots = slots
         shapes = {p: ((slots, *a.shape[1:]), a.dtype) for p, a in self._store.items()}
         self._check_memory(shapes, self._length)
         items = (kept[:, None] * self._length + np.arange(self._length)).reshape(-1)
@@ -359,19 +359,13 @@ class ReplayBuffer:
         self._serial = len(kept)
         self._tree = SumTree(slots * self._length)
         self._tree.update(np.arange(len(items)), priorities)
-        logger.info(
-            "replay buffer resized from %d to %d frames (replay.capacity_frames): kept the "
-            "newest %d of the %d frames it held",
-            old_slots * (self._length - 1), slots * (self._length - 1), self.size, before,
-        )  # fmt: skip
+        logger.info("replay buffer resized %s (replay.capacity_frames): kept the newest %d of "
+                    "the %d frames it held", said, self.size, held * frames)  # fmt: skip
 
     def _whole(self, saved: np.ndarray) -> np.ndarray:
         """A field's storage at the buffer's capacity from its saved filled slots (a save
         made before the buffer filled holds fewer rows than there are slots)."""
-        saved = np.asarray(saved)
-        if len(saved) == self._slots:
-            return np.array(saved)
-        whole = np.zeros((self._slots, *saved.shape[1:]), saved.dtype)
+        whole = np.zeros((self._slots, *np.shape(saved)[1:]), np.asarray(saved).dtype)
         whole[: len(saved)] = saved
         return whole
 

@@ -52,8 +52,9 @@ def run_pipeline_check(
     from system.run.serial import SerialRun  # the runtime's own components, loaded on use
 
     config = _config(
-        environment, policy, trainer, experiment, envs, segment_length, batch_segments, seed
-    )
+        environment, policy, trainer, experiment, envs, segment_length, batch_segments, seed,
+        max_env_frames,
+    )  # fmt: skip
     run = SerialRun(config, validate_actions=True)
     try:
         report = PipelineReport()
@@ -73,14 +74,24 @@ def _component(value: str | ComponentConfig | None, what: str) -> ComponentConfi
 
 
 def _config(
-    environment, policy, trainer, experiment, envs, segment_length, batch_segments, seed
+    environment,
+    policy,
+    trainer,
+    experiment,
+    envs,
+    segment_length,
+    batch_segments,
+    seed,
+    max_env_frames,
 ) -> ExperimentConfig:
+    """The experiment the check runs. Its stop rule is the check's own frame bound (the serial
+    run stops itself; a config's checks still read the rule, as a replay ``min_size`` within it)."""
     if experiment is not None:
         config = make_experiment(experiment) if isinstance(experiment, str) else experiment
         config = dataclasses.replace(config)
         config.actors = dataclasses.replace(config.actors, workers=1, envs_per_worker=envs)
         config.evaluation = dataclasses.replace(config.evaluation, workers=0)
-        config.stop = StopConfig(env_frames=1)
+        config.stop = StopConfig(env_frames=max_env_frames)
         return config
     return ExperimentConfig(
         name="test-pipeline",
@@ -98,7 +109,7 @@ def _config(
         },
         actors=ActorConfig(workers=1, envs_per_worker=envs, segment_length=segment_length),
         evaluation=EvaluationConfig(workers=0),
-        stop=StopConfig(env_frames=1),
+        stop=StopConfig(env_frames=max_env_frames),
         seed=seed,
     )
 
