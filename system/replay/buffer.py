@@ -314,9 +314,11 @@ class ReplayBuffer:
         self._stamp, self._valid = np.array(state["stamp"]), np.array(state["valid"])
         self._transitions = int(self._valid.sum())
         self._slots = len(self._stamp)
-        self._store = {
-            k[len("store/") :]: self._whole(v) for k, v in state.items() if k[:6] == "store/"
-        }
+        # rows are slots (filled in order), so a resize picks from them; else they are padded
+        slots = self.config.capacity_frames // max(self._length - 1, 1)
+        saved = {k[len("store/") :]: np.asarray(v) for k, v in state.items() if k[:6] == "store/"}
+        resize = bool(saved) and slots != self._slots
+        self._store = saved if resize else {k: self._whole(v) for k, v in saved.items()}
         self._tree = None
         if "tree" in state:
             self._tree = SumTree(self._slots * self._length)
@@ -326,8 +328,7 @@ class ReplayBuffer:
         self.limiter.load_state_dict(
             {k[len("limiter/") :]: v for k, v in state.items() if k.startswith("limiter/")}
         )
-        slots = self.config.capacity_frames // max(self._length - 1, 1)
-        if self._store and slots != self._slots:
+        if resize:
             self._resize(slots)
 
     def _resize(self, slots: int) -> None:
