@@ -24,18 +24,22 @@ HEARTBEAT_TIMEOUT_S = 2.0
 """Much shorter than one trainer step (``slow_trainer.STEP_S`` = 5 s plus PPO itself)."""
 
 
-def test_a_trainer_step_longer_than_the_heartbeat_timeout_is_not_restarted(tmp_path):
-    registry.register_trainer(
-        "slow-ppo", "slow_trainer:SlowPPOTrainer", source=str(SLOW), override=True
-    )
+def _cartpole_with(trainer: str, cls: str, *overrides: str):
+    """cartpole-ppo, one actor, no evaluation, trained by ``slow_trainer``'s ``cls``."""
+    registry.register_trainer(trainer, f"slow_trainer:{cls}", source=str(SLOW), override=True)
     try:
-        config = make_experiment("cartpole-ppo", [
-            "policies.default.trainer.type=slow-ppo", "actors.workers=1",
-            "actors.envs_per_worker=16", "evaluation.workers=0", "stop.eval_return=None",
-            "stop.env_frames=6000",
+        return make_experiment("cartpole-ppo", [
+            f"policies.default.trainer.type={trainer}", "actors.workers=1",
+            "evaluation.workers=0", "stop.eval_return=None", *overrides,
         ])  # fmt: skip
     finally:
-        registry.trainers.unregister("slow-ppo")
+        registry.trainers.unregister(trainer)
+
+
+def test_a_trainer_step_longer_than_the_heartbeat_timeout_is_not_restarted(tmp_path):
+    config = _cartpole_with(
+        "slow-ppo", "SlowPPOTrainer", "actors.envs_per_worker=16", "stop.env_frames=6000"
+    )
     assert [r.name for r in config.code.registrations] == ["slow-ppo"]
     controller = Controller(
         config, tmp_path, LocalLauncher(), display=False, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S
@@ -50,16 +54,7 @@ def test_a_trainer_step_longer_than_the_heartbeat_timeout_is_not_restarted(tmp_p
 
 
 def test_a_last_save_longer_than_the_stop_bound_is_waited_for(tmp_path):
-    registry.register_trainer(
-        "slow-save-ppo", "slow_trainer:SlowSavePPOTrainer", source=str(SLOW), override=True
-    )
-    try:
-        config = make_experiment("cartpole-ppo", [
-            "policies.default.trainer.type=slow-save-ppo", "actors.workers=1",
-            "evaluation.workers=0", "stop.eval_return=None", "stop.env_frames=3000",
-        ])  # fmt: skip
-    finally:
-        registry.trainers.unregister("slow-save-ppo")
+    config = _cartpole_with("slow-save-ppo", "SlowSavePPOTrainer", "stop.env_frames=3000")
     controller = Controller(config, tmp_path, LocalLauncher(), display=False)
     summary = controller.run()
     assert summary["stop_reason"] == "env_frames" and "failure" not in summary, summary
