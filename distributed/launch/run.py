@@ -86,21 +86,25 @@ def prepare(
     return config, folder
 
 
-def _warn_short_budget(config: ExperimentConfig) -> None:
-    """Say when ``stop.env_frames`` ends a new run before an on-policy trainer's first step
-    (``troupe train CartPole-v1 frames=100``): it stops as asked, exit 0, having trained
-    nothing. A replay trainer's ``min_size`` above the budget is a config error already."""
+def _warn_short_budget(config: ExperimentConfig, frames_done: int = 0) -> None:
+    """Say when ``stop.env_frames`` ends a run before an on-policy trainer's next step
+    (``troupe train CartPole-v1 frames=100``, or a resume with a budget raised by less than a
+    step): it stops as asked, exit 0, having trained nothing. A replay trainer's ``min_size``
+    above a new run's budget is a config error already. ``frames_done``: a resumed run's."""
     from api.config.checks import uses_replay
 
     budget = config.stop.env_frames
+    left = None if budget is None else budget - frames_done
+    said = f" (it has {frames_done})"
     for name, pc in config.policies.items():
         step = pc.batch_segments * config.actors.segment_length * pc.trainer_workers
-        if not pc.trainer.type or uses_replay(pc) or budget is None or budget >= step:
+        if not pc.trainer.type or uses_replay(pc) or left is None or left >= step:
             continue
         logger.warning(
-            "stop.env_frames=%d ends the run before policy '%s' trains once: a trainer step "
+            "stop.env_frames=%d ends the run %s policy '%s' trains once: a trainer step "
             "takes %d frames (batch_segments %d x actors.segment_length %d%s)",
-            budget, name, step, pc.batch_segments, config.actors.segment_length,
+            budget, f"{left} frames after this resume{said}, before" if frames_done else "before",
+            name, step, pc.batch_segments, config.actors.segment_length,
             f" x trainer_workers {pc.trainer_workers}" if pc.trainer_workers > 1 else "",
         )  # fmt: skip
 
@@ -124,9 +128,10 @@ def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
     saved = resume_check.saved_config(folder)
     _check_writable(folder)
     config = load_experiment(saved, overrides, imports)
-    resume_check.check_budget_left(folder, config)
+    frames = resume_check.check_budget_left(folder, config)
     resume_check.check_compatible(saved, config, folder)
     resume_check.check_checkpoints(folder, config)
+    _warn_short_budget(config, frames)
     return config
 
 

@@ -132,14 +132,8 @@ class ReplayBuffer:
             ])  # fmt: skip
         slots = (self._serial + np.arange(batch)) % self._slots
         serials = self._serial + np.arange(batch)
-        if batch > self._slots:  # more segments than fit: only the newest stay
-            slots, serials, keep = (
-                slots[-self._slots :],
-                serials[-self._slots :],
-                batch - self._slots,
-            )
-        else:
-            keep = 0
+        keep = max(batch - self._slots, 0)  # more segments than fit: only the newest stay
+        slots, serials = slots[keep:], serials[keep:]
         for path, leaf in _leaves(segments):
             self._store[path][slots] = np.swapaxes(np.asarray(leaf)[:, keep:], 0, 1)
         self._stamp[slots] = serials
@@ -318,6 +312,8 @@ class ReplayBuffer:
         slots = self.config.capacity_frames // max(self._length - 1, 1)
         saved = {k[len("store/") :]: np.asarray(v) for k, v in state.items() if k[:6] == "store/"}
         resize = bool(saved) and slots != self._slots
+        if saved and not resize:  # padded back to its capacity: the pages a new one would ask
+            self._check_memory(_shapes(saved, self._slots), self._length)
         self._store = saved if resize else {k: self._whole(v) for k, v in saved.items()}
         self._tree = None
         if "tree" in state:
@@ -344,7 +340,7 @@ class ReplayBuffer:
         kept = np.arange(self._serial - min(held, slots), self._serial) % self._slots
         said = f"from {self._slots * frames} to {slots * frames} frames"
         self._slots = slots
-        shapes = {p: ((slots, *a.shape[1:]), a.dtype) for p, a in self._store.items()}
+        shapes = _shapes(self._store, slots)
         self._check_memory(shapes, self._length)
         items = (kept[:, None] * self._length + np.arange(self._length)).reshape(-1)
         priorities = self._tree.get(items)
@@ -369,6 +365,11 @@ class ReplayBuffer:
         whole = np.zeros((self._slots, *np.shape(saved)[1:]), np.asarray(saved).dtype)
         whole[: len(saved)] = saved
         return whole
+
+
+def _shapes(saved: dict[str, np.ndarray], slots: int) -> dict[str, tuple[tuple, np.dtype]]:
+    """Each stored field's shape and dtype at ``slots`` slots (for the memory check)."""
+    return {p: ((slots, *np.shape(a)[1:]), np.asarray(a).dtype) for p, a in saved.items()}
 
 
 def _leaves(segments: Any) -> list[tuple[str, np.ndarray]]:

@@ -132,14 +132,14 @@ def _check_replay_segments(
             )
 
 
-def check_budget_left(folder: Path, config: ExperimentConfig) -> None:
+def check_budget_left(folder: Path, config: ExperimentConfig) -> int:
     """Refuse a resume that would stop as soon as it started: the run's last record already
-    meets ``stop.wall_seconds`` or ``stop.env_frames``."""
+    meets ``stop.wall_seconds`` or ``stop.env_frames``. The frames the run has made so far."""
     from system.run.report import read_metrics
 
     records = read_metrics(folder)
     if not records:
-        return
+        return 0
     stop, last = config.stop, records[-1]
     wall, frames = float(last.get("wall_s") or 0.0), int(last.get("env_frames") or 0)
     spent, raised = [], []
@@ -154,6 +154,7 @@ def check_budget_left(folder: Path, config: ExperimentConfig) -> None:
             f"nothing to resume in {folder}: the run already reached {' and '.join(spent)}; "
             f"these budgets count the whole run, so raise them (e.g. {', '.join(raised)})"
         )
+    return frames
 
 
 def check_checkpoints(folder: Path, config: ExperimentConfig, trainer_state: bool = True) -> None:

@@ -137,7 +137,10 @@ class TrainerWorker(Worker):
         self.source.start_loader(self.worker_id, prepare)
 
     def collect_stats(self) -> dict[str, Any]:
-        return {**super().collect_stats(), **self.source.stats()}
+        """Its stats, with the version it holds once that is published: a resumed run's
+        panel showed ``v0`` until its trainer's first step, not the version it resumed at."""
+        held = {"version": self.trainer.policy.version} if self._published else {}
+        return {**held, **super().collect_stats(), **self.source.stats()}
 
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:

@@ -149,20 +149,37 @@ def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
 def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog):
     """`troupe train CartPole-v1 frames=100` stopped as asked (exit 0) having trained nothing:
     the run now says so before it starts. A budget of one step or more says nothing."""
+    import json
     import logging
 
     from distributed.launch.run import prepare
+    from system import run_folder
     from system.run import folder_lock
+    from system.run.report import METRICS_FILE
 
     with caplog.at_level(logging.WARNING, logger="distributed.launch.run"):
         for frames, folder in ((100, "short"), (1024, "enough")):
-            _, run_dir = prepare("cartpole-ppo", [f"stop.env_frames={frames}"],
-                                 str(tmp_path / folder), None)  # fmt: skip
+            config, run_dir = prepare("cartpole-ppo", [f"stop.env_frames={frames}"],
+                                      str(tmp_path / folder), None)  # fmt: skip
             folder_lock.release(run_dir)
     (record,) = caplog.records
     assert record.getMessage() == (
         "stop.env_frames=100 ends the run before policy 'default' trains once: a trainer step "
         "takes 1024 frames (batch_segments 16 x actors.segment_length 64)"
+    )
+    # a resume counts what is left: its budget raised by less than a step trains nothing more
+    caplog.clear()
+    (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict()))
+    (run_dir / METRICS_FILE).write_text('{"wall_s": 14.4, "env_frames": 3810}\n')
+    with caplog.at_level(logging.WARNING, logger="distributed.launch.run"):
+        for frames in (4000, 4834):
+            prepare(None, [f"stop.env_frames={frames}"], None, str(run_dir))
+            folder_lock.release(run_dir)
+    (record,) = [r for r in caplog.records if r.name == "distributed.launch.run"]
+    assert record.getMessage() == (
+        "stop.env_frames=4000 ends the run 190 frames after this resume (it has 3810), before "
+        "policy 'default' trains once: a trainer step takes 1024 frames (batch_segments 16 x "
+        "actors.segment_length 64)"
     )
 
 

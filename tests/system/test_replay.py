@@ -334,6 +334,26 @@ def test_a_buffer_larger_than_the_memory_left_is_refused_before_it_fills():
     assert small.size == 8
 
 
+@pytest.mark.parametrize("capacity", [9 * 10, 9 * 40])  # as saved; resized at the resume
+def test_a_resumed_buffer_is_refused_when_its_capacity_no_longer_fits(monkeypatch, capacity):
+    """A buffer saved before it filled is laid out at its capacity again when it is loaded, and
+    that was not checked against the memory left (only a new buffer's first insert was)."""
+    import system.replay.buffer as buffer_module
+    from api.errors import ConfigError
+
+    buffer = _buffer(capacity_frames=9 * 10)
+    buffer.insert(_segments(10, 2))
+    state = buffer.state_dict()
+    per_slot = 10 * (2 * 4 + 8 + 4 + 1 + 1 + 8 + 2 * 8 + 1)  # the fields, tree and flags
+    monkeypatch.setattr(buffer_module, "available_bytes", lambda: 10 * per_slot - 1)
+    with pytest.raises(ConfigError, match=r"capacity_frames=\d+: the buffer .* needs"):
+        _buffer(capacity_frames=capacity).load_state_dict(state)
+    monkeypatch.setattr(buffer_module, "available_bytes", lambda: 40 * per_slot * 2)
+    restored = _buffer(capacity_frames=capacity)
+    restored.load_state_dict(state)
+    assert restored.size == 18 and restored._store["obs"].shape[0] == capacity // 9
+
+
 def test_memory_left_is_the_machines_or_its_cgroups_whichever_is_smaller(tmp_path):
     from system.memory import available_bytes
 

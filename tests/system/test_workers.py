@@ -360,6 +360,20 @@ def test_trainer_worker_waits_for_a_full_batch_then_steps_and_publishes():
     assert worker.collect_stats()["version_lag"] == 0.0
 
 
+def test_trainer_worker_reports_the_version_it_holds_before_its_first_step():
+    """A resumed run's panel showed ``v0`` until the trainer's first step: its heartbeats said
+    no version, though it had published the one it resumed at."""
+    samples, store = InprocSampleHub(), ParameterStore()
+    trainer = StubTrainer(EchoPolicy())
+    trainer.policy._version = 7  # as restored from the run's checkpoint
+    source = segment_source(samples.consumer("p"), "p", trainer, 3)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
+    assert "version" not in worker.collect_stats()  # not yet published: no version to name
+    assert worker.poll() == 0 and store.latest_version("p") == 7
+    assert worker.collect_stats()["version"] == 7
+    assert worker.collect_stats()["version"] == 7  # every heartbeat, not once
+
+
 def test_trainer_worker_drops_segments_older_than_max_policy_lag(caplog):
     samples, store = InprocSampleHub(), ParameterStore()
     trainer = StubTrainer(EchoPolicy())
