@@ -89,6 +89,25 @@ def write_json(path: Path, data: Any, *, indent: int = 1, sync: bool = False) ->
     write_bytes(path, json.dumps(data, indent=indent).encode("utf-8"), sync=sync)
 
 
+def last_lines(path: Path, n: int, block: int = 8192) -> list[str]:
+    """The last ``n`` lines of a text file, reading only as much of its end as they need (a
+    long run's ``metrics.jsonl`` or log is large)."""
+    if n <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = pos = f.tell()
+            data = b""
+            while pos > 0 and data.count(b"\n") <= n:
+                pos = max(0, pos - block)
+                f.seek(pos)
+                data = f.read(end - pos)
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-n:]
+
+
 class FolderGuard:
     """Runs the controller's writes to a run folder. The first one that fails (a full disk, a
     read-only mount) is logged once, in one line naming the file, and ``on_error`` decides what

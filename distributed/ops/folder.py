@@ -8,13 +8,14 @@ folder cannot say (:mod:`distributed.ops.backends`).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from system import logs, run_folder
+from system.run import report
+from system.run_folder import last_lines
 
 HEADLINE = ("wall_s", "env_frames", "fps", "episode_return", "eval_return")
 """The figures of the last metrics record that ``troupe status`` and ``troupe ps`` show."""
@@ -38,14 +39,8 @@ def summary(folder: Path) -> dict[str, Any] | None:
 
 
 def last_metrics(folder: Path) -> dict[str, Any] | None:
-    """The last whole line of ``metrics.jsonl``, read from its end (a long run's file is big)."""
-    lines = last_lines(folder / run_folder.METRICS, 2)
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue  # a line being written
-    return None
+    """The last whole record of ``metrics.jsonl``, read from its end (a long run's file is big)."""
+    return report.last_metrics(folder)
 
 
 def headline(record: dict[str, Any] | None) -> dict[str, Any]:
@@ -56,24 +51,6 @@ def headline(record: dict[str, Any] | None) -> dict[str, Any]:
         value = record.get(key)
         out[key] = round(value, 1) if isinstance(value, float) else value
     return out
-
-
-def last_lines(path: Path, n: int, block: int = 8192) -> list[str]:
-    """The last ``n`` lines of a text file, reading only as much of its end as they need."""
-    if n <= 0:
-        return []
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            end = pos = f.tell()
-            data = b""
-            while pos > 0 and data.count(b"\n") <= n:
-                pos = max(0, pos - block)
-                f.seek(pos)
-                data = f.read(end - pos)
-    except OSError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()[-n:]
 
 
 def log_files(folder: Path) -> dict[str, Path]:

@@ -34,7 +34,7 @@ from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 from system.run.prometheus import open_endpoint, run_name_of
-from system.run.report import read_metrics
+from system.run.report import last_metrics
 from system.run.shape import ShapeResolver
 from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
@@ -80,7 +80,7 @@ class Controller:
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)
         self.tally = Tally(config, observers=[self.coordination, self.callbacks])
-        self.started = time.monotonic() - self.tally.continue_from(read_metrics(self.run_dir))
+        self.started = time.monotonic() - self.tally.continue_from(last_metrics(self.run_dir))
         self.stop_reason = ""
         self.stopped_at: tuple[int, float] | None = None
         """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""

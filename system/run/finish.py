@@ -17,6 +17,7 @@ from system.errors import WorkerFailure
 from system.run.report import (
     build_summary,
     read_metrics,
+    summarised,
     write_learning_curve,
     write_summary,
     write_win_rates,
@@ -48,8 +49,9 @@ def finish_run(
     target = config.stop.eval_return
     solved = stop_reason in TARGET_REASONS
     failed_late = failure is not None and stop_reason != "failed"
+    records = read_metrics(run_dir, summarised)  # once, for the summary and the plots
     summary = build_summary(
-        read_metrics(run_dir),
+        records,
         solved=solved,
         wall_s=wall_s,
         target=target,
@@ -77,7 +79,7 @@ def finish_run(
         summary.get("env_frames"), f" ({failure})" if failure is not None else "",
     )  # fmt: skip
     if summary["summary_written"]:
-        write(lambda: write_learning_curve(run_dir, title=config.name, target=target))
+        write(lambda: write_learning_curve(run_dir, config.name, target=target, records=records))
         trained = [n for n, pc in config.policies.items() if pc.trainer.type]
-        write(lambda: write_win_rates(run_dir, title=config.name, first=trained))
+        write(lambda: write_win_rates(run_dir, config.name, first=trained, records=records))
     return summary

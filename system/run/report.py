@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,14 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+def read_metrics(
+    run_dir: str | Path, keep: Callable[[str], bool] | None = None
+) -> list[dict[str, Any]]:
     """Read every record of `run_dir/metrics.jsonl`; an absent file gives [].
+
+    `keep`: the keys to keep of each record (all when None). A record a second for days is
+    hundreds of MB of JSON and several GB as dicts; the summary and the plots read a few keys
+    (:func:`summarised`), so the file is read line by line and only those are held.
 
     A run killed mid-write leaves a truncated last line: it is skipped quietly. A broken line
     anywhere else (for instance a truncated line a resumed run appended after) is skipped with a
@@ -58,26 +64,56 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """
     path = Path(run_dir) / METRICS_FILE
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         return []
-    while lines and not lines[-1].strip():
-        lines.pop()
     records: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    broken = 0  # a bad line, said once another line follows it (else it was the last one)
+    with f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if broken:
+                logger.warning("%s:%d is not a JSON object; skipping that line", path, broken)
+                broken = 0
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict):
+                broken = number
+            elif keep is None:
+                records.append(record)
+            else:
+                records.append({k: v for k, v in record.items() if keep(k)})
+    if broken:
+        logger.debug("%s: ignoring truncated last line %d", path, broken)
+    return records
+
+
+_SUMMARISED = frozenset({"env_frames", "wall_s", "eval_return", "episode_return", "trainer_steps"})
+
+
+def summarised(key: str) -> bool:
+    """The keys of a record that the summary and the plots read."""
+    return (
+        key in _SUMMARISED
+        or key.startswith(("result/", "eval/result/"))
+        or (key.startswith(("policy/", "trainer/")) and key.endswith(("/version", "/steps")))
+    )
+
+
+def last_metrics(run_dir: str | Path) -> dict[str, Any] | None:
+    """The last whole record of `run_dir/metrics.jsonl`, read from the file's end (a resumed
+    run counts on from it; it must not read a days-long run's file whole for that)."""
+    for line in reversed(run_folder.last_lines(Path(run_dir) / METRICS_FILE, 8)):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
+        except ValueError:
+            continue  # a line being written, or one cut by a crash
         if isinstance(record, dict):
-            records.append(record)
-        elif number == len(lines):
-            logger.debug("%s: ignoring truncated last line %d", path, number)
-        else:
-            logger.warning("%s:%d is not a JSON object; skipping that line", path, number)
-    return records
+            return record
+    return None
 
 
 def write_summary(run_dir: str | Path, summary: Mapping[str, Any]) -> Path:
@@ -257,20 +293,24 @@ def _plot_panel(
 
 
 def write_learning_curve(
-    run_dir: str | Path, title: str = "", *, target: float | None = None
+    run_dir: str | Path,
+    title: str = "",
+    *,
+    target: float | None = None,
+    records: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Plot returns from `run_dir/metrics.jsonl` into `run_dir/learning_curve.png`; return its path.
 
     Left: training-actor episode return and greedy eval return against environment frames; right:
     the same against wall-clock seconds. Missing keys leave a series out; with no data at all the
     picture says "no data yet". Uses the Agg canvas directly: no pyplot, no display, no global
-    backend switch in the caller's process.
+    backend switch in the caller's process. `records`: the run's, already read.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
+    records = read_metrics(run_dir, summarised) if records is None else records
     fig = Figure(figsize=(12, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     has_returns = any(
@@ -315,19 +355,23 @@ def matchup_keys(records: list[dict[str, Any]], first: Iterable[str] = ()) -> li
 
 
 def write_win_rates(
-    run_dir: str | Path, title: str = "", *, first: Iterable[str] = ()
+    run_dir: str | Path,
+    title: str = "",
+    *,
+    first: Iterable[str] = (),
+    records: list[dict[str, Any]] | None = None,
 ) -> Path | None:
     """Plot every matchup's score (1 a win, 0.5 a draw; training over the last 100 games,
     evaluation over the last ``evaluation.episodes``, as metrics.jsonl has them) against frames
     into ``run_dir/win_rates.png``, training games solid and evaluation games dashed; None when
     the run has no matchups (a single-agent run). ``first``: the policies whose side of a pair
-    is drawn (the trained ones)."""
+    is drawn (the trained ones); ``records``: the run's, already read."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter
 
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
+    records = read_metrics(run_dir, summarised) if records is None else records
     keys = matchup_keys(records, first)
     if not keys:
         return None

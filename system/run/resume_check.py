@@ -135,12 +135,12 @@ def _check_replay_segments(
 def check_budget_left(folder: Path, config: ExperimentConfig) -> int:
     """Refuse a resume that would stop as soon as it started: the run's last record already
     meets ``stop.wall_seconds`` or ``stop.env_frames``. The frames the run has made so far."""
-    from system.run.report import read_metrics
+    from system.run.report import last_metrics
 
-    records = read_metrics(folder)
-    if not records:
+    last = last_metrics(folder)
+    if not last:
         return 0
-    stop, last = config.stop, records[-1]
+    stop = config.stop
     wall, frames = float(last.get("wall_s") or 0.0), int(last.get("env_frames") or 0)
     spent, raised = [], []
     if stop.wall_seconds is not None and wall >= stop.wall_seconds:

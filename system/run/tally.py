@@ -179,13 +179,13 @@ class Tally:
             steps, steps // max(envs, 1), self.config.environment.type,
         )  # fmt: skip
 
-    def continue_from(self, records: list[dict[str, Any]]) -> float:
-        """A resumed run counts frames on from its last record; the wall-clock seconds it ran
-        (0.0 for a new run), from which the run's clock goes on."""
-        if not records:
+    def continue_from(self, last: dict[str, Any] | None) -> float:
+        """A resumed run counts frames on from its last record (None: a new run); the
+        wall-clock seconds it ran (0.0 for a new run), from which the run's clock goes on."""
+        if not last:
             return 0.0
-        self.env_frames = self._frames_before = int(records[-1].get("env_frames") or 0)
-        return float(records[-1].get("wall_s") or 0.0)
+        self.env_frames = self._frames_before = int(last.get("env_frames") or 0)
+        return float(last.get("wall_s") or 0.0)
 
     def add(self, record: WorkerRecord, stats: WorkerStats) -> None:
         """One heartbeat's stats from the worker ``record``."""

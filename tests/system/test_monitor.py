@@ -322,6 +322,47 @@ def test_build_summary_of_no_records() -> None:
     assert summary["trainer_steps"] is None
 
 
+def test_the_summary_and_plots_read_a_long_runs_metrics_a_few_keys_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """A record a second for two days was 418 MB of metrics.jsonl, read whole three times at
+    the end of a run (2 GB held in the controller, 34 s) and once more to resume. The end now
+    reads it once, line by line, keeping only the keys the summary and the plots use; what
+    they make of them is the same."""
+    from system.run.report import matchup_keys, summarised
+
+    noise = {"trainer/default/loss": 0.1, "timing/actor/busy": 0.5, "custom/x": 1.0, "fps": 9.0}
+    matches = {"result/default_vs_opponent": 0.75, "eval/result/opponent_vs_default": 0.5}
+    records = [{**r, **noise, **matches} for r in synthetic_records()]
+    write_lines(tmp_path, records)
+    kept = read_metrics(tmp_path, summarised)
+    assert len(kept) == len(records) and all(not noise.keys() & r.keys() for r in kept)
+    args = dict(solved=True, wall_s=8.0, target=100.0, stop_reason="x", solved_at=(3900, 3.9))
+    assert build_summary(kept, **args) == build_summary(read_metrics(tmp_path), **args)
+    assert (
+        matchup_keys(kept)
+        == matchup_keys(records)
+        == [
+            "eval/result/opponent_vs_default",
+            "result/default_vs_opponent",
+        ]
+    )
+    assert_png(write_learning_curve(tmp_path, target=100.0, records=kept))
+
+
+def test_the_last_record_is_read_from_the_files_end(tmp_path: Path) -> None:
+    """What a resume counts on from: the last whole record (a torn line after it is a crash),
+    read without reading the file whole."""
+    from system.run.report import last_metrics
+
+    assert last_metrics(tmp_path) is None
+    write_lines(tmp_path, [{"env_frames": i, "pad": "x" * 100} for i in range(1000)])
+    assert last_metrics(tmp_path)["env_frames"] == 999
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"env_frames": 10')
+    assert last_metrics(tmp_path)["env_frames"] == 999
+
+
 def test_write_summary_is_pretty_json_and_leaves_no_temp_files(tmp_path: Path) -> None:
     path = write_summary(tmp_path, {"solved": True, "best": math.nan, "nested": {"a": 1}})
     assert path == tmp_path / "summary.json"

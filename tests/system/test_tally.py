@@ -136,7 +136,7 @@ def test_a_run_whose_episodes_never_end_is_told_so_once(tally, caplog):
     config = make_experiment("cartpole-ppo")
     ended = Tally(config)
     resumed = Tally(config)
-    resumed.continue_from([{"env_frames": 10 * ENDLESS_STEPS * envs, "wall_s": 60.0}])
+    resumed.continue_from({"env_frames": 10 * ENDLESS_STEPS * envs, "wall_s": 60.0})
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=tally_lib.__name__):
         beat = {"env_frames": 100, "episodes": [{"episode_return": 1.0, "episode_length": 9}]}
