@@ -326,8 +326,8 @@ def test_the_summary_and_plots_read_a_long_runs_metrics_a_few_keys_at_a_time(
     tmp_path: Path,
 ) -> None:
     """A record a second for two days was 418 MB of metrics.jsonl, read whole three times at
-    the end of a run (2 GB held in the controller, 34 s) and once more to resume. The end now
-    reads it once, line by line, keeping only the keys the summary and the plots use; what
+    the end of a run (2 GB held in the controller, 34 s) and twice more at a resume. The end
+    now reads it once, line by line, keeping only the keys the summary and the plots use; what
     they make of them is the same."""
     from system.run.report import matchup_keys, summarised
 
@@ -351,8 +351,8 @@ def test_the_summary_and_plots_read_a_long_runs_metrics_a_few_keys_at_a_time(
 
 
 def test_the_last_record_is_read_from_the_files_end(tmp_path: Path) -> None:
-    """What a resume counts on from: the last whole record (a torn line after it is a crash),
-    read without reading the file whole."""
+    """What a resume counts on from (read from the file's end): the last whole record, not a
+    torn line after it (a crash)."""
     from system.run.report import last_metrics
 
     assert last_metrics(tmp_path) is None

@@ -141,7 +141,7 @@ def test_ctrl_c_stops_every_process_and_resume_continues(tmp_path):
 
     # two trainer steps more, counted from the restored trainer's own count (a frame budget
     # could be spent by the actors before a slow-starting trainer took its first batch)
-    target = summary["trainer_steps"] + 2
+    target = (summary["trainer_steps"] or 0) + 2  # None: stopped before its first step
     out = finish(
         start(["run", "--resume", str(run_dir), f"stop.trainer_steps={target}", "--no-display"])
     )
