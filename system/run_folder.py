@@ -14,10 +14,12 @@ file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -58,6 +60,10 @@ LOGS = "logs"
 LAUNCH = "launch.json"
 """Who launched the run and how to reach it (launcher, host, pid, namespace, job id): what
 ``troupe status|logs|stop|ps`` read to find a run's processes (:mod:`distributed.ops`)."""
+
+REMOVAL_WAIT_S = 2.0
+"""How long a write that found a path of the run gone waits for the whole folder to go (an
+``rm -rf`` under way) before it reports that one path."""
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], *, sync: bool = True) -> None:
@@ -118,7 +124,10 @@ class FolderGuard:
     unlinked file, the next writes made a new folder of the same name holding a summary and a
     few files, and the run exited 0 as if its record were whole. The guard holds the folder
     open, so one removed and made again under its name (the parameter service's next checkpoint
-    makes its folders) is not taken for it: the held one's inode cannot be reused meanwhile."""
+    makes its folders) is not taken for it: the held one's inode cannot be reused meanwhile.
+    It also holds the files :meth:`keep` names, for an ``rm -rf`` that empties the folder but
+    cannot remove it (a worker wrote a checkpoint in it meanwhile): the run then went on for
+    ever, writing its record into an unlinked file."""
 
     def __init__(self, run_dir: Path, on_error: Callable[[RunFolderError], None]):
         self.run_dir = Path(run_dir)
@@ -131,14 +140,21 @@ class FolderGuard:
             self._fd: int | None = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             self._fd = None
+        self._kept: dict[str, int] = {}
+
+    def keep(self, path: Path) -> None:
+        """Hold ``path``, a file the run keeps writing (``metrics.jsonl``): once it is unlinked,
+        the folder is taken as emptied."""
+        with contextlib.suppress(OSError):  # not there: nothing to hold
+            self._kept[Path(path).name] = os.open(path, os.O_RDONLY)
 
     def write(self, write: Callable[[], Any]) -> bool:
         """Do one write; False when the folder refused it, or is no longer the run's."""
         if self.gone:
             return False
         where = self._where()
-        if where == "missing":
-            return self._gone("")
+        if where in ("missing", "emptied"):
+            return self._gone(where)
         try:
             write()
         except RunFolderError as e:  # an atomic write already named its file
@@ -150,11 +166,12 @@ class FolderGuard:
         # Another folder under the name (one the parameter service's next checkpoint made, a
         # mount over it): its own refusal, if it refuses (read-only), says more; else this.
         if where == "another":
-            return self._gone(" (a folder of that name is there again, not the run's)")
+            return self._gone(where)
         return True
 
     def _where(self) -> str:
-        """``"here"``, ``"missing"`` (nothing at its path), or ``"another"`` folder there."""
+        """``"here"``, ``"missing"`` (nothing at its path), ``"another"`` folder there, or
+        ``"emptied"`` (here, but a kept file was unlinked)."""
         if self._fd is None:
             return "here"  # it did not exist when the guard was made: nothing to compare
         held = os.fstat(self._fd)
@@ -162,23 +179,55 @@ class FolderGuard:
             now = os.stat(self.run_dir)
         except OSError:
             return "missing"
-        return "here" if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino) else "another"
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            return "another"
+        return "emptied" if self._unlinked() else "here"
+
+    def _unlinked(self) -> list[str]:
+        return [name for name, fd in self._kept.items() if os.fstat(fd).st_nlink == 0]
+
+    def _removal(self, error: RunFolderError) -> str | None:
+        """How the folder is gone, or going, if it is: a path of the run that vanished under a
+        write (``logs/`` emptied and unlinked first) is how ``rm -rf`` of the folder starts, so
+        such a failure waits a moment for the rest of it before it is taken at its word."""
+        where = self._where()
+        if where in ("missing", "emptied"):
+            return where
+        if os.strerror(errno.ENOENT) not in str(error):
+            return None
+        deadline = time.monotonic() + REMOVAL_WAIT_S
+        while where == "here" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            where = self._where()
+        return None if where == "here" else where
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in [self._fd, *self._kept.values()]:
+            if fd is not None:
+                os.close(fd)
+        self._fd, self._kept = None, {}
 
-    def _gone(self, detail: str) -> bool:
+    def _gone(self, where: str) -> bool:
         self.gone = True
+        what = "was removed while the run went on"
+        if where == "emptied":
+            what = f"was emptied while the run went on ({', '.join(self._unlinked())} removed)"
+        elif where == "another":
+            what += " (a folder of that name is there again, not the run's)"
         self.failed(RunFolderError(
-            f"the run folder {self.run_dir} was removed while the run went on{detail}: its "
-            "metrics, logs and checkpoints went with it; the run stops (start it again)"
+            f"the run folder {self.run_dir} {what}: its metrics, logs and checkpoints went with "
+            "it; the run stops (start it again)"
         ))  # fmt: skip
         return False
 
     def failed(self, error: RunFolderError) -> None:
-        """A write failed here, or in a worker (which reported it)."""
+        """A write failed here, or in a worker (which reported it). A folder removed while the
+        write ran (``rm -rf`` takes a while) fails it with a bare "No such file" that hides
+        the cause: the removal is named instead. (A mount over it says more in its own words.)"""
+        removal = None if self.gone or self.error is not None else self._removal(error)
+        if removal is not None:
+            self._gone(removal)
+            return
         if self.error is None:
             self.error = error
             logger.error("%s", error)

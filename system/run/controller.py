@@ -76,6 +76,7 @@ class Controller:
             self.run_dir, lambda e: self.supervisor.fail(WorkerFailure("controller", str(e)))
         )
         self.metrics = MetricsWriter(self.run_dir)
+        self.folder.keep(self.metrics.path)  # the run's record: unlinked, the folder was emptied
         self.display = LiveDisplay(config.name, enabled=display)
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -97,3 +98,74 @@ def test_a_run_folder_removed_mid_run_fails_the_run_and_is_not_written_again(tmp
     assert "a folder of that name is there again, not the run's" in str(seen[-1])
     assert not guard.write(lambda: run_folder.write_json(again / "y.json", 1))
     assert not (again / "y.json").exists()
+
+
+def test_a_run_folder_removed_during_a_write_names_the_removal(tmp_path):
+    """`rm -rf` takes a while: a write that began with the folder there fails with a bare "No
+    such file or directory" (the official CI saw it). The cause is the removal, and it is named;
+    a worker's report of such a failure, after the removal, is named the same way."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    seen: list[RunFolderError] = []
+    guard = run_folder.FolderGuard(folder, seen.append)
+
+    def removed_midway() -> None:
+        shutil.rmtree(folder)
+        (folder / "metrics.jsonl").open("a")  # what the write went on to do
+
+    assert not guard.write(removed_midway)
+    assert len(seen) == 1 and "was removed while the run went on" in str(seen[0])
+    assert guard.gone and guard.error is seen[0]
+
+    other = tmp_path / "other"
+    other.mkdir()
+    guard = run_folder.FolderGuard(other, seen.append)
+    shutil.rmtree(other)
+    guard.failed(RunFolderError(f"cannot write {other / 'checkpoints'}: No such file or directory"))
+    assert "was removed while the run went on" in str(seen[-1]) and guard.gone
+
+
+def test_a_run_folder_emptied_but_left_fails_the_run(tmp_path):
+    """`rm -rf` that empties the folder but cannot remove it, as a worker wrote a checkpoint in
+    it meanwhile (the fault test saw it): the run went on for ever, its record going into an
+    unlinked metrics.jsonl, its other files written into the emptied folder."""
+    seen: list[RunFolderError] = []
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    metrics = folder / run_folder.METRICS
+    metrics.write_text("{}\n")
+    guard = run_folder.FolderGuard(folder, seen.append)
+    guard.keep(metrics)
+    metrics.unlink()  # the folder's files went, the folder stayed
+    assert not guard.write(lambda: run_folder.write_json(folder / "x.json", 1))
+    assert (
+        f"the run folder {folder} was emptied while the run went on (metrics.jsonl removed)"
+        in str(seen[-1])
+    )
+    assert not (folder / "x.json").exists() and guard.gone
+    guard.close()
+
+
+def test_a_write_failing_as_the_removal_begins_waits_for_it(tmp_path, monkeypatch):
+    """What the official CI met: `rm -rf` had emptied `logs/` but not yet unlinked the folder
+    when a write failed, so the folder was still there. A vanished path waits a moment for the
+    folder to go; one that vanished alone is reported as it is."""
+    folder = tmp_path / "run"
+    (folder / "logs").mkdir(parents=True)
+    seen: list[RunFolderError] = []
+    guard = run_folder.FolderGuard(folder, seen.append)
+
+    def logs_removed_first() -> None:
+        shutil.rmtree(folder / "logs")
+        threading.Timer(0.3, shutil.rmtree, [folder]).start()  # the rest of the removal
+        (folder / "logs" / "controller.log").open("a")
+
+    assert not guard.write(logs_removed_first)
+    assert len(seen) == 1 and "was removed while the run went on" in str(seen[0])
+
+    monkeypatch.setattr(run_folder, "REMOVAL_WAIT_S", 0.3)
+    (folder / "logs").mkdir(parents=True)
+    guard = run_folder.FolderGuard(folder, seen.append)
+    assert not guard.write(lambda: (folder / "nothing" / "x").open("a"))
+    assert "No such file or directory" in str(seen[-1]) and not guard.gone
+    assert folder.exists()
