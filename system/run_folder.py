@@ -140,13 +140,13 @@ class FolderGuard:
             self._fd: int | None = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             self._fd = None
-        self._kept: dict[str, int] = {}
+        self._kept: dict[Path, int] = {}
 
     def keep(self, path: Path) -> None:
-        """Hold ``path``, a file the run keeps writing (``metrics.jsonl``): once it is unlinked,
-        the folder is taken as emptied."""
+        """Hold ``path``, a file the run keeps writing (``metrics.jsonl``): once its name no
+        longer leads to it, the folder is taken as emptied."""
         with contextlib.suppress(OSError):  # not there: nothing to hold
-            self._kept[Path(path).name] = os.open(path, os.O_RDONLY)
+            self._kept[Path(path)] = os.open(path, os.O_RDONLY)
 
     def write(self, write: Callable[[], Any]) -> bool:
         """Do one write; False when the folder refused it, or is no longer the run's."""
@@ -171,7 +171,7 @@ class FolderGuard:
 
     def _where(self) -> str:
         """``"here"``, ``"missing"`` (nothing at its path), ``"another"`` folder there, or
-        ``"emptied"`` (here, but a kept file was unlinked)."""
+        ``"emptied"`` (here, but a kept file was removed)."""
         if self._fd is None:
             return "here"  # it did not exist when the guard was made: nothing to compare
         held = os.fstat(self._fd)
@@ -184,7 +184,9 @@ class FolderGuard:
         return "emptied" if self._unlinked() else "here"
 
     def _unlinked(self) -> list[str]:
-        return [name for name, fd in self._kept.items() if os.fstat(fd).st_nlink == 0]
+        """Kept files no longer at their paths. By name, not by link count: NFS keeps a removed
+        file that is still open linked (as ``.nfsXXXX``)."""
+        return [path.name for path, fd in self._kept.items() if not _same(path, fd)]
 
     def _removal(self, error: RunFolderError) -> str | None:
         """How the folder is gone, or going, if it is: a path of the run that vanished under a
@@ -232,3 +234,13 @@ class FolderGuard:
             self.error = error
             logger.error("%s", error)
         self.on_error(error)
+
+
+def _same(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)

@@ -145,6 +145,15 @@ def test_a_run_folder_emptied_but_left_fails_the_run(tmp_path):
     assert not (folder / "x.json").exists() and guard.gone
     guard.close()
 
+    metrics.write_text("{}\n")
+    guard = run_folder.FolderGuard(folder, seen.append)
+    guard.keep(metrics)
+    assert guard.write(lambda: None)
+    (folder / "other").write_text("{}\n")
+    os.replace(folder / "other", metrics)  # the name leads elsewhere: the run's record is gone
+    assert not guard.write(lambda: None) and "metrics.jsonl removed" in str(seen[-1])
+    guard.close()
+
 
 def test_a_write_failing_as_the_removal_begins_waits_for_it(tmp_path, monkeypatch):
     """What the official CI met: `rm -rf` had emptied `logs/` but not yet unlinked the folder
