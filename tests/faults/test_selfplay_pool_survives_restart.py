@@ -36,7 +36,8 @@ def test_a_restarted_opponent_plays_versions_from_before_its_restart(tmp_path):
 
         def plays_the_past() -> bool:
             now = workers(run_dir)[OPPONENT]
-            if now["restarts"] == 1 and now["state"] == "alive" and "version" in now:
+            # None until the restarted worker's first heartbeat: workers.json always has the key
+            if now["restarts"] == 1 and now["state"] == "alive" and now["version"] is not None:
                 played.add(now["version"])
             return any(0 < v < killed_at for v in played)
 
