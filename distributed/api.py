@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -32,6 +32,7 @@ from api.errors import UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest
 from system import run_folder
+from system.run.metrics_file import MetricsTail, key_filter, read_metrics
 
 
 @dataclass
@@ -45,6 +46,7 @@ class RunResult:
     """0 done or solved, 1 failed, 130 interrupted (stopped in order), 131 stopped at once by
     a second interrupt; None while running."""
     _process: BaseProcess | None = field(default=None, repr=False)
+    _tail: MetricsTail | None = field(default=None, repr=False)
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until the run ends (or ``timeout_s`` passes); returns self."""
@@ -73,11 +75,26 @@ class RunResult:
         path = self.run_dir / run_folder.SUMMARY
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def metrics(self) -> list[dict[str, Any]]:
-        """Every record of ``metrics.jsonl`` so far."""
-        from system.run.report import read_metrics
+    def metrics(
+        self, keys: Iterable[str] | None = None, last: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The records of ``metrics.jsonl`` so far, oldest first (one a second while it runs).
 
-        return read_metrics(self.run_dir)
+        ``keys``: only these keys of each record, e.g. ``["env_frames", "episode_return"]``; a
+        name ending in "/" keeps every key under it (``"trainer/default/"``). ``last``: only the
+        last so many records, read from the file's end. A days-long run's file is hundreds of MB
+        and GBs as dicts: ask for what you plot.
+        """
+        if last is not None and last < 0:
+            raise UserError(f"last: the number of records to read, 0 or more; got {last}")
+        return read_metrics(self.run_dir, key_filter(keys), last)
+
+    def new_metrics(self, keys: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The records written since this method's previous call (the first call: all so far),
+        for a loop or a notebook cell that follows the run: it reads only what is new."""
+        if self._tail is None:
+            self._tail = MetricsTail(self.run_dir)
+        return self._tail.read(key_filter(keys))
 
 
 def train(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from system import logs, run_folder
-from system.run import report
+from system.run import metrics_file
 from system.run_folder import last_lines
 
 HEADLINE = ("wall_s", "env_frames", "fps", "episode_return", "eval_return")
@@ -40,7 +40,7 @@ def summary(folder: Path) -> dict[str, Any] | None:
 
 def last_metrics(folder: Path) -> dict[str, Any] | None:
     """The last whole record of ``metrics.jsonl``, read from its end (a long run's file is big)."""
-    return report.last_metrics(folder)
+    return metrics_file.last_metrics(folder)
 
 
 def headline(record: dict[str, Any] | None) -> dict[str, Any]:

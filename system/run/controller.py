@@ -30,11 +30,11 @@ from system.run.coordination.coordinator import Coordination
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks
 from system.run.finish import finish_run
+from system.run.metrics_file import last_metrics
 from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 from system.run.prometheus import open_endpoint, run_name_of
-from system.run.report import last_metrics
 from system.run.shape import ShapeResolver
 from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord

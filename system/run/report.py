@@ -1,8 +1,9 @@
-"""What a run leaves behind: reading `metrics.jsonl`, the learning-curve PNG (and a multi-agent
+"""What a run leaves behind: the learning-curve PNG (and a multi-agent
 run's win rates), `summary.json`.
 
 Everything here reads or writes files in a run folder and nothing else, so the same functions serve
 the controller at the end of a run, a resumed run, and someone inspecting an old run by hand.
+`metrics.jsonl` is read through :mod:`system.run.metrics_file`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from system import run_folder
+from system.run.metrics_file import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -49,48 +51,6 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def read_metrics(
-    run_dir: str | Path, keep: Callable[[str], bool] | None = None
-) -> list[dict[str, Any]]:
-    """Read every record of `run_dir/metrics.jsonl`; an absent file gives [].
-
-    `keep`: the keys to keep of each record (all when None). A record a second for days is
-    hundreds of MB of JSON and several GB as dicts; the summary and the plots read a few keys
-    (:func:`summarised`), so the file is read line by line and only those are held.
-
-    A run killed mid-write leaves a truncated last line: it is skipped quietly. A broken line
-    anywhere else (for instance a truncated line a resumed run appended after) is skipped with a
-    warning naming the line, so one bad line never costs the rest of the run's metrics.
-    """
-    path = Path(run_dir) / METRICS_FILE
-    try:
-        f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return []
-    records: list[dict[str, Any]] = []
-    broken = 0  # a bad line, said once another line follows it (else it was the last one)
-    with f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if broken:
-                logger.warning("%s:%d is not a JSON object; skipping that line", path, broken)
-                broken = 0
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if not isinstance(record, dict):
-                broken = number
-            elif keep is None:
-                records.append(record)
-            else:
-                records.append({k: v for k, v in record.items() if keep(k)})
-    if broken:
-        logger.debug("%s: ignoring truncated last line %d", path, broken)
-    return records
-
-
 _SUMMARISED = frozenset({"env_frames", "wall_s", "eval_return", "episode_return", "trainer_steps"})
 
 
@@ -101,19 +61,6 @@ def summarised(key: str) -> bool:
         or key.startswith(("result/", "eval/result/"))
         or (key.startswith(("policy/", "trainer/")) and key.endswith(("/version", "/steps")))
     )
-
-
-def last_metrics(run_dir: str | Path) -> dict[str, Any] | None:
-    """The last whole record of `run_dir/metrics.jsonl`, read from the file's end (a resumed
-    run counts on from it; it must not read a days-long run's file whole for that)."""
-    for line in reversed(run_folder.last_lines(Path(run_dir) / METRICS_FILE, 8)):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written, or one cut by a crash
-        if isinstance(record, dict):
-            return record
-    return None
 
 
 def write_summary(run_dir: str | Path, summary: Mapping[str, Any]) -> Path:

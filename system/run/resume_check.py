@@ -135,7 +135,7 @@ def _check_replay_segments(
 def check_budget_left(folder: Path, config: ExperimentConfig) -> int:
     """Refuse a resume that would stop as soon as it started: the run's last record already
     meets ``stop.wall_seconds`` or ``stop.env_frames``. The frames the run has made so far."""
-    from system.run.report import last_metrics
+    from system.run.metrics_file import last_metrics
 
     last = last_metrics(folder)
     if not last:

@@ -292,7 +292,8 @@ def test_eval_video_writes_a_playable_mp4(trained, tmp_path):
 @pytest.mark.multiprocess
 def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_path):
     """``troupe.train(resume=RUN)`` continues a copy of the run from its own config: a budget
-    the run has spent is refused before anything starts, a raised one is trained to. (In a
+    the run has spent is refused before anything starts, a raised one is trained to, in the
+    background, followed by ``new_metrics`` reads that together hold every record. (In a
     script of its own: the run's user file registers its environment when first imported.)"""
     import troupe
     from api.errors import UserError
@@ -304,13 +305,24 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     with pytest.raises(UserError, match="pass either resume=RUN_DIR or an experiment"):
         troupe.train("cartpole-ppo", resume=copy)
     script = (
-        "import sys, troupe\n"
+        "import sys, time, troupe\n"
         "from api.errors import UserError\n"
         "try:\n"
         "    troupe.train(resume=sys.argv[1])\n"
         "except UserError as e:\n"
         "    print('REFUSED', e)\n"
-        "r = troupe.train(resume=sys.argv[1], overrides=[f'stop.env_frames={sys.argv[2]}'])\n"
+        "r = troupe.train(resume=sys.argv[1], overrides=[f'stop.env_frames={sys.argv[2]}'],\n"
+        "                 background=True)\n"
+        "polled, reads = [], 0\n"  # followed as it trains: each read only what is new
+        "while r.running:\n"
+        "    polled += r.new_metrics(['env_frames'])\n"
+        "    reads += 1\n"
+        "    time.sleep(0.2)\n"
+        "r.wait()\n"
+        "polled += r.new_metrics(['env_frames'])\n"
+        "whole = r.metrics(['env_frames'])\n"
+        "tail = r.metrics(['env_frames'], last=1)\n"
+        "print('FOLLOWED', reads, len(whole), polled == whole, whole[-1:] == tail)\n"
         "print('EXIT', r.exit_code, r.summary['env_frames'])\n"
     )
     target = frames + 3000
@@ -322,6 +334,9 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     out = result.stdout[-3000:] + result.stderr[-3000:]
     refused = f"REFUSED nothing to resume in {copy}: the run already reached stop.env_frames=12000"
     assert refused in out
+    followed = result.stdout.split("FOLLOWED ")[-1].split()
+    assert int(followed[0]) > 1 and int(followed[1]) > 10, out
+    assert followed[2:4] == ["True", "True"], out
     said = result.stdout.split("EXIT ")[-1].split()
     assert said[0] == "0" and int(said[1]) >= target, out
     (record,) = [json.loads(line) for line in (copy / "resumes.jsonl").read_text().splitlines()]

@@ -353,7 +353,7 @@ def test_the_summary_and_plots_read_a_long_runs_metrics_a_few_keys_at_a_time(
 def test_the_last_record_is_read_from_the_files_end(tmp_path: Path) -> None:
     """What a resume counts on from (read from the file's end): the last whole record, not a
     torn line after it (a crash)."""
-    from system.run.report import last_metrics
+    from system.run.metrics_file import last_metrics
 
     assert last_metrics(tmp_path) is None
     write_lines(tmp_path, [{"env_frames": i, "pad": "x" * 100} for i in range(1000)])
