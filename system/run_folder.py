@@ -114,6 +114,10 @@ def last_lines(path: Path, n: int, block: int = 8192) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()[-n:]
 
 
+_NAME_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ESTALE)
+"""How ``stat`` says a path names nothing (ESTALE: removed on the NFS server)."""
+
+
 class FolderGuard:
     """Runs the controller's writes to a run folder. The first one that fails (a full disk, a
     read-only mount) is logged once, in one line naming the file, and ``on_error`` decides what
@@ -211,14 +215,16 @@ class FolderGuard:
 
     def _gone(self, where: str) -> bool:
         self.gone = True
+        lost = "its metrics, logs and checkpoints went with it"
         what = "was removed while the run went on"
-        if where == "emptied":
-            what = f"was emptied while the run went on ({', '.join(self._unlinked())} removed)"
+        if where == "emptied":  # perhaps only the kept file went: say what is known
+            gone = ", ".join(self._unlinked())
+            what = f"was emptied while the run went on ({gone} removed)"
+            lost = f"the run's record is no longer whole ({gone} cannot be written again)"
         elif where == "another":
             what += " (a folder of that name is there again, not the run's)"
         self.failed(RunFolderError(
-            f"the run folder {self.run_dir} {what}: its metrics, logs and checkpoints went with "
-            "it; the run stops (start it again)"
+            f"the run folder {self.run_dir} {what}: {lost}; the run stops (start it again)"
         ))  # fmt: skip
         return False
 
@@ -237,10 +243,12 @@ class FolderGuard:
 
 
 def _same(path: Path, fd: int) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
+    """Whether ``path`` still names the file open as ``fd``. A ``stat`` that fails for another
+    reason than the name being gone (a disk error, a permission changed) proves nothing: the
+    write that follows reports its own failure."""
     try:
         now = os.stat(path)
-    except OSError:
-        return False
+    except OSError as e:
+        return e.errno not in _NAME_GONE
     held = os.fstat(fd)
     return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)

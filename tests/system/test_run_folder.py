@@ -152,6 +152,34 @@ def test_a_run_folder_emptied_but_left_fails_the_run(tmp_path):
     (folder / "other").write_text("{}\n")
     os.replace(folder / "other", metrics)  # the name leads elsewhere: the run's record is gone
     assert not guard.write(lambda: None) and "metrics.jsonl removed" in str(seen[-1])
+    assert "the run's record is no longer whole" in str(seen[-1])  # not "its logs went too"
+    guard.close()
+
+
+def test_a_kept_file_that_cannot_be_stat_ed_is_not_taken_for_removed(tmp_path, monkeypatch):
+    """Only a name that leads nowhere is a removal; a disk error or a permission on the way
+    proves nothing, and the write that follows says what failed."""
+    import errno
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    metrics = folder / run_folder.METRICS
+    metrics.write_text("{}\n")
+    seen: list[RunFolderError] = []
+    guard = run_folder.FolderGuard(folder, seen.append)
+    guard.keep(metrics)
+    real_stat = os.stat
+
+    def failing(path, *args, **kwargs):
+        if os.fspath(path) == str(metrics):
+            raise OSError(failing.errno, os.strerror(failing.errno), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(run_folder.os, "stat", failing)
+    failing.errno = errno.EIO
+    assert guard.write(lambda: None) and not seen
+    failing.errno = errno.ESTALE  # NFS: removed on the server
+    assert not guard.write(lambda: None) and "metrics.jsonl removed" in str(seen[-1])
     guard.close()
 
 
