@@ -71,6 +71,7 @@ def validate(config: ExperimentConfig) -> list[str]:
                 f"{sorted(config.policies)}"
             )
     errors += _check_mappings(config)
+    errors += _check_thin(config.metrics.thin)
     for pname, pc in config.policies.items():
         errors += check_data_parallel(f"policies.{pname}", pc)
     errors += _check_positive(
@@ -283,6 +284,22 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
             f"stop.max_return: {stop.max_return} is below stop.eval_return "
             f"({stop.eval_return}): no window could reach it"
         )
+    return errors
+
+
+def _check_thin(steps: Any) -> list[str]:
+    """``metrics.thin``: ``[after_s, every_s]`` pairs, later steps after earlier ones."""
+    if not isinstance(steps, list) or not all(isinstance(s, list) for s in steps):
+        return []  # the type check says so
+    if any(len(s) != 2 or not all(isinstance(v, (int, float)) for v in s) for s in steps):
+        return [f"metrics.thin: [after_s, every_s] pairs of numbers, e.g. [[3600, 10]]; "
+                f"got {steps!r}"]  # fmt: skip
+    errors = [f"metrics.thin[{i}]: after_s must be 0 or more and every_s more than 0, got {s}"
+              for i, s in enumerate(steps) if s[0] < 0 or s[1] <= 0]  # fmt: skip
+    afters = [s[0] for s in steps]
+    if afters != sorted(set(afters)):
+        errors.append(f"metrics.thin: the after_s of each step must be above the previous "
+                      f"one's, got {afters}")  # fmt: skip
     return errors
 
 

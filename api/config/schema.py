@@ -259,6 +259,24 @@ class CheckpointConfig:
     later, e.g. 1000); 0: none beyond ``keep_last``."""
 
 
+@dataclass
+class MetricsConfig:
+    """What of the controller's record a second goes to ``metrics.jsonl`` and TensorBoard.
+
+    The live panel, the Prometheus endpoint and the stop rules see every record; on disk a long
+    run keeps fewer as it ages, as a record a second is some 100-350 MB a day of JSON and as much
+    of TensorBoard events. Leaving records out samples the curves and loses no frame or episode:
+    a record holds means (of the last episodes, of the last second's stage times) and counters,
+    which the next written one carries on. Always written: a run's first record, each change of
+    the evaluation result, the record that met the stop rule and the last; the summary's best
+    training return is of every record, written or not (``system/run/thinning.py``)."""
+
+    thin: list[list[float]] = field(default_factory=lambda: [[3600.0, 10.0], [86400.0, 60.0]])
+    """``[after_s, every_s]`` steps: from ``after_s`` seconds of a run (counted across resumes)
+    one record every ``every_s`` seconds is written. The default: every record for the first
+    hour, one in 10 s to a day, then one a minute. ``[]`` writes every record."""
+
+
 RENAMED_KEYS = {"checkpoint_every": "checkpoint.every"}
 """Keys of older configs (and their run folders' ``config.json``) and where they live now."""
 
@@ -315,6 +333,8 @@ class ExperimentConfig:
     default."""
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     """When a worker whose poll does not return counts as hung and is restarted."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """How much of a long run's metrics is written to its folder."""
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Workers of roles defined outside Troupe: role name -> its arguments, which the role's
     plan reads (``WorkerPlan.plans_for`` in ``system/run/plan.py``). The module that defines the

@@ -39,6 +39,7 @@ from system.run.shape import ShapeResolver
 from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
 from system.run.tally import Tally, WorkerStats
+from system.run.thinning import Thinning
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Controller:
             self.run_dir, lambda e: self.supervisor.fail(WorkerFailure("controller", str(e)))
         )
         self.metrics = MetricsWriter(self.run_dir)
+        self.thinning = Thinning(config.metrics.thin)
         self.folder.keep(self.metrics.path)  # the run's record: unlinked, the folder was emptied
         self.display = LiveDisplay(config.name, enabled=display)
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
@@ -122,7 +124,7 @@ class Controller:
                     self.supervisor.supervise()
             # The record that met the stopping rule, at the moment it did: episodes that finish
             # during shutdown would move the evaluation mean away from what decided.
-            self.folder.write(self._report)
+            self.folder.write(lambda: self._report(written=True))
         except KeyboardInterrupt:
             self.stop_reason = "interrupted"
         finally:
@@ -155,7 +157,7 @@ class Controller:
             self.stopped_at = (frames, time.monotonic() - self.started)
 
     def _finish(self) -> dict[str, Any]:
-        self.folder.write(lambda: self._report(show=False))  # the last counts; no display
+        self.folder.write(lambda: self._report(show=False, written=True))  # the last counts
         self.folder.write(self.metrics.close)
         self.folder.write(self.coordination.close)  # the state's last save, PBT's plot
         summary = finish_run(
@@ -168,6 +170,7 @@ class Controller:
             evaluation=self.tally.evaluation,
             extra=self.coordination.summary(),
             write=self.folder.write,
+            best_episode_return=self.thinning.best_return,
         )
         self.folder.close()
         self.server.close()
@@ -176,7 +179,9 @@ class Controller:
         return summary
 
     # ----------------------------------------------------------------- reports
-    def _report(self, show: bool = True) -> None:
+    def _report(self, show: bool = True, written: bool = False) -> None:
+        """Make the record of now: shown, exported, and written unless ``metrics.thin`` leaves
+        it out (``written``: it is written whatever the thinning says)."""
         elapsed = time.monotonic() - self.started
         workers = self.workers.values()
         record, roles = self.tally.record(elapsed, workers, self.callbacks.logged)
@@ -188,7 +193,8 @@ class Controller:
         if self.exporter is not None:
             endpoints["metrics"] = self.exporter.url
         run_folder.write_json(self.run_dir / run_folder.ENDPOINTS, endpoints)
-        self.metrics.write(record)
+        if self.thinning.keep(record) or written:
+            self.metrics.write(record)
         if self.exporter is not None:  # the last record of a run says it has ended
             self.exporter.update(record, table, self.run_name, running=show)
         snapshot = self.tally.snapshot(record, roles, workers, time.monotonic())

@@ -42,10 +42,12 @@ def finish_run(
     evaluation: EvaluationWindows,
     extra: dict[str, Any],
     write: Callable[[Callable[[], Any]], bool],
+    best_episode_return: float | None = None,
 ) -> dict[str, Any]:
     """Write the summary and plots with ``write`` (the controller's guard of the run folder);
     ``stopped_at``: env frames and wall seconds when the stopping rule held; ``extra``: what
-    the coordination drivers add (curriculum stage, PBT, ratings)."""
+    the coordination drivers add (curriculum stage, PBT, ratings); ``best_episode_return``:
+    the best the controller saw in its records, written or not (``metrics.thin``)."""
     target = config.stop.eval_return
     solved = stop_reason in TARGET_REASONS
     failed_late = failure is not None and stop_reason != "failed"
@@ -58,6 +60,9 @@ def finish_run(
         stop_reason="failed" if failed_late else stop_reason,
         solved_at=stopped_at if solved else None,
     )
+    best = summary["best_episode_return"]  # of the records written, this run's and before
+    if best_episode_return is not None and (best is None or best_episode_return > best):
+        summary["best_episode_return"] = best_episode_return
     if failed_late:
         summary["stop_rule_met"] = stop_reason
     if failure is not None:

@@ -1,7 +1,8 @@
 """The controller's Prometheus endpoint: a run's figures where a platform scrapes them.
 
 ``GET /metrics`` answers the text exposition format (version 0.0.4) rendered from the record the
-controller wrote to ``metrics.jsonl`` last (once a second) and its table of workers; nothing is
+controller made last (once a second, whether ``metrics.thin`` writes it to ``metrics.jsonl`` or
+not) and its table of workers; nothing is
 computed twice and a scrape never waits on the run. Off unless a port is asked for
 (``troupe run --metrics-port``, ``troupe controller --metrics-port``, or
 ``TROUPE_METRICS_PORT``); cluster deployments open it on :data:`DEFAULT_PORT` and say so to
