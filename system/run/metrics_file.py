@@ -45,7 +45,13 @@ def read_metrics(
     path = Path(run_dir) / METRICS_FILE
     if last is None:
         return read_from(path, 0, keep)[0]
-    return read_from(path, tail_offset(path, last), keep)[0][-last:]
+    lines = last
+    while True:  # more lines than records when some are blank or broken
+        start = tail_offset(path, lines)
+        records = read_from(path, start, keep)[0]
+        if len(records) >= last or start == 0:
+            return records[-last:]
+        lines *= 2
 
 
 def last_metrics(run_dir: str | Path) -> dict[str, Any] | None:

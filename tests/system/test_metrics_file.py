@@ -60,6 +60,13 @@ def test_a_whole_record_without_its_newline_yet_is_read(tmp_path):
     assert frames(read_metrics(tmp_path, last=2)) == [2, 3]
 
 
+def test_the_last_records_are_counted_past_blank_and_broken_lines(tmp_path):
+    write(tmp_path, [{"env_frames": i} for i in range(5)], tail='{"env_fr\n\n\n')
+    write(tmp_path, [{"env_frames": 5}])
+    assert frames(read_metrics(tmp_path, last=3)) == [3, 4, 5]
+    assert frames(read_metrics(tmp_path, last=9)) == [0, 1, 2, 3, 4, 5]
+
+
 def test_last_zero_or_an_absent_file_reads_nothing(tmp_path):
     assert read_metrics(tmp_path, last=3) == [] and last_metrics(tmp_path) is None
     write(tmp_path, [{"env_frames": 1}])
