@@ -289,9 +289,11 @@ def _check_stop(config: ExperimentConfig) -> list[str]:
 
 def _check_thin(steps: Any) -> list[str]:
     """``metrics.thin``: ``[after_s, every_s]`` pairs, later steps after earlier ones."""
-    if not isinstance(steps, list) or not all(isinstance(s, list) for s in steps):
+    pairs = (list, tuple)  # a config made in Python may hold tuples
+    if not isinstance(steps, pairs) or not all(isinstance(s, pairs) for s in steps):
         return []  # the type check says so
-    if any(len(s) != 2 or not all(isinstance(v, (int, float)) for v in s) for s in steps):
+    number = (int, float)
+    if any(len(s) != 2 or not all(isinstance(v, number) for v in s) for s in steps):
         return [f"metrics.thin: [after_s, every_s] pairs of numbers, e.g. [[3600, 10]]; "
                 f"got {steps!r}"]  # fmt: skip
     errors = [f"metrics.thin[{i}]: after_s must be 0 or more and every_s more than 0, got {s}"

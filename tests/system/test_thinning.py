@@ -11,7 +11,7 @@ import pytest
 from e2e_support import finish, read_json, start
 from test_monitor import event_scalars
 
-from api.config import make_experiment
+from api.config import check, make_experiment
 from api.errors import ConfigError
 from system.run.report import read_metrics
 from system.run.thinning import Thinning
@@ -64,6 +64,15 @@ def test_no_steps_writes_every_record():
 def test_a_bad_schedule_is_refused_before_the_run(thin, error):
     with pytest.raises(ConfigError, match=error.replace("[", r"\[")):
         make_experiment("cartpole-ppo", [f"metrics.thin={thin}"])
+
+
+def test_a_schedule_of_tuples_made_in_python_is_checked_too():
+    config = make_experiment("cartpole-ppo")
+    config.metrics.thin = [(10.0,)]
+    with pytest.raises(ConfigError, match=r"metrics\.thin: \[after_s, every_s\] pairs"):
+        check(config)
+    config.metrics.thin = [(10.0, 5.0)]
+    assert check(config) is config
 
 
 @pytest.mark.multiprocess
