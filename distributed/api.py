@@ -115,7 +115,8 @@ def train(
     ``experiment``: an ExperimentConfig, a registered name, an experiment file or an environment
     id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
     workers import first. Bad config raises ConfigError before any process starts.
-    ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``.
+    ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``,
+    ``new_metrics()``.
     ``resume``: a run folder to continue instead (``troupe run --resume``): its own config,
     ``overrides`` changing what may change (stop rules, worker counts, learning rates).
     ``launcher``: ``"local"`` (processes here) or ``"docker"`` (every role in its own container
