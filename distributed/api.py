@@ -78,7 +78,8 @@ class RunResult:
     def metrics(
         self, keys: Iterable[str] | None = None, last: int | None = None
     ) -> list[dict[str, Any]]:
-        """The records of ``metrics.jsonl`` so far, oldest first (one a second while it runs).
+        """The records of ``metrics.jsonl`` so far, oldest first (one a second for the first
+        hour, then fewer: ``metrics.thin``).
 
         ``keys``: only these keys of each record, e.g. ``["env_frames", "episode_return"]``; a
         name ending in "/" keeps every key under it (``"trainer/default/"``). ``last``: only the
