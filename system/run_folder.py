@@ -97,21 +97,25 @@ def write_json(path: Path, data: Any, *, indent: int = 1, sync: bool = False) ->
 
 def last_lines(path: Path, n: int, block: int = 8192) -> list[str]:
     """The last ``n`` lines of a text file, reading only as much of its end as they need (a
-    long run's ``metrics.jsonl`` or log is large)."""
+    long run's ``metrics.jsonl`` or log is large). A last line without its newline yet is one
+    of them: a log's line is shown as far as it is written. Reads back in doubling blocks, each
+    byte once, so many lines cost about as much as reading them."""
     if n <= 0:
         return []
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            end = pos = f.tell()
-            data = b""
-            while pos > 0 and data.count(b"\n") <= n:
-                pos = max(0, pos - block)
-                f.seek(pos)
-                data = f.read(end - pos)
+            pos = end = f.seek(0, os.SEEK_END)
+            chunks: list[bytes] = []
+            newlines = 0
+            while pos > 0 and newlines <= n:
+                start = max(0, pos - max(block, end - pos))
+                f.seek(start)
+                chunks.append(f.read(pos - start))
+                newlines += chunks[-1].count(b"\n")
+                pos = start
     except OSError:
         return []
-    return data.decode("utf-8", errors="replace").splitlines()[-n:]
+    return b"".join(reversed(chunks)).decode("utf-8", errors="replace").splitlines()[-n:]
 
 
 _NAME_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ESTALE)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-_UNSEEN = object()
-
 
 class Thinning:
     """Says of each record in turn whether it is written."""
@@ -30,7 +28,7 @@ class Thinning:
         """``(after_s, every_s)``: from ``after_s`` seconds of the run, one record per
         ``every_s`` seconds."""
         self._slot: tuple[float, int] | None = None  # the time slot of the last record written
-        self._eval: Any = _UNSEEN
+        self._eval: Any = None  # the last evaluation result shown
         self.best_return: float | None = None
         """The best ``episode_return`` of every record shown, written or not."""
 

@@ -206,3 +206,27 @@ def test_a_write_failing_as_the_removal_begins_waits_for_it(tmp_path, monkeypatc
     assert not guard.write(lambda: (folder / "nothing" / "x").open("a"))
     assert "No such file or directory" in str(seen[-1]) and not guard.gone
     assert folder.exists()
+
+
+@pytest.mark.parametrize("tail", ["", "a line being written"])
+def test_the_last_lines_are_read_back_from_the_end_each_byte_once(tmp_path, monkeypatch, tail):
+    path = tmp_path / "worker.log"
+    path.write_text("".join(f"line {i} " + "x" * (i % 40) + "\n" for i in range(500)) + tail)
+    whole = path.read_text().splitlines()
+    read = []
+
+    def counting_open(*args, **kwargs):
+        f = open(*args, **kwargs)  # noqa: SIM115 - last_lines closes it
+        plain_read = f.read
+        f.read = lambda size=-1: read.append(len(data := plain_read(size))) or data
+        return f
+
+    monkeypatch.setattr(run_folder, "open", counting_open, raising=False)
+    for n in (1, 2, 37, 499, 500, 501, 2000):
+        read.clear()
+        assert run_folder.last_lines(path, n, block=16) == whole[-n:]
+        assert sum(read) <= path.stat().st_size  # before, every block re-read all after it
+    assert run_folder.last_lines(path, 0) == []
+    assert run_folder.last_lines(tmp_path / "absent.log", 3) == []
+    (tmp_path / "empty.log").write_bytes(b"")
+    assert run_folder.last_lines(tmp_path / "empty.log", 3) == []
