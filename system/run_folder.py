@@ -31,7 +31,11 @@ logger = logging.getLogger(__name__)
 CONFIG = "config.json"
 """The resolved experiment, as the run was started (a resume checks against it)."""
 METRICS = "metrics.jsonl"
-"""One record a second: frames, returns, trainer stats, timings."""
+"""The run's records: frames, returns, trainer stats, timings; one a second, fewer as the run
+ages (``metrics.thin``)."""
+LATEST = "latest.json"
+"""The record of the run's last second, replaced each second whether or not ``metrics.jsonl``
+keeps it: what ``troupe status`` shows, and what a resumed run counts on from."""
 SUMMARY = "summary.json"
 """How the run ended (stop reason, solved, failure), written at its end."""
 WORKERS = "workers.json"

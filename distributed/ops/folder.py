@@ -39,8 +39,10 @@ def summary(folder: Path) -> dict[str, Any] | None:
 
 
 def last_metrics(folder: Path) -> dict[str, Any] | None:
-    """The last whole record of ``metrics.jsonl``, read from its end (a long run's file is big)."""
-    return metrics_file.last_metrics(folder)
+    """The run's record of its last second (``latest.json``), or the last whole record of
+    ``metrics.jsonl``, read from its end, where that is newer (a long run's file is big, and
+    after a day it keeps a record a minute)."""
+    return metrics_file.newest_record(folder)
 
 
 def headline(record: dict[str, Any] | None) -> dict[str, Any]:

@@ -30,11 +30,12 @@ from system.run.coordination.coordinator import Coordination
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks
 from system.run.finish import finish_run
-from system.run.metrics_file import last_metrics
+from system.run.metrics_file import newest_record
 from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 from system.run.prometheus import open_endpoint, run_name_of
+from system.run.report import jsonable
 from system.run.shape import ShapeResolver
 from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor, WorkerRecord
@@ -83,7 +84,7 @@ class Controller:
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)
         self.tally = Tally(config, observers=[self.coordination, self.callbacks])
-        self.started = time.monotonic() - self.tally.continue_from(last_metrics(self.run_dir))
+        self.started = time.monotonic() - self.tally.continue_from(newest_record(self.run_dir))
         self.stop_reason = ""
         self.stopped_at: tuple[int, float] | None = None
         """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""
@@ -195,6 +196,7 @@ class Controller:
         run_folder.write_json(self.run_dir / run_folder.ENDPOINTS, endpoints)
         if self.thinning.keep(record) or written:
             self.metrics.write(record)
+        run_folder.write_json(self.run_dir / run_folder.LATEST, jsonable(record))  # kept or not
         if self.exporter is not None:  # the last record of a run says it has ended
             self.exporter.update(record, table, self.run_name, running=show)
         snapshot = self.tally.snapshot(record, roles, workers, time.monotonic())

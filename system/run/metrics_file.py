@@ -61,6 +61,35 @@ def last_metrics(run_dir: str | Path) -> dict[str, Any] | None:
     return records[-1] if records else None
 
 
+def newest_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's record of now: `latest.json`, or the last record of `metrics.jsonl` where that
+    is newer by `wall_s` (a folder an older Troupe wrote has no `latest.json`). After a day a
+    thinned `metrics.jsonl` may hold nothing of the last minute: a run killed then resumes, and
+    `troupe status` shows it, from its last second instead."""
+    last = last_metrics(run_dir)
+    latest = _read_latest(Path(run_dir) / run_folder.LATEST)
+    if latest is None or (last is not None and _wall_s(last) > _wall_s(latest)):
+        return last
+    return latest
+
+
+def _read_latest(path: Path) -> dict[str, Any] | None:
+    try:
+        record = _parse(path.read_bytes())  # written whole or not at all (write_atomically)
+    except OSError:
+        return None
+    if record is None:
+        logger.warning("%s is not a JSON object; using the last record of %s", path, METRICS_FILE)
+        return None
+    return record if _wall_s(record) >= 0 else None
+
+
+def _wall_s(record: dict[str, Any]) -> float:
+    """A record's `wall_s`; -1 where it has none that is a number."""
+    wall = record.get("wall_s")
+    return float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) else -1.0
+
+
 def key_filter(keys: Iterable[str] | None) -> Keep | None:
     """A `keep` for the named keys; a name ending in "/" keeps every key under it
     ("trainer/default/" keeps that trainer's losses and counters). None keeps everything."""

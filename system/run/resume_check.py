@@ -135,9 +135,9 @@ def _check_replay_segments(
 def check_budget_left(folder: Path, config: ExperimentConfig) -> int:
     """Refuse a resume that would stop as soon as it started: the run's last record already
     meets ``stop.wall_seconds`` or ``stop.env_frames``. The frames the run has made so far."""
-    from system.run.metrics_file import last_metrics
+    from system.run.metrics_file import newest_record
 
-    last = last_metrics(folder)
+    last = newest_record(folder)
     if not last:
         return 0
     stop = config.stop

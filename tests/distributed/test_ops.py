@@ -216,6 +216,13 @@ def test_last_metrics_reads_the_last_whole_line(tmp_path):
     assert folder.headline(folder.last_metrics(run_dir))["env_frames"] == 1999
 
 
+def test_status_shows_the_run_s_last_second_where_the_file_is_thinned(tmp_path):
+    run_dir = run_folder_at(tmp_path / "r")
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"wall_s": 86400.0, "env_frames": 9}) + "\n")
+    (run_dir / "latest.json").write_text(json.dumps({"wall_s": 86459.0, "env_frames": 15}))
+    assert folder.headline(folder.last_metrics(run_dir))["env_frames"] == 15
+
+
 # --------------------------------------------------------------------- kubernetes
 class FakeCore:
     """The calls K8sBackend makes of the client's CoreV1Api, answered from a list of pods."""

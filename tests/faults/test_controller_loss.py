@@ -33,8 +33,11 @@ GONE_WITHIN_S = 5.0
 
 
 def test_controller_sigkill_ends_every_process_and_resume_continues(tmp_path):
+    """The run thins its record from the start, as a day-old run does (one a minute):
+    ``metrics.jsonl`` then lags the run, and the resume counts on from ``latest.json``."""
     run_dir = tmp_path / "run"
-    args = ["run", "cartpole-ppo", *SMALL, "stop.env_frames=100000000", "--run-dir", str(run_dir)]
+    args = ["run", "cartpole-ppo", *SMALL, "stop.env_frames=100000000", "--run-dir", str(run_dir),
+            "metrics.thin=[[0, 3600]]"]  # fmt: skip
     proc = start([*args, "--no-display"])
     wait_for(
         lambda: all_alive(run_dir) and (latest_version(run_dir) or 0) >= 3,
@@ -58,7 +61,8 @@ def test_controller_sigkill_ends_every_process_and_resume_continues(tmp_path):
     out = finish(proc)
     assert proc.returncode == 128 + signal.SIGKILL, out
     assert f"Continue with: troupe run --resume {run_dir}" in " ".join(out.split()), out
-    last, frames_before = latest_version(run_dir), frames(run_dir)
+    last, frames_before = latest_version(run_dir), read_json(run_dir / "latest.json")["env_frames"]
+    assert frames(run_dir) < frames_before  # the thinned file holds only the first record
     records_before = len(read_metrics(run_dir))
 
     resumed = start(["run", "--resume", str(run_dir), f"stop.env_frames={frames_before + 4000}",
@@ -72,4 +76,5 @@ def test_controller_sigkill_ends_every_process_and_resume_continues(tmp_path):
         if r.get("policy/default/version") is not None
     ]
     assert versions and min(versions) >= last, (last, versions[:5])  # went on, not back
+    assert read_metrics(run_dir)[records_before]["env_frames"] >= frames_before
     assert latest_version(run_dir) > last

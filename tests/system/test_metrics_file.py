@@ -15,6 +15,7 @@ from system.run.metrics_file import (
     MetricsTail,
     key_filter,
     last_metrics,
+    newest_record,
     read_metrics,
     tail_offset,
 )
@@ -125,3 +126,23 @@ def test_a_run_result_reads_keys_the_last_records_and_what_is_new(tmp_path):
     assert result.new_metrics() == []
     with pytest.raises(UserError, match="last: the number of records to read, 0 or more"):
         result.metrics(last=-1)
+
+
+def test_the_newest_record_is_the_last_second_s_where_the_file_was_thinned(tmp_path, caplog):
+    """After a day a thinned metrics.jsonl may hold nothing of the last minute: a resume and
+    troupe status take latest.json, written each second, where it is the newer."""
+    assert newest_record(tmp_path) is None
+    write(tmp_path, [{"wall_s": 60.0, "env_frames": 600}, {"wall_s": 120.0, "env_frames": 1200}])
+    assert newest_record(tmp_path) == {"wall_s": 120.0, "env_frames": 1200}  # no latest.json
+    latest = tmp_path / "latest.json"
+    latest.write_text(json.dumps({"wall_s": 179.0, "env_frames": 1790}))
+    assert newest_record(tmp_path) == {"wall_s": 179.0, "env_frames": 1790}
+    latest.write_text(json.dumps({"wall_s": 100.0, "env_frames": 1000}))  # an older one
+    assert newest_record(tmp_path)["wall_s"] == 120.0
+    for bad in ("{", "[1, 2]", '{"env_frames": 5}', '{"wall_s": "soon"}'):
+        latest.write_text(bad)
+        assert newest_record(tmp_path)["wall_s"] == 120.0, bad
+    assert "latest.json is not a JSON object; using the last record of metrics.jsonl" in caplog.text
+    (tmp_path / "metrics.jsonl").unlink()
+    latest.write_text(json.dumps({"wall_s": 3.0}))
+    assert newest_record(tmp_path) == {"wall_s": 3.0}

@@ -150,3 +150,14 @@ def test_a_resume_whose_stop_budget_is_spent_is_refused_saying_how_far_the_run_g
         check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.env_frames=1000"]))
     check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.wall_seconds=60"]))
     check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.env_frames=5000"]))
+
+
+def test_the_budget_left_is_judged_from_the_run_s_last_second(tmp_path):
+    """A thinned metrics.jsonl's last record may be a minute old; latest.json is the record of
+    the last second, written or not, and a SIGKILLed run's budget is judged from it."""
+    config = make_experiment("cartpole-ppo", ["stop.env_frames=1000"])
+    (tmp_path / METRICS_FILE).write_text(json.dumps({"wall_s": 60.0, "env_frames": 900}) + "\n")
+    assert check_budget_left(tmp_path, config) == 900
+    run_folder.write_json(tmp_path / run_folder.LATEST, {"wall_s": 95.0, "env_frames": 1300})
+    with pytest.raises(UserError, match=r"reached stop.env_frames=1000 \(it has 1300 frames\)"):
+        check_budget_left(tmp_path, config)
