@@ -144,6 +144,51 @@ class RoleShares:
         return max(self.shares.items(), key=lambda w: w[1])
 
 
+class _Interval:
+    """Stage seconds, wall seconds, reporting workers and batch figures summed since a start."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, dict[str, float]] = {}
+        self.wall: dict[str, float] = {}
+        self.workers: dict[str, set[str]] = {}
+        self.batches: dict[str, list[float]] = {}
+        """``<role>/<batch key>`` -> [sum, count, max] over heartbeats (bounded however long)."""
+
+    def add(self, role: str, worker_id: str, stats: Mapping[str, object]) -> None:
+        for key, value in stats.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if key.endswith(WALL_KEY):
+                part = _part(role, key[: -len(WALL_KEY)])
+                self.wall[part] = self.wall.get(part, 0.0) + float(value)
+                self.workers.setdefault(part, set()).add(worker_id)
+            elif STAGE_KEY in key:
+                thread, _, stage = key.partition(STAGE_KEY)
+                seconds = self.seconds.setdefault(_part(role, thread), {})
+                seconds[stage] = seconds.get(stage, 0.0) + float(value)
+            elif key in BATCH_KEYS:
+                figures = self.batches.setdefault(f"{role}/{key}", [0.0, 0, float(value)])
+                figures[0] += float(value)
+                figures[1] += 1
+                figures[2] = max(figures[2], float(value))
+
+    def shares(self) -> dict[str, RoleShares]:
+        out = {}
+        for role, wall in self.wall.items():
+            if wall > 0:
+                seconds = self.seconds.get(role, {})
+                shares = {s: v / wall for s, v in sorted(seconds.items())}
+                out[role] = RoleShares(role, len(self.workers[role]), shares)
+        return out
+
+    def batch_figures(self) -> dict[str, float]:
+        """The mean over the heartbeats of each figure (the max of their maxima)."""
+        return {
+            key: (top if key.endswith("_max") else total / count)
+            for key, (total, count, top) in self.batches.items()
+        }
+
+
 class RoleTimes:
     """The controller's tally of stage seconds by role, between two records.
 
@@ -152,50 +197,43 @@ class RoleTimes:
     records need not keep step) keeps the shares it had, so the panel does not flicker. A worker
     inside one long poll, a trainer's step, still sends its stage seconds: the busy-heartbeat
     thread takes them (:class:`~system.run.busy_heartbeat.BusyHeartbeat`).
+
+    A record is made every second but, as a run ages, written to its file less often
+    (``metrics.thin``): :meth:`take_written` gives the figures over the whole time since the
+    last written one, so a record a minute says where that minute went, not its last second.
     """
 
     def __init__(self) -> None:
-        self._seconds: dict[str, dict[str, float]] = {}
-        self._wall: dict[str, float] = {}
-        self._workers: dict[str, set[str]] = {}
+        self._shown = _Interval()
+        self._written = _Interval()
         self._last: dict[str, RoleShares] = {}
-        self._batches: dict[str, list[float]] = {}
 
     def add(self, role: str, worker_id: str, stats: Mapping[str, object]) -> None:
         """One heartbeat's stats; a thread's stages (``loader.stage/...``) count as a part of
         the role of their own (``trainer.loader``)."""
-        for key, value in stats.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            if key.endswith(WALL_KEY):
-                part = _part(role, key[: -len(WALL_KEY)])
-                self._wall[part] = self._wall.get(part, 0.0) + float(value)
-                self._workers.setdefault(part, set()).add(worker_id)
-            elif STAGE_KEY in key:
-                thread, _, stage = key.partition(STAGE_KEY)
-                seconds = self._seconds.setdefault(_part(role, thread), {})
-                seconds[stage] = seconds.get(stage, 0.0) + float(value)
-            elif key in BATCH_KEYS:
-                self._batches.setdefault(f"{role}/{key}", []).append(float(value))
+        self._shown.add(role, worker_id, stats)
+        self._written.add(role, worker_id, stats)
 
     def take(self) -> dict[str, RoleShares]:
-        for role, wall in self._wall.items():
-            if wall <= 0:
-                continue
-            seconds = self._seconds.get(role, {})
-            shares = {s: v / wall for s, v in sorted(seconds.items())}
-            self._last[role] = RoleShares(role, len(self._workers[role]), shares)
-        self._seconds, self._wall, self._workers = {}, {}, {}
+        self._last.update(self._shown.shares())
+        self._shown.seconds, self._shown.wall, self._shown.workers = {}, {}, {}
         return dict(self._last)
 
     def take_batches(self) -> dict[str, float]:
         """Each role's batch size figures over the interval: the mean over its heartbeats
         (the max of their maxima)."""
-        out = {
-            key: (max(v) if key.endswith("_max") else float(np.mean(v)))
-            for key, v in self._batches.items()
-        }
-        self._batches = {}
+        out = self._shown.batch_figures()
+        self._shown.batches = {}
+        return out
+
+    def take_written(self) -> dict[str, float]:
+        """The metric keys (:func:`record`, ``timing/<role>/batch_rows_*``) over the time since
+        the previous call, for the record written now; a role that sent no timing meanwhile
+        keeps the shares last taken."""
+        roles = {**self._last, **self._written.shares()}
+        out = record(roles)
+        out.update({f"timing/{k}": v for k, v in self._written.batch_figures().items()})
+        self._written = _Interval()
         return out
 
 

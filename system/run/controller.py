@@ -195,7 +195,7 @@ class Controller:
             endpoints["metrics"] = self.exporter.url
         run_folder.write_json(self.run_dir / run_folder.ENDPOINTS, endpoints)
         if self.thinning.keep(record) or written:
-            self.metrics.write(record)
+            self.metrics.write({**record, **self.tally.written_timing()})
         run_folder.write_json(self.run_dir / run_folder.LATEST, jsonable(record))  # kept or not
         if self.exporter is not None:  # the last record of a run says it has ended
             self.exporter.update(record, table, self.run_name, running=show)

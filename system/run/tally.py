@@ -277,6 +277,12 @@ class Tally:
         record.update({f"timing/{k}": v for k, v in self.timing.take_batches().items()})
         return record, roles
 
+    def written_timing(self) -> dict[str, float]:
+        """The ``timing/...`` keys of a record written to the run's file: over the time since
+        the previous written record (a thinned file keeps one a minute after a day), where the
+        record itself has its last second's, as the live panel shows them."""
+        return self.timing.take_written()
+
     def _recent_fps(self, elapsed: float) -> float | None:
         """Frames a second over the last :data:`FPS_WINDOW_S` of records (fewer at the start
         of a run); None for the first record."""

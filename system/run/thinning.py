@@ -3,9 +3,10 @@
 The controller makes a record a second for the live panel, the Prometheus endpoint and the stop
 rules. Written whole for days, that is hundreds of MB a day each of ``metrics.jsonl`` and
 TensorBoard events, which reading the run back (the summary, the plots, TensorBoard, a notebook)
-then pays for. A record is state, not an increment (means of the last episodes and of the last
-second's stage times, counters, the latest losses), so leaving some out samples the curves
-without losing a frame or an episode.
+then pays for. A record is state, not an increment (means of the last episodes, counters, the
+latest losses), so leaving some out samples the curves without losing a frame or an episode.
+Stage times are the exception: a written record's are over the time since the record written
+before it (:meth:`system.timing.RoleTimes.take_written`), not over its last second.
 
 What the summary reads as a first or an extreme stays exact: each change of the evaluation
 result (``best_eval_return``, ``first_eval_at_target``) is written, and the best training return

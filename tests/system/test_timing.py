@@ -88,6 +88,47 @@ def test_role_times_share_wall_time_over_every_worker_of_a_role():
     assert timing.record(roles)["timing/trainer/busy"] == 0.9
 
 
+def test_a_written_record_s_shares_are_over_the_time_since_the_last_one_written():
+    """A thinned file keeps one record a minute: its shares are of that minute, not of the
+    last second, which the panel shows."""
+    tally = RoleTimes()
+    tally.add("actor", "actor/0", _beat(env_step=0.9, wait_actions=0.1))
+    tally.add("policy", "policy/0", {"batch_rows_mean": 10.0, "batch_rows_max": 12.0})
+    tally.take(), tally.take_batches()  # a record thinned out
+    tally.add("actor", "actor/0", _beat(env_step=0.1, wait_actions=0.9))
+    tally.add("actor", "actor/1", _beat(env_step=1.0, wait_actions=1.0))
+    tally.add("policy", "policy/0", {"batch_rows_mean": 20.0, "batch_rows_max": 40.0})
+    tally.add("trainer", "trainer/0", _beat(compute=0.5, wait_samples=0.5))
+    shown = timing.record(tally.take())
+    assert shown["timing/actor/env_step"] == pytest.approx(1.1 / 3.0, abs=1e-4)
+    assert tally.take_batches() == {"policy/batch_rows_mean": 20.0, "policy/batch_rows_max": 40.0}
+    written = tally.take_written()
+    assert written["timing/actor/env_step"] == pytest.approx(2.0 / 4.0)
+    assert written["timing/actor/busy"] == pytest.approx(0.5)
+    assert written["timing/trainer/compute"] == 0.5
+    assert written["timing/policy/batch_rows_mean"] == 15.0
+    assert written["timing/policy/batch_rows_max"] == 40.0
+    # the next interval starts empty; a role silent in it keeps the shares last taken
+    tally.add("actor", "actor/0", _beat(env_step=1.0))
+    written = tally.take_written()
+    assert written["timing/actor/busy"] == 1.0 and written["timing/trainer/compute"] == 0.5
+    assert written == timing.record(tally.take())
+
+
+def test_every_record_written_gets_the_figures_the_panel_shows():
+    tally = RoleTimes()
+    for beats in (
+        [("actor", _beat(env_step=0.3, wait_actions=0.7))],
+        [],
+        [("trainer", _beat(compute=1.0))],
+    ):
+        for role, stats in beats:
+            tally.add(role, f"{role}/0", {**stats, "batch_rows_mean": 4.0})
+        shown = timing.record(tally.take())
+        shown.update({f"timing/{k}": v for k, v in tally.take_batches().items()})
+        assert tally.take_written() == shown
+
+
 def test_the_bottleneck_names_the_saturated_role_and_the_one_that_waits():
     roles = [
         RoleShares("actor", 4, {"env_step": 0.3, "requests": 0.1, "wait_actions": 0.6}),
