@@ -266,10 +266,12 @@ class MetricsConfig:
     The live panel, the Prometheus endpoint and the stop rules see every record; on disk a long
     run keeps fewer as it ages, as a record a second is some 100-350 MB a day of JSON and as much
     of TensorBoard events. Leaving records out samples the curves and loses no frame or episode:
-    a record holds means (of the last episodes, of the last second's stage times) and counters,
-    which the next written one carries on. Always written: a run's first record, each change of
-    the evaluation result, the record that met the stop rule and the last; the summary's best
-    training return is of every record, written or not (``system/run/thinning.py``)."""
+    a record holds means of the last episodes and counters, which the next written one carries
+    on, and a written record's stage times are over the time since the one before it; the last
+    second's record is in ``latest.json`` whatever is written. Always written: a run's first
+    record, each change of the evaluation result, the record that met the stop rule and the
+    last; the summary's best training return is of every record, written or not
+    (``system/run/thinning.py``)."""
 
     thin: list[list[float]] = field(default_factory=lambda: [[3600.0, 10.0], [86400.0, 60.0]])
     """``[after_s, every_s]`` steps: from ``after_s`` seconds of a run (counted across resumes)
