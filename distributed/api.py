@@ -32,7 +32,7 @@ from api.errors import UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest
 from system import run_folder
-from system.run.metrics_file import MetricsTail, key_filter, read_metrics
+from system.run.metrics_file import MetricsTail, key_filter, newest_record, read_metrics
 
 
 @dataclass
@@ -83,12 +83,19 @@ class RunResult:
 
         ``keys``: only these keys of each record, e.g. ``["env_frames", "episode_return"]``; a
         name ending in "/" keeps every key under it (``"trainer/default/"``). ``last``: only the
-        last so many records, read from the file's end. A days-long run's file is hundreds of MB
-        and GBs as dicts: ask for what you plot.
+        last so many records, read from the file's end. A long run's file is tens of MB even
+        thinned, and far more as dicts: ask for what you plot.
         """
         if last is not None and last < 0:
             raise UserError(f"last: the number of records to read, 0 or more; got {last}")
         return read_metrics(self.run_dir, key_filter(keys), last)
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The run's record of its last second (``latest.json``), kept in ``metrics.jsonl`` or
+        not (after an hour the file keeps one in 10 s, after a day one a minute); None before
+        the first."""
+        return newest_record(self.run_dir)
 
     def new_metrics(self, keys: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The records written since this method's previous call (the first call: all so far),
@@ -117,7 +124,7 @@ def train(
     id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
     workers import first. Bad config raises ConfigError before any process starts.
     ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``,
-    ``new_metrics()``.
+    ``new_metrics()``, ``latest``.
     ``resume``: a run folder to continue instead (``troupe run --resume``): its own config,
     ``overrides`` changing what may change (stop rules, worker counts, learning rates).
     ``launcher``: ``"local"`` (processes here) or ``"docker"`` (every role in its own container

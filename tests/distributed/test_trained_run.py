@@ -323,6 +323,7 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
         "whole = r.metrics(['env_frames'])\n"
         "tail = r.metrics(['env_frames'], last=1)\n"
         "print('FOLLOWED', reads, len(whole), polled == whole, whole[-1:] == tail)\n"
+        "print('LATEST', r.latest == r.metrics(last=1)[0])\n"  # the last is written too
         "print('EXIT', r.exit_code, r.summary['env_frames'])\n"
     )
     target = frames + 3000
@@ -337,6 +338,7 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     followed = result.stdout.split("FOLLOWED ")[-1].split()
     assert int(followed[0]) > 1 and int(followed[1]) > 10, out
     assert followed[2:4] == ["True", "True"], out
+    assert "LATEST True" in result.stdout, out
     said = result.stdout.split("EXIT ")[-1].split()
     assert said[0] == "0" and int(said[1]) >= target, out
     (record,) = [json.loads(line) for line in (copy / "resumes.jsonl").read_text().splitlines()]

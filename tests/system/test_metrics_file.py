@@ -126,6 +126,9 @@ def test_a_run_result_reads_keys_the_last_records_and_what_is_new(tmp_path):
     assert result.new_metrics() == []
     with pytest.raises(UserError, match="last: the number of records to read, 0 or more"):
         result.metrics(last=-1)
+    assert result.latest == {"env_frames": 5, "fps": 9}  # no latest.json: the file's last
+    (tmp_path / "latest.json").write_text(json.dumps({"wall_s": 7.0, "env_frames": 6}))
+    assert result.latest == {"wall_s": 7.0, "env_frames": 6}
 
 
 def test_the_newest_record_is_the_last_second_s_where_the_file_was_thinned(tmp_path, caplog):
