@@ -23,11 +23,12 @@ business: PettingZoo's classic games end the game and give the offender -1 (its
 never make one. ``float64`` Box observations are cast to ``float32`` (and declared so), the dtype
 policies compute in.
 
-Any PettingZoo game is an environment by its id: ``pettingzoo:<family>/<game>`` (the module
-under ``pettingzoo``, e.g. ``pettingzoo:classic/rps_v2``, ``pettingzoo:butterfly/
-knights_archers_zombies_v11``), played through its ``parallel_env`` where the game has one and is
-not a classic (turn-based) game, else its AEC ``env``; ``#aec`` or ``#parallel`` after the id
-chooses. ``troupe test-env pettingzoo:classic/rps_v2``, ``environment.type=pettingzoo:...``.
+Any PettingZoo game is an environment by its id: ``pettingzoo:<family>/<game>`` (its id in
+PettingZoo's registry, from 1.27, or before it the module under ``pettingzoo``; e.g.
+``pettingzoo:classic/rps_v2``, ``pettingzoo:butterfly/knights_archers_zombies_v11``), played
+through its parallel API where the game has one and is not a classic (turn-based) game, else its
+AEC one; ``#aec`` or ``#parallel`` after the id chooses. ``troupe test-env
+pettingzoo:classic/rps_v2``, ``environment.type=pettingzoo:...``.
 
 PettingZoo is an optional dependency: ``pip install 'troupe-rl[multiagent]'``.
 """
@@ -49,8 +50,6 @@ PREFIX = "pettingzoo:"
 
 def spec_of_id(name: str):
     """The environment spec of ``pettingzoo:<family>/<game>[#aec|#parallel]``."""
-    import importlib
-
     from api.errors import RegistryError
     from api.registry import Spec
 
@@ -60,6 +59,78 @@ def spec_of_id(name: str):
             f"'{name}' is no PettingZoo id: write pettingzoo:<family>/<game>, e.g. "
             "pettingzoo:classic/rps_v2, optionally ending in #aec or #parallel"
         )
+    try:
+        import pettingzoo
+    except ImportError as e:
+        raise RegistryError(f"'{name}': PettingZoo is not installed; {INSTALL_HINT}") from e
+    find = _by_registry if hasattr(pettingzoo, "spec") else _by_module
+    api, entry_point, defaults = find(name, path, api)
+    cls = "PettingZooParallelEnvironment" if api == "parallel" else "PettingZooAECEnvironment"
+    return Spec(
+        "environment",
+        name,
+        f"{__name__}:{cls}",
+        {"env": entry_point, **defaults},
+        f"PettingZoo {path} ({api} API)",
+    )
+
+
+def _default_apis(path: str, api: str) -> list[str]:
+    """The APIs to try: the one asked for; else a game's parallel one, unless it is a classic
+    (turn-based) game, then its AEC one."""
+    if api:
+        return [api]
+    return ["aec"] if path.startswith("classic/") else ["parallel", "aec"]
+
+
+def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, Any]]:
+    """PettingZoo 1.27 on: the game's spec in PettingZoo's registry (importing the game's module
+    by its path, as before, is deprecated there and warns). Imports nothing of the game: a
+    missing dependency is said when a worker makes it."""
+    import pettingzoo
+    from pettingzoo.env_registry.exceptions import NameNotFound, PettingZooRegistryError
+
+    from api.errors import RegistryError
+
+    for kind in _default_apis(path, api):
+        try:
+            spec = pettingzoo.spec(kind, path)
+        except NameNotFound as e:
+            error = e
+            continue
+        except PettingZooRegistryError as e:
+            raise RegistryError(f"'{name}': {e}; check the family and game with PettingZoo's "
+                                f"documentation, or {INSTALL_HINT}") from e  # fmt: skip
+        defaults = dict(spec.kwargs)
+        if spec.max_cycles is not None and spec.max_cycles != -1:
+            defaults.setdefault("max_cycles", spec.max_cycles)
+        return kind, spec.entry_point, defaults
+    other = "aec" if api == "parallel" else "parallel"
+    if api and _registered(other, path):
+        raise RegistryError(f"'{name}': PettingZoo's {path} has no {api} API (it has the {other} "
+                            f"one: #{other})")  # fmt: skip
+    raise RegistryError(f"'{name}': {error}; check the family and game with PettingZoo's "
+                        f"documentation, or {INSTALL_HINT}") from error  # fmt: skip
+
+
+def _registered(kind: str, path: str) -> bool:
+    import pettingzoo
+    from pettingzoo.env_registry.exceptions import PettingZooRegistryError
+
+    try:
+        pettingzoo.spec(kind, path)
+    except PettingZooRegistryError:
+        return False
+    return True
+
+
+def _by_module(name: str, path: str, api: str) -> tuple[str, str, dict[str, Any]]:
+    """PettingZoo before 1.27 (no registry): the game's module, ``pettingzoo.<family>.<game>``,
+    and its ``env`` or ``parallel_env``."""
+    import importlib
+
+    from api.errors import RegistryError
+
     module_name = "pettingzoo." + path.replace("/", ".")
     try:
         module = importlib.import_module(module_name)
@@ -68,20 +139,14 @@ def spec_of_id(name: str):
             f"'{name}': cannot import {module_name} ({e}); check the family and game with "
             f"PettingZoo's documentation, or {INSTALL_HINT}"
         ) from e
-    if not api:
-        turn_based = path.startswith("classic/")
-        api = "parallel" if hasattr(module, "parallel_env") and not turn_based else "aec"
-    factory = "parallel_env" if api == "parallel" else "env"
-    if not hasattr(module, factory):
-        raise RegistryError(f"'{name}': {module_name} has no {factory}() (no {api} API)")
-    cls = "PettingZooParallelEnvironment" if api == "parallel" else "PettingZooAECEnvironment"
-    return Spec(
-        "environment",
-        name,
-        f"{__name__}:{cls}",
-        {"env": f"{module_name}:{factory}"},
-        f"PettingZoo {path} ({api} API)",
-    )
+    kinds = _default_apis(path, api)
+    kind = next((k for k in kinds if hasattr(module, _FACTORY[k])), kinds[-1])
+    if not hasattr(module, _FACTORY[kind]):
+        raise RegistryError(f"'{name}': {module_name} has no {_FACTORY[kind]}() (no {kind} API)")
+    return kind, f"{module_name}:{_FACTORY[kind]}", {}
+
+
+_FACTORY = {"aec": "env", "parallel": "parallel_env"}
 
 
 def _make_pettingzoo_env(entry_point: str, env_kwargs: dict[str, Any]) -> Any:

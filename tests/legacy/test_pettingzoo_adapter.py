@@ -10,7 +10,7 @@ pytest.importorskip("pettingzoo", reason="needs the 'multiagent' extra")
 from pettingzoo.classic.connect_four import connect_four
 
 from api import environment, testing
-from api.errors import UserError
+from api.errors import RegistryError, UserError
 from legacy.environment.pettingzoo_adapter import (
     PettingZooAECEnvironment,
     PettingZooParallelEnvironment,
@@ -181,6 +181,35 @@ def test_any_game_is_an_environment_by_its_id(name, adapter, factory):
         env.close()
 
 
+@pytest.mark.filterwarnings("error::DeprecationWarning")
+def test_an_id_is_found_in_pettingzoo_s_registry_without_the_deprecated_module_path():
+    """PettingZoo 1.27 deprecates importing ``pettingzoo.classic.rps_v2``, and says it will
+    remove it: an id resolves through its registry, to the game's own module."""
+    from legacy.environment.pettingzoo_adapter import spec_of_id
+
+    spec = spec_of_id("pettingzoo:classic/rps_v2")
+    assert spec.kwargs == {"env": "pettingzoo.classic.rps.rps:env"}
+    env = environment.make("pettingzoo:classic/rps_v2")
+    env.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the old path's, asked for here
+def test_a_pettingzoo_without_a_registry_finds_the_game_by_its_module(monkeypatch):
+    """Before 1.27 PettingZoo had no registry: the game's module names its factories."""
+    import pettingzoo
+
+    from legacy.environment.pettingzoo_adapter import spec_of_id
+
+    monkeypatch.delattr(pettingzoo, "spec")
+    with pytest.warns(DeprecationWarning):  # what 1.27 says of the old path
+        spec = spec_of_id("pettingzoo:butterfly/knights_archers_zombies_v11")
+    assert spec.kwargs == {"env": "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env"}
+    with pytest.raises(RegistryError, match=r"cannot import pettingzoo\.classic\.no_such_game_v1"):
+        spec_of_id("pettingzoo:classic/no_such_game_v1")
+    with pytest.raises(RegistryError, match=r"connect_four_v3 has no parallel_env\(\)"):
+        spec_of_id("pettingzoo:classic/connect_four_v3#parallel")
+
+
 def test_a_game_by_id_passes_test_environment():
     report = testing.test_environment("pettingzoo:classic/rps_v2", steps=60)
     assert report.agent_count == 2 and report.episodes > 0
@@ -189,7 +218,10 @@ def test_a_game_by_id_passes_test_environment():
 @pytest.mark.parametrize(
     "name, said",
     [
-        ("pettingzoo:classic/no_such_game_v1", "cannot import pettingzoo.classic.no_such_game_v1"),
+        ("pettingzoo:classic/no_such_game_v1", "'classic/no_such_game-v1' not found in registry"),
+        ("pettingzoo:nofamily/rps_v2", "Namespace 'nofamily' not found in registry"),
+        ("pettingzoo:classic/rps_v9", "version v9 for 'classic/rps' not found"),
+        ("pettingzoo:classic/connect_four_v3#parallel", "has no parallel API .* #aec"),
         ("pettingzoo:classic/rps_v2#turns", "is no PettingZoo id"),
         ("pettingzoo:", "is no PettingZoo id"),
     ],
