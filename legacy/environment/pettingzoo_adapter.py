@@ -24,7 +24,7 @@ never make one. ``float64`` Box observations are cast to ``float32`` (and declar
 policies compute in.
 
 Any PettingZoo game is an environment by its id: ``pettingzoo:<family>/<game>`` (its id in
-PettingZoo's registry, from 1.27, or before it the module under ``pettingzoo``; e.g.
+PettingZoo's registry, or in a PettingZoo without one the module under ``pettingzoo``; e.g.
 ``pettingzoo:classic/rps_v2``, ``pettingzoo:butterfly/knights_archers_zombies_v11``), played
 through its parallel API where the game has one and is not a classic (turn-based) game, else its
 AEC one; ``#aec`` or ``#parallel`` after the id chooses. ``troupe test-env
@@ -84,9 +84,9 @@ def _default_apis(path: str, api: str) -> list[str]:
 
 
 def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, Any]]:
-    """PettingZoo 1.27 on: the game's spec in PettingZoo's registry (importing the game's module
-    by its path, as before, is deprecated there and warns). Imports nothing of the game: a
-    missing dependency is said when a worker makes it."""
+    """A PettingZoo with a registry (``pettingzoo.spec``; 1.27.0 here): the game's spec in it.
+    1.27.0 deprecates importing the game's module by its path, as was done before, and warns.
+    Imports nothing of the game: a missing dependency is said when a worker makes it."""
     import pettingzoo
     from pettingzoo.env_registry.exceptions import NameNotFound, PettingZooRegistryError
 
@@ -125,8 +125,8 @@ def _registered(kind: str, path: str) -> bool:
 
 
 def _by_module(name: str, path: str, api: str) -> tuple[str, str, dict[str, Any]]:
-    """PettingZoo before 1.27 (no registry): the game's module, ``pettingzoo.<family>.<game>``,
-    and its ``env`` or ``parallel_env``."""
+    """A PettingZoo without a registry: the game's module, ``pettingzoo.<family>.<game>``, and
+    its ``env`` or ``parallel_env``."""
     import importlib
 
     from api.errors import RegistryError

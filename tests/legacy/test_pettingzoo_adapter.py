@@ -183,7 +183,7 @@ def test_any_game_is_an_environment_by_its_id(name, adapter, factory):
 
 @pytest.mark.filterwarnings("error::DeprecationWarning")
 def test_an_id_is_found_in_pettingzoo_s_registry_without_the_deprecated_module_path():
-    """PettingZoo 1.27 deprecates importing ``pettingzoo.classic.rps_v2``, and says it will
+    """PettingZoo 1.27.0 deprecates importing ``pettingzoo.classic.rps_v2``, and says it will
     remove it: an id resolves through its registry, to the game's own module."""
     from legacy.environment.pettingzoo_adapter import spec_of_id
 
@@ -195,7 +195,7 @@ def test_an_id_is_found_in_pettingzoo_s_registry_without_the_deprecated_module_p
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the old path's, asked for here
 def test_a_pettingzoo_without_a_registry_finds_the_game_by_its_module(monkeypatch):
-    """Before 1.27 PettingZoo had no registry: the game's module names its factories."""
+    """A PettingZoo without a registry: the game's module names its factories."""
     import pettingzoo
 
     from legacy.environment.pettingzoo_adapter import spec_of_id
