@@ -280,3 +280,29 @@ def bottleneck(roles: Iterable[RoleShares]) -> str:
         wait, _ = waiter.largest_wait
         line += f"; {waiter.role} waits {1.0 - waiter.busy:.0%} ({wait})"
     return line
+
+
+PATH_ORDER = ("actor", "policy", "replay", "trainer")
+"""The order the frames go through the roles: how :func:`every_role` lists them."""
+
+
+def every_role(roles: Iterable[RoleShares]) -> str:
+    """One clause per role on the data path, in :data:`PATH_ORDER` (others after, by name):
+    ``busy`` with its largest stage where it works at least half its time, else ``waits`` with
+    its largest wait, e.g. ``actor busy 100% (env_step 100%); policy waits 100%
+    (wait_requests); trainer waits 100% (wait_samples)``.
+
+    What a stalled run says: there every role but one may wait fully, and :func:`bottleneck`
+    names only one of those that tie, whichever a rounding puts first."""
+    shown = [r for r in roles if r.shares and r.role not in SIDE_ROLES and "." not in r.role]
+    rank = {role: i for i, role in enumerate(PATH_ORDER)}
+    shown.sort(key=lambda r: (rank.get(r.role, len(rank)), r.role))
+    return "; ".join(_state(r) for r in shown)
+
+
+def _state(role: RoleShares) -> str:
+    wait = role.largest_wait
+    if role.busy >= 0.5 or wait is None:
+        stage, share = role.largest_stage
+        return f"{role.role} busy {role.busy:.0%} ({stage} {share:.0%})"
+    return f"{role.role} waits {1.0 - role.busy:.0%} ({wait[0]})"

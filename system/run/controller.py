@@ -21,7 +21,7 @@ from typing import Any
 from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import RunFolderError
-from system import run_folder
+from system import run_folder, timing
 from system.errors import CallbackError, WireError, WorkerFailure
 from system.roles import Role, WorkerState
 from system.run import control_protocol as cp
@@ -203,10 +203,11 @@ class Controller:
         if show:
             self.display.update(snapshot)
         if show and not self.stop_reason:  # a run that met its rule has not stalled
-            self._watch_progress(snapshot.bottleneck)
+            self._watch_progress(timing.every_role(roles.values()))
 
     def _watch_progress(self, waits: str) -> None:
-        """Fail a run whose workers are all up and all waiting (:mod:`system.run.stall_watch`)."""
+        """Fail a run whose workers are all up and all waiting (:mod:`system.run.stall_watch`);
+        ``waits``: what every role on the data path is doing."""
         steps = sum(s.get("steps", 0.0) for s in self.tally.trainer_stats.values())
         up = all(w.state in (WorkerState.ALIVE, WorkerState.STOPPED) for w in self.workers.values())
         stalled = self.stall.see(time.monotonic(), (self.tally.env_frames, steps), up, waits)

@@ -10,8 +10,10 @@ So the controller watches progress: training frames, and the steps of every trai
 Evaluation episodes are not progress (evaluation actors play on with old versions). The clock
 runs only while every worker is up: a worker starting, restarting or being scheduled explains a
 pause, and its own liveness rules deal with it. After :data:`WARN_AFTER_S` without progress
-the controller warns, naming what each side waits for (the panel's bottleneck line); after
-``stop.stall_seconds`` the run fails (exit 1) with the same words, rather than run on idle.
+the controller warns, saying what each role on the frames' path does: busy at what, or waiting
+for what (:func:`system.timing.every_role`; not the panel's bottleneck line, which names one
+waiter where several wait fully). After ``stop.stall_seconds`` the run fails (exit 1) with the
+same words, rather than run on idle.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ class StallWatch:
 
     def see(self, now: float, progress: tuple[int, float], all_up: bool, waits: str) -> str:
         """``progress``: training frames and the trainers' summed steps; ``all_up``: whether
-        every worker is up; ``waits``: the bottleneck line. Returns why the run must fail, or
-        an empty string."""
+        every worker is up; ``waits``: what each role does (:func:`system.timing.every_role`).
+        Returns why the run must fail, or an empty string."""
         if not all_up or progress != self._progress:
             self._progress, self._since, self._warned = progress, (now if all_up else None), False
             return ""

@@ -144,6 +144,27 @@ def test_the_bottleneck_names_the_saturated_role_and_the_one_that_waits():
     assert bottleneck([*roles[2:], loader]) == "trainer busy 97% (compute 81%)"
 
 
+def test_a_stalled_run_names_every_role_that_waits_not_one_of_those_that_tie():
+    """Every role but the actor waits fully: the bottleneck line names one of them (the CI run
+    of stop 53 failed on which), the stall message names each, in the frames' order."""
+    roles = [
+        RoleShares("trainer", 1, {"wait_samples": 0.9995, "control": 0.0005}),
+        RoleShares("parameter_service", 1, {"wait_requests": 1.0}),
+        RoleShares("trainer.loader", 1, {"wait_trainer": 1.0}),
+        RoleShares("policy", 1, {"wait_requests": 0.9996, "forward": 0.0004}),
+        RoleShares("actor", 1, {"env_step": 1.0}),
+    ]
+    assert timing.every_role(roles) == (
+        "actor busy 100% (env_step 100%); policy waits 100% (wait_requests); "
+        "trainer waits 100% (wait_samples)"
+    )
+    assert "trainer waits" not in bottleneck(roles)  # the tie went to the policy worker
+    half = [RoleShares("replay", 2, {"insert": 0.5, "wait_samples": 0.5}),
+            RoleShares("custom", 1, {"wait_x": 0.7, "x": 0.3})]  # fmt: skip
+    assert timing.every_role(half) == "replay busy 50% (insert 50%); custom waits 70% (wait_x)"
+    assert timing.every_role([]) == ""
+
+
 def test_a_threads_stages_are_a_part_of_the_role_of_their_own():
     tally = RoleTimes()
     stats = {**_beat(wait_batch=0.1, compute=0.9)}
