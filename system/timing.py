@@ -141,7 +141,11 @@ class RoleShares:
 
     @property
     def largest_stage(self) -> tuple[str, float]:
-        return max(self.shares.items(), key=lambda w: w[1])
+        """The largest stage that is work, not a wait (the largest wait where all are): what a
+        role said to be busy is busy with, e.g. ``policy busy 21% (forward 15%)``, not
+        ``(wait_requests 79%)``."""
+        work = [(stage, s) for stage, s in self.shares.items() if not is_wait(stage)]
+        return max(work or self.shares.items(), key=lambda w: w[1])
 
 
 class _Interval:

@@ -165,6 +165,16 @@ def test_a_stalled_run_names_every_role_that_waits_not_one_of_those_that_tie():
     assert timing.every_role([]) == ""
 
 
+def test_a_role_that_mostly_waits_is_busy_with_its_largest_work_not_its_wait():
+    """Early in a (resumed) run only the policy worker had reported, and the panel read
+    ``policy busy 21% (wait_requests 79%)``."""
+    policy = RoleShares("policy", 1, {"forward": 0.15, "reply": 0.06, "wait_requests": 0.79})
+    assert policy.largest_stage == ("forward", pytest.approx(0.15))
+    assert bottleneck([policy]) == "policy busy 21% (forward 15%)"
+    idle = RoleShares("trainer", 1, {"wait_samples": 1.0})
+    assert idle.largest_stage == ("wait_samples", 1.0)  # all waits: the largest of them
+
+
 def test_a_threads_stages_are_a_part_of_the_role_of_their_own():
     tally = RoleTimes()
     stats = {**_beat(wait_batch=0.1, compute=0.9)}
