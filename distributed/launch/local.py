@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 from multiprocessing.process import BaseProcess
 
 from system.run import worker_process
@@ -51,6 +52,12 @@ class LocalLauncher:
         process = self.processes.get(worker_id)
         return process is not None and process.is_alive()
 
+    def how_ended(self, worker_id: str) -> str:
+        """How a worker's process ended, for the supervisor's line: a signal by name (SIGKILL
+        is most often the kernel's out-of-memory killer), or its exit code."""
+        process = self.processes.get(worker_id)
+        return ended_by(process.exitcode if process is not None else None)
+
     def pid(self, worker_id: str) -> int | None:
         process = self.processes.get(worker_id)
         return process.pid if process is not None else None
@@ -69,6 +76,21 @@ class LocalLauncher:
             if process.is_alive():
                 logger.warning("%s still running at shutdown; killing it", worker_id)
                 self.kill(worker_id)
+
+
+def ended_by(exitcode: int | None) -> str:
+    """``exited with code 3``, ``was killed by SIGKILL (...)``; ``exited`` where unknown."""
+    if exitcode is None:
+        return "exited"
+    if exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    if -exitcode == signal.SIGKILL:
+        return f"was killed by {name} (out of memory? the kernel's OOM killer sends it: see dmesg)"
+    return f"was killed by {name}"
 
 
 class ExternalLauncher:

@@ -46,6 +46,11 @@ so a long run survives occasional crashes (a preempted node each hour) but not a
 
 
 class Launcher(Protocol):
+    """What starts and kills worker processes. One that sees how a process ended may also have
+    ``how_ended(worker_id) -> str`` (``was killed by SIGKILL``, ``exited with code 3``), which
+    the restart line and the failure then say (:class:`distributed.launch.local.LocalLauncher`);
+    a scheduler's launcher sees no process and cannot."""
+
     start_grace_s: float
     """How long a worker may take from start to its first message (image pulls, imports)."""
     restart_grace_s: float
@@ -181,7 +186,7 @@ class Supervisor:
             silent = now - record.last_seen > self._silence_limit(wid, record)
             if not (dead or silent or record.state is WorkerState.FAILED):
                 continue
-            why = "exited" if dead else "went silent" if silent else "failed"
+            why = self._how_ended(wid) if dead else "went silent" if silent else "failed"
             if silent and wid in self.silent_since and record.state is WorkerState.RESTARTING:
                 lost = now - self.silent_since[wid]
                 why = f"was not back {lost:.0f}s after it {self.why_restarted[wid]}"
@@ -192,6 +197,12 @@ class Supervisor:
                 self.fail(WorkerFailure(wid, _given_up(record, record.last_error or why)))
             else:
                 self._restart(record, why)
+
+    def _how_ended(self, wid: str) -> str:
+        """``exited``, or what the launcher knows of how (a signal, an exit code): a worker
+        killed for memory said only "exited" before."""
+        how_ended = getattr(self.launcher, "how_ended", None)
+        return how_ended(wid) if how_ended is not None else "exited"
 
     def _silence_limit(self, wid: str, record: WorkerRecord) -> float:
         """How long a worker may go without a message: a heartbeat interval when running; after

@@ -110,6 +110,7 @@ def test_a_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     os.kill(victim, signal.SIGKILL)
     out = finish(proc)
     assert proc.returncode == 0, out
+    assert "actor/0 was killed by SIGKILL (out of memory?" in out, out  # not just "exited"
     workers = read_json(run_dir / "workers.json")
     assert workers["actor/0"]["restarts"] == 1
     assert workers["actor/0"]["pid"] != victim

@@ -4,9 +4,12 @@ same decisions on real processes are in tests/faults (SIGKILLs, hung workers, a 
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from api.config import make_experiment
+from distributed.launch.local import ended_by
 from system.roles import Role, WorkerState
 from system.run import supervisor as sup
 from system.run.control_protocol import Stop
@@ -62,6 +65,24 @@ def test_a_worker_that_died_is_restarted_and_its_names_forgotten(run):
     assert record.state is WorkerState.RESTARTING and record.restarts == 1
     assert "inference/default/0" not in names.endpoints  # peers wait for the new address
     assert s.failure is None
+
+
+def test_a_dead_worker_is_named_with_how_it_ended_where_the_launcher_knows(run, caplog):
+    s, launcher, _ = run
+    launcher.how_ended = lambda wid: ended_by(-signal.SIGKILL)
+    launcher.alive.discard("actor/0")
+    s.supervise()
+    assert "actor/0 was killed by SIGKILL (out of memory?" in caplog.text
+    assert "restarting it (restart 1)" in caplog.text
+
+
+def test_how_a_process_ended_in_words():
+    assert ended_by(None) == "exited"
+    assert ended_by(0) == "exited with code 0"
+    assert ended_by(3) == "exited with code 3"
+    assert ended_by(-signal.SIGTERM) == "was killed by SIGTERM"
+    assert ended_by(-signal.SIGKILL).startswith("was killed by SIGKILL (out of memory?")
+    assert ended_by(-200) == "was killed by signal 200"
 
 
 def test_a_crash_loop_is_given_up_on(run):
