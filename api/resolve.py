@@ -28,7 +28,7 @@ from typing import Any
 
 from api import registry, user_code
 from api.code import attach_user_code
-from api.config import ExperimentConfig, apply_overrides, check, parse_value
+from api.config import ExperimentConfig, apply_overrides, check, parse_value, validate
 from api.errors import ConfigError, RegistryError, UserError
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,11 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
         code["imports"] = [_beside(path, i) for i in code.get("imports", [])]
         for item in code["imports"]:
             user_code.import_code(item)
-    return ExperimentConfig.from_dict(data)
+    errors: list[str] = []
+    config = ExperimentConfig.from_dict(data, errors)
+    if errors:  # with what the rest of the file gets wrong, so one launch shows it all
+        raise ConfigError(errors + [e for e in validate(config) if e not in errors])
+    return config
 
 
 def _read_declarative(path: Path) -> dict[str, Any]:

@@ -361,12 +361,14 @@ class ExperimentConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
-        """Build and validate; raises ConfigError listing every problem."""
-        errors: list[str] = []
-        config = from_mapping(cls, _renamed(data), "", errors)
-        if errors:
-            raise ConfigError(errors)
+    def from_dict(cls, data: dict[str, Any], errors: list[str] | None = None) -> ExperimentConfig:
+        """Build, checking keys and types; raises ConfigError listing every problem. With an
+        ``errors`` list, appends them there instead and returns the config, whatever it could
+        not read at its default (so that the caller can add what else is wrong with it)."""
+        found: list[str] = [] if errors is None else errors
+        config = from_mapping(cls, _renamed(data), "", found)
+        if found and errors is None:
+            raise ConfigError(found)
         return config
 
 

@@ -199,6 +199,24 @@ def test_a_python_file_names_its_function_and_overrides_apply(files):
     assert other.seed == 6 and other.actors.workers == 2
 
 
+def test_a_files_wrong_types_come_with_everything_else_it_gets_wrong(tmp_path):
+    """A value of the wrong type used to stop the check there: the misspelt and out-of-range
+    trainer arguments came one launch later (as overrides, every error came at once)."""
+    (tmp_path / "exp.yaml").write_text(
+        "base: cartpole-ppo\n"
+        "actors: {workers: two}\n"
+        "policies: {default: {trainer: {args: {lr: -1, clip_eps: 0.2}}}}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(tmp_path / "exp.yaml"))
+    assert e.value.errors == [
+        "actors.workers: expected int, got str 'two'",
+        "policies.default.trainer.args.clip_eps: unknown key; did you mean 'clip'? "
+        "(algorithm.ppo.trainer:PPOTrainer takes no 'clip_eps')",
+        "policies.default.trainer.args.lr: must be more than 0, got -1",
+    ]
+
+
 def test_a_function_that_returns_no_config_is_named_with_what_it_returned(tmp_path):
     (tmp_path / "odd.py").write_text("def experiment():\n    return 42\n")
     with pytest.raises(UserError, match=r"odd.py:experiment\(\) returned int 42, not an Exp"):
