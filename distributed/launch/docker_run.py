@@ -23,7 +23,6 @@ import re
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -33,6 +32,13 @@ from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
+from distributed.launch.docker_output import (
+    CONTROLLER_ID,
+    LABEL_WORKER,
+    LogPrinter,
+    follow_logs,
+    report_exits,
+)
 
 if TYPE_CHECKING:
     import docker
@@ -46,8 +52,7 @@ CONTAINER_RUN_DIR = "/troupe/run"
 """Where the run folder is mounted in every container (the controller's RUN_DIR argument)."""
 CONTAINER_KEYS_FILE = "/troupe/keys"
 KEYS_FILE = "keys"
-CONTROLLER_ID = "controller"
-LABEL_RUN, LABEL_ROLE, LABEL_WORKER = "troupe.run", "troupe.role", "troupe.worker"
+LABEL_RUN, LABEL_ROLE = "troupe.run", "troupe.role"
 STOP_GRACE_S = 120.0
 """How long the controller gets to stop the run in order after Ctrl+C."""
 
@@ -150,54 +155,6 @@ def container_environment() -> dict[str, str]:
     return env
 
 
-# --------------------------------------------------------------------- logs
-class LogPrinter:
-    """Prints the containers' output: the controller's lines as they are, the workers' prefixed
-    with their id and limited to ``per_window`` lines per ``window_s`` each, so a worker stuck in
-    an error loop cannot flood the terminal."""
-
-    def __init__(self, out: TextIO, per_window: int = 20, window_s: float = 10.0):
-        self.out, self.per_window, self.window_s = out, per_window, window_s
-        self._lock = threading.Lock()
-        self._windows: dict[str, tuple[float, int]] = {}
-
-    def line(self, worker_id: str, text: str) -> None:
-        if worker_id == CONTROLLER_ID:
-            self._write(text)
-            return
-        now = time.monotonic()
-        start, count = self._windows.get(worker_id, (now, 0))
-        if now - start > self.window_s:
-            if count > self.per_window:
-                self._write(f"[{worker_id}] ... {count - self.per_window} lines not shown")
-            start, count = now, 0
-        self._windows[worker_id] = (start, count + 1)
-        if count < self.per_window:
-            self._write(f"[{worker_id}] {text}")
-
-    def _write(self, text: str) -> None:
-        with self._lock:
-            self.out.write(text + "\n")
-            self.out.flush()
-
-
-def follow_logs(container: Container, worker_id: str, printer: LogPrinter, done: threading.Event):
-    """Stream a container's output until ``done``; after a restart, follow the new process."""
-    since: float | None = None
-    while not done.is_set():
-        try:
-            for chunk in container.logs(stream=True, follow=True, since=since):
-                for text in chunk.decode(errors="replace").splitlines():
-                    printer.line(worker_id, text)
-            since = time.time()
-            container.reload()
-        except Exception:  # removed under the stream (a Docker or a connection error)
-            return
-        if container.status not in ("running", "restarting", "created"):
-            return
-        done.wait(0.5)
-
-
 # --------------------------------------------------------------------- the run
 def run_docker(
     config: ExperimentConfig,
@@ -230,6 +187,8 @@ def run_docker(
         signal.signal(signal.SIGINT, signal.default_int_handler)
     network = client.networks.create(f"troupe-{run}", driver="bridge", labels={LABEL_RUN: run})
     containers: list[Container] = []
+    events = client.events(decode=True, filters=_exit_filters(run))
+    threading.Thread(target=report_exits, args=(events, printer, done), daemon=True).start()
     try:
         for spec in container_roles(config, run, metrics=metrics_port is not None):
             ports = {}
@@ -247,7 +206,12 @@ def run_docker(
         return EXIT_INTERRUPTED
     finally:
         done.set()
+        events.close()
         remove_run_objects(client, run)
+
+
+def _exit_filters(run: str) -> dict[str, object]:
+    return {"type": "container", "event": ["die", "oom"], "label": f"{LABEL_RUN}={run}"}
 
 
 def check_can_run(client: docker.DockerClient, image: str, run_dir: Path) -> None:

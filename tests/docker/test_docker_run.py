@@ -140,6 +140,8 @@ def test_a_crashed_actor_container_is_restarted_and_the_run_completes(client, tm
 
     run.wait_for(restarted, "actor/0 restarted by Docker")
     assert run.join() == 0, run.log()
+    # Docker's die event, on the host: the controller inside saw only a worker gone silent
+    assert "[actor/0] its container ended: exit code 137 (SIGKILL" in run.output.getvalue()
     assert read_json(run.run_dir / "summary.json")["stop_reason"] == "env_frames"
     # Only the restarted process can have said bye: the killed one never got the chance.
     assert read_json(run.run_dir / "workers.json")["actor/0"]["state"] == "stopped"

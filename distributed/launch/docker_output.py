@@ -1,0 +1,117 @@
+"""What a Docker run prints besides the controller's own lines: each worker container's output,
+prefixed with its id and rate-limited, and how a worker container that ended early ended.
+
+Inside its container the controller sees only that a worker went silent (it runs with the
+``ExternalLauncher``), so a container killed for memory looked like any crash there; Docker's
+``oom`` and ``die`` events, read here on the host, say which it was.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+CONTROLLER_ID = "controller"
+LABEL_WORKER = "troupe.worker"
+
+
+class LogPrinter:
+    """Prints the containers' output: the controller's lines as they are, the workers' prefixed
+    with their id and limited to ``per_window`` lines per ``window_s`` each, so a worker stuck in
+    an error loop cannot flood the terminal."""
+
+    def __init__(self, out: TextIO, per_window: int = 20, window_s: float = 10.0):
+        self.out, self.per_window, self.window_s = out, per_window, window_s
+        self._lock = threading.Lock()
+        self._windows: dict[str, tuple[float, int]] = {}
+
+    def line(self, worker_id: str, text: str) -> None:
+        if worker_id == CONTROLLER_ID:
+            self._write(text)
+            return
+        now = time.monotonic()
+        start, count = self._windows.get(worker_id, (now, 0))
+        if now - start > self.window_s:
+            if count > self.per_window:
+                self._write(f"[{worker_id}] ... {count - self.per_window} lines not shown")
+            start, count = now, 0
+        self._windows[worker_id] = (start, count + 1)
+        if count < self.per_window:
+            self._write(f"[{worker_id}] {text}")
+
+    def always(self, worker_id: str, text: str) -> None:
+        """A line of our own about a worker, never held back by its window."""
+        self._write(f"[{worker_id}] {text}")
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+
+def follow_logs(container: Container, worker_id: str, printer: LogPrinter, done: threading.Event):
+    """Stream a container's output until ``done``; after a restart, follow the new process."""
+    since: float | None = None
+    while not done.is_set():
+        try:
+            for chunk in container.logs(stream=True, follow=True, since=since):
+                for text in chunk.decode(errors="replace").splitlines():
+                    printer.line(worker_id, text)
+            since = time.time()
+            container.reload()
+        except Exception:  # removed under the stream (a Docker or a connection error)
+            return
+        if container.status not in ("running", "restarting", "created"):
+            return
+        done.wait(0.5)
+
+
+def report_exits(events: Iterable[dict], printer: LogPrinter, done: threading.Event) -> None:
+    """Say how each worker container that ended early ended, from Docker's ``oom`` and ``die``
+    events: the controller inside sees only that a worker went silent, and a container killed
+    for memory looked like any crash. A worker that leaves on the stop (exit 0) says nothing;
+    nor does anything after ``done`` (the containers removed at the end)."""
+    killed_for_memory: set[str] = set()
+    try:
+        for event in events:
+            if done.is_set():
+                return
+            attributes = (event.get("Actor") or {}).get("Attributes") or {}
+            worker = attributes.get(LABEL_WORKER)
+            if worker is None or worker == CONTROLLER_ID:
+                continue
+            if event.get("Action") == "oom":
+                killed_for_memory.add(worker)
+            elif event.get("Action") == "die":
+                oom = worker in killed_for_memory
+                killed_for_memory.discard(worker)
+                code = int(attributes.get("exitCode", -1))
+                if code != 0 or oom:
+                    printer.always(worker, f"its container ended: {container_exit(code, oom)}")
+    except Exception:  # the stream closed under us at the end of the run
+        return
+
+
+def container_exit(code: int, oom: bool = False) -> str:
+    """``exit code 137 (SIGKILL; out of memory: Docker saw the kernel's OOM killer)``."""
+    parts = []
+    if 128 < code < 128 + signal.NSIG:
+        parts.append(_signal_name(code - 128))
+    if oom:
+        parts.append("out of memory: Docker saw the kernel's OOM killer; give it more memory")
+    elif code == 128 + signal.SIGKILL:
+        parts.append("out of memory? see docker events, or dmesg")
+    return f"exit code {code}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a number with no name here
+        return f"signal {number}"

@@ -1,0 +1,73 @@
+"""What a Docker run prints of its workers (distributed/launch/docker_output.py), from Docker's
+events as the engine sends them; tests/docker runs the same against a real engine."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+from distributed.launch.docker_output import LogPrinter, container_exit, report_exits
+
+
+def event(action: str, worker: str, **attributes: str) -> dict:
+    labels = {"troupe.run": "r", "troupe.worker": worker}
+    actor = {"Attributes": {**labels, **attributes}}
+    return {"Type": "container", "Action": action, "Actor": actor}
+
+
+def printed(events: list[dict], done_after: int | None = None) -> list[str]:
+    out, done = io.StringIO(), threading.Event()
+
+    def stream():
+        for i, e in enumerate(events):
+            if i == done_after:
+                done.set()
+            yield e
+
+    report_exits(stream(), LogPrinter(out), done)
+    return out.getvalue().splitlines()
+
+
+def test_a_crash_and_a_container_killed_for_memory_are_told_apart():
+    lines = printed([
+        event("die", "actor/0", exitCode="137"),
+        event("oom", "trainer/default/0"),
+        event("die", "trainer/default/0", exitCode="137"),
+        event("die", "policy/default/0", exitCode="1"),
+    ])  # fmt: skip
+    assert lines == [
+        "[actor/0] its container ended: exit code 137 (SIGKILL; out of memory? see docker "
+        "events, or dmesg)",
+        "[trainer/default/0] its container ended: exit code 137 (SIGKILL; out of memory: Docker "
+        "saw the kernel's OOM killer; give it more memory)",
+        "[policy/default/0] its container ended: exit code 1",
+    ]
+
+
+def test_the_stop_and_the_end_of_the_run_say_nothing():
+    lines = printed(
+        [
+            event("die", "actor/0", exitCode="0"),  # left on the stop
+            event("die", "controller", exitCode="1"),  # its own lines say why
+            event("die", "actor/1", exitCode="137"),  # removed once the run is over
+        ],
+        done_after=2,
+    )
+    assert lines == []
+
+
+def test_a_stream_closed_under_the_reader_ends_it_quietly():
+    def closed():
+        yield event("die", "actor/0", exitCode="143")
+        raise OSError("the stream was closed")
+
+    out = io.StringIO()
+    report_exits(closed(), LogPrinter(out), threading.Event())
+    assert out.getvalue() == "[actor/0] its container ended: exit code 143 (SIGTERM)\n"
+
+
+def test_exit_codes_in_words():
+    assert container_exit(0) == "exit code 0"
+    assert container_exit(3) == "exit code 3"
+    assert container_exit(139) == "exit code 139 (SIGSEGV)"
+    assert container_exit(1, oom=True).startswith("exit code 1 (out of memory: Docker saw")
