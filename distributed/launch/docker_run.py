@@ -187,9 +187,10 @@ def run_docker(
         signal.signal(signal.SIGINT, signal.default_int_handler)
     network = client.networks.create(f"troupe-{run}", driver="bridge", labels={LABEL_RUN: run})
     containers: list[Container] = []
-    events = client.events(decode=True, filters=_exit_filters(run))
-    threading.Thread(target=report_exits, args=(events, printer, done), daemon=True).start()
+    events = None
     try:
+        events = client.events(decode=True, filters=_exit_filters(run))
+        threading.Thread(target=report_exits, args=(events, printer, done), daemon=True).start()
         for spec in container_roles(config, run, metrics=metrics_port is not None):
             ports = {}
             if spec.worker_id == CONTROLLER_ID and metrics_port is not None:
@@ -206,7 +207,8 @@ def run_docker(
         return EXIT_INTERRUPTED
     finally:
         done.set()
-        events.close()
+        if events is not None:
+            events.close()
         remove_run_objects(client, run)
 
 
