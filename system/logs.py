@@ -1,11 +1,13 @@
 """How every Troupe process logs: a console stream and, where the run folder is, a file.
 
-The console shows warnings and errors (``TROUPE_LOG_LEVEL`` changes that): ten workers printing
-every INFO line into one terminal would bury what matters. Each process also keeps an INFO log of
-its own in the run folder (``logs/<worker>.log``), whatever the console level, rotated so that it
-never holds more than :data:`FILE_BYTES` x (:data:`FILE_BACKUPS` + 1): ``troupe logs RUN``
-reads these for every launcher whose workers see the run folder (local, Docker, Swarm, Slurm),
-so an operator has the INFO story of a run without having deployed it with a special setting.
+The console shows warnings, errors and notices (:data:`NOTICE`: events a user follows that are
+not problems, such as a PBT member copying another; ``TROUPE_LOG_LEVEL`` changes the level):
+ten workers printing every INFO line into one terminal would bury what matters. Each process
+also keeps an INFO log of its own in the run folder (``logs/<worker>.log``), whatever the console
+level, rotated so that it never holds more than :data:`FILE_BYTES` x (:data:`FILE_BACKUPS` + 1):
+``troupe logs RUN`` reads these for every launcher whose workers see the run folder (local,
+Docker, Swarm, Slurm), so an operator has the INFO story of a run without having deployed it
+with a special setting.
 
 ``TROUPE_LOG_FORMAT=json`` writes one JSON object a line on both streams (time, level, worker,
 logger, message, and the traceback where there is one), for log shippers such as Fluent Bit or
@@ -26,6 +28,10 @@ from system import run_folder
 FILE_BYTES = 4 * 1024 * 1024
 FILE_BACKUPS = 2
 ENV_LEVEL = "TROUPE_LOG_LEVEL"
+NOTICE = 25
+"""Between INFO and WARNING: what a run's console shows that is not a problem (a PBT member
+copying another, a curriculum's next stage), which was logged as a WARNING to be seen at all."""
+logging.addLevelName(NOTICE, "NOTICE")
 ENV_FORMAT = "TROUPE_LOG_FORMAT"
 FORMATS = ("text", "json")
 
@@ -62,10 +68,10 @@ def formatter(worker: str) -> logging.Formatter:
 
 
 def console_level() -> int:
-    name = os.environ.get(ENV_LEVEL, "WARNING").upper()
+    name = os.environ.get(ENV_LEVEL, "NOTICE").upper()
     level = logging.getLevelName(name)
     if not isinstance(level, int):
-        raise ValueError(f"{ENV_LEVEL}={name!r}: use DEBUG, INFO, WARNING or ERROR")
+        raise ValueError(f"{ENV_LEVEL}={name!r}: use DEBUG, INFO, NOTICE, WARNING or ERROR")
     return level
 
 

@@ -46,6 +46,24 @@ def test_info_goes_to_the_run_folder_while_the_console_shows_warnings(
     assert "slow environment" in console and "configured" not in console
 
 
+def test_a_notice_reaches_the_console_as_a_notice_and_warning_level_hides_it(
+    tmp_path, clean_root, capsys, monkeypatch
+):
+    """A PBT member copying another is not a problem; it was logged as a WARNING to be seen."""
+    monkeypatch.delenv(logs.ENV_FORMAT, raising=False)
+    log = logging.getLogger("troupe.test")
+    monkeypatch.delenv(logs.ENV_LEVEL, raising=False)
+    logs.configure_process("controller")
+    log.log(logs.NOTICE, "pbt: member1 copies member3")
+    assert "controller NOTICE troupe.test: pbt: member1 copies member3" in capsys.readouterr().err
+    monkeypatch.setenv(logs.ENV_LEVEL, "warning")
+    logs.configure_process("controller")
+    log.log(logs.NOTICE, "pbt: member2 copies member3")
+    log.warning("slow environment")
+    console = capsys.readouterr().err
+    assert "member2" not in console and "slow environment" in console
+
+
 def test_the_log_file_rotates_and_stays_bounded(tmp_path, clean_root, monkeypatch):
     monkeypatch.setattr(logs, "FILE_BYTES", 2000)
     monkeypatch.setattr(logs, "FILE_BACKUPS", 2)

@@ -18,6 +18,7 @@ from typing import Any
 from api.config.league import CurriculumConfig
 from api.global_state import GlobalState
 from system.errors import EnvironmentFailure
+from system.logs import NOTICE
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class CurriculumDriver:
             self.index += 1
             self.episodes_in_stage = 0
             self.state.set(self.config.key, {"index": self.index, "stage": self.stages[self.index]})
-            logger.warning(
+            logger.log(
+                NOTICE,
                 "curriculum: %s reached %g; moving to stage %d (%r)",
                 *(self.config.metric, value, self.index, self.stages[self.index]),
             )

@@ -29,6 +29,7 @@ from api.config import ExperimentConfig
 from api.errors import ConfigError, UserError
 from api.global_state import GlobalState
 from system import run_folder
+from system.logs import NOTICE
 from system.run.coordination import pbt_rules as pbt
 from system.run.coordination.pbt_rules import Member
 from system.run.episodes import EpisodeRecord
@@ -145,7 +146,8 @@ class PBTDriver:
         )
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v!r}"
                           for k, v in new.items())  # fmt: skip
-        logger.warning(
+        logger.log(
+            NOTICE,
             "pbt: %s (%.1f) copies %s (%.1f), hyper-parameters %s",
             *(member.name, scores[member.name], source, scores[source], shown),
         )
