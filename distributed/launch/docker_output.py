@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
+from distributed.launch.signals import signal_name
+
 if TYPE_CHECKING:
     from docker.models.containers import Container
 
@@ -102,16 +104,9 @@ def container_exit(code: int, oom: bool = False) -> str:
     """``exit code 137 (SIGKILL; out of memory: Docker saw the kernel's OOM killer)``."""
     parts = []
     if 128 < code < 128 + signal.NSIG:
-        parts.append(_signal_name(code - 128))
+        parts.append(signal_name(code - 128))
     if oom:
         parts.append("out of memory: Docker saw the kernel's OOM killer; give it more memory")
     elif code == 128 + signal.SIGKILL:
         parts.append("out of memory? see docker events, or dmesg")
     return f"exit code {code}" + (f" ({'; '.join(parts)})" if parts else "")
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:  # a number with no name here
-        return f"signal {number}"

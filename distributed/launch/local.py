@@ -18,6 +18,7 @@ import os
 import signal
 from multiprocessing.process import BaseProcess
 
+from distributed.launch.signals import signal_name
 from system.run import worker_process
 
 logger = logging.getLogger(__name__)
@@ -84,10 +85,7 @@ def ended_by(exitcode: int | None) -> str:
         return "exited"
     if exitcode >= 0:
         return f"exited with code {exitcode}"
-    try:
-        name = signal.Signals(-exitcode).name
-    except ValueError:
-        name = f"signal {-exitcode}"
+    name = signal_name(-exitcode)
     if -exitcode == signal.SIGKILL:
         return f"was killed by {name} (out of memory? the kernel's OOM killer sends it: see dmesg)"
     return f"was killed by {name}"

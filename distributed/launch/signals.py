@@ -35,6 +35,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PARENT_POLL_S = 0.5
 
 
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9, ``signal 77`` for a number with no name here: how a worker that died
+    of a signal is named (a process's exit code, or a container's 128 + the signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def forwards_signals() -> bool:
     """Whether a process started from here will have its signals forwarded: only the main
     thread can handle them; from another thread the child stays in this process group, where a
