@@ -32,6 +32,7 @@ import numpy as np
 
 from api.environment import Environment, StepResult, make
 from api.errors import EnvironmentCheckError, UserError
+from api.namedarray import is_field_name
 from api.registry import Spec
 
 # ===================================================================== test_environment
@@ -136,7 +137,8 @@ def test_environment(
     Checked, in order:
 
     * ``agent_count`` is a positive int, and ``observation_spaces`` / ``action_spaces`` are lists
-      of that many gymnasium spaces.
+      of that many gymnasium spaces; an observation Dict's keys are Python identifiers not
+      starting with ``_`` (they name the fields of the observations sent to policy workers).
     * ``seed(seed)`` then ``reset()``: a list of one ``StepResult`` or ``None`` per agent, at
       least one not None, none done or truncated.
     * Every result (after reset and after each step): ``obs`` lies in the agent's observation
@@ -327,7 +329,29 @@ def _check_spaces(env: Environment, attribute: str, agent_count: int) -> list[gy
                 agent=agent,
                 field=attribute,
             )
+        if attribute == "observation_spaces":
+            _check_keys(space, agent)
     return list(spaces)
+
+
+def _check_keys(space: gym.Space, agent: int, where: str = "obs") -> None:
+    """A Dict space's keys become the fields of the observations' NamedArrays, which the wire
+    refuses under any other name: a key such as ``"agent-pos"`` or ``"0"`` would leave every
+    policy worker dropping the actors' requests, and the run waiting for frames."""
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            if not is_field_name(key):
+                raise EnvironmentCheckError(
+                    f"observation_spaces[{agent}] is a Dict with the key {key!r} (in {where}), "
+                    "which cannot name a field of the observations sent to policy workers: use "
+                    "a Python identifier that does not start with '_' (e.g. 'agent_pos')",
+                    agent=agent,
+                    field=where,
+                )
+            _check_keys(sub, agent, f"{where}.{key}")
+    elif isinstance(space, gym.spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            _check_keys(sub, agent, f"{where}[{i}]")
 
 
 # --------------------------------------------------------------------- one call's results

@@ -43,6 +43,12 @@ T = TypeVar("T", bound="NamedArray")
 _MISSING = object()
 
 
+def is_field_name(name: Any) -> bool:
+    """Whether ``name`` may name a field: an identifier not starting with ``_`` (underscores
+    are the class's own attributes). The wire codec refuses any other name in a message."""
+    return type(name) is str and name.isidentifier() and not name.startswith("_")
+
+
 class NamedArray:
     """Base class. A subclass declares its fields with annotations; this class itself takes any.
 

@@ -41,22 +41,36 @@ class PipelineReport:
     last_stats: dict[str, dict[str, float]] = field(default_factory=dict)
     batch_shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
     wall_s: float = 0.0
+    experiment: str = ""
+    """The experiment's name (what ``troupe test-pipeline ENV --algo ALGO`` resolved to)."""
+    trainers: dict[str, str] = field(default_factory=dict)
+    """Each policy's trainer type."""
 
     def __str__(self) -> str:
         ret = "-" if self.mean_episode_return is None else f"{self.mean_episode_return:.2f}"
+        of = f" (experiment '{self.experiment}')" if self.experiment else ""
         lines = [
-            f"pipeline ok: {self.env_frames} env frames, {self.episodes} episodes "
+            f"pipeline ok{of}: {self.env_frames} env frames, {self.episodes} episodes "
             f"(mean return {ret}) in {self.wall_s:.1f}s",
         ]
         for name, steps in self.trainer_steps.items():
             versions = self.versions.get(name, [])
-            lines.append(f"  policy '{name}': {steps} trainer steps, versions {versions}")
+            trainer = f" ({self.trainers[name]})" if name in self.trainers else ""
+            lines.append(f"  policy '{name}'{trainer}: {steps} trainer steps, versions {versions}")
             stats = self.last_stats.get(name, {})
-            shown = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-            parts = [f"{k}={stats[k]:.4g}" for k in shown if k in stats]
+            parts = [f"{k}={v:.4g}" for k, v in stats.items() if _shown(k)]
             if parts:
                 lines.append("    " + " ".join(parts))
         return "\n".join(lines)
+
+
+SHOWN_STATS = ("entropy", "approx_kl", "clip_fraction", "q_mean", "alpha")
+"""Besides every loss, the trainer statistics a report shows: those that say whether learning
+is sane (PPO's, DQN's and SAC's alike)."""
+
+
+def _shown(stat: str) -> bool:
+    return stat == "loss" or stat.endswith("_loss") or stat in SHOWN_STATS
 
 
 def test_pipeline(

@@ -49,8 +49,11 @@ def add_test_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         help="config overrides, e.g. policies.default.trainer.args.lr=0.001",
     )
     add_import_argument(parser)
-    parser.add_argument("--trainer-steps", type=int, default=3)
-    parser.add_argument("--episodes", type=int, default=1)
+    parser.add_argument(
+        "--trainer-steps", type=int, default=3, help="trainer steps to run, at least"
+    )
+    parser.add_argument("--episodes", type=int, default=1, help="episodes to finish, at least")
+    add_algo_argument(parser, "test-pipeline")
 
 
 def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
@@ -61,7 +64,7 @@ def run_test_pipeline(args: argparse.Namespace, console: Console) -> int:
     from api.resolve import load_experiment
 
     torch.set_num_threads(1)
-    config = load_experiment(args.experiment, args.overrides, args.imports)
+    config = load_experiment(*experiment_of(args), args.imports)
     report = testing.test_pipeline(
         experiment=config, trainer_steps=args.trainer_steps, episodes=args.episodes
     )
@@ -225,12 +228,27 @@ def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     add_import_argument(parser)
     parser.add_argument("--json", action="store_true", help="the resolved config as JSON only")
+    add_algo_argument(parser, "show-config")
+
+
+def add_algo_argument(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--algo`` of the commands that take an experiment: what ``troupe train ENV --algo ALGO``
+    runs, so a user can check (and read) that run before starting it."""
+    what = "the config" if command == "show-config" else "the pipeline"
     parser.add_argument(
         "--algo",
         choices=ALGORITHMS,
-        help="with an environment id: the config troupe train ENV --algo ALGO would run "
+        help=f"with an environment id: {what} troupe train ENV --algo ALGO would run "
         "(default: troupe train ENV's)",
     )
+
+
+def experiment_of(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The experiment and overrides a command names: with ``--algo``, those of
+    ``troupe train ENV --algo ALGO`` (run_train's translation)."""
+    if getattr(args, "algo", None):
+        return args.algo, [f"env={args.experiment}", *args.overrides]
+    return args.experiment, list(args.overrides)
 
 
 def run_show_config(args: argparse.Namespace, console: Console) -> int:
@@ -241,10 +259,7 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
     from api.config.docs import MISSING, describe_config
     from api.resolve import load_experiment
 
-    experiment, overrides = args.experiment, list(args.overrides)
-    if args.algo:  # what `troupe train ENV --algo ALGO` runs (run_train's translation)
-        experiment, overrides = args.algo, [f"env={experiment}", *overrides]
-    config = load_experiment(experiment, overrides, args.imports)
+    config = load_experiment(*experiment_of(args), args.imports)
     if args.json:
         print(json.dumps(config.to_dict(), indent=2))
         return 0

@@ -7,6 +7,11 @@ value past a time limit but not past a terminal state.
 Gymnasium leaves stepping past the end of an episode undefined (some environments warn, some go
 on silently). Troupe's contract is stricter: the adapter refuses to step a finished episode, so
 an actor that forgets to reset fails loudly instead of training on garbage.
+
+A ``Tuple`` observation space (Blackjack's ``(player sum, dealer card, usable ace)``) is seen as
+a ``Dict`` keyed by position (``item0``, ``item1``, ...; zero-padded past ten), recursively:
+Troupe's encoders, wire checks and NamedArrays know Dicts (whose keys name NamedArray fields, so
+they must be identifiers), and a Dict keyed by position loses nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class GymnasiumEnvironment(Environment):
     def __init__(self, gym_id: str, **gym_kwargs: Any):
         self.gym_id = gym_id
         self._env = _make_gym_env(gym_id, gym_kwargs)
+        self._observation_space = dict_of_tuples(self._env.observation_space)
+        self._keyed = self._observation_space is not self._env.observation_space
+        """Whether observations are converted (only where a Tuple is in the space)."""
         self._next_seed: int | None = None
         self._episode_over = True  # nothing to step until the first reset
 
@@ -56,7 +64,7 @@ class GymnasiumEnvironment(Environment):
 
     @property
     def observation_spaces(self) -> list[gym.Space]:
-        return [self._env.observation_space]
+        return [self._observation_space]
 
     @property
     def action_spaces(self) -> list[gym.Space]:
@@ -78,6 +86,8 @@ class GymnasiumEnvironment(Environment):
         obs, info = self._env.reset(seed=self._next_seed)
         self._next_seed = None
         self._episode_over = False
+        if self._keyed:
+            obs = keyed_by_position(obs, self._env.observation_space)
         return [StepResult(obs=obs, reward=0.0, done=False, truncated=False, info=dict(info))]
 
     def step(self, actions: list[Any]) -> list[StepResult | None]:
@@ -93,6 +103,8 @@ class GymnasiumEnvironment(Environment):
             )
         obs, reward, terminated, truncated, info = self._env.step(self._fit(actions[0]))
         self._episode_over = bool(terminated or truncated)
+        if self._keyed:
+            obs = keyed_by_position(obs, self._env.observation_space)
         return [
             StepResult(
                 obs=obs,
@@ -119,6 +131,37 @@ class GymnasiumEnvironment(Environment):
 
     def close(self) -> None:
         self._env.close()
+
+
+def dict_of_tuples(space: gym.Space) -> gym.Space:
+    """``space`` with every Tuple in it a Dict keyed by position; ``space`` itself (the same
+    object) where it has none."""
+    if isinstance(space, gym.spaces.Tuple):
+        parts = [dict_of_tuples(s) for s in space.spaces]
+        return gym.spaces.Dict({_position(i, len(parts)): s for i, s in enumerate(parts)})
+    if isinstance(space, gym.spaces.Dict):
+        parts = {k: dict_of_tuples(s) for k, s in space.spaces.items()}
+        if all(parts[k] is s for k, s in space.spaces.items()):
+            return space
+        return gym.spaces.Dict(parts)
+    return space
+
+
+def keyed_by_position(obs: Any, space: gym.Space) -> Any:
+    """An observation of ``space`` as one of ``dict_of_tuples(space)``."""
+    if isinstance(space, gym.spaces.Tuple):
+        n = len(space.spaces)
+        return {_position(i, n): keyed_by_position(o, s)
+                for i, (o, s) in enumerate(zip(obs, space.spaces, strict=True))}  # fmt: skip
+    if isinstance(space, gym.spaces.Dict):
+        return {k: keyed_by_position(obs[k], s) for k, s in space.spaces.items()}
+    return obs
+
+
+def _position(index: int, count: int) -> str:
+    """``item3``, or ``item03`` among a dozen: Dict spaces sort their keys, and so keep the
+    order."""
+    return "item" + str(index).zfill(len(str(count - 1)))
 
 
 def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:

@@ -57,7 +57,10 @@ def run_pipeline_check(
     )  # fmt: skip
     run = SerialRun(config, validate_actions=True)
     try:
-        report = PipelineReport()
+        report = PipelineReport(
+            experiment=config.name,
+            trainers={name: p.trainer.type for name, p in config.policies.items()},
+        )
         for name, worker in run.trainers.items():
             report.batch_shapes[name] = _check_first_batch(run, name, worker, max_env_frames)
         _run(run, trainer_steps, episodes, max_env_frames)

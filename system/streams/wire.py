@@ -55,7 +55,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from api.namedarray import NamedArray
+from api.namedarray import NamedArray, is_field_name
 from system.errors import WireError
 
 PROTOCOL_VERSION = 1
@@ -287,7 +287,7 @@ def _unpack(node: Any, frames: list[memoryview], used: set[int], depth: int, cop
     if _NA in node:
         fields = _marker(node, _NA, (), dict)
         for name in fields:
-            if type(name) is not str or not name.isidentifier() or name.startswith("_"):
+            if not is_field_name(name):
                 raise WireError(f"NamedArray field name {name!r} is not allowed")
         return NamedArray(
             **{k: _unpack(v, frames, used, depth + 1, copy) for k, v in fields.items()}

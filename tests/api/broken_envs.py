@@ -206,6 +206,19 @@ class DictObsWrongLeafShape(DictObs):
         return obs
 
 
+class DictObsKeyNotAName(DictObs):
+    """A Dict key that cannot name a NamedArray field: the wire refuses it in every request."""
+
+    @property
+    def observation_spaces(self) -> list[gym.Space]:
+        space = super().observation_spaces[0]
+        return [gym.spaces.Dict({"coin-hint": space["hint"], "action_mask": space["action_mask"]})]
+
+    def _observe(self) -> Any:
+        obs = super()._observe()
+        return {"coin-hint": obs["hint"], "action_mask": obs["action_mask"]}
+
+
 class TwoAgentsRevived(Environment):
     """Two agents; agent 0 finishes at step 1 but then gets not-done results again."""
 

@@ -203,6 +203,14 @@ BROKEN = [
         "(2,) as declared by observation_spaces[0]; return arrays of the declared shape or fix "
         "the space",
     ),
+    (  # a run of it once waited forever: every policy worker dropped every request it got
+        broken_envs.DictObsKeyNotAName,
+        0,
+        "obs",
+        "[agent 0, field 'obs'] observation_spaces[0] is a Dict with the key 'coin-hint' (in "
+        "obs), which cannot name a field of the observations sent to policy workers: use a "
+        "Python identifier that does not start with '_' (e.g. 'agent_pos')",
+    ),
 ]
 
 

@@ -4,6 +4,7 @@ in-process."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -194,3 +195,12 @@ def test_show_config_shows_what_train_runs_with_an_algo(capsys):
     assert config["policies"]["default"]["trainer"]["type"] == "dqn"
     assert main(["show-config", "CartPole-v1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["name"] == "cartpole-v1-ppo"
+
+
+def test_test_pipeline_checks_what_train_runs_with_an_algo(capsys):
+    """`troupe test-pipeline ENV --algo dqn` checks the pipeline `troupe train ENV --algo dqn`
+    runs (it refused --algo: only `troupe train` and show-config took it)."""
+    assert main(["test-pipeline", "Blackjack-v1", "--algo", "dqn", "--trainer-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline ok (experiment 'blackjack-v1-dqn')" in out
+    assert re.search(r"policy 'default' \(dqn\): \d+ trainer steps", out)

@@ -97,6 +97,42 @@ def test_adapter_reports_missing_optional_dependencies():
         GymnasiumEnvironment("LunarLander-v3")
 
 
+def test_adapter_sees_a_tuple_observation_as_a_dict_keyed_by_position():
+    """Blackjack observes ``(player sum, dealer card, usable ace)``: a Tuple space, which
+    Troupe's encoders and wire checks do not take, so ``troupe train Blackjack-v1`` failed to
+    build its policy. Keyed by position it is a Dict of Discretes, which they do."""
+    env = GymnasiumEnvironment("Blackjack-v1")
+    (space,) = env.observation_spaces
+    assert isinstance(space, gym.spaces.Dict)
+    assert list(space.spaces) == ["item0", "item1", "item2"]
+    assert [s.n for s in space.spaces.values()] == [32, 11, 2]
+    env.seed(3)
+    (first,) = env.reset()
+    plain = gym.make("Blackjack-v1")
+    expected, _ = plain.reset(seed=3)
+    assert first.obs == dict(zip(space.spaces, expected, strict=True))
+    assert space.contains(first.obs)
+    (after,) = env.step([0])  # stick: the episode ends, the observation keeps its keys
+    assert after.done and space.contains(after.obs)
+
+
+def test_positions_keep_their_order_past_ten_and_nested_spaces_convert():
+    from legacy.environment.gym_adapter import dict_of_tuples, keyed_by_position
+
+    bit = gym.spaces.Discrete(2)
+    space = gym.spaces.Tuple([bit] * 11 + [gym.spaces.Dict({"inner": gym.spaces.Tuple([bit])})])
+    converted = dict_of_tuples(space)
+    assert list(converted.spaces)[:3] == ["item00", "item01", "item02"]
+    assert list(converted.spaces)[-1] == "item11"  # sorted as Dict spaces sort: the same order
+    obs = keyed_by_position((*range(11), {"inner": (1,)}), space)
+    assert [obs[k] for k in list(converted.spaces)[:11]] == list(range(11))
+    assert obs["item11"] == {"inner": {"item0": 1}}
+    box = gym.spaces.Box(0, 1, (2,))
+    assert dict_of_tuples(box) is box  # no Tuple, nothing converted
+    keyed = gym.spaces.Dict({"a": box})
+    assert dict_of_tuples(keyed) is keyed
+
+
 def test_every_gymnasium_id_is_registered_through_the_adapter():
     register_gymnasium_ids()  # a second call is harmless: known ids are skipped
     # gymnasium's and ALE's own ids (other tests in this process register ids of their own, and
