@@ -172,7 +172,9 @@ def image_encoder(shape: Sequence[int]) -> _ImageEncoder:
 
 
 class _Flat(nn.Module):
-    def __init__(self, space: gym.spaces.Box):
+    """A Box's or a MultiBinary's values as they are, flattened."""
+
+    def __init__(self, space: gym.spaces.Box | gym.spaces.MultiBinary):
         super().__init__()
         self.ndim = len(space.shape)
         self.out_features = int(np.prod(space.shape)) if space.shape else 1
@@ -195,6 +197,26 @@ class _OneHot(nn.Module):
         return nn.functional.one_hot(x - self.start, self.n).float()
 
 
+class _MultiOneHot(nn.Module):
+    """A MultiDiscrete's components, each one-hot, side by side: a component is a category
+    (a cell's contents, a card), not a quantity, so its values are not scaled as a Box's."""
+
+    def __init__(self, space: gym.spaces.MultiDiscrete):
+        super().__init__()
+        self.ndim = len(space.shape)
+        self.nvec = [int(n) for n in np.asarray(space.nvec).reshape(-1)]
+        self.start = [int(s) for s in np.asarray(space.start).reshape(-1)]
+        self.out_features = sum(self.nvec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[: x.dim() - self.ndim]
+        x = x.long().reshape(*lead, len(self.nvec))
+        return torch.cat(
+            [nn.functional.one_hot(x[..., i] - s, n) for i, (n, s) in
+             enumerate(zip(self.nvec, self.start, strict=True))], dim=-1,
+        ).float()  # fmt: skip
+
+
 def _key_encoder(
     space: gym.Space, key: str, grid_channels: Sequence[int] = (), activation: str = "relu"
 ) -> nn.Module:
@@ -202,13 +224,15 @@ def _key_encoder(
         return image_encoder(space.shape)
     if grid_channels and isinstance(space, gym.spaces.Box) and len(space.shape) == 3:
         return GridEncoder(space.shape, grid_channels, activation)
-    if isinstance(space, gym.spaces.Box):
+    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary)):
         return _Flat(space)
     if isinstance(space, gym.spaces.Discrete):
         return _OneHot(space)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return _MultiOneHot(space)
     raise TypeError(
         f"observation{f' key {key!r}' if key else ''}: unsupported space {space}; use Box, "
-        "Discrete or a Dict of them (or write your own encoder)"
+        "Discrete, MultiDiscrete, MultiBinary or a Dict of them (or write your own encoder)"
     )
 
 

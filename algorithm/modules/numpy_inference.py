@@ -10,7 +10,8 @@ alone took 19-107 us. Board games pay the same toll many times over: connect fou
 operations for a handful of rows. So :class:`~algorithm.actor_critic_policies.policy.
 ActorCriticPolicy` acts through this copy where it applies, and trains through torch:
 
-- observations: Box (flattened), Discrete (one-hot), boards through ``grid_channels``
+- observations: Box and MultiBinary (flattened), Discrete and MultiDiscrete (one-hot),
+  boards through ``grid_channels``
   convolutions (as matrix products over 3x3 patches), and Dicts of these (action masks
   included); not images (their strided CNNs stay torch's);
 - MLP trunks of ``tanh`` or ``relu``, no GRU, the CPU;
@@ -40,6 +41,7 @@ from algorithm.modules.encoders import (
     GridEncoder,
     ObservationEncoder,
     _Flat,
+    _MultiOneHot,
     _OneHot,
 )
 
@@ -68,7 +70,7 @@ def _encoder_supported(encoder: ObservationEncoder) -> bool:
 def _part_layers(part: nn.Module) -> list[tuple[nn.Module, Any]] | None:
     """A key's encoder as the numpy path runs it: [] for a flat box or a one-hot, the (conv,
     activation) pairs of a board's convolutions; None for what only torch runs (images)."""
-    if isinstance(part, (_Flat, _OneHot)):
+    if isinstance(part, (_Flat, _OneHot, _MultiOneHot)):
         return []
     if isinstance(part, GridEncoder):
         modules = [m for m in part.net if not isinstance(m, nn.Flatten)]
@@ -118,6 +120,13 @@ class _Part:
             return np.eye(module.n, dtype=np.float32)[index]
         if isinstance(module, _Flat):
             return np.asarray(x, dtype=np.float32).reshape(len(x), module.out_features)
+        if isinstance(module, _MultiOneHot):
+            index = np.asarray(x, dtype=np.int64).reshape(len(x), len(module.nvec))
+            return np.concatenate(
+                [np.eye(n, dtype=np.float32)[index[:, i] - start]
+                 for i, (n, start) in enumerate(zip(module.nvec, module.start, strict=True))],
+                axis=-1,
+            )  # fmt: skip
         board = np.asarray(x, dtype=np.float32)  # a GridEncoder: boards [N, H, W, C]
         if module.channels_first:
             board = board.transpose(0, 2, 3, 1)

@@ -226,11 +226,22 @@ def sac(
 def _refuse(env: str, action: gym.Space, spaces: tuple[type, ...], algo: str) -> None:
     if isinstance(action, spaces):
         return
-    other = "sac (or ppo)" if isinstance(action, gym.spaces.Box) else "dqn (or ppo)"
     raise UserError(
         f"environment '{env}' has {type(action).__name__} actions; {algo} acts in "
-        f"{' or '.join(s.__name__ for s in spaces)} action spaces: use --algo {other}"
+        f"{' or '.join(s.__name__ for s in spaces)} action spaces: {_instead(action)}"
     )
+
+
+def _instead(action: gym.Space) -> str:
+    """The algorithms that act in ``action``'s kind of space (MultiDiscrete actions were once
+    sent from dqn to "--algo dqn")."""
+    if isinstance(action, gym.spaces.Box):
+        return "use --algo sac (or ppo)"
+    if isinstance(action, gym.spaces.Discrete):
+        return "use --algo dqn (or ppo)"
+    if isinstance(action, gym.spaces.MultiDiscrete):
+        return "use --algo ppo (or impala)"
+    return "no built-in algorithm does (ppo and impala take Discrete, MultiDiscrete and Box)"
 
 
 def _is_vector(space: gym.Space) -> bool:

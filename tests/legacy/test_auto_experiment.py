@@ -106,6 +106,26 @@ def test_a_dict_action_space_is_refused_naming_what_is_handled():
         ppo("test-auto-dict-action")
 
 
+@pytest.mark.parametrize(
+    "algo, kind, hint",
+    [
+        ("dqn", "multi-discrete", "MultiDiscrete actions; dqn acts in Discrete action spaces: use "
+         "--algo ppo (or impala)"),
+        ("sac", "discrete", "use --algo dqn (or ppo)"),
+        ("dqn", "box", "use --algo sac (or ppo)"),
+        ("dqn", "dict-action", "Dict actions; dqn acts in Discrete action spaces: no built-in "
+         "algorithm does (ppo and impala take Discrete, MultiDiscrete and Box)"),
+    ],
+)  # fmt: skip
+def test_an_algorithm_refusing_the_actions_names_one_that_takes_them(algo, kind, hint):
+    """MultiDiscrete actions under --algo dqn were told "use --algo dqn (or ppo)"."""
+    from legacy.experiments import by_algo
+
+    with pytest.raises(UserError) as caught:
+        getattr(by_algo, algo)(f"test-auto-{kind}")
+    assert hint in str(caught.value)
+
+
 def test_agents_with_the_same_spaces_share_one_policy():
     """Issue 28: ``troupe train`` on a multi-agent game (parameter sharing, as RLlib users
     know it); before, anything with more than one agent was refused."""
