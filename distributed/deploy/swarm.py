@@ -272,10 +272,16 @@ def controller_exit_code(client: docker.DockerClient, run: str) -> int | None:
 
 
 def wait_for_controller(client: docker.DockerClient, run: str, console: Console) -> int:
-    """Print the controller's lines until its task finishes; its exit code."""
+    """Print the controller's lines, and how each worker task that fails ended, until the
+    controller's task finishes; its exit code."""
+    from distributed.deploy.swarm_tasks import TaskWatch
+
     service = client.services.get(service_name(run, dl.CONTROLLER_ID))
     threading.Thread(target=_echo_logs, args=(service, console), daemon=True).start()
+    tasks = TaskWatch(client, find_services(client, run), worker_of)
     while (code := controller_exit_code(client, run)) is None:
+        for line in tasks.poll():  # how a worker ended: the controller sees it go silent
+            console.print(Text(line), highlight=False)
         time.sleep(1.0)
     time.sleep(1.0)  # the last log lines
     return code

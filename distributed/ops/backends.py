@@ -249,6 +249,7 @@ class SwarmBackend:
 
     def processes(self, record: LaunchRecord) -> list[Process]:
         from distributed.deploy import swarm
+        from distributed.deploy.swarm_tasks import last_failure
 
         rows = []
         for service in sorted(self._services(record)[1], key=lambda s: s.name):
@@ -256,9 +257,11 @@ class SwarmBackend:
             running = sum(t["Status"]["State"] == "running" for t in tasks)
             desired = service.attrs["Spec"]["Mode"].get("Replicated", {}).get("Replicas", 1)
             nodes = sorted({t.get("NodeID", "")[:12] for t in tasks if t.get("NodeID")})
-            rows.append(Process(service.name, swarm.worker_of(service),
-                                f"{running}/{desired} running", ",".join(nodes),
-                                f"restarts {max(0, len(tasks) - desired)}"))  # fmt: skip
+            worker, note = swarm.worker_of(service), f"restarts {max(0, len(tasks) - desired)}"
+            if failure := last_failure(tasks, worker):  # what `docker service ps` would say
+                note += f"; last failed: {failure}"
+            rows.append(Process(service.name, worker,
+                                f"{running}/{desired} running", ",".join(nodes), note))  # fmt: skip
         return rows
 
     def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,14 +117,35 @@ def test_a_signal_to_deploy_wait_stops_the_run_in_order_and_removes_it(client, t
                 break
             time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()
+        kill_an_actor(client, "swarm-signalled")  # and then see it said how it ended
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out[-3000:]
+    # the controller inside saw only a worker gone silent; Swarm's task record says how
+    assert re.search(r"\[actor/[01]\] its task ended: exit code 137 \(SIGKILL", out), out[-3000:]
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
     assert_nothing_left(client, "swarm-signalled")
+
+
+def kill_an_actor(client, run: str) -> None:
+    """SIGKILL one actor task's container (as the kernel's OOM killer would), then wait until
+    Swarm has recorded the failed task and started its replacement."""
+    service = client.services.get(f"troupe-{run}-actor")
+    (container, *_) = client.containers.list(
+        filters={"label": f"com.docker.swarm.service.id={service.id}"}
+    )
+    container.kill()
+    deadline = time.monotonic() + 120
+    while True:
+        states = [t["Status"]["State"] for t in service.tasks()]
+        if "failed" in states and states.count("running") == 2:
+            time.sleep(2.0)  # a poll of `deploy --wait` (each second) has seen it
+            return
+        assert time.monotonic() < deadline, f"Swarm did not replace the killed task: {states}"
+        time.sleep(0.5)
 
 
 def ops_args(*argv: str) -> argparse.Namespace:
@@ -170,6 +192,13 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
         assert ops.run_logs(ops_args(*argv), native) == 0
         lines = native.export_text()
         assert "[controller] " in lines, lines
+        kill_an_actor(client, "swarm-status")
+        ps = recording_console()
+        assert ops.run_ps(ops_args("ps", "swarm-status"), ps) == 0
+        text = ps.export_text()
+        assert re.search(r"restarts 1; last failed: actor/[01]: exit code 137 \(SIGKILL", text), (
+            text
+        )
     finally:
         stop = recording_console()
         assert ops.run_stop(ops_args("stop", "swarm-status"), stop) == 0

@@ -1,0 +1,93 @@
+"""How a Swarm run's worker tasks ended, from task records shaped as the Docker API returns them
+(tests/docker/test_swarm.py kills a real task's container and reads the same lines)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from distributed.deploy.swarm_tasks import TaskWatch, last_failure, task_end
+
+
+def task(
+    state: str,
+    *,
+    code: int | None = None,
+    err: str = "",
+    slot: int | None = None,
+    service: str = "svc-actor",
+    updated: str = "2026-12-03T12:00:00Z",
+    ident: str = "t1",
+) -> dict:
+    status: dict = {"State": state, "Message": state, "Err": err}
+    if code is not None:
+        status["ContainerStatus"] = {"ExitCode": code}
+    record = {"ID": ident, "ServiceID": service, "Status": status, "UpdatedAt": updated}
+    if slot is not None:
+        record["Slot"] = slot
+    return record
+
+
+def test_a_failed_task_says_its_exit_and_a_rejected_one_swarms_reason():
+    assert task_end(task("failed", code=137, err="task: non-zero exit (137)")) == (
+        "exit code 137 (SIGKILL; out of memory? see docker events, or dmesg)"
+    )
+    assert task_end(task("failed", code=3)) == "exit code 3"
+    assert task_end(task("rejected", err="No such image: troupe-worker:gone")) == (
+        "rejected by Swarm: No such image: troupe-worker:gone"
+    )
+    assert task_end(task("failed", err="starting container failed")) == (
+        "failed: starting container failed"
+    )
+
+
+def test_what_the_run_ends_itself_says_nothing():
+    """Workers leave on the stop with exit 0 (complete); removed services shut tasks down."""
+    for state in ("running", "complete", "shutdown", "pending"):
+        assert task_end(task(state, code=0)) is None
+
+
+def test_ps_names_the_replica_of_the_most_recent_failure():
+    tasks = [
+        task("failed", code=1, slot=2, updated="2026-12-03T12:00:01Z"),
+        task("failed", code=137, slot=1, updated="2026-12-03T12:00:09Z"),
+        task("running", slot=1),
+    ]
+    assert last_failure(tasks, "actor/{ordinal}").startswith("actor/0: exit code 137 (SIGKILL")
+    assert last_failure([task("failed", code=1)], "params") == "exit code 1"
+    assert last_failure([task("running")], "params") is None
+
+
+def test_the_watch_reports_each_failed_worker_task_once_and_never_the_controller():
+    tasks = [
+        task("failed", code=137, slot=2, service="svc-actor", ident="a"),
+        task("failed", code=1, service="svc-controller", ident="c"),
+        task("complete", code=0, service="svc-params", ident="p"),
+    ]
+    asked = []
+
+    def answer(filters):
+        asked.append(filters)
+        return list(tasks)
+
+    client = SimpleNamespace(api=SimpleNamespace(tasks=answer))
+    services = [SimpleNamespace(id=i) for i in ("svc-actor", "svc-controller", "svc-params")]
+    workers = {"svc-actor": "actor/{ordinal}", "svc-controller": "controller",
+               "svc-params": "params"}  # fmt: skip
+    watch = TaskWatch(client, services, lambda s: workers[s.id])
+    assert watch.poll() == [
+        "[actor/1] its task ended: exit code 137 (SIGKILL; out of memory? see docker events, "
+        "or dmesg)"
+    ]
+    assert watch.poll() == []  # said once
+    tasks.append(task("failed", code=2, service="svc-params", ident="p2"))
+    assert watch.poll() == ["[params] its task ended: exit code 2"]
+    assert asked[0] == {"service": ["svc-actor", "svc-controller", "svc-params"]}  # one call
+
+
+def test_the_watch_stays_quiet_when_the_engine_cannot_answer():
+    def fail(filters):
+        raise ConnectionError("engine restarting")
+
+    client = SimpleNamespace(api=SimpleNamespace(tasks=fail))
+    watch = TaskWatch(client, [SimpleNamespace(id="s")], lambda s: "params")
+    assert watch.poll() == []
