@@ -23,7 +23,8 @@ submit host, by ``submit.sh`` (``apptainer pull`` to a .sif, or ``enroot import`
 the deploy folder), never by every node at job start.
 
 Nobody restarts a step's task when it dies, so each task restarts its own worker a few times
-(``worker_task`` in the script), as the controller expects of a scheduler; a worker that the
+(``worker_task`` in the script), as the controller expects of a scheduler, and says how the
+worker ended (a signal, an exit code), which the controller cannot see; a worker that the
 controller stopped exits 0 and is not restarted.
 
 Longer than 400 lines because the script is one generated text whose parts (header, setup,
@@ -294,21 +295,46 @@ def _worker_task(options: SlurmOptions) -> list[str]:
     else:
         address = 'route_to "$CONTROLLER_ADDRESS"'
     return [
+        *_ENDED_BY,
         "# One task of a worker step: worker <group>/$SLURM_PROCID, restarted when it fails.",
         "worker_task() {",
-        '  local role="$1" id="$2" tries=0 address',
+        '  local role="$1" id="$2" tries=0 address code',
         f'  address="$({address})"',
         '  export TROUPE_ORDINAL="$SLURM_PROCID"',
+        '  local worker="${id/\\{ordinal\\}/$SLURM_PROCID}"  # actor/{ordinal}: actor/3',
         '  until troupe_run worker --role "$role" --id "$id" --controller "$CONTROLLER" \\',
         '      --advertise-host "${address:-$(hostname)}"; do',
+        "    code=$?",
         "    tries=$((tries + 1))",
-        '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then return 1; fi',
-        '    echo "worker $id (task $SLURM_PROCID) failed; restart $tries of $MAX_RESTARTS" >&2',
+        '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then',
+        '      echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); not restarted: it'
+        ' failed $tries times" >&2',
+        "      return 1",
+        "    fi",
+        '    echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); restart $tries of'
+        ' $MAX_RESTARTS" >&2',
         "  done",
         "}",
-        "export -f troupe_run worker_task address_on route_to",
+        "export -f troupe_run worker_task ended_by address_on route_to",
         "",
     ]
+
+
+_ENDED_BY = [
+    "# How a worker ended, from its exit status: 128 + N is death by signal N. The controller",
+    "# sees only a worker gone silent; a task killed for memory says so here.",
+    "ended_by() {",
+    '  local name hint=""',
+    '  if [ "$1" -le 128 ]; then echo "exited with code $1"; return; fi',
+    '  name="$(kill -l $(($1 - 128)) 2>/dev/null || true)"',
+    '  if [ "$1" -eq 137 ]; then',
+    '    hint="; out of memory? sacct -j ${SLURM_JOB_ID:-JOB} says OUT_OF_MEMORY if so"',
+    "  fi",
+    '  echo "was killed by SIG${name:-$(($1 - 128))} (exit code $1$hint)"',
+    "}",
+]
+"""``ended_by CODE``: ``was killed by SIGKILL (exit code 137; out of memory? ...)`` or ``exited
+with code 3`` (the words of the local launcher)."""
 
 
 def _steps(groups: list[RoleGroup], options: SlurmOptions) -> list[str]:

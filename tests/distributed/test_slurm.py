@@ -584,3 +584,44 @@ def test_a_requeued_job_resumes_its_run_from_the_last_version(tmp_path):
     assert frames == sorted(frames), "frames went back: the run started over"
     versions = sorted(int(p.stem[1:]) for p in (run / "checkpoints" / "default").glob("v*.ckpt"))
     assert summary["policy_versions"]["default"] >= versions[-1] > 0
+
+
+def test_a_worker_task_says_how_its_worker_ended_before_restarting_it(tmp_path):
+    """The script's own restart loop, run by bash with a worker that is SIGKILLed, then exits 3,
+    then runs to its stop: it said only "failed" (the controller sees a worker gone silent)."""
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k", "--max-restarts", "2",
+           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
+    text = script(tmp_path)
+    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
+    count = tmp_path / "runs"
+    stand_in = f"""
+set -euo pipefail
+route_to() {{ echo 127.0.0.1; }}
+troupe_run() {{  # the worker: killed, then exit 3, then a clean stop
+  echo x >> {count}
+  case "$(wc -l < {count})" in
+    1) sh -c 'kill -KILL $$' ;;
+    2) sh -c 'exit 3' ;;
+    *) return 0 ;;
+  esac
+}}
+export SLURM_PROCID=1 SLURM_JOB_ID=42 MAX_RESTARTS=2 CONTROLLER=tcp://x:1 CONTROLLER_ADDRESS=x
+{functions}
+worker_task actor 'actor/{{ordinal}}'
+"""
+    done = subprocess.run(["bash", "-c", stand_in], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("worker ")]
+    assert said == [  # (bash's own "Killed" notice aside)
+        "worker actor/1 (task 1) was killed by SIGKILL (exit code 137; out of memory? sacct -j "
+        "42 says OUT_OF_MEMORY if so); restart 1 of 2",
+        "worker actor/1 (task 1) exited with code 3; restart 2 of 2",
+    ]
+    count.unlink()
+    (tmp_path / "runs").write_text("x\n")  # from the second run on: exit 3 every time
+    failing = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 3' ;;")
+    done = subprocess.run(["bash", "-c", failing], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "worker actor/1 (task 1) exited with code 3; not restarted: it failed 3 times"
+    )
