@@ -354,9 +354,11 @@ class K8sBackend:
         rows = []
         for pod in self.pods(record):
             statuses = pod.status.container_statuses or []
-            restarts = sum(s.restart_count or 0 for s in statuses)
+            note = f"restarts {sum(s.restart_count or 0 for s in statuses)}"
+            if ended := _last_termination(statuses):
+                note += f"; last ended: {ended}"
             rows.append(Process(pod.metadata.name, _component(pod), pod.status.phase or "?",
-                                pod.spec.node_name or "", f"restarts {restarts}"))  # fmt: skip
+                                pod.spec.node_name or "", note))  # fmt: skip
         return rows
 
     def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
@@ -401,6 +403,24 @@ class K8sBackend:
 
 API_TIMEOUT_S = 10
 """A kubeconfig naming a cluster that does not answer must not hang ``troupe status``."""
+
+
+def _last_termination(statuses: list[Any]) -> str | None:
+    """How a pod's container last ended before its restart, as the kubelet recorded it
+    (``OOMKilled, exit code 137 (SIGKILL)``): the controller sees only a worker gone silent."""
+    from distributed.launch.signals import signal_name
+
+    for status in statuses:
+        last = getattr(status, "last_state", None)
+        ended = getattr(last, "terminated", None) if last is not None else None
+        if ended is None:
+            continue
+        code = getattr(ended, "exit_code", None)
+        text = f"{getattr(ended, 'reason', None) or 'terminated'}, exit code {code}"
+        if isinstance(code, int) and 128 < code < 128 + signal.NSIG:
+            text += f" ({signal_name(code - 128)})"
+        return text
+    return None
 
 
 def _selector(record: LaunchRecord) -> str:

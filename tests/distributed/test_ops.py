@@ -282,6 +282,30 @@ def test_k8s_status_logs_and_stop_go_through_the_api():
     assert "volume claim is kept" in said
 
 
+def test_k8s_ps_says_how_a_restarted_container_last_ended():
+    """The kubelet's record of a container's last end (OOMKilled, an exit code): the controller
+    inside sees only a worker gone silent, and `troupe ps` said only "restarts 1"."""
+
+    def status(reason, code, restarts):  # the fields of the client's V1ContainerStatus
+        ended = SimpleNamespace(exit_code=code, reason=reason) if code else None
+        return SimpleNamespace(restart_count=restarts, last_state=SimpleNamespace(terminated=ended))
+
+    killed = pod("r-actor-0", "actor")
+    killed.status.container_statuses = [status("OOMKilled", 137, 1)]
+    failed = pod("r-actor-1", "actor")
+    failed.status.container_statuses = [status("Error", 3, 2)]
+    fine = pod("r-params-0", "params")
+    fine.status.container_statuses = [status(None, None, 0)]
+    core = FakeCore([killed, failed, fine])
+    be = backends.K8sBackend({"CoreV1Api": core})
+    notes = [r.detail for r in be.processes(LaunchRecord("k8s", "r", namespace="rl"))]
+    assert notes == [
+        "restarts 1; last ended: OOMKilled, exit code 137 (SIGKILL)",
+        "restarts 2; last ended: Error, exit code 3",
+        "restarts 0",
+    ]
+
+
 def test_a_record_names_no_launcher_the_backends_do_not_know():
     assert set(backends.BACKENDS) == set(record.LAUNCHERS)
 
