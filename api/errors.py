@@ -82,6 +82,19 @@ class RunFolderError(OperationalError):
             )
         elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             advice = "make the run folder writable, or pick another one with --run-dir"
+        elif error.errno in (errno.EEXIST, errno.ENOTDIR) and (file := _file_on(path)):
+            return cls(f"cannot write {path}: {file} is a file where a folder must be; pick "
+                       "another --run-dir (or move the file away)")  # fmt: skip
         else:
             advice = "check the disk holding the run folder"
         return cls(f"cannot write {path}: {why}; {advice}")
+
+
+def _file_on(path: object) -> str | None:
+    """The file that stands where ``path`` or one of its parents must be a folder, if any."""
+    from pathlib import Path
+
+    for place in (Path(str(path)), *Path(str(path)).parents):
+        if place.exists() or place.is_symlink():
+            return None if place.is_dir() else str(place)
+    return None

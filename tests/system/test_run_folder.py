@@ -230,3 +230,20 @@ def test_the_last_lines_are_read_back_from_the_end_each_byte_once(tmp_path, monk
     assert run_folder.last_lines(tmp_path / "absent.log", 3) == []
     (tmp_path / "empty.log").write_bytes(b"")
     assert run_folder.last_lines(tmp_path / "empty.log", 3) == []
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_file_where_the_run_folder_must_be_is_named_as_such(tmp_path, under):
+    """`--run-dir` naming a file (or a folder under one) said "File exists; check the disk
+    holding the run folder": nothing to do with the disk."""
+    from distributed.launch.run import prepare
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a run")
+    folder = afile / under if under else afile
+    with pytest.raises(RunFolderError) as caught:
+        prepare("cartpole-ppo", [], str(folder), None)
+    assert str(caught.value) == (
+        f"cannot write {folder}: {afile} is a file where a folder must be; pick another "
+        "--run-dir (or move the file away)"
+    )
