@@ -120,8 +120,22 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
     errors: list[str] = []
     config = ExperimentConfig.from_dict(data, errors)
     if errors:  # with what the rest of the file gets wrong, so one launch shows it all
+        errors = [_base_hint(e, data) for e in errors]
         raise ConfigError(errors + [e for e in validate(config) if e not in errors])
     return config
+
+
+RECIPE_WORDS = ("experiment", "extends", "from", "recipe", "inherit", "inherits", "parent")
+"""Top-level keys a file may use meaning ``base:`` (other tools' words for it)."""
+
+
+def _base_hint(error: str, data: dict[str, Any]) -> str:
+    """``experiment: unknown key; valid keys: ...`` said nothing of ``base:``, the key such a
+    file meant."""
+    key = error.partition(":")[0]
+    if key in RECIPE_WORDS and error.startswith(f"{key}: unknown key"):
+        return f"{key}: unknown key; to start from a recipe, write base: {data[key]!r}"
+    return error
 
 
 def _read_declarative(path: Path) -> dict[str, Any]:

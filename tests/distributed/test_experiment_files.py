@@ -217,6 +217,17 @@ def test_a_files_wrong_types_come_with_everything_else_it_gets_wrong(tmp_path):
     ]
 
 
+def test_a_file_naming_its_recipe_under_another_word_is_pointed_to_base(tmp_path):
+    """`experiment: cartpole-ppo` (other tools' word) listed every valid key, base not among
+    them, and the errors of a config with no recipe under it."""
+    (tmp_path / "exp.yaml").write_text("experiment: cartpole-ppo\nseed: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(tmp_path / "exp.yaml"))
+    assert e.value.errors[0] == (
+        "experiment: unknown key; to start from a recipe, write base: 'cartpole-ppo'"
+    )
+
+
 def test_a_function_that_returns_no_config_is_named_with_what_it_returned(tmp_path):
     (tmp_path / "odd.py").write_text("def experiment():\n    return 42\n")
     with pytest.raises(UserError, match=r"odd.py:experiment\(\) returned int 42, not an Exp"):
