@@ -579,9 +579,9 @@ def resolve(name: str, runs_dir: Path) -> LaunchRecord:
     """The run ``name`` names: a folder, a folder under ``runs_dir``, or a cluster run of that
     name (Swarm, Kubernetes, Slurm, asked in that order where each answers). A folder that is
     no run folder (a ``cp1/`` of something else beside ``runs/``) does not hide the others."""
-    not_runs = []
-    for folder in (Path(name), Path(runs_dir) / name):
-        if folder.is_dir():
+    not_runs: list[str] = []
+    for folder in (Path(name), Path(runs_dir) / name):  # the same one where name is absolute
+        if folder.is_dir() and str(folder) not in not_runs:
             record = read_record(folder)
             if record is not None:
                 return record
@@ -591,9 +591,11 @@ def resolve(name: str, runs_dir: Path) -> LaunchRecord:
         if record is not None:
             return record
     if not_runs:
+        what = "is a folder but not a run folder" if len(not_runs) == 1 else (
+            "are folders but not run folders")  # fmt: skip
         raise OpsError(
-            f"{' and '.join(not_runs)} is a folder but not a run folder (no config.json or "
-            f"launch.json), and no Swarm, Kubernetes or Slurm run is named '{name}'"
+            f"{' and '.join(not_runs)} {what} (no config.json or launch.json), and no Swarm, "
+            f"Kubernetes or Slurm run is named '{name}'"
         )
     raise OpsError(
         f"no run '{name}': not a run folder, nothing under {runs_dir}/, and no Swarm service, "

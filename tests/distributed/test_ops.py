@@ -62,8 +62,9 @@ def test_a_bad_record_and_a_folder_that_is_no_run_say_so(tmp_path, monkeypatch):
     with pytest.raises(OpsError, match="launcher 'nomad'"):
         record.read(run_dir)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(OpsError, match="not a run folder"):
+    with pytest.raises(OpsError) as caught:  # absolute: the same folder under runs_dir
         backends.resolve(str(tmp_path / "empty"), tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'empty'} is a folder but not a run folder")
     runs = tmp_path / "runs"
     record.write(run_folder_at(runs / "empty"), record.for_process("local", runs / "empty", 1))
     monkeypatch.chdir(tmp_path)
