@@ -31,6 +31,7 @@ from api.config import ExperimentConfig
 from api.errors import UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest
+from api.spaces import from_positions
 from system import run_folder
 from system.run.metrics_file import MetricsTail, key_filter, newest_record, read_metrics
 
@@ -182,6 +183,8 @@ class LoadedPolicy:
         start = state is None
         if start:
             state = self.policy.default_policy_state
+        # a gymnasium Tuple's raw tuple, as the run's environments presented it: a dict
+        obs = from_positions(obs, getattr(self.policy, "observation_space", None))
         batch_obs = (
             NamedArray(**{k: np.asarray(v)[None] for k, v in obs.items()})
             if isinstance(obs, dict)

@@ -9,9 +9,8 @@ on silently). Troupe's contract is stricter: the adapter refuses to step a finis
 an actor that forgets to reset fails loudly instead of training on garbage.
 
 A ``Tuple`` observation space (Blackjack's ``(player sum, dealer card, usable ace)``) is seen as
-a ``Dict`` keyed by position (``item0``, ``item1``, ...; zero-padded past ten), recursively:
-Troupe's encoders, wire checks and NamedArrays know Dicts (whose keys name NamedArray fields, so
-they must be identifiers), and a Dict keyed by position loses nothing.
+a ``Dict`` keyed by position (``item0``, ``item1``, ...: :mod:`api.spaces`), which Troupe's
+encoders, wire checks and NamedArrays know, and which loses nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from gymnasium.envs.registration import load_env_creator
 from api import registry
 from api.environment import Environment, StepResult
 from api.errors import UserError
+from api.spaces import dict_of_tuples, keyed_by_position
 
 ENTRY_POINT = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 
@@ -131,37 +131,6 @@ class GymnasiumEnvironment(Environment):
 
     def close(self) -> None:
         self._env.close()
-
-
-def dict_of_tuples(space: gym.Space) -> gym.Space:
-    """``space`` with every Tuple in it a Dict keyed by position; ``space`` itself (the same
-    object) where it has none."""
-    if isinstance(space, gym.spaces.Tuple):
-        parts = [dict_of_tuples(s) for s in space.spaces]
-        return gym.spaces.Dict({_position(i, len(parts)): s for i, s in enumerate(parts)})
-    if isinstance(space, gym.spaces.Dict):
-        parts = {k: dict_of_tuples(s) for k, s in space.spaces.items()}
-        if all(parts[k] is s for k, s in space.spaces.items()):
-            return space
-        return gym.spaces.Dict(parts)
-    return space
-
-
-def keyed_by_position(obs: Any, space: gym.Space) -> Any:
-    """An observation of ``space`` as one of ``dict_of_tuples(space)``."""
-    if isinstance(space, gym.spaces.Tuple):
-        n = len(space.spaces)
-        return {_position(i, n): keyed_by_position(o, s)
-                for i, (o, s) in enumerate(zip(obs, space.spaces, strict=True))}  # fmt: skip
-    if isinstance(space, gym.spaces.Dict):
-        return {k: keyed_by_position(obs[k], s) for k, s in space.spaces.items()}
-    return obs
-
-
-def _position(index: int, count: int) -> str:
-    """``item3``, or ``item03`` among a dozen: Dict spaces sort their keys, and so keep the
-    order."""
-    return "item" + str(index).zfill(len(str(count - 1)))
 
 
 def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:

@@ -343,3 +343,23 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     assert said[0] == "0" and int(said[1]) >= target, out
     (record,) = [json.loads(line) for line in (copy / "resumes.jsonl").read_text().splitlines()]
     assert record["changed"]["stop.env_frames"] == [12000, target]
+
+
+def test_load_policy_act_takes_a_gymnasium_tuple_as_the_run_saw_it():
+    """A run of Blackjack-v1 saw its Tuple observations as Dicts keyed by position; a user
+    playing the loaded policy on gymnasium's own env passes raw tuples, which failed with an
+    IndexError deep in the encoder."""
+    import gymnasium as gym
+
+    from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+    from api.spaces import dict_of_tuples
+    from distributed.api import LoadedPolicy
+
+    raw = gym.make("Blackjack-v1")
+    space = dict_of_tuples(raw.observation_space)
+    policy = LoadedPolicy(ActorCriticPolicy(space, raw.action_space, seed=1), None, "default", 0)
+    obs, _ = raw.reset(seed=5)
+    assert isinstance(obs, tuple)
+    action, _ = policy.act(obs)
+    same, _ = policy.act(dict(zip(space.spaces, obs, strict=True)))
+    assert raw.action_space.contains(int(action)) and action == same
