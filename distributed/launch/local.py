@@ -16,6 +16,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 from multiprocessing.process import BaseProcess
 
 from distributed.launch.signals import signal_name
@@ -32,6 +33,7 @@ class LocalLauncher:
     PRELOAD = [
         "system.run.forkserver_guard",  # first: the forkserver dies with the controller
         *("numpy", "torch", "zmq", "gymnasium", "system.run.worker_process", "legacy.plugin"),
+        "distributed.launch.local",  # the workers' entry point, run_worker
     ]
 
     def __init__(self) -> None:
@@ -41,7 +43,7 @@ class LocalLauncher:
 
     def start(self, worker_id: str, role: str, controller: str) -> None:
         process = self._ctx.Process(
-            target=worker_process.main,
+            target=run_worker,
             args=(worker_id, role, controller, None, os.getpid()),
             name=f"troupe-{worker_id}",
             daemon=False,
@@ -77,6 +79,13 @@ class LocalLauncher:
             if process.is_alive():
                 logger.warning("%s still running at shutdown; killing it", worker_id)
                 self.kill(worker_id)
+
+
+def run_worker(*args) -> None:
+    """A worker process's body: what ``worker_process.main`` returns becomes the process's exit
+    code. (A multiprocessing target's return value is dropped: every worker exited 0, and one
+    that had just reported a failure was said to have "exited with code 0".)"""
+    sys.exit(worker_process.main(*args))
 
 
 def ended_by(exitcode: int | None) -> str:

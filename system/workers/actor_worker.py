@@ -372,6 +372,8 @@ class ActorWorker(Worker):
         if e in self._rebuilding:
             raise EnvironmentFailure(f"{message}, right after it was rebuilt") from err
         if self.on_env_error != "reset":
+            if err is not None:  # a simulator that crashes now and then need not end the run
+                message += "; actors.on_env_error=reset rebuilds such an environment and goes on"
             raise EnvironmentFailure(message) from err
         logger.warning("%s; resetting it\n%s", message, traceback.format_exc() if err else "")
         self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1

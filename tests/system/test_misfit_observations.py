@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,9 @@ def test_a_run_whose_environment_misfits_ends_with_its_error_instead_of_waiting(
     assert "environment 'Stretching-v0' #" in failure, failure
     assert "at step 5 of its episode returned an observation that does not fit" in failure
     assert "observation has shape (4,), declared (3,)" in failure
+    # a worker that reported its failure exits 1: it was said to have "exited with code 0"
+    said = result.stdout + result.stderr
+    assert re.search(r"actor/\d exited with code 1; restarting it", said), said[-3000:]
 
 
 EXPERIMENT_FILE = '''\

@@ -148,8 +148,10 @@ def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
     actor = eval_actor(hub, "a", lambda i: CountingEnv(fail_at=1), 1, groups=1)
     actor.poll()
     answer_all(hub, "p")
-    with pytest.raises(EnvironmentFailure, match=r"environment 0 of a raised in step\(\)"):
+    with pytest.raises(EnvironmentFailure, match=r"environment 0 of a raised in step\(\)") as e:
         actor.poll()
+    assert str(e.value).endswith("; actors.on_env_error=reset rebuilds such an environment and "
+                                 "goes on")  # fmt: skip
 
     resetting = eval_actor(
         hub, "b", lambda i: CountingEnv(fail_at=1), 1, groups=1, on_env_error="reset"
