@@ -196,9 +196,14 @@ class Registry:
     def specs(self) -> list[Spec]:
         return [self._specs[n] for n in self.names()]
 
-    def __contains__(self, name: str) -> bool:
+    def in_family(self, name: str) -> bool:
+        """Whether ``name`` is of a family of names resolved on demand (``pettingzoo:...``):
+        its resolver, not the list of names, says what is wrong with one."""
         _load_plugins()
-        if any(isinstance(name, str) and name.startswith(p) for p in self._families):
+        return any(isinstance(name, str) and name.startswith(p) for p in self._families)
+
+    def __contains__(self, name: str) -> bool:
+        if self.in_family(name):
             try:
                 self.spec(name)
             except RegistryError:

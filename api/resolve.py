@@ -226,6 +226,8 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
     the overrides that are the experiment function's own arguments are taken out."""
     kwargs: dict[str, Any] = {}
     if name not in registry.experiments and name not in registry.environments:
+        if registry.environments.in_family(name):
+            registry.environments.spec(name)  # raises its resolver's reason (a game's version)
         raise RegistryError(_unknown_target(name))
     if name not in registry.experiments:
         logger.info("'%s' is an environment: training it with experiment '%s'", name,

@@ -99,8 +99,10 @@ def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, An
             error = e
             continue
         except PettingZooRegistryError as e:
-            raise RegistryError(f"'{name}': {e}; check the family and game with PettingZoo's "
-                                f"documentation, or {INSTALL_HINT}") from e  # fmt: skip
+            raise RegistryError(
+                f"'{name}': {_said(e)}; check the family and game with PettingZoo's "
+                f"documentation, or {INSTALL_HINT}"
+            ) from e
         defaults = dict(spec.kwargs)
         if spec.max_cycles is not None and spec.max_cycles != -1:
             defaults.setdefault("max_cycles", spec.max_cycles)
@@ -109,8 +111,13 @@ def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, An
     if api and _registered(other, path):
         raise RegistryError(f"'{name}': PettingZoo's {path} has no {api} API (it has the {other} "
                             f"one: #{other})")  # fmt: skip
-    raise RegistryError(f"'{name}': {error}; check the family and game with PettingZoo's "
+    raise RegistryError(f"'{name}': {_said(error)}; check the family and game with PettingZoo's "
                         f"documentation, or {INSTALL_HINT}") from error  # fmt: skip
+
+
+def _said(error: Exception) -> str:
+    """PettingZoo's message without its closing full stop (ours goes on after a ';')."""
+    return str(error).rstrip(". ")
 
 
 def _registered(kind: str, path: str) -> bool:

@@ -233,3 +233,16 @@ def test_a_wrong_id_is_one_clear_error(name, said):
     assert name not in registry.environments
     with pytest.raises(RegistryError, match=said):
         registry.environments.spec(name)
+
+
+def test_a_wrong_id_where_an_experiment_is_named_gives_pettingzoos_reason():
+    """`troupe run|test-pipeline pettingzoo:sisl/pursuit_v4` said only "unknown experiment or
+    environment"; `troupe test-env` said which version there is."""
+    from api.errors import RegistryError
+    from api.resolve import load_experiment
+
+    with pytest.raises(RegistryError) as caught:
+        load_experiment("pettingzoo:classic/rps_v9")
+    said = str(caught.value)
+    assert "version v9 for 'classic/rps' not found" in said and "unknown experiment" not in said
+    assert ".;" not in said
