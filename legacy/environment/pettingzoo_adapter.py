@@ -43,6 +43,7 @@ import numpy as np
 from api.environment import Environment, StepResult
 from api.errors import UserError
 from api.registry import load_entry_point
+from api.spaces import dict_of_tuples, from_positions
 
 INSTALL_HINT = "install it with: pip install 'troupe-rl[multiagent]'"
 PREFIX = "pettingzoo:"
@@ -176,7 +177,9 @@ def _make_pettingzoo_env(entry_point: str, env_kwargs: dict[str, Any]) -> Any:
 
 # --------------------------------------------------------------------- float64 -> float32
 def _troupe_space(space: gym.Space) -> gym.Space:
-    """``space`` with every float64 Box declared float32 (recursively inside a Dict)."""
+    """``space`` with every float64 Box declared float32 (recursively inside a Dict), and every
+    Tuple a Dict keyed by position (:mod:`api.spaces`)."""
+    space = dict_of_tuples(space)
     if isinstance(space, gym.spaces.Dict):
         return gym.spaces.Dict({k: _troupe_space(s) for k, s in space.spaces.items()})
     if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
@@ -187,8 +190,11 @@ def _troupe_space(space: gym.Space) -> gym.Space:
 
 
 def _troupe_obs(obs: Any, space: gym.Space) -> Any:
-    """Cast ``obs`` to the dtypes of ``space`` (as made by :func:`_troupe_space`)."""
+    """Cast ``obs`` to the dtypes of ``space`` (as made by :func:`_troupe_space`); a Tuple's
+    observation is keyed by position."""
     if isinstance(space, gym.spaces.Dict):
+        if isinstance(obs, (tuple, list)):  # the game's Tuple observation
+            obs = from_positions(obs, space)
         return {k: _troupe_obs(obs[k], s) for k, s in space.spaces.items()}
     if isinstance(space, gym.spaces.Box):
         return np.asarray(obs, dtype=space.dtype)
