@@ -247,8 +247,23 @@ def experiment_of(args: argparse.Namespace) -> tuple[str, list[str]]:
     """The experiment and overrides a command names: with ``--algo``, those of
     ``troupe train ENV --algo ALGO`` (run_train's translation)."""
     if getattr(args, "algo", None):
+        _refuse_an_experiment(args.experiment, args.algo)
         return args.algo, [f"env={args.experiment}", *args.overrides]
     return args.experiment, list(args.overrides)
+
+
+def _refuse_an_experiment(name: str, algo: str) -> None:
+    """``--algo`` sets an algorithm up on an environment; an experiment already has one (it
+    was read as an environment: "unknown environment 'cartpole-ppo'")."""
+    from api import registry
+    from api.errors import UserError
+
+    if name in registry.experiments and name not in registry.environments:
+        raise UserError(
+            f"--algo {algo} takes an environment id (as troupe train ENV --algo {algo}); "
+            f"'{name}' is an experiment, which has its algorithm: drop --algo, or name the "
+            "environment"
+        )
 
 
 def run_show_config(args: argparse.Namespace, console: Console) -> int:

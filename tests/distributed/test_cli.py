@@ -204,3 +204,11 @@ def test_test_pipeline_checks_what_train_runs_with_an_algo(capsys):
     out = capsys.readouterr().out
     assert "pipeline ok (experiment 'blackjack-v1-dqn')" in out
     assert re.search(r"policy 'default' \(dqn\): \d+ trainer steps", out)
+
+
+def test_algo_with_an_experiment_says_it_takes_an_environment(capsys):
+    """`--algo dqn` on `cartpole-ppo` read the experiment as an environment ("unknown
+    environment 'cartpole-ppo'")."""
+    assert main(["test-pipeline", "cartpole-ppo", "--algo", "dqn"]) != 0
+    err = capsys.readouterr().err
+    assert "--algo dqn takes an environment id" in err and "'cartpole-ppo' is an experiment" in err
