@@ -45,6 +45,27 @@ def default_run_dir(experiment: str) -> Path:
     return Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def new_default_run_dir(experiment: str) -> Path:
+    """A new folder ``runs/<experiment>-<time>``, made here; ``-2``, ``-3``, ... where runs
+    started in the same second took it first (a sweep of ``troupe.train(..., background=True)``
+    calls: the second was refused as "run folder ... is not empty")."""
+    base = default_run_dir(experiment)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError.from_os_error(base.parent, e) from e
+    for n in range(1, 1000):
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            folder.mkdir()  # atomic: of two runs making the same folder, one gets it
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise RunFolderError.from_os_error(folder, e) from e
+        return folder
+    raise UserError(f"no free run folder named {base}-N under {base.parent}: name one")
+
+
 def prepare(
     experiment: str | ExperimentConfig | None,
     overrides: list[str],
@@ -71,7 +92,7 @@ def prepare(
     config = load_experiment(experiment, overrides, imports)
     _check_plan(config)
     _warn_short_budget(config)
-    folder = Path(run_dir) if run_dir else default_run_dir(config.name)
+    folder = Path(run_dir) if run_dir else new_default_run_dir(config.name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -212,3 +212,27 @@ def test_algo_with_an_experiment_says_it_takes_an_environment(capsys):
     assert main(["test-pipeline", "cartpole-ppo", "--algo", "dqn"]) != 0
     err = capsys.readouterr().err
     assert "--algo dqn takes an environment id" in err and "'cartpole-ppo' is an experiment" in err
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """A sweep of `troupe.train(..., background=True)` calls: the default folder is named to
+    the second, and the second run was refused ("run folder ... is not empty")."""
+    from distributed.launch import run
+    from system.run import folder_lock
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run.time, "strftime", lambda fmt, *a: "20261203-134146")
+    overrides = ["stop.eval_return=None", "stop.env_frames=5000"]
+    folders = []
+    try:
+        for _ in range(3):
+            folders.append(run.prepare("cartpole-ppo", overrides, None, None)[1])
+            (folders[-1] / "config.json").write_text("{}")  # as a started run leaves it
+    finally:
+        for folder in folders:
+            folder_lock.release(folder)
+    assert [f.name for f in folders] == [
+        "cartpole-ppo-20261203-134146",
+        "cartpole-ppo-20261203-134146-2",
+        "cartpole-ppo-20261203-134146-3",
+    ]
