@@ -230,6 +230,12 @@ def _key_encoder(
         return _OneHot(space)
     if isinstance(space, gym.spaces.MultiDiscrete):
         return _MultiOneHot(space)
+    if isinstance(space, gym.spaces.Tuple):  # what a gymnasium env's adapter does for it
+        raise TypeError(
+            f"observation{f' key {key!r}' if key else ''}: a Tuple space ({space}); declare a "
+            "Dict of its parts instead, keyed by name (gymnasium environments' Tuples are "
+            "keyed item0, item1, ... for you: api.spaces.dict_of_tuples)"
+        )
     raise TypeError(
         f"observation{f' key {key!r}' if key else ''}: unsupported space {space}; use Box, "
         "Discrete, MultiDiscrete, MultiBinary or a Dict of them (or write your own encoder)"

@@ -290,3 +290,9 @@ def test_a_multi_discrete_observation_is_one_hot_per_component():
     features = encode(torch.tensor([[3, 0], [1, 1]]))
     expected = [[0, 0, 1, 1, 0], [1, 0, 0, 0, 1]]
     np.testing.assert_array_equal(features.numpy(), np.array(expected, np.float32))
+
+
+def test_a_tuple_observation_is_refused_saying_what_to_declare():
+    space = gym.spaces.Tuple([gym.spaces.Discrete(5), gym.spaces.Discrete(2)])
+    with pytest.raises(TypeError, match=r"a Tuple space .*declare a Dict of its parts instead"):
+        ActorCriticPolicy(space, gym.spaces.Discrete(2))
