@@ -43,7 +43,7 @@ import numpy as np
 from api.environment import Environment, StepResult
 from api.errors import UserError
 from api.registry import load_entry_point
-from api.spaces import dict_of_tuples, from_positions
+from legacy.environment.pettingzoo_spaces import troupe_obs, troupe_space, zero_obs
 
 INSTALL_HINT = "install it with: pip install 'troupe-rl[multiagent]'"
 PREFIX = "pettingzoo:"
@@ -175,43 +175,6 @@ def _make_pettingzoo_env(entry_point: str, env_kwargs: dict[str, Any]) -> Any:
         ) from e
 
 
-# --------------------------------------------------------------------- float64 -> float32
-def _troupe_space(space: gym.Space) -> gym.Space:
-    """``space`` with every float64 Box declared float32 (recursively inside a Dict), and every
-    Tuple a Dict keyed by position (:mod:`api.spaces`)."""
-    space = dict_of_tuples(space)
-    if isinstance(space, gym.spaces.Dict):
-        return gym.spaces.Dict({k: _troupe_space(s) for k, s in space.spaces.items()})
-    if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
-        low = space.low.astype(np.float32)
-        high = space.high.astype(np.float32)
-        return gym.spaces.Box(low, high, space.shape, np.float32)
-    return space
-
-
-def _troupe_obs(obs: Any, space: gym.Space) -> Any:
-    """Cast ``obs`` to the dtypes of ``space`` (as made by :func:`_troupe_space`); a Tuple's
-    observation is keyed by position."""
-    if isinstance(space, gym.spaces.Dict):
-        if isinstance(obs, (tuple, list)):  # the game's Tuple observation
-            obs = from_positions(obs, space)
-        return {k: _troupe_obs(obs[k], s) for k, s in space.spaces.items()}
-    if isinstance(space, gym.spaces.Box):
-        return np.asarray(obs, dtype=space.dtype)
-    return obs
-
-
-def _zero_obs(space: gym.Space) -> Any:
-    """A placeholder observation for an agent that left without one (all zeros)."""
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _zero_obs(s) for k, s in space.spaces.items()}
-    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)):
-        return np.zeros(space.shape, dtype=space.dtype)
-    if isinstance(space, gym.spaces.Discrete):
-        return np.int64(space.start)
-    raise UserError(f"PettingZoo adapter: no placeholder observation for space {space}")
-
-
 class _PettingZooBase(Environment):
     """What both APIs share: agents, spaces, seeding, action conversion, closing."""
 
@@ -224,7 +187,7 @@ class _PettingZooBase(Environment):
         if not self.agent_names:
             raise UserError(f"PettingZoo environment '{env}' has no possible_agents")
         self._index = {name: i for i, name in enumerate(self.agent_names)}
-        self._obs_spaces = [_troupe_space(self._env.observation_space(a)) for a in self.agent_names]
+        self._obs_spaces = [troupe_space(self._env.observation_space(a)) for a in self.agent_names]
         self._act_spaces = [self._env.action_space(a) for a in self.agent_names]
         self._next_seed: int | None = None
         self._running = False
@@ -269,7 +232,7 @@ class _PettingZooBase(Environment):
         return seed
 
     def _observation(self, i: int, obs: Any) -> Any:
-        obs = _troupe_obs(obs, self._obs_spaces[i])
+        obs = troupe_obs(obs, self._obs_spaces[i])
         self._last_obs[i] = obs
         return obs
 
@@ -298,7 +261,7 @@ class _PettingZooBase(Environment):
 
     def _final_obs(self, i: int) -> Any:
         last = self._last_obs[i]
-        return _zero_obs(self._obs_spaces[i]) if last is None else last
+        return zero_obs(self._obs_spaces[i]) if last is None else last
 
 
 class PettingZooAECEnvironment(_PettingZooBase):

@@ -253,12 +253,12 @@ def test_a_games_tuple_observation_is_a_dict_keyed_by_position():
     failed to build its policy); float64 boxes inside become float32 as elsewhere."""
     import gymnasium as gym
 
-    from legacy.environment.pettingzoo_adapter import _troupe_obs, _troupe_space
+    from legacy.environment.pettingzoo_spaces import troupe_obs, troupe_space
 
     game = gym.spaces.Tuple([gym.spaces.Box(-1.0, 1.0, (2,), np.float64), gym.spaces.Discrete(3)])
-    space = _troupe_space(game)
+    space = troupe_space(game)
     assert isinstance(space, gym.spaces.Dict) and list(space.spaces) == ["item0", "item1"]
     assert space["item0"].dtype == np.float32
-    obs = _troupe_obs((np.array([0.5, -0.25]), 2), space)
+    obs = troupe_obs((np.array([0.5, -0.25]), 2), space)
     assert obs["item0"].dtype == np.float32 and obs["item1"] == 2
     assert space.contains(obs)
