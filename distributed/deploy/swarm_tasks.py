@@ -24,8 +24,8 @@ FAILED_STATES = ("failed", "rejected")
 
 
 def task_end(task: dict[str, Any]) -> str | None:
-    """How ``task`` ended, where it failed (``exit code 137 (SIGKILL; ...)``, ``rejected: No such
-    image ...``); None for a task that runs, completed or was shut down."""
+    """How ``task`` ended, where it failed (``exit code 137 (SIGKILL; ...)``, ``rejected by
+    Swarm: No such image ...``); None for a task that runs, completed or was shut down."""
     status = task.get("Status") or {}
     state = status.get("State")
     if state not in FAILED_STATES:
