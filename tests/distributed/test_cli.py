@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -221,7 +222,8 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monk
     from system.run import folder_lock
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run.time, "strftime", lambda fmt, *a: "20261203-134146")
+    same_second = Path("runs") / "cartpole-ppo-20261203-134146"  # every call in one second
+    monkeypatch.setattr(run, "default_run_dir", lambda experiment: same_second)
     overrides = ["stop.eval_return=None", "stop.env_frames=5000"]
     folders = []
     try:
