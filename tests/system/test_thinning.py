@@ -96,7 +96,10 @@ def test_a_run_writes_one_record_in_its_spacing_to_its_file_and_tensorboard(tmp_
     assert summary["num_records"] == len(records)
     assert summary["env_frames"] == records[-1]["env_frames"]
     assert read_json(run_dir / "latest.json") == records[-1]  # the last second, written or not
-    assert all("timing/actor/busy" in r for r in records[1:]), records[1].keys()
+    # stage times from an actor's first report on (on a loaded machine its first may come after
+    # the second record), in every record: a role silent in a record's interval keeps its last
+    timed = [i for i, r in enumerate(records) if "timing/actor/busy" in r]
+    assert timed and timed == list(range(timed[0], len(records))), (walls, timed)
     assert summary["best_episode_return"] >= max(r["episode_return"] or 0 for r in records)
     assert [step for step, _ in event_scalars(run_dir)["env_frames"]] == [
         r["env_frames"] for r in records
