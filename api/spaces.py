@@ -4,8 +4,8 @@ Troupe's encoders, wire checks and NamedArrays know Dict observations, whose key
 a gymnasium ``Tuple`` (Blackjack's ``(player sum, dealer card, usable ace)``) is the same data
 under positions. :func:`dict_of_tuples` names them ``item0``, ``item1``, ... (zero-padded past
 ten, so that a Dict, which sorts its keys, keeps their order), recursively; the gymnasium
-adapter presents its observations so, and :func:`from_positions` turns a raw tuple back into
-such a dict for a policy acting outside a run (``troupe.load_policy(...).act``).
+adapter presents its observations so through :func:`from_positions`, which turns a raw tuple
+into such a dict (also for a policy acting outside a run, ``troupe.load_policy(...).act``).
 """
 
 from __future__ import annotations
@@ -27,17 +27,6 @@ def dict_of_tuples(space: gym.Space) -> gym.Space:
             return space
         return gym.spaces.Dict(parts)
     return space
-
-
-def keyed_by_position(obs: Any, space: gym.Space) -> Any:
-    """An observation of ``space`` as one of ``dict_of_tuples(space)``."""
-    if isinstance(space, gym.spaces.Tuple):
-        n = len(space.spaces)
-        return {_position(i, n): keyed_by_position(o, s)
-                for i, (o, s) in enumerate(zip(obs, space.spaces, strict=True))}  # fmt: skip
-    if isinstance(space, gym.spaces.Dict):
-        return {k: keyed_by_position(obs[k], s) for k, s in space.spaces.items()}
-    return obs
 
 
 def _position(index: int, count: int) -> str:

@@ -27,7 +27,7 @@ from gymnasium.envs.registration import load_env_creator
 from api import registry
 from api.environment import Environment, StepResult
 from api.errors import UserError
-from api.spaces import dict_of_tuples, keyed_by_position
+from api.spaces import dict_of_tuples, from_positions
 
 ENTRY_POINT = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 
@@ -87,7 +87,7 @@ class GymnasiumEnvironment(Environment):
         self._next_seed = None
         self._episode_over = False
         if self._keyed:
-            obs = keyed_by_position(obs, self._env.observation_space)
+            obs = from_positions(obs, self._observation_space)
         return [StepResult(obs=obs, reward=0.0, done=False, truncated=False, info=dict(info))]
 
     def step(self, actions: list[Any]) -> list[StepResult | None]:
@@ -104,7 +104,7 @@ class GymnasiumEnvironment(Environment):
         obs, reward, terminated, truncated, info = self._env.step(self._fit(actions[0]))
         self._episode_over = bool(terminated or truncated)
         if self._keyed:
-            obs = keyed_by_position(obs, self._env.observation_space)
+            obs = from_positions(obs, self._observation_space)
         return [
             StepResult(
                 obs=obs,

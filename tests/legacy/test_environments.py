@@ -117,17 +117,17 @@ def test_adapter_sees_a_tuple_observation_as_a_dict_keyed_by_position():
 
 
 def test_positions_keep_their_order_past_ten_and_nested_spaces_convert():
-    from api.spaces import dict_of_tuples, from_positions, keyed_by_position
+    from api.spaces import dict_of_tuples, from_positions
 
     bit = gym.spaces.Discrete(2)
     space = gym.spaces.Tuple([bit] * 11 + [gym.spaces.Dict({"inner": gym.spaces.Tuple([bit])})])
     converted = dict_of_tuples(space)
     assert list(converted.spaces)[:3] == ["item00", "item01", "item02"]
     assert list(converted.spaces)[-1] == "item11"  # sorted as Dict spaces sort: the same order
-    obs = keyed_by_position((*range(11), {"inner": (1,)}), space)
+    obs = from_positions((*range(11), {"inner": (1,)}), converted)
     assert [obs[k] for k in list(converted.spaces)[:11]] == list(range(11))
     assert obs["item11"] == {"inner": {"item0": 1}}
-    assert from_positions((*range(11), {"inner": (1,)}), converted) == obs  # and back
+    assert from_positions(obs, converted) == obs  # a dict already keyed stays as it is
     box = gym.spaces.Box(0, 1, (2,))
     assert dict_of_tuples(box) is box  # no Tuple, nothing converted
     keyed = gym.spaces.Dict({"a": box})
