@@ -294,13 +294,16 @@ class SwarmBackend:
 
 
 def _service_lines(template: str, service, tail: int) -> Iterator[tuple[str, str]]:
-    """(worker id, line) for a service's last lines; replicas' ids come from their task slot."""
-    slots = {t["ID"]: t.get("Slot", 1) for t in service.tasks()}
+    """(worker id, line) for a service's last lines; a replica's id comes from its task's slot
+    (``actor/?`` for a line whose task Swarm no longer lists)."""
+    from distributed.deploy.swarm_tasks import task_worker
+
+    tasks = {t["ID"]: t for t in service.tasks()}
     for raw in service.logs(stdout=True, stderr=True, details=True, tail=tail):
         details, _, line = raw.decode(errors="replace").rstrip().partition(" ")
-        task = re.search(r"com\.docker\.swarm\.task\.id=(\w+)", details)
-        slot = slots.get(task.group(1), 1) if task else 1
-        yield template.replace("{ordinal}", str(slot - 1)), line
+        found = re.search(r"com\.docker\.swarm\.task\.id=(\w+)", details)
+        task = tasks.get(found.group(1), {}) if found else {}
+        yield task_worker(template, task).replace("{ordinal}", "?"), line
 
 
 # --------------------------------------------------------------------- kubernetes

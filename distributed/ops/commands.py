@@ -125,6 +125,12 @@ def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+QUIET_CONSOLE = (
+    ": a worker's own output holds NOTICE and above only (TROUPE_LOG_LEVEL=INFO at launch "
+    "puts INFO there too); its INFO lines are in the run folder's logs"
+)
+
+
 def run_logs(args: argparse.Namespace, console: Console) -> int:
     """Each worker's lines, prefixed with its id, interleaved by time."""
     record = resolve(args.run, Path(args.runs_dir))
@@ -151,7 +157,7 @@ def run_logs(args: argparse.Namespace, console: Console) -> int:
         what = f"worker '{args.worker}'" if args.worker else "any worker"
         known = ", ".join(folder.log_files(run_dir)) if use_folder else ""
         console.print(Text(f"no lines from {what} of run '{record.run}'"
-                           + (f" (logs of: {known})" if known else "")))  # fmt: skip
+                           + (f" (logs of: {known})" if known else QUIET_CONSOLE)))  # fmt: skip
     return 0
 
 

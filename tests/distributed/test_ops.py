@@ -344,3 +344,27 @@ def test_a_followed_stream_gives_whole_lines_whatever_its_chunks():
         "third line",
         "last",
     ]
+
+
+def test_a_scheduler_with_no_lines_from_a_worker_says_where_its_info_lines_are(monkeypatch):
+    """Workers print NOTICE and above to their console: an actor's container, service or pod
+    says nothing in a quiet run, and "no lines" alone reads as a broken worker."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    class Silent:
+        def logs(self, record, worker, tail, follow):
+            return iter(())
+
+    rec = LaunchRecord("swarm", "quiet")
+    monkeypatch.setattr(commands, "resolve", lambda name, runs_dir: rec)
+    monkeypatch.setattr(commands.backends, "backend", lambda record: Silent())
+    console = Console(record=True, width=400, force_terminal=False)
+    argv = ["logs", "quiet", "--worker", "actor", "--source", "scheduler"]
+    args = build_parser().parse_args(argv)
+    assert commands.run_logs(args, console) == 0
+    said = console.export_text()
+    assert "no lines from worker 'actor' of run 'quiet'" in said
+    assert "TROUPE_LOG_LEVEL=INFO" in said and "run folder's logs" in said

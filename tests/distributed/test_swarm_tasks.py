@@ -91,3 +91,22 @@ def test_the_watch_stays_quiet_when_the_engine_cannot_answer():
     client = SimpleNamespace(api=SimpleNamespace(tasks=fail))
     watch = TaskWatch(client, [SimpleNamespace(id="s")], lambda s: "params")
     assert watch.poll() == []
+
+
+def test_service_log_lines_name_the_replica_that_wrote_them():
+    from distributed.ops.backends import _service_lines
+
+    tasks = [task("running", slot=1, ident="a0"), task("running", slot=2, ident="a1")]
+
+    def logs(**_):
+        detail = "com.docker.swarm.node.id=n1,com.docker.swarm.task.id={} {}\n"
+        return [detail.format(i, text).encode() for i, text in
+                (("a1", "step 1"), ("a0", "step 2"), ("gone", "old line"))]  # fmt: skip
+
+    service = SimpleNamespace(tasks=lambda: tasks, logs=logs)
+    assert list(_service_lines("actor/{ordinal}", service, tail=10)) == [
+        ("actor/1", "step 1"),
+        ("actor/0", "step 2"),
+        ("actor/?", "old line"),  # its task is no longer listed: no guessed ordinal
+    ]
+    assert next(_service_lines("controller", service, tail=10)) == ("controller", "step 1")

@@ -155,7 +155,8 @@ def ops_args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(list(argv))
 
 
-def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
+def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path, monkeypatch):
+    monkeypatch.setenv("TROUPE_LOG_LEVEL", "INFO")  # passed on: each actor says it is ready
     run_dir = tmp_path / "swarm-status"
     console = recording_console()
     args = deploy_args(run_dir, [*QUICK, "stop.env_frames=100000000"], wait=False)
@@ -192,6 +193,11 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path):
         assert ops.run_logs(ops_args(*argv), native) == 0
         lines = native.export_text()
         assert "[controller] " in lines, lines
+        actors = recording_console()
+        argv = ("logs", "swarm-status", "--worker", "actor", "--source", "scheduler")
+        assert ops.run_logs(ops_args(*argv), actors) == 0
+        lines = actors.export_text()
+        assert "[actor/0] " in lines and "[actor/1] " in lines, lines  # ids from task slots
         kill_an_actor(client, "swarm-status")
         ps = Console(record=True, width=400, force_terminal=False)  # no cell wrapped
         assert ops.run_ps(ops_args("ps", "swarm-status"), ps) == 0
