@@ -138,7 +138,7 @@ def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
     _quiet_mujoco(gym_id)
     try:
         return gym.make(gym_id, **gym_kwargs)
-    except gym.error.DependencyNotInstalled as e:
+    except (gym.error.DependencyNotInstalled, ImportError) as e:  # jax, shimmy, mujoco-py, ...
         raise UserError(
             f"gymnasium environment '{gym_id}' needs a package that is not installed: {e}"
         ) from e

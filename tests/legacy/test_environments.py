@@ -97,6 +97,18 @@ def test_adapter_reports_missing_optional_dependencies():
         GymnasiumEnvironment("LunarLander-v3")
 
 
+def test_an_environment_whose_module_cannot_be_imported_names_it():
+    """gymnasium's jax (phys2d/, tabular/) and shimmy ids raise a plain ImportError, which
+    ended a run in a traceback."""
+    gym.register("TroupeTestMissing-v0", entry_point="troupe_no_such_module:Env")
+    try:
+        with pytest.raises(UserError, match="needs a package that is not installed: No module "
+                           "named 'troupe_no_such_module'"):  # fmt: skip
+            GymnasiumEnvironment("TroupeTestMissing-v0")
+    finally:
+        del gym.registry["TroupeTestMissing-v0"]
+
+
 def test_adapter_sees_a_tuple_observation_as_a_dict_keyed_by_position():
     """Blackjack observes ``(player sum, dealer card, usable ace)``: a Tuple space, which
     Troupe's encoders and wire checks do not take, so ``troupe train Blackjack-v1`` failed to
