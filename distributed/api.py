@@ -185,13 +185,8 @@ class LoadedPolicy:
             state = self.policy.default_policy_state
         # a gymnasium Tuple's raw tuple, as the run's environments presented it: a dict
         obs = from_positions(obs, getattr(self.policy, "observation_space", None))
-        batch_obs = (
-            NamedArray(**{k: np.asarray(v)[None] for k, v in obs.items()})
-            if isinstance(obs, dict)
-            else np.asarray(obs)[None]
-        )
         request = RolloutRequest(
-            obs=batch_obs,
+            obs=_one_row(obs),
             policy_state=state,
             is_evaluation=np.full((1, 1), greedy),
             on_reset=np.full((1, 1), start),
@@ -232,3 +227,10 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
     if hasattr(built, "eval_mode"):
         built.eval_mode()
     return LoadedPolicy(built, config, name, number)
+
+
+def _one_row(obs: Any) -> np.ndarray | NamedArray:
+    """One observation as a batch of one: a dict (a Dict in it too) as a NamedArray."""
+    if isinstance(obs, dict):
+        return NamedArray(**{k: _one_row(v) for k, v in obs.items()})
+    return np.asarray(obs)[None]

@@ -12,8 +12,9 @@
   keep the board's size (:class:`GridEncoder`);
 * any other ``Box``: flattened;
 * ``Discrete``: one-hot;
-* ``Dict``: each key by the rules above, features concatenated in key order. The key
-  ``action_mask`` is skipped: it constrains the action distribution, it is not an input.
+* ``Dict``: each key by the rules above (a Dict in it likewise, recursively), features
+  concatenated in key order. The key ``action_mask`` is skipped: it constrains the action
+  distribution, it is not an input.
 
 The per-key features then go through an MLP of ``hidden_sizes``; ``out_features`` is its width.
 """
@@ -217,6 +218,25 @@ class _MultiOneHot(nn.Module):
         ).float()  # fmt: skip
 
 
+class _DictEncoder(nn.Module):
+    """A Dict nested in the observation's Dict: its keys' features side by side, in key
+    order, by the same rules as the top level's."""
+
+    def __init__(
+        self, space: gym.spaces.Dict, key: str, grid_channels: Sequence[int], activation: str
+    ):
+        super().__init__()
+        self.keys = [k for k in space.spaces if k != ACTION_MASK_KEY]
+        self.parts = nn.ModuleDict({
+            k: _key_encoder(space.spaces[k], f"{key}.{k}" if key else k, grid_channels, activation)
+            for k in self.keys
+        })  # fmt: skip
+        self.out_features = sum(p.out_features for p in self.parts.values())
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        return torch.cat([self.parts[k](obs[k]) for k in self.keys], dim=-1)
+
+
 def _key_encoder(
     space: gym.Space, key: str, grid_channels: Sequence[int] = (), activation: str = "relu"
 ) -> nn.Module:
@@ -230,6 +250,8 @@ def _key_encoder(
         return _OneHot(space)
     if isinstance(space, gym.spaces.MultiDiscrete):
         return _MultiOneHot(space)
+    if isinstance(space, gym.spaces.Dict):  # a Dict inside a Dict (a Tuple of Tuples, keyed)
+        return _DictEncoder(space, key, grid_channels, activation)
     if isinstance(space, gym.spaces.Tuple):  # what a gymnasium env's adapter does for it
         raise TypeError(
             f"observation{f' key {key!r}' if key else ''}: a Tuple space ({space}); declare a "
@@ -238,7 +260,8 @@ def _key_encoder(
         )
     raise TypeError(
         f"observation{f' key {key!r}' if key else ''}: unsupported space {space}; use Box, "
-        "Discrete, MultiDiscrete, MultiBinary or a Dict of them (or write your own encoder)"
+        "Discrete, MultiDiscrete, MultiBinary or a Dict of them, nested or not (or write your own "
+        "encoder)"
     )
 
 

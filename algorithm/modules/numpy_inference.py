@@ -40,6 +40,7 @@ from algorithm.modules.encoders import (
     ACTION_MASK_KEY,
     GridEncoder,
     ObservationEncoder,
+    _DictEncoder,
     _Flat,
     _MultiOneHot,
     _OneHot,
@@ -72,6 +73,8 @@ def _part_layers(part: nn.Module) -> list[tuple[nn.Module, Any]] | None:
     activation) pairs of a board's convolutions; None for what only torch runs (images)."""
     if isinstance(part, (_Flat, _OneHot, _MultiOneHot)):
         return []
+    if isinstance(part, _DictEncoder):  # a Dict in the Dict: numpy if all its keys are
+        return [] if all(_part_layers(p) is not None for p in part.parts.values()) else None
     if isinstance(part, GridEncoder):
         modules = [m for m in part.net if not isinstance(m, nn.Flatten)]
         return _pairs(modules, nn.Conv2d)
@@ -112,9 +115,13 @@ class _Part:
     def __init__(self, module: nn.Module, layers: list[tuple[Any, Any]]):
         self.module = module
         self.convs = [(*_conv_weights(conv), act) for conv, act in layers]
+        if isinstance(module, _DictEncoder):
+            self.inner = {k: _Part(m, _part_layers(m)) for k, m in module.parts.items()}
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         module = self.module
+        if isinstance(module, _DictEncoder):
+            return np.concatenate([self.inner[k](x[k]) for k in module.keys], axis=-1)
         if isinstance(module, _OneHot):
             index = np.asarray(x, dtype=np.int64).reshape(len(x)) - module.start
             return np.eye(module.n, dtype=np.float32)[index]

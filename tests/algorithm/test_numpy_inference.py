@@ -253,14 +253,29 @@ CATEGORICAL_OBS = {
     "a Dict of them": gym.spaces.Dict(
         {"cells": gym.spaces.MultiDiscrete([3, 3]), "flags": gym.spaces.MultiBinary([2, 2])}
     ),
+    "a Dict in a Dict": gym.spaces.Dict(
+        {
+            "hand": gym.spaces.Dict(
+                {"card": gym.spaces.Discrete(4), "pos": gym.spaces.Box(-1, 1, (2,))}
+            ),
+            "seat": gym.spaces.Discrete(3),
+        }
+    ),
 }
+
+
+def batch_of(samples: list) -> np.ndarray | NamedArray:
+    """Observations stacked as a lane stacks them: dicts (nested too) as NamedArrays."""
+    if isinstance(samples[0], dict):
+        return NamedArray(**{k: batch_of([s[k] for s in samples]) for k in samples[0]})
+    return np.stack(samples)
 
 
 @pytest.mark.parametrize("case", sorted(CATEGORICAL_OBS))
 def test_multi_discrete_and_multi_binary_observations_act_alike_through_both_paths(case):
     """Such observations once failed to build a policy ("unsupported space"), though actors
     and the wire carried them: each MultiDiscrete component is now one-hot, a MultiBinary
-    flattened, through torch and numpy alike."""
+    flattened, a Dict in a Dict encoded key by key, through torch and numpy alike."""
     space = CATEGORICAL_OBS[case]
     fast = ActorCriticPolicy(space, gym.spaces.Discrete(3), seed=2, hidden_sizes=[16])
     slow = ActorCriticPolicy(
@@ -269,10 +284,7 @@ def test_multi_discrete_and_multi_binary_observations_act_alike_through_both_pat
     assert fast._numpy is not None
     space.seed(4)
     samples = [space.sample() for _ in range(12)]
-    if isinstance(space, gym.spaces.Dict):
-        obs = NamedArray(**{k: np.stack([s[k] for s in samples]) for k in space.spaces})
-    else:
-        obs = np.stack(samples)
+    obs = batch_of(samples)
     for greedy in (False, True):
         req = RolloutRequest(
             obs=obs, is_evaluation=np.full((12, 1), greedy), on_reset=np.ones((12, 1), bool)

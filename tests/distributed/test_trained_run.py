@@ -363,3 +363,22 @@ def test_load_policy_act_takes_a_gymnasium_tuple_as_the_run_saw_it():
     action, _ = policy.act(obs)
     same, _ = policy.act(dict(zip(space.spaces, obs, strict=True)))
     assert raw.action_space.contains(int(action)) and action == same
+
+
+def test_load_policy_act_takes_a_tuple_inside_a_tuple():
+    import gymnasium as gym
+
+    from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+    from api.spaces import dict_of_tuples
+    from distributed.api import LoadedPolicy
+
+    hand = gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))])
+    raw = gym.spaces.Tuple([hand, gym.spaces.Discrete(4)])
+    space = dict_of_tuples(raw)
+    policy = LoadedPolicy(ActorCriticPolicy(space, gym.spaces.Discrete(2), seed=1), None, "d", 0)
+    raw.seed(3)
+    obs = raw.sample()
+    action, _ = policy.act(obs)
+    keyed = {"item0": {"item0": obs[0][0], "item1": obs[0][1]}, "item1": obs[1]}
+    same, _ = policy.act(keyed)
+    assert int(action) in (0, 1) and action == same
