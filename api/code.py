@@ -30,6 +30,8 @@ class RegistrationConfig:
     """``module:Attribute`` of the class or factory."""
     source: str = ""
     """The file that defines it, imported where the module cannot be imported by name."""
+    requires: list[str] = field(default_factory=list)
+    """Files or modules imported before it is built (``api.registry.Spec.requires``)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Default keyword arguments given to ``register``."""
     description: str = ""
@@ -57,8 +59,25 @@ _loaded: set[tuple[str, ...]] = set()
 
 def attach_user_code(config: Any) -> Any:
     """``config`` (an ``ExperimentConfig``) with this process's own registrations (and
-    absolute import paths) in its ``code``."""
-    return dataclasses.replace(config, code=with_user_code(config.code))
+    absolute import paths) in its ``code``, and the registration of its environment where
+    that needs the user's code imported (a gymnasium id a script registers: Spec.requires)."""
+    code = with_user_code(config.code)
+    required = _required_registration("environment", config.environment.type)
+    if required is not None and all(r.name != required.name for r in code.registrations):
+        code.registrations.append(required)
+    return dataclasses.replace(config, code=code)
+
+
+def _required_registration(kind: str, name: str) -> RegistrationConfig | None:
+    """``name``'s registration, to travel with the run, if it requires code imported first;
+    None otherwise (including a name this process cannot resolve: the config check says so)."""
+    try:
+        spec = registry.REGISTRIES[kind].spec(name) if name else None
+    except RegistryError:
+        return None
+    if spec is None or not spec.requires:
+        return None
+    return _registration(spec)
 
 
 def with_user_code(code: CodeConfig) -> CodeConfig:
@@ -66,19 +85,24 @@ def with_user_code(code: CodeConfig) -> CodeConfig:
     the files of the modules it found only in its working directory."""
     registrations = {(r.kind, r.name): r for r in code.registrations}
     for spec in registry.user_specs():
-        module = spec.entry_point.partition(":")[0]
-        registrations[(spec.kind, spec.name)] = RegistrationConfig(
-            kind=spec.kind,
-            name=spec.name,
-            entry_point=spec.entry_point,
-            source=spec.source or user_code.local_file(module) or "",
-            kwargs=dict(spec.kwargs),
-            description=spec.description,
-        )
+        registrations[(spec.kind, spec.name)] = _registration(spec)
     imports = [_absolute(item) for item in code.imports]
     local = {item: user_code.local_file(item) for item in imports if not item.endswith(".py")}
     sources = {**code.sources, **{item: path for item, path in local.items() if path}}
     return CodeConfig(imports, list(registrations.values()), sources)
+
+
+def _registration(spec: registry.Spec) -> RegistrationConfig:
+    module = spec.entry_point.partition(":")[0]
+    return RegistrationConfig(
+        kind=spec.kind,
+        name=spec.name,
+        entry_point=spec.entry_point,
+        source=spec.source or user_code.local_file(module) or "",
+        kwargs=dict(spec.kwargs),
+        description=spec.description,
+        requires=list(spec.requires),
+    )
 
 
 def load_code(code: CodeConfig) -> None:
@@ -97,6 +121,7 @@ def load_code(code: CodeConfig) -> None:
             description=r.description,
             override=True,
             source=r.source,
+            requires=r.requires,
             **r.kwargs,
         )
     _loaded.add(key)

@@ -52,9 +52,16 @@ class Spec:
     source: str = ""
     """The file defining the entry point's module, recorded when an object (not a string) was
     registered: a process that cannot import the module by name imports this file."""
+    requires: tuple[str, ...] = ()
+    """Files or modules of the user's code imported before the entry point: where what it
+    builds is registered elsewhere at import time (a gymnasium id that a script registers with
+    gymnasium, built through the gymnasium adapter). A run that builds such a component takes
+    its spec to its workers (:func:`api.code.attach_user_code`), even a plugin's."""
 
     def load(self) -> Callable[..., Any]:
         """Import the entry point and return the class or factory it names."""
+        for item in self.requires:
+            user_code.import_required(item)
         return load_entry_point(
             self.entry_point, what=f"{self.kind} '{self.name}'", source=self.source
         )
@@ -134,12 +141,22 @@ class Registry:
         self._families: dict[str, Callable[[str], Spec]] = {}
         """Name prefixes (``pettingzoo:``) whose names a function turns into specs on first
         use: a whole family of components, none of them listed one by one."""
+        self._late: list[Callable[[str], Spec | None]] = []
+        """Asked, in order, for a name nothing registered: see :meth:`add_late_names`."""
 
     def add_family(self, prefix: str, resolve: Callable[[str], Spec]) -> None:
         """Names starting with ``prefix`` resolve through ``resolve(name)`` (which raises
         RegistryError for one it cannot build); every process's plugin adds the same, so a name
         resolves alike in workers."""
         self._families[prefix] = resolve
+
+    def add_late_names(self, resolve: Callable[[str], Spec | None]) -> None:
+        """A name no one registered is asked of ``resolve``, which registers and returns its
+        spec, or returns None: names another registry learns after this one listed it (a
+        gymnasium id that a user's file registers with gymnasium once Troupe's plugin has
+        registered gymnasium's ids)."""
+        if resolve not in self._late:  # a plugin loaded again (tests) adds it once
+            self._late.append(resolve)
 
     def register(
         self,
@@ -149,10 +166,12 @@ class Registry:
         description: str = "",
         override: bool = False,
         source: str = "",
+        requires: Sequence[str] = (),
         **kwargs: Any,
     ) -> Spec:
         """Register ``name``; ``entry_point`` is a ``"module:Attribute"`` string or the object
-        (whose defining file is then recorded, see :attr:`Spec.source`)."""
+        (whose defining file is then recorded, see :attr:`Spec.source`); ``requires``: see
+        :attr:`Spec.requires`."""
         if not isinstance(name, str) or not name:
             raise RegistryError(f"a {self.kind} name must be a non-empty string, got {name!r}")
         if isinstance(entry_point, str):
@@ -160,7 +179,7 @@ class Registry:
         else:
             ep, source = user_code.locate(entry_point)
             description = description or _first_line(getattr(entry_point, "__doc__", None))
-        spec = Spec(self.kind, name, ep, dict(kwargs), description, source)
+        spec = Spec(self.kind, name, ep, dict(kwargs), description, source, tuple(requires))
         old = self._specs.get(name)
         if old is not None and not override and not old.same_target(spec):
             raise RegistryError(
@@ -184,6 +203,9 @@ class Registry:
             if isinstance(name, str) and name.startswith(prefix):
                 spec = self._specs[name] = resolve(name)
                 return spec
+        for late in self._late:
+            if (spec := late(name)) is not None:
+                return spec
         raise RegistryError(self._unknown_message(name))
 
     def make(self, name: str, **kwargs: Any) -> Any:
@@ -203,11 +225,15 @@ class Registry:
         return any(isinstance(name, str) and name.startswith(p) for p in self._families)
 
     def __contains__(self, name: str) -> bool:
-        if self.in_family(name):
-            try:
-                self.spec(name)
-            except RegistryError:
-                return False
+        try:
+            self.spec(name)
+        except RegistryError:
+            return False
+        return True
+
+    def registered(self, name: str) -> bool:
+        """Whether ``name`` is registered by now: no family or late name resolved, no plugin
+        loaded (what a plugin asks while it registers)."""
         return name in self._specs
 
     def unregister(self, name: str) -> None:

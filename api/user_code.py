@@ -186,6 +186,35 @@ def import_code(item: str, source: str = "") -> ModuleType:
         ) from e
 
 
+def import_required(item: str) -> None:
+    """One of a spec's ``requires`` (a file or a module), once a process. A file already run
+    here is not run again, whatever its module's name: the program itself (``__main__``), or
+    the script a controller was forked from."""
+    if item in _required:
+        return
+    if not item.endswith(".py") or not any(
+        _same_file(getattr(m, "__file__", None), item) for m in list(sys.modules.values())
+    ):
+        import_code(item)
+    _required.add(item)
+
+
+_required: set[str] = set()
+
+
+def origin_of(module_name: str) -> str | None:
+    """What another process imports to run ``module_name``'s top level again: the installed
+    package it belongs to, else its file (a script, a file of yours), else its name; None for
+    a ``__main__`` without a file (a notebook), which no other process can import."""
+    top = module_name.partition(".")[0]
+    if top in _installed():
+        return top
+    source = getattr(sys.modules.get(module_name), "__file__", None)
+    if source:
+        return str(Path(source).resolve())
+    return None if module_name == "__main__" else module_name
+
+
 def module_name_for(path: Path) -> str:
     """A module name for a user file: its stem, unless that would shadow another module."""
     stem = re.sub(r"\W", "_", path.stem)

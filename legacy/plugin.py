@@ -19,9 +19,10 @@ def register_builtins() -> None:
 
 
 def _register_environments() -> None:
-    from legacy.environment.gym_adapter import register_gymnasium_ids
+    from legacy.environment.gym_adapter import late_gymnasium_id, register_gymnasium_ids
 
     register_gymnasium_ids()
+    registry.environments.add_late_names(late_gymnasium_id)
     registry.register_environment(
         "GridGather-v0",
         "legacy.environment.grid_gather:GridGatherEnvironment",

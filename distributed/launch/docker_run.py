@@ -255,7 +255,8 @@ def user_files(config: ExperimentConfig) -> list[str]:
     """The user's own files the run's workers import (mounted into every container)."""
     code = config.code
     files = [i for i in code.imports if i.endswith(".py")] + list(code.sources.values())
-    return [r.source for r in code.registrations] + files
+    required = [i for r in code.registrations for i in r.requires if i.endswith(".py")]
+    return [r.source for r in code.registrations] + required + files
 
 
 def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
-from api import registry
+from api import registry, user_code
 from api.environment import Environment, StepResult
 from api.errors import UserError
 from api.spaces import dict_of_tuples, from_positions
@@ -208,11 +208,46 @@ def register_gymnasium_ids() -> None:
     add_ale_ids_to_gymnasium()
     with registry.registering_as_plugin():
         for gym_id in sorted(gym.registry):
-            if gym_id in registry.environments:
+            if registry.environments.registered(gym_id):
                 continue
-            registry.register_environment(
-                gym_id, ENTRY_POINT, gym_id=gym_id, description="gymnasium"
-            )
+            _register(gym_id)
+
+
+def _register(gym_id: str) -> registry.Spec:
+    """The adapter's spec for ``gym_id``; where a script or a package of the user's
+    registered it with gymnasium, that code is imported first in a process that builds it (a
+    run's workers get the spec with the run's config)."""
+    requires = _registered_by(gym_id)
+    return registry.register_environment(
+        gym_id, ENTRY_POINT, gym_id=gym_id, requires=requires,
+        description="gymnasium (your code)" if requires else "gymnasium",
+    )  # fmt: skip
+
+
+def _registered_by(gym_id: str) -> tuple[str, ...]:
+    """The file or package whose import registers ``gym_id`` with gymnasium, where a fresh
+    process does not know it (gymnasium's and ALE's ids it knows)."""
+    entry = gym.spec(gym_id).entry_point
+    module = getattr(entry, "__module__", None) if callable(entry) else str(entry).split(":")[0]
+    if not module or module.partition(".")[0] in _KNOWN_EVERYWHERE:
+        return ()
+    origin = user_code.origin_of(module)
+    return (origin,) if origin else ()
+
+
+_KNOWN_EVERYWHERE = ("gymnasium", "ale_py")
+"""Packages whose gymnasium ids every process registers (gymnasium itself; ALE's, added by
+:func:`add_ale_ids_to_gymnasium`)."""
+
+
+def late_gymnasium_id(name: str) -> registry.Spec | None:
+    """The adapter's spec for a gymnasium id registered with gymnasium after
+    :func:`register_gymnasium_ids` ran (``gym.register`` in a user's file, imported once the
+    registry was first asked), else None."""
+    if not isinstance(name, str) or name not in gym.registry:
+        return None
+    with registry.registering_as_plugin():
+        return _register(name)
 
 
 def add_ale_ids_to_gymnasium() -> None:

@@ -209,3 +209,31 @@ def test_gymnasium_ids_do_not_replace_existing_registrations():
         registry.environments.restore(builtin)  # the built-in again, not a user registration
     assert registry.environments.spec("CartPole-v1").kwargs == {"gym_id": "CartPole-v1"}
     assert "CartPole-v1" not in [s.name for s in registry.user_specs()]
+
+
+def test_what_another_process_imports_to_run_a_modules_top_level_again(tmp_path):
+    from api import user_code
+
+    assert user_code.origin_of("gymnasium.envs.classic_control") == "gymnasium"  # installed
+    mine = tmp_path / "troupe_test_origin.py"
+    mine.write_text("X = 1\n")
+    module = user_code.import_file(mine)
+    assert user_code.origin_of(module.__name__) == str(mine.resolve())  # a file of the user's
+    assert user_code.origin_of("troupe_not_imported_yet") == "troupe_not_imported_yet"
+
+
+def test_a_spec_imports_what_it_requires_first_once(tmp_path):
+    """A spec whose entry point builds something registered elsewhere at import time (a
+    gymnasium id a script registers) imports that code first, once, in whatever process
+    builds it."""
+    marker = tmp_path / "troupe_test_required.py"
+    counter = "sys.troupe_test_required_runs"
+    marker.write_text(f"import sys\n{counter} = 1 + getattr(sys, {counter.split('.')[1]!r}, 0)\n")
+    reg = Registry("environment")
+    with registry.registering_as_plugin():
+        spec = reg.register("needs-it", "builtins:dict", requires=[str(marker)])
+    assert spec.requires == (str(marker),) and reg.user_specs() == []  # a plugin's
+    assert spec.make(a=1) == {"a": 1}
+    spec.make()
+    assert sys.troupe_test_required_runs == 1  # imported once
+    del sys.troupe_test_required_runs

@@ -207,6 +207,50 @@ def test_test_pipeline_checks_what_train_runs_with_an_algo(capsys):
     assert re.search(r"policy 'default' \(dqn\): \d+ trainer steps", out)
 
 
+NESTED_TUPLE_ENV = """
+import gymnasium as gym
+
+
+class Hands(gym.Env):
+    \"\"\"A Tuple in a Tuple: (a hand of (card, position), a seat); reward for action 1.\"\"\"
+
+    hand = gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))])
+    observation_space = gym.spaces.Tuple([hand, gym.spaces.Discrete(4)])
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action), self.t >= 20, False, {}
+
+
+gym.register("TroupeTestHands-v0", entry_point=Hands)
+"""
+
+
+@pytest.mark.parametrize("algo", ["ppo", "impala", "dqn"])
+def test_a_tuple_inside_a_tuple_observation_trains(algo, tmp_path, capsys):
+    """Nested Tuples (a Dict in a Dict once keyed) were refused by the encoders, and the actors'
+    lanes could not stack a dict inside a dict."""
+    import gymnasium as gym
+
+    from api import registry
+
+    code = tmp_path / "hands.py"
+    code.write_text(NESTED_TUPLE_ENV)
+    argv = ["test-pipeline", "TroupeTestHands-v0", "--import", str(code), "--algo", algo]
+    try:
+        assert main([*argv, "--trainer-steps", "2"]) == 0, capsys.readouterr()
+    finally:  # each case's file registers the id afresh
+        gym.registry.pop("TroupeTestHands-v0", None)
+        registry.environments.unregister("TroupeTestHands-v0")
+    assert f"pipeline ok (experiment 'troupetesthands-v0-{algo}')" in capsys.readouterr().out
+
+
 def test_algo_with_an_experiment_says_it_takes_an_environment(capsys):
     """`--algo dqn` on `cartpole-ppo` read the experiment as an environment ("unknown
     environment 'cartpole-ppo'")."""

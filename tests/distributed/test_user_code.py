@@ -58,6 +58,56 @@ def test_a_script_registered_in_its_main_block_trains_in_worker_processes(tmp_pa
     assert any("episode_info/steps_to_exit" in r for r in read_metrics(run_dir))
 
 
+GYM_SCRIPT = """
+import gymnasium as gym
+import numpy as np
+
+import troupe
+from api import registry
+
+registry.environments.names()  # Troupe lists gymnasium's ids before this file adds its own
+
+
+class Coin(gym.Env):
+    observation_space = gym.spaces.Box(0, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), float(action), self.t >= 10, False, {}
+
+
+gym.register("ScriptCoin-v0", entry_point=Coin)
+
+if __name__ == "__main__":
+    result = troupe.train("ScriptCoin-v0", ["frames=3000", "stop.eval_return=None"])
+    raise SystemExit(result.exit_code)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_script_that_registers_a_gymnasium_env_trains_it(tmp_path):
+    """``gym.register`` in a script, then ``troupe.train`` on the id: the controller knew the
+    id but every worker failed ("unknown environment 'ScriptCoin-v0'"), the run exiting 1."""
+    script = tmp_path / "coin.py"
+    script.write_text(GYM_SCRIPT)
+    result = _run([sys.executable, str(script)], cwd=tmp_path)
+    out = result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.returncode == 0, out
+    assert "Overriding environment" not in out  # no process ran the script's top level twice
+    summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames", summary
+    config = json.loads((_only_run(tmp_path) / "config.json").read_text())
+    (registration,) = config["code"]["registrations"]
+    assert registration["name"] == "ScriptCoin-v0"
+    assert registration["requires"] == [str(script.resolve())]
+
+
 @pytest.mark.multiprocess
 def test_troupe_run_import_registers_a_file_in_every_worker(tmp_path):
     module = tmp_path / "my_corridor.py"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -107,6 +108,62 @@ def test_an_environment_whose_module_cannot_be_imported_names_it():
             GymnasiumEnvironment("TroupeTestMissing-v0")
     finally:
         del gym.registry["TroupeTestMissing-v0"]
+
+
+class _Still(gym.Env):
+    """A gymnasium env of this file's, registered with gymnasium by the tests below."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, True, False, {}
+
+
+@pytest.fixture
+def gym_id_of_this_file():
+    """Its name, registered with gymnasium by the test, and removed from both registries."""
+    name = "TroupeTestStill-v0"
+    yield name
+    gym.registry.pop(name, None)
+    registry.environments.unregister(name)
+
+
+def test_a_gymnasium_id_registered_after_troupe_listed_gymnasiums_is_known(gym_id_of_this_file):
+    """A script's ``gym.register`` after the registry's first lookup (which registered
+    gymnasium's ids then) was an unknown environment."""
+    registry.environments.names()  # the plugin has run
+    gym.register(gym_id_of_this_file, entry_point=_Still)
+    assert not registry.environments.registered(gym_id_of_this_file)
+    assert gym_id_of_this_file in registry.environments  # resolved late
+    spec = registry.environments.spec(gym_id_of_this_file)
+    assert spec.kwargs == {"gym_id": gym_id_of_this_file}
+    assert spec.requires == (str(Path(__file__).resolve()),)  # what registers it, for workers
+    env = environment.make(gym_id_of_this_file)
+    assert env.reset()[0].obs.shape == (1,)
+    # it travels with a run that builds it, as the user's own registrations do, and only then
+    from api.code import attach_user_code
+    from api.resolve import load_experiment
+
+    assert spec not in registry.user_specs()
+    config = attach_user_code(load_experiment("ppo", [f"env={gym_id_of_this_file}"]))
+    (shipped,) = [r for r in config.code.registrations if r.name == gym_id_of_this_file]
+    assert shipped.requires == [str(Path(__file__).resolve())]
+    assert shipped.entry_point == "legacy.environment.gym_adapter:GymnasiumEnvironment"
+    other = attach_user_code(load_experiment("ppo", ["env=CartPole-v1"]))
+    assert all(r.name != gym_id_of_this_file for r in other.code.registrations)
+
+
+def test_gymnasiums_own_ids_need_nothing_imported_and_a_users_id_its_file(gym_id_of_this_file):
+    gym.register(gym_id_of_this_file, entry_point=_Still)
+    register_gymnasium_ids()  # the blanket registration, after gym.register this time
+    spec = registry.environments.spec(gym_id_of_this_file)
+    assert spec.requires == (str(Path(__file__).resolve()),)
+    cartpole = registry.environments.spec("CartPole-v1")
+    assert cartpole.requires == ()
 
 
 def test_adapter_sees_a_tuple_observation_as_a_dict_keyed_by_position():
