@@ -150,7 +150,8 @@ def _param_count(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     raise TypeError(
-        f"actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {space}"
+        f"actor-critic supports Discrete, MultiDiscrete, MultiBinary and Box action spaces, "
+        f"got {space}"
     )
 
 

@@ -11,7 +11,8 @@ The network is built from the agent's gymnasium spaces, which the runtime passes
   ``PolicyState(hx=[B, n * rnn_layers, rnn_hidden])`` where ``n`` is 2 for separate backbones
   (the actor's layers first, then the critic's) and 1 for a shared one;
 * the action distribution follows the action space: ``Discrete`` -> Categorical, actions int64
-  ``[B]``; ``MultiDiscrete`` -> independent Categoricals, int64 ``[B, k]``; ``Box`` -> diagonal
+  ``[B]``; ``MultiDiscrete`` -> independent Categoricals, int64 ``[B, *shape]`` (a
+  ``MultiBinary`` is a MultiDiscrete of two-way choices: Bernoullis); ``Box`` -> diagonal
   Gaussian with a state-independent log-std, float32 ``[B, *shape]``, the raw sample *unclipped*
   (the environment adapter clips to bounds). ``policy_output.log_prob`` is the joint log-prob,
   ``[B, 1]``.
@@ -46,6 +47,7 @@ from algorithm.modules.distributions import (
     Categorical,
     DiagGaussian,
     MultiDiscrete,
+    as_choices,
 )
 from algorithm.modules.encoders import ACTION_MASK_KEY
 from algorithm.modules.mirror import Mirror
@@ -113,6 +115,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         mirror_actions: Sequence[int] = (),
         cuda_graphs: bool = False,
     ):
+        action_space = as_choices(action_space)
         self.observation_space, self.action_space = observation_space, action_space
         mirror = _mirror(observation_space, action_space, mirror_actions, rnn_hidden, normalize_obs)
         with torch.random.fork_rng(devices=[]):
@@ -234,7 +237,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             log_prob = log_prob + lib.gather(log_probs, action)
             start += n
         action = actions[0] if isinstance(space, gym.spaces.Discrete) else np.stack(actions, -1)
-        return action.astype(np.int64) + _action_start(space), log_prob
+        action = action.astype(np.int64) + _action_start(space)
+        return action.reshape(-1, *space.shape), log_prob
 
     def _gaussian_numpy(self, mean: np.ndarray, greedy: np.ndarray | None):
         log_std = np.broadcast_to(self._numpy.log_std, mean.shape)
@@ -271,6 +275,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             params.flatten(0, 1), None if mask is None else mask.flatten(0, 1)
         )
         action = self.to_tensor(sample.action).flatten(0, 1)
+        if isinstance(self.action_space, gym.spaces.MultiDiscrete):
+            action = action.reshape(len(action), -1)  # [N, k] whatever the space's shape
         if self._action_offset is not None:
             action = action - self._action_offset
         policy_output = self.to_tensor(sample.policy_output)
@@ -314,7 +320,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         space = self.action_space
         if isinstance(space, gym.spaces.Box):
             return self.to_numpy(action).astype(np.float32).reshape(-1, *space.shape)
-        return self.to_numpy(action).astype(np.int64) + _action_start(space)
+        action = self.to_numpy(action).astype(np.int64) + _action_start(space)
+        return action.reshape(-1, *space.shape)  # a 2-d MultiDiscrete's choices as laid out
 
     def _initial_hx(self, state: NamedArray | None, batch: int) -> torch.Tensor | None:
         if self._state_shape is None:

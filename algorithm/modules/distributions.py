@@ -11,6 +11,8 @@ from __future__ import annotations
 import abc
 import math
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 _ILLEGAL_LOGIT = -1e8  # finite, so that entropy's p * log p stays 0 * finite = 0
@@ -116,3 +118,12 @@ class DiagGaussian(ActionDistribution):
     def entropy(self):
         per_dim = 0.5 + 0.5 * math.log(2 * math.pi) + self.log_std
         return per_dim.sum(dim=-1, keepdim=True)
+
+
+def as_choices(space: gym.Space) -> gym.Space:
+    """A MultiBinary action space as the MultiDiscrete of as many two-way choices, which a
+    policy acts in through :class:`MultiDiscrete` (a Categorical over {0, 1} each: a
+    Bernoulli); any other space as it is."""
+    if isinstance(space, gym.spaces.MultiBinary):
+        return gym.spaces.MultiDiscrete(np.full(space.shape, 2, dtype=np.int64))
+    return space

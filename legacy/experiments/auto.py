@@ -1,9 +1,9 @@
 """``ppo``: PPO on any registered environment, set up from its spaces (``troupe train ENV``).
 
 The policy is ``actor-critic``, whose encoder and action head follow the spaces: vectors go
-through an MLP, uint8 images through a CNN, Dict observations key by key; Discrete and
-MultiDiscrete actions get Categoricals, Box actions a diagonal Gaussian. What differs between the
-two families is the training recipe:
+through an MLP, uint8 images through a CNN, Dict observations key by key; Discrete,
+MultiDiscrete and MultiBinary actions get Categoricals, Box actions a diagonal Gaussian. What
+differs between the two families is the training recipe:
 
 * discrete actions: the CartPole recipe (large batches, few minibatches, lr 2e-3), which solves
   CartPole-v1 and Acrobot-v1 in well under a minute of CPU;
@@ -49,6 +49,15 @@ would call learned. Every other classic-control and Box2D id declares its own th
 BipedalWalker, CarRacing), and so does gymnasium wherever it has one: its own number wins."""
 
 
+ACTOR_CRITIC_ACTIONS = (
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+)
+"""The action spaces the actor-critic policy acts in (ppo, impala)."""
+
+
 def ppo(
     env: str = "CartPole-v1",
     env_args: dict[str, Any] | None = None,
@@ -72,10 +81,10 @@ def ppo(
         return selfplay(env, env_args, target=target, frames=frames)
     observation, action, agents = agent_spaces(env, env_args)
     continuous = isinstance(action, gym.spaces.Box)
-    if not isinstance(action, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+    if not isinstance(action, ACTOR_CRITIC_ACTIONS):
         raise UserError(
             f"environment '{env}' has a {type(action).__name__} action space; the ppo experiment "
-            "handles Discrete, MultiDiscrete and Box actions"
+            "handles Discrete, MultiDiscrete, MultiBinary and Box actions"
         )
     frames = frames or (500_000 if continuous else 1_000_000)
     recipe = _continuous(frames) if continuous else _discrete()

@@ -34,7 +34,7 @@ from api.errors import UserError
 from legacy.environment.gym_adapter import is_mujoco
 from legacy.experiments.atari import atari_ppo, is_atari_pixels
 from legacy.experiments.atari_algos import atari_dqn, atari_impala
-from legacy.experiments.auto import agent_spaces, named_experiment
+from legacy.experiments.auto import ACTOR_CRITIC_ACTIONS, agent_spaces, named_experiment
 from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
 from legacy.experiments.mujoco import mujoco_ppo, mujoco_sac
@@ -69,7 +69,7 @@ def impala(
     if is_atari_pixels(env, env_args):
         return atari_impala(env, env_args, target, frames)
     observation, action, agents = agent_spaces(env, env_args)
-    _refuse(env, action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "impala")
+    _refuse(env, action, ACTOR_CRITIC_ACTIONS, "impala")
     recipe = cartpole_impala()
     policy = recipe.policies["default"]
     if isinstance(action, gym.spaces.Box) and _is_vector(observation):
@@ -239,9 +239,12 @@ def _instead(action: gym.Space) -> str:
         return "use --algo sac (or ppo)"
     if isinstance(action, gym.spaces.Discrete):
         return "use --algo dqn (or ppo)"
-    if isinstance(action, gym.spaces.MultiDiscrete):
+    if isinstance(action, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         return "use --algo ppo (or impala)"
-    return "no built-in algorithm does (ppo and impala take Discrete, MultiDiscrete and Box)"
+    return (
+        "no built-in algorithm does (ppo and impala take Discrete, MultiDiscrete, MultiBinary "
+        "and Box)"
+    )
 
 
 def _is_vector(space: gym.Space) -> bool:

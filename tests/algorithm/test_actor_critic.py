@@ -62,6 +62,8 @@ def test_shared_backbone_feeds_both_heads():
         (gym.spaces.Discrete(3), (6,), np.int64),
         (gym.spaces.Discrete(3, start=-1), (6,), np.int64),
         (gym.spaces.MultiDiscrete([2, 3]), (6, 2), np.int64),
+        (gym.spaces.MultiBinary(3), (6, 3), np.int64),  # two-way choices: Bernoullis
+        (gym.spaces.MultiBinary([2, 2]), (6, 2, 2), np.int64),
         (gym.spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32), (6, 2), np.float32),
     ],
 )
@@ -195,6 +197,9 @@ def test_seed_makes_initialisation_reproducible():
     [
         gym.spaces.Discrete(3, start=-1),
         gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.MultiBinary(3),
+        gym.spaces.MultiBinary([2, 2]),
+        gym.spaces.MultiDiscrete([[2, 3], [3, 2]], start=[[1, 0], [0, -1]]),
         gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
     ],
 )

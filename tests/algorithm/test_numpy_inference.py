@@ -15,6 +15,7 @@ BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(2, 3), dtype=np.float32)
 SPACES = {
     "discrete": gym.spaces.Discrete(3, start=-1),
     "multidiscrete": gym.spaces.MultiDiscrete([2, 4], start=[1, 0]),
+    "multibinary": gym.spaces.MultiBinary(3),
     "box": gym.spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32),
 }
 

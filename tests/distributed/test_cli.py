@@ -251,6 +251,58 @@ def test_a_tuple_inside_a_tuple_observation_trains(algo, tmp_path, capsys):
     assert f"pipeline ok (experiment 'troupetesthands-v0-{algo}')" in capsys.readouterr().out
 
 
+SWITCHES_ENV = """
+import gymnasium as gym
+import numpy as np
+
+
+class Switches(gym.Env):
+    \"\"\"Four switches to set as the observation says; each action must be in the space.\"\"\"
+
+    observation_space = gym.spaces.MultiBinary(4)
+    action_space = gym.spaces.MultiBinary([2, 2])
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.want = 0, self.np_random.integers(0, 2, 4).astype(np.int8)
+        return self.want, {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"not a MultiBinary([2, 2]) action: {action!r}"
+        reward = float(np.mean(np.asarray(action).reshape(-1) == self.want))
+        self.t, self.want = self.t + 1, self.np_random.integers(0, 2, 4).astype(np.int8)
+        return self.want, reward, self.t >= 20, False, {}
+
+
+gym.register("TroupeTestSwitches-v0", entry_point=Switches)
+"""
+
+
+@pytest.mark.parametrize("algo", ["ppo", "impala", "dqn"])
+def test_multi_binary_actions_are_taken_by_the_actor_critic_algorithms(algo, tmp_path, capsys):
+    """A MultiBinary action space had no built-in algorithm: the actor-critic policy now acts
+    in it as two-way choices; dqn (Discrete only) says which algorithms do."""
+    import gymnasium as gym
+
+    from api import registry
+
+    code = tmp_path / "switches.py"
+    code.write_text(SWITCHES_ENV)
+    argv = ["test-pipeline", "TroupeTestSwitches-v0", "--import", str(code), "--algo", algo]
+    try:
+        rc = main([*argv, "--trainer-steps", "2"])
+    finally:
+        gym.registry.pop("TroupeTestSwitches-v0", None)
+        registry.environments.unregister("TroupeTestSwitches-v0")
+    out, err = capsys.readouterr()
+    if algo == "dqn":
+        assert rc != 0 and "MultiBinary actions; dqn acts in Discrete" in err
+        assert "use --algo ppo (or impala)" in err
+    else:
+        assert rc == 0, out + err
+        assert f"pipeline ok (experiment 'troupetestswitches-v0-{algo}')" in out
+
+
 def test_algo_with_an_experiment_says_it_takes_an_environment(capsys):
     """`--algo dqn` on `cartpole-ppo` read the experiment as an environment ("unknown
     environment 'cartpole-ppo'")."""

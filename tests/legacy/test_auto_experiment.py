@@ -114,7 +114,7 @@ def test_a_dict_action_space_is_refused_naming_what_is_handled():
         ("sac", "discrete", "use --algo dqn (or ppo)"),
         ("dqn", "box", "use --algo sac (or ppo)"),
         ("dqn", "dict-action", "Dict actions; dqn acts in Discrete action spaces: no built-in "
-         "algorithm does (ppo and impala take Discrete, MultiDiscrete and Box)"),
+         "algorithm does (ppo and impala take Discrete, MultiDiscrete, MultiBinary and Box)"),
     ],
 )  # fmt: skip
 def test_an_algorithm_refusing_the_actions_names_one_that_takes_them(algo, kind, hint):
