@@ -53,16 +53,20 @@ class Subcommand:
 
 # --------------------------------------------------------------------- troupe list
 def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    """``troupe list`` takes no arguments."""
+    """``troupe list [--import FILE]``: what your files register shows too."""
+    rc.add_import_argument(parser)
 
 
 def _run_list(args: argparse.Namespace, console: Console) -> int:
     """Print every registered component, grouped by kind, with its description."""
-    from api import registry
+    from api import registry, user_code
 
+    for item in args.imports:
+        user_code.import_code(item)
     envs = registry.environments.specs()
-    own = [s for s in envs if s.entry_point != GYM_ADAPTER]
-    gym_ids = [s.name for s in envs if s.entry_point == GYM_ADAPTER]
+    gymnasiums = [s for s in envs if s.entry_point == GYM_ADAPTER and not s.requires]
+    own = [s for s in envs if s not in gymnasiums]  # a gymnasium id of your code's among them
+    gym_ids = [s.name for s in gymnasiums]
     console.print(_spec_table("Environments", own))
     console.print(Text(f"Gymnasium ids ({len(gym_ids)})", style="bold"))
     console.print(Text(", ".join(gym_ids)), highlight=False)

@@ -49,6 +49,15 @@ def test_list_shows_every_section():
     assert "actor-critic" in out and "ppo" in out and "cartpole-ppo" in out
 
 
+def test_list_shows_what_your_files_register_with_troupe_and_with_gymnasium(tmp_path):
+    code = tmp_path / "switches.py"
+    code.write_text(SWITCHES_ENV)
+    result = troupe("list", "--import", str(code))
+    assert result.returncode == 0, result.stderr
+    own = result.stdout.split("Gymnasium ids (")[0]
+    assert re.search(r"TroupeTestSwitches-v0 +│ gymnasium \(your code\)", own), own
+
+
 def test_test_env_cartpole_passes():
     result = troupe("test-env", "CartPole-v1")
     assert result.returncode == 0, result.stderr
