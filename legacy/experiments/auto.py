@@ -143,9 +143,33 @@ def agent_spaces(env: str, env_args: dict[str, Any] | None) -> tuple[gym.Space, 
                 "experiment trains one policy for all of them: write an experiment with "
                 "agent_policies (a policy per kind of agent)"
             )
+        _check_encodable(env, spaces[0][0])
         return spaces[0][0], spaces[0][1], made.agent_count
     finally:
         made.close()
+
+
+ENCODABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+"""The observation spaces the built-in policies' encoders read, alone or in (nested) Dicts."""
+
+
+def _check_encodable(env: str, space: gym.Space, key: str = "") -> None:
+    """Refuse, before any process starts, an observation no built-in policy can read (a
+    MiniGrid-like ``mission`` Text): every policy worker failed to build instead."""
+    if isinstance(space, gym.spaces.Dict):
+        for name, part in space.spaces.items():
+            _check_encodable(env, part, f"{key}.{name}" if key else name)
+        return
+    if isinstance(space, ENCODABLE):
+        return
+    where = f"observation key '{key}'" if key else "observation"
+    raise UserError(
+        f"environment '{env}': its {where} is a {type(space).__name__} space, which no built-in "
+        "policy reads (they read Box, Discrete, MultiDiscrete and MultiBinary, and Dicts of "
+        "them): leave it out, e.g. register your own id in a file you --import, "
+        "gym.register('Mine-v0', entry_point=lambda **kw: gymnasium.wrappers.FilterObservation("
+        f"gym.make('{env}', **kw), filter_keys=[...])), or register a policy with its own encoder"
+    )
 
 
 def default_target(env: str) -> float | None:

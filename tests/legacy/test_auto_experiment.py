@@ -24,6 +24,10 @@ SPACES = {
     "image-box": (IMAGE, gym.spaces.Box(-1.0, 1.0, (1,), np.float32)),
     "image-discrete": (IMAGE, gym.spaces.Discrete(4)),
     "dict-action": (BOX, gym.spaces.Dict({"a": gym.spaces.Discrete(2)})),
+    "text-key": (
+        gym.spaces.Dict({"image": IMAGE, "goal": gym.spaces.Dict({"mission": gym.spaces.Text(8)})}),
+        gym.spaces.Discrete(3),
+    ),
 }
 
 
@@ -99,6 +103,17 @@ def test_box_actions_on_images_or_dicts_normalise_returns_only(kind):
 def test_continuous_runs_default_to_half_the_frames_of_discrete_ones():
     assert ppo("test-auto-box").stop.env_frames == 500_000
     assert ppo("test-auto-discrete", frames=1234).stop.env_frames == 1234
+
+
+@pytest.mark.parametrize("algo", ["ppo", "impala", "dqn"])
+def test_an_observation_no_policy_reads_is_refused_before_launch_naming_its_key(algo):
+    """A MiniGrid-like ``mission`` Text failed every policy worker of the run instead."""
+    from legacy.experiments import by_algo
+
+    make = ppo if algo == "ppo" else getattr(by_algo, algo)
+    with pytest.raises(UserError, match=r"observation key 'goal.mission' is a Text space, "
+                       r"which no built-in policy reads.*FilterObservation"):  # fmt: skip
+        make("test-auto-text-key")
 
 
 def test_a_dict_action_space_is_refused_naming_what_is_handled():
