@@ -203,12 +203,12 @@ _required: set[str] = set()
 
 
 def origin_of(module_name: str) -> str | None:
-    """What another process imports to run ``module_name``'s top level again: the installed
-    package it belongs to, else its file (a script, a file of yours), else its name; None for
-    a ``__main__`` without a file (a notebook), which no other process can import."""
-    top = module_name.partition(".")[0]
-    if top in _installed():
-        return top
+    """What another process imports to run ``module_name``'s top level again: its name where
+    it is of an installed package (importing it runs its packages' ``__init__`` too, where a
+    package registers its ids), else its file (a script, a file of yours), else its name; None
+    for a ``__main__`` without a file (a notebook), which no other process can import."""
+    if module_name.partition(".")[0] in _installed():
+        return module_name
     source = getattr(sys.modules.get(module_name), "__file__", None)
     if source:
         return str(Path(source).resolve())
