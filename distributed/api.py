@@ -232,5 +232,5 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
 def _one_row(obs: Any) -> np.ndarray | NamedArray:
     """One observation as a batch of one: a dict (a Dict in it too) as a NamedArray."""
     if isinstance(obs, dict):
-        return NamedArray(**{k: _one_row(v) for k, v in obs.items()})
+        return NamedArray.from_dict(obs).apply(_one_row)
     return np.asarray(obs)[None]

@@ -33,6 +33,14 @@ from algorithm.modules.init import orthogonal_init
 
 ACTION_MASK_KEY = "action_mask"
 
+ENCODED_SPACES = (
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+)
+"""The spaces :class:`ObservationEncoder` reads, alone or in Dicts (nested or not)."""
+
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU}
 
 

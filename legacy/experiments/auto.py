@@ -149,18 +149,16 @@ def agent_spaces(env: str, env_args: dict[str, Any] | None) -> tuple[gym.Space, 
         made.close()
 
 
-ENCODABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-"""The observation spaces the built-in policies' encoders read, alone or in (nested) Dicts."""
-
-
 def _check_encodable(env: str, space: gym.Space, key: str = "") -> None:
     """Refuse, before any process starts, an observation no built-in policy can read (a
     MiniGrid-like ``mission`` Text): every policy worker failed to build instead."""
+    from algorithm.modules.encoders import ENCODED_SPACES  # torch: only once it is needed
+
     if isinstance(space, gym.spaces.Dict):
         for name, part in space.spaces.items():
             _check_encodable(env, part, f"{key}.{name}" if key else name)
         return
-    if isinstance(space, ENCODABLE):
+    if isinstance(space, ENCODED_SPACES):
         return
     where = f"observation key '{key}'" if key else "observation"
     raise UserError(

@@ -228,13 +228,8 @@ def _reward(reward) -> float:
 
 def _stack_obs(observations: list) -> np.ndarray | NamedArray:
     if isinstance(observations[0], dict):
-        return stack([_named(o) for o in observations])
+        return stack([NamedArray.from_dict(o) for o in observations])  # a Dict in a Dict too
     return np.stack(observations)
-
-
-def _named(obs: dict) -> NamedArray:
-    """A dict observation as a NamedArray; a dict inside it (a Dict in a Dict) likewise."""
-    return NamedArray(**{k: _named(v) if isinstance(v, dict) else v for k, v in obs.items()})
 
 
 def nonfinite_rows(values: Any) -> np.ndarray:
