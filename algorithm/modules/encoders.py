@@ -234,15 +234,23 @@ class _DictEncoder(nn.Module):
         self, space: gym.spaces.Dict, key: str, grid_channels: Sequence[int], activation: str
     ):
         super().__init__()
-        self.keys = [k for k in space.spaces if k != ACTION_MASK_KEY]
-        self.parts = nn.ModuleDict({
-            k: _key_encoder(space.spaces[k], f"{key}.{k}" if key else k, grid_channels, activation)
-            for k in self.keys
-        })  # fmt: skip
+        self.keys, self.parts = _key_parts(space, key, grid_channels, activation)
         self.out_features = sum(p.out_features for p in self.parts.values())
 
     def forward(self, obs: Any) -> torch.Tensor:
         return torch.cat([self.parts[k](obs[k]) for k in self.keys], dim=-1)
+
+
+def _key_parts(
+    space: gym.spaces.Dict, key: str, grid_channels: Sequence[int], activation: str
+) -> tuple[list[str], nn.ModuleDict]:
+    """A Dict's keys in order (``action_mask`` left out: it is no input) and an encoder each;
+    ``key`` is the Dict's own place, for messages (``""`` at the top)."""
+    keys = [k for k in space.spaces if k != ACTION_MASK_KEY]
+    return keys, nn.ModuleDict({
+        k: _key_encoder(space.spaces[k], f"{key}.{k}" if key else k, grid_channels, activation)
+        for k in keys
+    })  # fmt: skip
 
 
 def _key_encoder(
@@ -289,10 +297,7 @@ class ObservationEncoder(nn.Module):
         super().__init__()
         grid = tuple(grid_channels)
         if isinstance(space, gym.spaces.Dict):
-            self.keys = [k for k in space.spaces if k != ACTION_MASK_KEY]
-            self.parts = nn.ModuleDict(
-                {k: _key_encoder(space.spaces[k], k, grid, activation) for k in self.keys}
-            )
+            self.keys, self.parts = _key_parts(space, "", grid, activation)
         else:
             self.keys = []
             self.parts = nn.ModuleDict({"obs": _key_encoder(space, "", grid, activation)})
