@@ -67,6 +67,13 @@ def load_experiment(
     return check(attach_user_code(config))
 
 
+def for_environment(env: str, env_args: dict[str, Any] | None = None) -> ExperimentConfig:
+    """The checked experiment that trains on an environment named instead of an experiment
+    (:data:`ENVIRONMENT_EXPERIMENT`, set up from its spaces), built with ``env_args``."""
+    kwargs = {"env": env, "env_args": dict(env_args or {})}
+    return check(attach_user_code(_make_registered(ENVIRONMENT_EXPERIMENT, kwargs)))
+
+
 def _is_file(target: str, suffixes: tuple[str, ...]) -> bool:
     path = target.partition(".py:")[0] + ".py" if ".py:" in target else target
     return Path(path).suffix.lower() in suffixes

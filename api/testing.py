@@ -90,13 +90,16 @@ def test_pipeline(
     """Run environment, policy and trainer together for a few episodes and trainer steps.
 
     Give either the three components (registered names, or ``ComponentConfig(type, args)`` for
-    arguments) or an ``experiment`` (a registered name or an ExperimentConfig), which is shrunk to
-    one actor of ``envs`` environments. The runtime's own actor, policy and trainer workers run
-    wired together in this process (serial mode), so what passes here is what a distributed run
-    executes. Before the first trainer step the first sample batch and what ``policy.analyze``
-    returns are checked against the trainer's declared ``AnalyzedResult``; every action against
-    the action space; after the run, that versions went up, the policy workers loaded them and
-    losses stayed finite. Any problem raises :class:`~api.errors.PipelineCheckError`.
+    arguments), the environment alone (the ``ppo`` experiment set up from its spaces, as
+    ``troupe test-pipeline ENV`` and ``troupe.train(ENV)`` do) or an ``experiment`` (what
+    ``troupe.train`` takes: a registered name, a file, an environment id, an ExperimentConfig),
+    which is shrunk to one actor of ``envs`` environments. The runtime's own actor, policy and
+    trainer workers run wired together in this process (serial mode), so what passes here is
+    what a distributed run executes. Before the first trainer step the first sample batch and
+    what ``policy.analyze`` returns are checked against the trainer's declared
+    ``AnalyzedResult``; every action against the action space; after the run, that versions went
+    up, the policy workers loaded them and losses stayed finite. Any problem raises
+    :class:`~api.errors.PipelineCheckError`.
     """
     arguments = dict(locals())  # every parameter, by name: nothing to forget when one is added
     return _runtime_check()(**arguments)

@@ -43,9 +43,20 @@ def locate(obj: Any) -> tuple[str, str]:
             f"{obj!r} is defined inside a function; register a module-level class or factory "
             "(or pass its 'module:Attribute' string) so other processes can import it"
         )
-    module = sys.modules.get(obj.__module__)
-    source = getattr(module, "__file__", None) or ""
-    return f"{obj.__module__}:{qualname}", str(Path(source).resolve()) if source else ""
+    return f"{obj.__module__}:{qualname}", file_of(sys.modules.get(obj.__module__))
+
+
+INTERACTIVE = "__main__"
+"""The module of an interactive session (a notebook, ``python -c``, code piped to ``python -``):
+it has no file, so no other process can import what it defines. A spec that requires it, or
+whose entry point is in it with no source, builds only in the process that registered it."""
+
+
+def file_of(module: ModuleType | None) -> str:
+    """The resolved path of ``module``'s source file; empty where it has none (a notebook's
+    ``__main__``) or names none on disk (``<stdin>``, ``<string>``)."""
+    source = getattr(module, "__file__", None)
+    return str(Path(source).resolve()) if source and Path(source).is_file() else ""
 
 
 def import_module(name: str, source: str = "") -> ModuleType:
@@ -189,8 +200,8 @@ def import_code(item: str, source: str = "") -> ModuleType:
 def import_required(item: str) -> None:
     """One of a spec's ``requires`` (a file or a module), once a process. A file already run
     here is not run again, whatever its module's name: the program itself (``__main__``), or
-    the script a controller was forked from."""
-    if item in _required:
+    the script a controller was forked from. :data:`INTERACTIVE` is this process's own."""
+    if item in _required or item == INTERACTIVE:
         return
     if not item.endswith(".py") or not any(
         _same_file(getattr(m, "__file__", None), item) for m in list(sys.modules.values())
@@ -202,17 +213,15 @@ def import_required(item: str) -> None:
 _required: set[str] = set()
 
 
-def origin_of(module_name: str) -> str | None:
+def origin_of(module_name: str) -> str:
     """What another process imports to run ``module_name``'s top level again: its name where
     it is of an installed package (importing it runs its packages' ``__init__`` too, where a
-    package registers its ids), else its file (a script, a file of yours), else its name; None
-    for a ``__main__`` without a file (a notebook), which no other process can import."""
+    package registers its ids), else its file (a script, a file of yours), else its name:
+    :data:`INTERACTIVE` for a ``__main__`` without a file (a notebook), which no other process
+    can import."""
     if module_name.partition(".")[0] in _installed():
         return module_name
-    source = getattr(sys.modules.get(module_name), "__file__", None)
-    if source:
-        return str(Path(source).resolve())
-    return None if module_name == "__main__" else module_name
+    return file_of(sys.modules.get(module_name)) or module_name
 
 
 def module_name_for(path: Path) -> str:

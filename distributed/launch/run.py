@@ -18,6 +18,7 @@ import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from api.code import check_portable
 from api.config import ExperimentConfig
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
@@ -90,6 +91,7 @@ def prepare(
     if not experiment:
         raise UserError("name an experiment (troupe list shows them) or pass --resume RUN_DIR")
     config = load_experiment(experiment, overrides, imports)
+    check_portable(config)
     _check_plan(config)
     _warn_short_budget(config)
     folder = Path(run_dir) if run_dir else new_default_run_dir(config.name)
@@ -149,6 +151,7 @@ def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
     saved = resume_check.saved_config(folder)
     _check_writable(folder)
     config = load_experiment(saved, overrides, imports)
+    check_portable(config)
     frames = resume_check.check_budget_left(folder, config)
     resume_check.check_compatible(saved, config, folder)
     resume_check.check_checkpoints(folder, config)

@@ -226,13 +226,13 @@ def _register(gym_id: str) -> registry.Spec:
 
 def _registered_by(gym_id: str) -> tuple[str, ...]:
     """The file or package whose import registers ``gym_id`` with gymnasium, where a fresh
-    process does not know it (gymnasium's and ALE's ids it knows)."""
+    process does not know it (gymnasium's and ALE's ids it knows); ``user_code.INTERACTIVE``
+    for a notebook's, which a run refuses before it starts."""
     entry = gym.spec(gym_id).entry_point
     module = getattr(entry, "__module__", None) if callable(entry) else str(entry).split(":")[0]
     if not module or module.partition(".")[0] in _KNOWN_EVERYWHERE:
         return ()
-    origin = user_code.origin_of(module)
-    return (origin,) if origin else ()
+    return (user_code.origin_of(module),)
 
 
 _KNOWN_EVERYWHERE = ("gymnasium", "ale_py")

@@ -26,10 +26,10 @@ from api.config import (
     PolicyConfig,
     ReplayConfig,
     StopConfig,
-    make_experiment,
 )
 from api.errors import PipelineCheckError
 from api.policy import SampleBatch
+from api.resolve import for_environment, load_experiment
 from api.testing import PipelineReport
 from system.roles import Role
 
@@ -89,8 +89,11 @@ def _config(
 ) -> ExperimentConfig:
     """The experiment the check runs. Its stop rule is the check's own frame bound (the serial
     run stops itself; a config's checks still read the rule, as a replay ``min_size`` within it)."""
+    if experiment is None and policy is None and trainer is None and environment is not None:
+        env = _component(environment, "environment")  # as troupe test-pipeline ENV: ppo on it
+        experiment = for_environment(env.type, env.args)
     if experiment is not None:
-        config = make_experiment(experiment) if isinstance(experiment, str) else experiment
+        config = load_experiment(experiment) if isinstance(experiment, str) else experiment
         config = dataclasses.replace(config)
         config.actors = dataclasses.replace(config.actors, workers=1, envs_per_worker=envs)
         config.evaluation = dataclasses.replace(config.evaluation, workers=0)

@@ -45,3 +45,15 @@ def test_example_experiment_passes_the_pipeline_check(experiment):
             assert stats["sample_age_versions"] >= 0.0 and "policy_lag_mean" not in stats
         else:
             assert stats["policy_lag_max"] >= stats["policy_lag_mean"] >= 0.0
+
+
+def test_an_environment_alone_or_its_id_as_experiment_is_checked_as_troupe_train_runs_it():
+    """``test_pipeline("Acrobot-v1")`` said it "needs a policy", and ``experiment=`` took only a
+    registered experiment; ``troupe test-pipeline ENV`` and ``troupe.train(ENV)`` take an id."""
+    for report in (
+        testing.test_pipeline("Acrobot-v1", trainer_steps=1, envs=2),
+        testing.test_pipeline(experiment="Acrobot-v1", trainer_steps=1, envs=2),
+    ):
+        assert report.experiment == "acrobot-v1-ppo"
+        assert report.trainers == {"default": "ppo"}
+        assert report.trainer_steps["default"] >= 1

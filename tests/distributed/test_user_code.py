@@ -19,9 +19,13 @@ CORRIDOR = HERE / "user_code" / "corridor.py"
 ROOT = HERE.parents[1]
 
 
-def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], cwd: Path, timeout: float = 300, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, input=stdin
+    )
 
 
 def _only_run(cwd: Path) -> Path:
@@ -106,6 +110,42 @@ def test_a_script_that_registers_a_gymnasium_env_trains_it(tmp_path):
     (registration,) = config["code"]["registrations"]
     assert registration["name"] == "ScriptCoin-v0"
     assert registration["requires"] == [str(script.resolve())]
+
+
+INTERACTIVE = """
+from api.errors import UserError
+
+register("CellCorridor-v0", Corridor, length=4)
+for name in ("ScriptCoin-v0", "CellCorridor-v0"):
+    try:
+        troupe.train(name, ["frames=2000"])
+    except UserError as e:
+        print("REFUSED", e)
+    print(troupe.test_pipeline(name, trainer_steps=1))
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_code_of_an_interactive_session_is_refused_before_a_run_starts(tmp_path, how):
+    """A notebook's classes (here code piped to ``python -``, whose ``__main__`` file is
+    ``<stdin>``, and ``python -c``, with none, as a notebook's) exist in its process only. A run
+    of them failed once started: every worker "unknown environment" (a gymnasium id) or a
+    traceback importing ``<stdin>`` in the launcher itself. Now ``train`` refuses both before
+    a run folder is made, and ``troupe.test_pipeline`` checks them in that process."""
+    corridor = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+    code = GYM_SCRIPT.split('if __name__ == "__main__":')[0] + corridor + INTERACTIVE
+    if how == "stdin":
+        result = _run([sys.executable, "-"], cwd=tmp_path, stdin=code)
+    else:
+        result = _run([sys.executable, "-c", code], cwd=tmp_path)
+    out = result.stdout + result.stderr[-3000:]
+    assert result.returncode == 0, out
+    refusals = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(refusals) == 2, out
+    for line, name in zip(refusals, ("ScriptCoin-v0", "CellCorridor-v0")):
+        assert f"environment '{name}': defined in this interactive session" in line, line
+    assert result.stdout.count("pipeline ok") == 2, out
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.multiprocess
