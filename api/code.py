@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from api import registry, user_code
-from api.errors import RegistryError, UserError
+from api.errors import RegistryError
 
 
 @dataclass
@@ -78,47 +78,6 @@ def _required_registration(kind: str, name: str) -> RegistrationConfig | None:
     if spec is None or not spec.requires:
         return None
     return _registration(spec)
-
-
-def check_portable(config: Any) -> None:
-    """Refuse, before a run starts its processes, a component it builds that only this
-    process can build: one defined in an interactive session (a notebook cell, ``python -c``),
-    which a worker cannot import. Unrefused, every worker fails with "unknown environment" or
-    "has no attribute" once the run has started. ``testing.test_pipeline`` builds it here."""
-    used = _component_types(config)
-    stuck = [r for r in config.code.registrations if r.name in used and _interactive(r)]
-    if stuck:
-        names = ", ".join(f"{r.kind} '{r.name}'" for r in stuck)
-        raise UserError(
-            f"{names}: defined in this interactive session (a notebook, python -c, code piped to "
-            "python), which the run's workers cannot import: they are other processes. Save "
-            "the code in a .py file and import it from there (import my_envs; or "
-            "troupe.train(..., imports=['my_envs.py']); or troupe run --import my_envs.py). "
-            f"troupe.test_pipeline('{config.environment.type}') checks them here, in this "
-            "process, where they are defined."
-        )
-
-
-def _interactive(r: RegistrationConfig) -> bool:
-    module = r.entry_point.partition(":")[0]
-    return (module == user_code.INTERACTIVE and not r.source) or user_code.INTERACTIVE in r.requires
-
-
-def _component_types(obj: Any) -> set[str]:
-    """The registered names ``obj`` (a config, or any part of one) builds."""
-    from api.config.schema import ComponentConfig
-
-    if isinstance(obj, ComponentConfig):
-        return {obj.type}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        values = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, dict):
-        values = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        values = list(obj)
-    else:
-        return set()
-    return set().union(*(_component_types(v) for v in values))
 
 
 def with_user_code(code: CodeConfig) -> CodeConfig:

@@ -13,7 +13,8 @@ import dataclasses
 import os
 from typing import Any
 
-from api.code import load_code
+from api import user_code
+from api.code import RegistrationConfig, load_code
 from api.config.arguments import check_arguments, check_ranges
 from api.config.league import check_league
 from api.config.parallel import check_data_parallel
@@ -26,7 +27,7 @@ from api.config.schema import (
     StopConfig,
     from_mapping,
 )
-from api.errors import ConfigError, RegistryError
+from api.errors import ConfigError, RegistryError, UserError
 from api.registry import REGISTRIES
 from api.signatures import UNKNOWN, static_class_attribute
 
@@ -313,3 +314,44 @@ def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> li
     except RegistryError as e:
         return [f"{path}.type: {e}"]
     return check_arguments(spec, comp.args, path, skip)
+
+
+def check_portable(config: ExperimentConfig) -> None:
+    """Refuse, before a run starts its processes, a component it builds that only this
+    process can build: one defined in an interactive session (a notebook cell, ``python -c``),
+    which a worker cannot import. Unrefused, every worker fails with "unknown environment" or
+    "has no attribute" once the run has started. ``testing.test_pipeline`` builds it here."""
+    used = _component_types(config)
+    stuck = [r for r in config.code.registrations if r.name in used and _interactive(r)]
+    if stuck:
+        names = ", ".join(f"{r.kind} '{r.name}'" for r in stuck)
+        raise UserError(
+            f"{names}: defined in this interactive session (a notebook, python -c, code piped to "
+            "python), which the run's workers cannot import: they are other processes. Save "
+            "the code in a .py file and import it from there (import my_envs; or "
+            "troupe.train(..., imports=['my_envs.py']); or troupe run --import my_envs.py). "
+            f"troupe.test_pipeline('{config.environment.type}') checks them here, in this "
+            "process, where they are defined."
+        )
+
+
+def _interactive(r: RegistrationConfig) -> bool:
+    """Built from an interactive session's ``__main__``: its class, or a gymnasium id it
+    registered (``user_code.INTERACTIVE`` among the registration's ``requires``)."""
+    module = r.entry_point.partition(":")[0]
+    return (module == user_code.INTERACTIVE and not r.source) or user_code.INTERACTIVE in r.requires
+
+
+def _component_types(obj: Any) -> set[str]:
+    """The registered names ``obj`` (a config, or any part of one) builds."""
+    if isinstance(obj, ComponentConfig):
+        return {obj.type}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        values = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        values = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        values = list(obj)
+    else:
+        return set()
+    return set().union(*(_component_types(v) for v in values))

@@ -18,8 +18,8 @@ import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from api.code import check_portable
 from api.config import ExperimentConfig
+from api.config.checks import check_portable
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
 from distributed.launch.signals import (
