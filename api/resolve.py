@@ -64,7 +64,25 @@ def load_experiment(
         config = apply_overrides(config, overrides)
         if any(o.partition("=")[0].strip() == "stop.eval_return" for o in overrides):
             config.stop.eval_return_source = "given: stop.eval_return="  # not the experiment's
-    return check(attach_user_code(config))
+    try:
+        return check(attach_user_code(config))
+    except ConfigError as e:
+        raise _retyped_hint(e, overrides) from None
+
+
+def _retyped_hint(error: ConfigError, overrides: list[str]) -> ConfigError:
+    """``error`` with a line for each component whose ``type`` an override changed while
+    the recipe's ``args`` for its old type stayed (``policies.default.policy.type=my-policy``
+    keeps the actor-critic's ``hidden_sizes``): how to clear them."""
+    keys = [o.partition("=")[0].strip() for o in overrides]
+    retyped = [k.removesuffix(".type") for k in keys if k.endswith(".type")]
+    hints = [
+        f"{path}.args: what the recipe gave its previous type; {path}.type= changed the type, "
+        f"not them: clear them with '{path}.args={{}}' (then add the new type's own)"
+        for path in retyped
+        if f"{path}.args" not in keys and any(e.startswith(f"{path}.args.") for e in error.errors)
+    ]
+    return ConfigError([*error.errors, *hints]) if hints else error
 
 
 def for_environment(env: str, env_args: dict[str, Any] | None = None) -> ExperimentConfig:

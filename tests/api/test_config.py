@@ -298,3 +298,24 @@ def test_a_training_precision_is_float32_or_bfloat16_before_launch(experiment):
         make_experiment(experiment, ["policies.default.trainer.args.precision=fp16"])
     bf16 = make_experiment(experiment, ["policies.default.trainer.args.precision=bfloat16"])
     assert bf16.policies["default"].trainer.args["precision"] == "bfloat16"
+
+
+def test_a_changed_type_whose_recipe_args_stay_says_how_to_clear_them():
+    """``policies.default.policy.type=my-policy`` on cartpole-ppo kept the actor-critic's
+    ``hidden_sizes``, each refused as an unknown key with no word on why they were there."""
+    from api.resolve import load_experiment
+
+    registry.register_policy("hint-dummy-policy", DummyPolicy)
+    try:
+        retype = "policies.default.policy.type=hint-dummy-policy"
+        with pytest.raises(ConfigError) as e:
+            load_experiment("cartpole-ppo", [retype])
+        assert e.value.errors[-1].startswith("policies.default.policy.args: what the recipe gave")
+        assert "'policies.default.policy.args={}'" in e.value.errors[-1]
+        config = load_experiment("cartpole-ppo", [retype, "policies.default.policy.args={}"])
+        assert config.policies["default"].policy.args == {}
+        with pytest.raises(ConfigError) as e:  # args given: their own errors, no hint
+            load_experiment("cartpole-ppo", [retype, "policies.default.policy.args={'x': 1}"])
+        assert not any("what the recipe gave" in line for line in e.value.errors)
+    finally:
+        registry.policies.unregister("hint-dummy-policy")
