@@ -347,6 +347,6 @@ def _crash_looping(record: WorkerRecord) -> bool:
 
 def _given_up(record: WorkerRecord, error: str) -> str:
     return (
-        f"given up after {record.in_a_row} restarts in a row without progress (a crash loop); "
-        f"its error: {error}"
+        f"given up after {record.in_a_row} restarts in a row, none of them running "
+        f"{PROGRESS_S:.0f} s (a crash loop); its error: {error}"
     )
