@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 
 
 class BadMessages:
@@ -32,6 +33,40 @@ class BadMessages:
             )
             self._last_log = now
             self._since_log = 0
+
+
+class RecoveredErrors:
+    """Errors a worker recovers from (an environment it rebuilds), logged without a flood: an
+    emulator that glitches once in thousands of steps, in each of 16 environments, would print
+    a traceback a second. The first error of each type shows its traceback; after it, one line
+    of that type every ``every_s`` seconds says the latest and how many came since its last."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0):
+        self.logger = logger
+        self.every_s = every_s
+        self.count = 0
+        self._kinds: dict[str, list[float]] = {}
+        """Per error type: [errors since its last line, when that line was logged]."""
+
+    def record(self, message: str, error: BaseException | None) -> None:
+        """Count one recovered error; ``message`` says what failed and what was done, ``error``
+        what was raised (None: nothing was, e.g. a wrong value returned)."""
+        self.count += 1
+        kind = type(error).__name__ if error is not None else "returned value"
+        now = time.monotonic()
+        seen = self._kinds.get(kind)
+        if seen is None:
+            trace = "".join(traceback.format_exception(error)).rstrip() if error else ""
+            self.logger.warning("%s%s", message, "\n" + trace if trace else "")
+            self._kinds[kind] = [0, now]
+            return
+        seen[0] += 1
+        if now - seen[1] >= self.every_s:
+            self.logger.warning(
+                "%s (%d %s errors since the last such line, %d errors in all; the first was "
+                "shown in full)", message, seen[0], kind, self.count,
+            )  # fmt: skip
+            seen[:] = [0, now]
 
 
 class Pace:

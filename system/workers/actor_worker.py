@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ from api.errors import ConfigError
 from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
 from system.eval_quota import episode_seed
-from system.ratelimit import Pace
+from system.ratelimit import Pace, RecoveredErrors
 from system.roles import Role
 from system.streams.inference import InferenceClient
 from system.streams.samples import SampleProducer
@@ -80,6 +79,7 @@ class ActorWorker(Worker):
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
         self._rebuilding: set[int] = set()
         """Environments being rebuilt after an error (``on_env_error='reset'``)."""
+        self._env_errors = RecoveredErrors(logger)
         self.env_name = env_name or type(self.envs[0]).__name__
         self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
         self.mapping = policy_mapping
@@ -375,7 +375,7 @@ class ActorWorker(Worker):
             if err is not None:  # a simulator that crashes now and then need not end the run
                 message += "; actors.on_env_error=reset rebuilds such an environment and goes on"
             raise EnvironmentFailure(message) from err
-        logger.warning("%s; resetting it\n%s", message, traceback.format_exc() if err else "")
+        self._env_errors.record(f"{message}; resetting it", err)
         self.stats["env_errors"] = self.stats.get("env_errors", 0) + 1
         self._rebuilding.add(e)
         try:
