@@ -152,12 +152,12 @@ class ActorConfig:
     """``raise``: an env exception, a ``reset``/``step`` that returns no list of one StepResult
     (or None) per agent, or an observation that does not fit its observation space (shape,
     dtype kind, a Dict's keys) fails the worker naming the environment; ``reset``: log it,
-    rebuild and reset that env (``env_errors`` in the actor's stats)."""
+    rebuild and reset that env (counted in the metrics' ``worker_health/env_resets``)."""
     on_nonfinite: Literal["fail", "drop_episode"] = "fail"
     """A NaN or infinite observation or reward from an environment, or action from a policy:
     ``fail`` stops the worker with an error naming the environment, agent and step;
     ``drop_episode`` discards the episode's unsent steps, resets that environment and counts it
-    (``nonfinite_episodes`` in the actor's stats)."""
+    (the metrics' ``worker_health/dropped_episodes``)."""
 
 
 @dataclass

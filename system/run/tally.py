@@ -45,6 +45,14 @@ FPS_WINDOW_S = 10.0
 mean since the launch, still counts the start-up minutes long after a run has reached speed;
 what the live panel and the metrics endpoint show is this one."""
 
+RECOVERED = {
+    "worker_health/env_resets": "env_errors",
+    "worker_health/dropped_episodes": "nonfinite_episodes",
+}
+"""Record keys of what the actors recovered from, losing some steps, and the actor stat each
+counts: environments rebuilt after they raised or broke the contract
+(``actors.on_env_error=reset``), episodes dropped for a NaN (``actors.on_nonfinite``)."""
+
 
 @dataclass(frozen=True)
 class WorkerStats:
@@ -156,6 +164,8 @@ class Tally:
         """Where each role's wall time goes (system.timing), from every heartbeat."""
         self.episodes_ended = 0
         """Training and evaluation episodes ended since the controller started."""
+        self.recovered = dict.fromkeys(RECOVERED, 0)
+        """What the actors recovered from since the controller started, by record key."""
         self._frames_before = 0
         """The frames of a resumed run before this controller: counted from its records."""
         self._endless_said = False
@@ -213,6 +223,8 @@ class Tally:
 
     def _add_actor(self, stats: WorkerStats) -> None:
         self.env_frames += stats.env_frames
+        for key, stat in RECOVERED.items():
+            self.recovered[key] += int(stats.numbers.get(stat, 0))
         self.episodes_ended += len(stats.episodes) + len(stats.eval_episodes)
         self._check_episodes_end()
         self.eval_env_frames += stats.eval_env_frames
@@ -258,6 +270,7 @@ class Tally:
             "game_return": float(np.mean(self.game_returns)) if self.game_returns else None,
             "worker_health/alive": sum(w.state is WorkerState.ALIVE for w in workers),
             "worker_health/restarts": sum(w.restarts for w in workers),
+            **self.recovered,
         }
         # episode_length, policy/<name>/episode_return, episode_info/<key>: means of the window
         record.update({k: v for k, v in self.train_window.means().items() if k not in record})

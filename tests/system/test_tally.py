@@ -191,3 +191,19 @@ def test_the_judged_policy_s_trainer_version_is_what_a_hold_round_names(tally):
     first = {"eval_episodes": [{"episode_return": 1.0}]}  # evaluation has begun: round 1
     t.add(records["actor/0"], WorkerStats.from_heartbeat(first))
     assert t.evaluation.hold_order() == {"policy": "default", "round": 1, "version": 9}
+
+
+def test_what_the_actors_recovered_from_is_counted_in_the_record(tally):
+    """``on_env_error=reset`` and ``on_nonfinite=drop_episode`` lose steps; their counts were
+    in the actors' heartbeats only, never in metrics.jsonl."""
+    t, _, records = tally
+    record, _ = t.record(1.0, records.values(), {})
+    assert record["worker_health/env_resets"] == record["worker_health/dropped_episodes"] == 0
+    for actor, beat in (
+        ("actor/0", {"env_errors": 2}),
+        ("actor/1", {"env_errors": 1, "nonfinite_episodes": 4}),
+    ):
+        t.add(records[actor], WorkerStats.from_heartbeat({"env_frames": 10, **beat}))
+    record, _ = t.record(2.0, records.values(), {})
+    assert record["worker_health/env_resets"] == 3
+    assert record["worker_health/dropped_episodes"] == 4
