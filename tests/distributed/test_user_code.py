@@ -122,6 +122,19 @@ for name in ("ScriptCoin-v0", "CellCorridor-v0"):
     except UserError as e:
         print("REFUSED", e)
     print(troupe.test_pipeline(name, trainer_steps=1))
+
+
+class Evals:
+    def on_evaluation(self, mean_return, episodes):
+        return {"cell_eval": mean_return}
+
+
+troupe.register_callback("cell-evals", Evals)
+for where in ("callbacks", "actor_callbacks"):  # the controller's too: another process
+    try:
+        troupe.train("CartPole-v1", ["frames=3000", where + '=[{"type": "cell-evals"}]'])
+    except UserError as e:
+        print("REFUSED", e)
 """
 
 
@@ -131,7 +144,8 @@ def test_code_of_an_interactive_session_is_refused_before_a_run_starts(tmp_path,
     ``<stdin>``, and ``python -c``, with none, as a notebook's) exist in its process only. A run
     of them failed once started: every worker "unknown environment" (a gymnasium id) or a
     traceback importing ``<stdin>`` in the launcher itself. Now ``train`` refuses both before
-    a run folder is made, and ``troupe.test_pipeline`` checks them in that process."""
+    a run folder is made, and ``troupe.test_pipeline`` checks them in that process. So are
+    callbacks, the controller's too (a fork, its ``__main__`` emptied of the session's)."""
     corridor = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
     code = GYM_SCRIPT.split('if __name__ == "__main__":')[0] + corridor + INTERACTIVE
     if how == "stdin":
@@ -141,9 +155,13 @@ def test_code_of_an_interactive_session_is_refused_before_a_run_starts(tmp_path,
     out = result.stdout + result.stderr[-3000:]
     assert result.returncode == 0, out
     refusals = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
-    assert len(refusals) == 2, out
-    for line, name in zip(refusals, ("ScriptCoin-v0", "CellCorridor-v0")):
-        assert f"environment '{name}': defined in this interactive session" in line, line
+    assert len(refusals) == 4, out
+    for line, what in zip(
+        refusals,
+        ["environment 'ScriptCoin-v0'", "environment 'CellCorridor-v0'"]
+        + ["callback 'cell-evals'"] * 2,
+    ):
+        assert f"{what}: defined in this interactive session" in line, line
     assert result.stdout.count("pipeline ok") == 2, out
     assert not (tmp_path / "runs").exists()
 
