@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from api.errors import UserError
+from distributed.launch.run_commands import metrics_port
 from distributed.launch.signals import (
     EXIT_ABANDONED,
     EXIT_DONE,
@@ -65,7 +66,7 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-display", action="store_true")
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics on this port (/metrics; default: TROUPE_METRICS_PORT, "
         "else none)",

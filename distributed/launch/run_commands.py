@@ -173,10 +173,21 @@ def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:
 
 
 # --------------------------------------------------------------------- troupe train
+def metrics_port(text: str) -> int:
+    """``--metrics-port``'s type: a port number, refused by the parser before anything starts."""
+    from api.errors import UserError
+    from system.run.prometheus import port_number
+
+    try:
+        return port_number(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--metrics-port ")) from None
+
+
 def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run goes on "
         "(0: any free port, named in endpoints.json)",

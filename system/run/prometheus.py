@@ -237,10 +237,15 @@ def run_name_of(run_dir: Path) -> str:
 def port_from_environment(asked: int | None) -> int | None:
     """``asked`` if given, else ``TROUPE_METRICS_PORT`` (None: no endpoint)."""
     if asked is not None:
-        return asked
+        return port_number(str(asked), "--metrics-port")
     raw = os.environ.get(ENV_PORT, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) > 65535:
-        raise UserError(f"{ENV_PORT}={raw!r}: a port number, 0 for any free port")
-    return int(raw)
+    return port_number(raw, ENV_PORT) if raw else None
+
+
+def port_number(text: str, what: str = "--metrics-port") -> int:
+    """``text`` as a TCP port (0: any free one), else a UserError naming ``what``: a port out
+    of range reached the controller's ``bind`` as a traceback, after the run folder was made."""
+    text = text.strip()
+    if not text.isdigit() or int(text) > 65535:
+        raise UserError(f"{what} {text!r}: a port number from 0 to 65535 (0: any free port)")
+    return int(text)
