@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -224,6 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return getattr(args, HANDLER)(args, Console())
     except TroupeError as e:  # each names the file, key or peer at fault, and the fix
         return _error(str(e), args.verbose)
+    except BrokenPipeError:  # `troupe show-config --json | head`: the reader has had enough
+        # Python would flush stdout again at exit, and fail again: point it at nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # what a shell reports of a writer that a pipe closed on
     except OSError as e:
         if e.filename is None:
             raise

@@ -343,3 +343,23 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monk
         "cartpole-ppo-20261203-134146-2",
         "cartpole-ppo-20261203-134146-3",
     ]
+
+
+def test_a_port_out_of_range_is_refused_before_a_run_folder_is_made(tmp_path):
+    """``--metrics-port 99999`` ended in the controller's ``bind()`` traceback, a run folder
+    left behind."""
+    for port in ("99999", "-1", "http"):
+        result = troupe("run", "cartpole-ppo", "--run-dir", str(tmp_path / "r"),
+                        f"--metrics-port={port}")  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert f"'{port}': a port number from 0 to 65535" in result.stderr
+        assert not (tmp_path / "r").exists()
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
+    """``troupe show-config EXP --json | head -1`` printed a BrokenPipeError traceback."""
+    cli = [sys.executable, "-m", "distributed.cli", "show-config", "cartpole-ppo", "--json"]
+    process = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader is gone before the first line comes
+    assert process.wait(timeout=120) == 141  # 128 + SIGPIPE, as a shell reports such a writer
+    assert process.stderr.read() == b""
