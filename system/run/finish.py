@@ -49,6 +49,9 @@ def finish_run(
     the coordination drivers add (curriculum stage, PBT, ratings); ``best_episode_return``:
     the best the controller saw in its records, written or not (``metrics.thin``)."""
     target = config.stop.eval_return
+    pbt_target = config.pbt.target_return if config.pbt.members else None
+    if target is None and pbt_target is not None:  # the population's: the one the run has
+        target = pbt_target
     solved = stop_reason in TARGET_REASONS
     failed_late = failure is not None and stop_reason != "failed"
     records = read_metrics(run_dir, summarised)  # once, for the summary and the plots
@@ -67,7 +70,12 @@ def finish_run(
         summary["stop_rule_met"] = stop_reason
     if failure is not None:
         summary["failure"] = str(failure)
-    if config.stop.eval_return_source:
+    if config.stop.eval_return is None and pbt_target is not None:
+        summary["target_source"] = (
+            "pbt.target_return: met when a member's score (its greedy return since its last "
+            "exploit, pbt.scores) reaches it; eval_return is the evaluation policy's"
+        )
+    elif config.stop.eval_return_source:
         summary["target_source"] = config.stop.eval_return_source
     summary.update(extra)
     if stop_reason == "eval_return":

@@ -165,6 +165,9 @@ def test_a_population_stopped_on_its_target_is_solved(tmp_path):
         evaluation=EvaluationWindows(None, 10), extra={}, write=lambda write: write() or True,
     )  # fmt: skip
     assert summary["solved"] is True and summary["stop_reason"] == "pbt_target_return"
+    # the target the run had, not null beside "solved": true (the population's, named so)
+    assert summary["target"] == 400.0
+    assert summary["target_source"].startswith("pbt.target_return: met when a member's score")
     on_frames = finish_run(
         config, tmp_path, wall_s=1.0, stop_reason="env_frames", failure=None,
         evaluation=EvaluationWindows(None, 10), extra={}, write=lambda write: write() or True,
