@@ -61,6 +61,24 @@ def test_the_curriculum_moves_on_only_past_the_threshold_and_enough_episodes():
     assert CurriculumDriver(config, state).index == 1  # a resumed run starts where it was
 
 
+def test_a_watched_metric_in_no_record_is_said_once_with_the_keys_like_it(caplog):
+    """``curriculum.metric=episode_retrun`` left a run in stage 0, nothing said."""
+    driver = CurriculumDriver(CurriculumConfig(metric="episode_retrun", thresholds=[1.0]),
+                              StateStore())  # fmt: skip
+    record = {"episode_return": 500.0, "episode_length": 500.0}
+    with caplog.at_level("WARNING"):
+        driver.on_episodes(99)
+        driver.on_record(record)  # a key of episodes' info may come with a later episode
+        assert not caplog.records
+        driver.on_episodes(1)
+        for _ in range(3):
+            assert driver.on_record(record) == {"curriculum/stage": 0}
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said == ("curriculum.metric 'episode_retrun' is in no metrics record after 100 "
+                    "episodes, so the curriculum stays in stage 0; did you mean "
+                    "'episode_return'?")  # fmt: skip
+
+
 def test_an_actor_s_environments_follow_the_stage_once_per_change():
     state = StateStore()
     envs = [StagedCartPole(), StagedCartPole()]

@@ -11,6 +11,7 @@ the global state, so an actor restarted mid-run, or a resumed run, starts in the
 
 from __future__ import annotations
 
+import difflib
 import logging
 import weakref
 from typing import Any
@@ -21,6 +22,9 @@ from system.errors import EnvironmentFailure
 from system.logs import NOTICE
 
 logger = logging.getLogger(__name__)
+
+ABSENT_AFTER_EPISODES = 100
+"""Training episodes after which a watched metric in no record is said to be missing."""
 
 
 class CurriculumDriver:
@@ -35,13 +39,18 @@ class CurriculumDriver:
         if current is None:
             state.set(config.key, {"index": 0, "stage": self.stages[0]})
         self.episodes_in_stage = 0
+        self.episodes_seen = 0
+        self._absent_said = False
 
     def on_episodes(self, count: int) -> None:
         self.episodes_in_stage += count
+        self.episodes_seen += count
 
     def on_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """Advance if the metric reached the threshold; the stage, for the metrics record."""
         value = record.get(self.config.metric)
+        if self.config.metric not in record:
+            self._say_absent(record)
         if (
             self.index < len(self.config.thresholds)
             and isinstance(value, (int, float))
@@ -57,6 +66,22 @@ class CurriculumDriver:
                 *(self.config.metric, value, self.index, self.stages[self.index]),
             )
         return {"curriculum/stage": self.index}
+
+    def _say_absent(self, record: dict[str, Any]) -> None:
+        """Once :data:`ABSENT_AFTER_EPISODES` episodes have ended with the watched metric in no
+        record, say so: a misspelt one (``episode_retrun``) left the run in stage 0 in silence.
+        (A key of episodes' info or of a callback comes with the first episode that has it.)"""
+        if self._absent_said or self.episodes_seen < ABSENT_AFTER_EPISODES:
+            return
+        self._absent_said = True
+        close = difflib.get_close_matches(self.config.metric, list(record), n=1, cutoff=0.6)
+        logger.warning(
+            "curriculum.metric '%s' is in no metrics record after %d episodes, so the "
+            "curriculum stays in stage %d%s",
+            self.config.metric, self.episodes_seen, self.index,
+            f"; did you mean '{close[0]}'?" if close else
+            " (metrics.jsonl has every key a record holds)",
+        )  # fmt: skip
 
 
 class CurriculumFollower:
