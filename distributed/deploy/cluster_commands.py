@@ -20,7 +20,6 @@ from pathlib import Path
 from rich.console import Console
 
 from api.errors import UserError
-from distributed.launch.run_commands import metrics_port
 from distributed.launch.signals import (
     EXIT_ABANDONED,
     EXIT_DONE,
@@ -30,6 +29,7 @@ from distributed.launch.signals import (
 )
 from system import run_folder
 from system.run.prometheus import DEFAULT_PORT as DEFAULT_METRICS_PORT
+from system.run.prometheus import metrics_port
 
 logger = logging.getLogger(__name__)
 

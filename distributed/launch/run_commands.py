@@ -173,18 +173,9 @@ def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:
 
 
 # --------------------------------------------------------------------- troupe train
-def metrics_port(text: str) -> int:
-    """``--metrics-port``'s type: a port number, refused by the parser before anything starts."""
-    from api.errors import UserError
-    from system.run.prometheus import port_number
-
-    try:
-        return port_number(text)
-    except UserError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--metrics-port ")) from None
-
-
 def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
+    from system.run.prometheus import metrics_port
+
     parser.add_argument(
         "--metrics-port",
         type=metrics_port,

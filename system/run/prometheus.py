@@ -28,6 +28,7 @@ Series (every one labelled with ``run``):
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -240,6 +241,14 @@ def port_from_environment(asked: int | None) -> int | None:
         return port_number(str(asked), "--metrics-port")
     raw = os.environ.get(ENV_PORT, "").strip()
     return port_number(raw, ENV_PORT) if raw else None
+
+
+def metrics_port(text: str) -> int:
+    """``--metrics-port``'s argparse type: a bad port is refused before anything starts."""
+    try:
+        return port_number(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--metrics-port ")) from None
 
 
 def port_number(text: str, what: str = "--metrics-port") -> int:
