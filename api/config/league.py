@@ -10,6 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from api.config.arguments import check_arguments
+from api.errors import RegistryError
+from api.registry import REGISTRIES
+
 
 @dataclass
 class CurriculumConfig:
@@ -168,6 +172,8 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
             errors.append(f"policies.{m}.trainer_workers: a PBT member trains with exactly 1")
         for name, bounds in p.hyperparameters.items():
             start = pc.trainer.args.get(name)
+            if name not in pc.trainer.args and _not_an_argument(pc.trainer.type, name):
+                continue  # said once, below, of pbt.hyperparameters
             if not isinstance(start, (int, float)) or isinstance(start, bool):
                 errors.append(
                     f"policies.{m}.trainer.args.{name}: PBT explores '{name}'; give the "
@@ -187,7 +193,12 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
                 f"{group}.workers: {workers} cannot be dealt out evenly to {n} PBT members; "
                 f"use a multiple of {n}"
             )
+    trained = [policies[m].trainer for m in p.members if m in policies]
+    given = {name for trainer in trained for name in trainer.args}
     for name, bounds in p.hyperparameters.items():
+        for trainer in sorted({t.type for t in trained} - {""}):
+            if name not in given and (problem := _not_an_argument(trainer, name)):
+                errors.append(f"pbt.hyperparameters.{name}: {problem}")
         if len(bounds) != 2 or not bounds[0] < bounds[1]:
             errors.append(f"pbt.hyperparameters.{name}: must be [low, high], got {bounds}")
     if not p.hyperparameters:
@@ -206,3 +217,14 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
             "pbt.target_return (the best member's score)"
         )
     return errors
+
+
+def _not_an_argument(trainer: str, name: str) -> str:
+    """Why ``name`` is no argument of the trainer registered as ``trainer`` (a typo of
+    ``lr``), else empty: PBT can only explore what the trainer takes."""
+    try:
+        spec = REGISTRIES["trainer"].spec(trainer)
+    except RegistryError:
+        return ""  # the trainer's own check says so
+    unknown = [e for e in check_arguments(spec, {name: 1.0}, "x") if ": unknown key;" in e]
+    return unknown[0].partition(": ")[2] if unknown else ""

@@ -173,3 +173,14 @@ def test_a_population_stopped_on_its_target_is_solved(tmp_path):
         evaluation=EvaluationWindows(None, 10), extra={}, write=lambda write: write() or True,
     )  # fmt: skip
     assert on_frames["solved"] is False
+
+
+def test_a_hyperparameter_the_trainer_does_not_take_is_said_once_with_the_close_name():
+    """``pbt.hyperparameters={"lrr": ...}`` was told, once per member, to give the member's
+    starting value of 'lrr', which PPO would then refuse."""
+    config = make_experiment("cartpole-pbt")
+    config.pbt.hyperparameters = {"lrr": [1e-5, 1e-2]}
+    assert validate(config) == [
+        "pbt.hyperparameters.lrr: unknown key; did you mean 'lr'? "
+        "(algorithm.ppo.trainer:PPOTrainer takes no 'lrr')"
+    ]
