@@ -62,8 +62,11 @@ def load_experiment(
         code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]
     if overrides:
         config = apply_overrides(config, overrides)
-        if any(o.partition("=")[0].strip() == "stop.eval_return" for o in overrides):
-            config.stop.eval_return_source = "given: stop.eval_return="  # not the experiment's
+        given = [o for o in overrides if o.partition("=")[0].strip() == "stop.eval_return"]
+        if given:  # not the experiment's: the value as it was written
+            config.stop.eval_return_source = (
+                f"given: stop.eval_return={given[-1].partition('=')[2].strip()}"
+            )
     try:
         return check(attach_user_code(config))
     except ConfigError as e:

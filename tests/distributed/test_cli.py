@@ -146,7 +146,8 @@ def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     )
     overridden = load_experiment("Pendulum-v1", ["stop.eval_return=-200"])
     assert stop_rule(overridden.stop) == (
-        "stop at: greedy evaluation return -200 (given: stop.eval_return=), or 500000 env frames"
+        "stop at: greedy evaluation return -200 (given: stop.eval_return=-200), or 500000 env "
+        "frames"
     )
     assert stop_rule(load_experiment("cartpole-ppo", ["stop.wall_seconds=30.5"]).stop) == (
         "stop at: greedy evaluation return 475, or 500000 env frames, or 30.5 seconds"

@@ -50,7 +50,7 @@ def test_a_script_registered_in_its_main_block_trains_in_worker_processes(tmp_pa
     run_dir = _only_run(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "env_frames", summary
-    assert summary["target_source"] == "given: stop.eval_return=", summary  # not the experiment's
+    assert summary["target_source"] == "given: stop.eval_return=None", summary  # not the recipe's
     config = json.loads((run_dir / "config.json").read_text())
     (registration,) = config["code"]["registrations"]
     assert registration["entry_point"] == "__main__:Corridor"
