@@ -140,6 +140,9 @@ def run_logs(args: argparse.Namespace, console: Console) -> int:
         console.print(Text(f"run folder of '{record.run}' is not on this machine: --source "
                            "scheduler reads the scheduler's output"))  # fmt: skip
         return 1
+    if use_folder and args.worker and (unknown := folder.unknown_worker(args.worker, run_dir)):
+        console.print(Text(f"error: {unknown}", style="red"), soft_wrap=True)
+        return 1
     if use_folder:
         lines = _folder_lines(record, run_dir, args)
     else:
@@ -162,7 +165,9 @@ def run_logs(args: argparse.Namespace, console: Console) -> int:
 
 
 def _folder_lines(record: LaunchRecord, run_dir: Path, args: argparse.Namespace):
-    files = lambda: folder.select(folder.log_files(run_dir), args.worker)  # noqa: E731
+    files = lambda: folder.select(  # noqa: E731
+        folder.log_files(run_dir), args.worker, folder.workers(run_dir)
+    )
     yield from folder.tail(files(), args.tail)
     if args.follow:
         be = backends.backend(record)

@@ -66,12 +66,36 @@ def log_files(folder: Path) -> dict[str, Path]:
     return {owners.get(p.name, p.stem): p for p in sorted(directory.glob("*.log"))}
 
 
-def select(files: dict[str, Path], worker: str | None) -> dict[str, Path]:
-    """Every worker's file, or the one of ``worker`` (an id, or a role: ``actor`` is every
-    ``actor/N``)."""
+def select(
+    files: dict[str, Path], worker: str | None, table: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Path]:
+    """Every worker's file, or those ``worker`` names: an id, or the first part of ids
+    (``actor`` is every ``actor/N``), or a role in ``table`` (``workers.json``: ``actor``
+    includes the evaluation actors ``eval/N``)."""
     if worker is None:
         return files
-    return {w: p for w, p in files.items() if w == worker or w.split("/")[0] == worker}
+    return {w: p for w, p in files.items() if names(worker, w, table or {})}
+
+
+def names(worker: str, worker_id: str, table: dict[str, dict[str, Any]]) -> bool:
+    """Whether ``--worker worker`` names the worker ``worker_id``."""
+    role = (table.get(worker_id) or {}).get("role")
+    return worker in (worker_id, worker_id.split("/")[0], role)
+
+
+def unknown_worker(worker: str, folder: Path) -> str | None:
+    """What to say of ``--worker worker`` where it names none of the run's workers (a typo:
+    ``trainr`` printed "no lines" and exit 0), else None; None too before the run has
+    written its table of workers."""
+    table = workers(folder)
+    ids = ["controller", *table]
+    if not table or any(names(worker, w, table) for w in ids):
+        return None
+    roles = sorted({str(t.get("role")) for t in table.values() if t.get("role")})
+    return (
+        f"no worker '{worker}' in this run: --worker takes an id ({', '.join(ids)}) or a role "
+        f"({', '.join(roles)})"
+    )
 
 
 def tail(files: dict[str, Path], n: int) -> Iterator[tuple[str, str]]:

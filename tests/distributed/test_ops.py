@@ -176,6 +176,29 @@ def test_tail_interleaves_workers_by_time_in_text_and_json(tmp_path):
     ]
 
 
+def test_worker_takes_an_id_or_a_role_and_a_name_of_none_is_refused(tmp_path):
+    """``--worker actor`` left out the evaluation actors (role actor, ids eval/N), and
+    ``--worker trainr`` printed "no lines" and exited 0."""
+    table = {"actor/0": {"role": "actor"}, "eval/0": {"role": "actor"},
+             "trainer/default/0": {"role": "trainer"}}  # fmt: skip
+    run_dir = run_folder_at(tmp_path / "r", table)
+    logs = run_dir / "logs"
+    logs.mkdir()
+    for name in ("actor-0", "eval-0", "trainer-default-0"):
+        (logs / f"{name}.log").write_text(f"2026-01-01 10:00:01,000 {name} INFO a: hi\n")
+    files = folder.log_files(run_dir)
+    assert set(folder.select(files, "actor", folder.workers(run_dir))) == {"actor/0", "eval/0"}
+    assert set(folder.select(files, "eval", folder.workers(run_dir))) == {"eval/0"}
+    assert set(folder.select(files, "trainer/default/0")) == {"trainer/default/0"}
+    for known in ("trainer", "eval/0", "controller", "actor"):
+        assert folder.unknown_worker(known, run_dir) is None
+    assert folder.unknown_worker("trainr", run_dir) == (
+        "no worker 'trainr' in this run: --worker takes an id (controller, actor/0, eval/0, "
+        "trainer/default/0) or a role (actor, trainer)"
+    )
+    assert folder.unknown_worker("trainr", tmp_path) is None  # no table yet: not known
+
+
 def test_follow_reads_new_lines_new_files_and_rotated_files_then_ends(tmp_path):
     run_dir = run_folder_at(tmp_path / "r", {"actor/0": {}, "actor/1": {}})
     logs = run_dir / "logs"
