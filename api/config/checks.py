@@ -49,8 +49,8 @@ def validate(config: ExperimentConfig) -> list[str]:
             )
         for key in ("policy_workers", "trainer_workers", "trainer_threads", "batch_segments",
                     "publish_every"):  # fmt: skip
-            if _below(getattr(pc, key), 1):
-                errors.append(f"policies.{pname}.{key}: must be at least 1")
+            if _below(value := getattr(pc, key), 1):
+                errors.append(f"policies.{pname}.{key}: must be at least 1, got {value!r}")
         if pc.trainer.type and uses_replay(pc):
             errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
             errors += _check_replay_budget(f"policies.{pname}.replay", pc.replay, config.stop)
@@ -173,11 +173,9 @@ def rate_limited_replay(pc: PolicyConfig) -> bool:
 
 
 def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
-    errors = [
-        f"{path}.{k}: must be at least 1"
-        for k in ("capacity_frames", "batch_size", "batches_per_message", "n_step", "min_size")
-        if _below(getattr(rc, k), 1)
-    ]
+    errors = _check_positive(
+        rc, path, ("capacity_frames", "batch_size", "batches_per_message", "n_step", "min_size")
+    )
     if isinstance(rc.gamma, (int, float)) and not 0.0 <= rc.gamma <= 1.0:
         errors.append(f"{path}.gamma: must be in [0, 1], got {rc.gamma}")
     for key in ("alpha", "beta"):
@@ -259,7 +257,8 @@ def _check_types(config: ExperimentConfig) -> list[str]:
 
 
 def _check_positive(obj: Any, path: str, keys: tuple[str, ...]) -> list[str]:
-    return [f"{path}.{k}: must be at least 1" for k in keys if _below(getattr(obj, k), 1)]
+    return [f"{path}.{k}: must be at least 1, got {getattr(obj, k)!r}"
+            for k in keys if _below(getattr(obj, k), 1)]  # fmt: skip
 
 
 def _below(value: Any, bound: int) -> bool:

@@ -423,12 +423,12 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
         return _convert(inner[0], value, path, errors)
     if origin is dict:
         if not isinstance(value, dict):
-            errors.append(f"{path}: expected a mapping, got {value!r}")
+            errors.append(f"{path}: expected a mapping, got {value!r}{_as_text(value)}")
             return {}
         return {k: _convert(args[1], v, _join(path, k), errors) for k, v in value.items()}
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            errors.append(f"{path}: expected a list, got {value!r}")
+            errors.append(f"{path}: expected a list, got {value!r}{_as_text(value)}")
             return []
         return [_convert(args[0], v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
     if hint is Any:
@@ -444,6 +444,16 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
     ):
         errors.append(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _as_text(value: Any) -> str:
+    """Why a list or mapping came as text: ``pbt.members=[a,b]`` is no Python literal."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        return (
+            " (read as text: it is no Python literal; quote the strings in it, e.g. "
+            "['a', 'b'], and the whole key=value for the shell)"
+        )
+    return ""
 
 
 def _choices(names: tuple) -> str:

@@ -133,7 +133,7 @@ def test_validate_lists_every_error_at_once():
         "name: must be set",
         "environment.type: must name a registered environment",
         "policies: at least one policy is needed",
-        "actors.workers: must be at least 1",
+        "actors.workers: must be at least 1, got 0",
         "stop: set at least one of eval_return, env_frames, trainer_steps, wall_seconds",
     ]
 
@@ -319,3 +319,15 @@ def test_a_changed_type_whose_recipe_args_stay_says_how_to_clear_them():
         assert not any("what the recipe gave" in line for line in e.value.errors)
     finally:
         registry.policies.unregister("hint-dummy-policy")
+
+
+def test_a_list_or_mapping_read_as_text_says_why():
+    """``pbt.members=[a,b]`` said "expected a list, got '[a,b]'", which looks like one."""
+    with pytest.raises(ConfigError) as e:
+        make_experiment("cartpole-pbt", ["pbt.members=[a,b]"])
+    assert e.value.errors[0] == (
+        "pbt.members: expected a list, got '[a,b]' (read as text: it is no Python literal; "
+        "quote the strings in it, e.g. ['a', 'b'], and the whole key=value for the shell)"
+    )
+    with pytest.raises(ConfigError, match=r"expected a list, got 3$"):  # no hint: not text
+        make_experiment("cartpole-ppo", ["callbacks=3"])
