@@ -184,7 +184,20 @@ def _read_declarative(path: Path) -> dict[str, Any]:
 
 
 def _base(base: Any, path: Path, depth: int) -> ExperimentConfig:
-    """The recipe a file's ``base:`` names."""
+    """The recipe a file's ``base:`` names; what goes wrong says which file's ``base:``
+    (``base: cartpol-ppo`` gave "unknown experiment or environment", naming neither)."""
+    where = f"{path}: base: "
+    try:
+        return _recipe(base, path, depth)
+    except ConfigError as e:
+        raise ConfigError([x if x.startswith(str(path)) else where + x for x in e.errors]) from e
+    except UserError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise UserError(where + str(e)) from e
+
+
+def _recipe(base: Any, path: Path, depth: int) -> ExperimentConfig:
     if isinstance(base, dict):
         args = dict(base)
         name = args.pop("experiment", None)

@@ -228,6 +228,26 @@ def test_a_file_naming_its_recipe_under_another_word_is_pointed_to_base(tmp_path
     )
 
 
+def test_what_a_base_gets_wrong_names_the_file_whose_base_it_is(tmp_path):
+    """``base: cartpol-ppo`` said "unknown experiment or environment" and a missing base file
+    "does not exist", neither naming the file that said so: in a chain of files, which?"""
+    (tmp_path / "typo.yaml").write_text("base: cartpol-ppo\n")
+    (tmp_path / "gone.yaml").write_text("base: missing.yaml\n")
+    (tmp_path / "top.yaml").write_text("base: typo.yaml\n")
+    (tmp_path / "args.yaml").write_text("base: {experiment: ppo, envv: Acrobot-v1}\n")
+    said = {}
+    for name in ("typo", "gone", "top", "args"):
+        with pytest.raises(UserError) as e:
+            load_experiment(str(tmp_path / f"{name}.yaml"))
+        said[name] = str(e.value)
+    typo, gone = tmp_path / "typo.yaml", tmp_path / "gone.yaml"
+    assert said["typo"].startswith(f"{typo}: base: unknown experiment or environment 'cartpol-")
+    assert "Did you mean experiment 'cartpole-ppo'" in said["typo"]
+    assert said["gone"] == f"{gone}: base: experiment file {tmp_path}/missing.yaml does not exist"
+    assert said["top"] == f"{tmp_path / 'top.yaml'}: base: {said['typo']}"  # the chain
+    assert said["args"].startswith(f"{tmp_path / 'args.yaml'}: base: could not build experiment ")
+
+
 def test_a_function_that_returns_no_config_is_named_with_what_it_returned(tmp_path):
     (tmp_path / "odd.py").write_text("def experiment():\n    return 42\n")
     with pytest.raises(UserError, match=r"odd.py:experiment\(\) returned int 42, not an Exp"):
