@@ -140,6 +140,12 @@ def run_logs(args: argparse.Namespace, console: Console) -> int:
         console.print(Text(f"run folder of '{record.run}' is not on this machine: --source "
                            "scheduler reads the scheduler's output"))  # fmt: skip
         return 1
+    if not use_folder and record.launcher == "local":
+        console.print(Text("error: a local run has no scheduler's output: its workers print to "
+                           "the console of the troupe run that started them, and every line "
+                           "is in the run folder (--source folder)", style="red"),
+                      soft_wrap=True)  # fmt: skip
+        return 1
     if use_folder and args.worker and (unknown := folder.unknown_worker(args.worker, run_dir)):
         console.print(Text(f"error: {unknown}", style="red"), soft_wrap=True)
         return 1

@@ -391,3 +391,21 @@ def test_a_scheduler_with_no_lines_from_a_worker_says_where_its_info_lines_are(m
     said = console.export_text()
     assert "no lines from worker 'actor' of run 'quiet'" in said
     assert "TROUPE_LOG_LEVEL=INFO" in said and "run folder's logs" in said
+
+
+def test_a_local_run_asked_for_its_scheduler_s_output_says_it_has_none(monkeypatch, tmp_path):
+    """``--source scheduler`` of a local run said "no lines" and that workers print NOTICE and
+    above only, while its troupe run's console had shown their warnings."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    rec = LaunchRecord("local", "r", run_dir=str(run_folder_at(tmp_path / "r")))
+    monkeypatch.setattr(commands, "resolve", lambda name, runs_dir: rec)
+    console = Console(record=True, width=400, force_terminal=False)
+    args = build_parser().parse_args(["logs", "r", "--source", "scheduler"])
+    assert commands.run_logs(args, console) == 1
+    said = console.export_text()
+    assert said.startswith("error: a local run has no scheduler's output: its workers print to")
+    assert "(--source folder)" in said
