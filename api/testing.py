@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from api import user_code
 from api.config import ComponentConfig, ExperimentConfig
 from api.env_check import EnvironmentReport, test_environment
 from api.errors import RegistryError
@@ -102,6 +103,7 @@ def test_pipeline(
     :class:`~api.errors.PipelineCheckError`.
     """
     arguments = dict(locals())  # every parameter, by name: nothing to forget when one is added
+    user_code.refuse_while_importing("test_pipeline()")
     return _runtime_check()(**arguments)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from api.errors import RegistryError
+from api.errors import RegistryError, UserError
 
 USER_CODE_ENV = "TROUPE_USER_CODE"
 """Folders (``os.pathsep``-separated) where worker images keep user code added at build time."""
@@ -59,6 +59,43 @@ def file_of(module: ModuleType | None) -> str:
     return str(Path(source).resolve()) if source and Path(source).is_file() else ""
 
 
+_importing: list[str] = []
+"""What this process is importing of the user's code now, innermost last (see :func:`importing`)."""
+
+
+def importing() -> str | None:
+    """The user module or file this process is importing now (None: none): a worker, the
+    controller or ``--import`` runs the file's top level, where a ``troupe.train`` call that
+    no ``if __name__ == "__main__":`` guards would start a run inside each of them."""
+    return _importing[-1] if _importing else None
+
+
+def refuse_while_importing(call: str) -> None:
+    """Raise if ``call`` (``troupe.train()``) comes from the top level of a user file being
+    imported: a script without its ``__main__`` guard started a run inside every worker that
+    imported it (runs nested in runs, each waiting on its own), and printed nothing."""
+    what = importing()
+    if what is not None:
+        raise UserError(
+            f"{call} was called while Troupe imported {what} to load your components (every "
+            "worker, the controller and --import import such a file, running its top level): "
+            'put the call under if __name__ == "__main__":, as the README\'s corridor.py does'
+        )
+
+
+def _while_importing(function):
+    @functools.wraps(function)
+    def wrapper(name: str, *args: Any, **kwargs: Any) -> ModuleType:
+        _importing.append(name)
+        try:
+            return function(name, *args, **kwargs)
+        finally:
+            _importing.pop()
+
+    return wrapper
+
+
+@_while_importing
 def import_module(name: str, source: str = "") -> ModuleType:
     """The module ``name``, imported by name where it is installed, else from ``source``.
 
@@ -84,6 +121,7 @@ def import_module(name: str, source: str = "") -> ModuleType:
     return importlib.import_module(name)
 
 
+@_while_importing
 def import_file(path: str | Path, name: str | None = None) -> ModuleType:
     """Import the Python file ``path`` as a module (once per process), without running its
     ``__main__`` block. Its folder goes on ``sys.path`` so it can import its neighbours. A

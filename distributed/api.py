@@ -132,8 +132,10 @@ def train(
     of ``image``, default ``troupe image build``'s tag; your registered files are mounted into
     them), as ``troupe run --launcher docker --image IMAGE``.
     """
+    from api.user_code import refuse_while_importing
     from distributed.launch.run import LAUNCHERS, prepare, start
 
+    refuse_while_importing("troupe.train()")
     if launcher not in LAUNCHERS:  # before the run folder is made
         raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
     if resume is not None and (experiment is not None or run_dir is not None):

@@ -112,6 +112,25 @@ def test_a_script_that_registers_a_gymnasium_env_trains_it(tmp_path):
     assert registration["requires"] == [str(script.resolve())]
 
 
+@pytest.mark.multiprocess
+def test_a_script_without_its_main_guard_fails_at_once_saying_so(tmp_path):
+    """``troupe.train`` at a script's top level, no ``if __name__ == "__main__":``: every
+    worker that imported the script started a run of its own, nested, each waiting for its
+    own, printing nothing; the command never ended."""
+    script = tmp_path / "noguard.py"
+    corridor = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+    script.write_text(corridor + 'register("Corridor-v0", Corridor, length=4)\n'
+                      'result = troupe.train("Corridor-v0", ["frames=2000"])\n'
+                      "raise SystemExit(result.exit_code)\n")  # fmt: skip
+    result = _run([sys.executable, str(script)], cwd=tmp_path, timeout=120)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())  # only one run
+    assert summary["stop_reason"] == "failed"
+    assert (f"troupe.train() was called while Troupe imported {script.resolve()} to load your "
+            "components") in summary["failure"]  # fmt: skip
+    assert 'put the call under if __name__ == "__main__":' in summary["failure"]
+
+
 INTERACTIVE = """
 from api.errors import UserError
 
