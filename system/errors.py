@@ -60,3 +60,8 @@ class EnvironmentFailure(UserError):
 
 class CallbackError(UserError):
     """A user callback raised; the controller ends the run with this message."""
+
+
+class TrainerContractError(UserError):
+    """A trainer broke the trainer contract (a stat that is no number, a step that left the
+    policy's version where it was): every restart would break it the same way."""

@@ -28,7 +28,7 @@ from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import ConfigError, EnvironmentCheckError, RegistryError, UserError
 from system import logs
-from system.errors import CallbackError, ControllerGoneError
+from system.errors import CallbackError, ControllerGoneError, TrainerContractError
 from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
@@ -270,7 +270,8 @@ def main(
         # fails the same way in every restart: say so, and the controller ends the run with
         # this message instead of restarting the worker. A ValueError/TypeError before the
         # worker exists is a constructor refusing its arguments.
-        fatal = isinstance(e, (RegistryError, ConfigError, CallbackError, EnvironmentCheckError))
+        fatal = isinstance(e, (RegistryError, ConfigError, CallbackError, EnvironmentCheckError,
+                               TrainerContractError))  # fmt: skip
         fatal = fatal or (worker is None and isinstance(e, (ValueError, TypeError)))
         tb = traceback.format_exc()
         ctl.send(cp.Error(message, tb, type(e).__name__, fatal))

@@ -23,6 +23,7 @@ folder of their own (``troupe deploy k8s --storage pod`` mounts none on them).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -35,7 +36,12 @@ import torch
 from api.policy import SampleBatch
 from api.train_result import TrainResult
 from api.trainer import Trainer
-from system.errors import NonFiniteLossError, ParameterNotFoundError, PeerTimeoutError
+from system.errors import (
+    NonFiniteLossError,
+    ParameterNotFoundError,
+    PeerTimeoutError,
+    TrainerContractError,
+)
 from system.parameters import trainer_state
 from system.parameters.interfaces import ParameterPublisher
 from system.roles import Role
@@ -152,6 +158,25 @@ class TrainerWorker(Worker):
         self.train(batch)
         return 1
 
+    def _numbers(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """``stats`` as plain numbers: a one-value tensor or array becomes its number (a 0-d
+        tensor left in went missing from the metrics without a word); anything else says which
+        stat it is, where torch's own error named none."""
+        out = {}
+        for key, value in stats.items():
+            if not isinstance(value, (bool, int, float)) and callable(getattr(value, "item", None)):
+                with contextlib.suppress(ValueError, RuntimeError):  # more than one: below
+                    value = value.item()
+            if not isinstance(value, (bool, int, float)):
+                shape = getattr(value, "shape", None)
+                raise TrainerContractError(
+                    f"trainer of policy '{self.policy_name}': stat '{key}' is "
+                    f"{type(value).__name__}{'' if shape is None else f' of shape {tuple(shape)}'}"
+                    "; a stat is one number (log a mean, or each value under a key of its own)"
+                )
+            out[key] = value
+        return out
+
     def take_batch(self, timeout_ms: int = 0) -> SampleBatch | None:
         """The next batch from its source, once one is in."""
         return self.source.take(timeout_ms, self.stages)
@@ -163,6 +188,13 @@ class TrainerWorker(Worker):
         staged = self._to_device(batch)
         self.stages.enter("compute")
         result = self.trainer.step(staged)
+        result.stats = self._numbers(result.stats)
+        if self.trainer.policy.version <= version_before:
+            raise TrainerContractError(
+                f"trainer of policy '{self.policy_name}': step {result.step} left the policy at "
+                f"version {self.trainer.policy.version}; a step that changed the parameters "
+                "calls self.policy.inc_version() (the parameter service takes only newer ones)"
+            )
         bad = [k for k, v in result.stats.items() if not math.isfinite(float(v))]
         if bad:
             raise NonFiniteLossError(

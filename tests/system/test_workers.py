@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from api.config import make_experiment
 from api.environment import Environment, StepResult
@@ -16,7 +17,12 @@ from api.errors import ConfigError, PipelineCheckError, UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest, RolloutResult, SampleBatch
 from api.trainer import Trainer, TrainerStepResult
-from system.errors import EnvironmentFailure, NonFiniteLossError, VersionError
+from system.errors import (
+    EnvironmentFailure,
+    NonFiniteLossError,
+    TrainerContractError,
+    VersionError,
+)
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
 from system.roles import Role
@@ -453,6 +459,57 @@ def test_trainer_worker_refuses_to_publish_non_finite_losses():
     with pytest.raises(NonFiniteLossError, match=r"non-finite \['loss'\]"):
         worker.poll()
     assert store.latest_version("p") == 0
+
+
+class ContractTrainer(StubTrainer):
+    """Reports ``extra`` among its stats; ``bumps``: whether its step moves the version."""
+
+    def __init__(self, policy, extra, bumps=True):
+        super().__init__(policy)
+        self.extra, self.bumps = extra, bumps
+
+    def step(self, samples):
+        result = super().step(samples)
+        self._policy._version -= 0 if self.bumps else 1
+        result.stats.update(self.extra)
+        return result
+
+
+@pytest.mark.parametrize(
+    "extra, bumps, said",
+    [
+        ({"hist": torch.zeros(3)}, True, r"stat 'hist' is Tensor of shape \(3,\); a stat is one"),
+        ({"hist": np.zeros((2, 2))}, True, r"stat 'hist' is ndarray of shape \(2, 2\)"),
+        ({"note": "ok"}, True, r"stat 'note' is str; a stat is one number"),
+        ({}, False, r"step 1 left the policy at version 0; .* calls self.policy.inc_version\(\)"),
+    ],
+)
+def test_a_trainer_that_breaks_the_contract_is_named_and_not_restarted(extra, bumps, said):
+    """A stat of three values raised torch's "only one element tensors can be converted"
+    naming no stat, and a step without inc_version() a VersionError from the parameter
+    service; both were restarted five times. A user error: one message, no restart."""
+    samples, store = InprocSampleHub(), ParameterStore()
+    trainer = ContractTrainer(EchoPolicy(), extra, bumps)
+    source = segment_source(samples.consumer("p"), "p", trainer, 1)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
+    samples.producer().post("p", segment())
+    with pytest.raises(TrainerContractError, match=said):
+        worker.poll()
+    assert issubclass(TrainerContractError, UserError)  # fatal in worker_process: no restart
+
+
+def test_a_stat_of_one_value_in_a_tensor_or_array_is_its_number():
+    """A 0-d tensor stat went missing from metrics.jsonl without a word."""
+    samples, store = InprocSampleHub(), ParameterStore()
+    extra = {"t0": torch.ones(()) * 2, "a1": np.ones(1), "i": np.int64(3)}
+    trainer = ContractTrainer(EchoPolicy(), extra)
+    source = segment_source(samples.consumer("p"), "p", trainer, 1)
+    worker = TrainerWorker("t", "p", trainer, source, InprocParameterService(store))
+    samples.producer().post("p", segment())
+    assert worker.poll() == 1
+    stats = worker.collect_stats()
+    assert (stats["t0"], stats["a1"], stats["i"]) == (2.0, 1.0, 3)
+    assert all(type(stats[k]) in (int, float) for k in ("t0", "a1", "i"))
 
 
 def test_each_worker_class_plays_the_role_of_its_plan():
