@@ -20,9 +20,11 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +177,7 @@ def _read_declarative(path: Path) -> dict[str, Any]:
         elif suffix == ".toml":
             data = _toml().loads(text)
         else:
-            data = _yaml().safe_load(text)
+            data = _yaml().load(text, Loader=_yaml_loader())
     except Exception as e:  # each parser has its own error classes; all mean the same here
         raise UserError(f"{path}: not valid {suffix[1:]}: {e}") from e
     if not isinstance(data, dict):
@@ -260,6 +262,23 @@ def _yaml():
     except ImportError as e:
         raise UserError("reading .yaml needs PyYAML: pip install pyyaml") from e
     return yaml
+
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
+"""``1e-3``: YAML 1.1, which PyYAML reads, takes it for text (it wants ``1.0e-3``); YAML 1.2
+and every other reader here (TOML, JSON, an override) take it for a number, as users mean."""
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's safe loader, reading ``1e-3`` as a float."""
+    yaml = _yaml()
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+    return Loader
 
 
 def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, list[str]]:

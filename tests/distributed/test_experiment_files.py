@@ -228,6 +228,17 @@ def test_a_file_naming_its_recipe_under_another_word_is_pointed_to_base(tmp_path
     )
 
 
+def test_yaml_reads_a_number_with_an_exponent_as_a_number(tmp_path):
+    """PyYAML (YAML 1.1) read ``lr: 1e-3`` as the text '1e-3', refused as "expected float,
+    got str": the user wrote a number, as TOML, JSON and an override read it."""
+    (tmp_path / "exp.yaml").write_text(
+        "base: cartpole-ppo\npolicies:\n  default:\n    trainer:\n      args:\n"
+        "        lr: 1e-3\n        entropy_coef: 5E-3\n"
+    )
+    args = load_experiment(str(tmp_path / "exp.yaml")).policies["default"].trainer.args
+    assert (args["lr"], args["entropy_coef"]) == (1e-3, 5e-3)
+
+
 def test_what_a_base_gets_wrong_names_the_file_whose_base_it_is(tmp_path):
     """``base: cartpol-ppo`` said "unknown experiment or environment" and a missing base file
     "does not exist", neither naming the file that said so: in a chain of files, which?"""
