@@ -111,7 +111,7 @@ def test_a_port_in_use_is_one_line_naming_it(monkeypatch):
     finally:
         taken.close()
     monkeypatch.setenv(prometheus.ENV_PORT, "lots")
-    with pytest.raises(UserError, match="TROUPE_METRICS_PORT 'lots': a port number from 0 to 65535"):
+    with pytest.raises(UserError, match="TROUPE_METRICS_PORT 'lots': a port number"):
         prometheus.open_endpoint(None, "127.0.0.1", "127.0.0.1")
     monkeypatch.delenv(prometheus.ENV_PORT)
     assert prometheus.open_endpoint(None, "127.0.0.1", "127.0.0.1") is None  # off by default
