@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from api.config import (
     ActorConfig,
@@ -141,7 +142,7 @@ def _check_first_batch(run, name: str, worker, max_env_frames: int) -> dict[str,
             )
     batch = batch_segments(source.buffer)[:, :size]
     _check_batch_shapes(batch, run.config.actors.segment_length + 1, size)
-    _check_analyze(worker.trainer, batch, name)
+    _check_analyze(worker.trainer, batch, name, segments=True)
     return batch.shape
 
 
@@ -185,7 +186,9 @@ def _check_batch_shapes(batch: SampleBatch, t: int, b: int) -> None:
             )
 
 
-def _check_analyze(trainer, batch: SampleBatch, name: str) -> None:
+def _check_analyze(trainer, batch: SampleBatch, name: str, segments: bool = False) -> None:
+    """What ``analyze`` returns, against what the trainer declares; ``segments``: a batch of
+    trajectory segments, whose every field is ``[T, B, ...]``."""
     required = trainer.required_fields()
     if not required:
         return
@@ -197,12 +200,35 @@ def _check_analyze(trainer, batch: SampleBatch, name: str) -> None:
         if hasattr(result, "__dict__")
         else set()
     )
+    said = (f"policy '{name}' ({type(trainer.policy).__name__}).analyze(target="
+            f"'{trainer.analyze_target}') returned")  # fmt: skip
+    declared = getattr(trainer.AnalyzedResult, "__qualname__", "AnalyzedResult")
+    if isinstance(result, dict):
+        raise PipelineCheckError(
+            f"{said} a dict; it returns the dataclass {type(trainer).__name__} declares, "
+            f"{declared}({', '.join(f'{f}=...' for f in required)})"
+        )
     missing = [f for f in required if f not in have or getattr(result, f, None) is None]
     if missing:
         raise PipelineCheckError(
-            f"policy '{name}' ({type(trainer.policy).__name__}).analyze(target="
-            f"'{trainer.analyze_target}') returned {type(result).__name__} without {missing}; "
+            f"{said} {type(result).__name__} without {missing}; "
             f"{type(trainer).__name__} declares AnalyzedResult fields {required}"
+        )
+    tensors = {
+        f: getattr(result, f) for f in required if isinstance(getattr(result, f), torch.Tensor)
+    }
+    if tensors and not any(t.requires_grad for t in tensors.values()):
+        raise PipelineCheckError(
+            f"{said} no tensor that requires grad ({sorted(tensors)}): the trainer "
+            "differentiates through them; was analyze run under torch.no_grad()?"
+        )
+    leading = {f: tuple(t.shape[:2]) for f, t in tensors.items()}
+    if segments and len(set(leading.values())) > 1:
+        raise PipelineCheckError(
+            f"{said} fields of different leading shapes: "
+            + ", ".join(f"{f} {tuple(tensors[f].shape)}" for f in sorted(tensors))
+            + "; each is [T, B, ...] as the sample batch's fields are (a [T*B] one would be "
+            "broadcast against the others in the loss)"
         )
 
 

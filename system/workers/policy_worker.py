@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from api.errors import UserError
-from api.namedarray import concatenate
+from api.namedarray import NamedArray, concatenate
 from api.policy import Policy, RolloutRequest
 from system.errors import ParameterNotFoundError, PeerTimeoutError
 from system.parameters.interfaces import ParameterSubscriber
@@ -269,4 +269,12 @@ def _answered_rows(name: str, policy: Policy, request: RolloutRequest, result) -
             f"observations with {answered if answered is not None else 'no'} actions: a "
             "RolloutResult holds one row per observation, in the request's order"
         )
+    for field_name in ("policy_output", "policy_state"):
+        value = getattr(result, field_name, None)
+        if value is not None and not isinstance(value, NamedArray):
+            raise UserError(
+                f"policy '{name}' ({type(policy).__name__}).rollout returned a "
+                f"{type(value).__name__} as {field_name}: a NamedArray is needed (e.g. "
+                "NamedArray(log_prob=..., value=...) from api.namedarray), or None"
+            )
     return rows
