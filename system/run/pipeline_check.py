@@ -28,11 +28,14 @@ from api.config import (
     ReplayConfig,
     StopConfig,
 )
-from api.errors import PipelineCheckError
+from api.errors import PipelineCheckError, UserError
 from api.policy import SampleBatch
 from api.resolve import for_environment, load_experiment
 from api.testing import PipelineReport
+from system.errors import WireError
+from system.parameters import trainer_state
 from system.roles import Role
+from system.streams import wire
 
 
 def run_pipeline_check(
@@ -281,6 +284,8 @@ def _check_progress(run, report: PipelineReport) -> None:
             if history
             else {}
         )
+    for name, worker in run.trainers.items():
+        _check_trainer_state(name, worker.trainer)
     for worker in run.workers_of(Role.POLICY):
         worker.poll()  # a policy worker takes new parameters at its next poll: give it one
         # what the trainer published (every step, or every publish_every steps)
@@ -291,3 +296,17 @@ def _check_progress(run, report: PipelineReport) -> None:
                 f"{worker.policy.version} after the trainer published {published}: its "
                 "load_checkpoint() does not take the published parameters (or the version)"
             )
+
+
+def _check_trainer_state(name: str, trainer) -> None:
+    """What ``get_checkpoint`` returns goes to the parameter service with every persisted
+    version; a state that cannot travel (an optimiser object, not its ``state_dict()``)
+    passed here and failed the run at its first persisted version."""
+    try:
+        wire.encode("trainer_state", {"state": trainer_state.to_wire(trainer.get_checkpoint())})
+    except (UserError, WireError) as e:
+        raise PipelineCheckError(
+            f"trainer of policy '{name}' ({type(trainer).__name__}).get_checkpoint() returned "
+            f"what cannot be saved with its versions: {e}; return dicts, lists, numbers, "
+            "tensors and arrays (an optimiser's state_dict(), not the optimiser)"
+        ) from e

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+from algorithm.ppo.trainer import PPOTrainer
 from api import testing
 from api.errors import PipelineCheckError, UserError
 from api.policy import register
+from api.registry import register_trainer
 
 
 class FlatLogProb(ActorCriticPolicy):
@@ -61,3 +63,17 @@ def test_a_policy_that_breaks_the_contract_is_told_what_to_change(name):
     register(name, cls)
     with pytest.raises(error, match=said):
         testing.test_pipeline("CartPole-v1", name, "ppo", trainer_steps=1)
+
+
+class KeepsTheOptimiser(PPOTrainer):
+    def get_checkpoint(self):
+        return {"optimizer": object()}  # the object, not its state_dict()
+
+
+def test_a_trainer_state_that_cannot_be_saved_is_said_before_a_run_fails_on_it():
+    """It passed here, and a run failed at its first persisted version (version 50)."""
+    register_trainer("contract-state", KeepsTheOptimiser)
+    with pytest.raises(PipelineCheckError, match=r"\(KeepsTheOptimiser\).get_checkpoint\(\) "
+                       r"returned what cannot be saved with its versions: cannot encode "
+                       r"body\['state'\]\['optimizer'\]: values of type object"):  # fmt: skip
+        testing.test_pipeline("CartPole-v1", "actor-critic", "contract-state", trainer_steps=1)
