@@ -264,8 +264,8 @@ def test_status_logs_and_stop_of_a_deployed_run(finished_run, tmp_path):
     assert logs.stdout.splitlines() == ["[actor/0] actor/0 line 1", "[actor/0] actor/0 line 2"]
     info = troupe("logs", "swarm-run", "--worker", "actor/0", env=env)  # the run folder's
     assert info.returncode == 0 and "[actor/0]" in info.stdout and " ready" in info.stdout
-    quiet = troupe("logs", "swarm-run", "--worker", "actor/9", env=env)
-    assert quiet.returncode == 0 and "no lines from worker 'actor/9'" in quiet.stdout
+    typo = troupe("logs", "swarm-run", "--worker", "actor/9", env=env)  # no such worker
+    assert typo.returncode == 1 and "no worker 'actor/9' in this run" in typo.stdout
 
     stop = troupe("stop", "swarm-run", env=env)
     assert stop.returncode == 0, stop.stderr

@@ -10,7 +10,7 @@ import torch
 
 from algorithm.actor_critic_policies.policy import ActorCriticPolicy
 from algorithm.ppo.trainer import PPOTrainer
-from api import testing
+from api import registry, testing
 from api.errors import PipelineCheckError, UserError
 from api.policy import register
 from api.registry import register_trainer
@@ -61,8 +61,11 @@ CASES = {
 def test_a_policy_that_breaks_the_contract_is_told_what_to_change(name):
     cls, error, said = CASES[name]
     register(name, cls)
-    with pytest.raises(error, match=said):
-        testing.test_pipeline("CartPole-v1", name, "ppo", trainer_steps=1)
+    try:
+        with pytest.raises(error, match=said):
+            testing.test_pipeline("CartPole-v1", name, "ppo", trainer_steps=1)
+    finally:  # a registration made here would travel with every run this process launches
+        registry.policies.unregister(name)
 
 
 class KeepsTheOptimiser(PPOTrainer):
@@ -73,6 +76,13 @@ class KeepsTheOptimiser(PPOTrainer):
 def test_a_trainer_state_that_cannot_be_saved_is_said_before_a_run_fails_on_it():
     """It passed here, and a run failed at its first persisted version (version 50)."""
     register_trainer("contract-state", KeepsTheOptimiser)
+    try:
+        _check_state_refused()
+    finally:
+        registry.trainers.unregister("contract-state")
+
+
+def _check_state_refused() -> None:
     with pytest.raises(PipelineCheckError, match=r"\(KeepsTheOptimiser\).get_checkpoint\(\) "
                        r"returned what cannot be saved with its versions: cannot encode "
                        r"body\['state'\]\['optimizer'\]: values of type object"):  # fmt: skip
