@@ -49,7 +49,9 @@ def test_status_ps_logs_and_stop_of_a_local_run(tmp_path):
         assert "[trainer/default/0]" not in logs.stdout
 
         follow = subprocess.Popen(
-            [*TROUPE, "logs", str(run_dir), "--worker", "controller", "--tail", "0", "-f"],
+            # --tail 20: a follower that starts (imports) after the stop has ended the run
+            # still shows its last lines; one that starts before follows them as they come
+            [*TROUPE, "logs", str(run_dir), "--worker", "controller", "--tail", "20", "-f"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         stop = ops("stop", "ops-local", "--runs-dir", str(runs))
