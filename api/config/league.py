@@ -158,6 +158,7 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
     if not p.members:
         return []
     n, errors = len(p.members), []
+    untaken = _untaken(p, policies)  # said once, below, not as a missing start per member
     if n < 2 or len(set(p.members)) != n:
         errors.append(f"pbt.members: needs 2 or more distinct policies, got {p.members}")
     for m in p.members:
@@ -172,8 +173,8 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
             errors.append(f"policies.{m}.trainer_workers: a PBT member trains with exactly 1")
         for name, bounds in p.hyperparameters.items():
             start = pc.trainer.args.get(name)
-            if name not in pc.trainer.args and _not_an_argument(pc.trainer.type, name):
-                continue  # said once, below, of pbt.hyperparameters
+            if name in untaken:
+                continue
             if not isinstance(start, (int, float)) or isinstance(start, bool):
                 errors.append(
                     f"policies.{m}.trainer.args.{name}: PBT explores '{name}'; give the "
@@ -193,12 +194,9 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
                 f"{group}.workers: {workers} cannot be dealt out evenly to {n} PBT members; "
                 f"use a multiple of {n}"
             )
-    trained = [policies[m].trainer for m in p.members if m in policies]
-    given = {name for trainer in trained for name in trainer.args}
     for name, bounds in p.hyperparameters.items():
-        for trainer in sorted({t.type for t in trained} - {""}):
-            if name not in given and (problem := _not_an_argument(trainer, name)):
-                errors.append(f"pbt.hyperparameters.{name}: {problem}")
+        if name in untaken:
+            errors.append(f"pbt.hyperparameters.{name}: {untaken[name]}")
         if len(bounds) != 2 or not bounds[0] < bounds[1]:
             errors.append(f"pbt.hyperparameters.{name}: must be [low, high], got {bounds}")
     if not p.hyperparameters:
@@ -219,12 +217,19 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
     return errors
 
 
-def _not_an_argument(trainer: str, name: str) -> str:
-    """Why ``name`` is no argument of the trainer registered as ``trainer`` (a typo of
-    ``lr``), else empty: PBT can only explore what the trainer takes."""
-    try:
-        spec = REGISTRIES["trainer"].spec(trainer)
-    except RegistryError:
-        return ""  # the trainer's own check says so
-    unknown = [e for e in check_arguments(spec, {name: 1.0}, "x") if ": unknown key;" in e]
-    return unknown[0].partition(": ")[2] if unknown else ""
+def _untaken(p: PBTConfig, policies: Mapping[str, Any]) -> dict[str, str]:
+    """The hyper-parameters no member's trainer takes as an argument (``lrr`` for ``lr``),
+    each with why: PBT can only explore what the trainer takes."""
+    trained = [policies[m].trainer for m in p.members if m in policies]
+    given = {name for trainer in trained for name in trainer.args}
+    out = {}
+    for trainer in sorted({t.type for t in trained} - {""}):
+        try:
+            spec = REGISTRIES["trainer"].spec(trainer)
+        except RegistryError:
+            continue  # the trainer's own check says so
+        for name in p.hyperparameters:
+            unknown = [e for e in check_arguments(spec, {name: 1.0}, "x") if ": unknown key;" in e]
+            if name not in given and unknown:
+                out.setdefault(name, unknown[0].partition(": ")[2])
+    return out
