@@ -7,6 +7,11 @@ dicts keyed by parameter index (ints, which the wire codec refuses as keys) hold
 back the same structure: int-keyed dicts as int-keyed dicts, tensors as tensors, numpy arrays as
 numpy arrays. What travels is still only msgpack and raw array frames (no pickle); the parameter
 service stores the tagged form as it came and never needs torch to do so.
+
+The trainer worker saves the state inside an envelope (:func:`wrap`) that also holds its own step
+count: a trainer that keeps no count in ``get_checkpoint`` (the default keeps nothing) would
+otherwise start ``trainer_steps`` from 0 on every resume or restart, and ``stop.trainer_steps``
+and PBT's intervals with it. :func:`unwrap` reads a bare state of an older run folder too.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ TENSOR = "~tensor"
 """``{TENSOR: array}``: a torch tensor, sent as its numpy array."""
 KEYS, VALUES = "~keys", "~values"
 """``{KEYS: [...], VALUES: [...]}``: a dict whose keys are not all strings (ints, say)."""
-_TAGS = frozenset((TENSOR, KEYS, VALUES))
+STATE, STEPS = "~state", "~steps"
+"""``{STATE: tagged state, STEPS: int}``: the envelope :func:`wrap` makes."""
+_TAGS = frozenset((TENSOR, KEYS, VALUES, STATE, STEPS))
 
 
 def to_wire(state: Any, path: str = "trainer state") -> Any:
@@ -71,6 +78,24 @@ def from_wire(state: Any) -> Any:
     if isinstance(state, np.ndarray):
         return np.array(state, copy=True)
     return state
+
+
+def wrap(state: Any, steps: int) -> dict[str, Any]:
+    """The trainer's ``state`` (tagged by :func:`to_wire`) with the worker's step count."""
+    return {STATE: to_wire(state), STEPS: int(steps)}
+
+
+def unwrap(saved: Any) -> tuple[Any, int | None]:
+    """``(state, steps)`` from what :func:`wrap` made; ``(state, None)`` from a bare state."""
+    if isinstance(saved, dict) and STATE in saved:
+        steps = saved.get(STEPS)
+        return from_wire(saved[STATE]), int(steps) if isinstance(steps, int) else None
+    return from_wire(saved), None
+
+
+def is_empty(state: Any) -> bool:
+    """True for a trainer that keeps nothing of its own (the default ``get_checkpoint``)."""
+    return isinstance(state, dict) and not state
 
 
 def array_bytes(value: Any) -> int:

@@ -285,7 +285,7 @@ class TrainerWorker(Worker):
                 policy.version,
                 policy.get_checkpoint(),
                 persist=True,
-                trainer_state=trainer_state.to_wire(self.trainer.get_checkpoint()),
+                trainer_state=trainer_state.wrap(self.trainer.get_checkpoint(), self.steps),
             )
         self._published, self._retry_at = True, 0.0
         self._owed_persist = self._owed_persist and not persist
@@ -324,9 +324,17 @@ class TrainerWorker(Worker):
             self.trainer.policy.load_checkpoint(policy_checkpoint)
         saved = self.params.trainer_state(self.policy_name)
         if saved is not None:
-            version, state = saved
-            self.trainer.load_checkpoint(trainer_state.from_wire(state))
-            logger.info("%s: trainer state of version %d restored", self.worker_id, version)
+            version, wired = saved
+            state, steps = trainer_state.unwrap(wired)
+            self.trainer.load_checkpoint(state)
+            self.steps = max(self.steps, steps or 0)
+            if trainer_state.is_empty(state):
+                logger.info("%s: version %d restored at step %d; its trainer keeps no state of "
+                            "its own (get_checkpoint() returns {})", self.worker_id, version,
+                            self.steps)  # fmt: skip
+            else:
+                logger.info("%s: trainer state of version %d restored at step %d",
+                            self.worker_id, version, self.steps)  # fmt: skip
             return
         path = (
             self.checkpoint_dir / self.policy_name / LEGACY_TRAINER_FILE

@@ -170,6 +170,57 @@ def test_a_restored_trainer_counts_its_steps_on_from_its_state(run, tmp_path):
         resumed.close()
 
 
+def _stateless(worker: TrainerWorker) -> TrainerWorker:
+    """The worker's trainer as one that keeps nothing of its own (the default get_checkpoint):
+    its own count starts from 0 in every process."""
+    worker.trainer.get_checkpoint = dict
+    worker.trainer.load_checkpoint = lambda checkpoint: None
+    return worker
+
+
+def test_a_trainer_that_keeps_no_state_still_counts_its_steps_on(run, tmp_path, caplog):
+    """The worker saves its step count beside the trainer's state: a trainer whose
+    get_checkpoint() returns {} restarted trainer_steps from 0 on every resume, and the log said
+    its (empty) state was restored."""
+    config, spaces = run
+    served = Served(config, tmp_path)
+    try:
+        first = _stateless(trainer_worker(config, spaces, served.client(), tmp_path))
+        for _ in range(2):
+            _train_one_step(first, config, spaces)
+        assert first.steps == 2
+        first.close()
+    finally:
+        served.close()
+    resumed = Served(config, tmp_path)
+    try:
+        again = _stateless(trainer_worker(config, spaces, resumed.client(), tmp_path))
+        with caplog.at_level("INFO", logger="system.workers.trainer_worker"):
+            again.restore(resumed.client().get("default")[1])
+        assert "version 2 restored at step 2; its trainer keeps no state" in caplog.text
+        assert "trainer state of version" not in caplog.text
+        again.mark_published()
+        _train_one_step(again, config, spaces)
+        assert again.steps == again.stats["steps"] == 3
+        again.close()
+    finally:
+        resumed.close()
+
+
+def test_a_bare_trainer_state_of_an_older_run_is_still_read():
+    """Run folders written before the envelope hold the tagged state alone."""
+    state = {"optimizer": {"state": {0: {"exp_avg": torch.ones(2)}}}, "steps": 7}
+    bare = wire.decode(wire.encode("s", trainer_state.to_wire(state))).body
+    got, steps = trainer_state.unwrap(bare)
+    assert steps is None and got["steps"] == 7
+    assert torch.equal(got["optimizer"]["state"][0]["exp_avg"], torch.ones(2))
+    wrapped = wire.decode(wire.encode("s", trainer_state.wrap(state, 12))).body
+    got, steps = trainer_state.unwrap(wrapped)
+    assert steps == 12 and got["steps"] == 7
+    with pytest.raises(UserError, match="reserved"):
+        trainer_state.to_wire({trainer_state.STEPS: 1})
+
+
 def test_an_older_runs_trainer_pt_is_still_read_when_the_service_has_none(run, tmp_path):
     config, spaces = run
     served = Served(config, tmp_path)
