@@ -40,6 +40,8 @@ class WorkerState(str, enum.Enum):
     """Left after a stop request (said bye)."""
     FAILED = "failed"
     """Reported an error, or exited or went silent without one."""
+    KILLED = "killed"
+    """Killed when a second signal ended the run's stop at once (``troupe stop --now``)."""
 
     def __str__(self) -> str:
         return self.value

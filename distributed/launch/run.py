@@ -210,6 +210,7 @@ def controller_main(
         logger.warning("stopping at once: every worker is killed; resume from the last "
                        "persisted version with `troupe run --resume %s`", run_dir)  # fmt: skip
         launcher.stop_all(timeout_s=0.0)
+        controller.abandoned()
         return EXIT_ABANDONED
     if summary.get("stop_reason") == "failed":
         return EXIT_FAILED

@@ -80,7 +80,7 @@ class LocalBackend:
                         f"pid {record.pid}")]  # fmt: skip
         for worker, info in table.items():
             pid = info.get("pid")
-            running = record.here and info.get("state") not in ("stopped", "failed")
+            running = record.here and info.get("state") not in ("stopped", "failed", "killed")
             state = info.get("state", "?")
             if running and pid and not pid_alive(pid):
                 state = f"{state} (process gone)"

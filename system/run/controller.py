@@ -12,7 +12,10 @@ run folder's bookkeeping; a folder that cannot be written stops the run with tha
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -134,7 +137,15 @@ class Controller:
                 self.supervisor.shutdown(self.server.send, self._receive, revive=revive)
             finally:
                 self.display.stop()
-        return self._finish()
+        with _stopped_already():
+            return self._finish()
+
+    def abandoned(self) -> None:
+        """A second signal ended the stop and the launcher killed every worker still running:
+        ``workers.json`` says so (it showed their last states, as if they ran on)."""
+        self.supervisor.killed()
+        self.folder.write(lambda: run_folder.write_json(
+            self.run_dir / run_folder.WORKERS, self.supervisor.table()))  # fmt: skip
 
     def _check_stop(self) -> None:
         if self.stop_reason:
@@ -271,3 +282,23 @@ class Controller:
     def _on_state_write(self, record: WorkerRecord, request: cp.StateWrite) -> None:
         may_write = record.plan.role is Role.TRAINER
         self.server.send(record.plan.worker_id, self.coordination.write(request, may_write))
+
+
+@contextlib.contextmanager
+def _stopped_already():
+    """Every worker has stopped in order: a second signal now has nothing left to stop at once,
+    and the summary is written all the same. It used to cut the summary short and turn an
+    orderly stop into exit 131 (``troupe stop --now`` sends its two signals 0.5 s apart)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def late(signum: int, frame) -> None:
+        logger.warning("the run has stopped in order already; writing its summary")
+
+    previous = {s: signal.signal(s, late) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -316,6 +316,12 @@ class Supervisor:
         return saving and now - started < SAVE_STOP_MAX_S
 
     # ------------------------------------------------------------- what tools read
+    def killed(self) -> None:
+        """The launcher killed every worker that had not stopped (the stop was abandoned)."""
+        for record in self.workers.values():
+            if record.state not in (WorkerState.STOPPED, WorkerState.FAILED):
+                record.state = WorkerState.KILLED
+
     def table(self) -> dict[str, dict[str, Any]]:
         """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""
         return {

@@ -30,7 +30,8 @@ from e2e_support import (
     wait_for,
 )
 
-from distributed.launch.signals import DUPLICATE_S
+from distributed.launch.signals import DUPLICATE_S, run_interrupts
+from system.run.controller import _stopped_already
 from system.run.report import read_metrics
 
 pytestmark = pytest.mark.multiprocess
@@ -304,6 +305,26 @@ def test_a_second_signal_stops_the_run_at_once(tmp_path):
     assert "stopping at once" in out
     assert _workers_gone(run_dir, controller), "processes outlived the second signal"
     assert not (run_dir / "summary.json").exists()  # abandoned: no summary claims an end
+    states = {w: info["state"] for w, info in read_json(run_dir / "workers.json").items()}
+    assert states["trainer/default/0"] == "killed", states  # it showed "alive", as if it ran on
+    assert states["actor/0"] == "stopped", states
+
+
+def test_a_signal_once_every_worker_stopped_in_order_does_not_cut_the_summary_short():
+    """``troupe stop --now`` sends its second signal 0.5 s after the first: a quick stop in
+    order is over by then, and the signal cut the summary's writing short (exit 131)."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    run_interrupts()
+    try:
+        with _stopped_already():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # the handler runs here, and must not raise
+        with pytest.raises(KeyboardInterrupt):  # outside, a signal stops the run again
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def test_a_run_whose_launcher_is_killed_stops_in_order(tmp_path):
