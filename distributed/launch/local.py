@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 from distributed.launch.signals import signal_name
 from system.run import worker_process
@@ -40,6 +41,7 @@ class LocalLauncher:
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(self.PRELOAD)
         self.processes: dict[str, BaseProcess] = {}
+        self._oom_kills_at_start: dict[str, int | None] = {}
 
     def start(self, worker_id: str, role: str, controller: str) -> None:
         process = self._ctx.Process(
@@ -50,16 +52,20 @@ class LocalLauncher:
         )
         process.start()
         self.processes[worker_id] = process
+        self._oom_kills_at_start[worker_id] = oom_kills()
 
     def is_alive(self, worker_id: str) -> bool:
         process = self.processes.get(worker_id)
         return process is not None and process.is_alive()
 
     def how_ended(self, worker_id: str) -> str:
-        """How a worker's process ended, for the supervisor's line: a signal by name (SIGKILL
-        is most often the kernel's out-of-memory killer), or its exit code."""
+        """How a worker's process ended, for the supervisor's line: a signal by name (for
+        SIGKILL, whether the kernel's out-of-memory killer ran since it started), or its exit
+        code."""
         process = self.processes.get(worker_id)
-        return ended_by(process.exitcode if process is not None else None)
+        before, now = self._oom_kills_at_start.get(worker_id), oom_kills()
+        since = None if before is None or now is None else now - before
+        return ended_by(process.exitcode if process is not None else None, since)
 
     def pid(self, worker_id: str) -> int | None:
         process = self.processes.get(worker_id)
@@ -88,16 +94,46 @@ def run_worker(*args) -> None:
     sys.exit(worker_process.main(*args))
 
 
-def ended_by(exitcode: int | None) -> str:
-    """``exited with code 3``, ``was killed by SIGKILL (...)``; ``exited`` where unknown."""
+VMSTAT = Path("/proc/vmstat")
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed since boot (every
+    cgroup's, Linux 4.13 on); None where that cannot be read."""
+    try:
+        for line in VMSTAT.read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def ended_by(exitcode: int | None, oom_kills_since: int | None = None) -> str:
+    """``exited with code 3``, ``was killed by SIGKILL (...)``; ``exited`` where unknown.
+
+    A SIGKILL is said to be the out-of-memory killer's only when that killer ran while the
+    process lived (``oom_kills_since``: its kill count's rise, None where unknown): a
+    ``kill -9`` from an operator was reported with the out-of-memory hint, sending them to look
+    for a leak that was not there."""
     if exitcode is None:
         return "exited"
     if exitcode >= 0:
         return f"exited with code {exitcode}"
     name = signal_name(-exitcode)
-    if -exitcode == signal.SIGKILL:
+    if -exitcode != signal.SIGKILL:
+        return f"was killed by {name}"
+    if oom_kills_since is None:
         return f"was killed by {name} (out of memory? the kernel's OOM killer sends it: see dmesg)"
-    return f"was killed by {name}"
+    if oom_kills_since == 0:
+        return (
+            f"was killed by {name} (not by the out-of-memory killer, which killed nothing "
+            "meanwhile: someone or something sent it, a kill -9, a supervisor, a limit)"
+        )
+    return (
+        f"was killed by {name} (out of memory: the kernel's OOM killer killed "
+        f"{oom_kills_since} process(es) meanwhile; see dmesg)"
+    )
 
 
 class ExternalLauncher:

@@ -4,7 +4,10 @@ same decisions on real processes are in tests/faults (SIGKILLs, hung workers, a 
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
+import time
 
 import pytest
 
@@ -82,6 +85,34 @@ def test_how_a_process_ended_in_words():
     assert ended_by(3) == "exited with code 3"
     assert ended_by(-signal.SIGTERM) == "was killed by SIGTERM"
     assert ended_by(-signal.SIGKILL).startswith("was killed by SIGKILL (out of memory?")
+    assert "not by the out-of-memory killer" in ended_by(-signal.SIGKILL, oom_kills_since=0)
+    assert "(out of memory: the kernel's OOM killer killed 2 process(es)" in ended_by(
+        -signal.SIGKILL, oom_kills_since=2
+    )
+    assert ended_by(-signal.SIGTERM, oom_kills_since=2) == "was killed by SIGTERM"
+
+
+def test_a_real_kill_9_is_not_taken_for_the_out_of_memory_killer(tmp_path, monkeypatch):
+    """A real process of the local launcher, killed with SIGKILL as an operator does; the
+    kernel's count of out-of-memory kills (a copy of /proc/vmstat, so the test decides whether
+    it rose) says whether its OOM killer ran meanwhile."""
+    from distributed.launch import local
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1\noom_kill 5\n")
+    monkeypatch.setattr(local, "VMSTAT", vmstat)
+    launcher = local.LocalLauncher()
+    launcher._ctx = multiprocessing.get_context("fork")  # a process that only sleeps
+    monkeypatch.setattr(local, "run_worker", lambda *args: time.sleep(60))
+    launcher.start("actor/0", "actor", "tcp://127.0.0.1:1")
+    process = launcher.processes["actor/0"]
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(timeout=10)
+    assert "not by the out-of-memory killer" in launcher.how_ended("actor/0")
+    vmstat.write_text("oom_kill 6\n")
+    assert "the kernel's OOM killer killed 1 process(es)" in launcher.how_ended("actor/0")
+    vmstat.unlink()  # a kernel without the count: the hint as before
+    assert "(out of memory? the kernel's OOM killer sends it" in launcher.how_ended("actor/0")
     assert ended_by(-200) == "was killed by signal 200"
 
 
