@@ -10,6 +10,7 @@ league sections' (curriculum, PBT, self-play) :mod:`api.config.league`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from typing import Any
 
@@ -43,6 +44,8 @@ def validate(config: ExperimentConfig) -> list[str]:
         errors.append("policies: at least one policy is needed")
     for pname, pc in config.policies.items():
         errors += _check_component("policy", f"policies.{pname}.policy", pc.policy)
+        if not pc.policy.type:
+            errors[-1] += _misspelt_policy(pname, config)
         if pc.trainer.type:
             errors += _check_component(
                 "trainer", f"policies.{pname}.trainer", pc.trainer, skip=("policy",)
@@ -303,6 +306,17 @@ def _check_thin(steps: Any) -> list[str]:
         errors.append(f"metrics.thin: the after_s of each step must be above the previous "
                       f"one's, got {afters}")  # fmt: skip
     return errors
+
+
+def _misspelt_policy(name: str, config: ExperimentConfig) -> str:
+    """A file's ``policies.defualt:`` under a ``base:`` adds a policy with no type beside the
+    base's ``default``, which said only that the new one needs a type (and that agents need a
+    mapping): the hint names the policy it was probably meant to change."""
+    typed = [p for p, pc in config.policies.items() if pc.policy.type]
+    close = difflib.get_close_matches(name, typed, n=1)
+    if not close:
+        return ""
+    return f" ('{name}' is a new policy here: did you mean to set '{close[0]}'?)"
 
 
 def _check_component(kind: str, path: str, comp: ComponentConfig, skip=()) -> list[str]:

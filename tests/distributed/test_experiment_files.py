@@ -239,6 +239,20 @@ def test_yaml_reads_a_number_with_an_exponent_as_a_number(tmp_path):
     assert (args["lr"], args["entropy_coef"]) == (1e-3, 5e-3)
 
 
+def test_a_misspelt_policy_under_a_base_is_pointed_to_the_one_it_was_meant_to_set(tmp_path):
+    """``policies: {defualt: ...}`` adds a new policy beside the base's ``default``; it was told
+    only that it needs a type and that the agents need a mapping."""
+    (tmp_path / "exp.yaml").write_text(
+        "base: cartpole-ppo\npolicies:\n  defualt:\n    trainer:\n      args:\n        lr: 0.001\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(tmp_path / "exp.yaml"))
+    assert (
+        "policies.defualt.policy.type: must name a registered policy ('defualt' is a new "
+        "policy here: did you mean to set 'default'?)"
+    ) in str(e.value)
+
+
 def test_what_a_base_gets_wrong_names_the_file_whose_base_it_is(tmp_path):
     """``base: cartpol-ppo`` said "unknown experiment or environment" and a missing base file
     "does not exist", neither naming the file that said so: in a chain of files, which?"""
