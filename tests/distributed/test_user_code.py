@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from system.run.report import read_metrics
 
 HERE = Path(__file__).resolve().parent
 CORRIDOR = HERE / "user_code" / "corridor.py"
+A2C = HERE / "user_code" / "a2c.py"
 ROOT = HERE.parents[1]
 
 
@@ -60,6 +62,45 @@ def test_a_script_registered_in_its_main_block_trains_in_worker_processes(tmp_pa
     assert all(w["restarts"] == 0 for w in workers.values()), workers
     # the env's info at episode end reaches the metrics
     assert any("episode_info/steps_to_exit" in r for r in read_metrics(run_dir))
+
+
+def test_readme_shows_the_a2c_trainer_script_as_tested():
+    readme = (ROOT / "README.md").read_text()
+    assert A2C.read_text().strip() in readme
+
+
+@pytest.mark.multiprocess
+def test_the_readme_trainer_passes_the_pipeline_trains_and_resumes_with_its_state(tmp_path):
+    """The README's own trainer: test_pipeline, a run, then ``troupe run --resume`` from the
+    command line, whose workers import the script again and restore the optimiser and the
+    step count from what its get_checkpoint saved."""
+    script = tmp_path / "a2c.py"
+    script.write_text(
+        A2C.read_text().replace(
+            '"stop.env_frames=300000"', '"stop.env_frames=6000", "stop.eval_return=None"'
+        )
+    )
+    result = _run([sys.executable, str(script)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "policy 'default' (a2c): 3 trainer steps, versions [1, 2, 3]" in result.stdout
+    run_dir = _only_run(tmp_path)
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["stop_reason"] == "env_frames" and first["trainer_steps"] > 0, first
+    troupe = str(Path(sys.executable).parent / "troupe")
+    resumed = _run(
+        [troupe, "run", "--resume", str(run_dir), "--no-display", "stop.env_frames=12000"],
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    log = (run_dir / "logs" / "trainer-default-0.log").read_text()
+    # the final version persists every step taken, the summary's count maybe one less (a step
+    # taken during the stop, after the controller's last record); A2C steps once a version
+    restored = re.search(r"trainer state of version (\d+) restored at step (\d+)", log)
+    assert restored, log[-2000:]
+    version, step = map(int, restored.groups())
+    assert step == version >= first["trainer_steps"], (restored.group(0), first)
+    second = json.loads((run_dir / "summary.json").read_text())
+    assert second["trainer_steps"] > step, (step, second)
 
 
 GYM_SCRIPT = """
