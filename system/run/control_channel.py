@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import zmq
@@ -85,7 +85,10 @@ class ControlClient:
             zmq.DEALER, server=False, max_message_bytes=CONTROL_MAX_BYTES
         )
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
-        self.watch = ConnectionWatch(self.socket, worker_id, controller_pid)
+        self.controller = controller
+        self.watch = ConnectionWatch(
+            self.socket, worker_id, controller_pid, heard=lambda: self.heard, address=controller
+        )
         self.socket.connect(controller)
         self.inbox: list[cp.ControlMessage] = []
         self.heard = False
@@ -174,7 +177,16 @@ class ControlClient:
         """The address a peer registered under ``name`` (waits until it has registered)."""
         self.send(cp.Lookup(name))
         while True:
-            message = self.wait_for(cp.LookupResult)
+            try:
+                message = self.wait_for(cp.LookupResult)
+            except ControllerGoneError:
+                raise
+            except PeerTimeoutError as e:  # the controller answers: the peer never came up
+                raise PeerTimeoutError(
+                    f"{self.worker_id} waited {self.timeout_s:.0f}s for '{name}' to register "
+                    "its address with the controller, which answers: that worker has not come "
+                    "up (its log and `troupe ps` say why)"
+                ) from e
             if message.name == name:
                 return message.address
 
@@ -202,6 +214,12 @@ class ControlClient:
                 next_beat = time.monotonic() + HEARTBEAT_S
                 self.heartbeat({})
                 self.check_controller()
+        if not self.heard:  # nobody to report to: the worker says so in its own log
+            raise ControllerGoneError(
+                f"{self.worker_id}: no controller answered at {self.controller} in "
+                f"{self.timeout_s:.0f}s; is it running, is that address reachable from here, "
+                "and do both use the same keys (TROUPE_CURVE_KEYS_FILE)?"
+            )
         raise PeerTimeoutError(
             f"{self.worker_id} waited {self.timeout_s:.0f}s for '{kind.kind}' from the controller; "
             "is the controller running and reachable?"
@@ -260,9 +278,17 @@ class ConnectionWatch:
 
     EXIT_ORPHANED = 3
 
-    def __init__(self, socket: zmq.Socket, worker_id: str, controller_pid: int | None = None):
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        worker_id: str,
+        controller_pid: int | None = None,
+        heard: Callable[[], bool] = lambda: True,
+        address: str = "",
+    ):
         self.worker_id = worker_id
         self.controller_pid = controller_pid
+        self.heard, self.address = heard, address
         self._socket = socket
         self._monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._stopping = threading.Event()
@@ -280,17 +306,27 @@ class ConnectionWatch:
                     elif event == zmq.EVENT_DISCONNECTED and connected:
                         lost_at = time.monotonic()
                 if lost_at is not None and time.monotonic() - lost_at > RECONNECT_GRACE_S:
-                    self._exit(f"closed its connection {time.monotonic() - lost_at:.1f}s ago")
+                    lost_s = time.monotonic() - lost_at
+                    self._exit(f"closed its connection {lost_s:.1f}s ago", spoke=self.heard())
                 if self.controller_pid is not None and not process_exists(self.controller_pid):
                     self._exit(f"process {self.controller_pid} ended")
         finally:
             self._monitor.close(linger=0)
 
-    def _exit(self, why: str) -> None:
-        logger.error(
-            "%s: the controller %s; this worker exits (resume with `troupe run --resume RUN_DIR`)",
-            *(self.worker_id, why),
-        )
+    def _exit(self, why: str, spoke: bool = True) -> None:
+        if not spoke:  # what closed the connection never answered as a controller
+            logger.error(
+                "%s: no controller answered at %s (what this worker connected to %s); this "
+                "worker exits: check the address, that the run's controller runs there, and "
+                "the keys (TROUPE_CURVE_KEYS_FILE)",
+                *(self.worker_id, self.address or "its address", why),
+            )
+        else:
+            logger.error(
+                "%s: the controller %s; this worker exits (resume with `troupe run --resume "
+                "RUN_DIR`)",
+                *(self.worker_id, why),
+            )
         os._exit(self.EXIT_ORPHANED)  # the main thread may be blocked: no cleanup
 
     def stop(self) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from api.config import make_experiment
 from distributed.launch.local import ExternalLauncher
+from system.errors import ControllerGoneError, PeerTimeoutError
 from system.run import control_protocol as cp
 from system.run.control_channel import ControlClient
 from system.run.controller import Controller
@@ -109,3 +110,28 @@ def test_a_message_with_extra_routing_frames_is_counted_not_fatal(tmp_path):
         client.close()
         ctl.server.close()
         ctl.metrics.close()
+
+
+def test_a_worker_that_never_reaches_a_controller_says_so_itself():
+    """Nobody answered at the address (a wrong --controller, other keys): the timeout was sent
+    as an error report to that nobody, and the worker exited 1 with nothing in its log."""
+    client = ControlClient("tcp://127.0.0.1:1", "actor/0", timeout_s=1.0)
+    try:
+        with pytest.raises(ControllerGoneError, match=r"no controller answered at tcp://127"):
+            client.hello("actor")
+    finally:
+        client.close()
+
+
+def test_a_lookup_of_a_peer_that_never_comes_up_blames_the_peer_not_the_controller(controller):
+    """The controller answers; the trainer it waits for never registered. The message asked
+    whether the controller was running."""
+    client = ControlClient(controller.address, "actor/0", timeout_s=1.0)
+    try:
+        client.hello("actor")
+        with pytest.raises(PeerTimeoutError) as e:
+            client.lookup("samples/default/0")
+        assert not isinstance(e.value, ControllerGoneError)
+        assert "for 'samples/default/0' to register its address" in str(e.value)
+    finally:
+        client.close()
