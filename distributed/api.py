@@ -146,15 +146,16 @@ def train(
         None if resume is None else str(resume), imports=list(imports),
     )  # fmt: skip
     result = RunResult(folder)
+    from system.run import folder_lock
+
     try:
         result._process = start(
             config, folder, launcher=launcher, image=image, display=display, secure=secure
         )
     except BaseException:
-        from system.run import folder_lock
-
         folder_lock.release(folder)
         raise
+    folder_lock.held_by_run(folder, result._process.is_alive)
     return result if background else result.wait()
 
 

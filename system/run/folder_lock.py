@@ -9,8 +9,10 @@ The lock belongs to the open file, so the controller process forked from the lau
 holds it too: it stays held while either lives, and the kernel releases it when both are gone,
 whatever killed them (no stale lock file to clean up after a crash: the file may remain, the
 lock does not). A process that launches several runs (a notebook) holds each folder's lock once
-and releases it with :func:`release` when that run ends. On a filesystem without ``flock`` (some
-network mounts) the lock is skipped with a warning, as nothing can be promised there.
+and releases it with :func:`release` when that run ends; taking a folder it holds already, for
+a run it started that still goes on, is refused as from another process. On a filesystem
+without ``flock`` (some network mounts) the lock is skipped with a warning, as nothing can be
+promised there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -35,6 +38,8 @@ ENV_HELD = "TROUPE_RUN_FOLDER_LOCKED"
 
 _held: dict[Path, IO[str]] = {}
 """The locks this process holds, by resolved folder."""
+_runs: dict[Path, Callable[[], bool]] = {}
+"""For a held folder whose run this process started in the background: whether it still runs."""
 
 
 class RunFolderBusyError(UserError):
@@ -45,8 +50,16 @@ def acquire(folder: Path) -> None:
     """Hold ``folder``'s lock from now until :func:`release` or this process (and the
     processes it forks) end; raise :class:`RunFolderBusyError` naming the holder's pid."""
     key = folder.resolve()
-    if key in _held or os.environ.get(ENV_HELD) == "1":
+    if os.environ.get(ENV_HELD) == "1":
         return
+    if key in _held:
+        running = _runs.get(key)
+        if running is None or running():  # a second controller in this process: refused too
+            raise RunFolderBusyError(
+                f"run folder {folder} is in use by a run this process (pid {os.getpid()}) "
+                "started; wait for it to end (result.wait()) or stop it (result.stop()) first"
+            )
+        release(folder)  # a background run that ended without anyone waiting for it
     path = folder / LOCK_FILE
     try:
         f = open(path, "a+")  # noqa: SIM115 - held open for the run's whole life
@@ -73,8 +86,15 @@ def acquire(folder: Path) -> None:
     _held[key] = f
 
 
+def held_by_run(folder: Path, running: Callable[[], bool]) -> None:
+    """The run holding ``folder`` (taken by this process) runs in the background: once
+    ``running()`` says it has ended, this process may take the folder again."""
+    _runs[folder.resolve()] = running
+
+
 def release(folder: Path) -> None:
     """Give ``folder``'s lock up (the run it was taken for has ended)."""
+    _runs.pop(folder.resolve(), None)
     f = _held.pop(folder.resolve(), None)
     if f is not None:
         f.close()

@@ -313,6 +313,10 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
         "    print('REFUSED', e)\n"
         "r = troupe.train(resume=sys.argv[1], overrides=[f'stop.env_frames={sys.argv[2]}'],\n"
         "                 background=True)\n"
+        "try:\n"  # a second controller on the folder, from this same process
+        "    troupe.train(resume=sys.argv[1], background=True)\n"
+        "except UserError as e:\n"
+        "    print('BUSY', e)\n"
         "polled, reads = [], 0\n"  # followed as it trains: each read only what is new
         "while r.running:\n"
         "    polled += r.new_metrics(['env_frames'])\n"
@@ -335,6 +339,7 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     out = result.stdout[-3000:] + result.stderr[-3000:]
     refused = f"REFUSED nothing to resume in {copy}: the run already reached stop.env_frames=12000"
     assert refused in out
+    assert f"BUSY run folder {copy} is in use by a run this process" in out
     followed = result.stdout.split("FOLLOWED ")[-1].split()
     assert int(followed[0]) > 1 and int(followed[1]) > 10, out
     assert followed[2:4] == ["True", "True"], out

@@ -107,7 +107,6 @@ def test_the_lock_stays_held_while_a_forked_child_of_the_holder_lives(folder, ho
 
 def test_a_released_folder_can_be_taken_by_another_process(folder):
     folder_lock.acquire(folder)
-    folder_lock.acquire(folder)  # held once per process: a second call is no conflict
     taker = _take_in_another_process(folder)
     assert taker.returncode != 0 and "RunFolderBusyError" in taker.stderr
     assert f"in use by process {os.getpid()}" in taker.stderr
@@ -127,3 +126,21 @@ def test_a_missing_folder_is_a_run_folder_error_naming_it(tmp_path):
     with pytest.raises(RunFolderError, match="nope"):
         folder_lock.acquire(missing)
     assert folder_lock.holder(missing) is None
+
+
+def test_a_folder_this_process_holds_for_a_run_is_refused_to_a_second_run_here(folder):
+    """A notebook's ``troupe.train(resume=...)`` of a folder its own background run still
+    wrote: the lock let the same process in, and two controllers wrote one folder (frames
+    going backwards in metrics.jsonl, the summary overwritten)."""
+    running = True
+    folder_lock.acquire(folder)
+    folder_lock.held_by_run(folder, lambda: running)
+    with pytest.raises(
+        RunFolderBusyError, match=rf"in use by a run this process \(pid {os.getpid()}\)"
+    ):
+        folder_lock.acquire(folder)
+    running = False  # it ended, and nobody waited for it: the folder is free
+    folder_lock.acquire(folder)
+    assert folder_lock.holder(folder) is None  # this process's own
+    folder_lock.release(folder)
+    assert _take_in_another_process(folder).returncode == 0
