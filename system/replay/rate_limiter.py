@@ -13,9 +13,13 @@ the sample stream, which back-pressures the actors).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +34,10 @@ class RateLimiterConfig:
     """How far (in sampled transitions) the count may run ahead of or behind the ratio. It must
     fit one sampled batch and one inserted segment times ``samples_per_insert``, or the two sides
     wait for each other forever."""
+    fitted: bool = False
+    """The tolerance is a default, not the user's: an insert or sample it cannot fit (an
+    environment with more agents than the default counted) widens it to fit, once, instead of
+    failing the replay worker."""
 
     def errors(self) -> list[str]:
         problems = []
@@ -81,12 +89,19 @@ class RateLimiter:
         return self._diff + frames * spi <= self._offset + self.config.tolerance
 
     def _check_fits(self, amount: float, what: str) -> None:
-        if amount > 2 * self.config.tolerance:
-            raise ValueError(
-                f"one {what} of {amount:g} sampled-transition units exceeds the rate limiter's "
-                f"window of 2 * tolerance = {2 * self.config.tolerance:g}: it could never go. "
-                "Raise RateLimiterConfig.tolerance (or use smaller batches / segments)."
-            )
+        if amount <= 2 * self.config.tolerance:
+            return
+        if self.config.fitted:
+            logger.info("replay rate limiter: tolerance %g widened to %g to fit one %s",
+                        self.config.tolerance, amount, what)  # fmt: skip
+            self.config = dataclasses.replace(self.config, tolerance=float(amount))
+            return
+        raise ValueError(
+            f"one {what} of {amount:g} sampled-transition units exceeds the rate limiter's "
+            f"window of 2 * tolerance = {2 * self.config.tolerance:g}: it could never go. "
+            f"Raise policies.<policy>.replay.tolerance to at least {amount / 2:g} (or leave it "
+            "unset, to fit itself), or use smaller batches / segments."
+        )
 
     def record_insert(self, frames: int) -> None:
         self.inserted += int(frames)

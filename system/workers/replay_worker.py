@@ -68,7 +68,7 @@ def buffer_config(cfg: ExperimentConfig, policy: str) -> BufferConfig:
     spi = rc.samples_per_insert
     chunk_frames = cfg.actors.segment_length * cfg.actors.envs_per_worker
     tolerance = rc.tolerance
-    if tolerance is None:
+    if tolerance is None:  # an environment's agents multiply the chunk: it widens to fit them
         tolerance = float(max(rc.message_rows, chunk_frames * (spi or 0.0)))
     return BufferConfig(
         capacity_frames=rc.capacity_frames,
@@ -78,7 +78,10 @@ def buffer_config(cfg: ExperimentConfig, policy: str) -> BufferConfig:
         priority_exponent=rc.alpha,
         importance_exponent=rc.beta,
         rate_limit=RateLimiterConfig(
-            min_size=rc.min_size, samples_per_insert=spi, tolerance=tolerance
+            min_size=rc.min_size,
+            samples_per_insert=spi,
+            tolerance=tolerance,
+            fitted=rc.tolerance is None,
         ),
         seed=cfg.seed,
     )

@@ -99,10 +99,22 @@ def test_rate_limiter_without_a_ratio_only_waits_for_min_size():
 def test_rate_limiter_refuses_a_request_that_could_never_fit():
     limiter = RateLimiter(RateLimiterConfig(min_size=1, samples_per_insert=1.0, tolerance=10))
     limiter.record_insert(100)
-    with pytest.raises(ValueError, match=r"Raise RateLimiterConfig\.tolerance"):
+    with pytest.raises(ValueError, match=r"Raise policies\.<policy>\.replay\.tolerance to at"):
         limiter.can_sample(64, size=100)
     with pytest.raises(ValueError, match="samples_per_insert must be positive"):
         RateLimiter(RateLimiterConfig(samples_per_insert=0.0))
+
+
+def test_a_default_tolerance_widens_to_fit_an_insert_of_many_agents():
+    """The default counts one agent per environment; a 4-agent game's chunk of segments did not
+    fit it, and the replay worker failed in a loop on default settings."""
+    limiter = RateLimiter(
+        RateLimiterConfig(min_size=1, samples_per_insert=1.0, tolerance=10, fitted=True)
+    )
+    assert limiter.can_insert(64)  # 64 > 2 * 10: widened, not refused
+    assert limiter.config.tolerance == 64
+    limiter.record_insert(64)
+    assert limiter.can_sample(64, size=64)
 
 
 # ------------------------------------------------------------------------------ the buffer
@@ -374,3 +386,12 @@ def test_memory_left_is_the_machines_or_its_cgroups_whichever_is_smaller(tmp_pat
     (cgroup / "memory" / "job" / "memory.usage_in_bytes").write_text("400000000\n")
     assert available_bytes(proc, cgroup) == 600_000_000
     assert available_bytes(tmp_path / "nowhere", tmp_path / "nowhere") is None
+
+
+def test_only_a_tolerance_the_user_left_unset_fits_itself():
+    from api.config import make_experiment
+    from system.workers.replay_worker import buffer_config
+
+    unset = buffer_config(make_experiment("cartpole-dqn"), "default").rate_limit
+    given = make_experiment("cartpole-dqn", ["policies.default.replay.tolerance=5000"])
+    assert unset.fitted and not buffer_config(given, "default").rate_limit.fitted
