@@ -167,6 +167,16 @@ class Controller:
             self.stop_reason = self.coordination.stop_reason()
         if self.stop_reason:
             self.stopped_at = (frames, time.monotonic() - self.started)
+            self._check_came_up()
+
+    def _check_came_up(self) -> None:
+        """A stop rule held, but a role never ran: the run did not do what it reports."""
+        missing = self.supervisor.never_came_up()
+        if missing:
+            elapsed = time.monotonic() - self.started
+            self.supervisor.fail(WorkerFailure(", ".join(missing), (
+                f"never came up in the run's {elapsed:.0f}s (started, but never ready: see its "
+                "log, `troupe ps`), so nothing of its role was done")))  # fmt: skip
 
     def _finish(self) -> dict[str, Any]:
         self.folder.write(lambda: self._report(show=False, written=True))  # the last counts

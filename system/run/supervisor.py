@@ -65,6 +65,10 @@ class Launcher(Protocol):
     def stop_all(self, timeout_s: float) -> None: ...
 
 
+TRAINING_ROLES = frozenset(str(r) for r in Role)
+"""The roles without which a run trains nothing (evaluation actors are actors)."""
+
+
 @dataclass
 class WorkerRecord:
     """What the controller knows of one worker of its plan."""
@@ -82,6 +86,8 @@ class WorkerRecord:
     last_seen: float = field(default_factory=time.monotonic)
     stats: dict[str, float] = field(default_factory=dict)
     """Its last heartbeat's numeric stats (``version``: the parameters it serves or published)."""
+    came_up: bool = False
+    """Whether it ever became ready (in any of its processes)."""
 
 
 Send = Callable[[str, ControlMessage], None]
@@ -138,6 +144,7 @@ class Supervisor:
 
     def on_ready(self, record: WorkerRecord) -> None:
         record.state = WorkerState.ALIVE
+        record.came_up = True
         record.alive_since = time.monotonic()
         logger.info("%s ready", record.plan.worker_id)
 
@@ -321,6 +328,23 @@ class Supervisor:
         for record in self.workers.values():
             if record.state not in (WorkerState.STOPPED, WorkerState.FAILED):
                 record.state = WorkerState.KILLED
+
+    def never_came_up(self) -> list[str]:
+        """The workers of each role (a policy's trainers, its policy workers, the actors, ...)
+        none of which ever became ready: a run whose trainer's container was killed before its
+        hello ran to its wall-clock limit with nothing trained, and exited 0."""
+        groups: dict[tuple[str, str | None], list[WorkerRecord]] = {}
+        for record in self.workers.values():
+            if str(record.plan.role) not in TRAINING_ROLES:  # a role of the user's: theirs
+                continue
+            key = (str(record.plan.role), getattr(record.plan, "policy", None))
+            groups.setdefault(key, []).append(record)
+        return [
+            record.plan.worker_id
+            for records in groups.values()
+            if not any(r.came_up for r in records)
+            for record in records
+        ]
 
     def table(self) -> dict[str, dict[str, Any]]:
         """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""

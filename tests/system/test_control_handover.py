@@ -135,3 +135,38 @@ def test_a_lookup_of_a_peer_that_never_comes_up_blames_the_peer_not_the_controll
         assert "for 'samples/default/0' to register its address" in str(e.value)
     finally:
         client.close()
+
+
+def test_a_stop_rule_met_while_a_role_never_came_up_fails_the_run(tmp_path):
+    """A trainer whose container was killed before its hello (Docker does not restart it):
+    the run went on to its wall-clock limit with nothing trained, and exited 0."""
+    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
+    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
+    try:
+        for wid, record in ctl.workers.items():
+            if wid != "trainer/default/0":
+                ctl.supervisor.on_ready(record)
+        ctl.started -= 5.0
+        ctl._check_stop()
+        assert ctl.stop_reason == "wall_seconds"
+        failure = str(ctl.supervisor.failure)
+        assert failure.startswith("worker trainer/default/0 failed: never came up in the run's")
+    finally:
+        ctl.server.close()
+        ctl.metrics.close()
+
+
+def test_a_role_with_one_worker_up_is_not_a_failure(tmp_path):
+    """Two actors, one never up: a smaller run, not a run without its role."""
+    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
+    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
+    try:
+        for wid, record in ctl.workers.items():
+            if wid != "actor/1":
+                ctl.supervisor.on_ready(record)
+        ctl.started -= 5.0
+        ctl._check_stop()
+        assert ctl.stop_reason == "wall_seconds" and ctl.supervisor.failure is None
+    finally:
+        ctl.server.close()
+        ctl.metrics.close()
