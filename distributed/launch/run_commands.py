@@ -330,6 +330,17 @@ def _fresh_summary(path: Path, since: float) -> dict | None:
 
 
 # --------------------------------------------------------------------- troupe eval
+def _at_least_one(text: str) -> int:
+    """A whole number of at least 1 (``--episodes 0`` ended in a numpy traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
@@ -337,8 +348,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run folder (the version its run was solved with, else the latest) or a "
         "checkpoint file (checkpoints/<policy>/vNNNNNNNN.ckpt)",
     )
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--envs", type=int, default=8, help="environments stepped at once")
+    parser.add_argument("--episodes", type=_at_least_one, default=20)
+    parser.add_argument(
+        "--envs", type=_at_least_one, default=8, help="environments stepped at once"
+    )
     parser.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on the last line"
     )
@@ -359,6 +372,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     """Greedy episodes with saved parameters; reports the mean return."""
     import torch
 
+    from system.eval_quota import interval_words
     from system.run.evaluation import evaluate
 
     torch.set_num_threads(1)
@@ -375,7 +389,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"{result.episodes} greedy episodes (a quota per environment), versions "
             f"{result.versions}: mean return {result.mean_return:.2f} ± {result.std_return:.2f}"
-            f" (95% interval of the mean {result.ci95_low:.2f} to {result.ci95_high:.2f}; "
+            f" ({interval_words(result.ci95_low, result.ci95_high)}; "
             f"min {result.min_return:.1f}, max {result.max_return:.1f})"
         )
         for matchup, score in result.results.items():  # multi-agent: who beat whom

@@ -36,8 +36,9 @@ class EvaluationResult:
     max_return: float
     versions: dict[str, int]
     per_policy: dict[str, float]
-    ci95_low: float = 0.0
-    ci95_high: float = 0.0
+    ci95_low: float | None = 0.0
+    ci95_high: float | None = 0.0
+    """The 95% interval of the mean (Student's t); None for a single episode."""
     """The 95% interval of the mean return (normal approximation)."""
     results: dict[str, float] = dataclasses.field(default_factory=dict)
     """``a_vs_b``: policy ``a``'s mean score against ``b`` (1 a win, 0.5 a draw) in the games
@@ -99,6 +100,10 @@ def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
 def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> EvaluationResult:
     """Run ``episodes`` greedy episodes with the saved parameters of every policy."""
     from system.run.serial import SerialRun
+
+    for name, value in (("episodes", episodes), ("envs", envs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
 
     run_dir, pinned = locate(target)
     config, store = load_run(run_dir)

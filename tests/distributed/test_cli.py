@@ -357,6 +357,20 @@ def test_a_port_out_of_range_is_refused_before_a_run_folder_is_made(tmp_path):
         assert not (tmp_path / "r").exists()
 
 
+def test_eval_of_no_episodes_is_refused_before_anything_starts(tmp_path):
+    """``troupe eval RUN --episodes 0`` started the workers, then ended in numpy's "zero-size
+    array" traceback; ``troupe.evaluate(run, episodes=0)`` too."""
+    import troupe as troupe_api
+    from api.errors import UserError
+
+    for flag, value in (("--episodes", "0"), ("--episodes", "-3"), ("--envs", "0")):
+        result = troupe("eval", str(tmp_path), flag, value)
+        assert result.returncode == 2, result.stderr
+        assert f"argument {flag}: must be at least 1, got {value}" in result.stderr
+    with pytest.raises(UserError, match="episodes must be a whole number of at least 1, got 0"):
+        troupe_api.evaluate(tmp_path, episodes=0)
+
+
 def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
     """``troupe show-config EXP --json | head -1`` printed a BrokenPipeError traceback."""
     cli = [sys.executable, "-m", "distributed.cli", "show-config", "cartpole-ppo", "--json"]

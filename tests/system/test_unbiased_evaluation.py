@@ -19,7 +19,7 @@ import pytest
 
 from api import registry
 from api.config import make_experiment
-from system.eval_quota import QuotaWindow, ReturnSummary, episode_seed, exact_quotas
+from system.eval_quota import QuotaWindow, ReturnSummary, episode_seed, exact_quotas, t_95
 from system.run.stopping import EvaluationWindows
 
 USER_CODE = Path(__file__).resolve().parent / "user_code"
@@ -81,6 +81,22 @@ def test_episode_seeds_are_deterministic_and_distinct():
 def test_the_interval_covers_the_mean():
     summary = ReturnSummary.of([1.0, 2.0, 3.0, 4.0])
     assert summary.ci95_low < 2.5 < summary.ci95_high and summary.episodes == 4
+
+
+def test_the_interval_of_a_few_episodes_is_students_t_and_one_episode_has_none():
+    """The normal quantile made 3 episodes' interval +-0.33 where Student's t gives +-0.72,
+    and one episode's a point (+-0)."""
+    summary = ReturnSummary.of([0.5, 1.0, 1.0])
+    half = (summary.ci95_high - summary.ci95_low) / 2
+    assert half == pytest.approx(4.303 * summary.std / np.sqrt(3))
+    assert t_95(1) == 12.706 and t_95(30) == 2.042
+    assert t_95(31) == pytest.approx(2.0395, abs=5e-4) and t_95(120) == pytest.approx(
+        1.9799, abs=5e-4
+    )
+    assert t_95(10**6) == pytest.approx(1.96, abs=1e-4)
+    one = ReturnSummary.of([7.0])
+    assert (one.ci95_low, one.ci95_high) == (None, None)
+    assert one.describe() == "7.00 ± 0.00 (one episode: no interval of the mean)"
 
 
 def test_serial_evaluation_has_no_length_bias(length_env):
