@@ -16,6 +16,7 @@ script registered itself go with the run's config to every worker (see :mod:`api
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -138,6 +139,13 @@ def train(
     refuse_while_importing("troupe.train()")
     if launcher not in LAUNCHERS:  # before the run folder is made
         raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
+    if image is not None:
+        from distributed.images.pinning import image_reference
+
+        try:
+            image_reference(image)
+        except argparse.ArgumentTypeError as e:
+            raise UserError(f"image: {e}") from None
     if resume is not None and (experiment is not None or run_dir is not None):
         raise UserError("resume continues a run folder with its own experiment: pass either "
                         "resume=RUN_DIR or an experiment (and run_dir), not both")  # fmt: skip

@@ -19,6 +19,7 @@ from api.errors import UserError
 from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
+from distributed.images.pinning import image_reference
 from distributed.ops.record import LaunchRecord
 from distributed.ops.record import write as write_record
 
@@ -94,7 +95,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def add_k8s_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
     add = parser.add_argument
-    add("--image", default=DEFAULT_TAG, help="worker image (under --registry when given)")
+    add(
+        "--image",
+        type=image_reference,
+        default=DEFAULT_TAG,
+        help="worker image (under --registry when given)",
+    )
     add(
         "--registry",
         default=None,

@@ -44,6 +44,7 @@ from distributed.deploy.sizing import (
 )
 from distributed.errors import SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
+from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
 from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED, raise_interrupt
 from system import run_folder
@@ -343,7 +344,9 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     """``troupe deploy swarm EXPERIMENT [key=value ...]`` (``deploy/commands.py`` adds it)."""
     parser.add_argument("experiment", help="registered experiment, e.g. cartpole-ppo")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
-    parser.add_argument("--image", default=DEFAULT_TAG, help="worker image every node can run")
+    parser.add_argument(
+        "--image", type=image_reference, default=DEFAULT_TAG, help="worker image every node can run"
+    )
     parser.add_argument(
         "--run-dir", help="run folder; on several nodes, a shared path mounted alike on each"
     )

@@ -410,7 +410,9 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
         help="make the cached dependency wheels again (after changing pip's find-links or index)",
     )
     build.add_argument(
-        "--tag", help=f"name of the image (default: {DEFAULT_TAG}, with --gpu {DEFAULT_GPU_TAG})"
+        "--tag",
+        type=pinning.image_reference,
+        help=f"name of the image (default: {DEFAULT_TAG}, with --gpu {DEFAULT_GPU_TAG})",
     )
     build.add_argument("--gpu", action="store_true", help="build docker/Dockerfile.gpu (CUDA)")
     build.add_argument("--push", action="store_true", help="push the image after building it")

@@ -13,12 +13,44 @@ commands write what an image reference cannot move away from:
 
 from __future__ import annotations
 
+import argparse
 import logging
+import re
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 ID_TAG_PREFIX = "id-"
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+REFERENCE = re.compile(
+    rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+"""Docker's grammar of an image reference: ``[host[:port]/]name[/name...][:tag][@digest]``,
+names in lower case."""
+
+
+def image_reference(text: str) -> str:
+    """``text`` if Docker takes it as an image reference; for ``--image`` and ``--tag``: a
+    wrong one (``Troupe-Worker:Latest``, ``bad tag!``) ended in the engine's "invalid reference
+    format" traceback, after a run folder was made."""
+    if not REFERENCE.fullmatch(text):
+        hint = " (names are lower case)" if REFERENCE.fullmatch(_lower_name(text)) else ""
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an image reference [HOST[:PORT]/]NAME[:TAG][@DIGEST]{hint}"
+        )
+    return text
+
+
+def _lower_name(text: str) -> str:
+    """``text`` with the name part (before a tag or digest) in lower case."""
+    name, at, digest = text.partition("@")
+    head, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:
+        return name.lower() + at + digest
+    return head.lower() + colon + tag + at + digest
 
 
 def content_tag(image_id: str) -> str:

@@ -32,6 +32,7 @@ from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
+from distributed.images.pinning import image_reference
 from distributed.launch.docker_output import (
     CONTROLLER_ID,
     LABEL_WORKER,
@@ -350,5 +351,8 @@ def add_docker_arguments(parser: argparse.ArgumentParser) -> None:
         help="local: every role as a process here; docker: every role in its own container",
     )
     parser.add_argument(
-        "--image", default=DEFAULT_TAG, help=f"worker image for --launcher docker ({DEFAULT_TAG})"
+        "--image",
+        type=image_reference,
+        default=DEFAULT_TAG,
+        help=f"worker image for --launcher docker ({DEFAULT_TAG})",
     )
