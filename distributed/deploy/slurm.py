@@ -51,6 +51,13 @@ SUBMIT_NAME = "submit.sh"
 _TIME = r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$"
 
 
+def time_seconds(limit: str) -> int:
+    """Seconds of a ``HH:MM:SS`` or ``D-HH:MM:SS`` time limit."""
+    days, _, clock = limit.rpartition("-")
+    hours, minutes, seconds = (int(x) for x in clock.split(":"))
+    return (int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """Where and how the job runs; the experiment itself says which workers."""
@@ -102,6 +109,12 @@ class SlurmOptions:
             errors.append("enroot (pyxis) takes an image reference or .sqsh, not a .sif")
         if not re.match(_TIME, self.time):
             errors.append(f"--time {self.time}: write HH:MM:SS or D-HH:MM:SS")
+        elif 0 < (limit := time_seconds(self.time)) <= self.stop_warning_s:
+            errors.append(
+                f"--time {self.time} ({limit} s) is within --stop-warning {self.stop_warning_s} s "
+                "of its start: the run would be told to stop as it starts; raise --time or "
+                "lower --stop-warning"
+            )
         if self.gpus_per_trainer < 0 or self.max_restarts < 0:
             errors.append("--gpus-per-trainer and --max-restarts must be >= 0")
         if not 0 <= self.stop_warning_s <= 65535:

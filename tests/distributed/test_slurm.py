@@ -25,6 +25,7 @@ from rich.console import Console
 
 from api.config import make_experiment
 from distributed.deploy.commands import add_deploy_arguments, run_deploy
+from distributed.deploy.slurm import time_seconds
 from distributed.errors import DeployError
 from system.run.plan import plan_workers
 
@@ -282,6 +283,16 @@ def test_option_errors_are_listed_together(tmp_path):
         "  - --container-runtime none runs checked-out code: pass --code DIR\n"
         "  - --time 4h: write HH:MM:SS or D-HH:MM:SS"
     )
+
+
+def test_a_time_limit_within_the_stop_warning_is_refused(tmp_path):
+    """``--time 00:02:00`` with the default 180 s warning: the job's run was told to stop as it
+    started (0 frames, exit 130), with nothing saying why."""
+    with pytest.raises(DeployError, match=r"--time 00:02:00 \(120 s\) is within --stop-warning"):
+        deploy("cartpole-ppo", "--out", str(tmp_path), "--image", "x.sif", "--time", "00:02:00")
+    assert time_seconds("1-02:03:04") == 93784
+    deploy("cartpole-ppo", "--out", str(tmp_path / "ok"), "--image", "x.sif",
+           "--time", "00:02:00", "--stop-warning", "60")  # fmt: skip
 
 
 def free_port() -> int:
