@@ -23,6 +23,7 @@ element, so every message the checks accept also fits under the socket's size bo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,3 +296,28 @@ def check_action(policy: str, agent: int, action: Any, space: Any) -> None:
             f"which is not in its action space {space}; make rollout() return one row "
             "per request with actions shaped like action_space.sample()"
         )
+
+
+Bounds = tuple[np.ndarray, np.ndarray, np.dtype]
+
+
+def action_bounds(spaces: Sequence[Any]) -> list[Bounds | None] | None:
+    """Each agent's Box bounds (None for another space); None when no agent acts in a Box."""
+    bounds = [
+        (space.low, space.high, space.dtype) if isinstance(space, gym.spaces.Box) else None
+        for space in spaces
+    ]
+    return bounds if any(b is not None for b in bounds) else None
+
+
+def fit_actions(actions: list[Any], bounds: list[Bounds | None] | None) -> list[Any]:
+    """``actions`` with every Box action clipped into its bounds, as the environment gets them.
+    A Gaussian policy samples past them (and trains on the sample it drew); the gymnasium
+    adapter clipped, but an environment of one's own got the raw sample (|a| 2.5 in a [-1, 1]
+    box, 16 steps of 50)."""
+    if bounds is None:
+        return actions
+    return [
+        a if b is None or a is None else np.clip(np.asarray(a, dtype=b[2]), b[0], b[1])
+        for a, b in zip(actions, bounds, strict=True)
+    ]

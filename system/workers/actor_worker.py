@@ -34,7 +34,7 @@ from system.ratelimit import Pace, RecoveredErrors
 from system.roles import Role
 from system.streams.inference import InferenceClient
 from system.streams.samples import SampleProducer
-from system.streams.validation import check_action
+from system.streams.validation import action_bounds, check_action, fit_actions
 from system.workers.actor_hooks import ActorHooks
 from system.workers.base import Worker
 from system.workers.lanes import Group, Lane, Misfit, Slot, matchups, observation_spec, per_policy
@@ -77,6 +77,8 @@ class ActorWorker(Worker):
         self.on_env_error, self.on_nonfinite = on_env_error, on_nonfinite
         self.validate_actions, self.env_factory = validate_actions, env_factory
         self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
+        self.bounds = [action_bounds(env.action_spaces) for env in self.envs]
+        """Each environment's Box action bounds: actions are clipped into them (fit_actions)."""
         self._rebuilding: set[int] = set()
         """Environments being rebuilt after an error (``on_env_error='reset'``)."""
         self._env_errors = RecoveredErrors(logger)
@@ -301,7 +303,7 @@ class ActorWorker(Worker):
         for slot in slots:  # an agent that is done waits out the episode
             if slot.result is not None and (slot.result.done or slot.result.truncated):
                 actions[slot.agent] = None
-        results = self._call_env(e, "step", actions)
+        results = self._call_env(e, "step", fit_actions(actions, self.bounds[e]))
         if results is None:
             return
         self.env_frames += 1
