@@ -25,12 +25,13 @@ Register an environment once, by name, so every process of a run can build it::
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
 
 from api.registry import Spec, environments, make_spec
+from api.spaces import dict_of_tuples, from_positions
 
 
 @dataclass
@@ -95,11 +96,66 @@ def register(name: str, entry_point, *, override: bool = False, **kwargs: Any) -
 
 
 def make(name_or_spec: str | Spec, **kwargs: Any) -> Environment:
-    """Build a registered environment (any gymnasium id works too, through the adapter)."""
+    """Build a registered environment (any gymnasium id works too, through the adapter). One
+    whose observations hold a Tuple is seen through :class:`TuplesAsDicts`."""
     env = make_spec("environment", name_or_spec).make(**kwargs)
     if not isinstance(env, Environment):
         raise TypeError(
             f"environment '{name_or_spec}' built a {type(env).__name__}, which is not an "
             "api.environment.Environment; subclass Environment (or wrap a gymnasium env)"
         )
+    if any(dict_of_tuples(s) is not s for s in env.observation_spaces):
+        return TuplesAsDicts(env)
     return env
+
+
+class TuplesAsDicts(Environment):
+    """An environment whose observations hold Tuples, seen as Dicts keyed by position
+    (``item0``, ``item1``, ...: :mod:`api.spaces`), as a gymnasium one's are. The built-in
+    policies read Dicts; an environment of one's own with a Tuple observation was refused,
+    told to wrap it in a gymnasium wrapper that cannot take it."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+        self._spaces = [dict_of_tuples(s) for s in env.observation_spaces]
+
+    def __getattr__(self, name: str) -> Any:  # the environment's own attributes, for hooks
+        return getattr(self.__dict__["env"], name)
+
+    @property
+    def agent_count(self) -> int:
+        return self.env.agent_count
+
+    @property
+    def observation_spaces(self) -> list[gym.Space]:
+        return list(self._spaces)
+
+    @property
+    def action_spaces(self) -> list[gym.Space]:
+        return self.env.action_spaces
+
+    def reset(self) -> list[StepResult | None]:
+        return self._as_dicts(self.env.reset())
+
+    def step(self, actions: list[Any]) -> list[StepResult | None]:
+        return self._as_dicts(self.env.step(actions))
+
+    def _as_dicts(self, results: Any) -> Any:
+        if not isinstance(results, list):  # the actor's contract check says what is wrong
+            return results
+        return [
+            r if not isinstance(r, StepResult) else replace(r, obs=from_positions(r.obs, space))
+            for r, space in zip(results, self._spaces, strict=False)
+        ]
+
+    def seed(self, seed: int) -> None:
+        self.env.seed(seed)
+
+    def set_curriculum_stage(self, stage: Any) -> None:
+        self.env.set_curriculum_stage(stage)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()

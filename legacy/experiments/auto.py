@@ -161,12 +161,18 @@ def _check_encodable(env: str, space: gym.Space, key: str = "") -> None:
     if isinstance(space, ENCODED_SPACES):
         return
     where = f"observation key '{key}'" if key else "observation"
+    if env in gym.registry:
+        leave_out = (
+            "e.g. register your own id in a file you --import, gym.register('Mine-v0', "
+            "entry_point=lambda **kw: gymnasium.wrappers.FilterObservation("
+            f"gym.make('{env}', **kw), filter_keys=[...]))"
+        )
+    else:  # an environment of one's own: a gymnasium wrapper cannot take it
+        leave_out = "from its observation_spaces and the observations it returns"
     raise UserError(
         f"environment '{env}': its {where} is a {type(space).__name__} space, which no built-in "
-        "policy reads (they read Box, Discrete, MultiDiscrete and MultiBinary, and Dicts of "
-        "them): leave it out, e.g. register your own id in a file you --import, "
-        "gym.register('Mine-v0', entry_point=lambda **kw: gymnasium.wrappers.FilterObservation("
-        f"gym.make('{env}', **kw), filter_keys=[...])), or register a policy with its own encoder"
+        "policy reads (they read Box, Discrete, MultiDiscrete and MultiBinary, and Dicts and "
+        f"Tuples of them): leave it out, {leave_out}, or register a policy with its own encoder"
     )
 
 
