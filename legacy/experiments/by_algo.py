@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from api.config import ExperimentConfig
 from api.errors import UserError
@@ -209,6 +210,12 @@ def sac(
         return mujoco_sac(env, env_args, target, frames)
     observation, action, agents = agent_spaces(env, env_args)
     _refuse(env, action, (gym.spaces.Box,), "sac")
+    if not (np.all(np.isfinite(action.low)) and np.all(np.isfinite(action.high))):
+        raise UserError(  # every policy worker failed to build with this, once launched
+            f"environment '{env}' has actions in {action}, unbounded; sac squashes its actions "
+            "into the Box's bounds, so they must be finite: give the Box finite low and high, "
+            "or use --algo ppo"
+        )
     if not _is_vector(observation):
         raise UserError(
             f"environment '{env}' observes {observation}; the sac experiment's networks take "

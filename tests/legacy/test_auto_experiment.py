@@ -24,6 +24,7 @@ SPACES = {
     "image-box": (IMAGE, gym.spaces.Box(-1.0, 1.0, (1,), np.float32)),
     "image-discrete": (IMAGE, gym.spaces.Discrete(4)),
     "dict-action": (BOX, gym.spaces.Dict({"a": gym.spaces.Discrete(2)})),
+    "unbounded-box": (BOX, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)),
     "text-key": (
         gym.spaces.Dict({"image": IMAGE, "goal": gym.spaces.Dict({"mission": gym.spaces.Text(8)})}),
         gym.spaces.Discrete(3),
@@ -205,3 +206,13 @@ def test_a_two_seat_board_game_trains_by_self_play_against_its_past():
     from api.config import validate
 
     assert validate(config) == []
+
+
+def test_sac_refuses_unbounded_actions_before_launch():
+    """Every policy worker failed to build ("sac-policy squashes actions into the Box's
+    bounds"), after the run had started; test-pipeline showed the raw ValueError."""
+    from legacy.experiments import by_algo
+
+    with pytest.raises(UserError, match=r"unbounded; sac squashes its actions.*--algo ppo"):
+        by_algo.sac("test-auto-unbounded-box")
+    assert by_algo.sac("test-auto-box").policies["default"].trainer.type == "sac"
