@@ -301,8 +301,10 @@ class Supervisor:
                         logger.warning("%s exited on stop without saying bye", w)
                         self.workers[w].state = WorkerState.FAILED
                 waiting -= gone
-        for w in waiting:
-            logger.warning("%s did not stop in %.0fs; killing it", w, time.monotonic() - started)
+        external = getattr(self.launcher, "restarts_workers", False)
+        for w in waiting:  # a scheduler's worker is the scheduler's to end (when its run does)
+            what = "its scheduler ends it with the run" if external else "killing it"
+            logger.warning("%s did not stop in %.0fs; %s", w, time.monotonic() - started, what)
             self.launcher.kill(w)
             self.workers[w].state = WorkerState.FAILED
         for w in ids:  # a saver that left without its bye did not save: the run is incomplete

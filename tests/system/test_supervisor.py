@@ -249,3 +249,16 @@ def test_workers_json_says_who_runs_where(run):
         "version": 4,
     }  # fmt: skip
     assert set(table) == set(s.workers)
+
+
+def test_a_schedulers_worker_that_does_not_stop_is_not_said_to_be_killed(run, caplog):
+    """The controller of a Docker, Swarm, Kubernetes or Slurm run kills nothing; it said it
+    was killing the worker while its container ran on."""
+    s, launcher, _ = run
+    launcher.restarts_workers = True
+    s.stop_workers(["actor/0"], lambda wid, message: None, lambda ms: None, timeout_s=0.0)
+    assert "actor/0 did not stop in 0s; its scheduler ends it with the run" in caplog.text
+    assert "killing it" not in caplog.text
+    launcher.restarts_workers = False
+    s.stop_workers(["actor/1"], lambda wid, message: None, lambda ms: None, timeout_s=0.0)
+    assert "actor/1 did not stop in 0s; killing it" in caplog.text
