@@ -320,23 +320,38 @@ def remove_run(client: docker.DockerClient, run: str, timeout_s: float = 60.0) -
         time.sleep(0.5)
 
 
-def stop_controller(client: docker.DockerClient, run: str, timeout_s: float) -> None:
+def stop_controller(client: docker.DockerClient, run: str, timeout_s: float) -> str:
     """Scale a running controller to zero and wait for its task to end: Swarm sends it SIGINT,
-    and it stops every worker in order and writes the summary before it exits."""
+    and it stops every worker in order and writes the summary before it exits. Says what
+    happened: ``troupe stop`` said "it stopped in order" of a controller that had died, or had
+    never started (its image missing)."""
     import docker
 
     try:
         service = client.services.get(service_name(run, dl.CONTROLLER_ID))
     except docker.errors.NotFound:
-        return
-    if controller_exit_code(client, run) is not None:
-        return
+        return "the run has no controller service: nothing stopped in order"
+    code = controller_exit_code(client, run)
+    if code is not None:
+        return f"the controller had already ended (exit code {code}): nothing stopped in order"
+    if not any(t["Status"]["State"] == "running" for t in service.tasks()):
+        return f"the controller was not running ({_task_states(service)}): nothing stopped in order"
     service.scale(0)
     deadline = time.monotonic() + timeout_s
     while any(t["Status"]["State"] == "running" for t in service.tasks()):
-        if time.monotonic() > deadline:
-            return  # removing the services kills it
+        if time.monotonic() > deadline:  # removing the services kills it
+            return f"the controller did not stop in {timeout_s:.0f}s: its services are removed"
         time.sleep(0.5)
+    return "scaled the controller to zero: Swarm sent it SIGINT and it stopped in order"
+
+
+def _task_states(service: Service) -> str:
+    """``rejected: No such image: ...``: the controller's tasks as Swarm last saw them."""
+    said = []
+    for task in service.tasks():
+        status = task.get("Status", {})
+        said.append(f"{status.get('State', '?')}: {status.get('Err') or status.get('Message', '')}")
+    return "; ".join(dict.fromkeys(said)) or "no task"
 
 
 # --------------------------------------------------------------------- troupe deploy swarm

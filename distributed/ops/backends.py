@@ -282,8 +282,7 @@ class SwarmBackend:
             for service in services:
                 service.remove()
             return f"removed the {len(services)} service(s) of run '{record.run}' at once"
-        swarm.stop_controller(client, record.run, timeout_s=dl.STOP_GRACE_S)
-        return "scaled the controller to zero: Swarm sent it SIGINT and it stopped in order"
+        return swarm.stop_controller(client, record.run, timeout_s=dl.STOP_GRACE_S)
 
     def remove(self, record: LaunchRecord) -> str | None:
         from distributed.deploy import swarm

@@ -409,3 +409,44 @@ def test_a_local_run_asked_for_its_scheduler_s_output_says_it_has_none(monkeypat
     said = console.export_text()
     assert said.startswith("error: a local run has no scheduler's output: its workers print to")
     assert "(--source folder)" in said
+
+
+class _Service:
+    """A Swarm service as the engine reports it: its tasks' states; scale() stops them."""
+
+    def __init__(self, *states: tuple[str, str]):
+        self.states = list(states)
+        self.scaled = None
+
+    def tasks(self):
+        return [{"Status": {"State": s, "Err": err, "ContainerStatus": {"ExitCode": 137}}}
+                for s, err in self.states]  # fmt: skip
+
+    def scale(self, replicas):
+        self.scaled = replicas
+        self.states = [("complete", "")]
+
+
+class _Client:
+    def __init__(self, service):
+        self.services = type("Services", (), {"get": lambda _self, name: service})()
+
+
+@pytest.mark.parametrize(
+    ("states", "said"),
+    [
+        ([("failed", "task: non-zero exit (137)")], "already ended (exit code 137)"),
+        ([("pending", "No such image: troupe-worker:nosuch")],
+         "not running (pending: No such image: troupe-worker:nosuch)"),
+        ([("running", "")], "Swarm sent it SIGINT and it stopped in order"),
+    ],
+)  # fmt: skip
+def test_swarm_stop_says_what_became_of_the_controller(states, said):
+    """``troupe stop`` said "it stopped in order" of a controller that had been killed, or that
+    never started (its image missing), and no summary was written."""
+    from distributed.deploy import swarm
+
+    service = _Service(*states)
+    told = swarm.stop_controller(_Client(service), "run", timeout_s=5)
+    assert said in told, told
+    assert (service.scaled == 0) == (states[0][0] == "running")  # only a running one is asked
