@@ -100,13 +100,16 @@ def report_exits(events: Iterable[dict], printer: LogPrinter, done: threading.Ev
         return
 
 
-def container_exit(code: int, oom: bool = False) -> str:
-    """``exit code 137 (SIGKILL; out of memory: Docker saw the kernel's OOM killer)``."""
+def container_exit(code: int, oom: bool | None = None) -> str:
+    """``exit code 137 (SIGKILL; out of memory: Docker saw the kernel's OOM killer)``; ``oom``
+    None where Docker's events were not watched (a Swarm task's record)."""
     parts = []
     if 128 < code < 128 + signal.NSIG:
         parts.append(signal_name(code - 128))
     if oom:
         parts.append("out of memory: Docker saw the kernel's OOM killer; give it more memory")
-    elif code == 128 + signal.SIGKILL:
+    elif code == 128 + signal.SIGKILL and oom is None:
         parts.append("out of memory? see docker events, or dmesg")
+    elif code == 128 + signal.SIGKILL:  # an operator's docker kill was sent to look for a leak
+        parts.append("not the out-of-memory killer, which Docker saw none of: a docker kill?")
     return f"exit code {code}" + (f" ({'; '.join(parts)})" if parts else "")

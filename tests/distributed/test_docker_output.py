@@ -36,8 +36,8 @@ def test_a_crash_and_a_container_killed_for_memory_are_told_apart():
         event("die", "policy/default/0", exitCode="1"),
     ])  # fmt: skip
     assert lines == [
-        "[actor/0] its container ended: exit code 137 (SIGKILL; out of memory? see docker "
-        "events, or dmesg)",
+        "[actor/0] its container ended: exit code 137 (SIGKILL; not the out-of-memory "
+        "killer, which Docker saw none of: a docker kill?)",
         "[trainer/default/0] its container ended: exit code 137 (SIGKILL; out of memory: Docker "
         "saw the kernel's OOM killer; give it more memory)",
         "[policy/default/0] its container ended: exit code 1",
@@ -71,3 +71,6 @@ def test_exit_codes_in_words():
     assert container_exit(3) == "exit code 3"
     assert container_exit(139) == "exit code 139 (SIGSEGV)"
     assert container_exit(1, oom=True).startswith("exit code 1 (out of memory: Docker saw")
+    assert (
+        container_exit(137) == "exit code 137 (SIGKILL; out of memory? see docker events, or dmesg)"
+    )
