@@ -36,7 +36,12 @@ def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> Experimen
         key = RENAMED_KEYS.get(key.strip(), key.strip())
         err = _set_path(data, key.split("."), parse_value(raw.strip()))
         if err:
-            hint = "" if "did you mean" in err else _hint(config, key.strip())
+            # the key whole under a section (replay.batch_size: policies.default.replay...)
+            placed = [p for p in suggest_key(config, key) if p.endswith("." + key)]
+            if placed:  # before a spelling match of its first part ("did you mean selfplay")
+                err, hint = err.split(";")[0], f"; did you mean {' or '.join(placed)}?"
+            else:
+                hint = "" if "did you mean" in err else _hint(config, key.strip())
             errors.append(f"{key}: {err}{hint}")
     if data.get("actors", {}).get("workers") == AUTO:
         data["actors"]["workers"] = auto_actor_workers(data)

@@ -240,6 +240,19 @@ def test_apply_overrides_reports_bad_paths_with_suggestions():
     ]
 
 
+def test_a_key_written_without_its_section_is_pointed_to_its_full_path():
+    """``replay.batch_size=32`` was told "did you mean 'selfplay'?" (the spelling nearest
+    'replay' among the top-level keys), not the key the user meant."""
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(
+            make_experiment("cartpole-dqn"), ["replay.batch_size=32", "trainer.args.lr=0.1"]
+        )
+    assert e.value.errors == [
+        "replay.batch_size: no key 'replay'; did you mean policies.default.replay.batch_size?",
+        "trainer.args.lr: no key 'trainer'; did you mean policies.default.trainer.args.lr?",
+    ]
+
+
 def test_apply_overrides_reports_unknown_leaf_keys():
     with pytest.raises(ConfigError) as e:
         apply_overrides(valid_config(), ["actors.wokers=3"])
