@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 30.0
 STATS_EVERY_S = 1.0
+NEVER_UP_AFTER_S = 60.0
+"""A role none of whose workers came up in a run this long fails it (see _check_came_up)."""
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, WireError)
 
 
@@ -170,10 +172,12 @@ class Controller:
             self._check_came_up()
 
     def _check_came_up(self) -> None:
-        """A stop rule held, but a role never ran: the run did not do what it reports."""
+        """A stop rule held, but a role never ran in a run long enough for it to start
+        (:data:`NEVER_UP_AFTER_S`; a short resume of an off-policy run may well end before
+        its trainer is built): the run did not do what it reports."""
+        elapsed = time.monotonic() - self.started
         missing = self.supervisor.never_came_up()
-        if missing:
-            elapsed = time.monotonic() - self.started
+        if missing and elapsed >= NEVER_UP_AFTER_S:
             self.supervisor.fail(WorkerFailure(", ".join(missing), (
                 f"never came up in the run's {elapsed:.0f}s (started, but never ready: see its "
                 "log, `troupe ps`), so nothing of its role was done")))  # fmt: skip

@@ -28,6 +28,7 @@ _TRAINER_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fra
 _STATE_STYLES = {
     WorkerState.ALIVE: "green",
     WorkerState.FAILED: "bold red",
+    WorkerState.KILLED: "red",
     WorkerState.RESTARTING: "yellow",
 }
 _MISSING = "-"

@@ -146,7 +146,7 @@ def test_a_stop_rule_met_while_a_role_never_came_up_fails_the_run(tmp_path):
         for wid, record in ctl.workers.items():
             if wid != "trainer/default/0":
                 ctl.supervisor.on_ready(record)
-        ctl.started -= 5.0
+        ctl.started -= 100.0
         ctl._check_stop()
         assert ctl.stop_reason == "wall_seconds"
         failure = str(ctl.supervisor.failure)
@@ -163,6 +163,23 @@ def test_a_role_with_one_worker_up_is_not_a_failure(tmp_path):
     try:
         for wid, record in ctl.workers.items():
             if wid != "actor/1":
+                ctl.supervisor.on_ready(record)
+        ctl.started -= 100.0
+        ctl._check_stop()
+        assert ctl.stop_reason == "wall_seconds" and ctl.supervisor.failure is None
+    finally:
+        ctl.server.close()
+        ctl.metrics.close()
+
+
+def test_a_short_run_may_end_before_a_role_comes_up(tmp_path):
+    """A resume of an off-policy run with a few frames left ends before its trainer is built:
+    not a failure (only a run of NEVER_UP_AFTER_S or more is judged so)."""
+    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
+    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
+    try:
+        for wid, record in ctl.workers.items():
+            if wid != "trainer/default/0":
                 ctl.supervisor.on_ready(record)
         ctl.started -= 5.0
         ctl._check_stop()

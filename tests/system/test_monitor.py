@@ -464,7 +464,8 @@ def test_the_panel_colours_each_worker_state_the_controller_reports() -> None:
     out = console.file.getvalue()
     assert "\x1b[1;31mfailed" in out
     assert "\x1b[33mrestarting" in out and "\x1b[32malive" in out
-    assert "workers 1/6 alive" in out
+    assert "\x1b[31mkilled" in out  # by a stop at once
+    assert f"workers 1/{len(WorkerState)} alive" in out
     plain = {"starting", "configuring", "stopped"}
     assert all(f"m{state}" not in out and state in out for state in plain)
 
