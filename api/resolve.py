@@ -302,7 +302,27 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
             kwargs[key.strip()] = parse_value(raw.strip())
         else:
             rest.append(item)
+    errors = [e for key, value in kwargs.items() if (e := _shorthand_error(key, value))]
+    if errors:
+        raise ConfigError(errors)
     return _make_registered(name, kwargs), rest
+
+
+def _shorthand_error(key: str, value: Any) -> str | None:
+    """What is wrong with ``frames=`` or ``target=``: ``frames=abc`` reached the experiment
+    function as text (its arithmetic's TypeError was the message), ``frames=0`` silently
+    became the default budget."""
+    if value is None or key not in ("frames", "target"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    else:
+        ok = key == "target" or (isinstance(value, int) and value >= 1)
+    if ok:
+        return None
+    if key == "frames":
+        return f"frames: env frames to train at most, a whole number of at least 1; got {value!r}"
+    return f"target: the greedy return to reach, a number; got {value!r}"
 
 
 def _unknown_target(name: str) -> str:

@@ -344,3 +344,26 @@ def test_a_list_or_mapping_read_as_text_says_why():
     )
     with pytest.raises(ConfigError, match=r"expected a list, got 3$"):  # no hint: not text
         make_experiment("cartpole-ppo", ["callbacks=3"])
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        (
+            "frames=abc",
+            "frames: env frames to train at most, a whole number of at least 1; got 'abc'",
+        ),
+        ("frames=0", "frames: env frames to train at most, a whole number of at least 1; got 0"),
+        ("target=high", "target: the greedy return to reach, a number; got 'high'"),
+    ],
+)
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_an_environments_frames_and_target_are_checked(override, said, algo):
+    """``frames=abc`` reached dqn's arithmetic ("unsupported operand type(s) for //"), and
+    ``frames=0`` became the default budget in silence."""
+    from api.resolve import load_experiment
+
+    with pytest.raises(ConfigError) as e:
+        load_experiment(algo if algo == "dqn" else "CartPole-v1",
+                        [*(["env=CartPole-v1"] if algo == "dqn" else []), override])  # fmt: skip
+    assert e.value.errors == [said]
