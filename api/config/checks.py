@@ -184,6 +184,9 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
     for key in ("alpha", "beta"):
         if _below(getattr(rc, key), 0):
             errors.append(f"{path}.{key}: must be 0 or more")
+    if isinstance(rc.beta, (int, float)) and rc.beta > 1:  # past 1 it over-corrects the bias
+        errors.append(f"{path}.beta: must be in [0, 1] (1: full importance correction), "
+                      f"got {rc.beta}")  # fmt: skip
     if rc.samples_per_insert is not None and _below(rc.samples_per_insert, 1e-300):
         errors.append(f"{path}.samples_per_insert: must be more than 0, or None for no limit")
     if rc.save_every_s is not None and _below(rc.save_every_s, 1e-300):

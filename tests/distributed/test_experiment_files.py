@@ -377,3 +377,12 @@ def test_a_constructor_refusing_its_arguments_in_a_worker_ends_the_run_at_once(t
     assert "ValueError: lr_schedule='linear' needs total_steps" in summary["failure"], summary
     workers = json.loads((run_dir / "workers.json").read_text())
     assert sum(w["restarts"] for w in workers.values()) == 0, workers
+
+
+def test_a_replay_beta_past_one_is_refused():
+    """An importance exponent above 1 over-corrects; ``replay.beta=2`` was accepted."""
+    with pytest.raises(ConfigError) as e:
+        load_experiment("cartpole-dqn", [P + "replay.beta=2"])
+    assert e.value.errors == [
+        P + "replay.beta: must be in [0, 1] (1: full importance correction), got 2.0"
+    ]
