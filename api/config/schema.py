@@ -72,7 +72,7 @@ class ReplayConfig:
     """Slack of the samples-per-insert ratio, in sampled transitions (None: enough for one
     message of batches and one chunk of segments, so neither side can wait forever)."""
     save_every_s: float | None = 60.0
-    """Seconds between saves of the buffer to ``checkpoints/<policy>/replay.npz`` in the run
+    """Seconds between saves of the buffer to ``checkpoints/<policy>/replay.ckpt`` in the run
     folder (it is also saved when the run stops), so a replay worker restarted after a crash, or
     a run resumed with ``troupe run --resume``, starts from it rather than empty; None: saved only
     when the run stops. A save rewrites the whole buffer and holds up the replay worker meanwhile
