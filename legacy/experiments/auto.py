@@ -190,7 +190,9 @@ def target_source(env: str, target: float | None) -> str:
         return f"gymnasium's reward_threshold for {env}"
     if env in DEFAULT_TARGETS:
         return f"Troupe's default for {env}, which declares no reward_threshold"
-    return f"none: gymnasium declares no reward_threshold for {env}; give one with target="
+    if env in gym.registry:
+        return f"none: gymnasium declares no reward_threshold for {env}; give one with target="
+    return f"none: {env} is not a gymnasium id with a reward_threshold; give one with target="
 
 
 def named_experiment(

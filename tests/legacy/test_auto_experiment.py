@@ -163,7 +163,8 @@ def test_a_users_environment_has_no_target_unless_given():
     config = ppo("test-auto-discrete")
     assert config.stop.eval_return is None
     assert config.stop.eval_return_source == (
-        "none: gymnasium declares no reward_threshold for test-auto-discrete; give one with target="
+        "none: test-auto-discrete is not a gymnasium id with a reward_threshold; give one with "
+        "target="
     )
     config = ppo("test-auto-discrete", target=0.5)
     assert config.stop.eval_return == 0.5
