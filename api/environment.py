@@ -120,7 +120,10 @@ class TuplesAsDicts(Environment):
         self._spaces = [dict_of_tuples(s) for s in env.observation_spaces]
 
     def __getattr__(self, name: str) -> Any:  # the environment's own attributes, for hooks
-        return getattr(self.__dict__["env"], name)
+        env = self.__dict__.get("env")
+        if env is None:  # not built yet (a copy being made): no attribute to pass on
+            raise AttributeError(name)
+        return getattr(env, name)
 
     @property
     def agent_count(self) -> int:
