@@ -137,53 +137,40 @@ def test_a_lookup_of_a_peer_that_never_comes_up_blames_the_peer_not_the_controll
         client.close()
 
 
-def test_a_stop_rule_met_while_a_role_never_came_up_fails_the_run(tmp_path):
-    """A trainer whose container was killed before its hello (Docker does not restart it):
-    the run went on to its wall-clock limit with nothing trained, and exited 0."""
+def _stop_with_one_never_up(tmp_path, never_up: str, ran_s: float) -> tuple[str, str | None]:
+    """A wall-clock stop after ``ran_s`` of a run where every worker but ``never_up`` became
+    ready: the stop reason and the failure the controller judged, if any."""
     config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
     ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
     try:
         for wid, record in ctl.workers.items():
-            if wid != "trainer/default/0":
+            if wid != never_up:
                 ctl.supervisor.on_ready(record)
-        ctl.started -= 100.0
+        ctl.started -= ran_s
         ctl._check_stop()
-        assert ctl.stop_reason == "wall_seconds"
-        failure = str(ctl.supervisor.failure)
-        assert failure.startswith("worker trainer/default/0 failed: never came up in the run's")
+        failure = ctl.supervisor.failure
+        return ctl.stop_reason, None if failure is None else str(failure)
     finally:
         ctl.server.close()
         ctl.metrics.close()
+
+
+def test_a_stop_rule_met_while_a_role_never_came_up_fails_the_run(tmp_path):
+    """A trainer whose container was killed before its hello (Docker does not restart it):
+    the run went on to its wall-clock limit with nothing trained, and exited 0."""
+    reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", ran_s=100.0)
+    assert reason == "wall_seconds"
+    assert failure.startswith("worker trainer/default/0 failed: never came up in the run's")
 
 
 def test_a_role_with_one_worker_up_is_not_a_failure(tmp_path):
     """Two actors, one never up: a smaller run, not a run without its role."""
-    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
-    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
-    try:
-        for wid, record in ctl.workers.items():
-            if wid != "actor/1":
-                ctl.supervisor.on_ready(record)
-        ctl.started -= 100.0
-        ctl._check_stop()
-        assert ctl.stop_reason == "wall_seconds" and ctl.supervisor.failure is None
-    finally:
-        ctl.server.close()
-        ctl.metrics.close()
+    reason, failure = _stop_with_one_never_up(tmp_path, "actor/1", ran_s=100.0)
+    assert reason == "wall_seconds" and failure is None
 
 
 def test_a_short_run_may_end_before_a_role_comes_up(tmp_path):
     """A resume of an off-policy run with a few frames left ends before its trainer is built:
     not a failure (only a run of NEVER_UP_AFTER_S or more is judged so)."""
-    config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
-    ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
-    try:
-        for wid, record in ctl.workers.items():
-            if wid != "trainer/default/0":
-                ctl.supervisor.on_ready(record)
-        ctl.started -= 5.0
-        ctl._check_stop()
-        assert ctl.stop_reason == "wall_seconds" and ctl.supervisor.failure is None
-    finally:
-        ctl.server.close()
-        ctl.metrics.close()
+    reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", ran_s=5.0)
+    assert reason == "wall_seconds" and failure is None
