@@ -477,9 +477,12 @@ class SlurmBackend:
         return state.strip() in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED")
 
     def _steps(self, record: LaunchRecord) -> list[list[str]]:
-        out = _slurm("squeue", "-h", "-s", "-j", self.job(record), "-o", "%i|%j|%T|%N",
-                     check=False)  # fmt: skip
-        return [line.split("|") for line in out.splitlines() if line.count("|") == 3]
+        """``[step id, name, state, nodes]`` of each step. ``-O`` and not ``-o``: a step's state
+        has no ``-o`` letter (``%T`` is a job's, printed as ``%T`` for a step on Slurm 22.05)."""
+        fields = "StepId:|,StepName:|,StepState:|,Nodes:|"
+        out = _slurm("squeue", "-h", "-s", "-j", self.job(record), "-O", fields, check=False)
+        rows = [line.split("|")[:4] for line in out.splitlines() if line.count("|") >= 4]
+        return [[field.strip() for field in row] for row in rows]
 
     def processes(self, record: LaunchRecord) -> list[Process]:
         job = _slurm("squeue", "-h", "-j", self.job(record), "-o", "%T|%N", check=False).strip()

@@ -507,6 +507,8 @@ def test_status_logs_and_stop_of_a_real_slurm_job(tmp_path):
         assert status.returncode == 0, status.stderr
         assert "run ops (slurm): running" in status.stdout, status.stdout
         assert f"job {job}" in status.stdout and "controller" in status.stdout, status.stdout
+        steps = [line.split() for line in status.stdout.splitlines() if "step " in line]
+        assert steps and all("RUNNING" in row for row in steps), status.stdout  # not "%T"
         # by its name alone: squeue finds the job (once scontrol ping says the controller is up)
         by_name = ops("ps", "ops")
         assert by_name.returncode == 0 and f"job {job}" in by_name.stdout, by_name.stdout
