@@ -22,6 +22,7 @@ from api.config import ExperimentConfig
 from api.config.checks import check_portable
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
+from distributed.launch.budget import warn_short_budget
 from distributed.launch.signals import (
     EXIT_ABANDONED,
     EXIT_DONE,
@@ -93,7 +94,7 @@ def prepare(
     config = load_experiment(experiment, overrides, imports)
     check_portable(config)
     _check_plan(config)
-    _warn_short_budget(config)
+    warn_short_budget(config)
     folder = Path(run_dir) if run_dir else new_default_run_dir(config.name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -107,29 +108,6 @@ def prepare(
         folder_lock.release(folder)
         raise
     return config, folder
-
-
-def _warn_short_budget(config: ExperimentConfig, frames_done: int = 0) -> None:
-    """Say when ``stop.env_frames`` ends a run before an on-policy trainer's next step
-    (``troupe train CartPole-v1 frames=100``, or a resume with a budget raised by less than a
-    step): it stops as asked, exit 0, having trained nothing. A replay trainer's ``min_size``
-    above a new run's budget is a config error already. ``frames_done``: a resumed run's."""
-    from api.config.checks import uses_replay
-
-    budget = config.stop.env_frames
-    left = None if budget is None else budget - frames_done
-    said = f" (it has {frames_done})"
-    for name, pc in config.policies.items():
-        step = pc.batch_segments * config.actors.segment_length * pc.trainer_workers
-        if not pc.trainer.type or uses_replay(pc) or left is None or left >= step:
-            continue
-        logger.warning(
-            "stop.env_frames=%d ends the run %s policy '%s' trains once: a trainer step "
-            "takes %d frames (batch_segments %d x actors.segment_length %d%s)",
-            budget, f"{left} frames after this resume{said}, before" if frames_done else "before",
-            name, step, pc.batch_segments, config.actors.segment_length,
-            f" x trainer_workers {pc.trainer_workers}" if pc.trainer_workers > 1 else "",
-        )  # fmt: skip
 
 
 def _check_plan(config: ExperimentConfig) -> None:
@@ -155,7 +133,7 @@ def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
     frames = resume_check.check_budget_left(folder, config)
     resume_check.check_compatible(saved, config, folder)
     resume_check.check_checkpoints(folder, config)
-    _warn_short_budget(config, frames)
+    warn_short_budget(config, frames)
     return config
 
 

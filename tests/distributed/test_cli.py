@@ -169,7 +169,7 @@ def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog)
     from system.run import folder_lock
     from system.run.report import METRICS_FILE
 
-    with caplog.at_level(logging.WARNING, logger="distributed.launch.run"):
+    with caplog.at_level(logging.WARNING, logger="distributed.launch.budget"):
         for frames, folder in ((100, "short"), (1024, "enough")):
             config, run_dir = prepare("cartpole-ppo", [f"stop.env_frames={frames}"],
                                       str(tmp_path / folder), None)  # fmt: skip
@@ -183,15 +183,43 @@ def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog)
     caplog.clear()
     (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict()))
     (run_dir / METRICS_FILE).write_text('{"wall_s": 14.4, "env_frames": 3810}\n')
-    with caplog.at_level(logging.WARNING, logger="distributed.launch.run"):
+    with caplog.at_level(logging.WARNING, logger="distributed.launch.budget"):
         for frames in (4000, 4834):
             prepare(None, [f"stop.env_frames={frames}"], None, str(run_dir))
             folder_lock.release(run_dir)
-    (record,) = [r for r in caplog.records if r.name == "distributed.launch.run"]
+    (record,) = [r for r in caplog.records if r.name == "distributed.launch.budget"]
     assert record.getMessage() == (
         "stop.env_frames=4000 ends the run 190 frames after this resume (it has 3810), before "
         "policy 'default' trains once: a trainer step takes 1024 frames (batch_segments 16 x "
         "actors.segment_length 64)"
+    )
+
+
+def test_a_replay_resume_with_less_than_a_round_of_segments_left_is_warned_about(tmp_path, caplog):
+    """`troupe run --resume RUN stop.env_frames=<59 more>` of cartpole-dqn stopped on the
+    actors' first segments (1568 frames on) before its trainer was up: exit 0, nothing more
+    trained, nothing said. It is now said; a round of segments or more says nothing."""
+    import json
+    import logging
+
+    from distributed.launch.run import prepare
+    from system import run_folder
+    from system.run import folder_lock
+    from system.run.report import METRICS_FILE
+
+    config, run_dir = prepare("cartpole-dqn", [], str(tmp_path / "run"), None)
+    folder_lock.release(run_dir)
+    (run_dir / run_folder.CONFIG).write_text(json.dumps(config.to_dict()))
+    (run_dir / METRICS_FILE).write_text('{"wall_s": 14.4, "env_frames": 8641}\n')
+    with caplog.at_level(logging.WARNING, logger="distributed.launch.budget"):
+        for frames in (8700, 8641 + 512):
+            prepare(None, [f"stop.env_frames={frames}"], None, str(run_dir))
+            folder_lock.release(run_dir)
+    (record,) = [r for r in caplog.records if r.name == "distributed.launch.budget"]
+    assert record.getMessage() == (
+        "stop.env_frames=8700 ends the run 59 frames after this resume (it has 8641), less than "
+        "one segment from each actor (512 frames: actors.workers 1 x envs_per_worker 32 x "
+        "segment_length 16): it may stop before policy 'default' trains again"
     )
 
 
