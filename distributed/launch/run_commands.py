@@ -373,7 +373,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     from system.eval_quota import interval_words
-    from system.run.evaluation import evaluate
+    from system.run.evaluation import earlier_solve_words, evaluate
 
     torch.set_num_threads(1)
     if args.video:
@@ -394,4 +394,6 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
         )
         for matchup, score in result.results.items():  # multi-agent: who beat whom
             console.print(f"  {matchup.replace('_vs_', ' against ')}: score {score:.3f}")
+        if words := earlier_solve_words(args.target):
+            console.print(words, soft_wrap=True)
     return 0

@@ -81,6 +81,26 @@ def _solved_version(run_dir: Path) -> dict[str, int]:
     return {policy: version} if isinstance(policy, str) and type(version) is int else {}
 
 
+def earlier_solve_words(target: str | Path) -> str | None:
+    """For a run folder resumed after it was solved and not solved again: which version was,
+    since its evaluation plays the latest (``summary.json``'s ``earlier_solved_version``)."""
+    path = Path(target)
+    try:
+        summary = json.loads((path / run_folder.SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    earlier = summary.get("earlier_solved_version") if isinstance(summary, dict) else None
+    if not isinstance(earlier, dict) or "solved_version" in summary:
+        return None
+    words = (
+        f"the latest versions play: this run was resumed after version {earlier.get('version')} "
+        f"of '{earlier.get('policy')}' solved it, and was not solved again"
+    )
+    if earlier.get("checkpoint"):
+        return f"{words}; to play that one: troupe eval {path / earlier['checkpoint']}"
+    return f"{words}; that version's checkpoint file is no longer kept"
+
+
 def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
     from system.run.resume_check import check_checkpoints, saved_config
 

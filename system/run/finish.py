@@ -7,13 +7,16 @@ run incomplete all the same: the summary says ``stop_reason: failed`` and keeps 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from api.config import ExperimentConfig
+from system import run_folder
 from system.errors import WorkerFailure
+from system.parameters.store import ParameterStore
 from system.run.report import (
     build_summary,
     read_metrics,
@@ -78,6 +81,7 @@ def finish_run(
     elif config.stop.eval_return_source:
         summary["target_source"] = config.stop.eval_return_source
     summary.update(extra)
+    earlier = earlier_solve(run_dir)  # read before this summary replaces it
     if stop_reason == "eval_return":
         summary["confirmation"] = evaluation.describe()
         summary["eval_window_means"] = list(evaluation.confirmed)
@@ -86,6 +90,8 @@ def finish_run(
                 "policy": evaluation.policy,
                 "version": evaluation.solved_version,
             }
+    if earlier is not None and "solved_version" not in summary:
+        summary["earlier_solved_version"] = earlier
     summary["summary_written"] = write(lambda: write_summary(run_dir, summary))
     logger.info(
         "run ended: %s after %.1fs, %s env frames%s", summary["stop_reason"], wall_s,
@@ -96,3 +102,29 @@ def finish_run(
         trained = [n for n, pc in config.policies.items() if pc.trainer.type]
         write(lambda: write_win_rates(run_dir, config.name, first=trained, records=records))
     return summary
+
+
+def earlier_solve(run_dir: Path) -> dict[str, Any] | None:
+    """What the summary a resumed run replaces says its run was solved with (its
+    ``solved_version``, or the ``earlier_solved_version`` it carried itself), with the version's
+    checkpoint file where it is still kept; None if it was not solved.
+
+    A solved run resumed to train on (``stop.eval_return=None``) lost the record: its new
+    summary had no ``solved_version``, and nothing said which version had met the target."""
+    try:
+        before = json.loads((run_dir / run_folder.SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(before, dict):
+        return None
+    solved = before.get("solved_version") or before.get("earlier_solved_version")
+    if not isinstance(solved, dict):
+        return None
+    policy, version = solved.get("policy"), solved.get("version")
+    if not isinstance(policy, str) or type(version) is not int:
+        return None
+    earlier: dict[str, Any] = {"policy": policy, "version": version}
+    path = ParameterStore(run_dir).checkpoint_path(policy, version)
+    if path.is_file():
+        earlier["checkpoint"] = str(path.relative_to(run_dir))
+    return earlier

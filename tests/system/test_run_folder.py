@@ -247,3 +247,42 @@ def test_a_file_where_the_run_folder_must_be_is_named_as_such(tmp_path, under):
         f"cannot write {folder}: {afile} is a file where a folder must be; pick another "
         "--run-dir (or move the file away)"
     )
+
+
+def test_a_solved_run_resumed_and_not_solved_again_keeps_the_record_of_its_solve(tmp_path):
+    """A solved run resumed with `stop.eval_return=None` rewrote summary.json without
+    `solved_version`: nothing said which version had met the target. The new summary carries it
+    (and the next resume's too), with its checkpoint while that is kept, and `troupe eval` of the
+    folder says that the latest versions play and how to play the solved one."""
+    from system.run.evaluation import earlier_solve_words
+
+    config = make_experiment("cartpole-ppo")
+    (tmp_path / run_folder.METRICS).write_text(json.dumps({"wall_s": 1.0, "env_frames": 9}) + "\n")
+    solved = {"policy": "default", "version": 83}
+    run_folder.write_json(tmp_path / run_folder.SUMMARY, {"solved_version": solved})
+    checkpoint = tmp_path / "checkpoints" / "default" / "v00000083.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"x")
+
+    def resumed() -> dict:
+        return finish_run(
+            config, tmp_path, wall_s=2.0, stop_reason="env_frames", failure=None,
+            evaluation=_windows(), extra={}, write=lambda w: (w(), True)[1],
+        )  # fmt: skip
+
+    summary = resumed()
+    assert "solved_version" not in summary
+    assert summary["earlier_solved_version"] == {**solved, "checkpoint": str(
+        checkpoint.relative_to(tmp_path))}  # fmt: skip
+    assert earlier_solve_words(tmp_path) == (
+        "the latest versions play: this run was resumed after version 83 of 'default' solved "
+        f"it, and was not solved again; to play that one: troupe eval {checkpoint}"
+    )
+    checkpoint.unlink()  # pruned since
+    assert resumed()["earlier_solved_version"] == solved  # a second resume keeps it
+    assert earlier_solve_words(tmp_path).endswith(
+        "that version's checkpoint file is no longer kept"
+    )
+    (tmp_path / run_folder.SUMMARY).unlink()
+    assert "earlier_solved_version" not in resumed()  # a first run: nothing earlier
+    assert earlier_solve_words(tmp_path) is None
