@@ -390,6 +390,12 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     from distributed.launch.run import prepare
 
     config, run_dir = prepare(args.experiment, list(args.overrides), args.run_dir, None)
+    try:
+        client = connect()
+        image = deployable_image(args.image, client)
+    except BaseException:
+        _give_up_folder(run_dir)
+        raise
     from distributed.deploy.manifests import scale_policy_workers
 
     for line in scale_policy_workers(config, args.overrides):
@@ -399,13 +405,10 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
 
     # The run's controller service owns the folder from here (it takes the lock itself).
     folder_lock.release(run_dir)
-    client = connect()
-    from distributed.images.pinning import pin
-
     run = deploy(
         config,
         run_dir,
-        image=pin(args.image, client),  # every task of every node on one build
+        image=image,
         trainer_constraint=args.trainer_constraint,
         client=client,
         metrics_port=args.metrics_port or None,
@@ -433,6 +436,44 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_IGN)
         remove_run(client, run)
+
+
+def deployable_image(reference: str, client: docker.DockerClient) -> str:
+    """The immutable reference every task of every node runs (:func:`pin`). An image this
+    engine lacks must come from its registry, by digest: ``--image troupe-worker:nosuch``
+    made the run folder, deployed every service and left the controller's task rejected with
+    "No such image", its run never starting."""
+    import docker
+
+    from distributed.images.pinning import pin, repository
+
+    try:
+        client.images.get(reference)
+    except docker.errors.ImageNotFound:
+        try:
+            found = client.images.get_registry_data(reference)
+        except docker.errors.APIError as e:
+            raise SwarmError(
+                f"image {reference} is neither in this engine nor found in a registry "
+                f"({e.explanation or e}): build it here (troupe image build --tag {reference}), "
+                "or push it where every node can pull it"
+            ) from None
+        return f"{repository(reference.partition('@')[0])}@{found.id}"
+    return pin(reference, client)
+
+
+def _give_up_folder(run_dir: Path) -> None:
+    """Undo :func:`prepare` for a deployment refused after it: the lock goes, and the folder
+    too when it holds nothing else (it was made for this run)."""
+    from system.run import folder_lock
+
+    folder_lock.release(run_dir)
+    with contextlib.suppress(OSError):
+        left = list(run_dir.iterdir())
+        if all(path.name == folder_lock.LOCK_FILE for path in left):
+            for path in left:
+                path.unlink()
+            run_dir.rmdir()
 
 
 def _wait_or_stop(client: docker.DockerClient, run: str, console: Console) -> int:

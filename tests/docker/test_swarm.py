@@ -213,6 +213,26 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path, monkeypatch)
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"
 
 
+def test_an_image_no_node_can_get_is_refused_before_anything_is_made(client, tmp_path):
+    """`--image troupe-worker:nosuch` made the run folder and deployed every service, whose
+    tasks Swarm then rejected ("No such image"). It is refused at once, naming the image and
+    how to make it; no folder or service is left."""
+    run_dir = tmp_path / "no-image"
+    command = [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "cartpole-ppo"]
+    command += ["--run-dir", str(run_dir), "--image", "troupe-worker:nosuch-t1"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "image troupe-worker:nosuch-t1 is neither in this engine nor found in a registry" in (
+        result.stderr
+    )
+    assert "troupe image build --tag troupe-worker:nosuch-t1" in result.stderr
+    assert not run_dir.exists()
+    assert_nothing_left(client, "no-image")
+    # an image this engine has is deployed by an immutable reference to its build
+    assert re.fullmatch(r".+:id-[0-9a-f]{12}|.+@sha256:[0-9a-f]{64}",
+                        swarm.deployable_image(IMAGE, client))  # fmt: skip
+
+
 def test_an_engine_that_is_not_a_manager_is_told_to_init_a_swarm():
     class NotInSwarm:
         def info(self) -> dict:
