@@ -310,7 +310,12 @@ class Supervisor:
         for w in ids:  # a saver that left without its bye did not save: the run is incomplete
             record = self.workers[w]
             if record.state is WorkerState.FAILED and record.plan.role in SAVING_ROLES:
-                why = f"{w} did not finish its stop; its last checkpoint may be missing"
+                why = (
+                    f"{w} did not finish its stop; its last checkpoint may be missing"
+                    if record.came_up
+                    else f"{w} was never ready: it was still starting when the run stopped, "
+                    "and took no part in it"
+                )
                 self.fail(WorkerFailure(w, why))
 
     def _may_still_stop(self, wid: str, started: float, timeout_s: float) -> bool:

@@ -217,6 +217,26 @@ def test_a_saver_that_leaves_without_its_bye_makes_the_run_incomplete(run):
     assert "did not finish its stop; its last checkpoint may be missing" in str(s.failure)
 
 
+def test_a_saver_still_starting_at_the_stop_is_said_to_have_taken_no_part(run):
+    """A trainer still being built when a short run stopped was said to have "not finished its
+    stop; its last checkpoint may be missing": it had none to write. It is said never to have
+    been ready; the run is failed all the same, as it trained nothing."""
+    s, launcher, _ = run
+    record = s.workers["trainer/default/0"]
+    record.came_up, record.state = False, WorkerState.CONFIGURING  # its hello, no ready yet
+    launcher.kill = launcher.alive.discard  # it cannot answer the stop: killed at timeout_s
+
+    def send(worker_id, message):
+        if worker_id != "trainer/default/0":
+            s.on_bye(s.workers[worker_id])
+
+    s.stop_workers(list(s.workers), send, lambda ms: None, timeout_s=0.0)
+    assert str(s.failure) == (
+        "worker trainer/default/0 failed: trainer/default/0 was never ready: it was still "
+        "starting when the run stopped, and took no part in it"
+    )
+
+
 def test_a_saver_still_beating_at_its_stop_is_waited_for_and_a_silent_worker_is_not(run):
     """A fixed 15 s killed a replay worker saving a large buffer to a slow disk, and failed the
     run for it. A saver whose heartbeats go on through its stop (its last save) is now waited
