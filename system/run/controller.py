@@ -89,7 +89,8 @@ class Controller:
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)
         self.tally = Tally(config, observers=[self.coordination, self.callbacks])
-        self.started = time.monotonic() - self.tally.continue_from(newest_record(self.run_dir))
+        self.session_started = time.monotonic()  # this process's part of a resumed run
+        self.started = self.session_started - self.tally.continue_from(newest_record(self.run_dir))
         self.stop_reason = ""
         self.stopped_at: tuple[int, float] | None = None
         """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""
@@ -174,13 +175,16 @@ class Controller:
     def _check_came_up(self) -> None:
         """A stop rule held, but a role never ran in a run long enough for it to start
         (:data:`NEVER_UP_AFTER_S`; a short resume of an off-policy run may well end before
-        its trainer is built): the run did not do what it reports."""
-        elapsed = time.monotonic() - self.started
+        its trainer is built): the run did not do what it reports. Counted from this start, not
+        the run's: a resumed run's wall clock includes its earlier parts, and a 7 s resume of a
+        55 s run failed as if its trainer had had 62 s."""
+        elapsed = time.monotonic() - self.session_started
         missing = self.supervisor.never_came_up()
         if missing and elapsed >= NEVER_UP_AFTER_S:
+            since = "since the run resumed" if self.started < self.session_started else "of the run"
             self.supervisor.fail(WorkerFailure(", ".join(missing), (
-                f"never came up in the run's {elapsed:.0f}s (started, but never ready: see its "
-                "log, `troupe ps`), so nothing of its role was done")))  # fmt: skip
+                f"never came up in the {elapsed:.0f}s {since} (started, but never ready: see "
+                "its log, `troupe ps`), so nothing of its role was done")))  # fmt: skip
 
     def _finish(self) -> dict[str, Any]:
         self.folder.write(lambda: self._report(show=False, written=True))  # the last counts

@@ -137,16 +137,20 @@ def test_a_lookup_of_a_peer_that_never_comes_up_blames_the_peer_not_the_controll
         client.close()
 
 
-def _stop_with_one_never_up(tmp_path, never_up: str, ran_s: float) -> tuple[str, str | None]:
-    """A wall-clock stop after ``ran_s`` of a run where every worker but ``never_up`` became
-    ready: the stop reason and the failure the controller judged, if any."""
+def _stop_with_one_never_up(
+    tmp_path, never_up: str, ran_s: float, earlier_s: float = 0.0
+) -> tuple[str, str | None]:
+    """A wall-clock stop after ``ran_s`` of a run (resumed after ``earlier_s``) where every
+    worker but ``never_up`` became ready: the stop reason and the failure the controller
+    judged, if any."""
     config = make_experiment("cartpole-ppo", ["stop.wall_seconds=1"])
     ctl = Controller(config, tmp_path, ExternalLauncher(), display=False)
     try:
         for wid, record in ctl.workers.items():
             if wid != never_up:
                 ctl.supervisor.on_ready(record)
-        ctl.started -= ran_s
+        ctl.started -= ran_s + earlier_s
+        ctl.session_started -= ran_s
         ctl._check_stop()
         failure = ctl.supervisor.failure
         return ctl.stop_reason, None if failure is None else str(failure)
@@ -160,7 +164,12 @@ def test_a_stop_rule_met_while_a_role_never_came_up_fails_the_run(tmp_path):
     the run went on to its wall-clock limit with nothing trained, and exited 0."""
     reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", ran_s=100.0)
     assert reason == "wall_seconds"
-    assert failure.startswith("worker trainer/default/0 failed: never came up in the run's")
+    assert failure.startswith(
+        "worker trainer/default/0 failed: never came up in the 100s of the run"
+    )
+    # a resume: counted from its own start, and said so
+    reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", 70.0, earlier_s=50)
+    assert failure.startswith("worker trainer/default/0 failed: never came up in the 70s since the")
 
 
 def test_a_role_with_one_worker_up_is_not_a_failure(tmp_path):
@@ -173,4 +182,10 @@ def test_a_short_run_may_end_before_a_role_comes_up(tmp_path):
     """A resume of an off-policy run with a few frames left ends before its trainer is built:
     not a failure (only a run of NEVER_UP_AFTER_S or more is judged so)."""
     reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", ran_s=5.0)
+    assert reason == "wall_seconds" and failure is None
+
+
+def test_a_short_resume_of_a_long_run_may_end_before_a_role_comes_up(tmp_path):
+    """A 7 s resume of a 55 s run failed: its trainer "never came up in the run's 62s"."""
+    reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", 7.0, earlier_s=55)
     assert reason == "wall_seconds" and failure is None
