@@ -81,7 +81,8 @@ class Trainer(abc.ABC):
 
         The default sets the numeric attributes of those names, which suits a trainer that reads
         them on every step (PPO's ``lr`` and ``entropy_coef``). A trainer that derives something
-        from one when it is built overrides this and updates what it derived."""
+        from one when it is built overrides this and updates what it derived. A whole-number
+        attribute stays one (rounded)."""
         for name, value in values.items():
             current = getattr(self, name, None)
             if isinstance(current, bool) or not isinstance(current, (int, float)):
@@ -89,7 +90,7 @@ class Trainer(abc.ABC):
                     f"{type(self).__name__} has no numeric hyper-parameter '{name}' to set; "
                     "explore attributes it reads on every step, or override set_hyperparameters"
                 )
-            setattr(self, name, float(value) if isinstance(current, float) else value)
+            setattr(self, name, float(value) if isinstance(current, float) else round(value))
 
     @classmethod
     def required_fields(cls) -> list[str]:

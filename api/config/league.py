@@ -6,6 +6,7 @@ through the run's global state (:mod:`api.global_state`); their checks live here
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -194,11 +195,17 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
                 f"{group}.workers: {workers} cannot be dealt out evenly to {n} PBT members; "
                 f"use a multiple of {n}"
             )
+    whole = whole_hyperparameters(config)
     for name, bounds in p.hyperparameters.items():
         if name in untaken:
             errors.append(f"pbt.hyperparameters.{name}: {untaken[name]}")
         if len(bounds) != 2 or not bounds[0] < bounds[1]:
             errors.append(f"pbt.hyperparameters.{name}: must be [low, high], got {bounds}")
+        elif name in whole and math.floor(bounds[1]) - math.ceil(bounds[0]) < 1:
+            errors.append(
+                f"pbt.hyperparameters.{name}: the trainer takes it as a whole number, and "
+                f"{bounds} holds fewer than two to explore"
+            )
     if not p.hyperparameters:
         errors.append("pbt.hyperparameters: name at least one trainer hyper-parameter to explore")
     if not p.perturb_factors or any(f <= 0 for f in p.perturb_factors):
@@ -215,6 +222,22 @@ def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
             "pbt.target_return (the best member's score)"
         )
     return errors
+
+
+def whole_hyperparameters(config: Any) -> frozenset[str]:
+    """PBT's hyper-parameters that a member's trainer takes as whole numbers (annotated
+    ``int``: PPO's ``epochs`` and ``minibatches``): explored in whole numbers only."""
+    p, whole = config.pbt, set()
+    types = {config.policies[m].trainer.type for m in p.members if m in config.policies}
+    for trainer in sorted(types - {""}):
+        try:
+            spec = REGISTRIES["trainer"].spec(trainer)
+        except RegistryError:
+            continue
+        for name in p.hyperparameters:
+            if any(": expected " in e for e in check_arguments(spec, {name: 0.5}, "x")):
+                whole.add(name)
+    return frozenset(whole)
 
 
 def _untaken(p: PBTConfig, policies: Mapping[str, Any]) -> dict[str, str]:

@@ -10,6 +10,7 @@ import pytest
 
 from api.config import ExperimentConfig, apply_overrides, make_experiment, validate
 from api.config.league import PBTConfig
+from api.errors import ConfigError
 from system.run.coordination import pbt_rules as pbt
 from system.run.coordination.pbt import HISTORY_FILE, PLOT_FILE, PBTDriver, applied_key, order_key
 from system.run.coordination.state import StateStore
@@ -53,6 +54,50 @@ def test_resampling_draws_from_the_range():
     draws = [pbt.explore({"lr": 1e-3}, config, rng(s))["lr"] for s in range(200)]
     assert min(draws) >= 1e-4 and max(draws) <= 1e-2
     assert min(draws) < 3e-4 and max(draws) > 3e-3  # log-uniform: both decades are reached
+
+
+def test_a_whole_number_hyperparameter_is_explored_in_whole_numbers(tmp_path):
+    """`pbt.hyperparameters={"epochs": [1, 10]}` gave a member 4.8 epochs: every trainer of it
+    then failed in `range()`, restarted in a loop, and the run exited 0 (`minibatches=1.6` was
+    logged and cut to 1). A trainer's `int` argument is explored in whole numbers, a factor
+    that rounding would undo moves it one step, and the range is kept."""
+    config = PBTConfig(hyperparameters={"epochs": [1, 10]}, perturb_factors=[0.8, 1.2])
+    whole = frozenset({"epochs"})
+    seen = {pbt.explore({"epochs": 4}, config, rng(s), whole)["epochs"] for s in range(30)}
+    assert seen == {3, 5} and all(type(v) is int for v in seen)
+    assert {pbt.explore({"epochs": 1}, config, rng(s), whole)["epochs"] for s in range(30)} == {
+        1, 2}  # fmt: skip
+    assert {pbt.explore({"epochs": 10}, config, rng(s), whole)["epochs"] for s in range(30)} == {
+        8, 10}  # fmt: skip
+    drawn = PBTConfig(hyperparameters={"epochs": [1, 10]}, resample_probability=1.0)
+    draws = {pbt.explore({"epochs": 4}, drawn, rng(s), whole)["epochs"] for s in range(200)}
+    assert draws <= set(range(1, 11)) and len(draws) > 5
+    # the driver knows which they are from the trainer's signature, and starts from the config's
+    overrides = ['pbt.hyperparameters={"epochs": [1, 10], "lr": [1e-5, 1e-2]}']
+    config = make_experiment("cartpole-pbt", overrides)
+    driver = PBTDriver(config, StateStore(), tmp_path)
+    assert driver.whole == {"epochs"}
+    assert all(type(m.hyperparameters["epochs"]) is int for m in driver.members.values())
+    with pytest.raises(ConfigError, match=r"epochs: the trainer takes it as a whole number"):
+        make_experiment("cartpole-pbt", ['pbt.hyperparameters={"epochs": [2.2, 2.9]}'])
+
+
+def test_a_trainer_keeps_a_whole_number_attribute_whole():
+    from api.trainer import Trainer
+
+    class Counting(Trainer):
+        policy = None
+
+        def __init__(self):
+            self.epochs, self.lr = 4, 1e-3
+
+        def step(self, samples):  # pragma: no cover - not stepped here
+            raise NotImplementedError
+
+    trainer = Counting()
+    trainer.set_hyperparameters({"epochs": 4.8, "lr": 2})
+    assert trainer.epochs == 5 and type(trainer.epochs) is int
+    assert trainer.lr == 2.0 and type(trainer.lr) is float
 
 
 def population(tmp_path, **pbt_overrides) -> tuple[ExperimentConfig, StateStore, PBTDriver]:

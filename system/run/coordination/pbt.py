@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from api.config import ExperimentConfig
+from api.config.league import whole_hyperparameters
 from api.errors import ConfigError, UserError
 from api.global_state import GlobalState
 from system import run_folder
@@ -55,19 +56,21 @@ class PBTDriver:
         self.run_dir = Path(run_dir)
         self.rng = np.random.default_rng(config.seed + 7_919)
         self.started = time.monotonic()
-        self.members = {
-            m: Member(
-                m,
-                {k: float(config.policies[m].trainer.args[k]) for k in self.config.hyperparameters},
-            )
-            for m in self.config.members
-        }
+        self.whole = whole_hyperparameters(config)
+        self.members = {m: Member(m, self._starting(config, m)) for m in self.config.members}
         for member in self.members.values():  # a resumed run goes on from its last orders
             order, _ = state.get(order_key(member.name))
             if isinstance(order, dict):
                 member.generation = member.applied = int(order["generation"])
                 member.hyperparameters = dict(order["hyperparameters"])
         self.started -= self._continue_history()
+
+    def _starting(self, config: ExperimentConfig, member: str) -> dict[str, float]:
+        args = config.policies[member].trainer.args
+        return {
+            k: int(args[k]) if k in self.whole else float(args[k])
+            for k in self.config.hyperparameters
+        }
 
     def _continue_history(self) -> float:
         """A resumed run's history goes on where it stopped: each member's step, version and
@@ -130,7 +133,7 @@ class PBTDriver:
         source = pbt.choose_source(member.name, scores, self.config.truncation, self.rng)
         if source is None:
             return
-        new = pbt.explore(self.members[source].hyperparameters, self.config, self.rng)
+        new = pbt.explore(self.members[source].hyperparameters, self.config, self.rng, self.whole)
         member.generation += 1
         order = {"generation": member.generation, "source": source, "hyperparameters": new}
         self.state.set(order_key(member.name), order)

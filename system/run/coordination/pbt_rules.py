@@ -70,19 +70,38 @@ def choose_source(
 
 
 def explore(
-    hyperparameters: dict[str, float], config: PBTConfig, rng: np.random.Generator
+    hyperparameters: dict[str, float],
+    config: PBTConfig,
+    rng: np.random.Generator,
+    whole: frozenset[str] = frozenset(),
 ) -> dict[str, float]:
-    """Perturbed copies of ``hyperparameters`` (each kept inside its range)."""
-    out = {}
+    """Perturbed copies of ``hyperparameters`` (each kept inside its range). Those in ``whole``
+    (a trainer's ``int`` arguments: PPO's ``epochs``) stay whole numbers: 4.8 epochs crashed
+    every trainer of a member in ``range()``, and ``minibatches=1.6`` was logged and cut to 1."""
+    out: dict[str, float] = {}
     for name, value in hyperparameters.items():
         low, high = config.hyperparameters[name]
+        factor = None
         if rng.random() < config.resample_probability:
             new = _draw(low, high, rng)
         else:
             factors = config.perturb_factors
-            new = value * float(factors[int(rng.integers(len(factors)))])
-        out[name] = float(min(max(new, low), high))
+            factor = float(factors[int(rng.integers(len(factors)))])
+            new = value * factor
+        if name in whole:
+            out[name] = _whole(value, new, factor, low, high)
+        else:
+            out[name] = float(min(max(new, low), high))
     return out
+
+
+def _whole(value: float, new: float, factor: float | None, low: float, high: float) -> int:
+    """``new`` rounded into ``[low, high]``; a perturbation that rounding would undo (1.2 x 3
+    epochs) moves one step its way, so a small whole number is not stuck where it is."""
+    rounded = round(new)
+    if factor is not None and rounded == round(value) and factor != 1.0:
+        rounded += 1 if factor > 1.0 else -1
+    return int(min(max(rounded, math.ceil(low)), math.floor(high)))
 
 
 def _draw(low: float, high: float, rng: np.random.Generator) -> float:
