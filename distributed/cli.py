@@ -33,6 +33,7 @@ from distributed.bench import command as bench
 from distributed.deploy import cluster_commands as cc
 from distributed.deploy.commands import add_deploy_arguments, run_deploy
 from distributed.images.build import add_image_arguments, run_image
+from distributed.launch import eval_command
 from distributed.launch import run_commands as rc
 from distributed.ops import commands as ops
 from system.console import Console
@@ -157,7 +158,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("show-config", "the resolved config: every key, its type, default and doc",
                rc.add_show_config_arguments, rc.run_show_config),
     Subcommand("eval", "greedy evaluation of a run folder or checkpoint",
-               rc.add_eval_arguments, rc.run_eval),
+               eval_command.add_eval_arguments, eval_command.run_eval),
     Subcommand("controller", "run a cluster run's controller (the scheduler starts workers)",
                cc.add_controller_arguments, cc.run_controller),
     Subcommand("worker", "run one worker process (what images and schedulers start)",

@@ -39,10 +39,12 @@ class EvaluationResult:
     ci95_low: float | None = 0.0
     ci95_high: float | None = 0.0
     """The 95% interval of the mean (Student's t); None for a single episode."""
-    """The 95% interval of the mean return (normal approximation)."""
     results: dict[str, float] = dataclasses.field(default_factory=dict)
     """``a_vs_b``: policy ``a``'s mean score against ``b`` (1 a win, 0.5 a draw) in the games
     they played each other (multi-agent runs)."""
+    policy: str | None = None
+    """Whose returns the figures above are (``evaluation.policy``, or a PBT run's member);
+    None: every agent's together."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,7 +120,11 @@ def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
 
 
 def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> EvaluationResult:
-    """Run ``episodes`` greedy episodes with the saved parameters of every policy."""
+    """Run ``episodes`` greedy episodes with the saved parameters of every policy.
+
+    A PBT run's members each play ``episodes`` (one evaluation actor each: an actor plays one
+    member); the figures are those of one member (``policy``): the one a checkpoint file
+    names, else the run's best (its summary's ``pbt.best_member``), else the first."""
     from system.run.serial import SerialRun
 
     for name, value in (("episodes", episodes), ("envs", envs)):
@@ -127,28 +133,29 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
 
     run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
+    members = list(config.pbt.members)
     evaluation = dataclasses.replace(
-        config.evaluation, workers=1, envs_per_worker=max(1, min(envs, episodes))
+        config.evaluation,
+        workers=max(1, len(members)),
+        envs_per_worker=max(1, min(envs, episodes)),
     )
     config = dataclasses.replace(config, evaluation=evaluation)
     chosen, versions = _select(store, config, pinned)
     run = SerialRun(config, store=chosen, train=False)
     try:
-        done = run.eval_until(episodes)
+        done = run.eval_until(episodes * max(1, len(members)))
     finally:
         run.close()
-    judged = f"policy/{config.evaluation.policy}/episode_return"
-    returns = np.array(
-        [e[judged] if config.evaluation.policy else e["episode_return"] for e in done],
-        dtype=np.float64,
-    )
+    judged_policy = _best_member(run_dir, members, pinned) if members else config.evaluation.policy
+    judged = f"policy/{judged_policy}/episode_return" if judged_policy else "episode_return"
+    returns = np.array([e[judged] for e in done if judged in e], dtype=np.float64)
     keys = sorted({k for e in done for k in e})
     per_policy = {k.split("/")[1]: _mean(done, k) for k in keys if k.startswith("policy/")}
     results = {k.split("/", 1)[1]: _mean(done, k) for k in keys if k.startswith("result/")}
     summary = ReturnSummary.of(list(returns))
     return EvaluationResult(
         results=results,
-        episodes=len(done),
+        episodes=len(returns),
         mean_return=summary.mean,
         std_return=summary.std,
         min_return=float(returns.min()),
@@ -157,7 +164,19 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
         per_policy=per_policy,
         ci95_low=summary.ci95_low,
         ci95_high=summary.ci95_high,
+        policy=judged_policy or None,
     )
+
+
+def _best_member(run_dir: Path, members: list[str], pinned: dict[str, int]) -> str:
+    """The PBT member whose figures an evaluation reports (see :func:`evaluate`)."""
+    if len(pinned) == 1 and next(iter(pinned)) in members:  # a member's checkpoint file
+        return next(iter(pinned))
+    try:
+        best = json.loads((run_dir / run_folder.SUMMARY).read_text())["pbt"]["best_member"]
+    except (OSError, ValueError, KeyError, TypeError):
+        best = None
+    return best if best in members else members[0]
 
 
 def _mean(episodes: list[dict[str, Any]], key: str) -> float:

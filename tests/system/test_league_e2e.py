@@ -65,6 +65,9 @@ def test_pbt_exploits_copy_weights_and_hyperparameters_without_a_restart(tmp_pat
             "pbt.interval_steps=3",
             "pbt.eval_episodes=4",
             "pbt.target_return=None",
+            # a whole-number one too: 4.8 epochs crashed a member's trainer in a loop
+            'pbt.hyperparameters={"lr": [1e-05, 0.01], "entropy_coef": [0.0, 0.05], '
+            '"epochs": [1, 10]}',
             "stop.env_frames=2000000",
         ]
     )
@@ -103,4 +106,17 @@ def test_pbt_exploits_copy_weights_and_hyperparameters_without_a_restart(tmp_pat
     workers = read_json(run_dir / "workers.json")
     assert workers[f"trainer/{member}/0"]["restarts"] == 0
     assert (run_dir / PLOT_FILE).stat().st_size > 0, out[-3000:]
-    assert read_json(run_dir / "summary.json")["pbt"]["exploits_applied"] >= 1
+    summary = read_json(run_dir / "summary.json")
+    assert summary["pbt"]["exploits_applied"] >= 1
+    assert all(
+        type(e["hyperparameters"]["epochs"]) is int for e in events if "hyperparameters" in e
+    )
+    assert "TypeError" not in out
+    # `troupe eval` of the population: every member plays, the run's best is reported
+    import troupe
+
+    result = troupe.evaluate(run_dir, episodes=2, envs=1)
+    assert set(result.per_policy) == {"member0", "member1", "member2", "member3"}
+    assert result.policy == summary["pbt"]["best_member"] and result.episodes == 2
+    checkpoint = max((run_dir / "checkpoints" / "member2").glob("v*.ckpt"))
+    assert troupe.evaluate(checkpoint, episodes=2, envs=1).policy == "member2"

@@ -1,0 +1,85 @@
+"""``troupe eval``: greedy episodes with a run's saved parameters (:mod:`system.run.evaluation`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+VIDEO_MAX_EPISODES = 10
+"""What ``troupe eval --video`` records by default at most (every frame is kept in memory
+until the file is written: ten CartPole episodes are 5,000 frames)."""
+
+
+def _at_least_one(text: str) -> int:
+    """A whole number of at least 1 (``--episodes 0`` ended in a numpy traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run folder (the version its run was solved with, else the latest) or a "
+        "checkpoint file (checkpoints/<policy>/vNNNNNNNN.ckpt)",
+    )
+    parser.add_argument("--episodes", type=_at_least_one, default=20)
+    parser.add_argument(
+        "--envs", type=_at_least_one, default=8, help="environments stepped at once"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on the last line"
+    )
+    parser.add_argument(
+        "--video",
+        metavar="OUT.mp4",
+        help="also record greedy episodes to a video (.mp4 or .gif; needs the 'video' extra)",
+    )
+    parser.add_argument(
+        "--video-episodes",
+        type=int,
+        default=None,
+        help=f"episodes in the video (default: --episodes, at most {VIDEO_MAX_EPISODES})",
+    )
+
+
+def run_eval(args: argparse.Namespace, console: Console) -> int:
+    """Greedy episodes with saved parameters; reports the mean return."""
+    import torch
+
+    from system.eval_quota import interval_words
+    from system.run.evaluation import earlier_solve_words, evaluate
+
+    torch.set_num_threads(1)
+    if args.video:
+        from distributed.video import record_video
+
+        wanted = args.video_episodes or min(args.episodes, VIDEO_MAX_EPISODES)
+        returns = record_video(args.target, args.video, episodes=wanted)
+        console.print(f"video of {len(returns)} episodes (returns {returns}) in {args.video}")
+    result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        whose = f" of {result.policy}" if result.policy else ""
+        console.print(
+            f"{result.episodes} greedy episodes{whose} (a quota per environment), versions "
+            f"{result.versions}: mean return {result.mean_return:.2f} ± {result.std_return:.2f}"
+            f" ({interval_words(result.ci95_low, result.ci95_high)}; "
+            f"min {result.min_return:.1f}, max {result.max_return:.1f})"
+        )
+        if len(result.per_policy) > 1 and not result.results:  # a PBT population: each member
+            for policy, mean in result.per_policy.items():
+                console.print(f"  {policy}: mean return {mean:.2f}", highlight=False)
+        for matchup, score in result.results.items():  # multi-agent: who beat whom
+            console.print(f"  {matchup.replace('_vs_', ' against ')}: score {score:.3f}")
+        if words := earlier_solve_words(args.target):
+            console.print(words, soft_wrap=True)
+    return 0
