@@ -149,12 +149,36 @@ def check_budget_left(folder: Path, config: ExperimentConfig) -> int:
     if stop.env_frames is not None and frames >= stop.env_frames:
         spent.append(f"stop.env_frames={stop.env_frames} (it has {frames} frames)")
         raised.append(f"stop.env_frames={2 * frames} for as many frames again")
+    steps = _trainer_steps(folder, config, last)
+    if stop.trainer_steps and steps and min(steps.values()) >= stop.trainer_steps:
+        done = ", ".join(f"'{name}' {n}" for name, n in steps.items())
+        spent.append(f"stop.trainer_steps={stop.trainer_steps} (its trainers have {done})")
+        raised.append(f"stop.trainer_steps={2 * max(steps.values())} for as many steps again")
     if spent:
         raise UserError(
             f"nothing to resume in {folder}: the run already reached {' and '.join(spent)}; "
             f"these budgets count the whole run, so raise them (e.g. {', '.join(raised)})"
         )
     return frames
+
+
+def _trainer_steps(folder: Path, config: ExperimentConfig, last: dict) -> dict[str, int]:
+    """Each trained policy's trainer steps as the run's newest record (``last``) or the last
+    record that has them says (every one of them known, or {}): what ``stop.trainer_steps`` is
+    met by, since a restored trainer counts on from them. A resume with that budget spent
+    trained on and exited 0; the other budgets were refused."""
+    from system.run.metrics_file import read_metrics
+
+    keys = {f"trainer/{name}/steps": name for name, pc in config.policies.items()
+            if pc.trainer.type}  # fmt: skip
+    found: dict[str, int] = {}
+    for record in [last, *reversed(read_metrics(folder, keep=keys.__contains__))]:
+        for key, name in keys.items():
+            if name not in found and isinstance(record.get(key), (int, float)):
+                found[name] = int(record[key])
+        if len(found) == len(keys):
+            return {name: found[name] for name in keys.values()}
+    return {}
 
 
 def check_checkpoints(folder: Path, config: ExperimentConfig, trainer_state: bool = True) -> None:

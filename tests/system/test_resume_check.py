@@ -152,6 +152,32 @@ def test_a_resume_whose_stop_budget_is_spent_is_refused_saying_how_far_the_run_g
     check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.env_frames=5000"]))
 
 
+def test_a_resume_whose_trainer_steps_are_spent_is_refused(tmp_path):
+    """A run at 187 trainer steps resumed with `stop.trainer_steps=50` trained on to 192 and
+    exited 0. Its trainers' last known steps (a record without them, as a resume that ended
+    before its trainer was up writes, says nothing) decide, every trained policy's."""
+    config = make_experiment("cartpole-ppo", ["stop.trainer_steps=50"])
+    records = [{"wall_s": 10.0, "env_frames": 400, "trainer/default/steps": 187.0},
+               {"wall_s": 22.6, "env_frames": 4628}]  # fmt: skip
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(UserError) as refused:
+        check_budget_left(tmp_path, config)
+    assert str(refused.value) == (
+        f"nothing to resume in {tmp_path}: the run already reached stop.trainer_steps=50 (its "
+        "trainers have 'default' 187); these budgets count the whole run, so raise them (e.g. "
+        "stop.trainer_steps=374 for as many steps again)"
+    )
+    check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.trainer_steps=188"]))
+    latest = {"wall_s": 30.0, "env_frames": 5000, "trainer/default/steps": 190}
+    run_folder.write_json(tmp_path / run_folder.LATEST, latest)
+    with pytest.raises(
+        UserError, match=r"stop.trainer_steps=188 \(its trainers have 'default' 190"
+    ):
+        check_budget_left(tmp_path, make_experiment("cartpole-ppo", ["stop.trainer_steps=188"]))
+    two = make_experiment("gather-2p-ppo", ["stop.trainer_steps=50"])  # one policy's unknown
+    check_budget_left(tmp_path, two)
+
+
 def test_the_budget_left_is_judged_from_the_run_s_last_second(tmp_path):
     """A thinned metrics.jsonl's last record may be a minute old; latest.json is the record of
     the last second, written or not, and a SIGKILLed run's budget is judged from it."""
