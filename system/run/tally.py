@@ -190,11 +190,13 @@ class Tally:
         )  # fmt: skip
 
     def continue_from(self, last: dict[str, Any] | None) -> float:
-        """A resumed run counts frames on from its last record (None: a new run); the
-        wall-clock seconds it ran (0.0 for a new run), from which the run's clock goes on."""
+        """A resumed run counts frames on from its last record (None: a new run), evaluation
+        frames too (they went back to 0 on every resume); the wall-clock seconds it ran (0.0
+        for a new run), from which the run's clock goes on."""
         if not last:
             return 0.0
         self.env_frames = self._frames_before = int(last.get("env_frames") or 0)
+        self.eval_env_frames = int(last.get("eval_env_frames") or 0)
         return float(last.get("wall_s") or 0.0)
 
     def add(self, record: WorkerRecord, stats: WorkerStats) -> None:

@@ -207,3 +207,14 @@ def test_what_the_actors_recovered_from_is_counted_in_the_record(tally):
     record, _ = t.record(2.0, records.values(), {})
     assert record["worker_health/env_resets"] == 3
     assert record["worker_health/dropped_episodes"] == 4
+
+
+def test_a_resumed_run_counts_its_evaluation_frames_on(tally):
+    """`eval_env_frames` went back to 0 on every resume (29,983 -> 2,660 in metrics.jsonl, in
+    latest.json and TensorBoard), while `env_frames` went on."""
+    _, _, records = tally
+    resumed = Tally(make_experiment("cartpole-ppo"))
+    resumed.continue_from({"env_frames": 50_000, "eval_env_frames": 29_983, "wall_s": 25.0})
+    resumed.add(records["eval/0"], WorkerStats(eval_env_frames=100))
+    record, _ = resumed.record(26.0, records.values(), {})
+    assert record["eval_env_frames"] == 30_083 and record["env_frames"] == 50_000
