@@ -156,8 +156,12 @@ def _check_curriculum(c: CurriculumConfig) -> list[str]:
 
 def _check_pbt(p: PBTConfig, config: Any) -> list[str]:
     policies = config.policies
-    if not p.members:
-        return []
+    if not p.members:  # what only a population uses would be ignored, and one was still shown
+        unused = ["pbt.hyperparameters"] if p.hyperparameters else []
+        unused += ["pbt.target_return"] if p.target_return is not None else []
+        return [f"{k}: set without pbt.members (no population), so it would do nothing; name "
+                "the members, or leave it unset (one policy's target: stop.eval_return)"
+                for k in unused]  # fmt: skip
     n, errors = len(p.members), []
     untaken = _untaken(p, policies)  # said once, below, not as a missing start per member
     if n < 2 or len(set(p.members)) != n:

@@ -196,6 +196,15 @@ def test_pbt_config_errors_name_the_field():
         assert expected in errors
 
 
+def test_a_population_s_keys_without_a_population_are_refused():
+    """`pbt.target_return=100` on cartpole-ppo was accepted, shown as a stop rule ("or a PBT
+    member's score 100") and never applied: there were no members to score."""
+    for override in ("pbt.target_return=0", 'pbt.hyperparameters={"lr": [1e-4, 1e-2]}'):
+        with pytest.raises(ConfigError, match=r"set without pbt.members \(no population\)"):
+            make_experiment("cartpole-ppo", [override])
+    make_experiment("cartpole-ppo", ["pbt.interval_steps=5"])  # a default-like key: harmless
+
+
 def test_a_population_stopped_on_its_target_is_solved(tmp_path):
     """Issue 26: PBT stopping because a member reached ``pbt.target_return`` reported
     ``"solved": false``; a target met is a solved run, whichever rule held it."""
