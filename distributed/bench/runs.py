@@ -307,6 +307,24 @@ def _sample_session(
                 peaks[pid] = max(peaks.get(pid, 0.0), int(line.split()[1]) / 1024.0)
 
 
+def peak_rss_by_role(run: RunResult) -> dict[str, float | None]:
+    """The largest peak RSS of each role's processes: what its workers reported, or what this
+    bench read of their processes itself; None where neither saw one. A worker of a 10 s
+    ``--quick`` run that ended before it reported was shown as 0 MiB."""
+    per_role: dict[str, float | None] = {}
+
+    def seen(role: str, mb: float | None) -> None:
+        known = [v for v in (per_role.get(role), mb) if v]
+        per_role[role] = max(known) if known else None
+
+    for worker in run.workers.values():
+        seen(str(worker.get("role")), float(worker.get("peak_rss_mb") or 0.0))
+    for pid, label in run.session_labels.items():
+        if label != "other":  # the command, controller, fork server, launcher or a worker's role
+            seen(label, run.session_peak_rss_mb.get(pid))
+    return per_role
+
+
 def _labels(
     root: int, procs: dict[int, tuple[int, str]], workers: dict[str, Any]
 ) -> dict[int, str]:

@@ -27,6 +27,7 @@ from distributed.bench.pixel_suite import pixel_suite
 from distributed.bench.rows import Row
 from distributed.bench.runs import (
     RunResult,
+    peak_rss_by_role,
     role_utilisation,
     steady_fps,
     watch_run,
@@ -367,15 +368,12 @@ def memory(size: Size, workdir: Path, context: dict) -> tuple[dict, list[Row]]:
     figures: dict[str, Any] = {}
     rows = []
     for name, run in runs.items():
-        per_role: dict[str, float] = {}
-        for worker in run.workers.values():
-            role = str(worker.get("role"))
-            per_role[role] = max(per_role.get(role, 0.0), float(worker.get("peak_rss_mb") or 0.0))
-        for pid, label in run.session_labels.items():
-            if label in ("command", "controller", "forkserver", "launcher"):
-                per_role[label] = max(per_role.get(label, 0.0), run.session_peak_rss_mb[pid])
+        per_role = peak_rss_by_role(run)
         figures[name] = {"peak_rss_mb_by_role": per_role}
-        text = ", ".join(f"{role} {mb:,.0f}" for role, mb in sorted(per_role.items()))
+        text = ", ".join(
+            f"{role} {'n/a' if mb is None else f'{mb:,.0f}'}"
+            for role, mb in sorted(per_role.items())
+        )
         rows.append(Row("memory", f"{name}: peak RSS per process, by role (MiB)", text))
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     figures["bench_process_peak_rss_mb"] = own

@@ -180,3 +180,21 @@ def test_the_learning_suite_reports_solved_seeds_with_their_spread():
     from api import registry
 
     assert all(t.experiment in registry.experiments for t in TASKS)  # every task is runnable
+
+
+def test_memory_is_what_the_workers_reported_or_what_the_bench_read_and_never_a_made_up_0():
+    """A `--quick` memory run ended before its workers reported: each was shown as 0 MiB. The
+    bench's own reading of their processes stands in; a role neither saw is n/a (None)."""
+    from distributed.bench.runs import RunResult, peak_rss_by_role
+
+    run = RunResult("cartpole-ppo", [], "r", 0, 10.0, 2.0, None, False)
+    run.workers = {
+        "actor/0": {"role": "actor", "pid": 11, "peak_rss_mb": 0.0},  # never reported
+        "trainer/default/0": {"role": "trainer", "pid": 12, "peak_rss_mb": 310.0},
+        "policy/default/0": {"role": "policy", "peak_rss_mb": None},  # never came up
+    }
+    run.session_labels = {10: "controller", 11: "actor", 12: "trainer", 13: "other"}
+    run.session_peak_rss_mb = {10: 120.0, 11: 95.5, 12: 300.0, 13: 999.0}
+    assert peak_rss_by_role(run) == {
+        "actor": 95.5, "trainer": 310.0, "policy": None, "controller": 120.0,
+    }  # fmt: skip
