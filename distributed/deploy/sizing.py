@@ -141,6 +141,8 @@ def measured_from(path: Path) -> dict[str, float]:
         peaks: dict[str, float] = {}
         for figures in data["suites"].get("memory", {}).values():
             for role, mb in (figures or {}).get("peak_rss_mb_by_role", {}).items():
+                if mb is None:  # a role the bench could not measure
+                    continue
                 component = component_of(role, role)
                 peaks[component] = max(peaks.get(component, 0.0), float(mb))
         if "actor" in peaks:
@@ -149,7 +151,7 @@ def measured_from(path: Path) -> dict[str, float]:
         peaks = {}
         for worker_id, worker in data.items():
             component = component_of(worker_id, str(worker.get("role")))
-            peaks[component] = max(peaks.get(component, 0.0), float(worker.get("peak_rss_mb", 0)))
+            peaks[component] = max(peaks.get(component, 0.0), float(worker.get("peak_rss_mb") or 0))
     peaks = {c: mb for c, mb in peaks.items() if c in components() and mb > 0}
     if not peaks:
         raise DeployError(f"--measured {path}: holds no peak_rss_mb figure of any worker")

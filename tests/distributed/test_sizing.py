@@ -52,3 +52,16 @@ def test_a_runs_workers_json_sizes_the_replay_worker(tmp_path):
     assert peaks == {"params": 60.0, "replay": 900.0, "eval": 50.0}
     needs = sizing.role_needs(measured=peaks)
     assert needs["replay"].memory_mib == 1136  # 900 x 1.25 = 1125, in whole 16 MiB
+
+
+def test_a_figure_nobody_measured_is_left_out_not_a_crash(tmp_path):
+    """`troupe bench memory --json` says None (n/a) of a role it could not measure, and a
+    worker that never came up has no peak in workers.json: neither sizes anything."""
+    bench = {"suites": {"memory": {"cartpole-ppo": {"peak_rss_mb_by_role": {
+        "actor": None, "trainer": 310.0}}}}}  # fmt: skip
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert sizing.measured_from(tmp_path / "bench.json") == {"trainer": 310.0}
+    workers = {"actor/0": {"role": "actor", "peak_rss_mb": None},
+               "params": {"role": "parameter_service", "peak_rss_mb": 60.0}}  # fmt: skip
+    (tmp_path / "workers.json").write_text(json.dumps(workers))
+    assert sizing.measured_from(tmp_path) == {"params": 60.0}
