@@ -31,6 +31,7 @@ from typing import Any
 from api import registry, user_code
 from api.code import attach_user_code
 from api.config import ExperimentConfig, apply_overrides, check, parse_value, validate
+from api.config.load import string_list
 from api.errors import ConfigError, RegistryError, UserError
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,9 @@ def load_experiment(
 ) -> ExperimentConfig:
     """The checked experiment ``target`` names, with ``overrides`` applied and this process's
     user code attached; ``imports`` are user files or modules imported first."""
+    imports, overrides = string_list("imports", imports), string_list("overrides", overrides)
     for item in imports:
         user_code.import_code(item)
-    overrides = list(overrides or [])
     extra_imports = list(imports)
     if isinstance(target, ExperimentConfig):
         config = target

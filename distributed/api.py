@@ -133,6 +133,7 @@ def train(
     of ``image``, default ``troupe image build``'s tag; your registered files are mounted into
     them), as ``troupe run --launcher docker --image IMAGE``.
     """
+    from api.config.load import string_list
     from api.user_code import refuse_while_importing
     from distributed.launch.run import LAUNCHERS, prepare, start
 
@@ -150,8 +151,8 @@ def train(
         raise UserError("resume continues a run folder with its own experiment: pass either "
                         "resume=RUN_DIR or an experiment (and run_dir), not both")  # fmt: skip
     config, folder = prepare(
-        experiment, list(overrides), None if run_dir is None else str(run_dir),
-        None if resume is None else str(resume), imports=list(imports),
+        experiment, string_list("overrides", overrides), None if run_dir is None else str(run_dir),
+        None if resume is None else str(resume), imports=string_list("imports", imports),
     )  # fmt: skip
     result = RunResult(folder)
     from system.run import folder_lock

@@ -21,11 +21,20 @@ from api.errors import ConfigError
 from api.registry import experiments
 
 
+def string_list(name: str, value: Any) -> list[str]:
+    """``value`` (overrides, imports) as a list; one string is refused, not read a character
+    at a time (``troupe.train("cartpole-ppo", "seed=3")`` listed 6 bad overrides: s, e, ...)."""
+    if isinstance(value, str):
+        raise ConfigError([f"{name}: a list of strings, not one string: write [{value!r}]"])
+    return list(value or [])
+
+
 def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
     """Apply ``key.path=value`` strings; values are Python literals or plain strings.
 
     Raises ConfigError listing every bad override (unknown keys with the closest real key of
     any section, wrong types) and every error of the result."""
+    overrides = string_list("overrides", overrides)
     data = config.to_dict()
     errors = []
     for item in overrides:

@@ -399,6 +399,25 @@ def test_eval_of_no_episodes_is_refused_before_anything_starts(tmp_path):
         troupe_api.evaluate(tmp_path, episodes=0)
 
 
+def test_one_string_for_a_list_of_overrides_or_imports_is_refused_in_one_line(tmp_path):
+    """`troupe.train("cartpole-ppo", "seed=3")` was read a character at a time: six errors,
+    "s: an override must look like key.path=value", ...; `imports="my.py"`: "cannot import
+    module 'm'"."""
+    import troupe as troupe_api
+    from api.config import make_experiment
+    from api.errors import ConfigError
+
+    folder = tmp_path / "r"
+    with pytest.raises(ConfigError, match=r"overrides: a list of strings, not one string: write "
+                                          r"\['seed=3'\]"):  # fmt: skip
+        troupe_api.train("cartpole-ppo", "seed=3", run_dir=folder)
+    with pytest.raises(ConfigError, match=r"imports: a list .* write \['my.py'\]"):
+        troupe_api.train("cartpole-ppo", imports="my.py", run_dir=folder)
+    with pytest.raises(ConfigError, match=r"overrides: a list of strings"):
+        make_experiment("cartpole-ppo", "seed=3")
+    assert not folder.exists()
+
+
 def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
     """``troupe show-config EXP --json | head -1`` printed a BrokenPipeError traceback."""
     cli = [sys.executable, "-m", "distributed.cli", "show-config", "cartpole-ppo", "--json"]
