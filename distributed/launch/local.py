@@ -12,11 +12,13 @@ exits once they have, and each worker exits by itself within seconds when the co
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -42,6 +44,7 @@ class LocalLauncher:
         self._ctx.set_forkserver_preload(self.PRELOAD)
         self.processes: dict[str, BaseProcess] = {}
         self._oom_kills_at_start: dict[str, int | None] = {}
+        self._started_at: dict[str, int | None] = {}
 
     def start(self, worker_id: str, role: str, controller: str) -> None:
         process = self._ctx.Process(
@@ -53,10 +56,23 @@ class LocalLauncher:
         process.start()
         self.processes[worker_id] = process
         self._oom_kills_at_start[worker_id] = oom_kills()
+        self._started_at[worker_id] = start_time(process.pid)
 
     def is_alive(self, worker_id: str) -> bool:
         process = self.processes.get(worker_id)
-        return process is not None and process.is_alive()
+        return process is not None and (process.is_alive() or self._orphaned(worker_id))
+
+    def _orphaned(self, worker_id: str) -> bool:
+        """Whether the worker runs on without its forkserver. Python reports exit code 255 for
+        every worker of a forkserver that died (its status pipe closed), alive or not: each was
+        then restarted beside itself (two trainers, two parameter services on one folder) and
+        the originals left 30 s later saying their controller was gone. The process itself,
+        the same one by its start time, says whether it still runs."""
+        process = self.processes[worker_id]
+        if process.exitcode != FORKSERVER_GONE or process.pid is None:
+            return False
+        started = self._started_at.get(worker_id)
+        return started is not None and start_time(process.pid) == started
 
     def how_ended(self, worker_id: str) -> str:
         """How a worker's process ended, for the supervisor's line: a signal by name (for
@@ -65,6 +81,8 @@ class LocalLauncher:
         process = self.processes.get(worker_id)
         before, now = self._oom_kills_at_start.get(worker_id), oom_kills()
         since = None if before is None or now is None else now - before
+        if process is not None and process.exitcode == FORKSERVER_GONE:
+            return "ended after its forkserver was gone (its exit code is unknown)"
         return ended_by(process.exitcode if process is not None else None, since)
 
     def pid(self, worker_id: str) -> int | None:
@@ -77,12 +95,22 @@ class LocalLauncher:
             return
         if process.is_alive():
             process.kill()
+        elif self._orphaned(worker_id):  # not through its forkserver, which is gone
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            self._wait_gone(worker_id, 5.0)
         process.join(timeout=5)
+
+    def _wait_gone(self, worker_id: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._orphaned(worker_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stop_all(self, timeout_s: float) -> None:
         for worker_id, process in self.processes.items():
             process.join(timeout=timeout_s)
-            if process.is_alive():
+            self._wait_gone(worker_id, timeout_s)
+            if self.is_alive(worker_id):
                 logger.warning("%s still running at shutdown; killing it", worker_id)
                 self.kill(worker_id)
 
@@ -92,6 +120,23 @@ def run_worker(*args) -> None:
     code. (A multiprocessing target's return value is dropped: every worker exited 0, and one
     that had just reported a failure was said to have "exited with code 0".)"""
     sys.exit(worker_process.main(*args))
+
+
+FORKSERVER_GONE = 255
+"""The exit code Python gives every process of a forkserver that died, ended or not."""
+
+
+def start_time(pid: int | None) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat``): a pid used
+    again by another process has another; None when no such process runs (or a zombie)."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the name, which may hold spaces
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 VMSTAT = Path("/proc/vmstat")
