@@ -131,6 +131,7 @@ def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
     config = load_experiment(saved, overrides, imports)
     check_portable(config)
     frames = resume_check.check_budget_left(folder, config)
+    resume_check.check_not_solved(folder, config)
     resume_check.check_compatible(saved, config, folder)
     resume_check.check_checkpoints(folder, config)
     warn_short_budget(config, frames)

@@ -162,6 +162,33 @@ def check_budget_left(folder: Path, config: ExperimentConfig) -> int:
     return frames
 
 
+def check_not_solved(folder: Path, config: ExperimentConfig) -> None:
+    """Refuse to resume a run that met its target when the resumed config asks for that target
+    again (or a lower one): it trained on, was solved once more by a later version and rewrote
+    the summary, its first solve (``frames_to_target``, ``solved_version``) lost."""
+    try:
+        summary = json.loads((folder / run_folder.SUMMARY).read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(summary, dict) or not summary.get("solved"):
+        return
+    reason, target = summary.get("stop_reason"), summary.get("target")
+    key, asked = {
+        "eval_return": ("stop.eval_return", config.stop.eval_return),
+        "pbt_target_return": ("pbt.target_return", config.pbt.target_return),
+    }.get(reason, ("", None))
+    if asked is None or not isinstance(target, (int, float)) or asked > target:
+        return
+    solved = summary.get("solved_version") or {}
+    by = f" (version {solved['version']} of '{solved['policy']}')" if solved else ""
+    raise UserError(
+        f"nothing to resume in {folder}: the run already met {key}={target:g}{by} after "
+        f"{summary.get('frames_to_target') or summary.get('env_frames')} frames; to train on, "
+        f"resume with {key}=None and a budget (stop.env_frames or stop.wall_seconds), or a "
+        "higher target"
+    )
+
+
 def _trainer_steps(folder: Path, config: ExperimentConfig, last: dict) -> dict[str, int]:
     """Each trained policy's trainer steps as the run's newest record (``last``) or the last
     record that has them says (every one of them known, or {}): what ``stop.trainer_steps`` is

@@ -178,6 +178,37 @@ def test_a_resume_whose_trainer_steps_are_spent_is_refused(tmp_path):
     check_budget_left(tmp_path, two)
 
 
+def test_a_resume_of_a_solved_run_that_asks_for_its_target_again_is_refused(tmp_path):
+    """`troupe run --resume R` of a solved run trained on, was solved again by a later version
+    and rewrote the summary: its first solve (frames_to_target 129,757, version 63) was lost.
+    Asking for a higher target, or none (to train on), is a resume."""
+    from system.run.resume_check import check_not_solved
+
+    summary = {
+        "solved": True,
+        "stop_reason": "eval_return",
+        "target": 475.0,
+        "frames_to_target": 129757,
+        "solved_version": {"policy": "default", "version": 63},
+    }
+    run_folder.write_json(tmp_path / run_folder.SUMMARY, summary)  # fmt: skip
+    for target in ("475", "400"):
+        with pytest.raises(UserError) as refused:
+            check_not_solved(
+                tmp_path, make_experiment("cartpole-ppo", [f"stop.eval_return={target}"])
+            )
+    assert str(refused.value) == (
+        f"nothing to resume in {tmp_path}: the run already met stop.eval_return=475 (version 63 "
+        "of 'default') after 129757 frames; to train on, resume with stop.eval_return=None and "
+        "a budget (stop.env_frames or stop.wall_seconds), or a higher target"
+    )
+    check_not_solved(tmp_path, make_experiment("cartpole-ppo", ["stop.eval_return=490"]))
+    check_not_solved(tmp_path, make_experiment("cartpole-ppo", ["stop.eval_return=None"]))
+    failed_late = {**summary, "stop_reason": "failed", "stop_rule_met": "eval_return"}
+    run_folder.write_json(tmp_path / run_folder.SUMMARY, failed_late)  # incomplete: resumable
+    check_not_solved(tmp_path, make_experiment("cartpole-ppo"))
+
+
 def test_the_budget_left_is_judged_from_the_run_s_last_second(tmp_path):
     """A thinned metrics.jsonl's last record may be a minute old; latest.json is the record of
     the last second, written or not, and a SIGKILLed run's budget is judged from it."""
