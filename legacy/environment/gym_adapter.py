@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import typing
 from typing import Any
 
 import gymnasium as gym
@@ -25,6 +26,7 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 from api import registry, user_code
+from api.config.arguments import describe, matches
 from api.environment import Environment, StepResult
 from api.errors import UserError
 from api.spaces import dict_of_tuples, from_positions
@@ -170,8 +172,9 @@ def _quiet_mujoco(gym_id: str) -> None:
     mujoco.set_mju_user_warning(lambda message: log.info("MuJoCo: %s", message))
 
 
-MAKE_ARGUMENTS = ("max_episode_steps", "disable_env_checker")
-"""What ``gymnasium.make`` itself takes besides the id; the rest goes to the constructor."""
+MAKE_ARGUMENTS: dict[str, Any] = {"max_episode_steps": int | None, "disable_env_checker": bool}
+"""What ``gymnasium.make`` itself takes besides the id, with its type; the rest goes to the
+constructor."""
 
 
 def check_gym_kwargs(gym_id: str, gym_kwargs: dict[str, Any]) -> list[str]:
@@ -189,13 +192,28 @@ def check_gym_kwargs(gym_id: str, gym_kwargs: dict[str, Any]) -> list[str]:
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return []
     names = [*MAKE_ARGUMENTS, *params]
+    hints = {**_hints(creator), **MAKE_ARGUMENTS}
     errors = []
-    for key in gym_kwargs:
+    for key, value in gym_kwargs.items():
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(names)}"
             errors.append(f"{key}: unknown key for '{gym_id}'; {hint}")
+        elif key in hints and not matches(hints[key], value):  # `max_episode_steps=ten` failed
+            errors.append(  # in every worker, after the run had started
+                f"{key}: expected {describe(hints[key])}, got {type(value).__name__} {value!r}"
+            )
+        elif key == "max_episode_steps" and value is not None and value < 1:
+            errors.append(f"{key}: must be at least 1, got {value}")
     return errors
+
+
+def _hints(creator: Any) -> dict[str, Any]:
+    """The constructor's resolved annotations (none where they cannot be resolved)."""
+    try:
+        return typing.get_type_hints(creator.__init__ if inspect.isclass(creator) else creator)
+    except Exception:  # an annotation naming what this Python lacks: judge nothing of it
+        return {}
 
 
 def register_gymnasium_ids() -> None:

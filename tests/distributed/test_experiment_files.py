@@ -353,6 +353,24 @@ def test_a_misspelt_gymnasium_argument_fails_the_check():
         load_experiment("cartpole-ppo", ["environment.args.max_episode_step=100"])
 
 
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("max_episode_steps=ten", "max_episode_steps: expected int or None, got str 'ten'"),
+        ("max_episode_steps=1.5", "max_episode_steps: expected int or None, got float 1.5"),
+        ("max_episode_steps=0", "max_episode_steps: must be at least 1, got 0"),
+        ("disable_env_checker=1", "disable_env_checker: expected bool, got int 1"),
+        ("sutton_barto_reward=yes", "sutton_barto_reward: expected bool, got str 'yes'"),
+    ],
+)
+def test_a_gymnasium_argument_of_the_wrong_type_fails_the_check(override, expected):
+    """`environment.args.max_episode_steps=ten` passed the check; every worker then failed
+    building the environment ("Expect the max_episode_steps to be an integer"), exit 1."""
+    with pytest.raises(ConfigError) as e:
+        load_experiment("cartpole-ppo", ["environment.args." + override])
+    assert e.value.errors == ["environment.args." + expected]
+
+
 def test_gymnasium_arguments_the_environment_takes_pass_the_check():
     config = load_experiment(
         "cartpole-ppo",
