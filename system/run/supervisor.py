@@ -198,10 +198,14 @@ class Supervisor:
                 lost = now - self.silent_since[wid]
                 why = f"was not back {lost:.0f}s after it {self.why_restarted[wid]}"
                 self.fail(WorkerFailure(wid, f"{wid} {why}; {self._restart_hint()}"))
-            elif not record.plan.restartable:
-                self.fail(WorkerFailure(wid, f"{wid} {why}; not restarted"))
-            elif _crash_looping(record):
-                self.fail(WorkerFailure(wid, _given_up(record, record.last_error or why)))
+            elif not record.plan.restartable or _crash_looping(record):
+                if dead:  # workers.json showed it `alive` after the run had ended on it
+                    record.state = WorkerState.FAILED
+                if record.plan.restartable:
+                    reason = _given_up(record, record.last_error or why)
+                else:
+                    reason = f"{wid} {why}; not restarted"
+                self.fail(WorkerFailure(wid, reason))
             else:
                 self._restart(record, why)
 

@@ -127,6 +127,7 @@ def test_a_crash_loop_is_given_up_on(run):
     s.supervise()
     assert s.failure is not None and s.failure.worker == "actor/0"
     assert "given up after 5 restarts in a row, none of them running 60 s" in str(s.failure)
+    assert s.table()["actor/0"]["state"] == "failed"  # it was left `alive` in workers.json
 
 
 def test_a_fatal_error_fails_the_run_without_a_restart(run):
