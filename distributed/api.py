@@ -4,7 +4,8 @@ Re-exported by the top-level ``troupe`` module (``import troupe``)::
 
     result = troupe.train("cartpole-ppo")                 # blocks; a RunResult
     result = troupe.train(config, background=True)        # returns at once; result.wait()
-    result = troupe.train(resume=result.run_dir, overrides=["stop.env_frames=2000000"])
+    result = troupe.train(resume=result.run_dir,         # a solved run trained on
+                          overrides=["stop.eval_return=None", "stop.env_frames=2000000"])
     policy = troupe.load_policy(result.run_dir)
     action, state = policy.act(obs)
 

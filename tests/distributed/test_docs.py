@@ -149,6 +149,8 @@ def _check_experiment(where: str, args) -> None:
     from api.resolve import load_experiment
 
     experiment = getattr(args, "experiment", None)
+    if getattr(args, "resume", None):
+        return  # a resume's words are overrides of a run folder's own config
     if not isinstance(experiment, str) or "/" in experiment or experiment.endswith(".py"):
         return
     if getattr(args, "imports", None) or args.command in ("train", "test-env"):
