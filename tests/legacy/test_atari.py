@@ -128,6 +128,7 @@ def test_the_gpu_layout_sizes_its_actors_from_the_cores():
     assert policy.policy.type == base.policies["default"].policy.type
     assert policy.policy.args["device"] == "cuda" and policy.policy_workers == 2
     assert policy.policy.args["cuda_graphs"] is True  # ignored on the CPU
+    assert policy.trainer.args["cuda_graphs"] is True  # plain padded minibatches on the CPU
     assert policy.batch_segments * config.actors.segment_length == 4096
     layout = {"policies": {"default": {"policy_workers": 2, "trainer": {"type": "ppo"}}}}
     layout["policies"]["default"]["trainer_workers"] = 1
