@@ -78,13 +78,10 @@ class LocalBackend:
         table = folder.workers(run_dir) if run_dir else {}
         rows = [Process("controller", "controller", _pid_state(record), record.host or "",
                         f"pid {record.pid}")]  # fmt: skip
+        alive = self.alive(record)
         for worker, info in table.items():
-            pid = info.get("pid")
-            running = record.here and info.get("state") not in ("stopped", "failed", "killed")
-            state = info.get("state", "?")
-            if running and pid and not pid_alive(pid):
-                state = f"{state} (process gone)"
-            rows.append(Process(f"pid {pid}", worker, state, record.host or "",
+            state = worker_state(record, info, alive)
+            rows.append(Process(f"pid {info.get('pid')}", worker, state, record.host or "",
                                 f"restarts {info.get('restarts', 0)}"))  # fmt: skip
         return rows
 
@@ -109,6 +106,30 @@ class LocalBackend:
 
     def remove(self, record: LaunchRecord) -> str | None:
         return None
+
+
+FINAL_STATES = ("stopped", "failed", "killed")
+
+
+def worker_state(record: LaunchRecord, info: dict, run_alive: bool | None) -> str:
+    """A worker's state as ``workers.json`` has it, said to be stale where it is.
+
+    The controller writes that file, so a controller killed outright (``kill -9``, the kernel's
+    OOM killer) leaves its last word there: every worker ``alive`` after they have all gone.
+    Where the worker's pid is this machine's (a local run launched here), its process is looked
+    at (``gone (was alive)``; ``alive, no controller`` for one that outlived it); elsewhere, a
+    run that is not running has none of its workers running either (``was alive``)."""
+    state = str(info.get("state", "?"))
+    if state in FINAL_STATES:
+        return state
+    pid = info.get("pid")
+    if record.launcher == "local" and record.here and pid:
+        if not pid_alive(pid):
+            return f"gone (was {state})"
+        if run_alive is False:
+            return f"{state}, no controller"
+        return state
+    return f"was {state}" if run_alive is False else state
 
 
 def _pid_state(record: LaunchRecord) -> str:

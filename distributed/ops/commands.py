@@ -71,13 +71,15 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
     if run_dir is None:
         console.print(Text(f"run folder {record.run_dir or '(unknown)'}: not on this machine"))
     else:
-        _print_folder(run_dir, console)
+        _print_folder(run_dir, console, record, alive)
     if record.launcher != "local":
         console.print(_process_table(f"{record.launcher} view", be.processes(record)))
     return 0
 
 
-def _print_folder(run_dir: Path, console: Console) -> None:
+def _print_folder(
+    run_dir: Path, console: Console, record: LaunchRecord, alive: bool | None
+) -> None:
     console.print(Text(f"run folder {run_dir.resolve()}"))
     last = folder.headline(folder.last_metrics(run_dir))
     if last:
@@ -92,7 +94,12 @@ def _print_folder(run_dir: Path, console: Console) -> None:
     for column in ("worker", "role", "state", "restarts", "peak MB", "version"):
         table.add_column(column)
     for worker, info in workers.items():
-        cells = [info.get(k) for k in ("role", "state", "restarts", "peak_rss_mb", "version")]
+        state = backends.worker_state(record, info, alive)
+        cells = [
+            info.get("role"),
+            state,
+            *(info.get(k) for k in ("restarts", "peak_rss_mb", "version")),
+        ]
         table.add_row(worker, *("" if c is None else str(c) for c in cells))
     console.print(table)
 

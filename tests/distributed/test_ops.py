@@ -247,6 +247,44 @@ def test_status_shows_the_run_s_last_second_where_the_file_is_thinned(tmp_path):
     assert folder.headline(folder.last_metrics(run_dir))["env_frames"] == 15
 
 
+def test_status_and_ps_say_which_workers_a_killed_controller_left_alive_in_workers_json(
+    tmp_path, monkeypatch
+):
+    """A controller killed with SIGKILL leaves workers.json as it last wrote it: status showed
+    every worker ``alive`` after all of them had gone (ps said ``alive (process gone)``)."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    workers = {
+        "actor/0": {"role": "actor", "state": "alive", "pid": gone.pid},
+        "policy/default/0": {"role": "policy", "state": "alive", "pid": os.getpid()},
+        "trainer/default/0": {"role": "trainer", "state": "failed", "pid": gone.pid},
+    }
+    run_dir = run_folder_at(tmp_path / "r", workers)
+    killed = record.for_process("local", run_dir, gone.pid)  # the controller's pid: gone too
+    record.write(run_dir, killed)
+    console = Console(record=True, width=400, force_terminal=False)
+    assert commands.run_status(build_parser().parse_args(["status", str(run_dir)]), console) == 0
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if "│" in line}
+    assert "gone (was alive)" in rows["actor/0"]
+    assert "alive, no controller" in rows["policy/default/0"]  # outlived it (this pid is alive)
+    assert "failed" in rows["trainer/default/0"] and "was" not in rows["trainer/default/0"]
+    states = {p.worker: p.state for p in backends.LocalBackend().processes(killed)}
+    assert states["actor/0"] == "gone (was alive)" and states["controller"] == "ended"
+    # a run that goes on: a worker's state as written, unless its process has gone
+    live = record.for_process("local", run_dir, os.getpid())
+    assert backends.worker_state(live, workers["policy/default/0"], True) == "alive"
+    assert backends.worker_state(live, workers["actor/0"], True) == "gone (was alive)"
+    # another launcher's pids are not this machine's: a run not running has no live workers
+    swarm = LaunchRecord("swarm", "r", run_dir=str(run_dir))
+    assert backends.worker_state(swarm, workers["policy/default/0"], False) == "was alive"
+    assert backends.worker_state(swarm, workers["policy/default/0"], None) == "alive"
+
+
 # --------------------------------------------------------------------- kubernetes
 class FakeCore:
     """The calls K8sBackend makes of the client's CoreV1Api, answered from a list of pods."""
