@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
@@ -140,11 +140,23 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     console.print({k: summary.get(k) for k in keys})
     if summary.get("confirmation"):
         console.print(f"solved: {summary['confirmation']}")
+    if summary.get("restarts"):
+        console.print(Text(restarts_line(summary["restarts"]), style="yellow"), soft_wrap=True)
     if summary.get("failure"):
         console.print(Text(f"run failed: {summary['failure']}", style="red"))
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
     return code
+
+
+def restarts_line(restarts: dict[str, dict[str, Any]]) -> str:
+    """``workers restarted during the run: actor/0 3 times (last: ValueError: ...)``."""
+    parts = [
+        f"{worker} {n} time{'s' if n != 1 else ''} (last: {info.get('last_cause', '?')})"
+        for worker, info in restarts.items()
+        for n in [int(info.get("restarts") or 0)]
+    ]
+    return "workers restarted during the run: " + "; ".join(parts)
 
 
 def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:

@@ -32,7 +32,7 @@ from system.run.control_server import ControlServer
 from system.run.coordination.coordinator import Coordination
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks
-from system.run.finish import finish_run
+from system.run.finish import finish_run, restarts_of
 from system.run.metrics_file import newest_record
 from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
@@ -201,6 +201,7 @@ class Controller:
             extra=self.coordination.summary(),
             write=self.folder.write,
             best_episode_return=self.thinning.best_return,
+            restarts=restarts_of(self.supervisor.workers),
         )
         self.folder.close()
         self.server.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +46,14 @@ def finish_run(
     extra: dict[str, Any],
     write: Callable[[Callable[[], Any]], bool],
     best_episode_return: float | None = None,
+    restarts: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write the summary and plots with ``write`` (the controller's guard of the run folder);
     ``stopped_at``: env frames and wall seconds when the stopping rule held; ``extra``: what
     the coordination drivers add (curriculum stage, PBT, ratings); ``best_episode_return``:
-    the best the controller saw in its records, written or not (``metrics.thin``)."""
+    the best the controller saw in its records, written or not (``metrics.thin``);
+    ``restarts``: the workers restarted during the run, how often and why (the supervisor's
+    :func:`restarts_of`)."""
     target = config.stop.eval_return
     pbt_target = config.pbt.target_return if config.pbt.members else None
     if target is None and pbt_target is not None:  # the population's: the one the run has
@@ -73,6 +76,8 @@ def finish_run(
         summary["stop_rule_met"] = stop_reason
     if failure is not None:
         summary["failure"] = str(failure)
+    if restarts:
+        summary["restarts"] = restarts
     if config.stop.eval_return is None and pbt_target is not None:
         summary["target_source"] = (
             "pbt.target_return: met when a member's score (its greedy return since its last "
@@ -102,6 +107,18 @@ def finish_run(
         trained = [n for n, pc in config.policies.items() if pc.trainer.type]
         write(lambda: write_win_rates(run_dir, config.name, first=trained, records=records))
     return summary
+
+
+def restarts_of(workers: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each worker restarted during the run (the supervisor's records): how many times, and
+    why it last was. A run that reached its goal through a worker that kept failing (each time
+    after running long enough not to count as a crash loop) read as a clean one at its end,
+    exit 0, with the restarts only in warnings among its log lines."""
+    return {
+        worker: {"restarts": record.restarts, "last_cause": record.restart_cause or "?"}
+        for worker, record in workers.items()
+        if record.restarts
+    }
 
 
 def earlier_solve(run_dir: Path) -> dict[str, Any] | None:

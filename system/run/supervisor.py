@@ -88,6 +88,8 @@ class WorkerRecord:
     """Its last heartbeat's numeric stats (``version``: the parameters it serves or published)."""
     came_up: bool = False
     """Whether it ever became ready (in any of its processes)."""
+    restart_cause: str | None = None
+    """Why it was last restarted: its error's message, else how its process ended."""
 
 
 Send = Callable[[str, ControlMessage], None]
@@ -244,6 +246,7 @@ class Supervisor:
         self.launcher.kill(wid)
         self.names.forget(record.plan.endpoints())  # peers must look up the new address
         _count_restart(record)
+        record.restart_cause = record.last_error if why == "failed" and record.last_error else why
         record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
         record.last_seen = time.monotonic()
         self.launcher.start(wid, str(record.plan.role), self.address)
@@ -253,6 +256,7 @@ class Supervisor:
         old process's addresses so peers look the new ones up."""
         logger.warning("%s says hello again: restarted by its scheduler", record.plan.worker_id)
         _count_restart(record)
+        record.restart_cause = record.last_error or "restarted by its scheduler"
         self.names.forget(record.plan.endpoints())
 
     # ------------------------------------------------------------- the ordered stop

@@ -102,6 +102,10 @@ def test_each_role_killed_in_turn_the_run_finishes_and_loses_no_version(tmp_path
     assert summary["stop_reason"] == "env_frames", summary
     table = workers(run_dir)
     assert {w: table[w]["restarts"] for w in ROLES} == dict.fromkeys(ROLES, 1)
+    # the summary and the run's last lines say who was restarted, and how each had ended
+    assert set(summary["restarts"]) == set(ROLES), summary
+    assert all("killed by SIGKILL" in r["last_cause"] for r in summary["restarts"].values())
+    assert "workers restarted during the run: " in out and "actor/0 1 time (last: was " in out
     assert {w: s["state"] for w, s in table.items() if s["state"] != "stopped"} == {}, out
     versions = [r["policy/default/version"] for r in read_metrics(run_dir)
                 if r.get("policy/default/version") is not None]  # fmt: skip

@@ -16,6 +16,7 @@ from distributed.launch.local import ended_by
 from system.roles import Role, WorkerState
 from system.run import supervisor as sup
 from system.run.control_protocol import Stop
+from system.run.finish import restarts_of
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 
@@ -114,6 +115,48 @@ def test_a_real_kill_9_is_not_taken_for_the_out_of_memory_killer(tmp_path, monke
     vmstat.unlink()  # a kernel without the count: the hint as before
     assert "(out of memory? the kernel's OOM killer sends it" in launcher.how_ended("actor/0")
     assert ended_by(-200) == "was killed by signal 200"
+
+
+def test_the_restart_report_says_who_was_restarted_how_often_and_why(run, monkeypatch):
+    """A worker that failed with the same error every few minutes was restarted for the whole run
+    (each time it had run long enough not to count as a crash loop), and the run that then
+    reached its goal said nothing of it at its end: this is what its summary says now."""
+    s, launcher, _ = run
+    assert restarts_of(s.workers) == {}
+    actor = s.workers["actor/0"]
+    clock = [1000.0]
+    monkeypatch.setattr(sup.time, "monotonic", lambda: clock[0])
+    for _ in range(sup.MAX_RESTARTS + 2):  # more than a crash loop's count, none in a row
+        clock[0] += sup.PROGRESS_S + 1
+        for record in s.workers.values():
+            record.last_seen = clock[0]
+        s.on_error(actor, "ValueError: bad state", "tb", False, False)
+        s.supervise()
+        s.on_hello(actor, pid=2)  # the new process, ready after its start
+        s.on_ready(actor)
+    assert s.failure is None and actor.in_a_row == 1
+    launcher.how_ended = lambda wid: "was killed by SIGKILL"
+    launcher.alive.discard("policy/default/0")
+    s.supervise()
+    assert restarts_of(s.workers) == {
+        "actor/0": {"restarts": sup.MAX_RESTARTS + 2, "last_cause": "ValueError: bad state"},
+        "policy/default/0": {"restarts": 1, "last_cause": "was killed by SIGKILL"},
+    }
+
+
+def test_the_run_s_last_lines_name_the_restarted_workers():
+    from distributed.launch.run_commands import restarts_line
+
+    line = restarts_line(
+        {
+            "actor/0": {"restarts": 7, "last_cause": "ValueError: bad state"},
+            "params": {"restarts": 1, "last_cause": "was killed by SIGKILL"},
+        }
+    )
+    assert line == (
+        "workers restarted during the run: actor/0 7 times (last: ValueError: bad state); "
+        "params 1 time (last: was killed by SIGKILL)"
+    )
 
 
 def test_a_crash_loop_is_given_up_on(run):
