@@ -28,6 +28,7 @@ from distributed.launch.signals import (
     EXIT_DONE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    Interrupts,
     forwarding,
     forwards_signals,
     own_process_group,
@@ -159,9 +160,15 @@ def _check_writable(folder: Path) -> None:
 
 
 def controller_main(
-    config_dict: dict, run_dir: str, display: bool | None, metrics_port: int | None = None
+    config_dict: dict,
+    run_dir: str,
+    display: bool | None,
+    metrics_port: int | None = None,
+    interrupts: Interrupts | None = None,
 ) -> int:
-    """Entry point of the controller process."""
+    """Entry point of the controller process. ``interrupts``: signals held back while it
+    starts (:func:`run_interrupts`), armed as its loop begins; a stop asked for before then
+    ends the run in order without starting a worker (exit 130, a summary)."""
     from distributed.launch.local import LocalLauncher
     from system import logs
     from system.run.controller import Controller
@@ -184,7 +191,7 @@ def controller_main(
         logger.error("%s", e)
         return EXIT_FAILED
     try:
-        summary = controller.run()
+        summary = controller.run(stopped=interrupts.arm if interrupts else None)
     except KeyboardInterrupt:  # a second signal while the run stopped in order
         logger.warning("stopping at once: every worker is killed; resume from the last "
                        "persisted version with `troupe run --resume %s`", run_dir)  # fmt: skip
@@ -318,6 +325,7 @@ def wait_local(process: BaseProcess, timeout_s: float | None = None) -> int | No
 def _controller_entry(
     config_dict: dict, run_dir: str, display: bool | None, own_group: bool, metrics_port: int | None
 ) -> None:
+    interrupts = run_interrupts(defer=True)  # first: a stop during the imports is noted
     import sys
     import types
 
@@ -328,8 +336,7 @@ def _controller_entry(
     sys.modules["__main__"] = types.ModuleType("__main__")
     _forget_launchers_forkserver()
     own_process_group(own_group)  # signals come through the launcher (.signals)
-    run_interrupts()
-    sys.exit(controller_main(config_dict, run_dir, display, metrics_port))
+    sys.exit(controller_main(config_dict, run_dir, display, metrics_port, interrupts))
 
 
 def _forget_launchers_forkserver() -> None:

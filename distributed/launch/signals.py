@@ -79,24 +79,47 @@ DUPLICATE_S = 0.25
 """Signals this close together are one request (see :func:`run_interrupts`)."""
 
 
-def run_interrupts() -> None:
+class Interrupts:
+    """SIGINT and SIGTERM in the run's process (:func:`run_interrupts`), held back while it
+    starts: until :meth:`arm`, a request is only noted. A KeyboardInterrupt raised in the
+    controller's imports or before its loop (``troupe stop`` a second after ``troupe run``)
+    left it as a second signal would (every worker killed, exit 131 or a traceback and exit
+    1, no summary; with no config.json written, a folder that could be neither resumed nor
+    reused)."""
+
+    def __init__(self, defer: bool) -> None:
+        self.deferred = defer
+        self.pending = False
+        self.last: float | None = None
+
+    def handle(self, signum: int, frame) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last < DUPLICATE_S:
+            return
+        self.last = now
+        if self.deferred:
+            self.pending = True
+            return
+        raise KeyboardInterrupt()
+
+    def arm(self) -> bool:
+        """From now on a request raises KeyboardInterrupt; whether one came before (the caller
+        then stops the run in order, having started nothing)."""
+        self.deferred = False
+        return self.pending
+
+
+def run_interrupts(defer: bool = False) -> Interrupts:
     """In the run's process: SIGINT and SIGTERM raise KeyboardInterrupt (the first stops the
     run in order, a second abandons it), but one that comes within :data:`DUPLICATE_S` of the
     last is the same request arriving twice: ``pkill -f "troupe run"`` signals the launcher,
     which forwards it, and this process too, forked from it with the same command line. Each
-    used to count, and the run was abandoned (exit 131, no summary) instead of stopped."""
-    last: float | None = None
-
-    def interrupt(signum: int, frame) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if last is not None and now - last < DUPLICATE_S:
-            return
-        last = now
-        raise KeyboardInterrupt()
-
+    used to count, and the run was abandoned (exit 131, no summary) instead of stopped.
+    ``defer``: only note a request until :meth:`Interrupts.arm`."""
+    interrupts = Interrupts(defer)
     for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, interrupt)
+        signal.signal(s, interrupts.handle)
+    return interrupts
 
 
 @contextlib.contextmanager

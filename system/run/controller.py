@@ -113,15 +113,23 @@ class Controller:
         }
 
     # ----------------------------------------------------------------- lifecycle
-    def run(self) -> dict[str, Any]:
-        """Start every worker, supervise until a stopping rule holds, stop, write the summary."""
-        config_file = self.run_dir / run_folder.CONFIG
-        if self.folder.write(lambda: run_folder.write_json(config_file, self.config.to_dict())):
-            self.shape.start()  # while the workers start: their hello waits for it
-            self.supervisor.start_all(self.address)
+    def run(self, stopped: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Start every worker, supervise until a stopping rule holds, stop, write the summary.
+        ``stopped``: called first, inside the part a KeyboardInterrupt stops in order; True
+        when a stop was asked for while the controller was being built (then no worker is
+        started: the summary says ``interrupted``, and the folder can be resumed)."""
         self.display.start()
         next_stats = time.monotonic() + STATS_EVERY_S
         try:
+            if stopped is not None and stopped():
+                self.stop_reason = "interrupted"
+            config_file = self.run_dir / run_folder.CONFIG
+            written = self.folder.write(
+                lambda: run_folder.write_json(config_file, self.config.to_dict())
+            )
+            if written and not self.stop_reason:
+                self.shape.start()  # while the workers start: their hello waits for it
+                self.supervisor.start_all(self.address)
             while not self.stop_reason:
                 self._receive(timeout_ms=50)
                 self._check_stop()  # every loop: a solved run ends the moment it is known

@@ -279,8 +279,9 @@ class Supervisor:
         a trainer sends them, a replay worker saves its buffer) must be there and running its
         loop. One that died moments before the stop, too late for supervision to restart it, is
         restarted now and waited for; so is one restarted moments ago (stopped while being
-        built, a worker just leaves, without its on_stop)."""
-        savers = [r for r in self.workers.values() if r.plan.role in SAVING_ROLES]
+        built, a worker just leaves, without its on_stop). One never ready has nothing to save:
+        a stop during start-up brought such savers up only to stop them."""
+        savers = [r for r in self.workers.values() if r.plan.role in SAVING_ROLES and r.came_up]
         for record in savers:
             wid = record.plan.worker_id
             down = record.state is WorkerState.FAILED or not self.launcher.is_alive(wid)

@@ -313,6 +313,46 @@ def test_a_second_signal_stops_the_run_at_once(tmp_path):
     assert states["actor/0"] == "stopped", states
 
 
+@pytest.mark.parametrize("after_s", [0.0, 1.0])
+def test_a_stop_while_the_run_starts_stops_it_in_order(tmp_path, after_s):
+    """``troupe stop`` moments after ``troupe run``: the controller, still importing or building
+    itself, took the signal for a second one (every worker killed, exit 131 or a traceback and
+    exit 1, no summary, no config.json: a folder neither resumable nor reusable)."""
+    run_dir = tmp_path / "run"
+    proc = start(["run", "cartpole-ppo", *QUICK, "--run-dir", str(run_dir), "--no-display"])
+    wait_for(lambda: (run_dir / "launch.json").exists(), proc, what="the launch record")
+    time.sleep(after_s)
+    os.kill(read_json(run_dir / "launch.json")["pid"], signal.SIGINT)  # what troupe stop does
+    out = finish(proc, timeout=120)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "stopping at once" not in out, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "interrupted" and "restarts" not in summary, summary
+    assert (run_dir / "config.json").exists()  # the folder can be resumed
+    controller = read_json(run_dir / "launch.json")["pid"]
+    deadline = time.monotonic() + 30
+    while not _workers_gone(run_dir, controller) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_gone(run_dir, controller), "processes outlived the stop"
+
+
+def test_signals_while_the_controller_starts_are_noted_and_raise_once_armed():
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupts = run_interrupts(defer=True)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # the handler runs here, and must not raise
+        assert interrupts.pending and interrupts.arm()
+        time.sleep(DUPLICATE_S)
+        with pytest.raises(KeyboardInterrupt):  # armed: a signal stops the run
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        assert not run_interrupts(defer=True).arm()  # none came: the run starts
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def test_a_signal_once_every_worker_stopped_in_order_does_not_cut_the_summary_short():
     """``troupe stop --now`` sends its second signal 0.5 s after the first: a quick stop in
     order is over by then, and the signal cut the summary's writing short (exit 131)."""
