@@ -13,7 +13,6 @@ import argparse
 import logging
 import os
 import re
-import signal
 import socket
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from distributed.launch.signals import (
     EXIT_DONE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
-    raise_interrupt,
+    run_interrupts,
 )
 from system import run_folder
 from system.run.prometheus import DEFAULT_PORT as DEFAULT_METRICS_PORT
@@ -119,6 +118,12 @@ def secure_or_refuse(insecure: bool, what: str) -> None:
 
 
 def run_controller(args: argparse.Namespace, console: Console) -> int:
+    # Swarm and Slurm stop a run with SIGINT, Kubernetes with SIGTERM: both stop it in order,
+    # even where the controller was started with SIGINT ignored (`nohup ... &`, a script's
+    # background job), which Python would otherwise keep: the stop would never arrive. One that
+    # comes while the controller is built is held back, and stops the run before any worker is
+    # started (it raised in the middle of the imports before: a traceback and exit 1).
+    interrupts = run_interrupts(defer=True)
     from distributed.launch.local import ExternalLauncher
     from system.run.controller import HEARTBEAT_TIMEOUT_S, Controller
 
@@ -148,13 +153,8 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
         heartbeat_timeout_s=args.heartbeat_timeout or HEARTBEAT_TIMEOUT_S,
         metrics_port=args.metrics_port,
     )
-    # Swarm and Slurm stop a run with SIGINT, Kubernetes with SIGTERM: both stop it in order,
-    # even where the controller was started with SIGINT ignored (`nohup ... &`, a script's
-    # background job), which Python would otherwise keep: the stop would never arrive.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        summary = controller.run()
+        summary = controller.run(stopped=interrupts.arm)
     except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
         return EXIT_ABANDONED
     console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})

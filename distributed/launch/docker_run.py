@@ -20,9 +20,9 @@ import argparse
 import logging
 import os
 import re
-import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -45,7 +45,12 @@ if TYPE_CHECKING:
     import docker
     from docker.models.containers import Container
 
-from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED
+from distributed.launch.signals import (
+    EXIT_ABANDONED,
+    EXIT_INTERRUPTED,
+    Interrupts,
+    run_interrupts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +171,14 @@ def run_docker(
     client: docker.DockerClient | None = None,
     out: TextIO | None = None,
     metrics_port: int | None = None,
+    interrupts: Interrupts | None = None,
 ) -> int:
     """Run every role in its own container until the controller exits; its exit code.
+
+    ``interrupts``: SIGINT and SIGTERM held back while the containers start (made here, in the
+    main thread, if not given): a stop asked for then is passed to the controller's container
+    once it runs, which stops the run in order (exit 130 and a summary). It ended this process
+    at once before, exit 130 and no summary, with nothing said.
 
     ``metrics_port``: publish the controller's Prometheus endpoint on this port of the host's
     loopback (0: any free port; ``endpoints.json`` names the one taken).
@@ -183,12 +194,13 @@ def run_docker(
     keys = ensure_keys(run_dir)
     printer = LogPrinter(out or sys.stdout)
     done = threading.Event()
-    if threading.current_thread() is threading.main_thread():
+    if interrupts is None and threading.current_thread() is threading.main_thread():
         # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        interrupts = run_interrupts(defer=True)
     network = client.networks.create(f"troupe-{run}", driver="bridge", labels={LABEL_RUN: run})
     containers: list[Container] = []
     events = None
+    launched = time.time()
     try:
         events = client.events(decode=True, filters=_exit_filters(run))
         threading.Thread(target=report_exits, args=(events, printer, done), daemon=True).start()
@@ -203,8 +215,13 @@ def run_docker(
             threading.Thread(
                 target=follow_logs, args=(container, spec.worker_id, printer, done), daemon=True
             ).start()
+            if interrupts is not None and interrupts.pending:
+                break  # the controller's container runs (the first): it stops the run
+        if interrupts is not None and interrupts.arm():
+            _wait_until_it_takes_signals(containers[0], run_dir, launched)
+            return _stop_in_order(containers[0])
         return _wait_for_controller(containers[0])
-    except KeyboardInterrupt:  # before the controller ran: nothing to stop in order
+    except KeyboardInterrupt:  # with no interrupts held back: before the controller ran
         return EXIT_INTERRUPTED
     finally:
         done.set()
@@ -311,16 +328,41 @@ def _wait_for_controller(controller: Container) -> int:
     try:
         return int(controller.wait()["StatusCode"])
     except KeyboardInterrupt:
-        logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
-        controller.kill(signal="SIGINT")
-        try:
-            controller.wait(timeout=STOP_GRACE_S)
-        except KeyboardInterrupt:  # abandoned: the containers are removed as they are
-            logger.warning("stopping at once: every container is removed")
-            return EXIT_ABANDONED
-        except Exception:  # a timeout: the containers are removed all the same
-            logger.warning("the controller did not stop in %.0fs", STOP_GRACE_S)
-        return EXIT_INTERRUPTED
+        return _stop_in_order(controller)
+
+
+def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: float) -> None:
+    """Until the controller in ``controller``'s container runs its loop, where a SIGINT stops
+    the run in order (its first record, ``latest.json``, is written then); not past its end or
+    :data:`STOP_GRACE_S`. A SIGINT while its interpreter still imports would end it with a
+    traceback. ``since``: when the containers were started (a ``latest.json`` of an earlier run,
+    in a resumed folder, is older)."""
+    from system.run_folder import LATEST
+
+    latest = run_dir / LATEST
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        if latest.exists() and latest.stat().st_mtime >= since:
+            return
+        controller.reload()
+        if controller.status not in ("created", "running"):
+            return
+        time.sleep(0.2)
+
+
+def _stop_in_order(controller: Container) -> int:
+    """Ask the controller's container to stop the run in order, and wait for it: its exit code
+    (130 when it stopped in order, with a summary), 131 on a second signal."""
+    logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
+    controller.kill(signal="SIGINT")
+    try:
+        return int(controller.wait(timeout=STOP_GRACE_S)["StatusCode"])
+    except KeyboardInterrupt:  # abandoned: the containers are removed as they are
+        logger.warning("stopping at once: every container is removed")
+        return EXIT_ABANDONED
+    except Exception:  # a timeout: the containers are removed all the same
+        logger.warning("the controller did not stop in %.0fs", STOP_GRACE_S)
+    return EXIT_INTERRUPTED
 
 
 def remove_run_objects(client: docker.DockerClient, run: str) -> None:

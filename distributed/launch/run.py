@@ -365,17 +365,18 @@ def _docker_entry(
     metrics_port: int | None,
 ) -> None:
     """Entry point of the process that runs a docker run's containers (see :func:`start`)."""
+    interrupts = run_interrupts(defer=True)  # run_docker passes a stop on once it can
     import sys
 
     from distributed.launch.docker_run import run_docker
 
     own_process_group(own_group)
-    run_interrupts()  # run_docker stops the run on the first
     config = ExperimentConfig.from_dict(config_dict)
     try:
         code = run_docker(
-            config, Path(run_dir), image=image, display=display, metrics_port=metrics_port
-        )
+            config, Path(run_dir), image=image, display=display, metrics_port=metrics_port,
+            interrupts=interrupts,
+        )  # fmt: skip
     except UserError as e:  # checked before the fork; something changed since (a race)
         logger.error("%s", e)
         code = EXIT_FAILED

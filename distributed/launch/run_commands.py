@@ -120,6 +120,17 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         secure=args.secure, metrics_port=args.metrics_port,
     )  # fmt: skip
     code = wait_local(process)
+    if code < 0 and args.launcher == "docker":  # the containers do not depend on it
+        console.print(
+            Text(
+                f"the process that ran the run's containers was killed (signal {-code}); the "
+                f"run goes on in them: `troupe ps {run_dir}` shows them, `troupe stop "
+                f"{run_dir}` stops the run in order and removes them",
+                style="red",
+            ),
+            soft_wrap=True,
+        )
+        return 128 - code
     if code < 0:  # the controller was killed: its workers leave by themselves
         console.print(
             Text(

@@ -313,6 +313,34 @@ def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_
     assert_nothing_left(client, dl.run_name(run_dir))
 
 
+def test_a_stop_while_a_docker_run_starts_stops_it_in_order(client, tmp_path):
+    """`troupe stop` a moment after `troupe run --launcher docker`: the process starting the
+    containers ended at once, exit 130 with no summary and nothing said of why; now the stop
+    waits for the controller's container, which stops the run in order."""
+    run_dir = tmp_path / "runs" / "early"
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
+        "--launcher", "docker", "--image", IMAGE, "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "launch.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(read_json(run_dir / "launch.json")["pid"], signal.SIGINT)  # as troupe stop
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
+    assert_nothing_left(client, dl.run_name(run_dir))
+
+
 def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
     """The operations commands on `troupe run --launcher docker`: they once knew Swarm only and
     answered "This node is not a swarm manager". Named by the run's name under runs/."""

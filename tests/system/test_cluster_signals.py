@@ -93,3 +93,30 @@ def test_a_cluster_controller_stops_the_run_in_order_on_its_schedulers_signal(tm
     assert codes == [0] * len(WORKERS)
     table = json.loads((run_dir / "workers.json").read_text())
     assert all(w["state"] == "stopped" for w in table.values()), table
+
+
+def test_a_cluster_controller_stopped_while_it_starts_stops_before_any_worker(tmp_path):
+    """A scheduler's stop while ``troupe controller`` is still being built (a job cancelled as
+    it starts): the signal raised in the middle of its imports, a traceback and exit 1 with no
+    summary. It is held back now, and the run stops in order before any worker is started."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = load_experiment("cartpole-ppo", ["stop.eval_return=None", "evaluation.workers=0"])
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    argv = ["controller", str(run_dir), "--bind", f"tcp://127.0.0.1:{free_port()}",
+            "--advertise-host", "127.0.0.1", "--no-display", "--insecure"]  # fmt: skip
+    controller = troupe(argv, tmp_path / "controller.out")
+    log = run_dir / "logs" / "controller.log"
+    deadline = time.monotonic() + 60
+    while not log.exists() and time.monotonic() < deadline:  # run_controller has begun
+        time.sleep(0.01)
+    controller.send_signal(signal.SIGTERM)
+    try:
+        code = controller.wait(timeout=120)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    out = (tmp_path / "controller.out").read_text()
+    assert code == 130 and "Traceback" not in out, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["env_frames"] == 0, summary
