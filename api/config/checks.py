@@ -120,7 +120,14 @@ def _check_mappings(config: ExperimentConfig) -> list[str]:
             "agent_policies: must map every agent to a policy when there are several (or set "
             "policy_mapping)"
         ]
-    errors = []
+    errors = [
+        f"policies.{name}: no agent plays it; name it in agent_policies, or remove it (its "
+        "network is built for the spaces of an agent that plays it)"
+        for name in config.policies
+        if config.agent_policies
+        and not (mapped or config.pbt.members)
+        and name not in config.agent_policies
+    ]
     for path, comp in (
         ("policy_mapping", config.policy_mapping),
         ("evaluation.policy_mapping", config.evaluation.policy_mapping),

@@ -156,6 +156,16 @@ def test_validate_checks_names_and_arguments_against_the_registry():
     assert errors[2] == ("agent_policies[1]: unknown policy 'other'; policies are ['default']")
 
 
+def test_a_policy_no_agent_plays_is_refused_before_the_run():
+    """Every worker that built it crashed on a bare StopIteration, restarted 5 times each."""
+    from api.config import make_experiment
+    from api.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"policies.blue: no agent plays it; name it in "):
+        make_experiment("gather-2p-ppo", ["agent_policies=['red','red']"])
+    assert validate(make_experiment("gather-2p-ppo")) == []
+
+
 class RangedPolicy:
     """A policy whose numeric arguments have declared intervals."""
 
