@@ -8,6 +8,8 @@ They belong to the two families of :mod:`api.errors`: catch ``api.errors.Operati
 
 from __future__ import annotations
 
+import re
+
 from api.errors import OperationalError, UserError
 
 
@@ -65,3 +67,10 @@ class CallbackError(UserError):
 class TrainerContractError(UserError):
     """A trainer broke the trainer contract (a stat that is no number, a step that left the
     policy's version where it was): every restart would break it the same way."""
+
+
+def alike(a: str | None, b: str | None) -> bool:
+    """Two error messages that differ only in their numbers (``environment 5 of actor/0`` and
+    ``environment 2 of actor/1``): the supervisor shows such an error in full once. Compared
+    as they were, it was shown again for nearly every restart of each actor."""
+    return a is not None and b is not None and re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b)

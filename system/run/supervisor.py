@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from system.errors import WorkerFailure
+from system.errors import WorkerFailure, alike
 from system.roles import Role, WorkerState
 from system.run.control_protocol import ControlMessage, Stop
 from system.run.name_service import NameService
@@ -88,8 +88,7 @@ class WorkerRecord:
     """Its last heartbeat's numeric stats (``version``: the parameters it serves or published)."""
     came_up: bool = False
     """Whether it ever became ready (in any of its processes)."""
-    restart_cause: str | None = None
-    """Why it was last restarted: its error's message, else how its process ended."""
+    restart_cause: str | None = None  # its last restart's: its error's message, or how it ended
 
 
 Send = Callable[[str, ControlMessage], None]
@@ -165,11 +164,13 @@ class Supervisor:
             # the error that failed the run, met by another worker (every role that builds
             # the policy when it cannot be built): its traceback is above already
             logger.warning("%s failed with the same error", wid)
-        elif message == record.last_error:  # a crash loop: its traceback was shown once
-            logger.warning("%s failed again with the same error (restart %d in a row)",
-                           wid, record.in_a_row)  # fmt: skip
+        elif alike(message, record.last_error):  # a crash loop: its traceback was shown once
+            other = "" if message == record.last_error else f": {message}"  # its numbers
+            logger.warning("%s failed again with the same error (restart %d in a row)%s",
+                           wid, record.in_a_row, other)  # fmt: skip
         elif shown_by := self._shown_by(message):  # every actor's environment hangs alike
-            logger.warning("%s failed with the same error as %s", wid, shown_by)
+            other = "" if message == self.workers[shown_by].last_error else f": {message}"
+            logger.warning("%s failed with the same error as %s%s", wid, shown_by, other)
         else:
             logger.error("%s failed: %s\n%s", wid, message, tb)
         record.last_error = message
@@ -179,8 +180,8 @@ class Supervisor:
             self.fail(WorkerFailure(wid, _given_up(record, message), tb))
 
     def _shown_by(self, message: str) -> str | None:
-        """Another worker whose last error, shown in full, was ``message``."""
-        return next((w for w, r in self.workers.items() if r.last_error == message), None)
+        """Another worker whose last error, shown in full, was ``message`` (or :func:`alike`)."""
+        return next((w for w, r in self.workers.items() if alike(r.last_error, message)), None)
 
     # ------------------------------------------------------------- supervision
     def supervise(self) -> None:

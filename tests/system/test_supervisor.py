@@ -212,6 +212,27 @@ def test_an_error_another_worker_met_first_is_shown_once(run, caplog):
     assert {s.workers[w].state for w in ("actor/0", "actor/1")} == {WorkerState.RESTARTING}
 
 
+def test_an_error_that_differs_only_in_its_numbers_is_shown_once(run, caplog):
+    """An environment that raises in every actor: the message names the environment and the
+    worker, so each restart of each actor printed the whole traceback again (16 of one error
+    in a 30 s run)."""
+    s, _, _ = run
+    said = "environment {} of actor/{} failed in step: KeyError('step 5 boom')"
+    s.on_error(s.workers["actor/0"], said.format(5, 0), "stack 0", False, False)
+    s.on_error(s.workers["actor/1"], said.format(2, 1), "stack 1", False, False)
+    s.supervise()
+    s.on_error(s.workers["actor/0"], said.format(3, 0), "stack 0", False, False)
+    s.on_error(s.workers["actor/0"], said.format(3, 0), "stack 0", False, False)
+    shown = [m for r in caplog.records if "restarting" not in (m := r.getMessage())]
+    assert shown == [
+        f"actor/0 failed: {said.format(5, 0)}\nstack 0",
+        f"actor/1 failed with the same error as actor/0: {said.format(2, 1)}",
+        f"actor/0 failed again with the same error (restart 1 in a row): {said.format(3, 0)}",
+        "actor/0 failed again with the same error (restart 1 in a row)",
+    ]
+    assert sup.alike("a 1 b", "a 22 b") and not sup.alike("a 1 b", "a 1 c")
+
+
 def test_the_stop_goes_actors_first_and_the_parameter_service_last(run):
     s, _, _ = run
     stops: list[str] = []
