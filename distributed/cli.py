@@ -108,7 +108,9 @@ def _add_test_env_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check reset() only (for action spaces that cannot sample random actions)",
     )
-    parser.add_argument("--steps", type=int, default=200, help="random steps to take")
+    parser.add_argument(
+        "--steps", type=eval_command.at_least_one, default=200, help="random steps to take"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for the determinism check")
     rc.add_import_argument(parser)
 

@@ -7,13 +7,16 @@ import json
 
 from rich.console import Console
 
+from api.errors import UserError
+
 VIDEO_MAX_EPISODES = 10
 """What ``troupe eval --video`` records by default at most (every frame is kept in memory
 until the file is written: ten CartPole episodes are 5,000 frames)."""
 
 
-def _at_least_one(text: str) -> int:
-    """A whole number of at least 1 (``--episodes 0`` ended in a numpy traceback)."""
+def at_least_one(text: str) -> int:
+    """A whole number of at least 1 (``--episodes 0`` ended in a numpy traceback; ``troupe
+    test-env --steps -5`` passed, having stepped nothing)."""
     try:
         value = int(text)
     except ValueError:
@@ -30,10 +33,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run folder (the version its run was solved with, else the latest) or a "
         "checkpoint file (checkpoints/<policy>/vNNNNNNNN.ckpt)",
     )
-    parser.add_argument("--episodes", type=_at_least_one, default=20)
-    parser.add_argument(
-        "--envs", type=_at_least_one, default=8, help="environments stepped at once"
-    )
+    parser.add_argument("--episodes", type=at_least_one, default=20)
+    parser.add_argument("--envs", type=at_least_one, default=8, help="environments stepped at once")
     parser.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on the last line"
     )
@@ -44,7 +45,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--video-episodes",
-        type=int,
+        type=at_least_one,
         default=None,
         help=f"episodes in the video (default: --episodes, at most {VIDEO_MAX_EPISODES})",
     )
@@ -57,6 +58,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     from system.eval_quota import interval_words
     from system.run.evaluation import earlier_solve_words, evaluate
 
+    if args.video_episodes is not None and not args.video:
+        raise UserError("--video-episodes is for the video: name its file with --video")
     torch.set_num_threads(1)
     if args.video:
         from distributed.video import record_video

@@ -44,10 +44,14 @@ def add_test_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         help="config overrides, e.g. policies.default.trainer.args.lr=0.001",
     )
     add_import_argument(parser)
+    from distributed.launch.eval_command import at_least_one
+
     parser.add_argument(
-        "--trainer-steps", type=int, default=3, help="trainer steps to run, at least"
+        "--trainer-steps", type=at_least_one, default=3, help="trainer steps to run, at least"
     )
-    parser.add_argument("--episodes", type=int, default=1, help="episodes to finish, at least")
+    parser.add_argument(
+        "--episodes", type=at_least_one, default=1, help="episodes to finish, at least"
+    )
     add_algo_argument(parser, "test-pipeline")
 
 

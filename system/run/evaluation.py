@@ -60,10 +60,24 @@ def locate(target: str | Path) -> tuple[Path, dict[str, int]]:
     path = Path(target)
     if path.is_dir():
         return path, _solved_version(path)
-    if path.is_file() and path.suffix == CHECKPOINT_SUFFIX and path.stem.startswith("v"):
+    if path.is_file() and path.suffix == CHECKPOINT_SUFFIX:
+        run_dir = path.resolve().parents[2] if len(path.resolve().parents) > 2 else None
+        if run_dir is None or not (run_dir / run_folder.CONFIG).is_file():
+            raise UserError(
+                f"{path} is evaluated from inside its run folder, whose config.json says how to "
+                f"build its environment and policy (runs/<name>/checkpoints/<policy>/"
+                f"vNNNNNNNN{CHECKPOINT_SUFFIX})"
+            )
+        if path.stem == "latest":  # what the policy's newest version is: it plays that
+            return run_dir, {}
+        if path.stem.startswith("trainer"):
+            raise UserError(
+                f"{path} is its trainer's state (the optimizer's too), not a version of the "
+                f"policy: evaluate a v*{CHECKPOINT_SUFFIX} or latest{CHECKPOINT_SUFFIX} beside it"
+            )
         try:
-            return path.parents[2], {path.parent.name: int(path.stem[1:])}
-        except (ValueError, IndexError) as e:
+            return run_dir, {path.parent.name: int(path.stem.removeprefix("v"))}
+        except ValueError as e:
             raise UserError(f"{path} is not a checkpoint written by a Troupe run") from e
     raise UserError(
         f"{path} is neither a run folder nor a checkpoint file (runs/<name>/checkpoints/<policy>/"

@@ -399,6 +399,33 @@ def test_eval_of_no_episodes_is_refused_before_anything_starts(tmp_path):
         troupe_api.evaluate(tmp_path, episodes=0)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "RUN", "--video", "v.gif", "--video-episodes", "-2"],
+        ["test-env", "CartPole-v1", "--steps", "-5"],  # it passed, having stepped nothing
+        ["test-pipeline", "cartpole-ppo", "--trainer-steps", "0"],  # "pipeline ok", no step
+        ["test-pipeline", "cartpole-ppo", "--episodes", "-1"],
+    ],
+)
+def test_counts_below_one_are_refused_by_the_check_and_eval_commands(argv, capsys):
+    from distributed.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert "must be at least 1, got" in capsys.readouterr().err
+
+
+def test_video_episodes_without_a_video_is_refused(tmp_path):
+    """It was ignored without a word."""
+    result = troupe("eval", str(tmp_path), "--video-episodes", "3")
+    assert result.returncode == 1, result.stderr
+    assert "--video-episodes is for the video: name its file with --video" in result.stdout + (
+        result.stderr
+    )
+
+
 def test_one_string_for_a_list_of_overrides_or_imports_is_refused_in_one_line(tmp_path):
     """`troupe.train("cartpole-ppo", "seed=3")` was read a character at a time: six errors,
     "s: an override must look like key.path=value", ...; `imports="my.py"`: "cannot import
