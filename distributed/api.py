@@ -179,12 +179,21 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8):
 class LoadedPolicy:
     """One trained policy, acting on one observation at a time."""
 
-    def __init__(self, policy: Policy, config: ExperimentConfig, name: str, version: int):
+    def __init__(
+        self,
+        policy: Policy,
+        config: ExperimentConfig,
+        name: str,
+        version: int,
+        curriculum_stage: Any = None,
+    ):
         self.policy = policy
         self.config = config
         """The experiment it was trained in."""
         self.name = name
         self.version = version
+        self.curriculum_stage = curriculum_stage
+        """What its run's environments were last told (``set_curriculum_stage``), or None."""
 
     def act(self, obs: Any, state: Any = None, greedy: bool = True) -> tuple[Any, Any]:
         """``(action, state)`` for one observation (an array, or a dict for Dict spaces).
@@ -215,7 +224,10 @@ class LoadedPolicy:
         from api import environment
 
         comp = self.config.environment
-        return environment.make(comp.type, **{**comp.args, **kwargs})
+        env = environment.make(comp.type, **{**comp.args, **kwargs})
+        if self.curriculum_stage is not None:  # the stage its run reached, not stage 0
+            env.set_curriculum_stage(self.curriculum_stage)
+        return env
 
 
 def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
@@ -226,7 +238,7 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
     """
     from system.parameters.store import LATEST
     from system.run import builders
-    from system.run.evaluation import load_run, locate
+    from system.run.evaluation import curriculum_stage, load_run, locate
 
     run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
@@ -239,7 +251,8 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
     built.load_checkpoint(params)
     if hasattr(built, "eval_mode"):
         built.eval_mode()
-    return LoadedPolicy(built, config, name, number)
+    stage = curriculum_stage(run_dir, config)
+    return LoadedPolicy(built, config, name, number, stage["stage"] if stage else None)
 
 
 def _one_row(obs: Any) -> np.ndarray | NamedArray:

@@ -72,6 +72,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(result.to_dict()))
     else:
         whose = f" of {result.policy}" if result.policy else ""
+        if result.curriculum_stage is not None:
+            whose += f" in curriculum stage {result.curriculum_stage}, the run's last"
         console.print(
             f"{result.episodes} greedy episodes{whose} (a quota per environment), versions "
             f"{result.versions}: mean return {result.mean_return:.2f} ± {result.std_return:.2f}"

@@ -45,6 +45,8 @@ class EvaluationResult:
     policy: str | None = None
     """Whose returns the figures above are (``evaluation.policy``, or a PBT run's member);
     None: every agent's together."""
+    curriculum_stage: int | None = None
+    """The curriculum stage the episodes were played in: the one the run had reached."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -156,6 +158,9 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
     config = dataclasses.replace(config, evaluation=evaluation)
     chosen, versions = _select(store, config, pinned)
     run = SerialRun(config, store=chosen, train=False)
+    stage = curriculum_stage(run_dir, config)
+    for env in (env for actor in run.actors for env in actor.envs) if stage else ():
+        env.set_curriculum_stage(stage["stage"])  # before the first reset, which applies it
     try:
         done = run.eval_until(episodes * max(1, len(members)))
     finally:
@@ -179,7 +184,20 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
         ci95_low=summary.ci95_low,
         ci95_high=summary.ci95_high,
         policy=judged_policy or None,
+        curriculum_stage=int(stage["index"]) if stage else None,
     )
+
+
+def curriculum_stage(run_dir: Path, config: ExperimentConfig) -> dict[str, Any] | None:
+    """The stage a run's curriculum had reached (``{"index": i, "stage": what the environments
+    are told}``, from its saved global state); None without a curriculum. Evaluation played
+    stage 0: a run solved at 500 in its last stage was reported at 100."""
+    if not config.curriculum.metric:
+        return None
+    from system.run.coordination.state import StateStore
+
+    value, _ = StateStore.load(run_dir).get(config.curriculum.key)
+    return value if isinstance(value, dict) and {"index", "stage"} <= set(value) else None
 
 
 def _best_member(run_dir: Path, members: list[str], pinned: dict[str, int]) -> str:

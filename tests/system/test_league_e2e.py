@@ -48,6 +48,17 @@ def test_curriculum_advances_and_every_environment_plays_the_new_stage(tmp_path)
     saved = msgpack.unpackb((run_dir / STATE_FILE).read_bytes())
     assert saved["entries"]["curriculum/stage"][0] == {"index": 2, "stage": 2}
     assert read_json(run_dir / "summary.json")["curriculum_stage"] == 2
+    # Evaluation plays the stage the run reached (it played stage 0: a run solved at 500 in
+    # its last stage was reported at 100), and so do a loaded policy's environments.
+    import troupe
+
+    result = troupe.evaluate(run_dir, episodes=4)
+    assert result.curriculum_stage == 2
+    loaded = troupe.load_policy(run_dir)
+    env = loaded.make_env()
+    assert loaded.curriculum_stage == 2
+    played = env.reset()[0].info.get("curriculum_stage")
+    assert played == 2, played
 
 
 def test_pbt_exploits_copy_weights_and_hyperparameters_without_a_restart(tmp_path):
