@@ -252,7 +252,10 @@ def _fixed(key: str) -> bool:
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict) and data:
+    """Leaves by dotted key. An empty mapping is none: kept as a leaf, ``environment.args``
+    ({} then, a key below it now) was the change a refusal named, ``with
+    environment.args=None: the run was trained with {}``, not the key that changed."""
+    if isinstance(data, dict):
         out: dict[str, Any] = {}
         for key, value in data.items():
             out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))

@@ -52,6 +52,8 @@ def _changed(what: str):
         config.environment.type = "Acrobot-v1"
     elif what == "policies":
         config.policies["other"] = config.policies.pop("default")
+    elif what == "environment argument":  # below args={}: the refusal named environment.args
+        config.environment.args["max_episode_steps"] = 100
     return config
 
 
@@ -62,6 +64,7 @@ def _changed(what: str):
         ("algorithm", "policies.default.trainer.type"),
         ("environment", "environment.type"),
         ("policies", r"policies\.[\w.]+"),  # a renamed policy: its old keys are gone
+        ("environment argument", r"environment\.args\.max_episode_steps"),
     ],
 )
 def test_a_change_the_checkpoints_cannot_follow_is_refused(tmp_path, what, key):
