@@ -395,6 +395,6 @@ def add_docker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image",
         type=image_reference,
-        default=DEFAULT_TAG,
-        help=f"worker image for --launcher docker ({DEFAULT_TAG})",
+        default=None,
+        help=f"worker image for --launcher docker (default: {DEFAULT_TAG})",
     )

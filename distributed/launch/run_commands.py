@@ -99,9 +99,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
+    from api.errors import UserError
     from distributed.launch.run import check_keys, prepare, start, wait_local
     from system.run.report import SUMMARY_FILE
 
+    if args.image is not None and args.launcher != "docker":  # it was ignored without a word
+        raise UserError(
+            "--image is the worker image of --launcher docker; a local run's workers are "
+            "processes of this machine's Python"
+        )
     overrides = list(args.overrides)
     if args.resume and args.experiment and "=" in args.experiment:
         overrides.insert(0, args.experiment)  # `troupe run --resume DIR key=value`

@@ -452,3 +452,11 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
     process.stdout.close()  # the reader is gone before the first line comes
     assert process.wait(timeout=120) == 141  # 128 + SIGPIPE, as a shell reports such a writer
     assert process.stderr.read() == b""
+
+
+def test_an_image_for_a_local_run_is_refused(tmp_path):
+    """``troupe run cartpole-ppo --image foo:bar`` ran locally, the image ignored."""
+    result = troupe("run", "cartpole-ppo", "--image", "foo:bar", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 1, result.stderr
+    assert "--image is the worker image of --launcher docker" in result.stdout + result.stderr
+    assert not (tmp_path / "r").exists()
