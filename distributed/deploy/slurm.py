@@ -25,7 +25,8 @@ the deploy folder), never by every node at job start.
 Nobody restarts a step's task when it dies, so each task restarts its own worker a few times
 (``worker_task`` in the script), as the controller expects of a scheduler, and says how the
 worker ended (a signal, an exit code), which the controller cannot see; a worker that the
-controller stopped exits 0 and is not restarted.
+controller stopped exits 0 and is not restarted, nor is one whose controller is gone (exit 3:
+restarted, each waited for a controller that no longer was until the job cancelled it).
 
 Longer than 400 lines because the script is one generated text whose parts (header, setup,
 runtime, worker task, steps, finish) read best in the order the script runs them.
@@ -318,6 +319,11 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         '  until troupe_run worker --role "$role" --id "$id" --controller "$CONTROLLER" \\',
         '      --advertise-host "${address:-$(hostname)}"; do',
         "    code=$?",
+        '    if [ "$code" -eq 3 ]; then  # orphaned: its controller is gone, the job ends',
+        '      echo "worker $worker (task $SLURM_PROCID) left: its controller is gone; not'
+        ' restarted" >&2',
+        "      return 3",
+        "    fi",
         "    tries=$((tries + 1))",
         '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then',
         '      echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); not restarted: it'

@@ -600,8 +600,10 @@ def test_a_requeued_job_resumes_its_run_from_the_last_version(tmp_path):
 
 
 def test_a_worker_task_says_how_its_worker_ended_before_restarting_it(tmp_path):
-    """The script's own restart loop, run by bash with a worker that is SIGKILLed, then exits 3,
-    then runs to its stop: it said only "failed" (the controller sees a worker gone silent)."""
+    """The script's own restart loop, run by bash with a worker that is SIGKILLed, then exits 1,
+    then runs to its stop: it said only "failed" (the controller sees a worker gone silent). A
+    worker whose controller is gone (exit 3) is not restarted: each waited for a controller that
+    no longer was, until the job cancelled its steps a minute later."""
     deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k", "--max-restarts", "2",
            "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
     text = script(tmp_path)
@@ -614,7 +616,7 @@ troupe_run() {{  # the worker: killed, then exit 3, then a clean stop
   echo x >> {count}
   case "$(wc -l < {count})" in
     1) sh -c 'kill -KILL $$' ;;
-    2) sh -c 'exit 3' ;;
+    2) sh -c 'exit 1' ;;
     *) return 0 ;;
   esac
 }}
@@ -628,13 +630,21 @@ worker_task actor 'actor/{{ordinal}}'
     assert said == [  # (bash's own "Killed" notice aside)
         "worker actor/1 (task 1) was killed by SIGKILL (exit code 137; out of memory? sacct -j "
         "42 says OUT_OF_MEMORY if so); restart 1 of 2",
-        "worker actor/1 (task 1) exited with code 3; restart 2 of 2",
+        "worker actor/1 (task 1) exited with code 1; restart 2 of 2",
     ]
     count.unlink()
-    (tmp_path / "runs").write_text("x\n")  # from the second run on: exit 3 every time
-    failing = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 3' ;;")
+    (tmp_path / "runs").write_text("x\n")  # from the second run on: exit 1 every time
+    failing = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 1' ;;")
     done = subprocess.run(["bash", "-c", failing], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
-        "worker actor/1 (task 1) exited with code 3; not restarted: it failed 3 times"
+        "worker actor/1 (task 1) exited with code 1; not restarted: it failed 3 times"
+    )
+    (tmp_path / "runs").write_text("x\n")  # exit 3 from the second run on: orphaned
+    orphaned = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 3' ;;")
+    orphaned = orphaned.replace("2) sh -c 'exit 1' ;;", "2) sh -c 'exit 3' ;;")
+    done = subprocess.run(["bash", "-c", orphaned], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stderr.splitlines()[-1] == (
+        "worker actor/1 (task 1) left: its controller is gone; not restarted"
     )
