@@ -86,6 +86,7 @@ class Controller:
         self.thinning = Thinning(config.metrics.thin)
         self.folder.keep(self.metrics.path)  # the run's record: unlinked, the folder was emptied
         self.display = LiveDisplay(config.name, enabled=display)
+        self.last_snapshot: Any = None  # what the display last had, shown or not
         self.coordination = Coordination(config, self.run_dir)  # before callbacks: they use it
         self.callbacks = Callbacks(config.callbacks)
         self.tally = Tally(config, observers=[self.coordination, self.callbacks])
@@ -147,7 +148,7 @@ class Controller:
             try:  # a second signal ends the stop here: the launcher then kills what is left
                 self.supervisor.shutdown(self.server.send, self._receive, revive=revive)
             finally:
-                self.display.stop()
+                self.display.stop(final=False)  # the final line: the last record's (_finish)
         with _stopped_already():
             return self._finish()
 
@@ -196,6 +197,8 @@ class Controller:
 
     def _finish(self) -> dict[str, Any]:
         self.folder.write(lambda: self._report(show=False, written=True))  # the last counts
+        if self.last_snapshot is not None:
+            self.display.final(self.last_snapshot)
         self.folder.write(self.metrics.close)
         self.folder.write(self.coordination.close)  # the state's last save, PBT's plot
         summary = finish_run(
@@ -238,6 +241,7 @@ class Controller:
         if self.exporter is not None:  # the last record of a run says it has ended
             self.exporter.update(record, table, self.run_name, running=show)
         snapshot = self.tally.snapshot(record, roles, workers, time.monotonic())
+        self.last_snapshot = snapshot
         if show:
             self.display.update(snapshot)
         if show and not self.stop_reason:  # a run that met its rule has not stalled

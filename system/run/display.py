@@ -249,6 +249,7 @@ class LiveDisplay:
         self._last_print: float | None = None
         self._live: Live | None = None
         self._started = False
+        self._stopped = False  # by stop(final=False): final() says the last figures
 
     def _renderable(self) -> Panel:
         try:
@@ -281,15 +282,26 @@ class LiveDisplay:
             self._last_print = now
             self._print_line(plain_line(self._snapshot))
 
-    def stop(self) -> None:
-        """Stop the live panel (left on screen) and print a final plain line."""
+    def stop(self, final: bool = True) -> None:
+        """Stop the live panel (left on screen) and print a final plain line (``final``; else
+        :meth:`final` prints it, from figures that come later)."""
         if not self._started:
             return
         self._started = False
+        self._stopped = True
         if self._live is not None:
             self._live.stop()
             self._live = None
-        self._print_line(f"{plain_line(self._snapshot)} (final)")
+        if final:
+            self._print_line(f"{plain_line(self._snapshot)} (final)")
+
+    def final(self, snapshot: Snapshot) -> None:
+        """The final plain line of a display stopped without it, from ``snapshot``: the run's
+        last record, which its summary counts (the last shown one was up to a second older,
+        and older still after a stop in order: 175,550 frames said, 188,609 in the summary)."""
+        if self._stopped:
+            self._stopped = False
+            self._print_line(f"{plain_line(snapshot)} (final)")
 
     def _print_line(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)

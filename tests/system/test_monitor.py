@@ -412,6 +412,23 @@ def test_disabled_display_prints_to_stdout(capsys: pytest.CaptureFixture[str]) -
     assert capsys.readouterr().out.splitlines() == [SNAPSHOT_LINE, SNAPSHOT_LINE + " (final)"]
 
 
+def test_the_final_line_can_come_from_the_run_s_last_record(capsys) -> None:
+    """The controller stops the panel before its last record (after the workers' stop): the
+    final line said 175,550 frames where the summary said 188,609."""
+    display = LiveDisplay("cartpole", enabled=False)
+    display.update(SNAPSHOT)
+    display.stop(final=False)
+    display.final(replace(SNAPSHOT, env_frames=60_000))
+    display.final(SNAPSHOT)  # once only
+    assert capsys.readouterr().out.splitlines() == [
+        SNAPSHOT_LINE,
+        SNAPSHOT_LINE.replace("45,000", "60,000") + " (final)",
+    ]
+    never_shown = LiveDisplay("cartpole", enabled=False)
+    never_shown.final(SNAPSHOT)  # a display never started says nothing at the end either
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize(
     "snapshot",
     [
