@@ -284,20 +284,24 @@ def test_a_background_docker_run_from_python_stops_in_order(client, tmp_path):
     assert_nothing_left(client, dl.run_name(run_dir))
 
 
+def _troupe_run_docker(cwd, run_dir, *overrides: str) -> subprocess.Popen:
+    """``troupe run cartpole-ppo --launcher docker`` in a process group of its own."""
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK, *overrides,
+        "--launcher", "docker", "--image", IMAGE, "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+
+
 def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_path):
     """A SIGTERM to `troupe run --launcher docker` alone (a supervisor's stop, not a terminal's
     Ctrl+C to the whole group): it was swallowed by the launching process, and the run went
     on to its wall-clock limit and exited 0."""
     run_dir = tmp_path / "runs" / "signalled"
-    command = [
-        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
-        "stop.env_frames=100000000", "--launcher", "docker", "--image", IMAGE,
-        "--run-dir", str(run_dir), "--no-display",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+    proc = _troupe_run_docker(tmp_path, run_dir, "stop.env_frames=100000000")
     try:
         deadline = time.monotonic() + 240
         while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
@@ -318,14 +322,7 @@ def test_a_stop_while_a_docker_run_starts_stops_it_in_order(client, tmp_path):
     containers ended at once, exit 130 with no summary and nothing said of why; now the stop
     waits for the controller's container, which stops the run in order."""
     run_dir = tmp_path / "runs" / "early"
-    command = [
-        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
-        "--launcher", "docker", "--image", IMAGE, "--run-dir", str(run_dir), "--no-display",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+    proc = _troupe_run_docker(tmp_path, run_dir)
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "launch.json").exists() and time.monotonic() < deadline:
