@@ -99,6 +99,8 @@ class LocalBackend:
         os.kill(record.pid, signal.SIGINT)
         if now:  # a second signal: the controller abandons the orderly stop
             time.sleep(0.5)
+            if not record.running_here():  # it said "at once" of a stop in order, over by then
+                return f"sent SIGINT to process {record.pid}: the run stopped in order within 0.5 s"
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, signal.SIGINT)
             return f"sent two SIGINTs to process {record.pid}: the run stops at once"

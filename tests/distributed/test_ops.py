@@ -147,6 +147,16 @@ def test_stop_signals_the_runs_process(tmp_path, now):
     assert child.wait(timeout=10) == (131 if now else 130)
 
 
+def test_stop_now_of_a_run_whose_stop_in_order_was_over_says_so(tmp_path):
+    """``--now`` said "two SIGINTs: the run stops at once" of a run that had stopped in order
+    before the second signal was due (exit 130, a summary)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    rec = record.for_process("local", run_folder_at(tmp_path / "r"), child.pid)
+    said = backends.LocalBackend().stop(rec, now=True)  # SIGINT ends it: no handler
+    assert said == f"sent SIGINT to process {child.pid}: the run stopped in order within 0.5 s"
+    child.wait(timeout=10)
+
+
 def test_a_run_of_another_host_is_not_signalled_from_here(tmp_path):
     rec = LaunchRecord("local", "r", host="some-other-host", pid=os.getpid())
     assert backends.LocalBackend().alive(rec) is None
