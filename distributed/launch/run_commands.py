@@ -161,6 +161,8 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     console.print({k: summary.get(k) for k in keys})
     if summary.get("confirmation"):
         console.print(f"solved: {summary['confirmation']}")
+    if summary.get("untrained"):
+        console.print(Text(untrained_line(summary), style="yellow"), soft_wrap=True)
     if summary.get("restarts"):
         console.print(Text(restarts_line(summary["restarts"]), style="yellow"), soft_wrap=True)
     if summary.get("failure"):
@@ -168,6 +170,16 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
     return code
+
+
+def untrained_line(summary: dict[str, Any]) -> str:
+    """What a summary's ``untrained`` says: its policies whose trainer never stepped."""
+    return (
+        f"never trained: no trainer step for {', '.join(summary['untrained'])} in "
+        f"{summary.get('env_frames') or 0:,} frames (episodes dropped or environments rebuilt "
+        "send no samples: see worker_health/ in metrics.jsonl; or the run ended before its "
+        "replay buffer's learning start)"
+    )
 
 
 def restarts_line(restarts: dict[str, dict[str, Any]]) -> str:

@@ -78,6 +78,10 @@ def finish_run(
         summary["failure"] = str(failure)
     if restarts:
         summary["restarts"] = restarts
+    trained = [n for n, pc in config.policies.items() if pc.trainer.type]
+    untrained = [n for n in trained if not summary["policy_versions"].get(n)]
+    if untrained and summary.get("env_frames"):  # frames, but not one trainer step: exit 0
+        summary["untrained"] = untrained
     if config.stop.eval_return is None and pbt_target is not None:
         summary["target_source"] = (
             "pbt.target_return: met when a member's score (its greedy return since its last "
@@ -104,7 +108,6 @@ def finish_run(
     )  # fmt: skip
     if summary["summary_written"]:
         write(lambda: write_learning_curve(run_dir, config.name, target=target, records=records))
-        trained = [n for n, pc in config.policies.items() if pc.trainer.type]
         write(lambda: write_win_rates(run_dir, config.name, first=trained, records=records))
     return summary
 

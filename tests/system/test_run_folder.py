@@ -66,6 +66,24 @@ def test_a_failure_after_the_stop_rule_makes_the_run_failed(tmp_path):
     assert (tmp_path / run_folder.LEARNING_CURVE).exists() and read_metrics(tmp_path)
 
 
+@pytest.mark.parametrize("version, untrained", [(0, ["default"]), (7, None)])
+def test_a_run_that_never_stepped_its_trainer_says_so(tmp_path, version, untrained):
+    """Every episode dropped (an environment that raised, rebuilt by on_env_error=reset): 179k
+    frames, not one trainer step, and a summary that read as a run's like any other, exit 0."""
+    record = {"wall_s": 1.0, "env_frames": 179_395, "policy/default/version": version}
+    (tmp_path / run_folder.METRICS).write_text(json.dumps(record) + "\n")
+    summary = finish_run(
+        make_experiment("cartpole-ppo"), tmp_path, wall_s=2.0, stop_reason="wall_seconds",
+        failure=None, evaluation=_windows(), extra={}, write=lambda w: (w(), True)[1],
+    )  # fmt: skip
+    assert summary.get("untrained") == untrained, summary
+    from distributed.launch.run_commands import untrained_line
+
+    assert untrained_line({"untrained": ["default"], "env_frames": 179_395}).startswith(
+        "never trained: no trainer step for default in 179,395 frames"
+    )
+
+
 def test_a_summary_that_cannot_be_written_says_so(tmp_path):
     summary = finish_run(
         make_experiment("cartpole-ppo"), tmp_path, wall_s=1.0, stop_reason="wall_seconds",
