@@ -17,6 +17,7 @@ Whatever happens (the end of the run, Ctrl+C, an error), every container and the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -51,6 +52,7 @@ from distributed.launch.signals import (
     Interrupts,
     run_interrupts,
 )
+from system import run_folder
 
 logger = logging.getLogger(__name__)
 
@@ -175,10 +177,8 @@ def run_docker(
 ) -> int:
     """Run every role in its own container until the controller exits; its exit code.
 
-    ``interrupts``: SIGINT and SIGTERM held back while the containers start (made here, in the
-    main thread, if not given): a stop asked for then is passed to the controller's container
-    once it runs, which stops the run in order (exit 130 and a summary). It ended this process
-    at once before, exit 130 and no summary, with nothing said.
+    ``interrupts``: signals held back while the containers start (made here if not given), then
+    passed to the controller, which stops in order (this process had ended: no summary).
 
     ``metrics_port``: publish the controller's Prometheus endpoint on this port of the host's
     loopback (0: any free port; ``endpoints.json`` names the one taken).
@@ -333,13 +333,10 @@ def _wait_for_controller(controller: Container) -> int:
 
 def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: float) -> None:
     """Until the controller in ``controller``'s container runs its loop, where a SIGINT stops
-    the run in order (its first record, ``latest.json``, is written then); not past its end or
-    :data:`STOP_GRACE_S`. A SIGINT while its interpreter still imports would end it with a
-    traceback. ``since``: when the containers were started (a ``latest.json`` of an earlier run,
-    in a resumed folder, is older)."""
-    from system.run_folder import LATEST
-
-    latest = run_dir / LATEST
+    the run in order (a SIGINT in its imports ended it in a traceback): until its first record
+    (``latest.json``, newer than ``since``, when the containers started), its end, or
+    :data:`STOP_GRACE_S`."""
+    latest = run_dir / run_folder.LATEST
     deadline = time.monotonic() + STOP_GRACE_S
     while time.monotonic() < deadline:
         if latest.exists() and latest.stat().st_mtime >= since:
@@ -353,8 +350,11 @@ def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: fl
 def _stop_in_order(controller: Container) -> int:
     """Ask the controller's container to stop the run in order, and wait for it: its exit code
     (130 when it stopped in order, with a summary), 131 on a second signal."""
+    import docker
+
     logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
-    controller.kill(signal="SIGINT")
+    with contextlib.suppress(docker.errors.APIError):  # ended meanwhile: its code is the run's
+        controller.kill(signal="SIGINT")
     try:
         return int(controller.wait(timeout=STOP_GRACE_S)["StatusCode"])
     except KeyboardInterrupt:  # abandoned: the containers are removed as they are

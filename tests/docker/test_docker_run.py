@@ -388,3 +388,14 @@ def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out[-3000:]
     assert_nothing_left(client, dl.run_name(run_dir))
+
+
+def test_a_stop_for_a_controller_that_has_ended_gives_its_exit_code(client):
+    """The SIGINT for the stop in order, to a controller's container that ended meanwhile: the
+    engine refuses it (not running), which ended the runner in a traceback."""
+    container = client.containers.run(IMAGE, entrypoint=["sh", "-c", "exit 7"], detach=True)
+    try:
+        container.wait(timeout=60)
+        assert dl._stop_in_order(container) == 7
+    finally:
+        container.remove(force=True)
