@@ -288,7 +288,7 @@ class LiveDisplay:
         if not self._started:
             return
         self._started = False
-        self._stopped = True
+        self._stopped = not final  # final() prints the line then, once
         if self._live is not None:
             self._live.stop()
             self._live = None

@@ -424,6 +424,11 @@ def test_the_final_line_can_come_from_the_run_s_last_record(capsys) -> None:
         SNAPSHOT_LINE,
         SNAPSHOT_LINE.replace("45,000", "60,000") + " (final)",
     ]
+    said_already = LiveDisplay("cartpole", enabled=False)
+    said_already.update(SNAPSHOT)
+    said_already.stop()  # with its final line: a later final() adds none
+    said_already.final(SNAPSHOT)
+    assert capsys.readouterr().out.splitlines() == [SNAPSHOT_LINE, SNAPSHOT_LINE + " (final)"]
     never_shown = LiveDisplay("cartpole", enabled=False)
     never_shown.final(SNAPSHOT)  # a display never started says nothing at the end either
     assert capsys.readouterr().out == ""
