@@ -56,6 +56,12 @@ class Trainer(abc.ABC):
     the config before any process starts. Write it as a literal dict in the class itself: the
     check reads it from the source, without importing the module (and torch)."""
 
+    learning_rates: ClassVar[dict[str, str]] = {}
+    """Hyper-parameters that are an optimiser's learning rate, each with the attribute that
+    holds that optimiser (``{"lr": "optimizer"}``): :meth:`set_hyperparameters` sets the rate
+    of its every parameter group, so population-based training explores a rate that the
+    trainer gave its optimiser when it was built (DQN's ``lr``, SAC's ``actor_lr``)."""
+
     @property
     @abc.abstractmethod
     def policy(self) -> Policy:
@@ -80,10 +86,14 @@ class Trainer(abc.ABC):
         training's explore).
 
         The default sets the numeric attributes of those names, which suits a trainer that reads
-        them on every step (PPO's ``lr`` and ``entropy_coef``). A trainer that derives something
-        from one when it is built overrides this and updates what it derived. A whole-number
-        attribute stays one (rounded)."""
+        them on every step (PPO's ``lr`` and ``entropy_coef``), and the optimisers' rates named
+        in :attr:`learning_rates`. A trainer that derives something else from one when it is
+        built overrides this and updates what it derived. A whole-number attribute stays one
+        (rounded)."""
         for name, value in values.items():
+            if name in self.learning_rates:
+                set_learning_rate(getattr(self, self.learning_rates[name]), float(value))
+                continue
             current = getattr(self, name, None)
             if isinstance(current, bool) or not isinstance(current, (int, float)):
                 raise UserError(
@@ -98,6 +108,16 @@ class Trainer(abc.ABC):
         if cls.AnalyzedResult is None or not dataclasses.is_dataclass(cls.AnalyzedResult):
             return []
         return [f.name for f in dataclasses.fields(cls.AnalyzedResult)]
+
+
+def set_learning_rate(optimizer: Any, lr: float) -> None:
+    """Set ``lr`` on every parameter group of a torch optimiser; in place where the rate is a
+    tensor (a capturable Adam, whose captured step reads that tensor)."""
+    for group in optimizer.param_groups:
+        if hasattr(group["lr"], "fill_"):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 def register(name: str, entry_point, *, override: bool = False, **kwargs: Any) -> Spec:

@@ -69,6 +69,7 @@ class DQNTrainer(Trainer):
     analyze_target = "dqn"
     needs_replay = True
     accepts_device_batches = True
+    learning_rates = {"lr": "optimizer"}
     arg_ranges = {
         "lr": "(0, inf)", "target_update_every": "[1, inf)", "tau": "(0, 1]",
         "huber_delta": "(0, inf)", "max_grad_norm": "(0, inf)", "adam_eps": "(0, inf)",

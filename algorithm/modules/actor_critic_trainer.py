@@ -18,7 +18,7 @@ import torch
 from algorithm.modules.adam import load_adam_state, make_adam
 from algorithm.policy import wait_for_gpu
 from api.policy import Policy
-from api.trainer import Trainer
+from api.trainer import Trainer, set_learning_rate
 
 logger = logging.getLogger(__name__)
 
@@ -164,11 +164,7 @@ class ActorCriticTrainer(Trainer):
         lr = self.lr
         if self.lr_schedule == "linear":
             lr = self.lr * max(0.0, 1.0 - self._steps / self.total_steps)
-        for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)  # in place: a captured Adam step reads this tensor
-            else:
-                group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)  # in place if a captured Adam step reads it
         return lr
 
     def _minibatch_indices(

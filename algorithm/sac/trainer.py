@@ -74,6 +74,10 @@ class SACTrainer(Trainer):
     analyze_target = "sac"
     needs_replay = True
     accepts_device_batches = True
+    learning_rates = {
+        "actor_lr": "actor_optimizer", "critic_lr": "critic_optimizer",
+        "alpha_lr": "alpha_optimizer",
+    }  # fmt: skip
     arg_ranges = {
         "actor_lr": "(0, inf)", "critic_lr": "(0, inf)", "alpha_lr": "(0, inf)",
         "tau": "(0, 1]", "initial_alpha": "(0, inf)",

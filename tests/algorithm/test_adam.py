@@ -62,3 +62,21 @@ def test_a_checkpoint_of_one_implementation_goes_on_in_the_other(first, second):
         resumed.step()
     for p, q in zip(whole_params, split_params, strict=True):
         torch.testing.assert_close(p, q)
+
+
+def test_population_based_training_sets_the_rates_the_off_policy_trainers_built_adam_with():
+    """PBT over DQN failed after launch: "DQNTrainer has no numeric hyper-parameter 'lr'" (its
+    rate lives in its optimiser). Each rate the trainer took goes to its own optimiser, and a
+    checkpoint keeps it."""
+    box = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    dqn = DQNTrainer(QPolicy(box, gym.spaces.Discrete(2), hidden_sizes=[8]), lr=1e-3)
+    dqn.set_hyperparameters({"lr": 4e-4, "target_update_every": 7.4})
+    assert dqn.optimizer.param_groups[0]["lr"] == 4e-4 and dqn.target_update_every == 7
+    assert dqn.get_checkpoint()["optimizer"]["param_groups"][0]["lr"] == 4e-4
+    sac = SACTrainer(SACPolicy(box, gym.spaces.Box(-1.0, 1.0, (1,), np.float32), hidden_sizes=[8]))
+    sac.set_hyperparameters({"actor_lr": 1e-4, "critic_lr": 2e-4, "alpha_lr": 3e-4, "tau": 0.01})
+    optimizers = (sac.actor_optimizer, sac.critic_optimizer, sac.alpha_optimizer)
+    assert [o.param_groups[0]["lr"] for o in optimizers] == [1e-4, 2e-4, 3e-4]
+    assert sac.tau == 0.01
+    with pytest.raises(Exception, match="SACTrainer has no numeric hyper-parameter 'lr'"):
+        sac.set_hyperparameters({"lr": 1e-3})
