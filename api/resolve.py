@@ -230,11 +230,19 @@ def _recipe(base: Any, path: Path, depth: int) -> ExperimentConfig:
 
 
 def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``changes``: mappings merged key by key, anything else replaced."""
+    """``base`` with ``changes``: mappings merged key by key, anything else replaced.
+
+    Two ways to take away what the recipe has, since merging alone only adds: an empty mapping
+    replaces the recipe's (``args: {}``: no arguments, merged it changed nothing), and ``null``
+    removes a mapping the recipe has (``policies: {default: null}``: a population's file drops
+    the recipe's one policy). ``null`` for any other value stays a value (``eval_return``)."""
     out = dict(base)
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
+        here = out.get(key)
+        if value is None and isinstance(here, dict):
+            del out[key]
+        elif isinstance(value, dict) and value and isinstance(here, dict):
+            out[key] = _merged(here, value)
         else:
             out[key] = value
     return out

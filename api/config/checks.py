@@ -128,6 +128,12 @@ def _check_mappings(config: ExperimentConfig) -> list[str]:
         and not (mapped or config.pbt.members)
         and name not in config.agent_policies
     ]
+    errors += [  # a file with `base:` kept its recipe's policy beside the population
+        f"policies.{name}: not in pbt.members, so no actor plays it (each member plays its "
+        f"own); add it to pbt.members, or remove it (in a file with base:, {name}: null)"
+        for name in config.policies
+        if config.pbt.members and name not in config.pbt.members
+    ]
     for path, comp in (
         ("policy_mapping", config.policy_mapping),
         ("evaluation.policy_mapping", config.evaluation.policy_mapping),

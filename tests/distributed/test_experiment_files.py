@@ -253,6 +253,39 @@ def test_a_misspelt_policy_under_a_base_is_pointed_to_the_one_it_was_meant_to_se
     ) in str(e.value)
 
 
+def test_a_file_takes_away_what_its_base_has_with_an_empty_mapping_or_null(tmp_path):
+    """Merging only adds: ``args: {}`` kept every argument of the recipe's trainer, and a
+    population over ``base: cartpole-dqn`` kept the recipe's ``default`` beside its members,
+    a policy no actor played (a trainer and a replay worker for nothing, never trained)."""
+    (tmp_path / "bare.yaml").write_text(
+        "base: cartpole-dqn\npolicies:\n  default:\n    trainer: {args: {}}\n"
+        "stop: {eval_return: null}\n"
+    )
+    bare = load_experiment(str(tmp_path / "bare.yaml"))
+    assert bare.policies["default"].trainer.args == {} and bare.stop.eval_return is None
+    assert bare.policies["default"].trainer.type == "dqn"  # the rest of the mapping stays
+    member = "{policy: {type: q-network}, trainer: {type: dqn, args: {lr: 0.001}}}"
+    population = (
+        f"base: cartpole-dqn\npolicies:\n  member0: {member}\n  member1: {member}\n"
+        "actors: {workers: 2}\nevaluation: {workers: 2}\nstop: {eval_return: null}\n"
+        "pbt: {members: [member0, member1], hyperparameters: {lr: [0.0001, 0.01]}}\n"
+    )
+    (tmp_path / "kept.yaml").write_text(population)
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(tmp_path / "kept.yaml"))
+    assert e.value.errors == [
+        "policies.default: not in pbt.members, so no actor plays it (each member plays its "
+        "own); add it to pbt.members, or remove it (in a file with base:, default: null)"
+    ]
+    (tmp_path / "dropped.yaml").write_text(
+        population.replace("policies:\n", "policies:\n  default: null\n")
+    )
+    assert sorted(load_experiment(str(tmp_path / "dropped.yaml")).policies) == [
+        "member0",
+        "member1",
+    ]
+
+
 def test_what_a_base_gets_wrong_names_the_file_whose_base_it_is(tmp_path):
     """``base: cartpol-ppo`` said "unknown experiment or environment" and a missing base file
     "does not exist", neither naming the file that said so: in a chain of files, which?"""
