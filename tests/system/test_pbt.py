@@ -145,6 +145,27 @@ def test_the_worst_ready_member_is_ordered_to_copy_and_waits_until_it_is_applied
     assert driver.summary()["exploits_applied"] == 1
 
 
+def test_a_member_is_ranked_against_the_whole_population_not_those_scored_at_the_moment(tmp_path):
+    """With two of four members scored, the worse of the two was in the "bottom quarter" and
+    copied the other. A decision waits for every member's standing; a member that just copied
+    stands, until its new weights have episodes of their own, at the score it copied."""
+    _, store, driver = population(tmp_path)
+    report(driver, 10, {"member0": 20.0, "member1": 200.0})
+    driver.on_record({})
+    assert store.get(order_key("member0")) == (None, 0)  # members 2 and 3 have no score yet
+    report(driver, 10, {"member2": 100.0, "member3": 150.0})
+    driver.on_record({})
+    assert store.get(order_key("member0"))[0]["source"] == "member1"
+    store.set(applied_key("member0"), {"generation": 1, "source": "member1"})
+    driver.on_record({})
+    assert driver.members["member0"].standing(8) == 200.0  # member1's, until it plays 8
+    report(driver, 20, {"member1": 200.0, "member2": 100.0, "member3": 150.0})
+    driver.on_record({})  # member2 is the bottom quarter of four, member0 counted at 200
+    assert store.get(order_key("member2"))[0]["source"] in {"member0", "member1"}
+    assert store.get(order_key("member3")) == (None, 0)
+    driver.close()
+
+
 def test_a_resumed_driver_goes_on_from_the_orders_in_the_state(tmp_path):
     _, store, _ = population(tmp_path)
     hyperparameters = {"lr": 5e-3, "entropy_coef": 0.01}

@@ -116,9 +116,14 @@ class PBTDriver:
         for member in self.members.values():
             self._take_applied(member)
         scores = self.scores()
+        # Ranked against the whole population, or not yet: among the members scored at the
+        # moment (a member that just copied has no episodes of its own), the bottom share of
+        # 4 became the worse of 2, and a member in the middle was made to copy.
+        standings = {m.name: m.standing(self.config.eval_episodes) for m in self.members.values()}
+        whole = all(s is not None for s in standings.values())
         for member in self.members.values():
-            if member.ready(self.config):
-                self._decide(member, scores)
+            if whole and member.ready(self.config):
+                self._decide(member, scores[member.name], standings)
         out: dict[str, Any] = {f"pbt/{m}/score": s for m, s in scores.items()}
         out["pbt/best_score"] = max(scores.values()) if scores else None
         return out
@@ -127,10 +132,10 @@ class PBTDriver:
         found = {m.name: m.score(self.config.eval_episodes) for m in self.members.values()}
         return {k: v for k, v in found.items() if v is not None}
 
-    def _decide(self, member: Member, scores: dict[str, float]) -> None:
+    def _decide(self, member: Member, score: float, standings: dict[str, float]) -> None:
         member.last_decision_step = member.steps
-        self._log("ready", member, score=scores[member.name])
-        source = pbt.choose_source(member.name, scores, self.config.truncation, self.rng)
+        self._log("ready", member, score=score)
+        source = pbt.choose_source(member.name, standings, self.config.truncation, self.rng)
         if source is None:
             return
         new = pbt.explore(self.members[source].hyperparameters, self.config, self.rng, self.whole)
@@ -141,8 +146,8 @@ class PBTDriver:
             "exploit",
             member,
             source=source,
-            score=scores[member.name],
-            source_score=scores[source],
+            score=score,
+            source_score=standings[source],
             old_hyperparameters=member.hyperparameters,
             new_hyperparameters=new,
             generation=member.generation,
@@ -152,9 +157,10 @@ class PBTDriver:
         logger.log(
             NOTICE,
             "pbt: %s (%.1f) copies %s (%.1f), hyper-parameters %s",
-            *(member.name, scores[member.name], source, scores[source], shown),
+            *(member.name, score, source, standings[source], shown),
         )
         member.hyperparameters = new
+        member.inherited = standings[source]
 
     def _take_applied(self, member: Member) -> None:
         applied, _ = self.state.get(applied_key(member.name))

@@ -38,11 +38,20 @@ class Member:
     """Exploit orders given to its trainer."""
     applied: int = 0
     """Orders its trainer has carried out."""
+    inherited: float | None = None
+    """The score of the member it was last ordered to copy: its standing while the weights it
+    took have too few episodes of their own (:meth:`standing`)."""
 
     def score(self, episodes: int) -> float | None:
         if len(self.returns) < episodes:
             return None
         return float(np.mean(list(self.returns)[-episodes:]))
+
+    def standing(self, episodes: int) -> float | None:
+        """Where it ranks: its score, or, while the weights it copied have too few episodes
+        of their own, the score of the member it copied them from."""
+        score = self.score(episodes)
+        return self.inherited if score is None else score
 
     def ready(self, config: PBTConfig) -> bool:
         return (
