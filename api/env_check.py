@@ -417,27 +417,32 @@ def _check_result(result: StepResult, space: gym.Space, agent: int, where: str) 
         )
 
 
-def _reward_value(reward: Any, agent: int, where: str) -> float:
-    """The reward as a float; a check error unless it is one finite number."""
-    value = None
-    if isinstance(reward, (bool, np.bool_)):
-        value = None
-    elif isinstance(reward, numbers.Real):
-        value = float(reward)
-    elif (
+def reward_problem(reward: Any) -> str | None:
+    """What makes ``reward`` not one number (None: it is one, finite or not). An actor asks
+    this of every reward that is not a plain float: a vector reward was cut to its first
+    element, and the run trained on that without a word."""
+    number = isinstance(reward, numbers.Real) or (
         isinstance(reward, np.ndarray)
         and reward.shape in ((), (1,))
         and np.issubdtype(reward.dtype, np.number)
         and not np.issubdtype(reward.dtype, np.complexfloating)
-    ):
-        value = float(reward.reshape(()))
-    if value is None:
-        raise EnvironmentCheckError(
-            f"{where}: reward must be one number (a Python or numpy scalar, or an array of shape "
-            f"() or (1,)), got {_describe(reward)}",
-            agent=agent,
-            field="reward",
-        )
+    )
+    if number and not isinstance(reward, (bool, np.bool_)):
+        return None
+    vector = isinstance(reward, (np.ndarray, list, tuple)) and np.size(reward) > 1
+    hint = "; make a vector reward one number in the environment (a weighted sum)" if vector else ""
+    return (
+        "reward must be one number (a Python or numpy scalar, or an array of shape () or "
+        f"(1,)), got {_describe(reward)}{hint}"
+    )
+
+
+def _reward_value(reward: Any, agent: int, where: str) -> float:
+    """The reward as a float; a check error unless it is one finite number."""
+    problem = reward_problem(reward)
+    if problem is not None:
+        raise EnvironmentCheckError(f"{where}: {problem}", agent=agent, field="reward")
+    value = float(reward) if isinstance(reward, numbers.Real) else float(reward.reshape(()))
     if not math.isfinite(value):
         raise EnvironmentCheckError(
             f"{where}: reward is {value}; rewards must be finite numbers",

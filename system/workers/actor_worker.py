@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from api.env_check import reward_problem
 from api.environment import Environment, StepResult
 from api.errors import ConfigError
 from api.policy_mapping import PolicyMapping
@@ -363,8 +364,7 @@ class ActorWorker(Worker):
         if problem is None:
             return results
         message = (
-            f"environment '{self.env_name}' #{e} of {self.worker_id}: {method}() returned "
-            f"{problem}; it returns a list of one StepResult (or None) per agent"
+            f"environment '{self.env_name}' #{e} of {self.worker_id}: {method}() returned {problem}"
         )
         return self._env_failed(e, message, None)
 
@@ -461,12 +461,20 @@ def _results_problem(results: Any, agents: int) -> str | None:
     """What is wrong with what ``reset``/``step`` returned for ``agents`` agents (None: nothing).
     A short list would leave the missing agents' last results in place: acted on, and their
     rewards recorded, again."""
+    shape = "; it returns a list of one StepResult (or None) per agent"
     if not isinstance(results, (list, tuple)):
-        return f"a {type(results).__name__}"
+        return f"a {type(results).__name__}{shape}"
     if len(results) != agents:
         got = f"{len(results)} result{'s' if len(results) != 1 else ''}"
-        return f"{got} for {agents} agent{'s' if agents != 1 else ''}"
+        return f"{got} for {agents} agent{'s' if agents != 1 else ''}{shape}"
     for agent, result in enumerate(results):
-        if result is not None and not isinstance(result, StepResult):
-            return f"a {type(result).__name__} for agent {agent}"
+        if result is None:
+            continue
+        if not isinstance(result, StepResult):
+            return f"a {type(result).__name__} for agent {agent}{shape}"
+        reward = result.reward
+        if not (isinstance(reward, float) or type(reward) is int):  # the cheap, usual case
+            problem = reward_problem(reward)
+            if problem is not None:
+                return f"a result for agent {agent} whose {problem}"
     return None

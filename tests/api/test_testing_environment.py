@@ -126,7 +126,8 @@ BROKEN = [
         0,
         "reward",
         "[agent 0, field 'reward'] step 1: reward must be one number (a Python or numpy scalar, "
-        "or an array of shape () or (1,)), got an array of shape (2,) and dtype float64",
+        "or an array of shape () or (1,)), got an array of shape (2,) and dtype float64; make "
+        "a vector reward one number in the environment (a weighted sum)",
     ),
     (
         broken_envs.NanReward,

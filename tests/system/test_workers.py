@@ -170,12 +170,13 @@ def test_actor_reports_env_failure_with_its_name_or_resets_when_configured():
 
 class MalformedEnv(CountingEnv):
     """``returns`` what ``step`` gives from the second step on: ``bare`` (a StepResult, not a
-    list) or ``short`` (one result for two agents); or its ``reset`` raises (``reset_fails``)."""
+    list), ``short`` (one result for two agents) or ``vector`` (a reward of three numbers); or
+    its ``reset`` raises (``reset_fails``)."""
 
     def __init__(self, returns: str = "bare", reset_fails: bool = False):
         super().__init__(length=10)
         self.returns, self.reset_fails = returns, reset_fails
-        self.agent_count = 1 if returns == "bare" else 2
+        self.agent_count = 2 if returns == "short" else 1
         self.observation_spaces = CountingEnv.observation_spaces * self.agent_count
         self.action_spaces = CountingEnv.action_spaces * self.agent_count
 
@@ -188,16 +189,28 @@ class MalformedEnv(CountingEnv):
         (result,) = super().step(actions[:1])
         if self.t < 2:
             return [result] * self.agent_count
+        if self.returns == "vector":
+            result.reward = np.array([result.reward, 1.0, 2.0])
         return result if self.returns == "bare" else [result]
+
+
+LIST = "; it returns a list of one StepResult (or None) per agent"
 
 
 @pytest.mark.parametrize(
     "returns, said",
-    [("bare", "a StepResult"), ("short", "1 result for 2 agents")],
-)
+    [
+        ("bare", "a StepResult" + LIST),
+        ("short", "1 result for 2 agents" + LIST),
+        ("vector", "a result for agent 0 whose reward must be one number (a Python or numpy "
+         "scalar, or an array of shape () or (1,)), got an array of shape (3,) and dtype "
+         "float64; make a vector reward one number in the environment (a weighted sum)"),
+    ],
+)  # fmt: skip
 def test_an_environment_that_returns_no_list_of_one_result_per_agent_is_named(returns, said):
     """A short list used to leave the missing agents' last results in place: acted on, and
-    their rewards recorded, again, with no error; a bare StepResult was a TypeError."""
+    their rewards recorded, again, with no error; a bare StepResult was a TypeError; a vector
+    reward was cut to its first number, and trained on."""
     hub = InprocInferenceHub()
     actor = eval_actor(hub, "a", lambda i: MalformedEnv(returns), 1, groups=1,
                        env_name="Malformed-v0")  # fmt: skip
@@ -205,10 +218,7 @@ def test_an_environment_that_returns_no_list_of_one_result_per_agent_is_named(re
         for _ in range(4):
             actor.poll()
             answer_all(hub, "p")
-    assert str(caught.value) == (
-        f"environment 'Malformed-v0' #0 of a: step() returned {said}; it returns a list of one "
-        "StepResult (or None) per agent"
-    )
+    assert str(caught.value) == (f"environment 'Malformed-v0' #0 of a: step() returned {said}")
 
 
 def test_on_env_error_reset_gives_up_on_an_environment_that_fails_again_once_rebuilt():
