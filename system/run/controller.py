@@ -96,7 +96,8 @@ class Controller:
         self.stopped_at: tuple[int, float] | None = None
         """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""
         self.shape = ShapeResolver(config)
-        self.stall = StallWatch(config.stop.stall_seconds)
+        trains = any(pc.trainer.type for pc in config.policies.values())
+        self.stall = StallWatch(config.stop.stall_seconds, trains=trains)
         # Served where the control socket listens: loopback for a local run, every interface
         # in a cluster's container.
         bind_host = bind.removeprefix("tcp://").rsplit(":", 1)[0]

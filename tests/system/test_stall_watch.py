@@ -55,3 +55,29 @@ def test_the_clock_runs_only_while_every_worker_is_up():
     assert watch.see(1012.0, (0, 0.0), False, "") == ""  # a worker went down: not a stall
     assert watch.see(1015.0, (0, 0.0), True, "") == ""
     assert watch.see(1025.0, (0, 0.0), True, "") != ""
+
+
+def test_frames_without_a_trainer_step_warn_once_a_spell_and_never_fail(caplog):
+    """Every episode dropped for a NaN: 179k frames at version 0, and not a word until the
+    run's end. Frames are progress, so the stall clock never ran."""
+    watch = StallWatch(fail_after_s=30.0, warn_after_s=10.0)
+    trainer = "trainer waits 100% (wait_batch)"
+    with caplog.at_level(logging.WARNING, logger="system.run.stall_watch"):
+        for t in range(0, 40):
+            assert watch.see(float(t), (1000 * t, 0.0), True, trainer) == ""
+        (warning,) = caplog.records
+        assert warning.getMessage().startswith(
+            "no trainer step for 10 s while the actors made 10,000 training frames with every "
+            f"worker up: do samples reach the trainers? ({trainer})"
+        )
+        watch.see(40.0, (40_000, 1.0), True, trainer)  # a step: a new spell may be told
+        for t in range(41, 60):
+            watch.see(float(t), (1000 * t, 1.0), True, trainer)
+        assert len(caplog.records) == 2
+        alone = StallWatch(fail_after_s=None, warn_after_s=10.0, trains=False)  # no trainer
+        for t in range(0, 40):
+            alone.see(float(t), (1000 * t, 0.0), True, "")
+        watch.see(60.0, (60_000, 1.0), False, trainer)  # a worker down: the clock starts again
+        for t in range(61, 70):
+            watch.see(float(t), (1000 * t, 1.0), True, trainer)
+    assert len(caplog.records) == 2
