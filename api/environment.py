@@ -162,3 +162,28 @@ class TuplesAsDicts(Environment):
 
     def close(self) -> None:
         self.env.close()
+
+
+def target_out_of_horizon(env: str, args: dict[str, Any], target: float | None) -> str | None:
+    """Why ``target`` may not fit episodes of ``args['max_episode_steps']`` (None: no reason
+    known). Gymnasium's ``reward_threshold`` is set for its id's own episode length:
+    ``troupe run cartpole-ppo environment.args.max_episode_steps=100`` kept CartPole's 475,
+    out of reach, and ran to its frame budget; on MountainCar a shorter episode meets -110
+    without reaching the flag."""
+    steps = args.get("max_episode_steps")
+    if target is None or not isinstance(steps, int) or isinstance(steps, bool):
+        return None
+    try:
+        spec = gym.spec(env)
+    except gym.error.Error:  # not a gymnasium id
+        return None
+    if spec.reward_threshold is None or spec.max_episode_steps in (None, steps):
+        return None
+    if float(target) != float(spec.reward_threshold):
+        return None
+    return (
+        f"stop.eval_return={target:g} is gymnasium's reward_threshold for {env}, set for "
+        f"episodes of {spec.max_episode_steps} steps; with environment.args.max_episode_steps="
+        f"{steps} it may be out of reach, or too easy: give a target of its own "
+        "(stop.eval_return=...), or None to run to the budget"
+    )

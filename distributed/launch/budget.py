@@ -50,3 +50,14 @@ def _warn_short_replay_resume(config: ExperimentConfig, name: str, left: int, do
         config.stop.env_frames, left, done, round_, actors.workers, actors.envs_per_worker,
         actors.segment_length, name,
     )  # fmt: skip
+
+
+def warn_target_horizon(config: ExperimentConfig) -> None:
+    """Say when the stop target is gymnasium's ``reward_threshold`` for an episode length that
+    ``environment.args.max_episode_steps`` changed (``api.environment.target_out_of_horizon``)."""
+    from api.environment import target_out_of_horizon
+
+    env = config.environment
+    why = target_out_of_horizon(env.type, env.args, config.stop.eval_return)
+    if why:
+        logger.warning("%s", why)

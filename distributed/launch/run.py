@@ -22,7 +22,7 @@ from api.config import ExperimentConfig
 from api.config.checks import check_portable
 from api.errors import RunFolderError, UserError
 from api.resolve import load_experiment
-from distributed.launch.budget import warn_short_budget
+from distributed.launch.budget import warn_short_budget, warn_target_horizon
 from distributed.launch.signals import (
     EXIT_ABANDONED,
     EXIT_DONE,
@@ -96,6 +96,7 @@ def prepare(
     check_portable(config)
     _check_plan(config)
     warn_short_budget(config)
+    warn_target_horizon(config)
     folder = Path(run_dir) if run_dir else new_default_run_dir(config.name)
     try:
         folder.mkdir(parents=True, exist_ok=True)

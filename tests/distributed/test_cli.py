@@ -195,6 +195,32 @@ def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog)
     )
 
 
+def test_a_target_set_for_another_episode_length_is_warned_about(tmp_path, caplog):
+    """`troupe run cartpole-ppo environment.args.max_episode_steps=100` kept gymnasium's 475,
+    set for episodes of 500 steps: out of reach, the run went to its frame budget unwarned. A
+    target of one's own, or the id's own length, says nothing."""
+    import logging
+
+    from distributed.launch.run import prepare
+    from system.run import folder_lock
+
+    runs = [
+        ["environment.args.max_episode_steps=100"],
+        ["environment.args.max_episode_steps=100", "stop.eval_return=95"],
+        ["environment.args.max_episode_steps=500"],
+    ]
+    with caplog.at_level(logging.WARNING, logger="distributed.launch.budget"):
+        for i, overrides in enumerate(runs):
+            _, run_dir = prepare("cartpole-ppo", overrides, str(tmp_path / str(i)), None)
+            folder_lock.release(run_dir)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "stop.eval_return=475 is gymnasium's reward_threshold for CartPole-v1, set for episodes "
+        "of 500 steps; with environment.args.max_episode_steps=100 it may be out of reach, or "
+        "too easy: give a target of its own (stop.eval_return=...), or None to run to the budget"
+    )
+
+
 def test_a_replay_resume_with_less_than_a_round_of_segments_left_is_warned_about(tmp_path, caplog):
     """`troupe run --resume RUN stop.env_frames=<59 more>` of cartpole-dqn stopped on the
     actors' first segments (1568 frames on) before its trainer was up: exit 0, nothing more
