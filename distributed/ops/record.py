@@ -109,8 +109,26 @@ def read(folder: Path) -> LaunchRecord | None:
     except (OSError, ValueError, TypeError) as e:
         raise OpsError(f"{path} is not a launch record: {e}") from e
     if record.launcher in ("local", "docker"):  # its record lives in the run folder itself,
-        record = replace(record, run_dir=str(Path(folder).resolve()))  # wherever it is mounted
+        record = _as_found(record, Path(folder).resolve())  # wherever it is mounted
     return _follow_run_folder(record, path)
+
+
+def _as_found(record: LaunchRecord, here: Path) -> LaunchRecord:
+    """A local or docker record read from ``here``. A copy of a run folder (``cp -a``) holds
+    its original's record, while that folder still exists where the record says: the copy is
+    a run of its own name, and the original's process is not its to signal (its status and
+    ``ps`` were listed under the original's name, and a stop of the copy would have stopped a
+    live original). A folder moved, or mounted at a path of a container's, is still its run."""
+    recorded = Path(record.run_dir) if record.run_dir else None
+    if (
+        recorded is not None
+        and recorded.resolve() != here
+        and (recorded / run_folder.CONFIG).exists()
+    ):
+        return replace(
+            record, run=here.name, run_dir=str(here), host=None, pid=None, pid_start=None
+        )
+    return replace(record, run_dir=str(here))
 
 
 def _follow_run_folder(record: LaunchRecord, source: Path) -> LaunchRecord:

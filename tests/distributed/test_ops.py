@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,20 @@ def test_a_folder_moved_elsewhere_is_still_its_own_run_folder(tmp_path):
     moved = tmp_path / "b"
     run_dir.rename(moved)
     assert record.read(moved).folder() == moved.resolve()
+
+
+def test_a_copied_folder_is_a_run_of_its_own_name_and_not_the_original_s_process(tmp_path):
+    """`cp -a runs/a runs/b`: `troupe ps` listed b under a's name, and `troupe stop b` would
+    have signalled a's live controller."""
+    original = run_folder_at(tmp_path / "runs" / "a")
+    record.write(original, record.for_process("local", original, os.getpid()))
+    copy = tmp_path / "runs" / "b"
+    shutil.copytree(original, copy)
+    found = record.read(copy)
+    assert (found.run, found.folder(), found.pid) == ("b", copy.resolve(), None)
+    assert not found.running_here()
+    assert backends.resolve("b", tmp_path / "runs").run == "b"
+    assert record.read(original).running_here()  # the original is still its process's
 
 
 def test_a_pid_given_to_another_process_is_not_the_run(tmp_path):
