@@ -141,6 +141,8 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
             soft_wrap=True,
         )
         return 128 - code
+    if args.launcher == "docker":
+        code = _container_code(code, run_dir, console)
     if code < 0:  # the controller was killed: its workers leave by themselves
         console.print(
             Text(
@@ -169,6 +171,32 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         console.print(Text(f"run failed: {summary['failure']}", style="red"))
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
+    return code
+
+
+def _container_code(code: int, run_dir: Path, console: Console) -> int:
+    """A Docker run's exit code from its controller container's, said in words where it is
+    none of a run's own (0, 1, 130, 131): 128+N when the container was killed by signal N, as
+    a local controller killed so gives (137: ``docker kill``, or out of memory), else 1 (127:
+    the image has no ``troupe`` to run). Both used to come back bare."""
+    if code <= 1 or code in (130, 131):
+        return code
+    if code > 128:
+        why = ": docker kill, or out of memory" if code == 137 else ""
+        said = (
+            f"the controller's container was killed (signal {code - 128}{why}); every container "
+            f"of the run was removed. Continue with: troupe run --resume {run_dir} --launcher "
+            "docker"
+        )
+    else:
+        why = {126: "its command could not run", 127: "its command was not found"}.get(code, "")
+        said = (
+            f"the controller's container ended with exit code {code}"
+            + (f" ({why} in the image: rebuild it with `troupe image build`)" if why else "")
+            + "; see its lines above"
+        )
+        code = 1
+    console.print(Text(said, style="red"), soft_wrap=True)
     return code
 
 

@@ -338,6 +338,32 @@ def test_a_stop_while_a_docker_run_starts_stops_it_in_order(client, tmp_path):
     assert_nothing_left(client, dl.run_name(run_dir))
 
 
+def test_a_killed_controller_container_is_said_and_gives_128_plus_its_signal(client, tmp_path):
+    """`docker kill` of the controller's container (or the out-of-memory killer): `troupe run
+    --launcher docker` exited 137 and said nothing of it; a local controller killed so says so
+    and gives the same code."""
+    run_dir = tmp_path / "runs" / "killed"
+    proc = _troupe_run_docker(tmp_path, run_dir, "stop.env_frames=100000000")
+    try:
+        deadline = time.monotonic() + 240
+        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+        the_container(client, dl.run_name(run_dir), "controller").kill()
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 137, out[-3000:]
+    said = " ".join(out.split())
+    assert (
+        "the controller's container was killed (signal 9: docker kill, or out of memory); every "
+        f"container of the run was removed. Continue with: troupe run --resume {run_dir} "
+        "--launcher docker"
+    ) in said, out[-3000:]
+    assert_nothing_left(client, dl.run_name(run_dir))
+
+
 def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
     """The operations commands on `troupe run --launcher docker`: they once knew Swarm only and
     answered "This node is not a swarm manager". Named by the run's name under runs/."""
