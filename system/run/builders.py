@@ -256,6 +256,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         checkpoint_dir=wiring.run_dir / run_folder.CHECKPOINTS if wiring.run_dir else None,
         publish_every=pc.publish_every,
         hooks=TrainerHooks.of(cfg.trainer_callbacks),
+        max_steps=cfg.stop.trainer_steps,
     )
     latest = latest_version(params, plan.policy)
     if latest is not None:  # resuming, or restarted after a failure

@@ -99,9 +99,11 @@ class TrainerWorker(Worker):
         checkpoint_dir: str | Path | None = None,
         publish_every: int = 1,
         hooks: TrainerHooks | None = None,
+        max_steps: int | None = None,
     ):
         """``source``: where its batches come from (:func:`segment_source` for an on-policy
-        trainer, a :class:`ReplaySource` for one that learns from replay)."""
+        trainer, a :class:`ReplaySource` for one that learns from replay); ``max_steps``: the
+        run's ``stop.trainer_steps``, after which its batches go untrained until the stop."""
         super().__init__(worker_id)
         self.source = source
         self.hooks = hooks
@@ -126,6 +128,7 @@ class TrainerWorker(Worker):
         service's new address, from :meth:`reconnect`, comes sooner)."""
         self.stager: DeviceStager | None = None
         """Set by :meth:`load_ahead` for a trainer that takes device batches."""
+        self.max_steps = max_steps
 
     def thread_stages(self) -> dict[str, StageClock]:
         return self.source.stages()
@@ -154,6 +157,10 @@ class TrainerWorker(Worker):
             self.publish(persist=self._owed_persist)  # policy workers start from our weights
         batch = self.take_batch(timeout_ms=20)
         if batch is None:
+            return 0
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            # stop.trainer_steps is met: stepping on until the controller's stop took a run of
+            # 100 to 113-115. Batches are still taken, so no actor waits on this trainer.
             return 0
         self.train(batch)
         return 1

@@ -162,6 +162,20 @@ def test_the_trainer_takes_only_the_chunks_one_batch_needs():
     assert len(hub.queues["p"]) == 3
 
 
+def test_a_trainer_at_the_runs_trainer_steps_takes_batches_and_trains_no_more():
+    """`stop.trainer_steps=100` ended at 113-115: the trainer stepped on until the stop came.
+    It stops stepping at its budget, and still takes batches, so no actor waits on it."""
+    hub = InprocSampleHub()
+    trainer = StubTrainer(EchoPolicy())
+    source = segment_source(hub.consumer("p"), "p", trainer, 1)
+    worker = TrainerWorker("t", "p", trainer, source, _NoParams(), max_steps=2)
+    producer = hub.producer()
+    for v in range(4):
+        producer.post("p", segment(version=v))
+    assert [worker.poll() for _ in range(4)] == [1, 1, 0, 0]
+    assert worker.steps == 2 and len(hub.queues["p"]) == 0
+
+
 class _NoParams:
     def publish(self, *args, **kwargs) -> None:
         pass
