@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
@@ -100,6 +100,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
     from api.errors import UserError
+    from distributed.launch.last_lines import container_code, warning_lines
     from distributed.launch.run import check_keys, prepare, start, wait_local
     from system.run.report import SUMMARY_FILE
 
@@ -142,7 +143,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
         )
         return 128 - code
     if args.launcher == "docker":
-        code = _container_code(code, run_dir, console)
+        code = container_code(code, run_dir, console)
     if code < 0:  # the controller was killed: its workers leave by themselves
         console.print(
             Text(
@@ -163,61 +164,13 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     console.print({k: summary.get(k) for k in keys})
     if summary.get("confirmation"):
         console.print(f"solved: {summary['confirmation']}")
-    if summary.get("untrained"):
-        console.print(Text(untrained_line(summary), style="yellow"), soft_wrap=True)
-    if summary.get("restarts"):
-        console.print(Text(restarts_line(summary["restarts"]), style="yellow"), soft_wrap=True)
+    for line in warning_lines(summary):
+        console.print(Text(line, style="yellow"), soft_wrap=True)
     if summary.get("failure"):
         console.print(Text(f"run failed: {summary['failure']}", style="red"))
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
     return code
-
-
-def _container_code(code: int, run_dir: Path, console: Console) -> int:
-    """A Docker run's exit code from its controller container's, said in words where it is
-    none of a run's own (0, 1, 130, 131): 128+N when the container was killed by signal N, as
-    a local controller killed so gives (137: ``docker kill``, or out of memory), else 1 (127:
-    the image has no ``troupe`` to run). Both used to come back bare."""
-    if code <= 1 or code in (130, 131):
-        return code
-    if code > 128:
-        why = ": docker kill, or out of memory" if code == 137 else ""
-        said = (
-            f"the controller's container was killed (signal {code - 128}{why}); every container "
-            f"of the run was removed. Continue with: troupe run --resume {run_dir} --launcher "
-            "docker"
-        )
-    else:
-        why = {126: "its command could not run", 127: "its command was not found"}.get(code, "")
-        said = (
-            f"the controller's container ended with exit code {code}"
-            + (f" ({why} in the image: rebuild it with `troupe image build`)" if why else "")
-            + "; see its lines above"
-        )
-        code = 1
-    console.print(Text(said, style="red"), soft_wrap=True)
-    return code
-
-
-def untrained_line(summary: dict[str, Any]) -> str:
-    """What a summary's ``untrained`` says: its policies whose trainer never stepped."""
-    return (
-        f"never trained: no trainer step for {', '.join(summary['untrained'])} in "
-        f"{summary.get('env_frames') or 0:,} frames (episodes dropped or environments rebuilt "
-        "send no samples: see worker_health/ in metrics.jsonl; or the run ended before its "
-        "replay buffer's learning start)"
-    )
-
-
-def restarts_line(restarts: dict[str, dict[str, Any]]) -> str:
-    """``workers restarted during the run: actor/0 3 times (last: ValueError: ...)``."""
-    parts = [
-        f"{worker} {n} time{'s' if n != 1 else ''} (last: {info.get('last_cause', '?')})"
-        for worker, info in restarts.items()
-        for n in [int(info.get("restarts") or 0)]
-    ]
-    return "workers restarted during the run: " + "; ".join(parts)
 
 
 def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:

@@ -32,7 +32,7 @@ from system.run.control_server import ControlServer
 from system.run.coordination.coordinator import Coordination
 from system.run.display import LiveDisplay
 from system.run.episodes import Callbacks
-from system.run.finish import finish_run, restarts_of
+from system.run.finish import finish_run, restarts_of, unstopped_of
 from system.run.metrics_file import newest_record
 from system.run.monitor import MetricsWriter
 from system.run.name_service import NameService
@@ -214,6 +214,7 @@ class Controller:
             write=self.folder.write,
             best_episode_return=self.thinning.best_return,
             restarts=restarts_of(self.supervisor.workers),
+            unstopped=unstopped_of(self.supervisor.workers, time.monotonic()),
         )
         self.folder.close()
         self.server.close()

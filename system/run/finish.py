@@ -17,6 +17,7 @@ from api.config import ExperimentConfig
 from system import run_folder
 from system.errors import WorkerFailure
 from system.parameters.store import ParameterStore
+from system.roles import WorkerState
 from system.run.report import (
     build_summary,
     read_metrics,
@@ -47,13 +48,15 @@ def finish_run(
     write: Callable[[Callable[[], Any]], bool],
     best_episode_return: float | None = None,
     restarts: dict[str, dict[str, Any]] | None = None,
+    unstopped: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write the summary and plots with ``write`` (the controller's guard of the run folder);
     ``stopped_at``: env frames and wall seconds when the stopping rule held; ``extra``: what
     the coordination drivers add (curriculum stage, PBT, ratings); ``best_episode_return``:
     the best the controller saw in its records, written or not (``metrics.thin``);
     ``restarts``: the workers restarted during the run, how often and why (the supervisor's
-    :func:`restarts_of`)."""
+    :func:`restarts_of`); ``unstopped``: those that did not stop in order
+    (:func:`unstopped_of`)."""
     target = config.stop.eval_return
     pbt_target = config.pbt.target_return if config.pbt.members else None
     if target is None and pbt_target is not None:  # the population's: the one the run has
@@ -78,6 +81,10 @@ def finish_run(
         summary["failure"] = str(failure)
     if restarts:
         summary["restarts"] = restarts
+    named = "" if failure is None else failure.worker  # its failure says why already
+    unstopped = {w: why for w, why in (unstopped or {}).items() if w not in named.split(", ")}
+    if unstopped:
+        summary["unstopped"] = unstopped
     trained = [n for n, pc in config.policies.items() if pc.trainer.type]
     untrained = [n for n in trained if not summary["policy_versions"].get(n)]
     if untrained and summary.get("env_frames"):  # frames, but not one trainer step: exit 0
@@ -121,6 +128,18 @@ def restarts_of(workers: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         worker: {"restarts": record.restarts, "last_cause": record.restart_cause or "?"}
         for worker, record in workers.items()
         if record.restarts
+    }
+
+
+def unstopped_of(workers: Mapping[str, Any], now: float) -> dict[str, str]:
+    """Each worker that did not stop in order (no bye: it had gone, or did not answer its
+    stop), with how long before ``now`` it was last heard from. A Docker run whose actor
+    container was killed half a minute before its end (before the heartbeat timeout) exited 0
+    with nothing said of the actor; ``workers.json`` alone said ``failed``."""
+    return {
+        worker: f"no stop in order; last heard from {now - record.last_seen:.0f} s before the end"
+        for worker, record in workers.items()
+        if record.state is WorkerState.FAILED and record.came_up
     }
 
 

@@ -77,7 +77,7 @@ def test_a_run_that_never_stepped_its_trainer_says_so(tmp_path, version, untrain
         failure=None, evaluation=_windows(), extra={}, write=lambda w: (w(), True)[1],
     )  # fmt: skip
     assert summary.get("untrained") == untrained, summary
-    from distributed.launch.run_commands import untrained_line
+    from distributed.launch.last_lines import untrained_line
 
     assert untrained_line({"untrained": ["default"], "env_frames": 179_395}).startswith(
         "never trained: no trainer step for default in 179,395 frames"

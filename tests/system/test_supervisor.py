@@ -16,7 +16,7 @@ from distributed.launch.local import ended_by
 from system.roles import Role, WorkerState
 from system.run import supervisor as sup
 from system.run.control_protocol import Stop
-from system.run.finish import restarts_of
+from system.run.finish import restarts_of, unstopped_of
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
 
@@ -145,7 +145,7 @@ def test_the_restart_report_says_who_was_restarted_how_often_and_why(run, monkey
 
 
 def test_the_run_s_last_lines_name_the_restarted_workers():
-    from distributed.launch.run_commands import restarts_line
+    from distributed.launch.last_lines import restarts_line
 
     line = restarts_line(
         {
@@ -347,3 +347,28 @@ def test_a_schedulers_worker_that_does_not_stop_is_not_said_to_be_killed(run, ca
     launcher.restarts_workers = False
     s.stop_workers(["actor/1"], lambda wid, message: None, lambda ms: None, timeout_s=0.0)
     assert "actor/1 did not stop in 0s; killing it" in caplog.text
+
+
+def test_the_summary_names_the_workers_that_did_not_stop_in_order(run, monkeypatch):
+    """A Docker run's actor container killed half a minute before the run's end (before the
+    heartbeat timeout): exit 0, and only workers.json said `failed`."""
+    s, _, _ = run
+    for w in ("actor/0", "actor/1"):
+        s.on_hello(s.workers[w], pid=2)
+        s.on_ready(s.workers[w])
+    s.workers["actor/0"].last_seen = 100.0
+    s.workers["actor/1"].last_seen = 140.0
+    s.stop_workers(["actor/0"], lambda wid, message: None, lambda ms: None, timeout_s=0.0)
+    s.stop_workers(["actor/1"], lambda wid, message: None, lambda ms: None, timeout_s=0.0)
+    said = {
+        "actor/0": "no stop in order; last heard from 45 s before the end",
+        "actor/1": "no stop in order; last heard from 5 s before the end",
+    }
+    assert unstopped_of(s.workers, now=145.0) == said
+    from distributed.launch.last_lines import unstopped_line
+
+    assert unstopped_line(said) == (
+        "workers that did not stop in order (see their logs): actor/0 (no stop in order; last "
+        "heard from 45 s before the end); actor/1 (no stop in order; last heard from 5 s before "
+        "the end)"
+    )

@@ -1,0 +1,75 @@
+"""What ``troupe run`` says at a run's end beyond its summary's figures: what the exit code
+means where it is none of a run's own, and the summary's warnings (a policy never trained,
+workers restarted, workers that did not stop in order), each one line, in words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+
+def warning_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines a summary's warnings make, in the order they are printed."""
+    lines = []
+    if summary.get("untrained"):
+        lines.append(untrained_line(summary))
+    if summary.get("restarts"):
+        lines.append(restarts_line(summary["restarts"]))
+    if summary.get("unstopped"):
+        lines.append(unstopped_line(summary["unstopped"]))
+    return lines
+
+
+def container_code(code: int, run_dir: Path, console: Console) -> int:
+    """A Docker run's exit code from its controller container's, said in words where it is
+    none of a run's own (0, 1, 130, 131): 128+N when the container was killed by signal N, as
+    a local controller killed so gives (137: ``docker kill``, or out of memory), else 1 (127:
+    the image has no ``troupe`` to run). Both used to come back bare."""
+    if code <= 1 or code in (130, 131):
+        return code
+    if code > 128:
+        why = ": docker kill, or out of memory" if code == 137 else ""
+        said = (
+            f"the controller's container was killed (signal {code - 128}{why}); every container "
+            f"of the run was removed. Continue with: troupe run --resume {run_dir} --launcher "
+            "docker"
+        )
+    else:
+        why = {126: "its command could not run", 127: "its command was not found"}.get(code, "")
+        said = (
+            f"the controller's container ended with exit code {code}"
+            + (f" ({why} in the image: rebuild it with `troupe image build`)" if why else "")
+            + "; see its lines above"
+        )
+        code = 1
+    console.print(Text(said, style="red"), soft_wrap=True)
+    return code
+
+
+def untrained_line(summary: dict[str, Any]) -> str:
+    """What a summary's ``untrained`` says: its policies whose trainer never stepped."""
+    return (
+        f"never trained: no trainer step for {', '.join(summary['untrained'])} in "
+        f"{summary.get('env_frames') or 0:,} frames (episodes dropped or environments rebuilt "
+        "send no samples: see worker_health/ in metrics.jsonl; or the run ended before its "
+        "replay buffer's learning start)"
+    )
+
+
+def unstopped_line(unstopped: dict[str, str]) -> str:
+    """What a summary's ``unstopped`` says: the workers that did not stop in order."""
+    gone = "; ".join(f"{worker} ({why})" for worker, why in unstopped.items())
+    return f"workers that did not stop in order (see their logs): {gone}"
+
+
+def restarts_line(restarts: dict[str, dict[str, Any]]) -> str:
+    """``workers restarted during the run: actor/0 3 times (last: ValueError: ...)``."""
+    parts = [
+        f"{worker} {n} time{'s' if n != 1 else ''} (last: {info.get('last_cause', '?')})"
+        for worker, info in restarts.items()
+        for n in [int(info.get("restarts") or 0)]
+    ]
+    return "workers restarted during the run: " + "; ".join(parts)
