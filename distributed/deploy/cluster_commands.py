@@ -138,6 +138,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     from system import logs
 
     logs.keep_in_run_folder(run_dir, "controller")  # beside the CLI's console lines
+    _take_stop_requests(run_dir, interrupts)
     config = saved_config(run_dir)
     secure_or_refuse(args.insecure, "troupe controller")
     launcher = ExternalLauncher()
@@ -161,6 +162,23 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     return {"failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}.get(
         summary.get("stop_reason"), EXIT_DONE
     )
+
+
+def _take_stop_requests(run_dir: Path, interrupts) -> None:
+    """A ``troupe stop`` that came before this controller held the run folder wrote its request
+    there (:mod:`distributed.launch.stop_request`): one written before now stops the run before
+    any worker starts; one written while the lock was being taken is seen within a second."""
+    from distributed.launch import stop_request
+
+    if stop_request.take(run_dir) is not None:
+        logger.warning(
+            "troupe stop asked for the run to stop before its controller started (%s): "
+            "stopping it in order, no worker is started",
+            stop_request.FILE,
+        )
+        interrupts.request()
+        return
+    stop_request.watch(run_dir, already_asked=lambda: interrupts.asked)
 
 
 # --------------------------------------------------------------------- troupe worker

@@ -320,12 +320,21 @@ def remove_run(client: docker.DockerClient, run: str, timeout_s: float = 60.0) -
         time.sleep(0.5)
 
 
-def stop_controller(client: docker.DockerClient, run: str, timeout_s: float) -> str:
+def stop_controller(
+    client: docker.DockerClient, run: str, timeout_s: float, run_dir: Path | None = None
+) -> str:
     """Scale a running controller to zero and wait for its task to end: Swarm sends it SIGINT,
     and it stops every worker in order and writes the summary before it exits. Says what
     happened: ``troupe stop`` said "it stopped in order" of a controller that had died, or had
-    never started (its image missing)."""
+    never started (its image missing).
+
+    ``run_dir`` (the run folder, where this machine sees it): a controller that has not started
+    yet, or not yet taken the folder's lock (until then a SIGINT may kill it as it imports), is
+    asked to stop through a request in the folder, which it reads as it starts
+    (:mod:`distributed.launch.stop_request`); the stop was lost before, and the run went on."""
     import docker
+
+    from distributed.launch import stop_request
 
     try:
         service = client.services.get(service_name(run, dl.CONTROLLER_ID))
@@ -334,7 +343,12 @@ def stop_controller(client: docker.DockerClient, run: str, timeout_s: float) -> 
     code = controller_exit_code(client, run)
     if code is not None:
         return f"the controller had already ended (exit code {code}): nothing stopped in order"
-    if not any(t["Status"]["State"] == "running" for t in service.tasks()):
+    running = any(t["Status"]["State"] == "running" for t in service.tasks())
+    if run_dir is not None and not (running and stop_request.controller_listening(run_dir)):
+        path = stop_request.write(run_dir)
+        return (f"the controller has not started yet ({_task_states(service)}): wrote {path}, "
+                "it stops the run in order as it starts")  # fmt: skip
+    if not running:
         return f"the controller was not running ({_task_states(service)}): nothing stopped in order"
     service.scale(0)
     deadline = time.monotonic() + timeout_s
@@ -405,6 +419,9 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
 
     # The run's controller service owns the folder from here (it takes the lock itself).
     folder_lock.release(run_dir)
+    from distributed.launch import stop_request
+
+    stop_request.clear(run_dir)  # one an earlier deployment of this folder left untaken
     run = deploy(
         config,
         run_dir,

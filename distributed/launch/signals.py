@@ -102,6 +102,17 @@ class Interrupts:
             return
         raise KeyboardInterrupt()
 
+    @property
+    def asked(self) -> bool:
+        """Whether a stop was asked for already (a signal, or :meth:`request`)."""
+        return self.last is not None
+
+    def request(self) -> None:
+        """A stop asked for otherwise than by a signal (a ``troupe stop`` that came before the
+        controller could take one: :mod:`distributed.launch.stop_request`), while held back."""
+        self.last = time.monotonic()
+        self.pending = True
+
     def arm(self) -> bool:
         """From now on a request raises KeyboardInterrupt; whether one came before (the caller
         then stops the run in order, having started nothing)."""

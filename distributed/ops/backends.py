@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -305,7 +305,9 @@ class SwarmBackend:
             for service in services:
                 service.remove()
             return f"removed the {len(services)} service(s) of run '{record.run}' at once"
-        return swarm.stop_controller(client, record.run, timeout_s=dl.STOP_GRACE_S)
+        return swarm.stop_controller(
+            client, record.run, timeout_s=dl.STOP_GRACE_S, run_dir=record.folder()
+        )
 
     def remove(self, record: LaunchRecord) -> str | None:
         from distributed.deploy import swarm
@@ -482,7 +484,9 @@ class SlurmBackend:
         except OpsError:
             return None
         jobs = out.split()
-        return LaunchRecord("slurm", name, job_id=jobs[-1]) if jobs else None
+        if not jobs:
+            return None
+        return LaunchRecord("slurm", name, run_dir=_run_dir_of(jobs[-1]), job_id=jobs[-1])
 
     def job(self, record: LaunchRecord) -> str:
         if record.job_id:
@@ -496,6 +500,8 @@ class SlurmBackend:
         return found.job_id
 
     def alive(self, record: LaunchRecord) -> bool | None:
+        if not record.job_id and shutil.which("squeue") and self.find(record.run) is None:
+            return False  # never started, and not (or no longer) queued: cancelled queued
         state = _slurm("squeue", "-h", "-j", self.job(record), "-o", "%T", check=False)
         return state.strip() in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED")
 
@@ -519,18 +525,56 @@ class SlurmBackend:
         return iter(())  # the run folder (a file system every node mounts) holds the logs
 
     def stop(self, record: LaunchRecord, now: bool) -> str:
+        """SIGINT to the controller step once its controller holds the run folder (it then
+        stops the run in order). Before that: a job still queued is cancelled (nothing of it
+        has run), and a started job whose controller has not started yet gets a stop request
+        in its run folder, which its controller reads as it starts. Both used to be "no
+        controller step running" and nothing more: the job started later and ran on, and a
+        signal to a controller still importing killed it with a traceback and no summary."""
+        from distributed.launch import stop_request
+
         job = self.job(record)
+        record = replace(record, job_id=job)  # gone from squeue once cancelled: asked by id
         if now:
             _slurm("scancel", job)
             return f"cancelled job {job} at once"
+        state = _slurm("squeue", "-h", "-j", job, "-o", "%T|%r", check=False).strip()
+        state, _, reason = state.partition("|")
+        if state == "PENDING":  # only if it still is: one that started meanwhile is not killed
+            _slurm("scancel", "--state=PENDING", job)
+            if self.alive(record) is False:
+                return (f"job {job} was still waiting in the queue ({reason or 'pending'}): "
+                        "cancelled it before anything of the run started")  # fmt: skip
         steps = [s for s in self._steps(record) if s[1] == "controller"]
-        if not steps:
-            return f"job {job} has no controller step running"
-        _slurm("scancel", "--signal=INT", steps[0][0])
-        return f"sent SIGINT to step {steps[0][0]} (the controller): the run stops in order"
+        run_dir = Path(record.run_dir) if record.run_dir else None
+        if run_dir is not None and not run_dir.parent.is_dir():  # not mounted here
+            run_dir = None
+        if steps and (run_dir is None or stop_request.controller_listening(run_dir)):
+            _slurm("scancel", "--signal=INT", steps[0][0])
+            return f"sent SIGINT to step {steps[0][0]} (the controller): the run stops in order"
+        if run_dir is None:
+            return (f"job {job} has not started its controller yet, and its run folder is not "
+                    "known here: nothing stopped (troupe stop DEPLOY_FOLDER asks its "
+                    "controller to stop as it starts; --now cancels the job)")  # fmt: skip
+        path = stop_request.write(run_dir, job_id=job)
+        return (f"job {job} has not started its controller yet: wrote {path}, its controller "
+                "stops the run in order as it starts")  # fmt: skip
 
     def remove(self, record: LaunchRecord) -> str | None:
         return None  # the job ends with its controller
+
+
+def _run_dir_of(job: str) -> str | None:
+    """The run folder of a ``troupe deploy slurm`` job: its script lies in the deploy folder,
+    whose launch record names the run folder (None where this machine does not see it)."""
+    script = _slurm("squeue", "-h", "-j", job, "-o", "%o", check=False).strip()
+    if not script.startswith("/"):
+        return None
+    try:
+        record = read_record(Path(script).parent)
+    except OpsError:
+        return None
+    return record.run_dir if record is not None else None
 
 
 def _controller_answers() -> bool:

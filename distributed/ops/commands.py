@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from distributed.errors import OpsError
+from distributed.launch import stop_request
 from distributed.ops import backends, folder
 from distributed.ops.backends import resolve
 from distributed.ops.record import LaunchRecord, read
@@ -220,6 +221,8 @@ def run_stop(args: argparse.Namespace, console: Console) -> int:
         console.print(Text(f"run '{record.run}' still runs after {args.wait:.0f}s"))
         return 1
     run_dir = record.folder()
+    if ended and run_dir is not None:  # a request its run ended without taking: not the next's
+        stop_request.clear(run_dir)
     summary = folder.summary(run_dir) if run_dir else None
     if ended and summary:
         console.print(Text(f"run '{record.run}' ended: {summary.get('stop_reason')}"))

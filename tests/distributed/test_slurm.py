@@ -648,3 +648,99 @@ worker_task actor 'actor/{{ordinal}}'
     assert done.stderr.splitlines()[-1] == (
         "worker actor/1 (task 1) left: its controller is gone; not restarted"
     )
+
+
+def ops_command(repo: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``troupe ARGV`` as an operator runs it, in its own process."""
+    return subprocess.run([sys.executable, "-m", "distributed.cli", *argv], capture_output=True,
+                          text=True, timeout=300, cwd=repo,
+                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+
+
+@pytest.mark.slurm
+@needs_slurm
+@pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
+def test_a_stop_while_the_job_waits_in_the_queue_cancels_it(tmp_path):
+    """`troupe stop` of a job that has not left the queue: said "no controller step running"
+    and did nothing, and the job started later and ran on as if never stopped."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "deploy"
+    deploy("cartpole-ppo", "stop.eval_return=None", "--out", str(out), "--run-name", "held",
+           "--code", str(repo), "--venv", sys.prefix, "--time", "00:10:00")  # fmt: skip
+    job = submit(out, "--hold")  # pending until released: it cannot start under the test
+    try:
+        stop = ops_command(repo, "stop", str(out), "--wait", "60")
+        state = job_fields(job).get("JobState")
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert f"job {job} was still waiting in the queue (JobHeldUser): cancelled it" in stop.stdout
+    assert state == "CANCELLED", stop.stdout
+
+
+def hold_the_controller(out: Path, where: str) -> None:
+    """Make the job's controller wait for ``out/go`` before it starts: ``before`` its step
+    (the job runs, no controller step yet), or ``inside`` it (the step runs, the controller's
+    process has not started), the moments a stop right after the submit meets."""
+    text = script(out)
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("srun --nodes=1 --ntasks=1"))
+    wait = 'until [ -f "$RUN_DIR/../go" ]; do sleep 0.2; done'
+    if where == "before":
+        lines.insert(at, wait)
+    else:
+        start = "bash -c 'troupe_run controller"
+        lines[at] = lines[at].replace(start, start.replace("'", f"'{wait}; "))
+    assert "\n".join(lines) != text
+    (out / "troupe.sbatch").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slurm
+@pytest.mark.multiprocess
+@needs_slurm
+@pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_a_stop_before_the_controller_starts_stops_the_run_in_order(tmp_path, where):
+    """`troupe stop` after the job started, before its controller did: the stop was lost (no
+    controller step: nothing sent, the run went on) or killed the controller as it started (a
+    SIGINT to a step whose controller was still importing: a traceback, no summary, workers
+    left running). Now it is written into the run folder, and the controller, as it starts,
+    starts no worker, writes its summary (interrupted) and exits 130, as a stopped run does."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "deploy"
+    overrides = ("stop.eval_return=None", "stop.env_frames=100000000")
+    options = ("--run-name", f"early-{where}", "--code", str(repo), "--venv", sys.prefix,
+               "--time", "00:10:00")  # fmt: skip
+    deploy("cartpole-ppo", *overrides, "--out", str(out), *options)
+    hold_the_controller(out, where)
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TROUPE_CONTROLLER_PORT": str(free_port())}
+    job = submit(out, env=env)
+    run = out / "run"
+    try:
+        for _ in range(300):  # the job runs, and the controller waits for out/go
+            steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"],
+                                   capture_output=True, text=True).stdout.split()  # fmt: skip
+            if (run / "launch.json").exists() and ("controller" in steps or where == "before"):
+                break
+            assert job_fields(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")
+            time.sleep(0.5)
+        stop = ops_command(repo, "stop", str(out), "--wait", "0")
+        (out / "go").touch()
+        for _ in range(300):
+            if job_fields(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+                break
+            workers = run / "workers.json"
+            table = json.loads(workers.read_text() or "{}") if workers.exists() else {}
+            assert not any(w.get("state") == "alive" for w in table.values()), "it ran on"
+            time.sleep(1)
+        fields = job_fields(job)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    log = next(out.glob("slurm-*.out")).read_text()
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert f"job {job} has not started its controller yet" in stop.stdout, stop.stdout
+    assert fields["JobState"] != "RUNNING", log[-3000:]
+    assert "controller exited with 130" in log, log[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["env_frames"] == 0
+    assert not (run / "stop-request.json").exists()  # taken: a resume of the folder runs
