@@ -346,8 +346,10 @@ def stop_controller(
     running = any(t["Status"]["State"] == "running" for t in service.tasks())
     if run_dir is not None and not (running and stop_request.controller_listening(run_dir)):
         path = stop_request.write(run_dir)
-        return (f"the controller has not started yet ({_task_states(service)}): wrote {path}, "
-                "it stops the run in order as it starts")  # fmt: skip
+        yet = ("its task runs, but it has not taken the run folder yet" if running
+               else f"it has not started yet ({_task_states(service)})")  # fmt: skip
+        return (f"the controller is not listening: {yet}; wrote {path}, it stops the run in "
+                "order as it starts")  # fmt: skip
     if not running:
         return f"the controller was not running ({_task_states(service)}): nothing stopped in order"
     service.scale(0)

@@ -26,6 +26,7 @@ import pytest
 from api.config import make_experiment
 from distributed.deploy.swarm import LABEL_RUN_DIR, service_name
 from distributed.launch.docker_run import LABEL_RUN, LABEL_WORKER, run_name
+from system.run import folder_lock
 
 pytestmark = pytest.mark.multiprocess
 
@@ -267,7 +268,12 @@ def test_status_logs_and_stop_of_a_deployed_run(finished_run, tmp_path):
     typo = troupe("logs", "swarm-run", "--worker", "actor/9", env=env)  # no such worker
     assert typo.returncode == 1 and "no worker 'actor/9' in this run" in typo.stdout
 
-    stop = troupe("stop", "swarm-run", env=env)
+    # its controller, running, holds the run folder (a stop request is for one that does not)
+    folder_lock.acquire(run_dir)
+    try:
+        stop = troupe("stop", "swarm-run", env=env)
+    finally:
+        folder_lock.release(run_dir)
     assert stop.returncode == 0, stop.stderr
     assert "removed run 'swarm-run' from the swarm" in stop.stdout, stop.stdout
     left = json.loads(state.read_text())
