@@ -296,22 +296,29 @@ def _troupe_run_docker(cwd, run_dir, *overrides: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_path):
-    """A SIGTERM to `troupe run --launcher docker` alone (a supervisor's stop, not a terminal's
-    Ctrl+C to the whole group): it was swallowed by the launching process, and the run went
-    on to its wall-clock limit and exited 0."""
-    run_dir = tmp_path / "runs" / "signalled"
-    proc = _troupe_run_docker(tmp_path, run_dir, "stop.env_frames=100000000")
+def _once_it_trains(cwd, run_dir, act) -> tuple[subprocess.Popen, str]:
+    """A docker run with no end of its own: ``act(process)`` once it has counted frames, then
+    the run's process once it has ended, and its output."""
+    proc = _troupe_run_docker(cwd, run_dir, "stop.env_frames=100000000")
     try:
         deadline = time.monotonic() + 240
         while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
-        os.kill(proc.pid, signal.SIGTERM)
+        act(proc)
         out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return proc, out
+
+
+def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_path):
+    """A SIGTERM to `troupe run --launcher docker` alone (a supervisor's stop, not a terminal's
+    Ctrl+C to the whole group): it was swallowed by the launching process, and the run went
+    on to its wall-clock limit and exited 0."""
+    run_dir = tmp_path / "runs" / "signalled"
+    proc, out = _once_it_trains(tmp_path, run_dir, lambda proc: os.kill(proc.pid, signal.SIGTERM))
     assert proc.returncode == 130, out[-3000:]
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
     assert_nothing_left(client, dl.run_name(run_dir))
@@ -343,17 +350,11 @@ def test_a_killed_controller_container_is_said_and_gives_128_plus_its_signal(cli
     --launcher docker` exited 137 and said nothing of it; a local controller killed so says so
     and gives the same code."""
     run_dir = tmp_path / "runs" / "killed"
-    proc = _troupe_run_docker(tmp_path, run_dir, "stop.env_frames=100000000")
-    try:
-        deadline = time.monotonic() + 240
-        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+
+    def kill_controller(_) -> None:
         the_container(client, dl.run_name(run_dir), "controller").kill()
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    proc, out = _once_it_trains(tmp_path, run_dir, kill_controller)
     assert proc.returncode == 137, out[-3000:]
     said = " ".join(out.split())
     assert (
