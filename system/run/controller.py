@@ -150,6 +150,7 @@ class Controller:
                 self.supervisor.shutdown(self.server.send, self._receive, revive=revive)
             finally:
                 self.display.stop(final=False)  # the final line: the last record's (_finish)
+                self.shape.settle()
         with _stopped_already():
             return self._finish()
 

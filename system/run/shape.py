@@ -144,6 +144,14 @@ class ShapeResolver:
             self._resolve()
         return self._wire
 
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Wait for a resolution still under way. A run stopped a second after it started
+        ended its process while this thread was still inside torch building a network, and
+        the process died of it (SIGABRT: "terminate called without an active exception",
+        after its summary was written) instead of exiting 130."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
     def _resolve(self) -> None:
         self._wire, self._done = RunShape.resolve(self.config), True
 

@@ -169,3 +169,16 @@ def test_the_parameter_service_process_never_loads_torch(tmp_path):
             p.wait(timeout=10)
         ctl.server.close()
         ctl.metrics.close()
+
+
+def test_a_stopped_controller_waits_for_a_shape_still_being_resolved(monkeypatch):
+    """A run stopped a second after it started exited while the shape's thread was still in
+    torch building a network: the process died of SIGABRT after writing its summary."""
+    from system.run import shape
+
+    slow = RunShape.resolve
+    monkeypatch.setattr(RunShape, "resolve", classmethod(lambda cls, c: time.sleep(0.5) or slow(c)))
+    resolver = shape.ShapeResolver(make_experiment("cartpole-ppo"))
+    resolver.start()
+    resolver.settle()
+    assert resolver._done and not resolver._thread.is_alive()
