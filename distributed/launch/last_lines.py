@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from distributed.launch.signals import EXIT_ABANDONED, EXIT_FAILED, EXIT_INTERRUPTED
+
 
 def warning_lines(summary: dict[str, Any]) -> list[str]:
     """The lines a summary's warnings make, in the order they are printed."""
@@ -28,7 +30,7 @@ def container_code(code: int, run_dir: Path, console: Console) -> int:
     none of a run's own (0, 1, 130, 131): 128+N when the container was killed by signal N, as
     a local controller killed so gives (137: ``docker kill``, or out of memory), else 1 (127:
     the image has no ``troupe`` to run). Both used to come back bare."""
-    if code <= 1 or code in (130, 131):
+    if code <= EXIT_FAILED or code in (EXIT_INTERRUPTED, EXIT_ABANDONED):
         return code
     if code > 128:
         why = ": docker kill, or out of memory" if code == 137 else ""
@@ -44,7 +46,7 @@ def container_code(code: int, run_dir: Path, console: Console) -> int:
             + (f" ({why} in the image: rebuild it with `troupe image build`)" if why else "")
             + "; see its lines above"
         )
-        code = 1
+        code = EXIT_FAILED
     console.print(Text(said, style="red"), soft_wrap=True)
     return code
 
