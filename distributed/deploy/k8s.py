@@ -69,6 +69,7 @@ from distributed.deploy.sizing import (
 )
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
+from distributed.launch.docker_run import STOP_GRACE_S
 from system import run_folder
 
 MOUNT = "/troupe/run"
@@ -409,6 +410,9 @@ class _Builder:
             [container], writes_run=True, restart="Never", component="controller", claim=claim
         )
         pod["initContainers"] = [copy]
+        # `troupe stop` suspends this Job: the kubelet sends SIGTERM and waits this long for the
+        # orderly stop (the trainers' last checkpoints) before SIGKILL; its default is 30 s
+        pod["terminationGracePeriodSeconds"] = int(STOP_GRACE_S)
         pod["volumes"].append(
             {"name": "config", "configMap": {"name": f"{self.o.run_name}-config"}}
         )

@@ -333,11 +333,11 @@ def _service_lines(template: str, service, tail: int) -> Iterator[tuple[str, str
 # --------------------------------------------------------------------- kubernetes
 class K8sBackend:
     """A ``troupe deploy k8s --apply`` run: objects labelled ``troupe.run=<run>`` in its
-    namespace. Stopping deletes the controller's pod with a grace period (the kubelet sends it
-    SIGTERM, which it turns into an orderly stop), waits for the controller to finish, then
-    deletes the run's Jobs, Services, config and secrets; the run's volume claim stays."""
+    namespace. Stopping suspends the controller's Job (the kubelet sends its pod SIGTERM, which
+    it turns into an orderly stop, and nothing starts another), waits for the controller to
+    finish, then deletes the run's Jobs, Services, config and secrets; the run's volume claim
+    stays."""
 
-    STOP_GRACE_S: ClassVar[int] = 120
     KINDS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("BatchV1Api", "job"),
         ("CoreV1Api", "service"),
@@ -399,19 +399,38 @@ class K8sBackend:
         return _merge(streams, follow)
 
     def stop(self, record: LaunchRecord, now: bool) -> str:
-        core = self.apis()["CoreV1Api"]
-        controllers = [p for p in self.pods(record) if _component(p) == "controller"]
-        grace = 0 if now else self.STOP_GRACE_S
-        for pod in controllers:
-            core.delete_namespaced_pod(pod.metadata.name, record.namespace,
-                                       grace_period_seconds=grace)  # fmt: skip
-        if not controllers:
-            return f"run '{record.run}' has no controller pod"
+        """Suspend the controller's Job. Deleting its pod, as this did, let the Job controller
+        start another at once (it replaces a pod as soon as it is terminating), which resumed
+        the run: the stop never ended it, and a pod still pending was replaced before it ran. A
+        suspended Job's pods get SIGTERM and the pod's grace period (the manifest's
+        ``terminationGracePeriodSeconds``), and no pod takes their place. ``now``: the pods are
+        then deleted with no grace (SIGKILL)."""
+        from distributed.launch.docker_run import STOP_GRACE_S
+
+        batch, core = self.apis()["BatchV1Api"], self.apis()["CoreV1Api"]
+        selector = f"{_selector(record)},{COMPONENT_LABEL}=controller"
+        jobs = batch.list_namespaced_job(
+            record.namespace, label_selector=selector, _request_timeout=API_TIMEOUT_S
+        ).items
+        if not jobs:
+            return f"run '{record.run}' has no controller Job"
+        pods = [p for p in self.pods(record) if _component(p) == "controller"]
+        for job in jobs:
+            batch.patch_namespaced_job(job.metadata.name, record.namespace, SUSPEND)
         if now:
-            return "deleted the controller pod at once (grace period 0)"
+            for pod in pods:
+                core.delete_namespaced_pod(pod.metadata.name, record.namespace,
+                                           grace_period_seconds=0)  # fmt: skip
+            return "suspended the controller's Job and deleted its pod at once (grace period 0)"
+        if not any(p.status.phase == "Running" for p in pods):
+            return (
+                "suspended the controller's Job before its pod ran: Kubernetes removes the "
+                "pending pod and starts no other, so the run ends without starting"
+            )
         return (
-            f"deleted the controller pod with a {grace}s grace period: the kubelet sent it "
-            "SIGTERM and it stops the run in order"
+            "suspended the controller's Job: Kubernetes sent its pod SIGTERM, and it stops the "
+            f"run in order (its grace period: {STOP_GRACE_S:.0f} s); a suspended Job starts no "
+            "other pod"
         )
 
     def remove(self, record: LaunchRecord) -> str | None:
@@ -429,6 +448,9 @@ class K8sBackend:
 
 
 API_TIMEOUT_S = 10
+COMPONENT_LABEL = "app.kubernetes.io/component"
+SUSPEND = {"spec": {"suspend": True}}
+"""The patch that stops a Job: its pods terminated gracefully, none started in their place."""
 """A kubeconfig naming a cluster that does not answer must not hang ``troupe status``."""
 
 
@@ -455,7 +477,7 @@ def _selector(record: LaunchRecord) -> str:
 
 
 def _component(pod) -> str:
-    return (pod.metadata.labels or {}).get("app.kubernetes.io/component", "?")
+    return (pod.metadata.labels or {}).get(COMPONENT_LABEL, "?")
 
 
 def _pod_lines(core, name: str, namespace: str, tail: int, follow: bool) -> Iterator[str]:

@@ -274,6 +274,16 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
     assert service["ports"][0]["port"] == 5555 and service["publishNotReadyAddresses"] is True
 
 
+def test_the_controller_pod_gets_the_grace_period_of_an_orderly_stop():
+    """`troupe stop` suspends the controller's Job; its pod then gets its own
+    terminationGracePeriodSeconds (30 s if unset) between SIGTERM and SIGKILL, and the run's
+    last checkpoints can take longer than that on a slow disk."""
+    from distributed.launch.docker_run import STOP_GRACE_S
+
+    template = by_kind(manifests("cartpole-ppo"), "Job")["r1-controller"]["spec"]["template"]
+    assert template["spec"]["terminationGracePeriodSeconds"] == STOP_GRACE_S
+
+
 def test_the_controller_is_scraped_where_prometheus_looks():
     """Pod annotations for Prometheus's pod discovery, a named port, and a network policy that
     lets a Prometheus of another namespace reach /metrics (and nothing else of the run)."""

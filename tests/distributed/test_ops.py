@@ -360,13 +360,101 @@ def test_k8s_status_logs_and_stop_go_through_the_api():
     assert ("list pods", "rl", "troupe.run=r") in core.calls
     lines = list(be.logs(rec, "actor", tail=5, follow=False))
     assert lines == [("r-actor-0", "r-actor-0 line 1"), ("r-actor-0", "r-actor-0 line 2")]
-    assert "SIGTERM" in be.stop(rec, now=False)
-    assert ("delete pod", "r-controller-x", 120) in core.calls  # a grace period: in order
     said = be.remove(rec)
     deleted = [c[1] for c in core.calls if c[0] == "delete"]
     assert "r-job" in deleted and "r-secret" in deleted and "r-config_map" in deleted
     assert not any("persistent_volume_claim" in d for d in deleted)  # the run folder stays
     assert "volume claim is kept" in said
+
+
+class JobController:
+    """The controller's Job as Kubernetes's documentation describes the Job controller, for the
+    calls `troupe stop` makes (no cluster runs here). A pod that is deleted terminates and is
+    replaced at once (``podReplacementPolicy: TerminatingOrFailed``, the default) until the
+    Job's ``backoffLimit``; suspending the Job terminates its pods (SIGTERM; a pending one is
+    removed) and starts none. A terminating pod ends by the next listing (an orderly stop)."""
+
+    def __init__(self, phase: str):
+        self.suspended, self.failures, self.made = False, 0, 0
+        self.pods: list = []
+        self.terminating: set[str] = set()
+        self.calls: list = []
+        self._make(phase)
+
+    def _make(self, phase: str = "Pending") -> None:
+        self.made += 1
+        self.pods.append(pod(f"r-controller-{self.made}", "controller", phase))
+
+    def _terminate(self, p) -> None:
+        if p.status.phase == "Pending":  # never ran: removed at once
+            self.pods.remove(p)
+        else:
+            self.terminating.add(p.metadata.name)
+
+    # CoreV1Api
+    def list_namespaced_pod(self, namespace, label_selector, _request_timeout=None):
+        listed = list(self.pods)
+        self.pods = [p for p in self.pods if p.metadata.name not in self.terminating]
+        return SimpleNamespace(items=listed)
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds):
+        self.calls.append(("delete pod", name, grace_period_seconds))
+        self._terminate(next(p for p in self.pods if p.metadata.name == name))
+        if not self.suspended and self.failures < 2:  # backoffLimit: 2
+            self.failures += 1
+            self._make()
+
+    # BatchV1Api
+    def list_namespaced_job(self, namespace, label_selector, _request_timeout=None):
+        assert _request_timeout and "app.kubernetes.io/component=controller" in label_selector
+        job = SimpleNamespace(metadata=SimpleNamespace(name="r-controller"))
+        return SimpleNamespace(items=[job])
+
+    def patch_namespaced_job(self, name, namespace, body):
+        self.calls.append(("patch job", name, body))
+        if body == {"spec": {"suspend": True}}:
+            self.suspended = True
+            for p in list(self.pods):
+                self._terminate(p)
+
+
+def _stopped(phase: str, now: bool = False) -> tuple[JobController, str, bool]:
+    from distributed.ops import commands
+
+    cluster = JobController(phase)
+    be = backends.K8sBackend({"CoreV1Api": cluster, "BatchV1Api": cluster})
+    rec = LaunchRecord("k8s", "r", namespace="rl")
+    said = be.stop(rec, now=now)
+    return cluster, said, commands._wait_until_ended(be, rec, wait_s=3)
+
+
+def test_k8s_stop_ends_the_run_and_no_controller_pod_takes_its_place():
+    """Deleting the controller's pod let its Job start another at once, which resumed the run:
+    `troupe stop` never ended a Kubernetes run. It now suspends the Job."""
+    cluster, said, ended = _stopped("Running")
+    assert ended and cluster.made == 1, cluster.pods
+    assert ("patch job", "r-controller", {"spec": {"suspend": True}}) in cluster.calls
+    assert "SIGTERM" in said and "in order" in said
+    cluster, said, ended = _stopped("Running", now=True)  # --now: no grace, still none after it
+    assert ended and cluster.made == 1
+    assert ("delete pod", "r-controller-1", 0) in cluster.calls and "at once" in said
+
+
+def test_the_k8s_stop_calls_real_kubernetes_client_methods():
+    client = pytest.importorskip("kubernetes.client")
+    calls = [
+        ("BatchV1Api", "list_namespaced_job"),
+        ("BatchV1Api", "patch_namespaced_job"),
+        ("CoreV1Api", "delete_namespaced_pod"),
+    ]
+    for api, method in calls:
+        assert callable(getattr(getattr(client, api), method, None)), method
+
+
+def test_k8s_stop_before_the_controller_pod_runs_ends_the_run_unstarted():
+    cluster, said, ended = _stopped("Pending")
+    assert ended and cluster.made == 1 and not cluster.pods
+    assert "before its pod ran" in said and "without starting" in said
 
 
 def test_k8s_ps_says_how_a_restarted_container_last_ended():
