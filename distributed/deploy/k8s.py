@@ -86,6 +86,14 @@ BASE_DIR = "base"
 CONTROLLER_RETRIES = 2
 """Restarts of the controller's pod (its Job's backoffLimit), each resuming the run."""
 STORAGE_MODES = ("claim", "pod", "none")
+CONTROLLER_ENDED_THE_RUN = {
+    "action": "FailJob",
+    "onExitCodes": {"containerName": "controller", "operator": "In", "values": [1, 2, 126, 127]},
+}
+"""A controller that ended the run itself is not started again: exit 1, the run failed (its
+summary says why; it would fail again, and each retry would resume it); 2, a bad argument; 126
+and 127, no ``troupe`` in the image. One killed (130 after SIGTERM, 137) or lost with its node is
+retried, to resume the run, as a requeued Slurm job does."""
 RESTARTS_PER_WORKER = 10
 """A worker Job fails (and its pods are ended) after 10 restarts per replica, counted over the
 Job: crashes and kills are retried, a worker that can never start does not loop for ever."""
@@ -426,7 +434,12 @@ class _Builder:
             "prometheus.io/port": str(METRICS_PORT),
             "prometheus.io/path": "/metrics",
         }
-        spec = {"backoffLimit": CONTROLLER_RETRIES, "template": template}
+        spec = {
+            "backoffLimit": CONTROLLER_RETRIES,
+            "podFailurePolicy": {"rules": [CONTROLLER_ENDED_THE_RUN]},
+            "podReplacementPolicy": "Failed",  # never two controllers on one run folder
+            "template": template,
+        }
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",

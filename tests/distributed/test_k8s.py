@@ -86,6 +86,14 @@ def check_api_server_rules(obj: dict) -> None:
         assert pod["restartPolicy"] == "Never"
     if "podFailurePolicy" in spec:
         assert pod["restartPolicy"] == "Never"
+        names = {c["name"] for c in pod["containers"] + pod.get("initContainers", [])}
+        for rule in spec["podFailurePolicy"]["rules"]:
+            codes = rule.get("onExitCodes")
+            if codes is None:
+                continue
+            assert codes.get("containerName", next(iter(names))) in names
+            values = codes["values"]  # "must be ordered", unique; In may not hold 0
+            assert values == sorted(set(values)) and not (codes["operator"] == "In" and 0 in values)
     if spec.get("podReplacementPolicy") == "TerminatingOrFailed":
         assert "podFailurePolicy" not in spec
     # pods are named <job>-<index>-<random>, their host name <job>-<index> is a DNS label
@@ -272,6 +280,21 @@ def test_the_controller_job_copies_the_config_and_ends_the_run():
     service = by_kind(objects, "Service")["r1-controller"]["spec"]
     assert service["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert service["ports"][0]["port"] == 5555 and service["publishNotReadyAddresses"] is True
+
+
+def test_a_controller_that_ended_the_run_is_not_started_again():
+    """Only a controller lost or killed is retried. One that failed the run (exit 1) was run
+    twice more, each resuming the failed run; and a pod being deleted was replaced while it was
+    still stopping, two controllers on one run folder."""
+    from distributed.launch.signals import EXIT_ABANDONED, EXIT_FAILED, EXIT_INTERRUPTED
+
+    spec = by_kind(manifests("cartpole-ppo"), "Job")["r1-controller"]["spec"]
+    (rule,) = spec["podFailurePolicy"]["rules"]
+    codes = rule["onExitCodes"]
+    assert rule["action"] == "FailJob" and codes["operator"] == "In"
+    assert codes["containerName"] == "controller" and EXIT_FAILED in codes["values"]
+    assert not {EXIT_INTERRUPTED, EXIT_ABANDONED, 137} & set(codes["values"])  # these resume
+    assert spec["podReplacementPolicy"] == "Failed"
 
 
 def test_the_controller_pod_gets_the_grace_period_of_an_orderly_stop():
