@@ -308,13 +308,18 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
     for item in overrides:
         key, sep, raw = item.partition("=")
         if sep and key.strip() in params and key.strip() not in ExperimentConfig.__annotations__:
-            kwargs[key.strip()] = parse_value(raw.strip())
+            kwargs[key.strip()] = _whole(parse_value(raw.strip()))
         else:
             rest.append(item)
     errors = [e for key, value in kwargs.items() if (e := _shorthand_error(key, value))]
     if errors:
         raise ConfigError(errors)
     return _make_registered(name, kwargs), rest
+
+
+def _whole(value: Any) -> Any:
+    """``frames=1e6`` is a whole number written as budgets are: the int 1000000."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _shorthand_error(key: str, value: Any) -> str | None:

@@ -439,6 +439,8 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # stop.env_frames=1e6, as budgets are written: a whole number
     if (isinstance(hint, type) and not isinstance(value, hint)) or (
         hint is int and isinstance(value, bool)
     ):

@@ -356,6 +356,22 @@ def test_a_list_or_mapping_read_as_text_says_why():
         make_experiment("cartpole-ppo", ["callbacks=3"])
 
 
+def test_budgets_written_as_1e6_are_whole_numbers():
+    """``stop.env_frames=1e6`` (and ``env_frames: 1e6`` in a file, ``frames=1e6`` for an
+    environment id) was refused: "expected int, got float 1000000.0". A fraction still is."""
+    from api.resolve import load_experiment
+
+    config = make_experiment("cartpole-ppo", ["stop.env_frames=1e6", "actors.workers=2.0"])
+    assert config.stop.env_frames == 1_000_000 and type(config.stop.env_frames) is int
+    assert type(config.actors.workers) is int
+    config = load_experiment("CartPole-v1", ["frames=2e5"])
+    assert config.stop.env_frames == 200_000 and type(config.stop.env_frames) is int
+    with pytest.raises(ConfigError, match=r"stop\.env_frames: expected int, got float 2000\.5"):
+        make_experiment("cartpole-ppo", ["stop.env_frames=2000.5"])
+    with pytest.raises(ConfigError, match=r"a whole number of at least 1; got 1500\.5"):
+        load_experiment("CartPole-v1", ["frames=1500.5"])
+
+
 @pytest.mark.parametrize(
     ("override", "said"),
     [
