@@ -416,11 +416,13 @@ class K8sBackend:
             return f"run '{record.run}' has no controller Job"
         pods = [p for p in self.pods(record) if _component(p) == "controller"]
         for job in jobs:
-            batch.patch_namespaced_job(job.metadata.name, record.namespace, SUSPEND)
+            batch.patch_namespaced_job(job.metadata.name, record.namespace, SUSPEND,
+                                       _request_timeout=API_TIMEOUT_S)  # fmt: skip
         if now:
             for pod in pods:
                 core.delete_namespaced_pod(pod.metadata.name, record.namespace,
-                                           grace_period_seconds=0)  # fmt: skip
+                                           grace_period_seconds=0,
+                                           _request_timeout=API_TIMEOUT_S)  # fmt: skip
             return "suspended the controller's Job and deleted its pod at once (grace period 0)"
         if not any(p.status.phase == "Running" for p in pods):
             return (
@@ -448,10 +450,10 @@ class K8sBackend:
 
 
 API_TIMEOUT_S = 10
+"""A kubeconfig naming a cluster that does not answer must not hang ``troupe status``."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 SUSPEND = {"spec": {"suspend": True}}
 """The patch that stops a Job: its pods terminated gracefully, none started in their place."""
-"""A kubeconfig naming a cluster that does not answer must not hang ``troupe status``."""
 
 
 def _last_termination(statuses: list[Any]) -> str | None:

@@ -397,7 +397,8 @@ class JobController:
         self.pods = [p for p in self.pods if p.metadata.name not in self.terminating]
         return SimpleNamespace(items=listed)
 
-    def delete_namespaced_pod(self, name, namespace, grace_period_seconds):
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds, _request_timeout=None):
+        assert _request_timeout
         self.calls.append(("delete pod", name, grace_period_seconds))
         self._terminate(next(p for p in self.pods if p.metadata.name == name))
         if not self.suspended and self.failures < 2:  # backoffLimit: 2
@@ -410,7 +411,8 @@ class JobController:
         job = SimpleNamespace(metadata=SimpleNamespace(name="r-controller"))
         return SimpleNamespace(items=[job])
 
-    def patch_namespaced_job(self, name, namespace, body):
+    def patch_namespaced_job(self, name, namespace, body, _request_timeout=None):
+        assert _request_timeout
         self.calls.append(("patch job", name, body))
         if body == {"spec": {"suspend": True}}:
             self.suspended = True
