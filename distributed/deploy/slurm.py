@@ -324,6 +324,10 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         ' restarted" >&2',
         "      return 3",
         "    fi",
+        '    if [ "$code" -eq 143 ]; then  # sent SIGTERM: the job ends, or an operator ended it',
+        '      echo "worker $worker (task $SLURM_PROCID) left on SIGTERM; not restarted" >&2',
+        "      return 143",
+        "    fi",
         "    tries=$((tries + 1))",
         '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then',
         '      echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); not restarted: it'

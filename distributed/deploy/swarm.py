@@ -161,7 +161,7 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
     from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
 
     from system.roles import Role
-    from system.run.supervisor import MAX_RESTARTS
+    from system.run.worker_record import MAX_RESTARTS
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())

@@ -280,7 +280,7 @@ def user_files(config: ExperimentConfig) -> list[str]:
 def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Path, run: str,
            user_files: list[str] = (), ports: dict | None = None):  # fmt: skip
     from system.run import folder_lock
-    from system.run.supervisor import MAX_RESTARTS
+    from system.run.worker_record import MAX_RESTARTS
 
     name = container_name(run, spec.worker_id)
     restart = {"Name": "on-failure", "MaximumRetryCount": MAX_RESTARTS}

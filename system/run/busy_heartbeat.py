@@ -3,7 +3,9 @@ role's bound (``liveness``), and past it a hang reported to the controller.
 
 The worker loop beats between polls (:mod:`system.run.worker_process`); a poll may run long for
 good reasons (a trainer's step on pixels) or for bad ones (an environment whose step never
-returns, a deadlock). This module tells the two apart by the role's bound.
+returns, a deadlock). This module tells the two apart by the role's bound. It also holds what
+every heartbeat carries (the stage seconds, peak memory) and the file a cluster's liveness probe
+reads.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import resource
 import sys
 import threading
 import time
@@ -185,3 +188,27 @@ def _depth(frame: Any) -> int:
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
     return depth
+
+
+def stage_seconds(worker: Any) -> dict[str, float]:
+    """The seconds of each stage since they were last taken: the worker loop's, and its
+    threads' (``loader.``); also read by the busy-heartbeat thread during a long poll."""
+    stats = worker.stages.take()
+    for name, clock in worker.thread_stages().items():
+        stats.update(clock.take(prefix=f"{name}."))
+    return stats
+
+
+def mark_alive() -> None:
+    """Touch ``$TROUPE_HEARTBEAT_FILE``, when set, with every heartbeat: a cluster's liveness
+    probe checks its age, so a worker whose loop hangs is restarted (distributed/deploy/k8s.py)."""
+    path = os.environ.get("TROUPE_HEARTBEAT_FILE")
+    if path:
+        with open(path, "a"):
+            os.utime(path)
+
+
+def with_memory(stats: dict[str, Any]) -> dict[str, Any]:
+    """Add this process's peak resident memory (MiB), for the run's per-role memory figures."""
+    stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return stats

@@ -173,7 +173,10 @@ class Error(ControlMessage):
 
 @_kind("bye")
 class Bye(ControlMessage):
-    """The worker stopped as asked and is leaving."""
+    """The worker stopped as asked and is leaving; ``signal`` (``SIGTERM``): it is leaving
+    because it was sent that signal, not because it was asked."""
+
+    signal: str = ""
 
 
 @_kind("state_write")

@@ -41,9 +41,10 @@ from system.run.prometheus import open_endpoint, run_name_of
 from system.run.report import jsonable
 from system.run.shape import ShapeResolver
 from system.run.stall_watch import StallWatch
-from system.run.supervisor import Launcher, Supervisor, WorkerRecord
+from system.run.supervisor import Launcher, Supervisor
 from system.run.tally import Tally, WorkerStats
 from system.run.thinning import Thinning
+from system.run.worker_record import WorkerRecord
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class Controller:
             cp.Ready: lambda r, m: self.supervisor.on_ready(r),
             cp.Heartbeat: self._on_heartbeat,
             cp.Error: self._on_error,
-            cp.Bye: lambda r, m: self.supervisor.on_bye(r),
+            cp.Bye: lambda r, m: self.supervisor.on_bye(r, m.signal),
             cp.StateWrite: self._on_state_write,
         }
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from system.errors import WorkerFailure, alike
@@ -28,21 +27,22 @@ from system.roles import Role, WorkerState
 from system.run.control_protocol import ControlMessage, Stop
 from system.run.name_service import NameService
 from system.run.plan import WorkerPlan
+from system.run.worker_record import (
+    WorkerRecord,
+    count_restart,
+    crash_looping,
+    given_up,
+)
 
 logger = logging.getLogger(__name__)
 
 SAVING_ROLES = (Role.TRAINER, Role.PARAMETER_SERVICE, Role.REPLAY)
 """Roles whose stop writes the run's last checkpoints (parameters, trainer state, replay)."""
-MAX_RESTARTS = 5
-"""Restarts in a row without progress after which a worker is given up on (a crash loop)."""
 SAVE_STOP_MAX_S = 600.0
 """How long a saving worker's stop may take while it keeps beating (its last checkpoint on a
 slow disk: a full 100k-frame Atari replay buffer is 2.8 GB)."""
 SAVE_BEAT_S = 5.0
 """A saving worker heard from this recently is still at its stop's save: it is waited for."""
-PROGRESS_S = 60.0
-"""A worker that ran this long since its last restart made progress: its count starts over,
-so a long run survives occasional crashes (a preempted node each hour) but not a loop."""
 
 
 class Launcher(Protocol):
@@ -67,28 +67,6 @@ class Launcher(Protocol):
 
 TRAINING_ROLES = frozenset(str(r) for r in Role)
 """The roles without which a run trains nothing (evaluation actors are actors)."""
-
-
-@dataclass
-class WorkerRecord:
-    """What the controller knows of one worker of its plan."""
-
-    plan: WorkerPlan
-    state: WorkerState = WorkerState.STARTING
-    restarts: int = 0
-    in_a_row: int = 0
-    """Restarts since the worker last ran for :data:`PROGRESS_S` (what a crash loop counts)."""
-    alive_since: float | None = None
-    last_error: str | None = None
-    """The message of its last failure: the same one again is a line, not a traceback."""
-    pid: int | None = None
-    peak_rss_mb: float = 0.0
-    last_seen: float = field(default_factory=time.monotonic)
-    stats: dict[str, float] = field(default_factory=dict)
-    """Its last heartbeat's numeric stats (``version``: the parameters it serves or published)."""
-    came_up: bool = False
-    """Whether it ever became ready (in any of its processes)."""
-    restart_cause: str | None = None  # its last restart's: its error's message, or how it ended
 
 
 Send = Callable[[str, ControlMessage], None]
@@ -149,9 +127,17 @@ class Supervisor:
         record.alive_since = time.monotonic()
         logger.info("%s ready", record.plan.worker_id)
 
-    def on_bye(self, record: WorkerRecord) -> None:
+    def on_bye(self, record: WorkerRecord, signal: str = "") -> None:
+        """A worker leaves: stopped as asked, or (``signal``) sent a signal by someone else, a
+        ``kill``, ``docker stop``, a node drain. Such a worker was marked stopped and never
+        restarted: the run went on without it, a trainer's absence unsaid, and exited 0."""
+        wid = record.plan.worker_id
+        if signal and wid not in self.told_to_stop:
+            record.state = WorkerState.FAILED
+            record.left = f"left on {signal}, which its controller did not send"
+            return
         record.state = WorkerState.STOPPED
-        logger.info("%s stopped", record.plan.worker_id)
+        logger.info("%s stopped", wid)
 
     def on_error(self, record: WorkerRecord, message: str, tb: str, fatal: bool, quiet: bool):
         """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix.
@@ -176,8 +162,8 @@ class Supervisor:
         record.last_error = message
         if fatal or not record.plan.restartable:
             self.fail(WorkerFailure(wid, message, tb))
-        elif _crash_looping(record):
-            self.fail(WorkerFailure(wid, _given_up(record, message), tb))
+        elif crash_looping(record):
+            self.fail(WorkerFailure(wid, given_up(record, message), tb))
 
     def _shown_by(self, message: str) -> str | None:
         """Another worker whose last error, shown in full, was ``message`` (or :func:`alike`)."""
@@ -196,16 +182,18 @@ class Supervisor:
             silent = now - record.last_seen > self._silence_limit(wid, record)
             if not (dead or silent or record.state is WorkerState.FAILED):
                 continue
-            why = self._how_ended(wid) if dead else "went silent" if silent else "failed"
+            why = record.left or (
+                self._how_ended(wid) if dead else "went silent" if silent else "failed"
+            )
             if silent and wid in self.silent_since and record.state is WorkerState.RESTARTING:
                 lost = now - self.silent_since[wid]
                 why = f"was not back {lost:.0f}s after it {self.why_restarted[wid]}"
                 self.fail(WorkerFailure(wid, f"{wid} {why}; {self._restart_hint()}"))
-            elif not record.plan.restartable or _crash_looping(record):
+            elif not record.plan.restartable or crash_looping(record):
                 if dead:  # workers.json showed it `alive` after the run had ended on it
                     record.state = WorkerState.FAILED
                 if record.plan.restartable:
-                    reason = _given_up(record, record.last_error or why)
+                    reason = given_up(record, record.last_error or why)
                 else:
                     reason = f"{wid} {why}; not restarted"
                 self.fail(WorkerFailure(wid, reason))
@@ -246,7 +234,8 @@ class Supervisor:
             logger.warning("%s %s; restarting it (restart %d)", wid, why, record.restarts + 1)
         self.launcher.kill(wid)
         self.names.forget(record.plan.endpoints())  # peers must look up the new address
-        _count_restart(record)
+        record.left = None
+        count_restart(record)
         record.restart_cause = record.last_error if why == "failed" and record.last_error else why
         record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
         record.last_seen = time.monotonic()
@@ -256,7 +245,7 @@ class Supervisor:
         """A scheduler (Docker, Swarm, Kubernetes) restarted a worker: count it, and forget the
         old process's addresses so peers look the new ones up."""
         logger.warning("%s says hello again: restarted by its scheduler", record.plan.worker_id)
-        _count_restart(record)
+        count_restart(record)
         record.restart_cause = record.last_error or "restarted by its scheduler"
         self.names.forget(record.plan.endpoints())
 
@@ -377,23 +366,3 @@ class Supervisor:
             }
             for wid, r in self.workers.items()
         }
-
-
-def _count_restart(record: WorkerRecord) -> None:
-    ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
-    record.in_a_row = 1 if ran else record.in_a_row + 1
-    record.restarts += 1
-    record.alive_since = None
-
-
-def _crash_looping(record: WorkerRecord) -> bool:
-    """Restarted :data:`MAX_RESTARTS` times in a row, never running :data:`PROGRESS_S`."""
-    ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
-    return not ran and record.in_a_row >= MAX_RESTARTS
-
-
-def _given_up(record: WorkerRecord, error: str) -> str:
-    return (
-        f"given up after {record.in_a_row} restarts in a row, none of them running "
-        f"{PROGRESS_S:.0f} s (a crash loop); its error: {error}"
-    )

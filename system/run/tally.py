@@ -28,7 +28,7 @@ from system.run.display import PolicyLine, Snapshot, WorkerLine
 from system.run.episodes import EpisodeRecord, EpisodeWindow, is_custom, is_number
 from system.run.plan import WorkerPlan
 from system.run.stopping import EvaluationWindows, judged_policy
-from system.run.supervisor import WorkerRecord
+from system.run.worker_record import WorkerRecord
 from system.workers.trainer_hooks import CUSTOM_STAT
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import signal
 import sys
 import time
@@ -35,7 +34,7 @@ from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
 from system.run import builders
 from system.run import control_protocol as cp
-from system.run.busy_heartbeat import BusyHeartbeat
+from system.run.busy_heartbeat import BusyHeartbeat, mark_alive, stage_seconds, with_memory
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
 from system.run.coordination.coordinator import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
@@ -54,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 STOP_CHECK_S = 0.05
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""A worker sent SIGTERM by someone else than its controller (a node drain, ``docker stop``,
+``kill``): 143, as a shell reports death by that signal. Not 0: a Kubernetes Job counts exit
+0 as the index done and would start no worker in its place."""
 
 
 @dataclass
@@ -237,7 +240,7 @@ def main(
 
     ``controller_pid``: the controller's process, when it runs on this machine (local runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
-    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     logs.configure_process(worker_id)
     place = Placement(**(placement or {}))
     try:
@@ -259,8 +262,12 @@ def main(
         logger.info("%s ready", worker_id)
         return _loop(ctl, worker, built.heartbeat_hooks, cfg.liveness.bound(role))
     except (_Stop, StopRequested):
-        ctl.send(cp.Bye())  # a stop before the loop (SIGTERM, or stop while being built)
+        ctl.send(cp.Bye())  # the controller's stop, while being built or in the loop
         return EXIT_OK
+    except _Terminated:  # not the controller's stop: it restarts this worker, or waits for it
+        logger.warning("SIGTERM, not from the controller: leaving")
+        ctl.send(cp.Bye(signal="SIGTERM"))
+        return EXIT_TERMINATED
     except ControllerGoneError as e:
         logger.error("%s", e)  # nobody to report to
         return EXIT_ORPHANED
@@ -299,7 +306,7 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
 def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: tuple[str, float]) -> int:
     """Poll until stopped; ``hooks`` run with every heartbeat (and once more at the stop)."""
     ctl.looping = True
-    busy = BusyHeartbeat(ctl, max_poll, on_beat=_mark_alive, stats=lambda: _stage_seconds(worker))
+    busy = BusyHeartbeat(ctl, max_poll, on_beat=mark_alive, stats=lambda: stage_seconds(worker))
     try:
         return _polls(ctl, worker, list(hooks or ()), busy)
     finally:
@@ -324,8 +331,8 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
         next_check = now + STOP_CHECK_S
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
-            ctl.heartbeat(_with_memory(_timed(worker)))
-            _mark_alive()
+            ctl.heartbeat(with_memory(_timed(worker)))
+            mark_alive()
             for hook in hooks:
                 hook()
         if ctl.stop_requested():
@@ -342,31 +349,7 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
 
 def _timed(worker: Worker) -> dict[str, Any]:
     """The worker's stats and where its time went since the last heartbeat (stage seconds)."""
-    return {**worker.collect_stats(), **_stage_seconds(worker)}
-
-
-def _stage_seconds(worker: Worker) -> dict[str, float]:
-    """The seconds of each stage since they were last taken: the worker loop's, and its
-    threads' (``loader.``); also read by the busy-heartbeat thread during a long poll."""
-    stats = worker.stages.take()
-    for name, clock in worker.thread_stages().items():
-        stats.update(clock.take(prefix=f"{name}."))
-    return stats
-
-
-def _mark_alive() -> None:
-    """Touch ``$TROUPE_HEARTBEAT_FILE``, when set, with every heartbeat: a cluster's liveness
-    probe checks its age, so a worker whose loop hangs is restarted (distributed/deploy/k8s.py)."""
-    path = os.environ.get("TROUPE_HEARTBEAT_FILE")
-    if path:
-        with open(path, "a"):
-            os.utime(path)
-
-
-def _with_memory(stats: dict[str, Any]) -> dict[str, Any]:
-    """Add this process's peak resident memory (MiB), for the run's per-role memory figures."""
-    stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return stats
+    return {**worker.collect_stats(), **stage_seconds(worker)}
 
 
 def _close(worker: Worker) -> None:
@@ -377,11 +360,15 @@ def _close(worker: Worker) -> None:
 
 
 class _Stop(Exception):
-    pass
+    """The controller asked this worker to stop while it was being built."""
 
 
-def _raise_stop(signum, frame):
-    raise _Stop()
+class _Terminated(Exception):
+    """SIGTERM: someone else than the controller ends this process."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
 
 
 if __name__ == "__main__":  # for launchers that start workers as commands (containers)

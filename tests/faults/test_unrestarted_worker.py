@@ -61,7 +61,10 @@ def _ended(proc: subprocess.Popen, run_dir: Path, timeout: float) -> None:
         pytest.fail(f"the controller did not end {timeout:.0f}s after the kill:\n{log[-3000:]}")
 
 
-def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_path, sig):
+    """SIGTERM is ``docker stop``'s signal: the worker used to say bye as if its controller
+    had stopped it, was taken for stopped, and the run went on without it for good."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     config = make_experiment("cartpole-ppo", [
@@ -99,7 +102,7 @@ def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_pat
             return alive and frames(run_dir) > 0
 
         wait_for(running, None, 300, "every worker alive and frames counted")
-        os.killpg(workers[VICTIM].pid, signal.SIGKILL)  # and the scheduler never restarts it
+        os.killpg(workers[VICTIM].pid, sig)  # and the scheduler never restarts it
         killed = time.monotonic()
         # Heartbeat timeout + restart grace, plus a wide margin for a loaded machine: the bug
         # was 3,000 s; the controller's own default grace is 60 s.
@@ -113,6 +116,8 @@ def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_pat
     assert summary.get("stop_reason") == "failed", summary
     failure = summary.get("failure", "")
     assert VICTIM in failure and "scheduler did not restart it" in failure, failure
+    if sig == signal.SIGTERM:  # it said why it left, so the controller knew at once
+        assert "left on SIGTERM, which its controller did not send" in failure, failure
     # It waited once for the scheduler, then gave up: no loop of restarts nothing performs.
     assert out.count("waiting up to") == 1 and VICTIM in out, out[-3000:]
     assert took >= RESTART_GRACE_S, f"failed after {took:.0f}s: the grace was not given"

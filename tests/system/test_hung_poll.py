@@ -103,7 +103,7 @@ def test_the_busy_thread_beats_up_to_the_bound_and_then_reports_the_hang(
     beat_file = tmp_path / "heartbeat"
     monkeypatch.setenv("TROUPE_HEARTBEAT_FILE", str(beat_file))
     ctl = FakeControl()
-    busy = BusyHeartbeat(ctl, ("liveness.max_poll_s", 5.0), on_beat=worker_process._mark_alive)
+    busy = BusyHeartbeat(ctl, ("liveness.max_poll_s", 5.0), on_beat=busy_heartbeat.mark_alive)
     try:
         with caplog.at_level(logging.INFO, logger=busy_heartbeat.__name__), busy:
             clock[0] = 4.9  # long, but within the bound: beats go on

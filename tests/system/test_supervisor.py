@@ -15,6 +15,7 @@ from api.config import make_experiment
 from distributed.launch.local import ended_by
 from system.roles import Role, WorkerState
 from system.run import supervisor as sup
+from system.run import worker_record as wr
 from system.run.control_protocol import Stop
 from system.run.finish import restarts_of, unstopped_of
 from system.run.name_service import NameService
@@ -80,6 +81,27 @@ def test_a_dead_worker_is_named_with_how_it_ended_where_the_launcher_knows(run, 
     assert "restarting it (restart 1)" in caplog.text
 
 
+def test_a_worker_sent_sigterm_by_someone_else_is_restarted_not_taken_for_stopped(run, caplog):
+    """Its bye on a SIGTERM the controller did not send (a kill, docker stop, a node drain)
+    marked it stopped: it was never restarted, and the run, without that trainer or actor, went
+    on to exit 0."""
+    s, launcher, _ = run
+    trainer = s.workers["trainer/default/0"]
+    s.on_bye(trainer, signal="SIGTERM")
+    launcher.alive.discard("trainer/default/0")  # it exits 143
+    s.supervise()
+    assert launcher.started.count("trainer/default/0") == 2 and trainer.restarts == 1
+    said = "trainer/default/0 left on SIGTERM, which its controller did not send"
+    assert f"{said}; restarting it (restart 1)" in caplog.text
+    assert restarts_of(s.workers)["trainer/default/0"]["last_cause"] == said.split(" ", 1)[1]
+    assert trainer.left is None  # its new process is a worker like any other
+    # a worker its stop reached, sent SIGTERM too (a scheduler ending the run), has stopped
+    actor = s.workers["actor/0"]
+    s.stop_workers(["actor/0"], send=lambda w, m: s.on_bye(actor, signal="SIGTERM"),
+                   pump=lambda ms: None)  # fmt: skip
+    assert actor.state is WorkerState.STOPPED and actor.restarts == 0
+
+
 def test_how_a_process_ended_in_words():
     assert ended_by(None) == "exited"
     assert ended_by(0) == "exited with code 0"
@@ -126,8 +148,8 @@ def test_the_restart_report_says_who_was_restarted_how_often_and_why(run, monkey
     actor = s.workers["actor/0"]
     clock = [1000.0]
     monkeypatch.setattr(sup.time, "monotonic", lambda: clock[0])
-    for _ in range(sup.MAX_RESTARTS + 2):  # more than a crash loop's count, none in a row
-        clock[0] += sup.PROGRESS_S + 1
+    for _ in range(wr.MAX_RESTARTS + 2):  # more than a crash loop's count, none in a row
+        clock[0] += wr.PROGRESS_S + 1
         for record in s.workers.values():
             record.last_seen = clock[0]
         s.on_error(actor, "ValueError: bad state", "tb", False, False)
@@ -139,7 +161,7 @@ def test_the_restart_report_says_who_was_restarted_how_often_and_why(run, monkey
     launcher.alive.discard("policy/default/0")
     s.supervise()
     assert restarts_of(s.workers) == {
-        "actor/0": {"restarts": sup.MAX_RESTARTS + 2, "last_cause": "ValueError: bad state"},
+        "actor/0": {"restarts": wr.MAX_RESTARTS + 2, "last_cause": "ValueError: bad state"},
         "policy/default/0": {"restarts": 1, "last_cause": "was killed by SIGKILL"},
     }
 
@@ -161,7 +183,7 @@ def test_the_run_s_last_lines_name_the_restarted_workers():
 
 def test_a_crash_loop_is_given_up_on(run):
     s, launcher, _ = run
-    for _ in range(sup.MAX_RESTARTS):
+    for _ in range(wr.MAX_RESTARTS):
         launcher.alive.discard("actor/0")
         s.supervise()
         assert s.failure is None

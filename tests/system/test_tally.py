@@ -13,8 +13,8 @@ from system.roles import WorkerState
 from system.run import tally as tally_lib
 from system.run.episodes import Seat
 from system.run.plan import plan_workers
-from system.run.supervisor import WorkerRecord
 from system.run.tally import ENDLESS_STEPS, Tally, WorkerStats
+from system.run.worker_record import WorkerRecord
 
 
 class Observer:
