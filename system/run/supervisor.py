@@ -8,11 +8,11 @@ waits for the new process's hello instead of starting one.
 
 A worker is given up on, and the run fails, when it cannot be restarted (not ``restartable``),
 when its error is one no restart fixes (``fatal``), when it is not back within the launcher's
-restart grace, or when it crash-loops: :data:`MAX_RESTARTS` restarts in a row without ever
-running :data:`PROGRESS_S`. The stop goes by the plans' ``stop_order`` (actors, then policy
-workers, trainers and replay, then the parameter service), so every sample in flight is trained
-on and the last checkpoints still reach disk; a worker whose stop writes them
-(:data:`SAVING_ROLES`) that is down at that moment is restarted first.
+restart grace, or when it crash-loops (:mod:`system.run.worker_record`: ``MAX_RESTARTS``
+restarts in a row without ever running ``PROGRESS_S``). The stop goes by the plans'
+``stop_order`` (actors, then policy workers, trainers and replay, then the parameter service),
+so every sample in flight is trained on and the last checkpoints still reach disk; a worker
+whose stop writes them (:data:`SAVING_ROLES`) that is down at that moment is restarted first.
 """
 
 from __future__ import annotations

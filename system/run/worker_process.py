@@ -363,8 +363,10 @@ class _Stop(Exception):
     """The controller asked this worker to stop while it was being built."""
 
 
-class _Terminated(Exception):
-    """SIGTERM: someone else than the controller ends this process."""
+class _Terminated(BaseException):
+    """SIGTERM: someone else than the controller ends this process. A BaseException, as
+    KeyboardInterrupt is: an ``except Exception`` around a step (an environment's errors, a
+    user's hook) must not take it for that code's failure and go on."""
 
 
 def _raise_terminated(signum, frame):

@@ -46,3 +46,67 @@ def test_a_worker_sent_sigterm_is_restarted_and_named_at_the_end(tmp_path):
     ), summary
     assert f"trainer/default/0 1 time (last: {cause})" in out, out[-3000:]
     assert {w: s["state"] for w, s in workers(run_dir).items() if s["state"] != "stopped"} == {}
+
+
+TERM_ONCE = '''
+import os
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from api.environment import Environment, StepResult, register
+
+SENT = Path(__file__).with_suffix(".sent")
+
+
+class TermOnce(Environment):
+    """Counts to 10; on its 300th step anywhere, once, its process is sent SIGTERM."""
+
+    def __init__(self):
+        self.t = self.steps = 0
+
+    agent_count = 1
+    observation_spaces = [gym.spaces.Box(0.0, 1.0, (1,), np.float32)]
+    action_spaces = [gym.spaces.Discrete(2)]
+
+    def seed(self, seed):
+        pass
+
+    def reset(self):
+        self.t = 0
+        return [StepResult(np.zeros(1, np.float32))]
+
+    def step(self, actions):
+        self.t, self.steps = self.t + 1, self.steps + 1
+        if self.steps == 300:
+            try:
+                os.close(os.open(SENT, os.O_CREAT | os.O_EXCL))
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives inside this step
+            except FileExistsError:
+                pass
+        done = self.t >= 10
+        return [StepResult(np.full(1, self.t / 10, np.float32), float(actions[0]), done)]
+
+
+register("TermOnce-v0", TermOnce)
+'''
+
+
+def test_sigterm_during_an_environment_step_is_not_taken_for_the_environments_error(tmp_path):
+    """The signal's exception is raised wherever the process is, most often inside an
+    environment's step, whose errors the actor catches (``except Exception``): it is no
+    environment error, and the actor leaves as for any SIGTERM."""
+    env_file = tmp_path / "term_once.py"
+    env_file.write_text(TERM_ONCE)
+    run_dir = tmp_path / "run"
+    args = ["run", "TermOnce-v0", "--import", str(env_file), "frames=40000", "target=None",
+            "evaluation.workers=0", "--run-dir", str(run_dir), "--no-display"]  # fmt: skip
+    out = finish(start(args))
+    assert (tmp_path / "term_once.sent").exists(), out[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames", out[-3000:]
+    causes = {r["last_cause"] for r in summary["restarts"].values()}
+    assert causes == {"left on SIGTERM, which its controller did not send"}, summary
+    assert "_Terminated" not in out, out[-3000:]
