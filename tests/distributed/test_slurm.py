@@ -457,8 +457,9 @@ def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
     env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TROUPE_CONTROLLER_PORT": str(free_port())}
     job = submit(out, env=env)
     try:
-        for _ in range(300):
-            if job_fields(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+        for _ in range(300):  # COMPLETING: its script has ended, Slurm is cleaning up after it
+            if job_fields(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                       "COMPLETING"):  # fmt: skip
                 break
             time.sleep(1)
         fields = job_fields(job)
