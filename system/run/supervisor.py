@@ -270,13 +270,17 @@ class Supervisor:
         loop. One that died moments before the stop, too late for supervision to restart it, is
         restarted now and waited for; so is one restarted moments ago (stopped while being
         built, a worker just leaves, without its on_stop). One never ready has nothing to save:
-        a stop during start-up brought such savers up only to stop them."""
+        a stop during start-up brought such savers up only to stop them. Nor is one that left
+        on a signal under a scheduler waited for: the signal most likely ended the whole job
+        (a Slurm time limit, ``kubectl delete``), and a wait for a restart that will not come
+        would spend the time the controller has left to write the summary."""
         savers = [r for r in self.workers.values() if r.plan.role in SAVING_ROLES and r.came_up]
+        external = getattr(self.launcher, "restarts_workers", False)
         for record in savers:
             wid = record.plan.worker_id
             down = record.state is WorkerState.FAILED or not self.launcher.is_alive(wid)
             given_up = self.failure is not None and self.failure.worker == wid
-            if down and record.plan.restartable and not given_up:
+            if down and record.plan.restartable and not given_up and not (external and record.left):
                 self._restart(record, "exited")
         back = (WorkerState.RESTARTING, WorkerState.CONFIGURING)
         deadline = time.monotonic() + timeout_s

@@ -290,6 +290,35 @@ def test_a_saver_down_at_the_stop_is_brought_back_to_save(run):
     assert "trainer/default/0" in stops and s.failure is None
 
 
+@pytest.mark.parametrize("scheduler", [False, True], ids=["local", "scheduler"])
+def test_a_saver_that_left_on_sigterm_at_the_stop(run, monkeypatch, scheduler):
+    """Sent SIGTERM as the run stops: a local one is brought back to save; a scheduler's is not
+    waited for (the signal most likely ended the whole job: a Slurm time limit), and the run
+    says its last checkpoint may be missing instead of spending the time left on a wait."""
+    s, launcher, _ = run
+    launcher.restarts_workers = scheduler
+    trainer = s.workers["trainer/default/0"]
+    s.on_bye(trainer, signal="SIGTERM")
+    launcher.alive.discard("trainer/default/0")
+    waited = []
+    clock = [0.0]
+    monkeypatch.setattr(sup.time, "monotonic", lambda: clock[0])
+
+    def pump(ms):
+        waited.append(ms)
+        clock[0] += ms / 1000
+        if trainer.state is WorkerState.RESTARTING:
+            s.on_hello(trainer, pid=3)
+            s.on_ready(trainer)
+
+    s.shutdown(lambda wid, m: s.on_bye(s.workers[wid]), pump, revive=True)
+    if scheduler:
+        assert sum(waited) < 1000 and trainer.restarts == 0
+        assert "its last checkpoint may be missing" in str(s.failure), s.failure
+    else:
+        assert launcher.started.count("trainer/default/0") == 2 and s.failure is None
+
+
 def test_a_saver_that_leaves_without_its_bye_makes_the_run_incomplete(run):
     s, launcher, _ = run
 
