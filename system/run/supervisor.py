@@ -114,8 +114,11 @@ class Supervisor:
     # ------------------------------------------------------------- what workers say
     def on_hello(self, record: WorkerRecord, pid: int) -> bool:
         """A worker process says hello: whether to configure it (False: tell it to stop)."""
-        if record.state.running:
-            self._restarted_elsewhere(record)
+        if record.state.running or record.state is WorkerState.FAILED:
+            self._restarted_elsewhere(record)  # before supervision saw it go: count it now
+        elif record.awaited:  # the restart we waited for its scheduler to make: it made it
+            record.awaited = False
+            count_restart(record)
         record.state = WorkerState.CONFIGURING
         record.pid = pid or None
         logger.info("%s says hello (pid %s)", record.plan.worker_id, pid)
@@ -235,7 +238,10 @@ class Supervisor:
         self.launcher.kill(wid)
         self.names.forget(record.plan.endpoints())  # peers must look up the new address
         record.left = None
-        count_restart(record)
+        if getattr(self.launcher, "restarts_workers", False):
+            record.awaited = True  # counted at its hello: one never back was not restarted
+        else:
+            count_restart(record)
         record.restart_cause = record.last_error if why == "failed" and record.last_error else why
         record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
         record.last_seen = time.monotonic()
@@ -284,7 +290,8 @@ class Supervisor:
                 self._restart(record, "exited")
         back = (WorkerState.RESTARTING, WorkerState.CONFIGURING)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(r.restarts and r.state in back for r in savers):
+        restarted = [r for r in savers if r.restarts or r.awaited]
+        while time.monotonic() < deadline and any(r.state in back for r in restarted):
             pump(100)
 
     def stop_workers(self, ids: list[str], send: Send, pump: Pump, timeout_s: float = 15.0):

@@ -118,6 +118,8 @@ def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_pat
     assert VICTIM in failure and "scheduler did not restart it" in failure, failure
     if sig == signal.SIGTERM:  # it said why it left, so the controller knew at once
         assert "left on SIGTERM, which its controller did not send" in failure, failure
+    # ... and, never back, it is not listed among the workers restarted (it was, from the wait)
+    assert VICTIM not in summary.get("restarts", {}), summary
     # It waited once for the scheduler, then gave up: no loop of restarts nothing performs.
     assert out.count("waiting up to") == 1 and VICTIM in out, out[-3000:]
     assert took >= RESTART_GRACE_S, f"failed after {took:.0f}s: the grace was not given"

@@ -423,3 +423,33 @@ def test_the_summary_names_the_workers_that_did_not_stop_in_order(run, monkeypat
         "heard from 45 s before the end); actor/1 (no stop in order; last heard from 5 s before "
         "the end)"
     )
+
+
+def test_a_schedulers_restart_is_counted_when_the_worker_is_back_not_when_the_wait_begins(
+    run, monkeypatch
+):
+    """Under Docker, Swarm or Kubernetes the controller waits for the scheduler's restart. It
+    counted the restart when the wait began: a run that failed because the worker never came
+    back also listed it among the workers restarted."""
+    s, launcher, _ = run
+    launcher.restarts_workers = True
+    clock = [1000.0]
+    monkeypatch.setattr(sup.time, "monotonic", lambda: clock[0])
+    actor, policy = s.workers["actor/0"], s.workers["policy/default/0"]
+    for wid in ("actor/0", "policy/default/0"):
+        launcher.alive.discard(wid)
+    s.supervise()
+    assert actor.state is WorkerState.RESTARTING and actor.restarts == 0
+    s.on_hello(actor, pid=5)  # its scheduler brought it back
+    s.on_ready(actor)
+    assert actor.restarts == 1
+    # a crash its scheduler restarts before supervision noticed it is counted too
+    s.on_error(actor, "ValueError: bad state", "tb", False, False)
+    s.on_hello(actor, pid=6)
+    assert actor.restarts == 2
+    clock[0] += launcher.restart_grace_s + 1  # the policy worker never comes back
+    for record in s.workers.values():
+        record.last_seen = clock[0] if record is not policy else record.last_seen
+    s.supervise()
+    assert "policy/default/0 was not back 61s after it exited" in str(s.failure)
+    assert policy.restarts == 0 and "policy/default/0" not in restarts_of(s.workers)
