@@ -27,12 +27,17 @@ class ControllerGoneError(PeerTimeoutError):
 
 
 class WorkerFailure(OperationalError):
-    """A worker raised an exception; ``remote_traceback`` holds the worker's traceback text."""
+    """A worker raised an exception; ``remote_traceback`` holds the worker's traceback text.
+    ``worker`` "controller": the controller ended the run itself (a stall, a user callback that
+    raised, its own write refused), and the message says why alone: "worker controller failed"
+    named a worker no run has."""
 
     def __init__(self, worker: str, message: str, remote_traceback: str = ""):
         self.worker = worker
         self.remote_traceback = remote_traceback
-        super().__init__(f"worker {worker} failed: {message}")
+        super().__init__(
+            message if worker == "controller" else f"worker {worker} failed: {message}"
+        )
 
 
 class VersionError(OperationalError):

@@ -128,8 +128,9 @@ _NAME_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ESTALE)
 
 class FolderGuard:
     """Runs the controller's writes to a run folder. The first one that fails (a full disk, a
-    read-only mount) is logged once, in one line naming the file, and ``on_error`` decides what
-    follows (the controller stops the run with it); later ones are quiet.
+    read-only mount) is logged once, in one line naming the file, and ``on_error(error, by)``
+    decides what follows (the controller stops the run with it, naming ``by``, the worker whose
+    write failed, or the controller); later ones are quiet.
 
     A folder removed while the run goes on (``rm -rf`` of the wrong folder, a cleanup job) fails
     the same way, and nothing more is written: before, ``metrics.jsonl`` went on into its
@@ -141,7 +142,7 @@ class FolderGuard:
     cannot remove it (a worker wrote a checkpoint in it meanwhile): the run then went on for
     ever, writing its record into an unlinked file."""
 
-    def __init__(self, run_dir: Path, on_error: Callable[[RunFolderError], None]):
+    def __init__(self, run_dir: Path, on_error: Callable[[RunFolderError, str], None]):
         self.run_dir = Path(run_dir)
         self.on_error = on_error
         self.error: RunFolderError | None = None
@@ -221,7 +222,7 @@ class FolderGuard:
                 os.close(fd)
         self._fd, self._kept = None, {}
 
-    def _gone(self, where: str) -> bool:
+    def _gone(self, where: str, by: str = "controller") -> bool:
         self.gone = True
         lost = "its metrics, logs and checkpoints went with it"
         what = "was removed while the run went on"
@@ -233,21 +234,21 @@ class FolderGuard:
             what += " (a folder of that name is there again, not the run's)"
         self.failed(RunFolderError(
             f"the run folder {self.run_dir} {what}: {lost}; the run stops (start it again)"
-        ))  # fmt: skip
+        ), by)  # fmt: skip
         return False
 
-    def failed(self, error: RunFolderError) -> None:
-        """A write failed here, or in a worker (which reported it). A folder removed while the
-        write ran (``rm -rf`` takes a while) fails it with a bare "No such file" that hides
+    def failed(self, error: RunFolderError, by: str = "controller") -> None:
+        """A write failed here, or in worker ``by`` (which reported it). A folder removed while
+        the write ran (``rm -rf`` takes a while) fails it with a bare "No such file" that hides
         the cause: the removal is named instead. (A mount over it says more in its own words.)"""
         removal = None if self.gone or self.error is not None else self._removal(error)
         if removal is not None:
-            self._gone(removal)
+            self._gone(removal, by)
             return
         if self.error is None:
             self.error = error
             logger.error("%s", error)
-        self.on_error(error)
+        self.on_error(error, by)
 
 
 def _same(path: Path, fd: int) -> bool:

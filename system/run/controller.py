@@ -81,7 +81,7 @@ class Controller:
         )
         self.workers = self.supervisor.workers
         self.folder = run_folder.FolderGuard(
-            self.run_dir, lambda e: self.supervisor.fail(WorkerFailure("controller", str(e)))
+            self.run_dir, lambda e, by: self.supervisor.fail(WorkerFailure(by, str(e)))
         )
         self.metrics = MetricsWriter(self.run_dir)
         self.thinning = Thinning(config.metrics.thin)
@@ -310,7 +310,7 @@ class Controller:
 
     def _on_error(self, record: WorkerRecord, error: cp.Error) -> None:
         if error.type == RunFolderError.__name__:  # no restart can fix a full disk
-            self.folder.failed(RunFolderError(error.message))
+            self.folder.failed(RunFolderError(error.message), by=record.plan.worker_id)
         quiet = self.folder.error is not None
         self.supervisor.on_error(record, error.message, error.traceback, error.fatal, quiet)
 

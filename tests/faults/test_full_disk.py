@@ -59,6 +59,9 @@ def test_full_disk_fails_with_one_line_and_leaves_the_folder_consistent(full_run
     cause = [line for line in out.splitlines() if "No space left on device" in line]
     advised = [line for line in cause if "free space" in line and "--resume" in line]
     assert advised, cause or out[-3000:]
+    # ... and names the worker whose write failed (it said "worker controller failed")
+    ended = re.search(r"run failed: (.*)", out)
+    assert ended and re.match(r"worker (params|trainer/default/0) failed: ", ended[1]), out[-3000:]
     assert not leftovers(run_dir), leftovers(run_dir)
     summary = read_json(run_dir / "summary.json")
     if summary:  # written when possible: then it says why the run ended

@@ -34,7 +34,7 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
 
 def test_the_guard_says_the_first_failure_once_and_hands_each_on(tmp_path, caplog):
     seen: list[RunFolderError] = []
-    guard = run_folder.FolderGuard(tmp_path, seen.append)
+    guard = run_folder.FolderGuard(tmp_path, lambda e, by: seen.append(e))
     assert guard.write(lambda: run_folder.write_json(tmp_path / "x.json", 1))
 
     def full():
@@ -43,6 +43,11 @@ def test_the_guard_says_the_first_failure_once_and_hands_each_on(tmp_path, caplo
     assert not guard.write(full) and not guard.write(full)
     assert len(seen) == 2 and guard.error is seen[0]
     assert [r.levelname for r in caplog.records] == ["ERROR"]  # said once
+    by: list[str] = []  # who failed: the controller's own write, or the worker that reported it
+    guard.on_error = lambda e, who: by.append(who)
+    guard.write(full)
+    guard.failed(RunFolderError("cannot write x: No space left on device"), by="params")
+    assert by == ["controller", "params"]
 
 
 def _windows() -> EvaluationWindows:
@@ -98,7 +103,7 @@ def test_a_run_folder_removed_mid_run_fails_the_run_and_is_not_written_again(tmp
     folder = tmp_path / "run"
     folder.mkdir()
     seen: list[RunFolderError] = []
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
     assert guard.write(lambda: run_folder.write_json(folder / "x.json", 1))
     shutil.rmtree(folder)
     assert not guard.write(lambda: run_folder.write_json(folder / "x.json", 2))
@@ -109,7 +114,7 @@ def test_a_run_folder_removed_mid_run_fails_the_run_and_is_not_written_again(tmp
 
     again = tmp_path / "again"
     again.mkdir()
-    guard = run_folder.FolderGuard(again, seen.append)
+    guard = run_folder.FolderGuard(again, lambda e, by: seen.append(e))
     shutil.rmtree(again)
     (again / "checkpoints").mkdir(parents=True)  # what another process's write makes
     assert not guard.write(lambda: run_folder.write_json(again / "x.json", 1))
@@ -125,7 +130,7 @@ def test_a_run_folder_removed_during_a_write_names_the_removal(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     seen: list[RunFolderError] = []
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
 
     def removed_midway() -> None:
         shutil.rmtree(folder)
@@ -137,7 +142,7 @@ def test_a_run_folder_removed_during_a_write_names_the_removal(tmp_path):
 
     other = tmp_path / "other"
     other.mkdir()
-    guard = run_folder.FolderGuard(other, seen.append)
+    guard = run_folder.FolderGuard(other, lambda e, by: seen.append(e))
     shutil.rmtree(other)
     guard.failed(RunFolderError(f"cannot write {other / 'checkpoints'}: No such file or directory"))
     assert "was removed while the run went on" in str(seen[-1]) and guard.gone
@@ -152,7 +157,7 @@ def test_a_run_folder_emptied_but_left_fails_the_run(tmp_path):
     folder.mkdir()
     metrics = folder / run_folder.METRICS
     metrics.write_text("{}\n")
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
     guard.keep(metrics)
     metrics.unlink()  # the folder's files went, the folder stayed
     assert not guard.write(lambda: run_folder.write_json(folder / "x.json", 1))
@@ -164,7 +169,7 @@ def test_a_run_folder_emptied_but_left_fails_the_run(tmp_path):
     guard.close()
 
     metrics.write_text("{}\n")
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
     guard.keep(metrics)
     assert guard.write(lambda: None)
     (folder / "other").write_text("{}\n")
@@ -184,7 +189,7 @@ def test_a_kept_file_that_cannot_be_stat_ed_is_not_taken_for_removed(tmp_path, m
     metrics = folder / run_folder.METRICS
     metrics.write_text("{}\n")
     seen: list[RunFolderError] = []
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
     guard.keep(metrics)
     real_stat = os.stat
 
@@ -208,7 +213,7 @@ def test_a_write_failing_as_the_removal_begins_waits_for_it(tmp_path, monkeypatc
     folder = tmp_path / "run"
     (folder / "logs").mkdir(parents=True)
     seen: list[RunFolderError] = []
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
 
     def logs_removed_first() -> None:
         shutil.rmtree(folder / "logs")
@@ -220,7 +225,7 @@ def test_a_write_failing_as_the_removal_begins_waits_for_it(tmp_path, monkeypatc
 
     monkeypatch.setattr(run_folder, "REMOVAL_WAIT_S", 0.3)
     (folder / "logs").mkdir(parents=True)
-    guard = run_folder.FolderGuard(folder, seen.append)
+    guard = run_folder.FolderGuard(folder, lambda e, by: seen.append(e))
     assert not guard.write(lambda: (folder / "nothing" / "x").open("a"))
     assert "No such file or directory" in str(seen[-1]) and not guard.gone
     assert folder.exists()
