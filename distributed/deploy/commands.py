@@ -20,7 +20,7 @@ from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from distributed.images.pinning import image_reference
-from distributed.ops.record import LaunchRecord
+from distributed.ops.record import DEFAULT_RUNS_DIR, LaunchRecord, point
 from distributed.ops.record import write as write_record
 
 SWARM_MODULE = "distributed.deploy.swarm"
@@ -305,6 +305,12 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: apptainer with --image, none with --code",
     )
     add("--run-dir", default=None, help="run folder on a shared file system (default: OUT/run)")
+    add(
+        "--runs-dir",
+        default=DEFAULT_RUNS_DIR,
+        help="where the run's record is left, so troupe status|logs|ps find it by its name after "
+        "the job has left the queue (runs)",
+    )
     add("--partition", default=None)
     add("--time", default="04:00:00", help="the job's time limit, HH:MM:SS or D-HH:MM:SS")
     add("--nodes", type=int, default=None, help="default: as many as the tasks need")
@@ -371,7 +377,11 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
     ).check()
     files = slurm.write_deployment(config, options, RunKeys.generate().to_text())
     # The job adds its id to the run folder's own record when it starts (the sbatch script).
-    write_record(out, LaunchRecord("slurm", run_name, run_dir=str(options.run_dir)))
+    launch = LaunchRecord("slurm", run_name, run_dir=str(options.run_dir))
+    write_record(out, launch)
+    pointer = point(Path(args.runs_dir), launch)
     console.print(f"wrote {', '.join(str(f) for f in files)}")
     console.print(f"submit with: {files[0]}")
+    if pointer is not None:
+        console.print(f"troupe status|logs|stop|ps {run_name} find the run by {pointer}")
     return 0

@@ -21,10 +21,9 @@ from distributed.errors import OpsError
 from distributed.launch import stop_request
 from distributed.ops import backends, folder
 from distributed.ops.backends import resolve
-from distributed.ops.record import LaunchRecord, read
+from distributed.ops.record import DEFAULT_RUNS_DIR, LaunchRecord, read
 from system.console import Console
 
-DEFAULT_RUNS_DIR = "runs"
 STOP_WAIT_S = 180.0
 
 
@@ -63,7 +62,11 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
     """The run's state, its last figures, each worker's state; the scheduler's view."""
     record = resolve(args.run, Path(args.runs_dir))
     be = backends.backend(record)
-    alive = be.alive(record)
+    unasked = None  # why the scheduler could not be asked (no squeue here): the folder still says
+    try:
+        alive = be.alive(record)
+    except OpsError as e:
+        alive, unasked = None, e
     console.print(Text(f"run {record.run} ({record.launcher}): {_state(record, alive)}"))
     run_dir = record.folder()
     if record.started:
@@ -73,7 +76,9 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         console.print(Text(f"run folder {record.run_dir or '(unknown)'}: not on this machine"))
     else:
         _print_folder(run_dir, console, record, alive)
-    if record.launcher != "local":
+    if unasked is not None:
+        console.print(Text(f"{record.launcher} view: not asked ({unasked})"))
+    elif record.launcher != "local":
         console.print(_process_table(f"{record.launcher} view", be.processes(record)))
     return 0
 
@@ -270,8 +275,11 @@ def run_ps(args: argparse.Namespace, console: Console) -> int:
             continue
         if record is None:
             continue
-        alive = backends.backend(record).alive(record)
-        last = folder.headline(folder.last_metrics(path))
+        try:
+            alive = backends.backend(record).alive(record)
+        except OpsError:  # a cluster run whose scheduler cannot be asked from here (no squeue)
+            alive = None
+        last = folder.headline(folder.last_metrics(record.folder() or path))
         table.add_row(record.run, record.launcher, _state(record, alive),
                       str(last.get("env_frames", "")), str(last.get("fps", "")))  # fmt: skip
     console.print(table)

@@ -24,6 +24,8 @@ from system.processes import process_start
 from system.run import folder_lock
 
 LAUNCHERS = ("local", "docker", "swarm", "k8s", "slurm")
+DEFAULT_RUNS_DIR = "runs"
+"""Where run names are looked up, and where a deployment leaves its record (:func:`point`)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,27 @@ class LaunchRecord:
 
 def write(folder: Path, record: LaunchRecord) -> None:
     run_folder.write_json(Path(folder) / run_folder.LAUNCH, asdict(record), sync=False)
+
+
+def point(runs_dir: Path, record: LaunchRecord) -> Path | None:
+    """Leave ``runs_dir/<run>/launch.json``, the record of a run deployed from here, so that the
+    run is found by its name, and listed by ``troupe ps``, after its scheduler has forgotten it:
+    a Slurm job leaves ``squeue`` when it ends, and ``troupe status NAME`` then found no run.
+    The folder where it is (None): not where the run folder is that folder already, nor over
+    a folder of another run or of something else."""
+    folder = Path(runs_dir) / record.run
+    if record.run_dir and Path(record.run_dir).resolve() == folder.resolve():
+        return None
+    if folder.exists():
+        try:
+            there = read(folder) if folder.is_dir() else None
+        except OpsError:
+            return None
+        if there is None or (there.launcher, there.run) != (record.launcher, record.run):
+            return None
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder, record)
+    return folder
 
 
 def for_process(launcher: str, run_dir: Path, pid: int, run: str | None = None) -> LaunchRecord:

@@ -111,6 +111,45 @@ def test_a_slurm_controller_that_is_down_is_not_asked_for_a_run_by_name(tmp_path
     assert found is not None and found.job_id == "4242" and "troupe-ghost" in asked.read_text()
 
 
+def test_a_deployment_leaves_its_record_under_runs_for_lookups_by_name(tmp_path, monkeypatch):
+    """A Slurm job leaves squeue when it ends, and ``troupe status NAME`` then found no run: the
+    deployment's record under ``runs/`` finds it. It never replaces another run's folder, and
+    ``troupe ps`` lists it where no Slurm client can be asked."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    runs, out = tmp_path / "runs", tmp_path / "deploy"
+    run_dir = run_folder_at(out / "run")
+    (run_dir / "summary.json").write_text('{"stop_reason": "env_frames"}')
+    (run_dir / "metrics.jsonl").write_text('{"env_frames": 3000, "fps": 1500.0}\n')
+    (run_dir / "launch.json").write_text('{"launcher": "slurm", "run": "s1", "job_id": "77"}')
+    deployed = LaunchRecord("slurm", "s1", run_dir=str(run_dir))
+    assert record.point(runs, deployed) == runs / "s1"
+    assert record.point(runs, deployed) == runs / "s1"  # deployed again: the same record
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))  # no squeue: the job is not asked
+    found = backends.resolve("s1", runs)
+    assert (found.launcher, found.job_id, found.folder()) == ("slurm", "77", run_dir)
+    console = Console(record=True, width=300, force_terminal=False)
+    assert commands.run_ps(build_parser().parse_args(["ps", "--runs-dir", str(runs)]), console) == 0
+    row = next(line for line in console.export_text().splitlines() if "s1" in line)
+    assert row.split("│")[2:6] == [" slurm    ", " ended (env_frames) ", " 3000       ", " 1500.0 "]
+    console = Console(record=True, width=300, force_terminal=False)
+    args = build_parser().parse_args(["status", "s1", "--runs-dir", str(runs)])
+    assert commands.run_status(args, console) == 0  # it failed: "squeue failed: [Errno 2] ..."
+    said = console.export_text()
+    assert "run s1 (slurm): ended (env_frames)" in said and "slurm view: not asked (squeue" in said
+    # never over a folder of another run, nor one of something else, nor the run folder itself
+    local = run_folder_at(runs / "l1")
+    record.write(local, record.for_process("local", local, os.getpid()))
+    (runs / "notes").mkdir()
+    for name in ("l1", "notes"):
+        assert record.point(runs, LaunchRecord("slurm", name, run_dir=str(run_dir))) is None
+    assert record.read(local).launcher == "local" and not (runs / "notes" / "launch.json").exists()
+    assert record.point(out, LaunchRecord("slurm", "run", run_dir=str(run_dir))) is None
+
+
 def test_a_folder_without_a_record_is_the_run_of_whoever_holds_its_lock(tmp_path):
     """Run folders written before launch records: the lock's holder is the run's process."""
     run_dir = run_folder_at(tmp_path / "old")

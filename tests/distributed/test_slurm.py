@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import random
+import re
 import socket
 import stat
 import subprocess
@@ -24,9 +25,12 @@ import pytest
 from rich.console import Console
 
 from api.config import make_experiment
+from distributed.deploy import commands as deploy_commands
 from distributed.deploy.commands import add_deploy_arguments, run_deploy
 from distributed.deploy.slurm import time_seconds
 from distributed.errors import DeployError
+from distributed.ops import backends
+from distributed.ops.commands import run_ps
 from system.run.plan import plan_workers
 
 FAKE_SRUN = r"""#!/bin/bash
@@ -56,6 +60,13 @@ printf 'sbatch %s\n' "$*" >> "$FAKE_SLURM_LOG"
 export SLURM_JOB_ID=4242 SLURM_JOB_NODELIST=localhost
 exec bash "$1"
 """
+
+
+@pytest.fixture(autouse=True)
+def runs_dir(tmp_path, monkeypatch) -> Path:
+    """Where a deployment leaves its record for name lookups: the test's, not the checkout's."""
+    monkeypatch.setattr(deploy_commands, "DEFAULT_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path / "runs"
 
 
 def deploy(*argv: str) -> int:
@@ -448,7 +459,7 @@ def test_slurm_itself_reads_the_64_actor_request_as_72_cpus_and_the_measured_mem
 @pytest.mark.multiprocess
 @needs_slurm
 @pytest.mark.usefixtures("no_jobs_of_earlier_sessions")
-def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
+def test_cartpole_runs_as_a_real_slurm_job(tmp_path, runs_dir):
     repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "deploy"
     overrides = ("stop.eval_return=None", "stop.env_frames=3000")
@@ -473,6 +484,14 @@ def test_cartpole_runs_as_a_real_slurm_job(tmp_path):
     assert len(workers) == 6 and all(w["state"] == "stopped" for w in workers.values())
     endpoints = json.loads((out / "run" / "endpoints.json").read_text())
     assert endpoints["controller"].startswith("tcp://127.0.0.1:")  # vm's address, not its name
+    # found by its name once the job has left squeue (it was not: "no run 'cp'")
+    assert not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout
+    found = backends.resolve("cp", runs_dir)
+    assert (found.launcher, found.job_id, found.folder()) == ("slurm", job, out / "run")
+    listed = Console(record=True, width=300)
+    assert run_ps(argparse.Namespace(run=None, runs_dir=str(runs_dir)), listed) == 0
+    said = listed.export_text()
+    assert re.search(r"│ cp +│ slurm +│ ended \(env_frames\) +│", said), said
 
 
 @pytest.mark.slurm
@@ -609,7 +628,7 @@ def test_a_worker_task_says_how_its_worker_ended_before_restarting_it(tmp_path):
            "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
     text = script(tmp_path)
     functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
-    count = tmp_path / "runs"
+    count = tmp_path / "calls"
     stand_in = f"""
 set -euo pipefail
 route_to() {{ echo 127.0.0.1; }}
@@ -634,14 +653,14 @@ worker_task actor 'actor/{{ordinal}}'
         "worker actor/1 (task 1) exited with code 1; restart 2 of 2",
     ]
     count.unlink()
-    (tmp_path / "runs").write_text("x\n")  # from the second run on: exit 1 every time
+    count.write_text("x\n")  # from the second run on: exit 1 every time
     failing = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 1' ;;")
     done = subprocess.run(["bash", "-c", failing], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
         "worker actor/1 (task 1) exited with code 1; not restarted: it failed 3 times"
     )
-    (tmp_path / "runs").write_text("x\n")  # exit 3 from the second run on: orphaned
+    count.write_text("x\n")  # exit 3 from the second run on: orphaned
     orphaned = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 3' ;;")
     orphaned = orphaned.replace("2) sh -c 'exit 1' ;;", "2) sh -c 'exit 3' ;;")
     done = subprocess.run(["bash", "-c", orphaned], capture_output=True, text=True, timeout=60)
