@@ -54,6 +54,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 RANGES: dict[str, tuple[str, float]] = {
     "seed": (">=", 0),
     "checkpoint.every": (">=", 1),
+    "checkpoint.every_seconds": (">", 0),
     "checkpoint.keep_last": (">=", 0),
     "checkpoint.keep_every": (">=", 0),
     "stop.eval_return": ("any", 0),

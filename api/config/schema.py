@@ -251,6 +251,10 @@ class CheckpointConfig:
 
     every: int = 50
     """Write a numbered checkpoint every this many published versions (and always at the end)."""
+    every_seconds: float | None = 120.0
+    """Also write one once this many seconds have passed since the last: a trainer with slow
+    steps otherwise goes minutes between checkpoints, all lost to a run killed at once (a
+    preempted job). None: by count alone."""
     keep_last: int = 5
     """Numbered checkpoints kept, newest first; older ones are removed as new ones come, so a
     long run's folder stays bounded. 0 keeps every one."""

@@ -253,6 +253,7 @@ def build_trainer(plan: TrainerPlan, cfg: ExperimentConfig, wiring: Wiring) -> B
         source,
         params,
         checkpoint_every=cfg.checkpoint.every if wiring.run_dir else 0,
+        checkpoint_every_s=cfg.checkpoint.every_seconds,
         checkpoint_dir=wiring.run_dir / run_folder.CHECKPOINTS if wiring.run_dir else None,
         publish_every=pc.publish_every,
         hooks=TrainerHooks.of(cfg.trainer_callbacks),

@@ -96,6 +96,7 @@ class TrainerWorker(Worker):
         params: ParameterPublisher,
         *,
         checkpoint_every: int = 50,
+        checkpoint_every_s: float | None = None,
         checkpoint_dir: str | Path | None = None,
         publish_every: int = 1,
         hooks: TrainerHooks | None = None,
@@ -112,6 +113,11 @@ class TrainerWorker(Worker):
         self.trainer = trainer
         self.params = params
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_every_s = checkpoint_every_s
+        """Also persist a version once this long has passed since the last persisted one: a
+        trainer with slow steps went minutes between checkpoints by count alone, all lost to a
+        run killed at once (a preempted job)."""
+        self._persisted_at = time.monotonic()
         self.publish_every = publish_every
         """Publish every this many steps (persisted versions always): see PolicyConfig."""
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -214,7 +220,7 @@ class TrainerWorker(Worker):
         self.last_batch = batch
         self.source.trained(batch, self.trainer)
         version = self.trainer.policy.version
-        persist = self.checkpoint_every > 0 and version % self.checkpoint_every == 0
+        persist = self._persist_due(version)
         if persist or self.steps % self.publish_every == 0:  # the final one goes at stop
             self.stages.enter("publish")
             self.publish(persist=persist)
@@ -228,6 +234,16 @@ class TrainerWorker(Worker):
         self.stats.update(stats)
         self.stats["samples"] = self.stats.get("samples", 0) + int(np.prod(batch.reward.shape))
         return stats
+
+    def _persist_due(self, version: int) -> bool:
+        """Whether ``version`` is written to the run folder: every ``checkpoint_every``
+        versions, or once ``checkpoint_every_s`` has passed since the last one written."""
+        if self.checkpoint_every <= 0:  # no run folder (serial mode)
+            return False
+        if version % self.checkpoint_every == 0:
+            return True
+        every_s = self.checkpoint_every_s
+        return every_s is not None and time.monotonic() - self._persisted_at >= every_s
 
     def _result(self, batch: SampleBatch, stats: dict[str, float]) -> TrainResult:
         return TrainResult(
@@ -296,6 +312,8 @@ class TrainerWorker(Worker):
             )
         self._published, self._retry_at = True, 0.0
         self._owed_persist = self._owed_persist and not persist
+        if persist:
+            self._persisted_at = time.monotonic()
 
     def reconnect(self, params: ParameterPublisher) -> None:
         """The parameter service was restarted at new addresses: publish there from now on. It

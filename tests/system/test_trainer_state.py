@@ -315,3 +315,31 @@ def test_versions_are_published_every_publish_every_steps_and_checkpoints_always
     assert published == [3, 4, 6, 8, 9, 10], seen
     folder = tmp_path / "checkpoints" / "default"
     assert sorted(int(p.stem[1:]) for p in folder.glob("v*.ckpt")) == [4, 8, 10]
+
+
+def test_a_version_is_checkpointed_once_every_seconds_have_passed_whatever_the_count(
+    run, tmp_path, monkeypatch
+):
+    """Checkpoints came only every ``checkpoint.every`` versions: a trainer with slow steps
+    (big batches, a CPU) went minutes between them, all of which a run killed at once (a
+    preempted Slurm job, ``kubectl delete``) lost. ``checkpoint.every_seconds`` bounds that
+    time. Here the worker's clock moves 100 s a step (version 1 at its start), and versions
+    are persisted every 1,000 by count and every 250 s by time: 4 (300 s in), 7 and 10."""
+    from system.workers import trainer_worker as tw
+
+    config, spaces = run
+    clock = [1000.0]
+    monkeypatch.setattr(tw.time, "monotonic", lambda: clock[0])
+    store = ParameterStore(tmp_path, durable=True)
+    worker = trainer_worker(config, spaces, InprocParameterService(store), tmp_path)
+    worker.checkpoint_every, worker.checkpoint_every_s = 1000, 250.0
+    try:
+        for chunk in real_segments(config, spaces, 20):
+            worker.hub.producer().post("default", chunk)
+        while worker.steps < 10:
+            clock[0] += 100.0 if worker.poll() else 0.0
+        worker.on_stop()
+    finally:
+        worker.close()
+    folder = tmp_path / "checkpoints" / "default"
+    assert sorted(int(p.stem[1:]) for p in folder.glob("v*.ckpt")) == [4, 7, 10]
