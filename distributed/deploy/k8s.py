@@ -480,6 +480,9 @@ class _Builder:
             component=group.component,
             claim=claim,
         )
+        # Sent SIGTERM, a worker waits for the controller's stop (system.run.term_signal): a
+        # whole run deleted at once stops in order, the parameter service last, in this time
+        pod["terminationGracePeriodSeconds"] = int(STOP_GRACE_S)
         if group.component == "params":
             pod["subdomain"] = name  # the headless Service of that name: <name>-0.<name>
         if gpus:

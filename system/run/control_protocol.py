@@ -1,7 +1,7 @@
 """The control channel's messages: one frozen dataclass per kind, and their checks.
 
 Worker -> controller: :class:`Hello`, :class:`Register`, :class:`Lookup`, :class:`Ready`,
-:class:`Heartbeat`, :class:`Error`, :class:`Bye`, :class:`StateWrite`.
+:class:`Heartbeat`, :class:`Error`, :class:`Signalled`, :class:`Bye`, :class:`StateWrite`.
 Controller -> worker: :class:`Configure`, :class:`LookupResult`, :class:`Ack` (one per
 heartbeat), :class:`Moved`, :class:`Stop`, :class:`StateResult`, :class:`Refused`.
 
@@ -169,6 +169,16 @@ class Error(ControlMessage):
     traceback: str = ""
     type: str = ""
     fatal: bool = False
+
+
+@_kind("signalled")
+class Signalled(ControlMessage):
+    """The worker was sent ``signal`` (``SIGTERM``) by someone else than its controller, and
+    waits for a :class:`Stop` before it leaves, so that its stop does its work (a trainer's
+    last version and state, a replay buffer) in the run's order: the controller's own stop, if
+    the signal ended the whole job, or a stop of this worker alone, which it then restarts."""
+
+    signal: str
 
 
 @_kind("bye")

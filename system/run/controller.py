@@ -111,6 +111,7 @@ class Controller:
             cp.Ready: lambda r, m: self.supervisor.on_ready(r),
             cp.Heartbeat: self._on_heartbeat,
             cp.Error: self._on_error,
+            cp.Signalled: lambda r, m: self.supervisor.on_signalled(r, m.signal),
             cp.Bye: lambda r, m: self.supervisor.on_bye(r, m.signal),
             cp.StateWrite: self._on_state_write,
         }
@@ -135,6 +136,8 @@ class Controller:
                 self.supervisor.start_all(self.address)
             while not self.stop_reason:
                 self._receive(timeout_ms=50)
+                for worker_id in self.supervisor.signals_due(time.monotonic()):
+                    self.server.send(worker_id, cp.Stop())  # then restarted (on_bye)
                 self._check_stop()  # every loop: a solved run ends the moment it is known
                 if time.monotonic() >= next_stats and not self.stop_reason:
                     next_stats += STATS_EVERY_S

@@ -27,6 +27,7 @@ from system.roles import Role, WorkerState
 from system.run.control_protocol import ControlMessage, Stop
 from system.run.name_service import NameService
 from system.run.plan import WorkerPlan
+from system.run.signalled import Signalled
 from system.run.worker_record import (
     WorkerRecord,
     count_restart,
@@ -101,6 +102,10 @@ class Supervisor:
         at its hello, instead of being configured and waited for until it is killed."""
         self.failure: WorkerFailure | None = None
         """The first failure that ends the run (a worker's, or one the controller reports)."""
+        self.signalled = Signalled()
+        """Workers sent a signal by someone else, waiting for their stop."""
+        self.stopping = False
+        """The run's ordered stop has begun: it stops the signalled workers in their turn."""
 
     def start_all(self, address: str) -> None:
         self.address = address
@@ -133,14 +138,26 @@ class Supervisor:
     def on_bye(self, record: WorkerRecord, signal: str = "") -> None:
         """A worker leaves: stopped as asked, or (``signal``) sent a signal by someone else, a
         ``kill``, ``docker stop``, a node drain. Such a worker was marked stopped and never
-        restarted: the run went on without it, a trainer's absence unsaid, and exited 0."""
+        restarted: the run went on without it, a trainer's absence unsaid, and exited 0. One
+        stopped alone after a signal (:meth:`signals_due`) is restarted too, unless the run is
+        stopping by then (its stop was done: it has nothing left to do)."""
         wid = record.plan.worker_id
-        if signal and wid not in self.told_to_stop:
+        if wid not in self.told_to_stop and (signal or (record.evicted and not self.stopping)):
             record.state = WorkerState.FAILED
-            record.left = f"left on {signal}, which its controller did not send"
+            record.left = f"left on {signal or record.evicted}, which its controller did not send"
             return
         record.state = WorkerState.STOPPED
         logger.info("%s stopped", wid)
+
+    def on_signalled(self, record: WorkerRecord, signal: str) -> None:
+        """Sent ``signal`` by someone else, it waits for its stop (:mod:`.term_signal`)."""
+        logger.warning("%s was sent %s, not by its controller", record.plan.worker_id, signal)
+        self.signalled.add(record.plan.worker_id, signal, time.monotonic())
+
+    def signals_due(self, now: float) -> list[str]:
+        """The signalled workers to stop now, alone (:meth:`Signalled.due`): none once the
+        run's ordered stop has begun, which stops them in their turn."""
+        return [] if self.stopping else self.signalled.due(self.workers, now)
 
     def on_error(self, record: WorkerRecord, message: str, tb: str, fatal: bool, quiet: bool):
         """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix.
@@ -237,7 +254,8 @@ class Supervisor:
             logger.warning("%s %s; restarting it (restart %d)", wid, why, record.restarts + 1)
         self.launcher.kill(wid)
         self.names.forget(record.plan.endpoints())  # peers must look up the new address
-        record.left = None
+        record.left = record.evicted = None
+        self.signalled.forget(wid)
         if getattr(self.launcher, "restarts_workers", False):
             record.awaited = True  # counted at its hello: one never back was not restarted
         else:
@@ -260,6 +278,7 @@ class Supervisor:
         """Stop every worker in ``stop_order``; ``revive``: first bring back the savers that
         are down (not after a failure, which may be why one is down)."""
         started = time.monotonic()
+        self.stopping = True
         for order in (0, 1, 2):
             if order == 1 and revive:
                 self._revive_savers(pump)
@@ -284,6 +303,8 @@ class Supervisor:
         external = getattr(self.launcher, "restarts_workers", False)
         for record in savers:
             wid = record.plan.worker_id
+            if record.state is WorkerState.STOPPED:  # stopped alone after a signal: saved
+                continue
             down = record.state is WorkerState.FAILED or not self.launcher.is_alive(wid)
             given_up = self.failure is not None and self.failure.worker == wid
             if down and record.plan.restartable and not given_up and not (external and record.left):

@@ -40,6 +40,7 @@ from system.run.coordination.coordinator import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import Peers, plan_from_wire
 from system.run.shape import RunShape
+from system.run.term_signal import EXIT_TERMINATED, Terminated, TermSignal
 from system.streams import transport
 from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
 from system.streams.obs_slots import SlotWriter
@@ -53,10 +54,6 @@ logger = logging.getLogger(__name__)
 
 STOP_CHECK_S = 0.05
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
-EXIT_TERMINATED = 128 + signal.SIGTERM
-"""A worker sent SIGTERM by someone else than its controller (a node drain, ``docker stop``,
-``kill``): 143, as a shell reports death by that signal. Not 0: a Kubernetes Job counts exit
-0 as the index done and would start no worker in its place."""
 
 
 @dataclass
@@ -240,7 +237,8 @@ def main(
 
     ``controller_pid``: the controller's process, when it runs on this machine (local runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    term = TermSignal()
+    term.install()
     logs.configure_process(worker_id)
     place = Placement(**(placement or {}))
     try:
@@ -260,11 +258,11 @@ def main(
         worker = built.worker
         ctl.send(cp.Ready())
         logger.info("%s ready", worker_id)
-        return _loop(ctl, worker, built.heartbeat_hooks, cfg.liveness.bound(role))
+        return _loop(ctl, worker, built.heartbeat_hooks, cfg.liveness.bound(role), term)
     except (_Stop, StopRequested):
         ctl.send(cp.Bye())  # the controller's stop, while being built or in the loop
         return EXIT_OK
-    except _Terminated:  # not the controller's stop: it restarts this worker, or waits for it
+    except Terminated:  # without the controller's stop: it restarts this worker, or waits
         logger.warning("SIGTERM, not from the controller: leaving")
         ctl.send(cp.Bye(signal="SIGTERM"))
         return EXIT_TERMINATED
@@ -303,17 +301,27 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
     transport.context().destroy(linger=linger_ms)
 
 
-def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: tuple[str, float]) -> int:
-    """Poll until stopped; ``hooks`` run with every heartbeat (and once more at the stop)."""
-    ctl.looping = True
+def _loop(
+    ctl: ControlClient,
+    worker: Worker,
+    hooks,
+    max_poll: tuple[str, float],
+    term: TermSignal | None = None,
+) -> int:
+    """Poll until stopped; ``hooks`` run with every heartbeat (and once more at the stop).
+    ``term``: the process's SIGTERM handler (None: no signal is handled here)."""
+    term = term or TermSignal()
+    ctl.looping = term.in_loop = True
     busy = BusyHeartbeat(ctl, max_poll, on_beat=mark_alive, stats=lambda: stage_seconds(worker))
     try:
-        return _polls(ctl, worker, list(hooks or ()), busy)
+        return _polls(ctl, worker, list(hooks or ()), busy, term)
     finally:
         busy.stop()
 
 
-def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat) -> int:
+def _polls(
+    ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat, term: TermSignal
+) -> int:
     next_beat = next_check = 0.0
     clock = worker.stages
     while True:
@@ -335,6 +343,7 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
             mark_alive()
             for hook in hooks:
                 hook()
+        term.check(ctl, now)  # a SIGTERM noted: the controller is told, and its stop awaited
         if ctl.stop_requested():
             for hook in hooks:  # a peer restarted elsewhere gets the last words there
                 hook()
@@ -343,7 +352,7 @@ def _polls(ctl: ControlClient, worker: Worker, hooks: list, busy: BusyHeartbeat)
             ctl.heartbeat(_timed(worker))
             ctl.send(cp.Bye())
             logger.info("stopped by the controller")
-            return EXIT_OK
+            return EXIT_OK if term.at is None else EXIT_TERMINATED
         ctl.check_controller()
 
 
@@ -361,16 +370,6 @@ def _close(worker: Worker) -> None:
 
 class _Stop(Exception):
     """The controller asked this worker to stop while it was being built."""
-
-
-class _Terminated(BaseException):
-    """SIGTERM: someone else than the controller ends this process. A BaseException, as
-    KeyboardInterrupt is: an ``except Exception`` around a step (an environment's errors, a
-    user's hook) must not take it for that code's failure and go on."""
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated()
 
 
 if __name__ == "__main__":  # for launchers that start workers as commands (containers)

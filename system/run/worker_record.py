@@ -39,6 +39,9 @@ class WorkerRecord:
     restart_cause: str | None = None  # its last restart's: its error's message, or how it ended
     left: str | None = None
     """Why it left unasked (``left on SIGTERM, ...``), until it is restarted."""
+    evicted: str | None = None
+    """The signal (``SIGTERM``) after which the controller stopped this worker alone, until it
+    is restarted: its bye then means it left, not that the run is over."""
     awaited: bool = False
     """Its scheduler is to restart it (Docker, Swarm, Kubernetes): counted when it says hello,
     not when the wait begins, so a worker that never came back is not listed as restarted."""

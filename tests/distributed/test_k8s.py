@@ -303,8 +303,14 @@ def test_the_controller_pod_gets_the_grace_period_of_an_orderly_stop():
     last checkpoints can take longer than that on a slow disk."""
     from distributed.launch.docker_run import STOP_GRACE_S
 
-    template = by_kind(manifests("cartpole-ppo"), "Job")["r1-controller"]["spec"]["template"]
+    jobs = by_kind(manifests("cartpole-ppo"), "Job")
+    template = jobs["r1-controller"]["spec"]["template"]
     assert template["spec"]["terminationGracePeriodSeconds"] == STOP_GRACE_S
+    # a run deleted whole: every worker waits for that stop, the parameter service stops last
+    for name, job in jobs.items():
+        assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == STOP_GRACE_S, (
+            name
+        )
 
 
 def test_the_controller_is_scraped_where_prometheus_looks():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import e2e_support
 import pytest
-from e2e_support import frames, read_json  # noqa: F401 - used by the fault tests
+from e2e_support import frames, read_json
 
 TROUPE = [sys.executable, "-m", "distributed.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,3 +132,73 @@ def mount_tmpfs(target: Path, *options: str) -> None:
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or e
         pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {detail}")
+
+
+# --------------------------------------------------------------------- a scheduler's run
+SCHEDULED_ENV = {k: v for k, v in os.environ.items() if k != "TROUPE_CURVE_KEYS_FILE"}
+SCHEDULED_ENV["COLUMNS"] = "400"
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [*TROUPE, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=SCHEDULED_ENV,
+            start_new_session=True,  # each its own group: a test signals exactly one of them
+        )
+
+
+def start_scheduled(
+    run_dir: Path, config, controller_args: list[str]
+) -> tuple[subprocess.Popen, dict[str, subprocess.Popen]]:
+    """What a scheduler (Docker, Swarm, Kubernetes, Slurm) runs for a run: the real ``troupe
+    controller`` (an ``ExternalLauncher``: it starts nothing), then one real ``troupe worker``
+    process per planned worker. Worker logs go to ``run_dir/../logs``. The caller ends them
+    all (:func:`end_run`), whatever happens."""
+    from system.run.plan import plan_workers
+
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    logs = run_dir.parent / "logs"
+    logs.mkdir(exist_ok=True)
+    controller = _spawn(
+        ["controller", str(run_dir), "--insecure", "--no-display", "--bind", "tcp://127.0.0.1:*",
+         *controller_args],
+        run_dir / "controller.log",
+    )  # fmt: skip
+    workers: dict[str, subprocess.Popen] = {}
+    try:
+        wait_for(lambda: "controller" in read_json(run_dir / "endpoints.json"), controller, 120,
+                 "the controller to write endpoints.json")  # fmt: skip
+        address = read_json(run_dir / "endpoints.json")["controller"]
+        for plan in plan_workers(config):
+            wid, role = plan.worker_id, plan.role.value
+            workers[wid] = _spawn(
+                ["worker", "--id", wid, "--role", role, "--controller", address, "--insecure",
+                 "--bind-host", "127.0.0.1", "--advertise-host", "127.0.0.1"],
+                logs / f"{wid.replace('/', '_')}.log",
+            )  # fmt: skip
+    except BaseException:
+        end_run(controller, *workers.values())
+        raise
+    return controller, workers
+
+
+def scheduled_running(run_dir: Path, controller: subprocess.Popen, count: int) -> bool:
+    """Every one of ``count`` workers alive, and frames counted (the controller still up)."""
+    if controller.poll() is not None:
+        pytest.fail(f"controller exited:\n{(run_dir / 'controller.log').read_text()}")
+    table = read_json(run_dir / "workers.json")
+    alive = len(table) == count and all(w["state"] == "alive" for w in table.values())
+    return alive and frames(run_dir) > 0
+
+
+def ended(proc: subprocess.Popen, run_dir: Path, timeout: float) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log = (run_dir / "controller.log").read_text()
+        pytest.fail(f"the controller did not end {timeout:.0f}s after the signal:\n{log[-3000:]}")

@@ -12,53 +12,27 @@ timeout and restart grace the controller was given (bounds generous: the machine
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from lifecycle_support import TROUPE, end_run, frames, read_json, wait_for
+from lifecycle_support import (
+    end_run,
+    ended,
+    read_json,
+    scheduled_running,
+    start_scheduled,
+    wait_for,
+)
 
 from api.config import make_experiment
-from system.run.plan import plan_workers
 
 pytestmark = pytest.mark.faults
 
 HEARTBEAT_TIMEOUT_S = 5.0
 RESTART_GRACE_S = 15.0
 VICTIM = "actor/1"
-ENV = {**os.environ, "COLUMNS": "400"}
-ENV.pop("TROUPE_CURVE_KEYS_FILE", None)
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [*TROUPE, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=ENV,
-            start_new_session=True,  # each its own group: the test kills exactly one of them
-        )
-
-
-def _controller_address(run_dir: Path, controller: subprocess.Popen) -> str:
-    wait_for(lambda: "controller" in read_json(run_dir / "endpoints.json"), None, 120,
-             "the controller to write endpoints.json")  # fmt: skip
-    assert controller.poll() is None, (run_dir / "controller.log").read_text()
-    return read_json(run_dir / "endpoints.json")["controller"]
-
-
-def _ended(proc: subprocess.Popen, run_dir: Path, timeout: float) -> None:
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        log = (run_dir / "controller.log").read_text()
-        pytest.fail(f"the controller did not end {timeout:.0f}s after the kill:\n{log[-3000:]}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
@@ -66,47 +40,22 @@ def test_a_worker_the_scheduler_does_not_restart_fails_the_run_naming_it(tmp_pat
     """SIGTERM is ``docker stop``'s signal: the worker used to say bye as if its controller
     had stopped it, was taken for stopped, and the run went on without it for good."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
     config = make_experiment("cartpole-ppo", [
         "actors.workers=2", "actors.envs_per_worker=2", "evaluation.workers=0",
         "stop.eval_return=None", "stop.env_frames=1000000000",
     ])  # fmt: skip
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    controller = _spawn(
-        ["controller", str(run_dir), "--insecure", "--no-display", "--bind", "tcp://127.0.0.1:*",
-         "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S),
-         "--restart-grace", str(RESTART_GRACE_S)],
-        run_dir / "controller.log",
-    )  # fmt: skip
-    workers: dict[str, subprocess.Popen] = {}
+    controller, workers = start_scheduled(run_dir, config, [
+        "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--restart-grace", str(RESTART_GRACE_S),
+    ])  # fmt: skip
     try:
-        address = _controller_address(run_dir, controller)
-        for plan in plan_workers(config):
-            wid, role = plan.worker_id, plan.role.value
-            workers[wid] = _spawn(
-                ["worker", "--id", wid, "--role", role, "--controller", address, "--insecure",
-                 "--bind-host", "127.0.0.1", "--advertise-host", "127.0.0.1"],
-                logs / f"{wid.replace('/', '_')}.log",
-            )  # fmt: skip
         assert VICTIM in workers
-
-        def running() -> bool:
-            if controller.poll() is not None:
-                pytest.fail(f"controller exited:\n{(run_dir / 'controller.log').read_text()}")
-            table = read_json(run_dir / "workers.json")
-            alive = len(table) == len(workers) and all(
-                w["state"] == "alive" for w in table.values()
-            )
-            return alive and frames(run_dir) > 0
-
+        running = lambda: scheduled_running(run_dir, controller, len(workers))  # noqa: E731
         wait_for(running, None, 300, "every worker alive and frames counted")
         os.killpg(workers[VICTIM].pid, sig)  # and the scheduler never restarts it
         killed = time.monotonic()
         # Heartbeat timeout + restart grace, plus a wide margin for a loaded machine: the bug
         # was 3,000 s; the controller's own default grace is 60 s.
-        _ended(controller, run_dir, timeout=HEARTBEAT_TIMEOUT_S + RESTART_GRACE_S + 240)
+        ended(controller, run_dir, timeout=HEARTBEAT_TIMEOUT_S + RESTART_GRACE_S + 240)
         took = time.monotonic() - killed
     finally:
         end_run(controller, *workers.values())

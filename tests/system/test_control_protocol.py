@@ -24,6 +24,7 @@ EXAMPLES = [
     cp.Heartbeat({"env_frames": 64, "episodes": [{"episode_return": 1.5}]}, 3),
     cp.Heartbeat({}),
     cp.Error("ValueError: no", "Traceback...", "ValueError", True),
+    cp.Signalled("SIGTERM"),
     cp.Bye(),
     cp.StateWrite(7, "curriculum/stage", {"index": 1}, 2),
     cp.Configure({"name": "x"}, "/runs/x", {"worker_id": "actor/0"}, {"revision": 0}),

@@ -20,6 +20,7 @@ from system.run.control_protocol import Stop
 from system.run.finish import restarts_of, unstopped_of
 from system.run.name_service import NameService
 from system.run.plan import plan_workers
+from system.run.signalled import SIGNAL_SETTLE_S
 
 
 class Launcher:
@@ -453,3 +454,55 @@ def test_a_schedulers_restart_is_counted_when_the_worker_is_back_not_when_the_wa
     s.supervise()
     assert "policy/default/0 was not back 61s after it exited" in str(s.failure)
     assert policy.restarts == 0 and "policy/default/0" not in restarts_of(s.workers)
+
+
+def test_a_signalled_worker_is_stopped_alone_in_the_stop_order_then_restarted(run, monkeypatch):
+    """A worker sent SIGTERM by someone else waits for its controller's stop (so that its stop
+    does its work: a trainer's last version). With the controller not stopping the run, each
+    is stopped alone a moment after its signal, the parameter service only once the trainer
+    that sends to it has stopped, and each is then restarted."""
+    s, launcher, _ = run
+    clock = [1000.0]
+    monkeypatch.setattr(sup.time, "monotonic", lambda: clock[0])
+    trainer, params = s.workers["trainer/default/0"], s.workers["params"]
+    s.on_signalled(params, "SIGTERM")
+    s.on_signalled(trainer, "SIGTERM")
+    assert s.signals_due(clock[0]) == []  # a whole job's signal reaches the controller first
+    clock[0] += SIGNAL_SETTLE_S
+    assert s.signals_due(clock[0]) == ["trainer/default/0"]
+    assert s.signals_due(clock[0]) == []  # the service waits for the trainer's stop
+    s.on_bye(trainer)  # it stopped (its last version sent), and leaves: 143
+    launcher.alive.discard("trainer/default/0")
+    assert s.signals_due(clock[0]) == ["params"]
+    s.on_bye(params)
+    launcher.alive.discard("params")
+    for record in s.workers.values():
+        record.last_seen = clock[0]
+    s.supervise()
+    assert (trainer.restarts, params.restarts) == (1, 1) and s.failure is None
+    said = "left on SIGTERM, which its controller did not send"
+    assert restarts_of(s.workers)["params"]["last_cause"] == said
+    assert trainer.evicted is None and params.evicted is None  # new processes
+
+
+def test_signalled_workers_stop_in_the_runs_own_stop_when_the_whole_job_was_signalled(run):
+    """A preempted Slurm job, ``kubectl delete``: every worker and the controller get SIGTERM.
+    The workers wait for the controller's stop in order, and the run ends with its last
+    checkpoints written: before, they left at once, and the run said its last checkpoint may
+    be missing. One stopped alone just before the run's stop began is stopped, not failed."""
+    s, launcher, _ = run
+    for record in s.workers.values():
+        s.on_signalled(record, "SIGTERM")
+    trainer = s.workers["trainer/default/0"]
+    trainer.evicted = "SIGTERM"  # stopped alone a moment before: its bye comes with the actors'
+
+    def send(wid, message):
+        for record in (s.workers[wid], trainer) if wid == "actor/0" else (s.workers[wid],):
+            s.on_bye(record)
+            launcher.alive.discard(record.plan.worker_id)
+
+    s.shutdown(send, lambda ms: None, revive=True)
+    assert s.signals_due(time.monotonic() + 60) == []
+    assert s.failure is None, s.failure
+    assert {r.state for r in s.workers.values()} == {WorkerState.STOPPED}
+    assert restarts_of(s.workers) == {}

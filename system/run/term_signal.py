@@ -1,0 +1,71 @@
+"""SIGTERM sent to a worker by someone else than its controller: ``kill PID``, ``docker stop``,
+a node drain, a preempted Slurm job, ``kubectl delete``.
+
+A worker used to leave at once. When the signal ended the whole job, the controller (signalled
+too) stopped the run in order, but its savers had gone without their stop: the trainer's last
+versions and state, a replay worker's buffer, were lost, and the run said its last checkpoint
+may be missing. So a worker in its loop notes the first SIGTERM, tells its controller
+(:class:`~system.run.control_protocol.Signalled`) and goes on working until the controller's
+stop comes: the run's ordered stop, if the controller is stopping it, or else a stop of this
+worker alone, after which the controller restarts it (or waits for its scheduler to). It leaves
+without a stop when none came within :data:`TERM_WAIT_S`, at a second SIGTERM, or when the
+signal came before its loop ran (nothing of its work is at stake yet).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from system.run import control_protocol as cp
+from system.run.control_channel import ControlClient
+
+logger = logging.getLogger(__name__)
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""A worker sent SIGTERM by someone else than its controller, with or without its stop: 143, as
+a shell reports death by that signal. Not 0: a Kubernetes Job counts exit 0 as the index done
+and would start no worker in its place."""
+TERM_WAIT_S = 60.0
+"""How long a signalled worker waits for its controller's stop. A stop in order reaches the
+last role (the parameter service) after every other has stopped; the scheduler's grace (10 s
+for ``docker stop``, 30 s by default on Kubernetes and Slurm) usually ends the wait first."""
+
+
+class Terminated(BaseException):
+    """Leave now, on SIGTERM. A BaseException, as KeyboardInterrupt is: an ``except Exception``
+    around a step (an environment's errors, a user's hook) must not take it for that code's
+    failure and go on."""
+
+
+class TermSignal:
+    """A worker's SIGTERM handler, and what its loop does about a signal it noted."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        """When the first SIGTERM came in the loop (None: none)."""
+        self.in_loop = False
+        self._said = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.in_loop and self.at is None:
+            self.at = time.monotonic()  # the loop tells the controller; no socket use here
+            return
+        raise Terminated()
+
+    def check(self, ctl: ControlClient, now: float) -> None:
+        """Between polls: tell the controller once; :class:`Terminated` when no stop came
+        within :data:`TERM_WAIT_S`."""
+        if self.at is None:
+            return
+        if not self._said:
+            self._said = True
+            logger.warning("SIGTERM, not from the controller: leaving once it stops this worker")
+            ctl.send(cp.Signalled("SIGTERM"))
+        elif now - self.at > TERM_WAIT_S:
+            logger.warning("no stop from the controller %.0fs after SIGTERM", now - self.at)
+            raise Terminated()
