@@ -256,6 +256,10 @@ class ControlClient:
             pass
         return any(isinstance(m, cp.Stop) for m in self.inbox)
 
+    def leave_requested(self) -> bool:
+        """Whether a stop that came says to leave without stopping (:class:`cp.Stop`)."""
+        return any(isinstance(m, cp.Stop) and m.leave for m in self.inbox)
+
     def close(self) -> None:
         self.watch.stop()
         with self.lock:

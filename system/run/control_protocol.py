@@ -265,7 +265,11 @@ class Moved(ControlMessage):
 
 @_kind("stop")
 class Stop(ControlMessage):
-    """Stop in order: finish the work in hand (a trainer's last checkpoint), say bye, leave."""
+    """Stop in order: finish the work in hand (a trainer's last checkpoint), say bye, leave.
+    ``leave``: leave now, without that stop (a data-parallel trainer rank sent SIGTERM alone,
+    whose stop would stop its whole group for good: gone, it fails the group, which restarts)."""
+
+    leave: bool = False
 
 
 @_kind("state_result")

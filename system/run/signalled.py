@@ -4,6 +4,7 @@ order."""
 
 from __future__ import annotations
 
+from system.roles import Role
 from system.run.worker_record import WorkerRecord
 
 SIGNAL_SETTLE_S = 1.0
@@ -24,11 +25,13 @@ class Signalled:
     def forget(self, worker_id: str) -> None:
         self.since.pop(worker_id, None)
 
-    def due(self, workers: dict[str, WorkerRecord], now: float) -> list[str]:
+    def due(self, workers: dict[str, WorkerRecord], now: float) -> list[tuple[str, bool]]:
         """The workers to stop alone now, each marked ``evicted``: each
         :data:`SIGNAL_SETTLE_S` after its signal, in the run's stop order, none while one of
         an earlier order is still stopping (a trainer's last version needs the parameter
-        service it goes to)."""
+        service it goes to). With each, whether it leaves without its stop instead: a rank of
+        a data-parallel trainer group, whose stop would stop every rank for good (gone, it
+        fails the group, which restarts whole)."""
         stopping = [r.plan.stop_order for r in workers.values() if r.evicted and r.state.running]
         due = []
         for wid in sorted(self.since, key=lambda w: workers[w].plan.stop_order):
@@ -42,5 +45,14 @@ class Signalled:
             del self.since[wid]
             record.evicted = signal
             stopping.append(order)
-            due.append(wid)
+            due.append((wid, _in_a_group(record, workers)))
         return due
+
+
+def _in_a_group(record: WorkerRecord, workers: dict[str, WorkerRecord]) -> bool:
+    if record.plan.role is not Role.TRAINER:
+        return False
+    policy = getattr(record.plan, "policy", None)
+    ranks = [r for r in workers.values() if r.plan.role is Role.TRAINER and
+             getattr(r.plan, "policy", None) == policy]  # fmt: skip
+    return len(ranks) > 1

@@ -154,9 +154,8 @@ class Supervisor:
         logger.warning("%s was sent %s, not by its controller", record.plan.worker_id, signal)
         self.signalled.add(record.plan.worker_id, signal, time.monotonic())
 
-    def signals_due(self, now: float) -> list[str]:
-        """The signalled workers to stop now, alone (:meth:`Signalled.due`): none once the
-        run's ordered stop has begun, which stops them in their turn."""
+    def signals_due(self, now: float) -> list[tuple[str, bool]]:
+        """:meth:`Signalled.due`; none once the run's ordered stop, which stops them, began."""
         return [] if self.stopping else self.signalled.due(self.workers, now)
 
     def on_error(self, record: WorkerRecord, message: str, tb: str, fatal: bool, quiet: bool):

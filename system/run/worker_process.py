@@ -345,6 +345,8 @@ def _polls(
                 hook()
         term.check(ctl, now)  # a SIGTERM noted: the controller is told, and its stop awaited
         if ctl.stop_requested():
+            if ctl.leave_requested():  # a trainer rank signalled alone: its group restarts
+                raise Terminated()
             for hook in hooks:  # a peer restarted elsewhere gets the last words there
                 hook()
             with busy.unbounded():  # a long last save still beats, and is waited for

@@ -469,11 +469,11 @@ def test_a_signalled_worker_is_stopped_alone_in_the_stop_order_then_restarted(ru
     s.on_signalled(trainer, "SIGTERM")
     assert s.signals_due(clock[0]) == []  # a whole job's signal reaches the controller first
     clock[0] += SIGNAL_SETTLE_S
-    assert s.signals_due(clock[0]) == ["trainer/default/0"]
+    assert s.signals_due(clock[0]) == [("trainer/default/0", False)]  # it stops, then leaves
     assert s.signals_due(clock[0]) == []  # the service waits for the trainer's stop
     s.on_bye(trainer)  # it stopped (its last version sent), and leaves: 143
     launcher.alive.discard("trainer/default/0")
-    assert s.signals_due(clock[0]) == ["params"]
+    assert s.signals_due(clock[0]) == [("params", False)]
     s.on_bye(params)
     launcher.alive.discard("params")
     for record in s.workers.values():
@@ -506,3 +506,21 @@ def test_signalled_workers_stop_in_the_runs_own_stop_when_the_whole_job_was_sign
     assert s.failure is None, s.failure
     assert {r.state for r in s.workers.values()} == {WorkerState.STOPPED}
     assert restarts_of(s.workers) == {}
+
+
+def test_a_trainer_rank_of_a_group_signalled_alone_leaves_without_its_stop():
+    """A data-parallel rank's stop stops its whole group, whose other ranks then idle for good:
+    one signalled alone is told to leave instead, which fails the group, and the group
+    restarts whole, as for any fault of a rank."""
+    config = make_experiment("cartpole-ppo", ["evaluation.workers=0", "stop.eval_return=None",
+                                              "policies.default.trainer_workers=2"])  # fmt: skip
+    s = sup.Supervisor(plan_workers(config), Launcher(), NameService(), heartbeat_timeout_s=30.0)
+    for record in s.workers.values():
+        s.on_hello(record, pid=1)
+        s.on_ready(record)
+    s.on_signalled(s.workers["trainer/default/1"], "SIGTERM")
+    s.on_signalled(s.workers["actor/0"], "SIGTERM")
+    later = time.monotonic() + SIGNAL_SETTLE_S
+    assert s.signals_due(later) == [("actor/0", False)]  # the actors first, as ever
+    s.on_bye(s.workers["actor/0"])
+    assert s.signals_due(later) == [("trainer/default/1", True)]
