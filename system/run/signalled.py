@@ -32,6 +32,8 @@ class Signalled:
         service it goes to). With each, whether it leaves without its stop instead: a rank of
         a data-parallel trainer group, whose stop would stop every rank for good (gone, it
         fails the group, which restarts whole)."""
+        if not self.since:  # asked every loop of the controller's
+            return []
         stopping = [r.plan.stop_order for r in workers.values() if r.evicted and r.state.running]
         due = []
         for wid in sorted(self.since, key=lambda w: workers[w].plan.stop_order):
