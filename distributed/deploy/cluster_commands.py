@@ -123,7 +123,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     # background job), which Python would otherwise keep: the stop would never arrive. One that
     # comes while the controller is built is held back, and stops the run before any worker is
     # started (it raised in the middle of the imports before: a traceback and exit 1).
-    interrupts = run_interrupts(defer=True)
+    interrupts = run_interrupts(defer=True, scheduler=True)
     from distributed.launch.local import ExternalLauncher
     from system.run.controller import HEARTBEAT_TIMEOUT_S, Controller
 

@@ -87,14 +87,21 @@ class Interrupts:
     1, no summary; with no config.json written, a folder that could be neither resumed nor
     reused)."""
 
-    def __init__(self, defer: bool) -> None:
+    def __init__(self, defer: bool, scheduler: bool = False) -> None:
         self.deferred = defer
+        self.scheduler = scheduler
+        """A cluster run's controller: a SIGTERM after the first is the scheduler's, not an
+        operator's second Ctrl+C (a preempted Slurm job gets SIGTERM at once, and again at its
+        grace time's end), and does not abandon the stop in order."""
         self.pending = False
         self.last: float | None = None
 
     def handle(self, signum: int, frame) -> None:
         now = time.monotonic()
         if self.last is not None and now - self.last < DUPLICATE_S:
+            return
+        if self.last is not None and self.scheduler and signum == signal.SIGTERM:
+            logger.warning("SIGTERM again: the run is already stopping in order")
             return
         self.last = now
         if self.deferred:
@@ -120,14 +127,15 @@ class Interrupts:
         return self.pending
 
 
-def run_interrupts(defer: bool = False) -> Interrupts:
+def run_interrupts(defer: bool = False, scheduler: bool = False) -> Interrupts:
     """In the run's process: SIGINT and SIGTERM raise KeyboardInterrupt (the first stops the
     run in order, a second abandons it), but one that comes within :data:`DUPLICATE_S` of the
     last is the same request arriving twice: ``pkill -f "troupe run"`` signals the launcher,
     which forwards it, and this process too, forked from it with the same command line. Each
     used to count, and the run was abandoned (exit 131, no summary) instead of stopped.
-    ``defer``: only note a request until :meth:`Interrupts.arm`."""
-    interrupts = Interrupts(defer)
+    ``defer``: only note a request until :meth:`Interrupts.arm`; ``scheduler``: see
+    :attr:`Interrupts.scheduler`."""
+    interrupts = Interrupts(defer, scheduler)
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, interrupts.handle)
     return interrupts

@@ -8,8 +8,10 @@ may be missing. So a worker in its loop notes the first SIGTERM, tells its contr
 (:class:`~system.run.control_protocol.Signalled`) and goes on working until the controller's
 stop comes: the run's ordered stop, if the controller is stopping it, or else a stop of this
 worker alone, after which the controller restarts it (or waits for its scheduler to). It leaves
-without a stop when none came within :data:`TERM_WAIT_S`, at a second SIGTERM, or when the
-signal came before its loop ran (nothing of its work is at stake yet).
+without a stop when none came within :data:`TERM_WAIT_S`, or when the signal came before its
+loop ran (nothing of its work is at stake yet). A second SIGTERM changes nothing: Slurm sends
+a preempted job one at once and another when its grace time ends, which may be at once too;
+SIGKILL is there for a worker that must go now.
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ class TermSignal:
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if self.in_loop and self.at is None:
+        if not self.in_loop:
+            raise Terminated()
+        if self.at is None:  # a second is no hurry: a preempted Slurm job gets two at once
             self.at = time.monotonic()  # the loop tells the controller; no socket use here
-            return
-        raise Terminated()
 
     def check(self, ctl: ControlClient, now: float) -> None:
         """Between polls: tell the controller once; :class:`Terminated` when no stop came

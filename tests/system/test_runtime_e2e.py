@@ -353,6 +353,27 @@ def test_signals_while_the_controller_starts_are_noted_and_raise_once_armed():
             signal.signal(s, handler)
 
 
+def test_a_cluster_controller_takes_a_second_sigterm_for_the_schedulers_not_an_abandon():
+    """A preempted Slurm job gets SIGTERM at once and again when its grace time ends (at once
+    too where that is 0): the second abandoned the controller's stop in order (every worker
+    killed, exit 131). Under a scheduler only a second SIGINT abandons it."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    run_interrupts(scheduler=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # the first stops the run in order
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+        time.sleep(DUPLICATE_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs here, and must not raise
+        with pytest.raises(KeyboardInterrupt):  # an operator's second Ctrl+C still does
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def test_a_signal_once_every_worker_stopped_in_order_does_not_cut_the_summary_short():
     """``troupe stop --now`` sends its second signal 0.5 s after the first: a quick stop in
     order is over by then, and the signal cut the summary's writing short (exit 131)."""

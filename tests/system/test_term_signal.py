@@ -1,6 +1,6 @@
 """A worker's SIGTERM handler (system.run.term_signal), with real signals sent to this process:
-in its loop the first one is noted and told to the controller, and the worker leaves only on a
-second one, or when no stop came in time; before its loop it leaves at once."""
+in its loop the first one is noted and told to the controller, and the worker leaves without
+its stop only when none came in time; before its loop it leaves at once."""
 
 from __future__ import annotations
 
@@ -46,11 +46,14 @@ def test_in_its_loop_the_first_sigterm_is_told_and_its_stop_awaited(term):
         term.check(ctl, term.at + ts.TERM_WAIT_S + 1.0)
 
 
-def test_a_second_sigterm_leaves_at_once(term):
+def test_a_second_sigterm_is_no_hurry(term):
+    """A preempted Slurm job gets SIGTERM when it is picked and again when its grace time
+    ends, at once where that time is 0: the second must not cut the stop it waits for."""
     term.in_loop = True
     signal.raise_signal(signal.SIGTERM)
-    with pytest.raises(ts.Terminated):
-        signal.raise_signal(signal.SIGTERM)
+    first = term.at
+    signal.raise_signal(signal.SIGTERM)
+    assert term.at == first
 
 
 def test_no_signal_nothing_said(term):
