@@ -22,8 +22,10 @@ class Signalled:
     def add(self, worker_id: str, signal: str, now: float) -> None:
         self.since.setdefault(worker_id, (now, signal))
 
-    def forget(self, worker_id: str) -> None:
-        self.since.pop(worker_id, None)
+    def forget(self, record: WorkerRecord) -> None:
+        """A new process of the worker says hello: a worker like any other."""
+        record.left = record.evicted = None
+        self.since.pop(record.plan.worker_id, None)
 
     def due(self, workers: dict[str, WorkerRecord], now: float) -> list[tuple[str, bool]]:
         """The workers to stop alone now, each marked ``evicted``: each

@@ -253,8 +253,7 @@ class Supervisor:
             logger.warning("%s %s; restarting it (restart %d)", wid, why, record.restarts + 1)
         self.launcher.kill(wid)
         self.names.forget(record.plan.endpoints())  # peers must look up the new address
-        record.left = record.evicted = None
-        self.signalled.forget(wid)
+        self.signalled.forget(record)
         if getattr(self.launcher, "restarts_workers", False):
             record.awaited = True  # counted at its hello: one never back was not restarted
         else:
@@ -269,6 +268,7 @@ class Supervisor:
         old process's addresses so peers look the new ones up."""
         logger.warning("%s says hello again: restarted by its scheduler", record.plan.worker_id)
         count_restart(record)
+        self.signalled.forget(record)
         record.restart_cause = record.last_error or "restarted by its scheduler"
         self.names.forget(record.plan.endpoints())
 

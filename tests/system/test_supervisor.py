@@ -444,10 +444,14 @@ def test_a_schedulers_restart_is_counted_when_the_worker_is_back_not_when_the_wa
     s.on_hello(actor, pid=5)  # its scheduler brought it back
     s.on_ready(actor)
     assert actor.restarts == 1
-    # a crash its scheduler restarts before supervision noticed it is counted too
+    # a crash its scheduler restarts before supervision noticed it is counted too, and a
+    # worker that left on a signal and is back before then is no longer taken for gone
     s.on_error(actor, "ValueError: bad state", "tb", False, False)
     s.on_hello(actor, pid=6)
     assert actor.restarts == 2
+    s.on_bye(actor, signal="SIGTERM")
+    s.on_hello(actor, pid=7)
+    assert actor.restarts == 3 and actor.left is None
     clock[0] += launcher.restart_grace_s + 1  # the policy worker never comes back
     for record in s.workers.values():
         record.last_seen = clock[0] if record is not policy else record.last_seen
