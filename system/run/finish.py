@@ -135,12 +135,23 @@ def unstopped_of(workers: Mapping[str, Any], now: float) -> dict[str, str]:
     """Each worker that did not stop in order (no bye: it had gone, or did not answer its
     stop), with how long before ``now`` it was last heard from. A Docker run whose actor
     container was killed half a minute before its end (before the heartbeat timeout) exited 0
-    with nothing said of the actor; ``workers.json`` alone said ``failed``."""
-    return {
-        worker: f"no stop in order; last heard from {now - record.last_seen:.0f} s before the end"
-        for worker, record in workers.items()
-        if record.state is WorkerState.FAILED and record.came_up
-    }
+    with nothing said of the actor; ``workers.json`` alone said ``failed``. So did one whose
+    scheduler was still to bring it back (``awaited``; its ``last_seen``: when it was found
+    gone)."""
+    unstopped = {}
+    for worker, record in workers.items():
+        if not record.came_up:
+            continue
+        if record.state is WorkerState.FAILED:
+            unstopped[worker] = (
+                f"no stop in order; last heard from {now - record.last_seen:.0f} s before the end"
+            )
+        elif record.state is WorkerState.RESTARTING and record.awaited:
+            unstopped[worker] = (
+                "gone; its scheduler had not brought it back "
+                f"{now - record.last_seen:.0f} s after it was found gone"
+            )
+    return unstopped
 
 
 def earlier_solve(run_dir: Path) -> dict[str, Any] | None:

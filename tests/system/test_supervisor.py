@@ -426,6 +426,26 @@ def test_the_summary_names_the_workers_that_did_not_stop_in_order(run, monkeypat
     )
 
 
+def test_the_summary_names_a_worker_its_scheduler_had_not_brought_back_by_the_end(run, monkeypatch):
+    """A worker gone under a scheduler (Slurm, Kubernetes; Docker before it started a worker
+    stopped by hand again) is waited for. A run that ended during that wait exited 0, and its
+    summary said nothing of the worker missing for its last minute."""
+    s, launcher, _ = run
+    launcher.restarts_workers = True
+    clock = [1000.0]
+    monkeypatch.setattr(sup.time, "monotonic", lambda: clock[0])
+    launcher.alive.discard("actor/0")
+    s.supervise()
+    assert s.workers["actor/0"].awaited
+    clock[0] += 40.0
+    for record in s.workers.values():
+        if record.plan.worker_id != "actor/0":
+            s.on_bye(record)
+    assert unstopped_of(s.workers, now=clock[0]) == {
+        "actor/0": "gone; its scheduler had not brought it back 40 s after it was found gone"
+    }
+
+
 def test_a_schedulers_restart_is_counted_when_the_worker_is_back_not_when_the_wait_begins(
     run, monkeypatch
 ):
