@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TextIO
 
 from distributed.launch.signals import signal_name
@@ -58,7 +58,8 @@ class LogPrinter:
 
 
 def follow_logs(container: Container, worker_id: str, printer: LogPrinter, done: threading.Event):
-    """Stream a container's output until ``done``; after a restart, follow the new process."""
+    """Stream a container's output until ``done``; after a restart (Docker's, or one of a
+    container stopped by hand, which the keeper starts again), follow the new process."""
     since: float | None = None
     while not done.is_set():
         try:
@@ -69,35 +70,48 @@ def follow_logs(container: Container, worker_id: str, printer: LogPrinter, done:
             container.reload()
         except Exception:  # removed under the stream (a Docker or a connection error)
             return
-        if container.status not in ("running", "restarting", "created"):
-            return
-        done.wait(0.5)
+        done.wait(0.5 if container.status in ("running", "restarting", "created") else 2.0)
 
 
-def report_exits(events: Iterable[dict], printer: LogPrinter, done: threading.Event) -> None:
+def report_exits(
+    events: Iterable[dict],
+    printer: LogPrinter,
+    done: threading.Event,
+    on_die: Callable[[str, str], None] | None = None,
+) -> None:
     """Say how each worker container that ended early ended, from Docker's ``oom`` and ``die``
     events: the controller inside sees only that a worker went silent, and a container killed
     for memory looked like any crash. A worker that leaves on the stop (exit 0) says nothing;
-    nor does anything after ``done`` (the containers removed at the end)."""
+    nor does anything after ``done`` (the containers removed at the end). ``on_die(worker,
+    container id)`` is called for every worker's ``die`` (the controller's: ``controller``)."""
     killed_for_memory: set[str] = set()
     try:
         for event in events:
             if done.is_set():
                 return
-            attributes = (event.get("Actor") or {}).get("Attributes") or {}
-            worker = attributes.get(LABEL_WORKER)
-            if worker is None or worker == CONTROLLER_ID:
+            actor = event.get("Actor") or {}
+            worker = (actor.get("Attributes") or {}).get(LABEL_WORKER)
+            if worker is None:
                 continue
-            if event.get("Action") == "oom":
-                killed_for_memory.add(worker)
-            elif event.get("Action") == "die":
-                oom = worker in killed_for_memory
-                killed_for_memory.discard(worker)
-                code = int(attributes.get("exitCode", -1))
-                if code != 0 or oom:
-                    printer.always(worker, f"its container ended: {container_exit(code, oom)}")
+            if worker != CONTROLLER_ID:
+                _say_how_it_ended(event, worker, printer, killed_for_memory)
+            if on_die is not None and event.get("Action") == "die":
+                on_die(worker, actor.get("ID") or "")
     except Exception:  # the stream closed under us at the end of the run
         return
+
+
+def _say_how_it_ended(event: dict, worker: str, printer: LogPrinter, oom_seen: set[str]) -> None:
+    """One event of a worker's container: remember an ``oom``; say how a ``die`` ended it."""
+    attributes = (event.get("Actor") or {}).get("Attributes") or {}
+    if event.get("Action") == "oom":
+        oom_seen.add(worker)
+    elif event.get("Action") == "die":
+        oom = worker in oom_seen
+        oom_seen.discard(worker)
+        code = int(attributes.get("exitCode", -1))
+        if code != 0 or oom:
+            printer.always(worker, f"its container ended: {container_exit(code, oom)}")
 
 
 def container_exit(code: int, oom: bool | None = None) -> str:

@@ -4,9 +4,9 @@ Docker is the scheduler here, as a cluster's would be: this module starts one co
 (the controller too) on a user-defined bridge network, where each container is reachable by its
 name. The controller runs with the ``ExternalLauncher``, so it never starts or kills anything: it
 configures every worker that says hello, and Docker's restart policy (``on-failure``) brings back
-an actor, policy worker or trainer that crashes, which then says hello again. Docker does not
-restart a container stopped by ``docker kill``/``docker stop`` (a user's decision), only one
-whose process died by itself.
+an actor, policy worker or trainer that crashes, which then says hello again. Docker never
+restarts a container stopped by ``docker kill``/``docker stop``: this process starts such a one
+again (:mod:`.docker_keeper`), as a cluster's scheduler would.
 
 The run folder is mounted at the same path in every container (the controller hands that path to
 workers), containers run as the host user so the files it writes are the user's, and every socket
@@ -16,7 +16,6 @@ Whatever happens (the end of the run, Ctrl+C, an error), every container and the
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -33,7 +32,7 @@ from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
-from distributed.images.pinning import image_reference
+from distributed.launch.docker_keeper import Keeper
 from distributed.launch.docker_output import (
     CONTROLLER_ID,
     LABEL_WORKER,
@@ -194,6 +193,7 @@ def run_docker(
     keys = ensure_keys(run_dir)
     printer = LogPrinter(out or sys.stdout)
     done = threading.Event()
+    keeper = Keeper(client, printer)
     if interrupts is None and threading.current_thread() is threading.main_thread():
         # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop.
         interrupts = run_interrupts(defer=True)
@@ -203,7 +203,8 @@ def run_docker(
     launched = time.time()
     try:
         events = client.events(decode=True, filters=_exit_filters(run))
-        threading.Thread(target=report_exits, args=(events, printer, done), daemon=True).start()
+        exits = (events, printer, done, keeper.on_die)
+        threading.Thread(target=report_exits, args=exits, daemon=True).start()
         for spec in container_roles(config, run, metrics=metrics_port is not None):
             ports = {}
             if spec.worker_id == CONTROLLER_ID and metrics_port is not None:
@@ -219,8 +220,8 @@ def run_docker(
                 break  # the controller's container runs (the first): it stops the run
         if interrupts is not None and interrupts.arm():
             _wait_until_it_takes_signals(containers[0], run_dir, launched)
-            return _stop_in_order(containers[0])
-        return _wait_for_controller(containers[0])
+            return _stop_in_order(containers[0], keeper)
+        return _wait_for_controller(containers[0], keeper)
     except KeyboardInterrupt:  # with no interrupts held back: before the controller ran
         return EXIT_INTERRUPTED
     finally:
@@ -323,12 +324,12 @@ def container_resources(spec: RoleSpec) -> dict[str, object]:
     return {"nano_cpus": int(need.cpu_limit * 1e9), "mem_reservation": f"{need.memory_mib}m"}
 
 
-def _wait_for_controller(controller: Container) -> int:
+def _wait_for_controller(controller: Container, keeper: Keeper) -> int:
     """The controller's exit code; on Ctrl+C, let it stop the run in order first."""
     try:
         return int(controller.wait()["StatusCode"])
     except KeyboardInterrupt:
-        return _stop_in_order(controller)
+        return _stop_in_order(controller, keeper)
 
 
 def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: float) -> None:
@@ -347,11 +348,12 @@ def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: fl
         time.sleep(0.2)
 
 
-def _stop_in_order(controller: Container) -> int:
+def _stop_in_order(controller: Container, keeper: Keeper) -> int:
     """Ask the controller's container to stop the run in order, and wait for it: its exit code
     (130 when it stopped in order, with a summary), 131 on a second signal."""
     import docker
 
+    keeper.stopping.set()
     logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
     with contextlib.suppress(docker.errors.APIError):  # ended meanwhile: its code is the run's
         controller.kill(signal="SIGINT")
@@ -381,20 +383,3 @@ def remove_run_objects(client: docker.DockerClient, run: str) -> None:
             network.remove()
         except docker.errors.APIError as e:
             logger.warning("could not remove network %s: %s", network.name, e)
-
-
-# --------------------------------------------------------------------- troupe run hooks
-def add_docker_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--launcher`` and ``--image`` for ``troupe run``."""
-    parser.add_argument(
-        "--launcher",
-        choices=("local", "docker"),
-        default="local",
-        help="local: every role as a process here; docker: every role in its own container",
-    )
-    parser.add_argument(
-        "--image",
-        type=image_reference,
-        default=None,
-        help=f"worker image for --launcher docker (default: {DEFAULT_TAG})",
-    )

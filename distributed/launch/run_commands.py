@@ -92,9 +92,26 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="CURVE-encrypt and authenticate every socket (keys made per run)",
     )
-    from distributed.launch.docker_run import add_docker_arguments
-
     add_docker_arguments(parser)
+
+
+def add_docker_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--launcher`` and ``--image``: every role in its own container (``docker_run.py``)."""
+    from distributed.images.build import DEFAULT_TAG
+    from distributed.images.pinning import image_reference
+
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "docker"),
+        default="local",
+        help="local: every role as a process here; docker: every role in its own container",
+    )
+    parser.add_argument(
+        "--image",
+        type=image_reference,
+        default=None,
+        help=f"worker image for --launcher docker (default: {DEFAULT_TAG})",
+    )
 
 
 def run_run(args: argparse.Namespace, console: Console) -> int:

@@ -235,8 +235,8 @@ class Supervisor:
     def _restart_hint(self) -> str:
         if getattr(self.launcher, "restarts_workers", False):
             return (
-                "its scheduler did not restart it (Docker does not restart a container stopped "
-                "by `docker kill` or `docker stop`); see `docker ps -a` or the scheduler's events"
+                "its scheduler did not restart it; see what the scheduler says of it "
+                "(`docker ps -a`, `docker service ps`, `kubectl describe pod`, `squeue`)"
             )
         return "see its log lines above for why it does not start"
 

@@ -66,6 +66,24 @@ def test_a_stream_closed_under_the_reader_ends_it_quietly():
     assert out.getvalue() == "[actor/0] its container ended: exit code 143 (SIGTERM)\n"
 
 
+def test_every_die_reaches_the_keeper_after_its_line():
+    """The keeper (docker_keeper.py) hears of each worker's end, the controller's too (the run's
+    end), after the line that says how it ended."""
+    out, heard = io.StringIO(), []
+    events = [
+        event("oom", "trainer/default/0"),
+        event("die", "actor/0", exitCode="137"),
+        event("die", "controller", exitCode="0"),
+    ]
+    events[1]["Actor"]["ID"] = "abc"
+
+    def on_die(worker, container_id):
+        heard.append((worker, container_id, len(out.getvalue().splitlines())))
+
+    report_exits(iter(events), LogPrinter(out), threading.Event(), on_die)
+    assert heard == [("actor/0", "abc", 1), ("controller", "", 1)]
+
+
 def test_exit_codes_in_words():
     assert container_exit(0) == "exit code 0"
     assert container_exit(3) == "exit code 3"

@@ -148,6 +148,36 @@ def test_a_crashed_actor_container_is_restarted_and_the_run_completes(client, tm
     assert_nothing_left(client, run.run)
 
 
+def test_an_actor_container_stopped_or_killed_by_hand_is_started_again(client, tmp_path):
+    """Docker never restarts a container a user stopped or killed, whatever its restart policy:
+    such a worker was waited for until the restart grace ran out (the run failed), or until
+    the run's end (exit 0, the worker missing from the summary). The launching process, the
+    run's scheduler here, starts it again as a cluster's scheduler would."""
+    run = BackgroundRun(client, tmp_path / "docker-by-hand", [*QUICK, "stop.env_frames=1500000"])
+    run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
+    killed, stopped = (
+        the_container(client, run.run, "actor/0"),
+        the_container(client, run.run, "actor/1"),
+    )
+    killed.kill()  # docker kill
+    stopped.stop(timeout=30)  # docker stop: SIGTERM, and its stop from the controller
+
+    def restarted(worker: str) -> bool:
+        return read_json(run.run_dir / "workers.json").get(worker, {}).get("restarts", 0) >= 1
+
+    for worker in ("actor/0", "actor/1"):
+        run.wait_for(lambda w=worker: restarted(w), f"{worker} back and counted restarted")
+    assert run.join() == 0, run.log()
+    output = run.output.getvalue()
+    for worker in ("actor/0", "actor/1"):
+        assert f"[{worker}] Docker does not restart a container stopped by hand" in output
+    summary = read_json(run.run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames", summary
+    assert set(summary["restarts"]) == {"actor/0", "actor/1"}, summary
+    assert "unstopped" not in summary and "failure" not in summary, summary
+    assert_nothing_left(client, run.run)
+
+
 def test_only_a_client_with_the_run_keys_is_answered_by_the_controller(client, tmp_path):
     run = BackgroundRun(client, tmp_path / "docker-curve", [*QUICK, "stop.env_frames=100000000"])
     try:

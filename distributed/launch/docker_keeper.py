@@ -1,0 +1,92 @@
+"""A ``--launcher docker`` run's worker containers that Docker will not restart, started again.
+
+Docker's restart policy (``on-failure``) brings back a worker whose process died by itself, but
+never one a user stopped or killed (``docker stop``, ``docker kill``), whatever its policy.
+Such a worker was waited for until the restart grace ran out, and the run failed; or, near
+its end, the run ended with exit 0 and the worker missing. On a cluster the scheduler brings a
+task back however it ended (Swarm starts a new task, Kubernetes a new pod): here the launching
+process is the run's scheduler, and does the same.
+
+It starts again only a container Docker would have restarted, had it not been stopped by
+hand: one with a restart policy (a restartable role), that ended with a non-zero code (a
+worker leaves with 0 only on its controller's stop), that Docker is not restarting itself, and
+that Docker did not give up on as a crash loop. The controller inside counts the restart when
+the worker says hello again, and gives up on a worker that keeps failing, as with any restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from distributed.launch.docker_output import CONTROLLER_ID
+from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
+
+if TYPE_CHECKING:
+    import docker
+
+    from distributed.launch.docker_output import LogPrinter
+
+logger = logging.getLogger(__name__)
+
+
+def docker_gave_up(attrs: dict[str, Any]) -> bool:
+    """Whether Docker spent its restarts on a crash loop: as many as its policy allows, and the
+    last process ran less than :data:`PROGRESS_S` (a worker failing once an hour is not one)."""
+    state = attrs.get("State") or {}
+    policy = (attrs.get("HostConfig") or {}).get("RestartPolicy") or {}
+    allowed = int(policy.get("MaximumRetryCount") or MAX_RESTARTS)
+    ran = _seconds_between(state.get("StartedAt"), state.get("FinishedAt"))
+    return int(attrs.get("RestartCount") or 0) >= allowed and (ran is None or ran < PROGRESS_S)
+
+
+def to_start_again(attrs: dict[str, Any]) -> bool:
+    """Whether a container that just ended (its inspection, ``attrs``) is to be started again:
+    Docker would have restarted it, had a user not stopped it by hand."""
+    state = attrs.get("State") or {}
+    policy = ((attrs.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name")
+    if policy in (None, "", "no") or state.get("Running") or state.get("Restarting"):
+        return False  # not restartable, or Docker restarts it itself
+    return int(state.get("ExitCode") or 0) != 0 and not docker_gave_up(attrs)
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    """Seconds between two of Docker's timestamps (RFC 3339, nanoseconds); None if unreadable."""
+    try:
+        times = [datetime.fromisoformat(t[:26].rstrip("Z") + "+00:00") for t in (start, end)]
+    except (TypeError, ValueError):
+        return None
+    return (times[1] - times[0]).total_seconds()
+
+
+class Keeper:
+    """Starts again the worker containers Docker will not (see the module's docstring), until
+    the run stops: the controller's container ended, or the run is being stopped in order."""
+
+    def __init__(self, client: docker.DockerClient, printer: LogPrinter):
+        self.client, self.printer = client, printer
+        self.stopping = threading.Event()
+        """Set once nothing is to be started again: the run's end, or its ordered stop."""
+
+    def on_die(self, worker: str, container_id: str) -> None:
+        """A worker's container ended (Docker's ``die`` event): start it again if it is to be."""
+        import docker
+
+        if worker == CONTROLLER_ID:  # the run is over: its workers leave or are removed
+            self.stopping.set()
+        if self.stopping.is_set():
+            return
+        try:
+            container = self.client.containers.get(container_id)
+            if not to_start_again(container.attrs) or self.stopping.is_set():
+                return
+            self.printer.always(
+                worker,
+                "Docker does not restart a container stopped by hand (docker stop or kill): "
+                "starting it again, as a cluster's scheduler would",
+            )
+            container.start()
+        except docker.errors.APIError as e:  # removed meanwhile (the run's end): nothing to do
+            logger.debug("%s not started again: %s", worker, e)
