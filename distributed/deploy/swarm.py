@@ -221,10 +221,12 @@ def _published_metrics(port: int):
 
 def _stop_settings(spec: dl.RoleSpec) -> dict:
     """The controller turns SIGINT into an orderly stop (workers told to stop, summary
-    written), so that is what Swarm sends it when the run is stopped."""
-    if spec.role != "controller":
-        return {}
-    return {"stop_signal": "SIGINT", "stop_grace_period": int(dl.STOP_GRACE_S) * SECOND_NS}
+    written), so that is what Swarm sends it when the run is stopped. A worker sent SIGTERM (a
+    drained node, a removed service) waits for its stop from the controller, whose stop does
+    its work (a trainer sends its last version): each gets the same grace before Swarm's
+    SIGKILL, where Swarm's default is 10 s."""
+    grace = {"stop_grace_period": int(dl.STOP_GRACE_S) * SECOND_NS}
+    return {"stop_signal": "SIGINT", **grace} if spec.role == "controller" else grace
 
 
 # --------------------------------------------------------------------- finding a run again

@@ -31,8 +31,10 @@ a shell reports death by that signal. Not 0: a Kubernetes Job counts exit 0 as t
 and would start no worker in its place."""
 TERM_WAIT_S = 60.0
 """How long a signalled worker waits for its controller's stop. A stop in order reaches the
-last role (the parameter service) after every other has stopped; the scheduler's grace (10 s
-for ``docker stop``, 30 s by default on Kubernetes and Slurm) usually ends the wait first."""
+last role (the parameter service) after every other has stopped. A run's Swarm tasks and
+Kubernetes pods get 120 s before their scheduler's SIGKILL (``docker_run.STOP_GRACE_S``); where
+a scheduler's default holds (10 s for ``docker stop``, 30 s on Slurm) it usually ends the wait
+first."""
 
 
 class Terminated(BaseException):

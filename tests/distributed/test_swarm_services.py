@@ -34,6 +34,12 @@ def test_an_off_policy_run_gets_a_replay_service_that_restarts_and_mounts_the_ru
         specs["trainer/default/0"], {}, Path("/runs/r1"), secret, "node.role==manager"
     )
     assert trainer["constraints"] == ["node.role==manager"]
+    # a drained node's worker gets time for its stop (a trainer sends its last version), as
+    # the controller gets time for the run's; Swarm's default is 10 s
+    for spec in (replay, specs["trainer/default/0"]):
+        settings = swarm._service_settings(spec, {}, Path("/r"), secret, "node.role==manager")
+        assert settings["stop_grace_period"] == int(dl.STOP_GRACE_S) * swarm.SECOND_NS
+        assert "stop_signal" not in settings  # SIGTERM: a worker's stop comes from its controller
     containers = {s.worker_id: s for s in dl.container_roles(config, "r1")}
     assert containers["replay/default"].command[3:5] == ["--role", "replay"]
 

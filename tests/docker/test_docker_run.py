@@ -155,12 +155,10 @@ def test_an_actor_container_stopped_or_killed_by_hand_is_started_again(client, t
     run's scheduler here, starts it again as a cluster's scheduler would."""
     run = BackgroundRun(client, tmp_path / "docker-by-hand", [*QUICK, "stop.env_frames=1500000"])
     run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
-    killed, stopped = (
-        the_container(client, run.run, "actor/0"),
-        the_container(client, run.run, "actor/1"),
-    )
+    killed = the_container(client, run.run, "actor/0")
+    stopped = the_container(client, run.run, "actor/1")
     killed.kill()  # docker kill
-    stopped.stop(timeout=30)  # docker stop: SIGTERM, and its stop from the controller
+    stopped.stop()  # docker stop: SIGTERM, then the worker's stop from its controller
 
     def restarted(worker: str) -> bool:
         return read_json(run.run_dir / "workers.json").get(worker, {}).get("restarts", 0) >= 1
