@@ -23,6 +23,8 @@ import zmq
 
 from distributed.images import build as images
 from distributed.launch import docker_run as dl
+from distributed.launch.docker_keeper import Keeper
+from distributed.launch.docker_output import LogPrinter
 from distributed.launch.run import prepare
 from system.streams import transport, wire
 from system.streams.security import RunKeys
@@ -451,6 +453,8 @@ def test_a_stop_for_a_controller_that_has_ended_gives_its_exit_code(client):
     container = client.containers.run(IMAGE, entrypoint=["sh", "-c", "exit 7"], detach=True)
     try:
         container.wait(timeout=60)
-        assert dl._stop_in_order(container) == 7
+        keeper = Keeper(client, LogPrinter(io.StringIO()))
+        assert dl._stop_in_order(container, keeper) == 7
+        assert keeper.stopping.is_set()  # nothing of the run is started again once it stops
     finally:
         container.remove(force=True)
