@@ -322,7 +322,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         help="network interface whose address workers advertise, e.g. ib0 (default: the one "
         "their route to the controller goes through)",
     )
-    add("--max-restarts", type=int, default=3, help="restarts of a failing worker task")
+    add("--max-restarts", type=int, default=3, help="restarts in a row of a failing worker task")
     add(
         "--no-requeue",
         action="store_true",

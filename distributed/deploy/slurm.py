@@ -45,6 +45,7 @@ from distributed.deploy.manifests import RoleGroup, config_json, role_groups
 from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
 from distributed.errors import DeployError
 from system import run_folder
+from system.run.worker_record import PROGRESS_S
 
 RUNTIMES = ("apptainer", "singularity", "enroot", "none")
 SCRIPT_NAME = "troupe.sbatch"
@@ -267,6 +268,7 @@ def _setup(options: SlurmOptions) -> list[str]:
         'export PORT="${TROUPE_CONTROLLER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"',
         'export CONTROLLER="tcp://$CONTROLLER_ADDRESS:$PORT"',
         f"export MAX_RESTARTS={options.max_restarts}",
+        f"export PROGRESS_S={PROGRESS_S:.0f}  # a worker that ran this long was not crash-looping",
         "",
     ]
 
@@ -310,9 +312,10 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         address = 'route_to "$CONTROLLER_ADDRESS"'
     return [
         *_ENDED_BY,
-        "# One task of a worker step: worker <group>/$SLURM_PROCID, restarted when it fails.",
+        "# One task of a worker step: worker <group>/$SLURM_PROCID, restarted when it fails,",
+        "# up to MAX_RESTARTS times in a row without running PROGRESS_S (the controller's rule).",
         "worker_task() {",
-        '  local role="$1" id="$2" tries=0 address code',
+        '  local role="$1" id="$2" tries=0 address code started=$SECONDS',
         f'  address="$({address})"',
         '  export TROUPE_ORDINAL="$SLURM_PROCID"',
         '  local worker="${id/\\{ordinal\\}/$SLURM_PROCID}"  # actor/{ordinal}: actor/3',
@@ -328,14 +331,16 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         '      echo "worker $worker (task $SLURM_PROCID) left on SIGTERM; not restarted" >&2',
         "      return 143",
         "    fi",
+        '    if [ $((SECONDS - started)) -ge "$PROGRESS_S" ]; then tries=0; fi  # it ran a while',
         "    tries=$((tries + 1))",
         '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then',
         '      echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); not restarted: it'
-        ' failed $tries times" >&2',
+        ' failed $tries times in a row" >&2',
         "      return 1",
         "    fi",
         '    echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); restart $tries of'
         ' $MAX_RESTARTS" >&2',
+        "    started=$SECONDS",
         "  done",
         "}",
         "export -f troupe_run worker_task ended_by address_on route_to",

@@ -32,6 +32,7 @@ from distributed.errors import DeployError
 from distributed.ops import backends
 from distributed.ops.commands import run_ps
 from system.run.plan import plan_workers
+from system.run.worker_record import PROGRESS_S
 
 FAKE_SRUN = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$FAKE_SLURM_LOG"
@@ -640,7 +641,8 @@ troupe_run() {{  # the worker: killed, then exit 3, then a clean stop
     *) return 0 ;;
   esac
 }}
-export SLURM_PROCID=1 SLURM_JOB_ID=42 MAX_RESTARTS=2 CONTROLLER=tcp://x:1 CONTROLLER_ADDRESS=x
+export SLURM_PROCID=1 SLURM_JOB_ID=42 MAX_RESTARTS=2 PROGRESS_S=60 CONTROLLER=tcp://x:1
+export CONTROLLER_ADDRESS=x
 {functions}
 worker_task actor 'actor/{{ordinal}}'
 """
@@ -658,7 +660,7 @@ worker_task actor 'actor/{{ordinal}}'
     done = subprocess.run(["bash", "-c", failing], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
-        "worker actor/1 (task 1) exited with code 1; not restarted: it failed 3 times"
+        "worker actor/1 (task 1) exited with code 1; not restarted: it failed 3 times in a row"
     )
     count.write_text("x\n")  # exit 3 from the second run on: orphaned
     orphaned = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 3' ;;")
@@ -668,6 +670,42 @@ worker_task actor 'actor/{{ordinal}}'
     assert done.stderr.splitlines()[-1] == (
         "worker actor/1 (task 1) left: its controller is gone; not restarted"
     )
+
+
+def test_a_worker_task_counts_failures_in_a_row_not_in_the_whole_job(tmp_path):
+    """A worker that fails now and then, running a while in between (a flaky simulator, a node's
+    hiccup), was given up on at its fourth failure of a days-long job: the task counted every
+    failure. It now counts, as the controller does, those in a row without running PROGRESS_S
+    (here 2 s): the worker that ran 2.2 s before each of its five failures is restarted each
+    time; one that fails at once is still given up on."""
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k", "--max-restarts", "2",
+           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
+    text = script(tmp_path)
+    assert f"\nexport PROGRESS_S={PROGRESS_S:.0f}  #" in text  # the controller's threshold
+    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
+    count = tmp_path / "calls"
+    stand_in = f"""
+set -euo pipefail
+route_to() {{ echo 127.0.0.1; }}
+troupe_run() {{  # runs 2.2 s, then exit 1, five times; then a clean stop
+  echo x >> {count}
+  if [ "$(wc -l < {count})" -gt 5 ]; then return 0; fi
+  sleep 2.2; sh -c 'exit 1'
+}}
+export SLURM_PROCID=0 SLURM_JOB_ID=42 MAX_RESTARTS=2 PROGRESS_S=2 CONTROLLER=tcp://x:1
+export CONTROLLER_ADDRESS=x
+{functions}
+worker_task actor 'actor/{{ordinal}}'
+"""
+    done = subprocess.run(["bash", "-c", stand_in], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("worker ")]
+    assert said == ["worker actor/0 (task 0) exited with code 1; restart 1 of 2"] * 5
+    count.unlink()
+    at_once = stand_in.replace("sleep 2.2; ", "")
+    done = subprocess.run(["bash", "-c", at_once], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].endswith("not restarted: it failed 3 times in a row")
 
 
 def ops_command(repo: Path, *argv: str) -> subprocess.CompletedProcess:
