@@ -48,6 +48,7 @@ from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
 from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED, raise_interrupt
 from system import run_folder
+from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
 
 if TYPE_CHECKING:
     import docker
@@ -58,6 +59,12 @@ SECRET_PATH = f"/run/secrets/{SECRET_FILE}"
 LABEL_RUN_DIR = "troupe.run_dir"
 DEFAULT_TRAINER_CONSTRAINT = "node.role==manager"
 SECOND_NS = 1_000_000_000
+RESTART_WINDOW_S = PROGRESS_S * MAX_RESTARTS / 2
+"""Swarm counts a task's restarts within this window, not over the service's life. Without one,
+a worker failing now and then (a flaky simulator) was not restarted after its fifth failure in
+a days-long run, where the controller, which counts failures in a row without running
+PROGRESS_S, waited for it and failed the run. A task failing more often than every 30 s still
+reaches ``max_attempts`` within the window (a crash loop, which the controller gives up on too)."""
 FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
 
 
@@ -161,7 +168,6 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
     from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
 
     from system.roles import Role
-    from system.run.worker_record import MAX_RESTARTS
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())
@@ -183,7 +189,12 @@ def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_
         "secrets": [SecretReference(secret.id, secret.name, SECRET_FILE, uid, gid, 0o400)],
         "user": f"{uid}:{gid}",
         "init": True,
-        "restart_policy": RestartPolicy(condition, delay=SECOND_NS, max_attempts=MAX_RESTARTS),
+        "restart_policy": RestartPolicy(
+            condition,
+            delay=SECOND_NS,
+            max_attempts=MAX_RESTARTS,
+            window=int(RESTART_WINDOW_S * SECOND_NS),
+        ),
         "constraints": [trainer_constraint] if spec.role == Role.TRAINER else None,
         **_stop_settings(spec),
     }

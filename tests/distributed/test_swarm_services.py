@@ -28,6 +28,9 @@ def test_an_off_policy_run_gets_a_replay_service_that_restarts_and_mounts_the_ru
     secret = types.SimpleNamespace(id="s1", name="troupe-r1-keys")
     settings = swarm._service_settings(replay, {}, Path("/runs/r1"), secret, "node.role==manager")
     assert settings["restart_policy"]["Condition"] == "on-failure"
+    # restarts count within a window, as the controller's in a row: a worker failing now and
+    # then in a days-long run is restarted each time
+    assert settings["restart_policy"]["Window"] == 150 * swarm.SECOND_NS
     assert [m["Target"] for m in settings["mounts"]] == [dl.CONTAINER_RUN_DIR]
     assert settings["constraints"] is None  # only trainers are placed on managers
     trainer = swarm._service_settings(
