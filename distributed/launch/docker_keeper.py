@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+GAVE_UP = (
+    f"Docker restarts it no more: {MAX_RESTARTS} restarts, the last one running less than "
+    f"{PROGRESS_S:.0f} s (a crash loop; see its lines above)"
+)
+
+
 def docker_gave_up(attrs: dict[str, Any]) -> bool:
     """Whether Docker spent its restarts on a crash loop: as many as its policy allows, and the
     last process ran less than :data:`PROGRESS_S` (a worker failing once an hour is not one)."""
@@ -80,6 +86,8 @@ class Keeper:
             return
         try:
             container = self.client.containers.get(container_id)
+            if docker_gave_up(container.attrs) and not container.attrs["State"].get("Running"):
+                self.printer.always(worker, GAVE_UP)
             if not to_start_again(container.attrs) or self.stopping.is_set():
                 return
             self.printer.always(

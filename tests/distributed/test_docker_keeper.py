@@ -81,6 +81,14 @@ def test_the_keeper_starts_again_until_the_run_stops_and_says_so():
     keeper.on_die("actor/1", "b")
     assert (killed.started, crashed.started) == (1, 0)
     assert out.getvalue().startswith("[actor/0] Docker does not restart a container stopped by")
+    looped = Container(inspection(1, count=MAX_RESTARTS))
+    keeper.client.by_id["d"] = looped
+    keeper.on_die("policy/default/0", "d")
+    assert looped.started == 0
+    assert out.getvalue().splitlines()[-1] == (
+        "[policy/default/0] Docker restarts it no more: 5 restarts, the last one running less "
+        "than 60 s (a crash loop; see its lines above)"
+    )
     keeper.on_die("controller", "c")  # the run is over: what ends now is its end
     keeper.on_die("actor/0", "a")
     assert killed.started == 1 and keeper.stopping.is_set()
