@@ -77,13 +77,14 @@ def report_exits(
     events: Iterable[dict],
     printer: LogPrinter,
     done: threading.Event,
-    on_die: Callable[[str, str], None] | None = None,
+    on_end: Callable[[str, str, str], None] | None = None,
 ) -> None:
     """Say how each worker container that ended early ended, from Docker's ``oom`` and ``die``
     events: the controller inside sees only that a worker went silent, and a container killed
     for memory looked like any crash. A worker that leaves on the stop (exit 0) says nothing;
-    nor does anything after ``done`` (the containers removed at the end). ``on_die(worker,
-    container id)`` is called for every worker's ``die`` (the controller's: ``controller``)."""
+    nor does anything after ``done`` (the containers removed at the end). ``on_end(action,
+    worker, container id)`` is called for every ``die`` and ``destroy`` of a worker's container
+    (the controller's too: ``controller``)."""
     killed_for_memory: set[str] = set()
     try:
         for event in events:
@@ -95,8 +96,8 @@ def report_exits(
                 continue
             if worker != CONTROLLER_ID:
                 _say_how_it_ended(event, worker, printer, killed_for_memory)
-            if on_die is not None and event.get("Action") == "die":
-                on_die(worker, actor.get("ID") or "")
+            if on_end is not None and event.get("Action") in ("die", "destroy"):
+                on_end(event["Action"], worker, actor.get("ID") or "")
     except Exception:  # the stream closed under us at the end of the run
         return
 

@@ -193,7 +193,6 @@ def run_docker(
     keys = ensure_keys(run_dir)
     printer = LogPrinter(out or sys.stdout)
     done = threading.Event()
-    keeper = Keeper(client, printer)
     if interrupts is None and threading.current_thread() is threading.main_thread():
         # A shell may start us with SIGINT ignored (background jobs); Ctrl+C must still stop.
         interrupts = run_interrupts(defer=True)
@@ -201,21 +200,30 @@ def run_docker(
     containers: list[Container] = []
     events = None
     launched = time.time()
+    specs = {s.worker_id: s for s in container_roles(config, run, metrics_port is not None)}
+
+    def launch(worker_id: str) -> Container:
+        spec, ports = specs[worker_id], {}
+        if spec.worker_id == CONTROLLER_ID and metrics_port is not None:
+            ports = {f"{METRICS_PORT}/tcp": ("127.0.0.1", metrics_port or None)}
+        container = _start(
+            client, image, spec, network.name, run_dir, keys, run, user_files(config), ports
+        )
+        follow = (container, spec.worker_id, printer, done)
+        threading.Thread(target=follow_logs, args=follow, daemon=True).start()
+        return container
+
+    def again(worker_id: str) -> Container | None:  # a restartable worker's container removed
+        spec = specs.get(worker_id)
+        return launch(worker_id) if spec is not None and spec.restartable else None
+
+    keeper = Keeper(client, printer, again)
     try:
         events = client.events(decode=True, filters=_exit_filters(run))
-        exits = (events, printer, done, keeper.on_die)
+        exits = (events, printer, done, keeper.on_event)
         threading.Thread(target=report_exits, args=exits, daemon=True).start()
-        for spec in container_roles(config, run, metrics=metrics_port is not None):
-            ports = {}
-            if spec.worker_id == CONTROLLER_ID and metrics_port is not None:
-                ports = {f"{METRICS_PORT}/tcp": ("127.0.0.1", metrics_port or None)}
-            container = _start(
-                client, image, spec, network.name, run_dir, keys, run, user_files(config), ports
-            )
-            containers.append(container)
-            threading.Thread(
-                target=follow_logs, args=(container, spec.worker_id, printer, done), daemon=True
-            ).start()
+        for worker_id in specs:  # the controller first
+            containers.append(launch(worker_id))
             if interrupts is not None and interrupts.pending:
                 break  # the controller's container runs (the first): it stops the run
         if interrupts is not None and interrupts.arm():
@@ -226,13 +234,15 @@ def run_docker(
         return EXIT_INTERRUPTED
     finally:
         done.set()
+        keeper.stop()  # nothing is made again once the clean-up below lists what to remove
         if events is not None:
             events.close()
         remove_run_objects(client, run)
 
 
 def _exit_filters(run: str) -> dict[str, object]:
-    return {"type": "container", "event": ["die", "oom"], "label": f"{LABEL_RUN}={run}"}
+    events = ["die", "oom", "destroy"]
+    return {"type": "container", "event": events, "label": f"{LABEL_RUN}={run}"}
 
 
 def check_can_run(client: docker.DockerClient, image: str, run_dir: Path) -> None:
@@ -353,7 +363,7 @@ def _stop_in_order(controller: Container, keeper: Keeper) -> int:
     (130 when it stopped in order, with a summary), 131 on a second signal."""
     import docker
 
-    keeper.stopping.set()
+    keeper.stop()
     logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
     with contextlib.suppress(docker.errors.APIError):  # ended meanwhile: its code is the run's
         controller.kill(signal="SIGINT")

@@ -43,6 +43,7 @@ def test_a_container_stopped_or_killed_by_hand_is_started_again():
         inspection(137, running=True),  # already back
         inspection(137, policy="no"),  # a role that is not restarted (the controller's)
         inspection(1, count=MAX_RESTARTS),  # Docker spent its restarts on a crash loop
+        {**inspection(137), "State": {**inspection(137)["State"], "Status": "removing"}},
     ],
 )
 def test_what_docker_restarts_itself_or_should_not_restart_is_left(attrs):
@@ -73,22 +74,36 @@ class Client:
         return self.by_id[container_id]
 
 
+def test_a_removed_container_is_made_again_until_the_clean_up():
+    out, made = io.StringIO(), []
+    keeper = Keeper(Client(), LogPrinter(out), lambda worker: made.append(worker))
+    keeper.on_event("destroy", "actor/1", "gone")
+    assert made == ["actor/1"]
+    assert out.getvalue() == (
+        "[actor/1] its container was removed (docker rm): creating it again, as a cluster's "
+        "scheduler would\n"
+    )
+    keeper.stop()  # the run's clean-up removes what it finds: nothing is made after it looked
+    keeper.on_event("destroy", "actor/0", "gone")
+    assert made == ["actor/1"]
+
+
 def test_the_keeper_starts_again_until_the_run_stops_and_says_so():
     killed, crashed = Container(inspection(137)), Container(inspection(1, restarting=True))
     out = io.StringIO()
     keeper = Keeper(Client(a=killed, b=crashed, c=Container(inspection(137))), LogPrinter(out))
-    keeper.on_die("actor/0", "a")
-    keeper.on_die("actor/1", "b")
+    keeper.on_event("die", "actor/0", "a")
+    keeper.on_event("die", "actor/1", "b")
     assert (killed.started, crashed.started) == (1, 0)
     assert out.getvalue().startswith("[actor/0] Docker does not restart a container stopped by")
     looped = Container(inspection(1, count=MAX_RESTARTS))
     keeper.client.by_id["d"] = looped
-    keeper.on_die("policy/default/0", "d")
+    keeper.on_event("die", "policy/default/0", "d")
     assert looped.started == 0
     assert out.getvalue().splitlines()[-1] == (
         "[policy/default/0] Docker restarts it no more: 5 restarts, the last one running less "
         "than 60 s (a crash loop; see its lines above)"
     )
-    keeper.on_die("controller", "c")  # the run is over: what ends now is its end
-    keeper.on_die("actor/0", "a")
+    keeper.on_event("die", "controller", "c")  # the run is over: what ends now is its end
+    keeper.on_event("die", "actor/0", "a")
     assert killed.started == 1 and keeper.stopping.is_set()

@@ -66,22 +66,27 @@ def test_a_stream_closed_under_the_reader_ends_it_quietly():
     assert out.getvalue() == "[actor/0] its container ended: exit code 143 (SIGTERM)\n"
 
 
-def test_every_die_reaches_the_keeper_after_its_line():
-    """The keeper (docker_keeper.py) hears of each worker's end, the controller's too (the run's
-    end), after the line that says how it ended."""
+def test_every_end_reaches_the_keeper_after_its_line():
+    """The keeper (docker_keeper.py) hears of each worker's end and removal, the controller's
+    too (the run's end), after the line that says how it ended."""
     out, heard = io.StringIO(), []
     events = [
         event("oom", "trainer/default/0"),
         event("die", "actor/0", exitCode="137"),
+        event("destroy", "actor/0"),
         event("die", "controller", exitCode="0"),
     ]
     events[1]["Actor"]["ID"] = "abc"
 
-    def on_die(worker, container_id):
-        heard.append((worker, container_id, len(out.getvalue().splitlines())))
+    def on_end(action, worker, container_id):
+        heard.append((action, worker, container_id, len(out.getvalue().splitlines())))
 
-    report_exits(iter(events), LogPrinter(out), threading.Event(), on_die)
-    assert heard == [("actor/0", "abc", 1), ("controller", "", 1)]
+    report_exits(iter(events), LogPrinter(out), threading.Event(), on_end)
+    assert heard == [
+        ("die", "actor/0", "abc", 1),
+        ("destroy", "actor/0", "", 1),
+        ("die", "controller", "", 1),
+    ]
 
 
 def test_exit_codes_in_words():

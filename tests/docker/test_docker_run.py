@@ -150,30 +150,35 @@ def test_a_crashed_actor_container_is_restarted_and_the_run_completes(client, tm
     assert_nothing_left(client, run.run)
 
 
-def test_an_actor_container_stopped_or_killed_by_hand_is_started_again(client, tmp_path):
+def test_a_worker_container_stopped_killed_or_removed_by_hand_comes_back(client, tmp_path):
     """Docker never restarts a container a user stopped or killed, whatever its restart policy:
     such a worker was waited for until the restart grace ran out (the run failed), or until
     the run's end (exit 0, the worker missing from the summary). The launching process, the
-    run's scheduler here, starts it again as a cluster's scheduler would."""
+    run's scheduler here, starts it again as a cluster's scheduler would, and makes a removed
+    one again."""
     run = BackgroundRun(client, tmp_path / "docker-by-hand", [*QUICK, "stop.env_frames=1500000"])
     run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
     killed = the_container(client, run.run, "actor/0")
     stopped = the_container(client, run.run, "actor/1")
+    removed = the_container(client, run.run, "eval/0")
     killed.kill()  # docker kill
     stopped.stop()  # docker stop: SIGTERM, then the worker's stop from its controller
+    removed.remove(force=True)  # docker rm -f: Swarm and Kubernetes would make another
 
     def restarted(worker: str) -> bool:
         return read_json(run.run_dir / "workers.json").get(worker, {}).get("restarts", 0) >= 1
 
-    for worker in ("actor/0", "actor/1"):
+    for worker in ("actor/0", "actor/1", "eval/0"):
         run.wait_for(lambda w=worker: restarted(w), f"{worker} back and counted restarted")
+    assert the_container(client, run.run, "eval/0").id != removed.id
     assert run.join() == 0, run.log()
     output = run.output.getvalue()
     for worker in ("actor/0", "actor/1"):
         assert f"[{worker}] Docker does not restart a container stopped by hand" in output
+    assert "[eval/0] its container was removed (docker rm): creating it again" in output
     summary = read_json(run.run_dir / "summary.json")
     assert summary["stop_reason"] == "env_frames", summary
-    assert set(summary["restarts"]) == {"actor/0", "actor/1"}, summary
+    assert set(summary["restarts"]) == {"actor/0", "actor/1", "eval/0"}, summary
     assert "unstopped" not in summary and "failure" not in summary, summary
     assert_nothing_left(client, run.run)
 
