@@ -156,7 +156,7 @@ def test_a_worker_container_stopped_killed_or_removed_by_hand_comes_back(client,
     the run's end (exit 0, the worker missing from the summary). The launching process, the
     run's scheduler here, starts it again as a cluster's scheduler would, and makes a removed
     one again."""
-    run = BackgroundRun(client, tmp_path / "docker-by-hand", [*QUICK, "stop.env_frames=1500000"])
+    run = BackgroundRun(client, tmp_path / "docker-by-hand", [*QUICK, "stop.env_frames=900000"])
     run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
     killed = the_container(client, run.run, "actor/0")
     stopped = the_container(client, run.run, "actor/1")
