@@ -26,7 +26,9 @@ Nobody restarts a step's task when it dies, so each task restarts its own worker
 (``worker_task`` in the script), as the controller expects of a scheduler, and says how the
 worker ended (a signal, an exit code), which the controller cannot see; a worker that the
 controller stopped exits 0 and is not restarted, nor is one whose controller is gone (exit 3:
-restarted, each waited for a controller that no longer was until the job cancelled it).
+restarted, each waited for a controller that no longer was until the job cancelled it). A
+SIGTERM to the step (the job's end, ``scancel``) ends the task's bash with its worker; one to
+the worker alone (``kill PID``) leaves the job running, and the worker is restarted.
 
 Longer than 400 lines because the script is one generated text whose parts (header, setup,
 runtime, worker task, steps, finish) read best in the order the script runs them.
@@ -315,7 +317,7 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         "# One task of a worker step: worker <group>/$SLURM_PROCID, restarted when it fails,",
         "# up to MAX_RESTARTS times in a row without running PROGRESS_S (the controller's rule).",
         "worker_task() {",
-        '  local role="$1" id="$2" tries=0 address code started=$SECONDS',
+        '  local role="$1" id="$2" tries=0 address code how started=$SECONDS',
         f'  address="$({address})"',
         '  export TROUPE_ORDINAL="$SLURM_PROCID"',
         '  local worker="${id/\\{ordinal\\}/$SLURM_PROCID}"  # actor/{ordinal}: actor/3',
@@ -327,19 +329,20 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         ' restarted" >&2',
         "      return 3",
         "    fi",
-        '    if [ "$code" -eq 143 ]; then  # sent SIGTERM: the job ends, or an operator ended it',
-        '      echo "worker $worker (task $SLURM_PROCID) left on SIGTERM; not restarted" >&2',
-        "      return 143",
+        '    how="$(ended_by "$code")"',
+        "    # SIGTERM to the step (the job's end, scancel) ends this bash too: here, to it alone",
+        '    if [ "$code" -eq 143 ]; then',
+        '      how="left on a SIGTERM sent to it alone (one to its step would have ended this'
+        ' loop too)"',
         "    fi",
         '    if [ $((SECONDS - started)) -ge "$PROGRESS_S" ]; then tries=0; fi  # it ran a while',
         "    tries=$((tries + 1))",
         '    if [ "$tries" -gt "$MAX_RESTARTS" ]; then',
-        '      echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); not restarted: it'
-        ' failed $tries times in a row" >&2',
+        '      echo "worker $worker (task $SLURM_PROCID) $how; not restarted: it failed $tries'
+        ' times in a row" >&2',
         "      return 1",
         "    fi",
-        '    echo "worker $worker (task $SLURM_PROCID) $(ended_by "$code"); restart $tries of'
-        ' $MAX_RESTARTS" >&2',
+        '    echo "worker $worker (task $SLURM_PROCID) $how; restart $tries of $MAX_RESTARTS" >&2',
         "    started=$SECONDS",
         "  done",
         "}",

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import stat
 import subprocess
@@ -706,6 +707,44 @@ worker_task actor 'actor/{{ordinal}}'
     done = subprocess.run(["bash", "-c", at_once], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1].endswith("not restarted: it failed 3 times in a row")
+
+
+def test_a_worker_task_restarts_a_worker_sent_sigterm_alone(tmp_path):
+    """A SIGTERM to the whole step (the job's end, ``scancel``) reaches the task's bash too,
+    which ends there and restarts nothing. One that reaches the worker alone (``kill PID`` on
+    its node) leaves the job running and the controller waiting for the worker: it was not
+    restarted, and the run failed 60 s later (seen on the real Slurm here)."""
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k",
+           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
+    text = script(tmp_path)
+    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
+    count = tmp_path / "calls"
+    stand_in = f"""
+set -euo pipefail
+route_to() {{ echo 127.0.0.1; }}
+troupe_run() {{  # stopped alone by its controller after a SIGTERM: exit 143; then its stop
+  echo x >> {count}
+  if [ "$(wc -l < {count})" -eq 1 ]; then sh -c 'exit 143'; else return 0; fi
+}}
+export SLURM_PROCID=0 SLURM_JOB_ID=42 MAX_RESTARTS=3 PROGRESS_S=60 CONTROLLER=tcp://x:1
+export CONTROLLER_ADDRESS=x
+{functions}
+worker_task actor 'actor/{{ordinal}}'
+"""
+    done = subprocess.run(["bash", "-c", stand_in], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("worker ")]
+    assert said == [
+        "worker actor/0 (task 0) left on a SIGTERM sent to it alone (one to its step would have "
+        "ended this loop too); restart 1 of 3"
+    ]
+    # the whole step signalled: bash ends with its worker, and nothing restarts it
+    count.unlink()
+    whole = stand_in.replace("sh -c 'exit 143'", "kill -TERM 0; sleep 5")
+    step = subprocess.run(["setsid", "bash", "-c", whole], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert step.returncode == -signal.SIGTERM, step.stderr
+    assert count.read_text() == "x\n" and "restart" not in step.stderr
 
 
 def ops_command(repo: Path, *argv: str) -> subprocess.CompletedProcess:
