@@ -2,10 +2,10 @@
 
 Docker's restart policy (``on-failure``) brings back a worker whose process died by itself, but
 never one a user stopped or killed (``docker stop``, ``docker kill``), whatever its policy, nor
-of course one a user removed (``docker rm -f``).
-Such a worker was waited for until the restart grace ran out, and the run failed; or, near
-its end, the run ended with exit 0 and the worker missing. On a cluster the scheduler brings a
-task back however it ended (Swarm starts a new task, Kubernetes a new pod): here the launching
+one a user removed (``docker rm -f``). Such a worker was waited for until the restart grace ran
+out, and the run failed; or, near its end, the run ended with exit 0 and the worker missing. On
+a cluster the scheduler brings a task back however it ended (Swarm starts a new task,
+Kubernetes a new pod): here the launching
 process is the run's scheduler, and does the same: it starts the container again, or makes a
 removed one again from the run's plan.
 
@@ -42,9 +42,13 @@ GAVE_UP = (
 
 
 def docker_gave_up(attrs: dict[str, Any]) -> bool:
-    """Whether Docker spent its restarts on a crash loop: as many as its policy allows, and the
-    last process ran less than :data:`PROGRESS_S` (a worker failing once an hour is not one)."""
+    """Whether Docker spent its restarts on a crash loop: it is not restarting the container,
+    whose restarts are as many as its policy allows, and whose last process ran less than
+    :data:`PROGRESS_S` (a worker failing once an hour is not in one). At its last restart the
+    count is already the most its policy allows."""
     state = attrs.get("State") or {}
+    if state.get("Running") or state.get("Restarting"):
+        return False
     policy = (attrs.get("HostConfig") or {}).get("RestartPolicy") or {}
     allowed = int(policy.get("MaximumRetryCount") or MAX_RESTARTS)
     ran = _seconds_between(state.get("StartedAt"), state.get("FinishedAt"))
@@ -128,7 +132,7 @@ class Keeper:
 
         try:
             container = self.client.containers.get(container_id)
-            if docker_gave_up(container.attrs) and not container.attrs["State"].get("Running"):
+            if docker_gave_up(container.attrs):
                 self.printer.always(worker, GAVE_UP)
             if not to_start_again(container.attrs):
                 return

@@ -6,7 +6,8 @@ name. The controller runs with the ``ExternalLauncher``, so it never starts or k
 configures every worker that says hello, and Docker's restart policy (``on-failure``) brings back
 an actor, policy worker or trainer that crashes, which then says hello again. Docker never
 restarts a container stopped by ``docker kill``/``docker stop``: this process starts such a one
-again (:mod:`.docker_keeper`), as a cluster's scheduler would.
+again, and makes again one removed by ``docker rm -f`` (:mod:`.docker_keeper`), as a cluster's
+scheduler would.
 
 The run folder is mounted at the same path in every container (the controller hands that path to
 workers), containers run as the host user so the files it writes are the user's, and every socket

@@ -50,6 +50,13 @@ def test_what_docker_restarts_itself_or_should_not_restart_is_left(attrs):
     assert not to_start_again(attrs)
 
 
+def test_docker_has_not_given_up_while_it_makes_its_last_restart():
+    # at its last restart the count is already the most the policy allows
+    assert not docker_gave_up(inspection(1, count=MAX_RESTARTS, restarting=True))
+    assert not docker_gave_up(inspection(1, count=MAX_RESTARTS, running=True))
+    assert docker_gave_up(inspection(1, count=MAX_RESTARTS))
+
+
 def test_unreadable_times_count_as_a_short_run():
     assert docker_gave_up(inspection(1, count=MAX_RESTARTS, started="?", finished=None))
     assert not docker_gave_up(inspection(1, count=MAX_RESTARTS - 1))
