@@ -5,9 +5,8 @@ never one a user stopped or killed (``docker stop``, ``docker kill``), whatever 
 one a user removed (``docker rm -f``). Such a worker was waited for until the restart grace ran
 out, and the run failed; or, near its end, the run ended with exit 0 and the worker missing. On
 a cluster the scheduler brings a task back however it ended (Swarm starts a new task,
-Kubernetes a new pod): here the launching
-process is the run's scheduler, and does the same: it starts the container again, or makes a
-removed one again from the run's plan.
+Kubernetes a new pod): here the launching process is the run's scheduler, and does the same: it
+starts the container again, or makes a removed one again from the run's plan.
 
 It starts again only a container Docker would have restarted, had it not been stopped by
 hand: one with a restart policy (a restartable role), that ended with a non-zero code (a
