@@ -621,52 +621,66 @@ def test_a_requeued_job_resumes_its_run_from_the_last_version(tmp_path):
     assert summary["policy_versions"]["default"] >= versions[-1] > 0
 
 
+def worker_task_script(tmp_path, worker: str, *, procid=1, max_restarts=2, progress_s=60) -> str:
+    """The script's own ``worker_task`` loop, to be run by bash, around a stand-in worker:
+    ``troupe_run`` runs ``worker``, bash lines where ``$calls`` is the number of its call."""
+    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k",
+           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
+    text = script(tmp_path)
+    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
+    count = tmp_path / "calls"
+    return f"""
+set -euo pipefail
+route_to() {{ echo 127.0.0.1; }}
+troupe_run() {{
+  echo x >> {count}
+  local calls
+  calls="$(wc -l < {count})"
+{worker}
+}}
+export SLURM_PROCID={procid} SLURM_JOB_ID=42 MAX_RESTARTS={max_restarts} PROGRESS_S={progress_s}
+export CONTROLLER=tcp://x:1 CONTROLLER_ADDRESS=x
+{functions}
+worker_task actor 'actor/{{ordinal}}'
+"""
+
+
+def run_bash(text: str, *prefix: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, "bash", "-c", text], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def worker_lines(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.startswith("worker ")]
+
+
 def test_a_worker_task_says_how_its_worker_ended_before_restarting_it(tmp_path):
     """The script's own restart loop, run by bash with a worker that is SIGKILLed, then exits 1,
     then runs to its stop: it said only "failed" (the controller sees a worker gone silent). A
     worker whose controller is gone (exit 3) is not restarted: each waited for a controller that
     no longer was, until the job cancelled its steps a minute later."""
-    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k", "--max-restarts", "2",
-           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
-    text = script(tmp_path)
-    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
-    count = tmp_path / "calls"
-    stand_in = f"""
-set -euo pipefail
-route_to() {{ echo 127.0.0.1; }}
-troupe_run() {{  # the worker: killed, then exit 3, then a clean stop
-  echo x >> {count}
-  case "$(wc -l < {count})" in
+    stand_in = worker_task_script(tmp_path, """  case "$calls" in  # killed, exit 1, its stop
     1) sh -c 'kill -KILL $$' ;;
     2) sh -c 'exit 1' ;;
     *) return 0 ;;
-  esac
-}}
-export SLURM_PROCID=1 SLURM_JOB_ID=42 MAX_RESTARTS=2 PROGRESS_S=60 CONTROLLER=tcp://x:1
-export CONTROLLER_ADDRESS=x
-{functions}
-worker_task actor 'actor/{{ordinal}}'
-"""
-    done = subprocess.run(["bash", "-c", stand_in], capture_output=True, text=True, timeout=60)
+  esac""")  # fmt: skip
+    count = tmp_path / "calls"
+    done = run_bash(stand_in)
     assert done.returncode == 0, done.stderr
-    said = [line for line in done.stderr.splitlines() if line.startswith("worker ")]
-    assert said == [  # (bash's own "Killed" notice aside)
+    assert worker_lines(done) == [  # (bash's own "Killed" notice aside)
         "worker actor/1 (task 1) was killed by SIGKILL (exit code 137; out of memory? sacct -j "
         "42 says OUT_OF_MEMORY if so); restart 1 of 2",
         "worker actor/1 (task 1) exited with code 1; restart 2 of 2",
     ]
-    count.unlink()
     count.write_text("x\n")  # from the second run on: exit 1 every time
-    failing = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 1' ;;")
-    done = subprocess.run(["bash", "-c", failing], capture_output=True, text=True, timeout=60)
+    done = run_bash(stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 1' ;;"))
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
         "worker actor/1 (task 1) exited with code 1; not restarted: it failed 3 times in a row"
     )
     count.write_text("x\n")  # exit 3 from the second run on: orphaned
     orphaned = stand_in.replace("*) return 0 ;;", "*) sh -c 'exit 3' ;;")
-    orphaned = orphaned.replace("2) sh -c 'exit 1' ;;", "2) sh -c 'exit 3' ;;")
-    done = subprocess.run(["bash", "-c", orphaned], capture_output=True, text=True, timeout=60)
+    done = run_bash(orphaned.replace("2) sh -c 'exit 1' ;;", "2) sh -c 'exit 3' ;;"))
     assert done.returncode == 3
     assert done.stderr.splitlines()[-1] == (
         "worker actor/1 (task 1) left: its controller is gone; not restarted"
@@ -679,32 +693,15 @@ def test_a_worker_task_counts_failures_in_a_row_not_in_the_whole_job(tmp_path):
     failure. It now counts, as the controller does, those in a row without running PROGRESS_S
     (here 2 s): the worker that ran 2.2 s before each of its five failures is restarted each
     time; one that fails at once is still given up on."""
-    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k", "--max-restarts", "2",
-           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
-    text = script(tmp_path)
-    assert f"\nexport PROGRESS_S={PROGRESS_S:.0f}  #" in text  # the controller's threshold
-    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
-    count = tmp_path / "calls"
-    stand_in = f"""
-set -euo pipefail
-route_to() {{ echo 127.0.0.1; }}
-troupe_run() {{  # runs 2.2 s, then exit 1, five times; then a clean stop
-  echo x >> {count}
-  if [ "$(wc -l < {count})" -gt 5 ]; then return 0; fi
-  sleep 2.2; sh -c 'exit 1'
-}}
-export SLURM_PROCID=0 SLURM_JOB_ID=42 MAX_RESTARTS=2 PROGRESS_S=2 CONTROLLER=tcp://x:1
-export CONTROLLER_ADDRESS=x
-{functions}
-worker_task actor 'actor/{{ordinal}}'
-"""
-    done = subprocess.run(["bash", "-c", stand_in], capture_output=True, text=True, timeout=60)
+    worker = """  if [ "$calls" -gt 5 ]; then return 0; fi  # 2.2 s, then exit 1, five times
+  sleep 2.2; sh -c 'exit 1'"""
+    stand_in = worker_task_script(tmp_path, worker, procid=0, progress_s=2)
+    assert f"\nexport PROGRESS_S={PROGRESS_S:.0f}  #" in script(tmp_path)  # the controller's
+    done = run_bash(stand_in)
     assert done.returncode == 0, done.stderr
-    said = [line for line in done.stderr.splitlines() if line.startswith("worker ")]
-    assert said == ["worker actor/0 (task 0) exited with code 1; restart 1 of 2"] * 5
-    count.unlink()
-    at_once = stand_in.replace("sleep 2.2; ", "")
-    done = subprocess.run(["bash", "-c", at_once], capture_output=True, text=True, timeout=60)
+    assert worker_lines(done) == ["worker actor/0 (task 0) exited with code 1; restart 1 of 2"] * 5
+    (tmp_path / "calls").unlink()
+    done = run_bash(stand_in.replace("sleep 2.2; ", ""))
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1].endswith("not restarted: it failed 3 times in a row")
 
@@ -714,37 +711,20 @@ def test_a_worker_task_restarts_a_worker_sent_sigterm_alone(tmp_path):
     which ends there and restarts nothing. One that reaches the worker alone (``kill PID`` on
     its node) leaves the job running and the controller waiting for the worker: it was not
     restarted, and the run failed 60 s later (seen on the real Slurm here)."""
-    deploy("cartpole-ppo", "--out", str(tmp_path), "--run-name", "k",
-           "--image", "registry.example.com/troupe-worker:0.1")  # fmt: skip
-    text = script(tmp_path)
-    functions = text[text.index("ended_by() {") : text.index("export -f troupe_run")]
-    count = tmp_path / "calls"
-    stand_in = f"""
-set -euo pipefail
-route_to() {{ echo 127.0.0.1; }}
-troupe_run() {{  # stopped alone by its controller after a SIGTERM: exit 143; then its stop
-  echo x >> {count}
-  if [ "$(wc -l < {count})" -eq 1 ]; then sh -c 'exit 143'; else return 0; fi
-}}
-export SLURM_PROCID=0 SLURM_JOB_ID=42 MAX_RESTARTS=3 PROGRESS_S=60 CONTROLLER=tcp://x:1
-export CONTROLLER_ADDRESS=x
-{functions}
-worker_task actor 'actor/{{ordinal}}'
-"""
-    done = subprocess.run(["bash", "-c", stand_in], capture_output=True, text=True, timeout=60)
+    # stopped alone by its controller after a SIGTERM (exit 143), then its stop
+    worker = """  if [ "$calls" -eq 1 ]; then sh -c 'exit 143'; else return 0; fi"""
+    stand_in = worker_task_script(tmp_path, worker, procid=0, max_restarts=3)
+    done = run_bash(stand_in)
     assert done.returncode == 0, done.stderr
-    said = [line for line in done.stderr.splitlines() if line.startswith("worker ")]
-    assert said == [
+    assert worker_lines(done) == [
         "worker actor/0 (task 0) left on a SIGTERM sent to it alone (one to its step would have "
         "ended this loop too); restart 1 of 3"
     ]
     # the whole step signalled: bash ends with its worker, and nothing restarts it
-    count.unlink()
-    whole = stand_in.replace("sh -c 'exit 143'", "kill -TERM 0; sleep 5")
-    step = subprocess.run(["setsid", "bash", "-c", whole], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    (tmp_path / "calls").unlink()
+    step = run_bash(stand_in.replace("sh -c 'exit 143'", "kill -TERM 0; sleep 5"), "setsid")
     assert step.returncode == -signal.SIGTERM, step.stderr
-    assert count.read_text() == "x\n" and "restart" not in step.stderr
+    assert (tmp_path / "calls").read_text() == "x\n" and "restart" not in step.stderr
 
 
 def ops_command(repo: Path, *argv: str) -> subprocess.CompletedProcess:
