@@ -124,13 +124,15 @@ class Controller:
         started: the summary says ``interrupted``, and the folder can be resumed)."""
         self.display.start()
         next_stats = time.monotonic() + STATS_EVERY_S
+        # Before ``stopped`` arms the signals: one landing between the two left an
+        # ``interrupted`` run with no config.json to resume from.
+        config_file = self.run_dir / run_folder.CONFIG
+        written = self.folder.write(
+            lambda: run_folder.write_json(config_file, self.config.to_dict())
+        )
         try:
             if stopped is not None and stopped():
                 self.stop_reason = "interrupted"
-            config_file = self.run_dir / run_folder.CONFIG
-            written = self.folder.write(
-                lambda: run_folder.write_json(config_file, self.config.to_dict())
-            )
             if written and not self.stop_reason:
                 self.shape.start()  # while the workers start: their hello waits for it
                 self.supervisor.start_all(self.address)

@@ -31,8 +31,10 @@ from e2e_support import (
     wait_for,
 )
 
+from api.config import make_experiment
+from distributed.launch.local import ExternalLauncher
 from distributed.launch.signals import DUPLICATE_S, run_interrupts
-from system.run.controller import _stopped_already
+from system.run.controller import Controller, _stopped_already
 from system.run.report import read_metrics
 
 pytestmark = pytest.mark.multiprocess
@@ -334,6 +336,20 @@ def test_a_stop_while_the_run_starts_stops_it_in_order(tmp_path, after_s):
     while not _workers_gone(run_dir, controller) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _workers_gone(run_dir, controller), "processes outlived the stop"
+
+
+def test_a_signal_as_the_controller_arms_leaves_a_resumable_folder(tmp_path):
+    """The stop held back while the controller started raises the moment it is armed (a
+    ``troupe stop`` landing just then): config.json was written only after the arming, and CI
+    saw an ``interrupted`` run leave a folder with a summary and no config to resume from."""
+    ctl = Controller(make_experiment("cartpole-ppo"), tmp_path, ExternalLauncher(), display=False)
+
+    def armed_into_a_signal() -> bool:
+        raise KeyboardInterrupt()
+
+    summary = ctl.run(stopped=armed_into_a_signal)
+    assert summary["stop_reason"] == "interrupted"
+    assert (tmp_path / "config.json").exists()
 
 
 def test_signals_while_the_controller_starts_are_noted_and_raise_once_armed():
