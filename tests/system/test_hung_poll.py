@@ -50,6 +50,9 @@ class FakeControl:
     def stop_requested(self) -> bool:
         return self.stop.is_set()
 
+    def leave_requested(self) -> bool:
+        return False
+
     def send(self, message):
         self.sent.append(message.kind)
         if message.kind == "error":

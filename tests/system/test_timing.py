@@ -258,6 +258,9 @@ def test_a_long_poll_reports_its_stage_while_it_runs():
         def stop_requested(self):
             return self.stop.is_set()
 
+        def leave_requested(self):
+            return False
+
         def send(self, message):
             pass
 
@@ -283,8 +286,10 @@ def test_a_long_poll_reports_its_stage_while_it_runs():
             return 0
 
     ctl, worker = Control(), LongStep()
+    ended: list[int] = []  # the loop's exit code: a stand-in short of a method ended it early
+    limit = ("liveness.max_poll_s", 60.0)
     loop = threading.Thread(
-        target=worker_process._loop, args=(ctl, worker, [], ("liveness.max_poll_s", 60.0))
+        target=lambda: ended.append(worker_process._loop(ctl, worker, [], limit))
     )
     loop.start()
     try:
@@ -299,7 +304,7 @@ def test_a_long_poll_reports_its_stage_while_it_runs():
         worker.release.set()
         ctl.stop.set()
         loop.join(timeout=10)
-    assert not loop.is_alive()
+    assert not loop.is_alive() and ended == [worker_process.EXIT_OK]
     for beat in ctl.beats:  # every beat's stages add up to the wall time it covers
         stages = sum(v for k, v in beat.items() if k.startswith(timing.STAGE_KEY))
         assert stages == pytest.approx(beat[timing.WALL_KEY], abs=1e-9)
