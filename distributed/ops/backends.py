@@ -98,9 +98,9 @@ class LocalBackend:
             return f"run '{record.run}' is not running (process {record.pid} has ended)"
         os.kill(record.pid, signal.SIGINT)
         if now:  # a second signal: the controller abandons the orderly stop
-            time.sleep(0.5)
-            if not record.running_here():  # it said "at once" of a stop in order, over by then
-                return f"sent SIGINT to process {record.pid}: the run stopped in order within 0.5 s"
+            if _ends_within(record, SECOND_SIGNAL_AFTER_S):  # "at once" of a stop in order
+                return (f"sent SIGINT to process {record.pid}: the run stopped in order within "
+                        f"{SECOND_SIGNAL_AFTER_S:g} s")  # fmt: skip
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, signal.SIGINT)
             return f"sent two SIGINTs to process {record.pid}: the run stops at once"
@@ -108,6 +108,21 @@ class LocalBackend:
 
     def remove(self, record: LaunchRecord) -> str | None:
         return None
+
+
+SECOND_SIGNAL_AFTER_S = 0.5
+"""``troupe stop --now`` sends its second SIGINT this long after the first: later than
+:data:`distributed.launch.signals.DUPLICATE_S`, within which the two would be one request."""
+
+
+def _ends_within(record: LaunchRecord, seconds: float) -> bool:
+    """Whether the run's process ends within ``seconds``, looked at every 50 ms."""
+    deadline = time.monotonic() + seconds
+    while record.running_here():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 FINAL_STATES = ("stopped", "failed", "killed")

@@ -201,14 +201,38 @@ def test_stop_signals_the_runs_process(tmp_path, now):
     assert child.wait(timeout=10) == (131 if now else 130)
 
 
-def test_stop_now_of_a_run_whose_stop_in_order_was_over_says_so(tmp_path):
+def test_stop_now_of_a_run_whose_stop_in_order_was_over_says_so(tmp_path, monkeypatch):
     """``--now`` said "two SIGINTs: the run stops at once" of a run that had stopped in order
-    before the second signal was due (exit 130, a summary)."""
+    before the second signal was due (exit 130, a summary). The wait is made long: on a busy
+    CI machine the child had not ended 0.5 s after its SIGINT."""
+    monkeypatch.setattr(backends, "SECOND_SIGNAL_AFTER_S", 60.0)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     rec = record.for_process("local", run_folder_at(tmp_path / "r"), child.pid)
     said = backends.LocalBackend().stop(rec, now=True)  # SIGINT ends it: no handler
-    assert said == f"sent SIGINT to process {child.pid}: the run stopped in order within 0.5 s"
+    assert said == f"sent SIGINT to process {child.pid}: the run stopped in order within 60 s"
     child.wait(timeout=10)
+
+
+def test_stop_now_of_a_run_still_stopping_sends_a_second_signal(tmp_path, monkeypatch):
+    """A controller still stopping in order when the wait is over gets the second SIGINT, which
+    it takes as "at once" (here: a process that exits on its second SIGINT)."""
+    monkeypatch.setattr(backends, "SECOND_SIGNAL_AFTER_S", 0.3)
+    code = (
+        "import signal, sys, time\n"
+        "seen = []\n"
+        "def on_int(*_):\n"
+        "    seen.append(1)\n"
+        "    if len(seen) == 2: sys.exit(131)\n"
+        "signal.signal(signal.SIGINT, on_int)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    rec = record.for_process("local", run_folder_at(tmp_path / "r"), child.pid)
+    said = backends.LocalBackend().stop(rec, now=True)
+    assert said == f"sent two SIGINTs to process {child.pid}: the run stops at once"
+    assert child.wait(timeout=30) == 131
 
 
 def test_a_run_of_another_host_is_not_signalled_from_here(tmp_path):
