@@ -964,9 +964,9 @@ def test_a_publish_not_waited_for_times_out_when_settled_not_when_sent():
     client = ParameterClient(f"tcp://127.0.0.1:{port}", shm=False)
     try:
         start = time.monotonic()
-        client.publish_nowait("p", 1, params(1), timeout_s=0.2)
-        assert time.monotonic() - start < 0.15  # sent, not waited for
-        with pytest.raises(PeerTimeoutError, match=r"did not answer 'publish' within 0.2s"):
+        client.publish_nowait("p", 1, params(1), timeout_s=3.0)
+        assert time.monotonic() - start < 1.5  # sent, not waited for (a busy CI machine: slack)
+        with pytest.raises(PeerTimeoutError, match=r"did not answer 'publish' within 3.0s"):
             client.settle()
         client.settle()  # nothing outstanding any more
     finally:
