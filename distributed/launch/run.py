@@ -33,6 +33,7 @@ from distributed.launch.signals import (
     forwards_signals,
     own_process_group,
     run_interrupts,
+    start_forked,
 )
 from distributed.ops import record as launch_record
 from system import run_folder
@@ -259,7 +260,7 @@ def start_local(
         args=(config.to_dict(), str(run_dir), display, forwards_signals(), metrics_port),
         name="troupe-controller",
     )
-    process.start()
+    start_forked(process)  # a stop before its handlers are in waits for them
     launch_record.write(run_dir, launch_record.for_process("local", run_dir, process.pid))
     return process
 
@@ -301,7 +302,7 @@ def start(
         args=(config.to_dict(), str(run_dir), image, display, forwards_signals(), metrics_port),
         name="troupe-docker",
     )
-    process.start()
+    start_forked(process)  # a stop before its handlers are in waits for them
     from distributed.launch.docker_run import run_name
 
     run = run_name(run_dir)

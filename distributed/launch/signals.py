@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ EXIT_INTERRUPTED = 130
 """Stopped in order after a signal (128 + SIGINT): the run's last checkpoints are on disk."""
 EXIT_ABANDONED = 131
 """Stopped at once by a second signal: workers killed, the last steps' work lost."""
+STOPS = (signal.SIGINT, signal.SIGTERM)
+"""What stops a run in order (a second: at once)."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What the launcher forwards: an interrupt, a stop, a closed terminal."""
 PARENT_POLL_S = 0.5
@@ -136,9 +139,23 @@ def run_interrupts(defer: bool = False, scheduler: bool = False) -> Interrupts:
     ``defer``: only note a request until :meth:`Interrupts.arm`; ``scheduler``: see
     :attr:`Interrupts.scheduler`."""
     interrupts = Interrupts(defer, scheduler)
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in STOPS:
         signal.signal(s, interrupts.handle)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # held since the fork (start_forked)
     return interrupts
+
+
+def start_forked(process: BaseProcess) -> None:
+    """Start ``process``, a fork of this one, with SIGINT and SIGTERM held back in it until
+    :func:`run_interrupts` installs its handlers there: until then it has this process's, and a
+    ``troupe stop`` as soon as launch.json names it was lost just after the fork, or raised
+    KeyboardInterrupt in multiprocessing's bootstrap (exit 1, a traceback, no summary). Held
+    signals wait, and are then noted."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 @contextlib.contextmanager

@@ -8,11 +8,13 @@ wall-clock figure.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from e2e_support import (
 
 from api.config import make_experiment
 from distributed.launch.local import ExternalLauncher
-from distributed.launch.signals import DUPLICATE_S, run_interrupts
+from distributed.launch.signals import DUPLICATE_S, run_interrupts, start_forked
 from system.run.controller import Controller, _stopped_already
 from system.run.report import read_metrics
 
@@ -350,6 +352,26 @@ def test_a_signal_as_the_controller_arms_leaves_a_resumable_folder(tmp_path):
     summary = ctl.run(stopped=armed_into_a_signal)
     assert summary["stop_reason"] == "interrupted"
     assert (tmp_path / "config.json").exists()
+
+
+def test_a_stop_before_the_forked_run_takes_signals_waits_for_its_handlers():
+    """The run's process is forked from the launcher and had the launcher's handlers until it
+    installed its own: a SIGINT there (``troupe stop`` as launch.json appeared) was lost just
+    after the fork, or raised in multiprocessing's bootstrap (exit 1, a traceback)."""
+
+    def entry() -> None:
+        time.sleep(1.0)  # the bootstrap and the imports before the handlers, slowed down
+        sys.exit(7 if run_interrupts(defer=True).pending else 0)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as start_local has it
+    try:
+        process = mp.get_context("fork").Process(target=entry)
+        start_forked(process)
+        os.kill(process.pid, signal.SIGINT)
+        process.join(timeout=30)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert process.exitcode == 7  # noted, for the run to stop in order
 
 
 def test_signals_while_the_controller_starts_are_noted_and_raise_once_armed():
