@@ -263,7 +263,9 @@ class ControlClient:
     def close(self) -> None:
         self.watch.stop()
         with self.lock:
-            self.socket.close(linger=200)  # let bye/error reach the controller
+            # Up to a second for the bye or error to go out, as the context's flush allows: on
+            # a loaded machine 0.2 s could pass before the I/O thread ran, and it was lost.
+            self.socket.close(linger=1000)
 
 
 class ConnectionWatch:

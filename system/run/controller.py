@@ -44,7 +44,7 @@ from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor
 from system.run.tally import Tally, WorkerStats
 from system.run.thinning import Thinning
-from system.run.worker_record import WorkerRecord
+from system.run.worker_record import WorkerRecord, never_came_up
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class Controller:
         the run's: a resumed run's wall clock includes its earlier parts, and a 7 s resume of a
         55 s run failed as if its trainer had had 62 s."""
         elapsed = time.monotonic() - self.session_started
-        missing = self.supervisor.never_came_up()
+        missing = never_came_up(self.supervisor.workers.values())
         if missing and elapsed >= NEVER_UP_AFTER_S:
             since = "since the run resumed" if self.started < self.session_started else "of the run"
             self.supervisor.fail(WorkerFailure(", ".join(missing), (

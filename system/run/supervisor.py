@@ -33,6 +33,7 @@ from system.run.worker_record import (
     count_restart,
     crash_looping,
     given_up,
+    last_words_due,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,10 +65,6 @@ class Launcher(Protocol):
     def is_alive(self, worker_id: str) -> bool: ...
     def kill(self, worker_id: str) -> None: ...
     def stop_all(self, timeout_s: float) -> None: ...
-
-
-TRAINING_ROLES = frozenset(str(r) for r in Role)
-"""The roles without which a run trains nothing (evaluation actors are actors)."""
 
 
 Send = Callable[[str, ControlMessage], None]
@@ -198,6 +195,8 @@ class Supervisor:
             if record.state is WorkerState.ALIVE:
                 self.silent_since.pop(wid, None)
             dead = not self.launcher.is_alive(wid)
+            if dead and record.state.running and last_words_due(record, now):
+                continue  # its error (fatal?) or bye, sent before it exited, decides
             silent = now - record.last_seen > self._silence_limit(wid, record)
             if not (dead or silent or record.state is WorkerState.FAILED):
                 continue
@@ -365,23 +364,6 @@ class Supervisor:
         for record in self.workers.values():
             if record.state not in (WorkerState.STOPPED, WorkerState.FAILED):
                 record.state = WorkerState.KILLED
-
-    def never_came_up(self) -> list[str]:
-        """The workers of each role (a policy's trainers, its policy workers, the actors, ...)
-        none of which ever became ready: a run whose trainer's container was killed before its
-        hello ran to its wall-clock limit with nothing trained, and exited 0."""
-        groups: dict[tuple[str, str | None], list[WorkerRecord]] = {}
-        for record in self.workers.values():
-            if str(record.plan.role) not in TRAINING_ROLES:  # a role of the user's: theirs
-                continue
-            key = (str(record.plan.role), getattr(record.plan, "policy", None))
-            groups.setdefault(key, []).append(record)
-        return [
-            record.plan.worker_id
-            for records in groups.values()
-            if not any(r.came_up for r in records)
-            for record in records
-        ]
 
     def table(self) -> dict[str, dict[str, Any]]:
         """``workers.json``: who runs where, for users and tools (pids, states, restarts)."""

@@ -1,13 +1,14 @@
-"""What the controller knows of one worker of its plan, and how its restarts count toward a
-crash loop (the supervisor's rule: :data:`MAX_RESTARTS` in a row, none running
-:data:`PROGRESS_S`)."""
+"""What the controller knows of one worker of its plan, how its restarts count toward a crash
+loop (the supervisor's rule: :data:`MAX_RESTARTS` in a row, none running :data:`PROGRESS_S`),
+and which roles never came up."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from system.roles import WorkerState
+from system.roles import Role, WorkerState
 from system.run.plan import WorkerPlan
 
 MAX_RESTARTS = 5
@@ -15,6 +16,10 @@ MAX_RESTARTS = 5
 PROGRESS_S = 60.0
 """A worker that ran this long since its last restart made progress: its count starts over,
 so a long run survives occasional crashes (a preempted node each hour) but not a loop."""
+LAST_WORDS_S = 1.5
+"""How long a worker found dead is given for its last message (its error, its bye) to come: a
+worker sends it, then exits, and on a loaded machine the controller can see the exit first.
+One whose error no restart fixes was restarted for it, to fail again."""
 
 
 @dataclass
@@ -45,6 +50,8 @@ class WorkerRecord:
     awaited: bool = False
     """Its scheduler is to restart it (Docker, Swarm, Kubernetes): counted when it says hello,
     not when the wait begins, so a worker that never came back is not listed as restarted."""
+    found_dead: float | None = None
+    """When its process was first found gone, while its last message was awaited."""
 
 
 def count_restart(record: WorkerRecord) -> None:
@@ -52,7 +59,15 @@ def count_restart(record: WorkerRecord) -> None:
     ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
     record.in_a_row = 1 if ran else record.in_a_row + 1
     record.restarts += 1
-    record.alive_since = None
+    record.alive_since = record.found_dead = None
+
+
+def last_words_due(record: WorkerRecord, now: float) -> bool:
+    """Whether a worker found dead now may still have its last message on its way: until
+    :data:`LAST_WORDS_S` after it was first found so."""
+    if record.found_dead is None:
+        record.found_dead = now
+    return now - record.found_dead < LAST_WORDS_S
 
 
 def crash_looping(record: WorkerRecord) -> bool:
@@ -67,3 +82,25 @@ def given_up(record: WorkerRecord, error: str) -> str:
         f"given up after {record.in_a_row} restarts in a row, none of them running "
         f"{PROGRESS_S:.0f} s (a crash loop); its error: {error}"
     )
+
+
+TRAINING_ROLES = frozenset(str(r) for r in Role)
+"""The roles without which a run trains nothing (evaluation actors are actors)."""
+
+
+def never_came_up(workers: Iterable[WorkerRecord]) -> list[str]:
+    """The workers of each role (a policy's trainers, its policy workers, the actors, ...)
+    none of which ever became ready: a run whose trainer's container was killed before its
+    hello ran to its wall-clock limit with nothing trained, and exited 0."""
+    groups: dict[tuple[str, str | None], list[WorkerRecord]] = {}
+    for record in workers:
+        if str(record.plan.role) not in TRAINING_ROLES:  # a role of the user's: theirs
+            continue
+        key = (str(record.plan.role), getattr(record.plan, "policy", None))
+        groups.setdefault(key, []).append(record)
+    return [
+        record.plan.worker_id
+        for records in groups.values()
+        if not any(r.came_up for r in records)
+        for record in records
+    ]
