@@ -76,8 +76,8 @@ def test_a_worker_that_died_is_restarted_and_its_names_forgotten(run):
 
 def test_a_dead_workers_last_words_are_waited_for_before_it_is_restarted(run, monkeypatch):
     """A worker sends its error, then exits. On a loaded machine the controller saw the exit
-    first and restarted a worker whose error no restart fixes (CI: a user's callback that
-    raised, 4 restarts before the run failed on it)."""
+    first and restarted a worker whose error no restart fixes (a stress run of the suite: a
+    user's callback that raised, 4 restarts before the run failed on it)."""
     monkeypatch.setattr(wr, "LAST_WORDS_S", 60.0)
     s, launcher, _ = run
     launcher.alive.discard("actor/0")
