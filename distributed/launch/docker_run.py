@@ -33,6 +33,7 @@ from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
+from distributed.launch.docker_create import run_container
 from distributed.launch.docker_keeper import Keeper
 from distributed.launch.docker_output import (
     CONTROLLER_ID,
@@ -300,7 +301,8 @@ def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Pat
     # The launching process holds the run folder's lock for the whole run (folder_lock): the
     # controller's container, on the same folder, must not take it again.
     held = {folder_lock.ENV_HELD: "1"}
-    return client.containers.run(
+    return run_container(
+        client,
         image,
         spec.command,
         name=name,
@@ -316,10 +318,10 @@ def _start(client, image, spec: RoleSpec, network: str, run_dir: Path, keys: Pat
         },
         # tini as PID 1 forwards Ctrl+C's SIGINT to troupe and reaps its children.
         init=True,
-        ports=ports or None,
+        ports=ports,
         **container_resources(spec),
         restart_policy=restart if spec.restartable else None,
-        detach=True,
+        stop_timeout=int(STOP_GRACE_S),  # `docker stop`, a host's shutdown: as on a cluster
     )
 
 

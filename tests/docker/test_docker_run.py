@@ -432,8 +432,11 @@ def test_status_ps_logs_and_stop_of_a_docker_run(client, tmp_path):
         assert "troupe-ops-docker-controller" in ps.stdout and "running" in ps.stdout, ps.stdout
         logs = troupe("logs", "ops-docker", "--worker", "actor/0")  # the run folder's INFO log
         assert "[actor/0] " in logs.stdout and "actor/0 ready" in logs.stdout, logs.stdout
-        actor = the_container(client, "ops-docker", "actor/0").attrs["HostConfig"]
-        assert (actor["NanoCpus"], actor["MemoryReservation"]) == (10**9, 80 * 2**20)
+        actor = the_container(client, "ops-docker", "actor/0").attrs
+        host = actor["HostConfig"]
+        assert (host["NanoCpus"], host["MemoryReservation"]) == (10**9, 80 * 2**20)
+        assert host["Init"] and host["RestartPolicy"]["Name"] == "on-failure"
+        assert actor["Config"]["StopTimeout"] == 120  # `docker stop`: as long as a cluster's
         controller = the_container(client, "ops-docker", "controller")
         host_port = controller.ports["9400/tcp"][0]["HostPort"]  # --metrics-port 0: any free
         with urllib.request.urlopen(f"http://127.0.0.1:{host_port}/metrics", timeout=30) as r:
