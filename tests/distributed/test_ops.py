@@ -201,23 +201,25 @@ def test_stop_signals_the_runs_process(tmp_path, now):
     assert child.wait(timeout=10) == (131 if now else 130)
 
 
-def test_stop_now_of_a_run_whose_stop_in_order_was_over_says_so(tmp_path, monkeypatch):
-    """``--now`` said "two SIGINTs: the run stops at once" of a run that had stopped in order
-    before the second signal was due (exit 130, a summary). The child takes SIGINT as Python's
-    default, whatever it inherits (pytest run as a script's background job has SIGINT ignored,
-    and so had the child, which ran on), and is signalled once it runs (a SIGINT between its
-    fork and its exec went to the copy of pytest's handler, and was lost)."""
-    monkeypatch.setattr(backends, "SECOND_SIGNAL_AFTER_S", 30.0)
-    code = (
-        "import signal, time\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(300)\n"
-    )
+def _stop_now(tmp_path, on_int: str) -> tuple[subprocess.Popen, str]:
+    """``troupe stop --now`` of a stand-in for a controller: a process whose SIGINT handler is
+    ``on_int`` (code that defines it), whatever it inherits (pytest run as a script's background
+    job has SIGINT ignored, and so had the child, which ran on), signalled once it runs (a
+    SIGINT between its fork and its exec went to the copy of pytest's handler, and was lost).
+    The process and what the stop said."""
+    code = f"import signal, sys, time\n{on_int}signal.signal(signal.SIGINT, on_int)\n"
+    code += "print('ready', flush=True)\ntime.sleep(300)\n"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "ready"
     rec = record.for_process("local", run_folder_at(tmp_path / "r"), child.pid)
-    said = backends.LocalBackend().stop(rec, now=True)  # SIGINT ends it: no handler
+    return child, backends.LocalBackend().stop(rec, now=True)
+
+
+def test_stop_now_of_a_run_whose_stop_in_order_was_over_says_so(tmp_path, monkeypatch):
+    """``--now`` said "two SIGINTs: the run stops at once" of a run that had stopped in order
+    before the second signal was due (exit 130, a summary)."""
+    monkeypatch.setattr(backends, "SECOND_SIGNAL_AFTER_S", 30.0)
+    child, said = _stop_now(tmp_path, "on_int = signal.default_int_handler\n")  # it ends
     assert said == f"sent SIGINT to process {child.pid}: the run stopped in order within 30 s"
     child.wait(timeout=10)
 
@@ -226,20 +228,8 @@ def test_stop_now_of_a_run_still_stopping_sends_a_second_signal(tmp_path, monkey
     """A controller still stopping in order when the wait is over gets the second SIGINT, which
     it takes as "at once" (here: a process that exits on its second SIGINT)."""
     monkeypatch.setattr(backends, "SECOND_SIGNAL_AFTER_S", 0.3)
-    code = (
-        "import signal, sys, time\n"
-        "seen = []\n"
-        "def on_int(*_):\n"
-        "    seen.append(1)\n"
-        "    if len(seen) == 2: sys.exit(131)\n"
-        "signal.signal(signal.SIGINT, on_int)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "ready"
-    rec = record.for_process("local", run_folder_at(tmp_path / "r"), child.pid)
-    said = backends.LocalBackend().stop(rec, now=True)
+    seen = "seen = []\ndef on_int(*_):\n    seen.append(1)\n    if len(seen) == 2: sys.exit(131)\n"
+    child, said = _stop_now(tmp_path, seen)
     assert said == f"sent two SIGINTs to process {child.pid}: the run stops at once"
     assert child.wait(timeout=30) == 131
 
