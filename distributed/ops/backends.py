@@ -98,7 +98,7 @@ class LocalBackend:
             return f"run '{record.run}' is not running (process {record.pid} has ended)"
         os.kill(record.pid, signal.SIGINT)
         if now:  # a second signal: the controller abandons the orderly stop
-            if _ends_within(record, SECOND_SIGNAL_AFTER_S):  # "at once" of a stop in order
+            if wait_until_ended(self, record, SECOND_SIGNAL_AFTER_S, every_s=0.05):  # in order
                 return (f"sent SIGINT to process {record.pid}: the run stopped in order within "
                         f"{SECOND_SIGNAL_AFTER_S:g} s")  # fmt: skip
             with contextlib.suppress(ProcessLookupError):
@@ -115,13 +115,16 @@ SECOND_SIGNAL_AFTER_S = 0.5
 :data:`distributed.launch.signals.DUPLICATE_S`, within which the two would be one request."""
 
 
-def _ends_within(record: LaunchRecord, seconds: float) -> bool:
-    """Whether the run's process ends within ``seconds``, looked at every 50 ms."""
-    deadline = time.monotonic() + seconds
-    while record.running_here():
+def wait_until_ended(
+    be: Backend, record: LaunchRecord, wait_s: float, every_s: float = 0.5
+) -> bool:
+    """Whether the run is seen ended (``be.alive`` False) within ``wait_s``, looked at every
+    ``every_s``."""
+    deadline = time.monotonic() + wait_s
+    while be.alive(record) is not False:
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.05)
+        time.sleep(every_s)
     return True
 
 

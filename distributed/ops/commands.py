@@ -10,7 +10,6 @@ launcher's backend adds its scheduler's view and does the stopping
 from __future__ import annotations
 
 import argparse
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -221,7 +220,7 @@ def run_stop(args: argparse.Namespace, console: Console) -> int:
     record = resolve(args.run, Path(args.runs_dir))
     be = backends.backend(record)
     console.print(Text(be.stop(record, args.now)))
-    ended = _wait_until_ended(be, record, args.wait)
+    ended = backends.wait_until_ended(be, record, args.wait)
     if not ended and args.wait > 0:
         console.print(Text(f"run '{record.run}' still runs after {args.wait:.0f}s"))
         return 1
@@ -236,17 +235,6 @@ def run_stop(args: argparse.Namespace, console: Console) -> int:
         if removed:
             console.print(Text(removed))
     return 0
-
-
-def _wait_until_ended(be: backends.Backend, record: LaunchRecord, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = be.alive(record)
-        if alive is False:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.5)
 
 
 # --------------------------------------------------------------------- troupe ps

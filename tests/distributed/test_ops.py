@@ -483,13 +483,11 @@ class JobController:
 
 
 def _stopped(phase: str, now: bool = False) -> tuple[JobController, str, bool]:
-    from distributed.ops import commands
-
     cluster = JobController(phase)
     be = backends.K8sBackend({"CoreV1Api": cluster, "BatchV1Api": cluster})
     rec = LaunchRecord("k8s", "r", namespace="rl")
     said = be.stop(rec, now=now)
-    return cluster, said, commands._wait_until_ended(be, rec, wait_s=3)
+    return cluster, said, backends.wait_until_ended(be, rec, wait_s=3)
 
 
 def test_k8s_stop_ends_the_run_and_no_controller_pod_takes_its_place():
