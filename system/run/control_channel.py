@@ -260,6 +260,10 @@ class ControlClient:
         """Whether a stop that came says to leave without stopping (:class:`cp.Stop`)."""
         return any(isinstance(m, cp.Stop) and m.leave for m in self.inbox)
 
+    def stopped_alone(self) -> bool:
+        """Whether a stop that came is of this worker alone, not the run's (:class:`cp.Stop`)."""
+        return any(isinstance(m, cp.Stop) and m.alone for m in self.inbox)
+
     def close(self) -> None:
         self.watch.stop()
         with self.lock:

@@ -267,9 +267,15 @@ class Moved(ControlMessage):
 class Stop(ControlMessage):
     """Stop in order: finish the work in hand (a trainer's last checkpoint), say bye, leave.
     ``leave``: leave now, without that stop (a data-parallel trainer rank sent SIGTERM alone,
-    whose stop would stop its whole group for good: gone, it fails the group, which restarts)."""
+    whose stop would stop its whole group for good: gone, it fails the group, which restarts).
+    ``alone``: a stop of this worker alone, after a signal someone else sent it (not the run's
+    stop): its launcher or scheduler is to start it again, so it leaves with the signal's exit
+    code (143). Stopped by the run's own stop it leaves with 0, signalled or not: a Docker
+    engine's shutdown signals every container, and workers that left with 143 were started
+    again, by the launcher at once and by Docker when the engine came back, with no run left."""
 
     leave: bool = False
+    alone: bool = False
 
 
 @_kind("state_result")

@@ -139,7 +139,7 @@ class Controller:
             while not self.stop_reason:
                 self._receive(timeout_ms=50)
                 for worker_id, leave in self.supervisor.signals_due(time.monotonic()):
-                    self.server.send(worker_id, cp.Stop(leave))  # then restarted (on_bye)
+                    self.server.send(worker_id, cp.Stop(leave, alone=True))  # restarted (on_bye)
                 self._check_stop()  # every loop: a solved run ends the moment it is known
                 if time.monotonic() >= next_stats and not self.stop_reason:
                     next_stats += STATS_EVERY_S

@@ -26,9 +26,10 @@ from system.run.control_channel import ControlClient
 logger = logging.getLogger(__name__)
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
-"""A worker sent SIGTERM by someone else than its controller, with or without its stop: 143, as
-a shell reports death by that signal. Not 0: a Kubernetes Job counts exit 0 as the index done
-and would start no worker in its place."""
+"""A worker sent SIGTERM by someone else than its controller that leaves without a stop, or
+with a stop of itself alone: 143, as a shell reports death by that signal. Not 0: a Kubernetes
+Job counts exit 0 as the index done and would start no worker in its place. One stopped by the
+run's own stop leaves with 0: nothing is to start it again."""
 TERM_WAIT_S = 60.0
 """How long a signalled worker waits for its controller's stop. A stop in order reaches the
 last role (the parameter service) after every other has stopped. A run's Swarm tasks and

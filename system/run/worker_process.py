@@ -354,7 +354,9 @@ def _polls(
             ctl.heartbeat(_timed(worker))
             ctl.send(cp.Bye())
             logger.info("stopped by the controller")
-            return EXIT_OK if term.at is None else EXIT_TERMINATED
+            # signalled and stopped alone: to be started again (a Kubernetes Job counts 0 as
+            # its index done); stopped by the run's stop: done, whatever signal came
+            return EXIT_TERMINATED if term.at is not None and ctl.stopped_alone() else EXIT_OK
         ctl.check_controller()
 
 

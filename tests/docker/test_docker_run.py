@@ -183,6 +183,25 @@ def test_a_worker_container_stopped_killed_or_removed_by_hand_comes_back(client,
     assert_nothing_left(client, run.run)
 
 
+def test_a_sigterm_to_every_container_at_once_stops_the_run_and_starts_none_again(client, tmp_path):
+    """A Docker engine's shutdown (an upgrade, a reboot) sends SIGTERM to every container at
+    once. The run stopped in order, but each worker, signalled, left with 143: the launching
+    process started them all again while the engine went down, and Docker's restart policy
+    did once the engine was back, with no run left: six containers that waited a minute for a
+    controller, failed, and were restarted, ten times over."""
+    run = BackgroundRun(
+        client, tmp_path / "docker-all-signalled", [*QUICK, "stop.env_frames=900000000"]
+    )
+    run.wait_for(lambda: frames(run.run_dir) > 3000, "3000 frames")
+    for container in client.containers.list(filters={"label": f"{dl.LABEL_RUN}={run.run}"}):
+        container.kill(signal="SIGTERM")  # as the engine's shutdown: at once, not one by one
+    assert run.join() == 130, run.log()
+    output = run.output.getvalue()
+    assert "starting it again" not in output and "exit code 143" not in output, run.log()
+    assert read_json(run.run_dir / "summary.json")["stop_reason"] == "interrupted", run.log()
+    assert_nothing_left(client, run.run)
+
+
 def test_only_a_client_with_the_run_keys_is_answered_by_the_controller(client, tmp_path):
     run = BackgroundRun(client, tmp_path / "docker-curve", [*QUICK, "stop.env_frames=100000000"])
     try:

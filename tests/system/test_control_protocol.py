@@ -33,6 +33,7 @@ EXAMPLES = [
     cp.Ack({"revision": 2, "entries": {"k": [1, 1]}}),
     cp.Moved("params/push", "tcp://10.0.0.3:6001"),
     cp.Stop(),
+    cp.Stop(alone=True),
     cp.StateResult(7, True, "curriculum/stage", 3),
     cp.StateResult(None, False, error="refused"),
     cp.Refused("'x' is not a worker of this run"),

@@ -10,6 +10,9 @@ import pytest
 
 from system.run import control_protocol as cp
 from system.run import term_signal as ts
+from system.run import worker_process
+from system.run.control_channel import ControlClient
+from system.workers.base import Worker
 
 
 class Channel:
@@ -61,3 +64,63 @@ def test_no_signal_nothing_said(term):
     term.in_loop = True
     term.check(ctl, 1e9)
     assert ctl.sent == [] and term.at is None
+
+
+class StoppingControl(Channel):
+    """The worker end of the control channel, whose controller says stop (``message``) at once."""
+
+    worker_id = "actor/0"
+
+    def __init__(self, message: cp.Stop) -> None:
+        super().__init__()
+        self.message = message
+
+    def heartbeat(self, stats) -> None:
+        pass
+
+    def stop_requested(self) -> bool:
+        return True
+
+    def leave_requested(self) -> bool:
+        return self.message.leave
+
+    def stopped_alone(self) -> bool:
+        return self.message.alone
+
+    def check_controller(self) -> None:
+        pass
+
+
+class Idle(Worker):
+    def poll(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("stop", "signalled", "code"),
+    [
+        (cp.Stop(alone=True), True, ts.EXIT_TERMINATED),  # to be started again
+        (cp.Stop(), True, worker_process.EXIT_OK),  # the run's stop: nothing to start again
+        (cp.Stop(), False, worker_process.EXIT_OK),
+    ],
+)
+def test_a_signalled_worker_leaves_with_143_only_when_stopped_alone(stop, signalled, code):
+    """A Docker engine's shutdown signals every container of a run: the workers waited for
+    the run's stop, then left with 143, so the launcher started them again at once, and Docker
+    did once the engine was back, with no run left (a minute each, then 60 s more per restart,
+    waiting for a controller)."""
+    term = ts.TermSignal()
+    term.at = 0.0 if signalled else None
+    limit = ("liveness.max_poll_s", 60.0)
+    assert worker_process._loop(StoppingControl(stop), Idle("actor/0"), [], limit, term) == code
+
+
+def test_the_control_channel_tells_a_stop_alone_from_the_runs():
+    ctl = ControlClient("tcp://127.0.0.1:1", "actor/0")
+    try:
+        ctl.inbox.append(cp.Stop())
+        assert ctl.stop_requested() and not ctl.stopped_alone()
+        ctl.inbox.append(cp.Stop(alone=True))
+        assert ctl.stopped_alone()
+    finally:
+        ctl.close()
