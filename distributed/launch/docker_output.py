@@ -20,7 +20,20 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
 
 CONTROLLER_ID = "controller"
-LABEL_WORKER = "troupe.worker"
+LABEL_RUN, LABEL_WORKER = "troupe.run", "troupe.worker"
+RETRY_S = 1.0
+"""How often a stream of the engine that broke (its restart) is opened again."""
+
+
+def engine_gone(error: BaseException) -> bool:
+    """Whether ``error`` says the Docker engine did not answer (its socket gone, the connection
+    refused or cut: a restart), not that it answered with a refusal."""
+    import requests
+    import urllib3
+
+    broken = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
+              urllib3.exceptions.ProtocolError)  # fmt: skip
+    return isinstance(error, broken)
 
 
 class LogPrinter:
@@ -59,17 +72,22 @@ class LogPrinter:
 
 def follow_logs(container: Container, worker_id: str, printer: LogPrinter, done: threading.Event):
     """Stream a container's output until ``done``; after a restart (Docker's, or one of a
-    container stopped by hand, which the keeper starts again), follow the new process."""
+    container stopped by hand, which the keeper starts again), follow the new process; after
+    the engine's absence, go on from the last line seen."""
     since: float | None = None
     while not done.is_set():
         try:
             for chunk in container.logs(stream=True, follow=True, since=since):
                 for text in chunk.decode(errors="replace").splitlines():
                     printer.line(worker_id, text)
+                since = time.time()
             since = time.time()
             container.reload()
-        except Exception:  # removed under the stream (a Docker or a connection error)
-            return
+        except Exception as e:
+            if not engine_gone(e):  # removed under the stream
+                return
+            done.wait(RETRY_S)
+            continue
         done.wait(0.5 if container.status in ("running", "restarting", "created") else 2.0)
 
 
@@ -78,28 +96,83 @@ def report_exits(
     printer: LogPrinter,
     done: threading.Event,
     on_end: Callable[[str, str, str], None] | None = None,
+    reopen: Callable[[str], Iterable[dict]] | None = None,
 ) -> None:
     """Say how each worker container that ended early ended, from Docker's ``oom`` and ``die``
     events: the controller inside sees only that a worker went silent, and a container killed
     for memory looked like any crash. A worker that leaves on the stop (exit 0) says nothing;
     nor does anything after ``done`` (the containers removed at the end). ``on_end(action,
     worker, container id)`` is called for every ``die`` and ``destroy`` of a worker's container
-    (the controller's too: ``controller``)."""
+    (the controller's too: ``controller``).
+
+    ``reopen(since)``: the events again from ``since`` (Docker's timestamp of the last one read,
+    or this host's clock at the first), once the stream broke or ended before ``done``: an
+    engine's restart. Without it, the keeper missed every worker's end from then on."""
+    seen = _Seen()
     killed_for_memory: set[str] = set()
-    try:
-        for event in events:
-            if done.is_set():
+    while True:
+        try:
+            for event in events:
+                if done.is_set():
+                    return
+                if not seen.again(event):  # read once handled: the keeper's call may break
+                    _report(event, printer, killed_for_memory, on_end)
+                    seen.read(event)
+        except Exception as e:  # the stream closed under us at the end of the run, or broke
+            if done.is_set() or reopen is None or not engine_gone(e):
                 return
-            actor = event.get("Actor") or {}
-            worker = (actor.get("Attributes") or {}).get(LABEL_WORKER)
-            if worker is None:
-                continue
-            if worker != CONTROLLER_ID:
-                _say_how_it_ended(event, worker, printer, killed_for_memory)
-            if on_end is not None and event.get("Action") in ("die", "destroy"):
-                on_end(event["Action"], worker, actor.get("ID") or "")
-    except Exception:  # the stream closed under us at the end of the run
+        if reopen is None or done.wait(RETRY_S):
+            return
+        try:
+            events = reopen(seen.since())
+        except Exception as e:
+            if not engine_gone(e):
+                return
+            events = ()
+
+
+class _Seen:
+    """Where a stream of Docker's events was read to, so that one opened again from there
+    (events at or after a time) hands nothing on twice."""
+
+    def __init__(self) -> None:
+        self.started_ns = time.time_ns()  # this host's clock: the engine's may differ
+        self.last_ns: int | None = None  # the engine's time of the last event read
+        self.at_last: set[tuple] = set()
+
+    def again(self, event: dict) -> bool:
+        """Whether ``event`` was read already (one opened again replays from :meth:`since`)."""
+        at = int(event.get("timeNano") or 0)
+        if not at or self.last_ns is None:  # no time to compare, or nothing read yet
+            return False
+        return at < self.last_ns or (at == self.last_ns and _key(event) in self.at_last)
+
+    def read(self, event: dict) -> None:
+        at = int(event.get("timeNano") or 0)
+        if at and at != self.last_ns:
+            self.last_ns, self.at_last = at, set()
+        if at:
+            self.at_last.add(_key(event))
+
+    def since(self) -> str:
+        """Docker's ``since``: the last event's time, or, none read yet, the stream's start."""
+        ns = self.last_ns or self.started_ns
+        return f"{ns // 10**9}.{ns % 10**9:09d}"
+
+
+def _key(event: dict) -> tuple:
+    return (event.get("id"), event.get("Action"))
+
+
+def _report(event: dict, printer: LogPrinter, oom_seen: set[str], on_end) -> None:
+    actor = event.get("Actor") or {}
+    worker = (actor.get("Attributes") or {}).get(LABEL_WORKER)
+    if worker is None:
         return
+    if worker != CONTROLLER_ID:
+        _say_how_it_ended(event, worker, printer, oom_seen)
+    if on_end is not None and event.get("Action") in ("die", "destroy"):
+        on_end(event["Action"], worker, actor.get("ID") or "")
 
 
 def _say_how_it_ended(event: dict, worker: str, printer: LogPrinter, oom_seen: set[str]) -> None:

@@ -24,6 +24,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -34,9 +35,11 @@ from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.launch.docker_create import run_container
+from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_keeper import Keeper
 from distributed.launch.docker_output import (
     CONTROLLER_ID,
+    LABEL_RUN,
     LABEL_WORKER,
     LogPrinter,
     follow_logs,
@@ -61,7 +64,7 @@ CONTAINER_RUN_DIR = "/troupe/run"
 """Where the run folder is mounted in every container (the controller's RUN_DIR argument)."""
 CONTAINER_KEYS_FILE = "/troupe/keys"
 KEYS_FILE = "keys"
-LABEL_RUN, LABEL_ROLE = "troupe.run", "troupe.role"
+LABEL_ROLE = "troupe.role"
 STOP_GRACE_S = 120.0
 """How long the controller gets to stop the run in order after Ctrl+C."""
 
@@ -200,7 +203,6 @@ def run_docker(
         interrupts = run_interrupts(defer=True)
     network = client.networks.create(f"troupe-{run}", driver="bridge", labels={LABEL_RUN: run})
     containers: list[Container] = []
-    events = None
     launched = time.time()
     specs = {s.worker_id: s for s in container_roles(config, run, metrics_port is not None)}
 
@@ -219,10 +221,13 @@ def run_docker(
         spec = specs.get(worker_id)
         return launch(worker_id) if spec is not None and spec.restartable else None
 
-    keeper = Keeper(client, printer, again)
+    def events_since(since: str | None) -> Iterator[dict]:  # closed at the end
+        streams.append(client.events(decode=True, filters=_exit_filters(run), since=since))
+        return streams[-1]
+
+    keeper, engine, streams = Keeper(client, printer, again), Engine(client), []
     try:
-        events = client.events(decode=True, filters=_exit_filters(run))
-        exits = (events, printer, done, keeper.on_event)
+        exits = (events_since(None), printer, done, keeper.on_event, events_since)
         threading.Thread(target=report_exits, args=exits, daemon=True).start()
         for worker_id in specs:  # the controller first
             containers.append(launch(worker_id))
@@ -231,15 +236,16 @@ def run_docker(
         if interrupts is not None and interrupts.arm():
             _wait_until_it_takes_signals(containers[0], run_dir, launched)
             return _stop_in_order(containers[0], keeper)
-        return _wait_for_controller(containers[0], keeper)
+        return _wait_for_controller(containers[0], keeper, engine)
     except KeyboardInterrupt:  # with no interrupts held back: before the controller ran
         return EXIT_INTERRUPTED
     finally:
         done.set()
         keeper.stop()  # nothing is made again once the clean-up below lists what to remove
-        if events is not None:
-            events.close()
-        remove_run_objects(client, run)
+        for stream in streams:
+            with contextlib.suppress(Exception):  # one that broke is closed already
+                stream.close()
+        engine.remove_run_objects(run, str(run_dir))
 
 
 def _exit_filters(run: str) -> dict[str, object]:
@@ -337,10 +343,11 @@ def container_resources(spec: RoleSpec) -> dict[str, object]:
     return {"nano_cpus": int(need.cpu_limit * 1e9), "mem_reservation": f"{need.memory_mib}m"}
 
 
-def _wait_for_controller(controller: Container, keeper: Keeper) -> int:
-    """The controller's exit code; on Ctrl+C, let it stop the run in order first."""
+def _wait_for_controller(controller: Container, keeper: Keeper, engine: Engine) -> int:
+    """The controller's exit code (across the engine's restart); on Ctrl+C, let it stop the
+    run in order first."""
     try:
-        return int(controller.wait()["StatusCode"])
+        return engine.exit_code(controller)
     except KeyboardInterrupt:
         return _stop_in_order(controller, keeper)
 
@@ -378,21 +385,3 @@ def _stop_in_order(controller: Container, keeper: Keeper) -> int:
     except Exception:  # a timeout: the containers are removed all the same
         logger.warning("the controller did not stop in %.0fs", STOP_GRACE_S)
     return EXIT_INTERRUPTED
-
-
-def remove_run_objects(client: docker.DockerClient, run: str) -> None:
-    """Remove every container and network labelled with ``run`` (best effort, logged)."""
-    import docker
-
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run}"}):
-        try:
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as e:
-            logger.warning("could not remove container %s: %s", container.name, e)
-    for network in client.networks.list(filters={"label": f"{LABEL_RUN}={run}"}):
-        try:
-            network.remove()
-        except docker.errors.APIError as e:
-            logger.warning("could not remove network %s: %s", network.name, e)

@@ -220,11 +220,14 @@ class DockerBackend(LocalBackend):
         """Containers left by a runner that was killed (its own exit removes them)."""
         if record.running_here():
             return None
+        from distributed.launch.docker_output import LABEL_RUN
+
         client = self._client()
         left = self._containers(record, client)
-        if not left:
+        networks = client.networks.list(filters={"label": f"{LABEL_RUN}={record.run}"})
+        if not left and not networks:  # a network alone: its engine went away at the end
             return None
-        from distributed.launch.docker_run import remove_run_objects
+        from distributed.launch.docker_engine import remove_run_objects
 
         remove_run_objects(client, record.run)
         return f"removed {len(left)} container(s) and the network of run '{record.run}'"

@@ -97,3 +97,35 @@ def test_exit_codes_in_words():
     assert (
         container_exit(137) == "exit code 137 (SIGKILL; out of memory? see docker events, or dmesg)"
     )
+
+
+def test_a_stream_broken_by_the_engine_is_opened_again_from_the_last_event_read():
+    """An engine's restart breaks the stream: it is opened again from the last event's time,
+    and what the new one replays of that moment is not handed on twice."""
+    import requests
+
+    first = event("die", "actor/0", exitCode="137")
+    first.update(id="a", timeNano=1_700_000_000_123_456_789)
+    second = event("die", "actor/1", exitCode="1")
+    second.update(id="b", timeNano=first["timeNano"] + 5)
+    done, heard, asked = threading.Event(), [], []
+
+    def broken():
+        yield first
+        raise requests.exceptions.ConnectionError("Connection aborted.")
+
+    def reopen(since):
+        asked.append(since)
+        yield from (first, second)  # Docker's since is inclusive
+        done.set()  # the run is over
+
+    out = io.StringIO()
+    on_end = lambda action, worker, cid: heard.append(worker)  # noqa: E731
+    report_exits(broken(), LogPrinter(out), done, on_end, reopen)
+    assert asked == ["1700000000.123456789"]
+    assert heard == ["actor/0", "actor/1"]
+    assert out.getvalue().splitlines() == [
+        "[actor/0] its container ended: exit code 137 (SIGKILL; not the out-of-memory killer, "
+        "which Docker saw none of: a docker kill?)",
+        "[actor/1] its container ended: exit code 1",
+    ]

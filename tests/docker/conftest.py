@@ -9,7 +9,8 @@ import pytest
 
 from distributed.deploy import swarm
 from distributed.images import build as images
-from distributed.launch.docker_run import LABEL_RUN, remove_run_objects
+from distributed.launch.docker_engine import remove_run_objects
+from distributed.launch.docker_run import LABEL_RUN
 
 IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
 

@@ -8,107 +8,38 @@ the engine, with deadlines, and checks that no container or network of the run i
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import zmq
+from docker_support import (
+    IMAGE,
+    QUICK,
+    BackgroundRun,
+    assert_nothing_left,
+    frames,
+    read_json,
+    the_container,
+)
 
-from distributed.images import build as images
 from distributed.launch import docker_run as dl
 from distributed.launch.docker_keeper import Keeper
 from distributed.launch.docker_output import LogPrinter
-from distributed.launch.run import prepare
 from system.streams import transport, wire
 from system.streams.security import RunKeys
 
 pytestmark = pytest.mark.docker
 
-IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
-QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
-
 
 @pytest.fixture(scope="module")
 def client(docker_client):
     return docker_client
-
-
-class BackgroundRun:
-    """``run_docker`` in a thread, so a test can act on the run while it goes."""
-
-    def __init__(self, client, run_dir: Path, overrides: list[str]):
-        config, self.run_dir = prepare("cartpole-ppo", overrides, str(run_dir), None)
-        (self.run_dir / "config.json").write_text(json.dumps(config.to_dict()))
-        self.run = dl.run_name(self.run_dir)
-        self.output = io.StringIO()
-        self.code: int | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, args=(client, config), daemon=True)
-        self.thread.start()
-
-    def _main(self, client, config) -> None:
-        try:
-            self.code = dl.run_docker(
-                config, self.run_dir, image=IMAGE, client=client, out=self.output
-            )
-        except BaseException as e:  # re-raised by join() in the test's thread
-            self.error = e
-
-    def join(self, timeout: float = 300) -> int:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), f"the run did not end in {timeout}s:\n{self.log()}"
-        if self.error is not None:
-            raise self.error
-        assert self.code is not None
-        return self.code
-
-    def log(self) -> str:
-        """The run's last output, and how it ended if it has."""
-        ended = "" if self.thread.is_alive() else f"\n(exit code {self.code}, error {self.error!r})"
-        return self.output.getvalue()[-4000:] + ended
-
-    def wait_for(self, condition, what: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            assert self.thread.is_alive(), f"the run ended before {what}:\n{self.log()}"
-            time.sleep(0.2)
-        pytest.fail(f"timed out waiting for {what}:\n{self.log()}")
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def frames(run_dir: Path) -> int:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    return int(json.loads(lines[-1]).get("env_frames") or 0) if lines else 0
-
-
-def the_container(client, run: str, worker_id: str):
-    filters = {"label": [f"{dl.LABEL_RUN}={run}", f"{dl.LABEL_WORKER}={worker_id}"]}
-    (container,) = client.containers.list(all=True, filters=filters)
-    return container
-
-
-def assert_nothing_left(client, run: str) -> None:
-    label = {"label": f"{dl.LABEL_RUN}={run}"}
-    assert client.containers.list(all=True, filters=label) == []
-    assert client.networks.list(filters=label) == []
 
 
 def test_a_docker_run_writes_the_run_folder_and_leaves_nothing(client, tmp_path):

@@ -1,0 +1,123 @@
+"""A ``--launcher docker`` run's Docker engine, which may go away for a while, and the removal
+of a run's containers and network, which must outlast that.
+
+An engine restarts (a package upgrade, ``systemctl restart docker``), or its socket stops
+answering for a moment. The launching process ended in a traceback at its first call to it:
+the run's containers and network were left behind, so Docker's restart policy started the
+workers again once the engine was back, with no controller to answer them, and the run's
+resume was refused until they were removed by hand. Now the launching process waits for the
+engine (:data:`ENGINE_BACK_S`) and goes on where it was: the controller's exit code, the
+removal of what the run made; one that never comes back is said, with how to remove the rest.
+The threads that follow the containers' output and Docker's events wait for it too
+(:mod:`.docker_output`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from distributed.launch.docker_output import LABEL_RUN, engine_gone
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
+
+logger = logging.getLogger(__name__)
+
+ENGINE_BACK_S = 60.0
+"""How long the launching process waits for an engine that stopped answering. A restart takes
+seconds once the containers are stopped; without live-restore the engine's shutdown waits for
+each container's stop first (``StopTimeout``, 120 s), during which the engine still answers."""
+
+
+class Engine:
+    """The run's Docker engine: waits for it once it stops answering, and remembers giving up,
+    so that the run's clean-up does not wait again for an engine already waited for."""
+
+    def __init__(self, client: docker.DockerClient, wait_s: float | None = None):
+        self.client = client
+        self.wait_s = ENGINE_BACK_S if wait_s is None else wait_s
+        self.given_up = False
+
+    def back(self, what: str) -> bool:
+        """Whether the engine answers again within :attr:`wait_s` (a Ctrl+C gives up).
+        ``what``: what the wait is for, as the user is told."""
+        if self.given_up:
+            return False
+        logger.warning("the Docker engine does not answer (restarting? stopped?): waiting up to "
+                       "%.0fs for it, %s", self.wait_s, what)  # fmt: skip
+        try:
+            self.given_up = not answers_within(self.client, self.wait_s)
+        except KeyboardInterrupt:
+            self.given_up = True
+        if not self.given_up:
+            logger.warning("the Docker engine answers again")
+        return not self.given_up
+
+    def exit_code(self, controller: Container) -> int:
+        """The controller container's exit code, once it has ended; across the engine's
+        absences, in which the wait for it broke. A container that lived through one (the
+        engine's live-restore) is waited for again. Raises the connection error when the engine
+        did not come back."""
+        while True:
+            try:
+                return int(controller.wait()["StatusCode"])
+            except Exception as e:
+                if not engine_gone(e) or not self.back("for the run's controller"):
+                    raise
+
+    def remove_run_objects(self, run: str, run_dir: str) -> None:
+        """:func:`remove_run_objects`, once the engine answers again if it does not now; if it
+        never does, say what is left and how to remove it."""
+        try:
+            remove_run_objects(self.client, run)
+            return
+        except Exception as e:
+            if not engine_gone(e):
+                raise
+        if self.back("to remove the run's containers and network"):
+            remove_run_objects(self.client, run)
+            return
+        logger.warning("the run's containers and network are left where the Docker engine "
+                       "was: once it answers, `troupe stop %s` removes them", run_dir)  # fmt: skip
+
+
+def answers_within(client: docker.DockerClient, wait_s: float, every_s: float = 1.0) -> bool:
+    """Whether the engine answers a ping within ``wait_s`` (one that is starting up refuses
+    requests with an API error before it takes them)."""
+    import docker
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            client.ping()
+            return True
+        except docker.errors.APIError:
+            pass
+        except Exception as e:
+            if not engine_gone(e):
+                raise
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every_s)
+
+
+def remove_run_objects(client: docker.DockerClient, run: str) -> None:
+    """Remove every container and network labelled with ``run`` (best effort, logged; an
+    engine that does not answer raises its connection error)."""
+    import docker
+
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run}"}):
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            logger.warning("could not remove container %s: %s", container.name, e)
+    for network in client.networks.list(filters={"label": f"{LABEL_RUN}={run}"}):
+        try:
+            network.remove()
+        except docker.errors.APIError as e:
+            logger.warning("could not remove network %s: %s", network.name, e)
