@@ -18,6 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from distributed.errors import DockerRunError
 from distributed.launch.docker_output import LABEL_RUN, engine_gone
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ class Engine:
     """The run's Docker engine: waits for it once it stops answering, and remembers giving up,
     so that the run's clean-up does not wait again for an engine already waited for."""
 
-    def __init__(self, client: docker.DockerClient, wait_s: float | None = None):
-        self.client = client
+    def __init__(self, client: docker.DockerClient, run_dir: str, wait_s: float | None = None):
+        self.client, self.run_dir = client, run_dir
         self.wait_s = ENGINE_BACK_S if wait_s is None else wait_s
         self.given_up = False
 
@@ -59,16 +60,23 @@ class Engine:
     def exit_code(self, controller: Container) -> int:
         """The controller container's exit code, once it has ended; across the engine's
         absences, in which the wait for it broke. A container that lived through one (the
-        engine's live-restore) is waited for again. Raises the connection error when the engine
-        did not come back."""
+        engine's live-restore) is waited for again. Raises DockerRunError when the engine did
+        not come back."""
         while True:
             try:
                 return int(controller.wait()["StatusCode"])
             except Exception as e:
-                if not engine_gone(e) or not self.back("for the run's controller"):
+                if not engine_gone(e):
                     raise
+                if not self.back("for the run's controller"):
+                    raise DockerRunError(
+                        f"the Docker engine stopped answering and was not back in "
+                        f"{self.wait_s:.0f}s: what became of the run's controller is not known "
+                        f"here; its run folder says how far it got (`troupe status "
+                        f"{self.run_dir}`)"
+                    ) from e
 
-    def remove_run_objects(self, run: str, run_dir: str) -> None:
+    def remove_run_objects(self, run: str) -> None:
         """:func:`remove_run_objects`, once the engine answers again if it does not now; if it
         never does, say what is left and how to remove it."""
         try:
@@ -80,8 +88,8 @@ class Engine:
         if self.back("to remove the run's containers and network"):
             remove_run_objects(self.client, run)
             return
-        logger.warning("the run's containers and network are left where the Docker engine "
-                       "was: once it answers, `troupe stop %s` removes them", run_dir)  # fmt: skip
+        left = "the run's containers and network are left where the Docker engine was"
+        logger.warning("%s: once it answers, `troupe stop %s` removes them", left, self.run_dir)
 
 
 def answers_within(client: docker.DockerClient, wait_s: float, every_s: float = 1.0) -> bool:

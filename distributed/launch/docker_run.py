@@ -225,7 +225,7 @@ def run_docker(
         streams.append(client.events(decode=True, filters=_exit_filters(run), since=since))
         return streams[-1]
 
-    keeper, engine, streams = Keeper(client, printer, again), Engine(client), []
+    keeper, engine, streams = Keeper(client, printer, again), Engine(client, str(run_dir)), []
     try:
         exits = (events_since(None), printer, done, keeper.on_event, events_since)
         threading.Thread(target=report_exits, args=exits, daemon=True).start()
@@ -245,7 +245,7 @@ def run_docker(
         for stream in streams:
             with contextlib.suppress(Exception):  # one that broke is closed already
                 stream.close()
-        engine.remove_run_objects(run, str(run_dir))
+        engine.remove_run_objects(run)
 
 
 def _exit_filters(run: str) -> dict[str, object]:

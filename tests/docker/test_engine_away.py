@@ -90,12 +90,12 @@ def test_what_an_engine_that_does_not_come_back_leaves_is_said_and_troupe_stop_r
     docker_client.networks.create(f"troupe-{run}", labels={dl.LABEL_RUN: run})
     try:
         away.cut()
-        Engine(client, wait_s=1.0).remove_run_objects(run, str(run_dir))
+        Engine(client, str(run_dir), wait_s=1.0).remove_run_objects(run)
         assert f"`troupe stop {run_dir}` removes them" in caplog.text, caplog.text
         assert docker_client.networks.list(filters={"label": f"{dl.LABEL_RUN}={run}"})
         back = threading.Timer(1.5, away.open)  # a wait that it outlasts
         back.start()
-        Engine(client, wait_s=60.0).remove_run_objects(run, str(run_dir))
+        Engine(client, str(run_dir), wait_s=60.0).remove_run_objects(run)
         back.join()
         assert "the Docker engine answers again" in caplog.text, caplog.text
         assert_nothing_left(docker_client, run)
