@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -53,6 +54,8 @@ from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
 if TYPE_CHECKING:
     import docker
     from docker.models.services import Service
+
+logger = logging.getLogger(__name__)
 
 SECRET_FILE = "troupe-keys"
 SECRET_PATH = f"/run/secrets/{SECRET_FILE}"
@@ -478,9 +481,12 @@ def deployable_image(reference: str, client: docker.DockerClient) -> str:
     import docker
 
     from distributed.images.pinning import pin, repository
+    from distributed.images.source import stale_image
 
     try:
-        client.images.get(reference)
+        stale = stale_image(client.images.get(reference).labels, reference)
+        if stale:
+            logger.warning("%s", stale)
     except docker.errors.ImageNotFound:
         try:
             found = client.images.get_registry_data(reference)

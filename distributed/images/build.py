@@ -40,7 +40,7 @@ from distributed.errors import (
     ImagePushError,
     WheelhouseError,
 )
-from distributed.images import pinning
+from distributed.images import pinning, source
 from distributed.images.wheelhouse import (
     CPU_TORCH_INDEX,
     Wheelhouse,
@@ -198,6 +198,7 @@ def build_image(
                     path=str(context),
                     dockerfile=dockerfile.name,
                     buildargs={"BASE_IMAGE": base, "DEPS_KEY": deps_key},
+                    labels={source.LABEL: source.source_digest()},  # a run tells a stale one
                     tag=tag,
                     rm=True,
                     forcerm=True,

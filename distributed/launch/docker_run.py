@@ -34,6 +34,7 @@ from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.errors import DockerRunError
 from distributed.images import user_layer
 from distributed.images.build import DEFAULT_TAG, connect
+from distributed.images.source import stale_image
 from distributed.launch.docker_create import run_container
 from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_keeper import Keeper
@@ -263,12 +264,15 @@ def _check_image(client: docker.DockerClient, image: str) -> None:
     import docker
 
     try:
-        client.images.get(image)
+        found = client.images.get(image)
     except docker.errors.ImageNotFound as e:
         raise DockerRunError(
             f"image {image} is not on this Docker host: build it with `troupe image build "
             f"--tag {image}` (or docker load it), or name another with --image"
         ) from e
+    stale = stale_image(found.labels, image)
+    if stale:
+        logger.warning("%s", stale)
 
 
 def _refuse_leftovers(client: docker.DockerClient, run: str) -> None:

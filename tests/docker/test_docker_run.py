@@ -8,6 +8,7 @@ the engine, with deadlines, and checks that no container or network of the run i
 from __future__ import annotations
 
 import io
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from docker_support import (
     the_container,
 )
 
+from distributed.images import source
 from distributed.launch import docker_run as dl
 from distributed.launch.docker_keeper import Keeper
 from distributed.launch.docker_output import LogPrinter
@@ -131,6 +133,27 @@ def test_a_sigterm_to_every_container_at_once_stops_the_run_and_starts_none_agai
     assert "starting it again" not in output and "exit code 143" not in output, run.log()
     assert read_json(run.run_dir / "summary.json")["stop_reason"] == "interrupted", run.log()
     assert_nothing_left(client, run.run)
+
+
+def test_a_run_says_when_its_image_holds_other_troupe_code(client, tmp_path, caplog):
+    """After a change to Troupe (or an upgrade) without `troupe image build`, the containers
+    ran the image's old code, and nothing said so."""
+    run_dir = tmp_path / "stale"
+    run_dir.mkdir()
+    assert client.images.get(IMAGE).labels.get(source.LABEL) == source.source_digest()
+    dockerfile = f"FROM {IMAGE}\nLABEL {source.LABEL}=code-of-another-day\n".encode()
+    stale, _ = client.images.build(fileobj=io.BytesIO(dockerfile), tag="troupe-test:stale",
+                                   network_mode="none", pull=False, rm=True)  # fmt: skip
+    try:
+        with caplog.at_level(logging.WARNING, logger="distributed.launch"):
+            dl.check_can_run(client, IMAGE, run_dir)
+            assert caplog.text == ""
+            dl.check_can_run(client, "troupe-test:stale", run_dir)
+        assert "image troupe-test:stale holds other Troupe code than this command runs" in (
+            caplog.text
+        )
+    finally:
+        client.images.remove(stale.id, force=True)
 
 
 def test_only_a_client_with_the_run_keys_is_answered_by_the_controller(client, tmp_path):

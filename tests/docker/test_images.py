@@ -21,6 +21,7 @@ from rich.console import Console
 
 from api import registry
 from distributed.images import build as images
+from distributed.images import source as code
 
 pytestmark = pytest.mark.docker
 
@@ -133,7 +134,7 @@ def test_failed_build_says_which_step_and_leaves_no_build_stage(client, tmp_path
         assert str(e.value).startswith(
             "building troupe-test:broken on troupe-test/empty:1 failed: "
         )
-        assert "Step 7/21 : RUN ${PYTHON} -m venv /opt/venv" in str(e.value)
+        assert "Step 7/22 : RUN ${PYTHON} -m venv /opt/venv" in str(e.value)
         for label in (images.DEPS_STAGE_LABEL, images.PROJECT_STAGE_LABEL):
             assert client.images.list(filters={"label": label, "dangling": True}) == []
     finally:
@@ -151,8 +152,8 @@ def test_a_code_only_rebuild_takes_the_dependency_layer_from_the_cache(client, i
     try:
         image_id = images.build_image(base, tag, client=client)
         lines = [r.getMessage().strip() for r in caplog.records]
-        deps_run = lines.index(next(m for m in lines if m.startswith("Step 7/21 : RUN")))
-        project_copy = lines.index(next(m for m in lines if m.startswith("Step 10/21 : COPY")))
+        deps_run = lines.index(next(m for m in lines if m.startswith("Step 7/22 : RUN")))
+        project_copy = lines.index(next(m for m in lines if m.startswith("Step 10/22 : COPY")))
         assert "---> Using cache" in lines[deps_run:project_copy]
         layers = client.images.get(image_id).attrs["RootFS"]["Layers"]
         assert set(image.attrs["RootFS"]["Layers"]) & set(layers)  # the venv layer is shared
@@ -205,6 +206,8 @@ def test_a_second_build_after_a_code_change_takes_the_dependencies_from_the_cach
         seconds = build(second)
         print(f"second troupe image build after a code-only change: {seconds:.1f} s")
         old, new = (client.images.get(t) for t in (first, second))
+        built_from = [i.labels[code.LABEL] for i in (old, new)]  # a run tells them apart
+        assert built_from[0] == code.source_digest() != built_from[1]  # the copy, then changed
         layers = [i.attrs["RootFS"]["Layers"] for i in (old, new)]
         assert layers[0][:-1] == layers[1][:-1] and layers[0][-1] != layers[1][-1]
         venv = [
