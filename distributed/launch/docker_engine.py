@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from distributed.errors import DockerRunError
 from distributed.launch.docker_output import LABEL_RUN, engine_gone
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENGINE_BACK_S = 60.0
 """How long the launching process waits for an engine that stopped answering. A restart takes
@@ -42,9 +44,12 @@ class Engine:
         self.wait_s = ENGINE_BACK_S if wait_s is None else wait_s
         self.given_up = False
 
-    def back(self, what: str) -> bool:
-        """Whether the engine answers again within :attr:`wait_s` (a Ctrl+C gives up).
-        ``what``: what the wait is for, as the user is told."""
+    def back(self, what: str, ctrl_c_gives_up: bool = False) -> bool:
+        """Whether the engine answers again within :attr:`wait_s`. ``what``: what the wait is
+        for, as the user is told. A Ctrl+C meanwhile is raised as it came, for the run's stop
+        in order, which waits for the engine in turn (the first one gave up, and left the
+        controller running with nothing to stop it); in the run's clean-up
+        (``ctrl_c_gives_up``) it gives up."""
         if self.given_up:
             return False
         logger.warning("the Docker engine does not answer (restarting? stopped?): waiting up to "
@@ -52,23 +57,46 @@ class Engine:
         try:
             self.given_up = not answers_within(self.client, self.wait_s)
         except KeyboardInterrupt:
+            if not ctrl_c_gives_up:
+                raise
             self.given_up = True
         if not self.given_up:
             logger.warning("the Docker engine answers again")
         return not self.given_up
 
-    def exit_code(self, controller: Container) -> int:
+    def exit_code(self, controller: Container, timeout_s: float | None = None) -> int:
         """The controller container's exit code, once it has ended; across the engine's
         absences, in which the wait for it broke. A container that lived through one (the
         engine's live-restore) is waited for again. Raises DockerRunError when the engine did
-        not come back."""
+        not come back, TimeoutError when ``timeout_s`` (absences included) passed first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def wait() -> dict:
+            if deadline is None:
+                return controller.wait()
+            try:
+                return controller.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except Exception as e:
+                if time.monotonic() < deadline:
+                    raise
+                # docker-py reports its read timeout as a ConnectionError: not an absence
+                raise TimeoutError(f"the controller did not end in {timeout_s:.0f}s") from e
+
+        return int(self.across(wait, "for the run's controller")["StatusCode"])
+
+    def across(self, call: Callable[[], T], what: str) -> T:
+        """``call()``, made again once the engine answers again if it did not answer: the
+        launching process ended in a traceback at whichever call met the engine's restart
+        (a wait, a Ctrl+C's signal, a status read). Raises DockerRunError when the engine was
+        not back in :attr:`wait_s`; any other error as ``call`` raised it. ``what``: what the
+        call is for, as the user is told while it waits."""
         while True:
             try:
-                return int(controller.wait()["StatusCode"])
+                return call()
             except Exception as e:
                 if not engine_gone(e):
                     raise
-                if not self.back("for the run's controller"):
+                if not self.back(what):
                     raise DockerRunError(
                         f"the Docker engine stopped answering and was not back in "
                         f"{self.wait_s:.0f}s: what became of the run's controller is not known "
@@ -85,7 +113,7 @@ class Engine:
         except Exception as e:
             if not engine_gone(e):
                 raise
-        if self.back("to remove the run's containers and network"):
+        if self.back("to remove the run's containers and network", ctrl_c_gives_up=True):
             remove_run_objects(self.client, run)
             return
         left = "the run's containers and network are left where the Docker engine was"

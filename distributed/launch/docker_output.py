@@ -8,6 +8,7 @@ Inside its container the controller sees only that a worker went silent (it runs
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from distributed.launch.signals import signal_name
 
 if TYPE_CHECKING:
+    import docker
     from docker.models.containers import Container
 
 CONTROLLER_ID = "controller"
@@ -129,6 +131,35 @@ def report_exits(
             if not engine_gone(e):
                 return
             events = ()
+
+
+class EventStreams:
+    """The streams of Docker's events that a run's exits are read from: the first, and one
+    opened again after each engine restart (:func:`report_exits`'s ``reopen``), all closed at
+    the run's end. A stream opened as the run ended, which the closing did not see, is closed
+    as it opens: it blocked the thread that read it for good, with no event left to come."""
+
+    def __init__(self, client: docker.DockerClient, filters: dict, done: threading.Event):
+        self.client, self.filters, self.done = client, filters, done
+        self._open: list = []
+        self._lock = threading.Lock()
+
+    def since(self, since: str | None) -> Iterable[dict]:
+        """The events from ``since`` (None: from now)."""
+        stream = self.client.events(decode=True, filters=self.filters, since=since)
+        with self._lock:
+            self._open.append(stream)
+            if self.done.is_set():
+                stream.close()
+        return stream
+
+    def close(self) -> None:
+        """Close every stream (``done`` set first, so that none opens after)."""
+        self.done.set()
+        with self._lock:
+            for stream in self._open:
+                with contextlib.suppress(Exception):  # one that broke is closed already
+                    stream.close()
 
 
 class _Seen:

@@ -24,7 +24,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -42,6 +41,7 @@ from distributed.launch.docker_output import (
     CONTROLLER_ID,
     LABEL_RUN,
     LABEL_WORKER,
+    EventStreams,
     LogPrinter,
     follow_logs,
     report_exits,
@@ -222,30 +222,24 @@ def run_docker(
         spec = specs.get(worker_id)
         return launch(worker_id) if spec is not None and spec.restartable else None
 
-    def events_since(since: str | None) -> Iterator[dict]:  # closed at the end
-        streams.append(client.events(decode=True, filters=_exit_filters(run), since=since))
-        return streams[-1]
-
-    keeper, engine, streams = Keeper(client, printer, again), Engine(client, str(run_dir)), []
+    keeper, engine = Keeper(client, printer, again), Engine(client, str(run_dir))
+    streams = EventStreams(client, _exit_filters(run), done)
     try:
-        exits = (events_since(None), printer, done, keeper.on_event, events_since)
+        exits = (streams.since(None), printer, done, keeper.on_event, streams.since)
         threading.Thread(target=report_exits, args=exits, daemon=True).start()
         for worker_id in specs:  # the controller first
             containers.append(launch(worker_id))
             if interrupts is not None and interrupts.pending:
                 break  # the controller's container runs (the first): it stops the run
         if interrupts is not None and interrupts.arm():
-            _wait_until_it_takes_signals(containers[0], run_dir, launched)
-            return _stop_in_order(containers[0], keeper)
+            _wait_until_it_takes_signals(containers[0], run_dir, launched, engine)
+            return _stop_in_order(containers[0], keeper, engine)
         return _wait_for_controller(containers[0], keeper, engine)
     except KeyboardInterrupt:  # with no interrupts held back: before the controller ran
         return EXIT_INTERRUPTED
     finally:
-        done.set()
+        streams.close()  # sets done
         keeper.stop()  # nothing is made again once the clean-up below lists what to remove
-        for stream in streams:
-            with contextlib.suppress(Exception):  # one that broke is closed already
-                stream.close()
         engine.remove_run_objects(run)
 
 
@@ -353,10 +347,12 @@ def _wait_for_controller(controller: Container, keeper: Keeper, engine: Engine) 
     try:
         return engine.exit_code(controller)
     except KeyboardInterrupt:
-        return _stop_in_order(controller, keeper)
+        return _stop_in_order(controller, keeper, engine)
 
 
-def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: float) -> None:
+def _wait_until_it_takes_signals(
+    controller: Container, run_dir: Path, since: float, engine: Engine
+) -> None:
     """Until the controller in ``controller``'s container runs its loop, where a SIGINT stops
     the run in order (a SIGINT in its imports ended it in a traceback): until its first record
     (``latest.json``, newer than ``since``, when the containers started), its end, or
@@ -366,26 +362,30 @@ def _wait_until_it_takes_signals(controller: Container, run_dir: Path, since: fl
     while time.monotonic() < deadline:
         if latest.exists() and latest.stat().st_mtime >= since:
             return
-        controller.reload()
+        engine.across(controller.reload, "for the run's controller")
         if controller.status not in ("created", "running"):
             return
         time.sleep(0.2)
 
 
-def _stop_in_order(controller: Container, keeper: Keeper) -> int:
-    """Ask the controller's container to stop the run in order, and wait for it: its exit code
-    (130 when it stopped in order, with a summary), 131 on a second signal."""
+def _stop_in_order(controller: Container, keeper: Keeper, engine: Engine) -> int:
+    """Ask the controller's container to stop the run in order, and wait for it (across the
+    engine's absence): its exit code (130 when it stopped in order, with a summary), 131 on a
+    second signal."""
     import docker
 
     keeper.stop()
     logger.warning("stopping the run in order (a second Ctrl+C or signal stops it at once)")
-    with contextlib.suppress(docker.errors.APIError):  # ended meanwhile: its code is the run's
-        controller.kill(signal="SIGINT")
+    deadline = time.monotonic() + STOP_GRACE_S
     try:
-        return int(controller.wait(timeout=STOP_GRACE_S)["StatusCode"])
+        with contextlib.suppress(docker.errors.APIError):  # ended meanwhile: its code is the run's
+            engine.across(lambda: controller.kill(signal="SIGINT"), "to stop the run in order")
+        return engine.exit_code(controller, timeout_s=max(deadline - time.monotonic(), 1.0))
     except KeyboardInterrupt:  # abandoned: the containers are removed as they are
         logger.warning("stopping at once: every container is removed")
         return EXIT_ABANDONED
+    except DockerRunError as e:  # the engine is not back: the clean-up says what is left
+        logger.warning("%s", e)
     except Exception:  # a timeout: the containers are removed all the same
         logger.warning("the controller did not stop in %.0fs", STOP_GRACE_S)
     return EXIT_INTERRUPTED

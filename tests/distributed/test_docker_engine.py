@@ -4,11 +4,17 @@ tests/docker/test_engine_away.py cuts a real engine's socket."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import requests
 
 from distributed.errors import DockerRunError
 from distributed.launch.docker_engine import Engine
+from distributed.launch.docker_output import EventStreams
+from distributed.launch.docker_run import _stop_in_order, _wait_until_it_takes_signals
+from distributed.launch.signals import EXIT_INTERRUPTED
 
 GONE = requests.exceptions.ConnectionError("('Connection aborted.', FileNotFoundError(2))")
 
@@ -63,3 +69,102 @@ def test_an_error_of_another_kind_is_not_taken_for_the_engines_absence():
     engine = Engine(Client(back=True), "/runs/r", wait_s=5.0)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError):
         engine.exit_code(Refusing(0))  # type: ignore[arg-type]
+
+
+class Stopping(Controller):
+    """A controller container that ends with 130 once it got SIGINT; its ``kill`` meets the
+    engine's absence ``kill_breaks`` times first; its ``wait(timeout)`` blocks that long when
+    it got no signal (docker-py's read timeout is a ConnectionError, as the absence's)."""
+
+    def __init__(self, kill_breaks: int):
+        super().__init__(breaks=0)
+        self.kill_breaks, self.signals, self.status, self.reloads = kill_breaks, [], "running", 0
+
+    def kill(self, signal: str) -> None:
+        if self.kill_breaks:
+            self.kill_breaks -= 1
+            raise GONE
+        self.signals.append(signal)
+
+    def wait(self, timeout: float | None = None) -> dict:
+        if not self.signals:
+            time.sleep(timeout or 0)
+            raise requests.exceptions.ConnectionError("Read timed out.")
+        return {"StatusCode": self.code}
+
+    def reload(self) -> None:
+        self.reloads += 1
+        if self.reloads == 1:
+            raise GONE
+
+
+class Keeper:
+    def __init__(self):
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_ctrl_c_in_the_engines_restart_stops_the_run_in_order_once_it_answers():
+    controller, keeper = Stopping(kill_breaks=2), Keeper()
+    engine = Engine(Client(back=True), "/runs/r", wait_s=5.0)  # type: ignore[arg-type]
+    assert _stop_in_order(controller, keeper, engine) == 130  # type: ignore[arg-type]
+    assert controller.signals == ["SIGINT"] and keeper.stopped
+
+
+def test_a_ctrl_c_with_the_engine_gone_for_good_ends_as_interrupted_and_says_why(caplog):
+    engine = Engine(Client(back=False), "/runs/r", wait_s=0.3)  # type: ignore[arg-type]
+    controller = Stopping(kill_breaks=1)
+    assert _stop_in_order(controller, Keeper(), engine) == EXIT_INTERRUPTED  # type: ignore[arg-type]
+    assert "was not back in 0s" in caplog.text and engine.given_up
+
+
+def test_a_controller_that_does_not_stop_in_time_is_a_timeout_not_the_engines_absence(caplog):
+    client = Client(back=True)
+    engine = Engine(client, "/runs/r", wait_s=5.0)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError, match="did not end in 0s"):
+        engine.exit_code(Stopping(kill_breaks=0), timeout_s=0.2)  # type: ignore[arg-type]
+    assert client.pings == 0 and "does not answer" not in caplog.text
+
+
+def test_the_wait_for_the_controllers_loop_goes_on_across_the_engines_absence(tmp_path):
+    controller = Stopping(kill_breaks=0)
+    controller.status = "exited"  # read once the engine answers: the wait ends
+    engine = Engine(Client(back=True), str(tmp_path), wait_s=5.0)  # type: ignore[arg-type]
+    _wait_until_it_takes_signals(controller, tmp_path, time.time(), engine)  # type: ignore[arg-type]
+    assert controller.reloads == 2
+
+
+def test_an_event_stream_opened_as_the_run_ends_is_closed_at_once():
+    class Stream:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    class Events:
+        def events(self, **_) -> Stream:
+            return Stream()
+
+    streams = EventStreams(Events(), {}, threading.Event())  # type: ignore[arg-type]
+    first = streams.since(None)
+    streams.close()
+    late = streams.since("1.0")  # the reader's reopen, racing the end
+    assert first.closed and late.closed  # type: ignore[attr-defined]
+
+
+def test_a_ctrl_c_in_the_wait_for_the_engine_is_the_runs_stop_but_gives_up_the_clean_up():
+    """Raised on, the first Ctrl+C stops the run in order (:func:`_stop_in_order` waits for the
+    engine in turn); only in the clean-up does it end the wait, saying what is left."""
+
+    class Interrupted(Client):
+        def ping(self) -> bool:
+            raise KeyboardInterrupt
+
+    engine = Engine(Interrupted(back=False), "/runs/r", wait_s=5.0)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        engine.exit_code(Controller(breaks=1))  # type: ignore[arg-type]
+    assert not engine.given_up
+    assert not engine.back("to remove the run's containers", ctrl_c_gives_up=True)
+    assert engine.given_up

@@ -31,6 +31,7 @@ from docker_support import (
 
 from distributed.images import source
 from distributed.launch import docker_run as dl
+from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_keeper import Keeper
 from distributed.launch.docker_output import LogPrinter
 from system.streams import transport, wire
@@ -435,7 +436,7 @@ def test_a_stop_for_a_controller_that_has_ended_gives_its_exit_code(client):
     try:
         container.wait(timeout=60)
         keeper = Keeper(client, LogPrinter(io.StringIO()))
-        assert dl._stop_in_order(container, keeper) == 7
+        assert dl._stop_in_order(container, keeper, Engine(client, "/runs/r")) == 7
         assert keeper.stopping.is_set()  # nothing of the run is started again once it stops
     finally:
         container.remove(force=True)

@@ -10,13 +10,15 @@ of every container stopped. Now it waits for the engine and goes on where it was
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from docker_support import QUICK, BackgroundRun, assert_nothing_left, frames, read_json
+from docker_support import IMAGE, QUICK, BackgroundRun, assert_nothing_left, frames, read_json
 from engine_proxy import EngineProxy, engine_socket
 
 from distributed.launch import docker_run as dl
@@ -108,3 +110,42 @@ def test_what_an_engine_that_does_not_come_back_leaves_is_said_and_troupe_stop_r
     finally:
         for network in docker_client.networks.list(filters={"label": f"{dl.LABEL_RUN}={run}"}):
             network.remove()
+
+
+def test_a_ctrl_c_while_the_engine_is_away_stops_the_run_in_order_once_it_answers(
+    docker_client, proxy, tmp_path
+):
+    """`troupe run --launcher docker`, its engine reached through the proxy, gets SIGINT while
+    the engine is gone. The launching process ended in a traceback (the signal to the
+    controller broke), or, in its wait for the engine, gave up and left the controller running
+    with nothing to stop it. Now it waits for the engine, then stops the run in order."""
+    away, _ = proxy
+    run_dir = tmp_path / "ctrl-c-away"
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
+        "stop.env_frames=100000000", "--launcher", "docker", "--image", IMAGE,
+        "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    env = {**os.environ, "DOCKER_HOST": away.url, "COLUMNS": "200"}
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+        away.cut()
+        time.sleep(1.5)  # the launcher meets the absence in its wait for the controller
+        proc.send_signal(signal.SIGINT)
+        time.sleep(3)
+        away.open()
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert "waiting up to 60s for it, to stop the run in order" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
+    assert_nothing_left(docker_client, dl.run_name(run_dir))
