@@ -67,6 +67,8 @@ class LocalBackend:
     signals reach it there, from any shell of that machine."""
 
     def alive(self, record: LaunchRecord) -> bool | None:
+        if record.pid is None:  # a copy of a run folder, or one of before records unlocked:
+            return False  # no process is its own, on this machine or any other
         if not record.here:
             return None
         return record.running_here()
@@ -77,7 +79,7 @@ class LocalBackend:
         run_dir = record.folder()
         table = folder.workers(run_dir) if run_dir else {}
         rows = [Process("controller", "controller", _pid_state(record), record.host or "",
-                        f"pid {record.pid}")]  # fmt: skip
+                        f"pid {record.pid}" if record.pid else NO_PROCESS)]  # fmt: skip
         alive = self.alive(record)
         for worker, info in table.items():
             state = worker_state(record, info, alive)
@@ -89,6 +91,8 @@ class LocalBackend:
         return iter(())  # the run folder holds every process's log
 
     def stop(self, record: LaunchRecord, now: bool) -> str:
+        if record.pid is None:
+            return f"run '{record.run}' is not running ({NO_PROCESS})"
         if not record.here:
             raise OpsError(
                 f"run '{record.run}' runs on {record.host}: run troupe stop there (its process "
@@ -152,7 +156,14 @@ def worker_state(record: LaunchRecord, info: dict, run_alive: bool | None) -> st
     return f"was {state}" if run_alive is False else state
 
 
+NO_PROCESS = (
+    "no process is its own: a copy of another run's folder, or one that no controller holds"
+)
+
+
 def _pid_state(record: LaunchRecord) -> str:
+    if record.pid is None:
+        return "none"
     if not record.here:
         return f"on {record.host}"
     return "running" if record.running_here() else "ended"
@@ -185,7 +196,7 @@ class DockerBackend(LocalBackend):
         from distributed.launch import docker_run as dr
 
         rows = [Process("runner", "controller", _pid_state(record), record.host or "",
-                        f"pid {record.pid}")]  # fmt: skip
+                        f"pid {record.pid}" if record.pid else NO_PROCESS)]  # fmt: skip
         for c in sorted(self._containers(record), key=lambda c: c.name):
             restarts = c.attrs.get("RestartCount", 0)
             code = c.attrs.get("State", {}).get("ExitCode")

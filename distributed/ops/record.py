@@ -141,16 +141,16 @@ def _as_found(record: LaunchRecord, here: Path) -> LaunchRecord:
     its original's record, while that folder still exists where the record says: the copy is
     a run of its own name, and the original's process is not its to signal (its status and
     ``ps`` were listed under the original's name, and a stop of the copy would have stopped a
-    live original). A folder moved, or mounted at a path of a container's, is still its run."""
+    live original). It keeps where the original started (``host``), and no process: it is
+    not running anywhere. A folder moved, or mounted at a path of a container's, is still its
+    run."""
     recorded = Path(record.run_dir) if record.run_dir else None
     if (
         recorded is not None
         and recorded.resolve() != here
         and (recorded / run_folder.CONFIG).exists()
     ):
-        return replace(
-            record, run=here.name, run_dir=str(here), host=None, pid=None, pid_start=None
-        )
+        return replace(record, run=here.name, run_dir=str(here), pid=None, pid_start=None)
     return replace(record, run_dir=str(here))
 
 

@@ -59,6 +59,9 @@ def test_a_copied_folder_is_a_run_of_its_own_name_and_not_the_original_s_process
     found = record.read(copy)
     assert (found.run, found.folder(), found.pid) == ("b", copy.resolve(), None)
     assert not found.running_here()
+    # nothing runs the copy: not "unknown from this machine", started "on the cluster"
+    assert backends.LocalBackend().alive(found) is False
+    assert found.host == record.read(original).host
     assert backends.resolve("b", tmp_path / "runs").run == "b"
     assert record.read(original).running_here()  # the original is still its process's
 
