@@ -43,10 +43,12 @@ from distributed.deploy.sizing import (
     needs_of,
     parse_overrides,
 )
-from distributed.errors import SwarmError
+from distributed.errors import DockerRunError, SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
+from distributed.launch.docker_engine import Engine
+from distributed.launch.docker_output import RETRY_S, engine_gone
 from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED, raise_interrupt
 from system import run_folder
 from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
@@ -288,15 +290,21 @@ def controller_exit_code(client: docker.DockerClient, run: str) -> int | None:
     return None
 
 
-def wait_for_controller(client: docker.DockerClient, run: str, console: Console) -> int:
+def wait_for_controller(
+    client: docker.DockerClient, run: str, console: Console, engine: Engine | None = None
+) -> int:
     """Print the controller's lines, and how each worker task that fails ended, until the
-    controller's task finishes; its exit code."""
+    controller's task finishes; its exit code. Across the engine's absence (a restart with
+    live-restore, its socket's hiccup): the Swarm's services run on meanwhile, and ``deploy
+    --wait`` ended in a traceback, its clean-up failing too, with the run left going."""
     from distributed.deploy.swarm_tasks import TaskWatch
 
+    engine = engine or Engine(client, run)
     service = client.services.get(service_name(run, dl.CONTROLLER_ID))
     threading.Thread(target=_echo_logs, args=(service, console), daemon=True).start()
     tasks = TaskWatch(client, find_services(client, run), worker_of)
-    while (code := controller_exit_code(client, run)) is None:
+    waits = "for the run's controller (its services run on meanwhile)"
+    while (code := engine.across(lambda: controller_exit_code(client, run), waits)) is None:
         for line in tasks.poll():  # how a worker ended: the controller sees it go silent
             console.print(Text(line), highlight=False)
         time.sleep(1.0)
@@ -305,11 +313,20 @@ def wait_for_controller(client: docker.DockerClient, run: str, console: Console)
 
 
 def _echo_logs(service: Service, console: Console) -> None:
-    try:
-        for line in service.logs(stdout=True, stderr=True, follow=True):
-            console.print(Text(line.decode(errors="replace").rstrip()), highlight=False)
-    except Exception:  # the service was removed under the stream: nothing more to show
-        return
+    """The controller service's lines as they come; after the engine's absence, from the second
+    of the last line read (the stream broke, and nothing more was shown; lines of that second
+    may show twice: the service's logs start at a whole second)."""
+    since: int | None = None
+    while True:
+        try:
+            for line in service.logs(stdout=True, stderr=True, follow=True, since=since):
+                console.print(Text(line.decode(errors="replace").rstrip()), highlight=False)
+                since = int(time.time())
+            return
+        except Exception as e:  # the service was removed under the stream: nothing more to show
+            if not engine_gone(e):
+                return
+        time.sleep(RETRY_S)
 
 
 def remove_run(client: docker.DockerClient, run: str, timeout_s: float = 60.0) -> None:
@@ -463,14 +480,25 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
         return 0
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_interrupt)  # a supervisor's stop: as Ctrl+C
+    engine = Engine(client, run)
     try:
-        return _wait_or_stop(client, run, console)
+        return _wait_or_stop(client, run, console, engine)
     finally:
         # The services, secret and network go whatever happened; signals wait for that.
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_IGN)
-        remove_run(client, run)
+        _remove_across(engine, run)
+
+
+def _remove_across(engine: Engine, run: str) -> None:
+    """:func:`remove_run`, once the engine answers again if it does not now; if it never does,
+    say what is left and how to remove it."""
+    try:
+        engine.across(lambda: remove_run(engine.client, run), "to remove the run's services")
+    except DockerRunError:
+        logger.warning("the run's services, secret and network are left in the swarm: once its "
+                       "engine answers, `troupe stop %s` removes them", run)  # fmt: skip
 
 
 def deployable_image(reference: str, client: docker.DockerClient) -> str:
@@ -514,15 +542,15 @@ def _give_up_folder(run_dir: Path) -> None:
             run_dir.rmdir()
 
 
-def _wait_or_stop(client: docker.DockerClient, run: str, console: Console) -> int:
+def _wait_or_stop(client: docker.DockerClient, run: str, console: Console, engine: Engine) -> int:
     """The controller's exit code; on a first signal, its orderly stop (130); on a second
     while that goes on, every service removed at once (131)."""
     try:
-        return wait_for_controller(client, run, console)
+        return wait_for_controller(client, run, console, engine)
     except KeyboardInterrupt:
         console.print("stopping the run in order (a second Ctrl+C or signal stops it at once)")
     try:
-        stop_controller(client, run, timeout_s=dl.STOP_GRACE_S)
+        engine.across(lambda: stop_controller(client, run, dl.STOP_GRACE_S), "to stop the run")
     except KeyboardInterrupt:
         console.print("stopping at once: every service is removed")
         for service in find_services(client, run):

@@ -39,8 +39,10 @@ class Engine:
     """The run's Docker engine: waits for it once it stops answering, and remembers giving up,
     so that the run's clean-up does not wait again for an engine already waited for."""
 
-    def __init__(self, client: docker.DockerClient, run_dir: str, wait_s: float | None = None):
-        self.client, self.run_dir = client, run_dir
+    def __init__(self, client: docker.DockerClient, run: str, wait_s: float | None = None):
+        self.client, self.run = client, run
+        """``run``: the run as ``troupe status`` and ``troupe stop`` take it (a run folder, or a
+        Swarm run's name), for what the user is told."""
         self.wait_s = ENGINE_BACK_S if wait_s is None else wait_s
         self.given_up = False
 
@@ -100,8 +102,7 @@ class Engine:
                     raise DockerRunError(
                         f"the Docker engine stopped answering and was not back in "
                         f"{self.wait_s:.0f}s: what became of the run's controller is not known "
-                        f"here; its run folder says how far it got (`troupe status "
-                        f"{self.run_dir}`)"
+                        f"here; `troupe status {self.run}` says how far it got"
                     ) from e
 
     def remove_run_objects(self, run: str) -> None:
@@ -117,7 +118,7 @@ class Engine:
             remove_run_objects(self.client, run)
             return
         left = "the run's containers and network are left where the Docker engine was"
-        logger.warning("%s: once it answers, `troupe stop %s` removes them", left, self.run_dir)
+        logger.warning("%s: once it answers, `troupe stop %s` removes them", left, self.run)
 
 
 def answers_within(client: docker.DockerClient, wait_s: float, every_s: float = 1.0) -> bool:

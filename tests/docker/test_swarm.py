@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from engine_proxy import EngineProxy, engine_socket
 from rich.console import Console
 
 from distributed.deploy import swarm
@@ -98,6 +99,44 @@ def test_a_swarm_run_completes_and_its_services_are_removed(client, tmp_path):
     assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 8000
     assert "stop_reason" in out  # the controller's lines were followed
     assert_nothing_left(client, "swarm-complete")
+
+
+def test_deploy_wait_goes_on_across_the_engines_absence(client, tmp_path):
+    """`troupe deploy swarm --wait`, its engine reached through a proxy that is cut for 4 s
+    while the run trains (as a restart with live-restore looks to it): it ended in a
+    traceback, its clean-up failing too, with the run's services left running. Now it waits
+    for the engine, follows the run to its end and removes it."""
+    target = engine_socket()
+    if target is None:
+        pytest.skip("the engine is not reached through a unix socket here")
+    proxy = EngineProxy(tmp_path / "engine.sock", target)
+    proxy.open()
+    run_dir = tmp_path / "swarm-away"
+    command = [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "cartpole-ppo",
+               *QUICK, "stop.env_frames=300000", "--run-dir", str(run_dir), "--image", IMAGE,
+               "--wait", "--metrics-port", "0"]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "DOCKER_HOST": proxy.url})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not read_json(run_dir / "latest.json").get("env_frames") and proc.poll() is None:
+            assert time.monotonic() < deadline, "no frames in 180 s"
+            time.sleep(0.5)
+        proxy.cut()
+        time.sleep(4)
+        proxy.open()
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.cut()
+    assert proc.returncode == 0, out[-4000:]
+    assert "the Docker engine answers again" in out and "Traceback" not in out, out[-4000:]
+    assert "'stop_reason': 'env_frames'" in out, out[
+        -4000:
+    ]  # the controller's lines, followed again
+    assert read_json(run_dir / "summary.json")["stop_reason"] == "env_frames", out[-4000:]
+    assert_nothing_left(client, "swarm-away")
 
 
 def test_a_signal_to_deploy_wait_stops_the_run_in_order_and_removes_it(client, tmp_path):
