@@ -49,7 +49,13 @@ from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
 from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_output import RETRY_S, engine_gone
-from distributed.launch.signals import EXIT_ABANDONED, EXIT_INTERRUPTED, raise_interrupt
+from distributed.launch.signals import (
+    EXIT_ABANDONED,
+    EXIT_INTERRUPTED,
+    exit_code_of,
+    raise_interrupt,
+)
+from distributed.ops import folder
 from system import run_folder
 from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
 
@@ -281,17 +287,35 @@ def worker_of(service: Service) -> str:
     return service.attrs["Spec"]["Labels"].get(dl.LABEL_WORKER, service.name)
 
 
-def controller_exit_code(client: docker.DockerClient, run: str) -> int | None:
-    """The controller task's exit code once it has finished, else None."""
+def controller_exit_code(
+    client: docker.DockerClient, run: str, run_dir: Path | None = None
+) -> int | None:
+    """The controller task's exit code once it has finished, else None. A task failed with
+    exit code 0 has none of its own: its container went in the engine's restart ("No such
+    container"), and ``deploy --wait`` exited 0 for a run that had stopped interrupted. Its
+    code is then the one its summary gives (:func:`exit_code_of`; 1 with no run folder here)."""
     name = service_name(run, dl.CONTROLLER_ID)
     for task in client.services.get(name).tasks():
-        if task["Status"]["State"] in FINISHED_STATES:
-            return int(task["Status"].get("ContainerStatus", {}).get("ExitCode", 1))
+        status = task["Status"]
+        if status["State"] in FINISHED_STATES:
+            code = int(status.get("ContainerStatus", {}).get("ExitCode", 1))
+            if code == 0 and status["State"] != "complete":
+                summary = folder.summary(run_dir) if run_dir else None
+                logger.warning("the controller's task %s with no exit code of its own (%s): "
+                               "the run %s", status["State"], status.get("Err") or "no reason",
+                               f"ended {summary.get('stop_reason')}, as its summary says"
+                               if summary else "has no summary here")  # fmt: skip
+                return exit_code_of(summary)
+            return code
     return None
 
 
 def wait_for_controller(
-    client: docker.DockerClient, run: str, console: Console, engine: Engine | None = None
+    client: docker.DockerClient,
+    run: str,
+    console: Console,
+    engine: Engine | None = None,
+    run_dir: Path | None = None,
 ) -> int:
     """Print the controller's lines, and how each worker task that fails ended, until the
     controller's task finishes; its exit code. Across the engine's absence (a restart with
@@ -304,7 +328,9 @@ def wait_for_controller(
     threading.Thread(target=_echo_logs, args=(service, console), daemon=True).start()
     tasks = TaskWatch(client, find_services(client, run), worker_of)
     waits = "for the run's controller (its services run on meanwhile)"
-    while (code := engine.across(lambda: controller_exit_code(client, run), waits)) is None:
+    while (
+        code := engine.across(lambda: controller_exit_code(client, run, run_dir), waits)
+    ) is None:
         for line in tasks.poll():  # how a worker ended: the controller sees it go silent
             console.print(Text(line), highlight=False)
         time.sleep(1.0)
@@ -373,7 +399,7 @@ def stop_controller(
         service = client.services.get(service_name(run, dl.CONTROLLER_ID))
     except docker.errors.NotFound:
         return "the run has no controller service: nothing stopped in order"
-    code = controller_exit_code(client, run)
+    code = controller_exit_code(client, run, run_dir)
     if code is not None:
         return f"the controller had already ended (exit code {code}): nothing stopped in order"
     running = any(t["Status"]["State"] == "running" for t in service.tasks())
@@ -482,7 +508,7 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
         signal.signal(signal.SIGTERM, raise_interrupt)  # a supervisor's stop: as Ctrl+C
     engine = Engine(client, run)
     try:
-        return _wait_or_stop(client, run, console, engine)
+        return _wait_or_stop(engine, run, console, run_dir)
     finally:
         # The services, secret and network go whatever happened; signals wait for that.
         if threading.current_thread() is threading.main_thread():
@@ -542,11 +568,12 @@ def _give_up_folder(run_dir: Path) -> None:
             run_dir.rmdir()
 
 
-def _wait_or_stop(client: docker.DockerClient, run: str, console: Console, engine: Engine) -> int:
+def _wait_or_stop(engine: Engine, run: str, console: Console, run_dir: Path) -> int:
     """The controller's exit code; on a first signal, its orderly stop (130); on a second
     while that goes on, every service removed at once (131)."""
+    client = engine.client
     try:
-        return wait_for_controller(client, run, console, engine)
+        return wait_for_controller(client, run, console, engine, run_dir)
     except KeyboardInterrupt:
         console.print("stopping the run in order (a second Ctrl+C or signal stops it at once)")
     try:

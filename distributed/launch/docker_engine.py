@@ -89,21 +89,40 @@ class Engine:
     def across(self, call: Callable[[], T], what: str) -> T:
         """``call()``, made again once the engine answers again if it did not answer: the
         launching process ended in a traceback at whichever call met the engine's restart
-        (a wait, a Ctrl+C's signal, a status read). Raises DockerRunError when the engine was
-        not back in :attr:`wait_s`; any other error as ``call`` raised it. ``what``: what the
-        call is for, as the user is told while it waits."""
+        (a wait, a Ctrl+C's signal, a status read). An engine that answers but is not ready
+        (503: a swarm manager just started, "This node is not a swarm manager") is asked again
+        each second. Raises DockerRunError when the engine was not back, or not ready, in
+        :attr:`wait_s`; any other error as ``call`` raised it. ``what``: what the call is for,
+        as the user is told while it waits."""
+        unready_since: float | None = None
         while True:
             try:
                 return call()
             except Exception as e:
-                if not engine_gone(e):
+                if engine_gone(e):
+                    if not self.back(what):
+                        raise self._not_back(e) from e
+                elif not_ready(e):
+                    now = time.monotonic()
+                    if unready_since is None:
+                        unready_since = now
+                        logger.warning("the Docker engine answers but is not ready (%s): "
+                                       "waiting up to %.0fs for it, %s",
+                                       getattr(e, "explanation", e), self.wait_s, what)  # fmt: skip
+                    elif now - unready_since >= self.wait_s:
+                        raise self._not_back(e) from e
+                    time.sleep(1.0)
+                else:
                     raise
-                if not self.back(what):
-                    raise DockerRunError(
-                        f"the Docker engine stopped answering and was not back in "
-                        f"{self.wait_s:.0f}s: what became of the run's controller is not known "
-                        f"here; `troupe status {self.run}` says how far it got"
-                    ) from e
+
+    def _not_back(self, error: BaseException) -> DockerRunError:
+        how = (f"was not ready for {self.wait_s:.0f}s ({getattr(error, 'explanation', error)})"
+               if not_ready(error) else f"stopped answering and was not back in "
+               f"{self.wait_s:.0f}s")  # fmt: skip
+        return DockerRunError(
+            f"the Docker engine {how}: what became of the run's controller is not known here; "
+            f"`troupe status {self.run}` says how far it got"
+        )
 
     def remove_run_objects(self, run: str) -> None:
         """:func:`remove_run_objects`, once the engine answers again if it does not now; if it
@@ -119,6 +138,14 @@ class Engine:
             return
         left = "the run's containers and network are left where the Docker engine was"
         logger.warning("%s: once it answers, `troupe stop %s` removes them", left, self.run)
+
+
+def not_ready(error: BaseException) -> bool:
+    """Whether ``error`` is the engine's answer that it cannot serve the request yet (503
+    Service Unavailable: a swarm manager just after its engine's start)."""
+    import docker
+
+    return isinstance(error, docker.errors.APIError) and error.status_code == 503
 
 
 def answers_within(client: docker.DockerClient, wait_s: float, every_s: float = 1.0) -> bool:

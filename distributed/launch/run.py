@@ -25,10 +25,9 @@ from api.resolve import load_experiment
 from distributed.launch.budget import warn_short_budget, warn_target_horizon
 from distributed.launch.signals import (
     EXIT_ABANDONED,
-    EXIT_DONE,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     Interrupts,
+    exit_code_of,
     forwarding,
     forwards_signals,
     own_process_group,
@@ -200,11 +199,7 @@ def controller_main(
         launcher.stop_all(timeout_s=0.0)
         controller.abandoned()
         return EXIT_ABANDONED
-    if summary.get("stop_reason") == "failed":
-        return EXIT_FAILED
-    if summary.get("stop_reason") == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_DONE
+    return exit_code_of(summary)
 
 
 def run_local(

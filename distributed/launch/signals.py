@@ -31,6 +31,19 @@ EXIT_INTERRUPTED = 130
 """Stopped in order after a signal (128 + SIGINT): the run's last checkpoints are on disk."""
 EXIT_ABANDONED = 131
 """Stopped at once by a second signal: workers killed, the last steps' work lost."""
+
+
+def exit_code_of(summary: dict | None) -> int:
+    """The exit code a run's controller gives for how it ended (``summary.json``): 1 when it
+    failed, or when there is no summary (it was killed), 130 when it stopped in order on a
+    signal, else 0."""
+    if summary is None or summary.get("stop_reason") == "failed":
+        return EXIT_FAILED
+    if summary.get("stop_reason") == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_DONE
+
+
 STOPS = (signal.SIGINT, signal.SIGTERM)
 """What stops a run in order (a second: at once)."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -168,3 +168,37 @@ def test_a_ctrl_c_in_the_wait_for_the_engine_is_the_runs_stop_but_gives_up_the_c
     assert not engine.given_up
     assert not engine.back("to remove the run's containers", ctrl_c_gives_up=True)
     assert engine.given_up
+
+
+def unready() -> Exception:
+    import docker
+
+    response = requests.Response()
+    response.status_code = 503
+    explanation = "This node is not a swarm manager."
+    return docker.errors.APIError("503 Server Error", response=response, explanation=explanation)
+
+
+def test_an_engine_that_answers_but_is_not_ready_yet_is_asked_again(caplog):
+    """A swarm manager just after its engine's restart answers pings, and 503 to the rest:
+    `deploy swarm --wait` ended there in a traceback."""
+    answers = [unready(), unready(), 7]
+
+    def call() -> int:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    engine = Engine(Client(back=True), "r", wait_s=10.0)  # type: ignore[arg-type]
+    assert engine.across(call, "for the run's controller") == 7
+    assert caplog.text.count("answers but is not ready (This node is not a swarm manager.)") == 1
+
+
+def test_an_engine_not_ready_in_time_fails_with_its_reason():
+    def call() -> None:
+        raise unready()
+
+    engine = Engine(Client(back=True), "r", wait_s=0.5)  # type: ignore[arg-type]
+    with pytest.raises(DockerRunError, match=r"not ready for 0s \(This node is not a swarm"):
+        engine.across(call, "for the run's controller")

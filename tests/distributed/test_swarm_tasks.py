@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
+from distributed.deploy.swarm import controller_exit_code
 from distributed.deploy.swarm_tasks import TaskWatch, last_failure, task_end
+from distributed.launch.signals import EXIT_FAILED, EXIT_INTERRUPTED
 
 
 def task(
@@ -110,3 +113,25 @@ def test_service_log_lines_name_the_replica_that_wrote_them():
         ("actor/?", "old line"),  # its task is no longer listed: no guessed ordinal
     ]
     assert next(_service_lines("controller", service, tail=10)) == ("controller", "step 1")
+
+
+def controller_tasks(*tasks: dict) -> SimpleNamespace:
+    """A client whose controller service lists ``tasks``."""
+    service = SimpleNamespace(tasks=lambda: list(tasks))
+    return SimpleNamespace(services=SimpleNamespace(get=lambda name: service))
+
+
+def test_a_controller_task_whose_container_went_in_an_engine_restart_exits_as_its_run_ended(
+    tmp_path,
+):
+    """Swarm records such a task failed with exit code 0 ("No such container"): `deploy --wait`
+    exited 0 for a run whose summary said it was interrupted."""
+    gone = task("failed", code=0, err="No such container: troupe-r-controller.1.mox6g")
+    (tmp_path / "summary.json").write_text(json.dumps({"stop_reason": "interrupted"}))
+    assert controller_exit_code(controller_tasks(gone), "r", tmp_path) == EXIT_INTERRUPTED
+    (tmp_path / "summary.json").unlink()  # killed before it could write one
+    assert controller_exit_code(controller_tasks(gone), "r", tmp_path) == EXIT_FAILED
+    assert controller_exit_code(controller_tasks(gone), "r") == EXIT_FAILED  # no folder here
+    assert controller_exit_code(controller_tasks(task("complete", code=0)), "r") == 0
+    assert controller_exit_code(controller_tasks(task("failed", code=130)), "r") == 130
+    assert controller_exit_code(controller_tasks(task("running")), "r") is None
