@@ -19,13 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from api.errors import UserError
-from distributed.launch.signals import (
-    EXIT_ABANDONED,
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    run_interrupts,
-)
+from distributed.launch.signals import EXIT_ABANDONED, exit_code_of, run_interrupts
 from system import run_folder
 from system.run.prometheus import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from system.run.prometheus import metrics_port
@@ -159,9 +153,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
         return EXIT_ABANDONED
     console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})
-    return {"failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}.get(
-        summary.get("stop_reason"), EXIT_DONE
-    )
+    return exit_code_of(summary)
 
 
 def _take_stop_requests(run_dir: Path, interrupts) -> None:

@@ -120,6 +120,12 @@ def require_manager(client: docker.DockerClient) -> None:
         )
 
 
+def refuse_deployed(client: docker.DockerClient, run: str) -> None:
+    """SwarmError if services of ``run`` are left: it runs, or ended without ``--wait``."""
+    if find_services(client, run):
+        raise SwarmError(f"a run named '{run}' is deployed already: `troupe stop {run}` first")
+
+
 def deploy(
     config: ExperimentConfig,
     run_dir: Path,
@@ -147,8 +153,7 @@ def deploy(
     require_manager(client)
     run_dir = Path(run_dir).resolve()
     run = dl.run_name(run_dir)
-    if find_services(client, run):
-        raise SwarmError(f"a run named '{run}' is deployed already: `troupe stop {run}` first")
+    refuse_deployed(client, run)
     labels = {dl.LABEL_RUN: run, LABEL_RUN_DIR: str(run_dir)}
     keys = dl.ensure_keys(run_dir).read_bytes()
     try:
@@ -432,8 +437,14 @@ def _task_states(service: Service) -> str:
 # --------------------------------------------------------------------- troupe deploy swarm
 def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     """``troupe deploy swarm EXPERIMENT [key=value ...]`` (``deploy/commands.py`` adds it)."""
-    parser.add_argument("experiment", help="registered experiment, e.g. cartpole-ppo")
+    parser.add_argument("experiment", nargs="?", help="registered experiment, e.g. cartpole-ppo")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped run of its folder (one every node sees), from its last "
+        "persisted version, under the same run name",
+    )
     parser.add_argument(
         "--image", type=image_reference, default=DEFAULT_TAG, help="worker image every node can run"
     )
@@ -463,17 +474,20 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
 def run_swarm(args: argparse.Namespace, console: Console) -> int:
     """Deploy a run; with ``--wait`` also see it to its end and clean up."""
     from distributed.launch.run import prepare
+    from distributed.launch.run_commands import experiment_and_overrides
 
-    config, run_dir = prepare(args.experiment, list(args.overrides), args.run_dir, None)
+    experiment, overrides = experiment_and_overrides(args)
+    config, run_dir = prepare(experiment, overrides, args.run_dir, args.resume)
     try:
         client = connect()
         image = deployable_image(args.image, client)
+        refuse_deployed(client, dl.run_name(run_dir.resolve()))  # before config.json changes
     except BaseException:
         _give_up_folder(run_dir)
         raise
     from distributed.deploy.manifests import scale_policy_workers
 
-    for line in scale_policy_workers(config, args.overrides):
+    for line in scale_policy_workers(config, overrides):
         console.print(line, highlight=False)
     run_folder.write_json(run_dir / run_folder.CONFIG, config.to_dict(), indent=2)
     from system.run import folder_lock

@@ -114,6 +114,18 @@ def add_docker_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def experiment_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """``EXPERIMENT [key=value ...]``; with ``--resume RUN_DIR``, no experiment (the run's
+    own config is resumed) and the overrides alone, the first of which argparse takes for the
+    experiment (``--resume DIR key=value``)."""
+    overrides = list(args.overrides)
+    if not args.resume:
+        return args.experiment, overrides
+    if args.experiment and "=" in args.experiment:
+        overrides.insert(0, args.experiment)
+    return None, overrides
+
+
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
     from api.errors import UserError
@@ -126,16 +138,8 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
             "--image is the worker image of --launcher docker; a local run's workers are "
             "processes of this machine's Python"
         )
-    overrides = list(args.overrides)
-    if args.resume and args.experiment and "=" in args.experiment:
-        overrides.insert(0, args.experiment)  # `troupe run --resume DIR key=value`
-    config, run_dir = prepare(
-        None if args.resume else args.experiment,
-        overrides,
-        args.run_dir,
-        args.resume,
-        imports=args.imports,
-    )
+    experiment, overrides = experiment_and_overrides(args)
+    config, run_dir = prepare(experiment, overrides, args.run_dir, args.resume, args.imports)
     check_keys(run_dir, args.secure)  # before a line is printed: a refusal is one line
     # soft_wrap: a path stays on one line for grep and scripts; a terminal wraps it for the eye
     console.print(f"run folder: {run_dir}", highlight=False, soft_wrap=True)

@@ -48,6 +48,7 @@ def client(docker_client):
 def deploy_args(run_dir: Path, overrides: list[str], *, wait: bool) -> argparse.Namespace:
     return argparse.Namespace(
         experiment="cartpole-ppo",
+        resume=None,
         overrides=overrides,
         image=IMAGE,
         run_dir=str(run_dir),
@@ -99,6 +100,29 @@ def test_a_swarm_run_completes_and_its_services_are_removed(client, tmp_path):
     assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 8000
     assert "stop_reason" in out  # the controller's lines were followed
     assert_nothing_left(client, "swarm-complete")
+
+
+def test_a_stopped_swarm_run_is_resumed_under_its_name(client, tmp_path):
+    """A Swarm run stopped (by `troupe stop`, or by its engine's restart, which stops every
+    task) could be continued only by another launcher: `deploy swarm` had no --resume."""
+    run_dir = tmp_path / "swarm-resumed"
+    deploy = [sys.executable, "-m", "distributed.cli", "deploy", "swarm"]
+    common = ["--image", IMAGE, "--wait", "--metrics-port", "0"]
+    first = subprocess.run([*deploy, "cartpole-ppo", *QUICK, "stop.env_frames=8000",
+                            "--run-dir", str(run_dir), *common],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = read_json(run_dir / "summary.json")
+    again = subprocess.run([*deploy, "--resume", str(run_dir), "stop.env_frames=20000", *common],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out
+    assert "stop.env_frames: 8000 -> 20000" in out, out
+    after = read_json(run_dir / "summary.json")
+    assert after["stop_reason"] == "env_frames" and after["env_frames"] >= 20000, after
+    assert after["policy_versions"]["default"] > before["policy_versions"]["default"], after
+    assert after["wall_s"] > before["wall_s"]  # one run's clock, across both parts
+    assert_nothing_left(client, "swarm-resumed")
 
 
 def test_deploy_wait_goes_on_across_the_engines_absence(client, tmp_path):

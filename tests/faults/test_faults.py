@@ -22,7 +22,7 @@ import pytest
 from e2e_support import ROOT, finish, frames, read_json, start, wait_for
 from lifecycle_support import end_run
 
-from distributed.launch.run import EXIT_INTERRUPTED
+from distributed.launch.signals import EXIT_INTERRUPTED
 
 pytestmark = pytest.mark.faults
 
