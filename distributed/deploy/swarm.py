@@ -51,6 +51,7 @@ from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_output import RETRY_S, engine_gone
 from distributed.launch.signals import (
     EXIT_ABANDONED,
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     exit_code_of,
     raise_interrupt,
@@ -305,11 +306,13 @@ def controller_exit_code(
         if status["State"] in FINISHED_STATES:
             code = int(status.get("ContainerStatus", {}).get("ExitCode", 1))
             if code == 0 and status["State"] != "complete":
-                summary = folder.summary(run_dir) if run_dir else None
+                if run_dir is None:
+                    return EXIT_FAILED
+                summary = folder.summary(run_dir)
                 logger.warning("the controller's task %s with no exit code of its own (%s): "
                                "the run %s", status["State"], status.get("Err") or "no reason",
                                f"ended {summary.get('stop_reason')}, as its summary says"
-                               if summary else "has no summary here")  # fmt: skip
+                               if summary else "has no summary")  # fmt: skip
                 return exit_code_of(summary)
             return code
     return None
