@@ -34,7 +34,7 @@ def task_end(task: dict[str, Any]) -> str | None:
     if state == "rejected":
         return f"rejected by Swarm: {error or 'no reason given'}"
     code = (status.get("ContainerStatus") or {}).get("ExitCode")
-    if code is None:
+    if code is None or (code == 0 and error):  # 0: its container went, "No such container"
         return f"failed: {error or 'no reason given'}"
     return container_exit(int(code))
 

@@ -41,6 +41,8 @@ class Process:
     state: str
     where: str = ""
     detail: str = ""
+    running: int = 0
+    """Its processes, containers or tasks that run now, where the scheduler says so."""
 
 
 class Backend(Protocol):
@@ -202,7 +204,7 @@ class DockerBackend(LocalBackend):
             code = c.attrs.get("State", {}).get("ExitCode")
             detail = f"restarts {restarts}" + (f", exit {code}" if c.status == "exited" else "")
             rows.append(Process(c.name, c.labels.get(dr.LABEL_WORKER, "?"), c.status,
-                                "docker", detail))  # fmt: skip
+                                "docker", detail, int(c.status == "running")))  # fmt: skip
         return rows
 
     def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:
@@ -315,8 +317,8 @@ class SwarmBackend:
             worker, note = swarm.worker_of(service), f"restarts {max(0, len(tasks) - desired)}"
             if failure := last_failure(tasks, worker):  # what `docker service ps` would say
                 note += f"; last failed: {failure}"
-            rows.append(Process(service.name, worker,
-                                f"{running}/{desired} running", ",".join(nodes), note))  # fmt: skip
+            rows.append(Process(service.name, worker, f"{running}/{desired} running",
+                                ",".join(nodes), note, running))  # fmt: skip
         return rows
 
     def logs(self, record, worker, tail, follow) -> Iterator[tuple[str, str]]:

@@ -78,8 +78,22 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
     if unasked is not None:
         console.print(Text(f"{record.launcher} view: not asked ({unasked})"))
     elif record.launcher != "local":
-        console.print(_process_table(f"{record.launcher} view", be.processes(record)))
+        rows = be.processes(record)
+        console.print(_process_table(f"{record.launcher} view", rows))
+        if alive is False and run_dir is not None and folder.summary(run_dir) is not None:
+            _say_leftovers(record, rows, console)
     return 0
+
+
+def _say_leftovers(record: LaunchRecord, rows: list[backends.Process], console: Console) -> None:
+    """Workers that run on after their run ended: Swarm starts a run's worker tasks again after
+    its engine's restart, and Docker a run's containers whose launching process was killed,
+    with no controller left for them (each fails after a minute, and is started again)."""
+    left = [row for row in rows if row.running and row.worker != "controller"]
+    if left:
+        names = ", ".join(row.name for row in left)
+        console.print(Text(f"the run has ended, but workers of it still run ({names}), with no "
+                           f"controller: `troupe stop {record.run}` removes them"))  # fmt: skip
 
 
 def _print_folder(

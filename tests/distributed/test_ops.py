@@ -666,3 +666,43 @@ def test_swarm_stop_says_what_became_of_the_controller(states, said):
     told = swarm.stop_controller(_Client(service), "run", timeout_s=5)
     assert said in told, told
     assert (service.scaled == 0) == (states[0][0] == "running")  # only a running one is asked
+
+
+def test_status_of_an_ended_run_names_the_workers_that_still_run(monkeypatch, tmp_path):
+    """After its engine's restart, Swarm starts a run's worker tasks again with no controller
+    (it is not restarted): status said `ended (interrupted)` over a table of running tasks."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    run_dir = run_folder_at(tmp_path / "r")
+    (run_dir / "summary.json").write_text('{"stop_reason": "interrupted"}')
+
+    class Restarted:
+        running = 2
+
+        def alive(self, record):
+            return False
+
+        def processes(self, record):
+            return [
+                backends.Process("troupe-r-controller", "controller", "0/1 running"),
+                backends.Process(
+                    "troupe-r-actor", "actor/{ordinal}", "2/2 running", running=self.running
+                ),
+            ]
+
+    be = Restarted()
+    monkeypatch.setattr(commands, "resolve", lambda name, runs_dir: rec)
+    monkeypatch.setattr(commands.backends, "backend", lambda record: be)
+    rec = LaunchRecord("swarm", "r", run_dir=str(run_dir))
+    args = build_parser().parse_args(["status", "r"])
+    for running, said in ((2, True), (0, False)):
+        be.running = running
+        console = Console(record=True, width=400, force_terminal=False)
+        assert commands.run_status(args, console) == 0
+        text = console.export_text()
+        assert "run r (swarm): ended (interrupted)" in text
+        assert ("workers of it still run (troupe-r-actor)" in text) is said, text
+        assert ("`troupe stop r` removes them" in text) is said, text

@@ -41,6 +41,10 @@ def test_a_failed_task_says_its_exit_and_a_rejected_one_swarms_reason():
     assert task_end(task("failed", err="starting container failed")) == (
         "failed: starting container failed"
     )
+    # its container went in the engine's restart: "exit code 0" said nothing
+    assert task_end(task("failed", code=0, err="No such container: troupe-r-params.1.x")) == (
+        "failed: No such container: troupe-r-params.1.x"
+    )
 
 
 def test_what_the_run_ends_itself_says_nothing():
