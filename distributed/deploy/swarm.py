@@ -326,9 +326,9 @@ def wait_for_controller(
     run_dir: Path | None = None,
 ) -> int:
     """Print the controller's lines, and how each worker task that fails ended, until the
-    controller's task finishes; its exit code. Across the engine's absence (a restart with
-    live-restore, its socket's hiccup): the Swarm's services run on meanwhile, and ``deploy
-    --wait`` ended in a traceback, its clean-up failing too, with the run left going."""
+    controller's task finishes; its exit code. Across the engine's absence (its restart, its
+    socket's hiccup), and a manager not ready yet after it: ``deploy --wait`` ended there in a
+    traceback, its clean-up failing too, and left the run's services behind."""
     from distributed.deploy.swarm_tasks import TaskWatch
 
     engine = engine or Engine(client, run)
