@@ -3,6 +3,8 @@ runtime's data conventions (built by rolling a policy out on random observations
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,22 @@ from api.policy import RolloutRequest, SampleBatch
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    """A gloo process group of this one process, destroyed once the test's objects are gone.
+
+    The tests destroyed it themselves, in a ``finally``, while their DDP-wrapped policy was
+    still alive: freed as the test returned, the wrapper then dropped the group's last
+    reference, and the group's destructor joined gloo's threads from there. Once in CI it
+    never returned (a data-parallel PPO test hung the suite; torch 2.13, CPU). Destroyed here
+    after them, the group goes through ``destroy_process_group``, as a script's would."""
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield dist
+    gc.collect()  # the test's DDP wrapper and reducer, before the group they hold
+    dist.destroy_process_group()
 
 
 def _sample_obs(space, rng: np.random.Generator, batch: int):
