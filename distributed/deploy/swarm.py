@@ -298,8 +298,9 @@ def controller_exit_code(
 ) -> int | None:
     """The controller task's exit code once it has finished, else None. A task failed with
     exit code 0 has none of its own: its container went in the engine's restart ("No such
-    container"), and ``deploy --wait`` exited 0 for a run that had stopped interrupted. Its
-    code is then the one its summary gives (:func:`exit_code_of`; 1 with no run folder here)."""
+    container"), and ``troupe stop`` said "exit code 0" of a run that had stopped interrupted.
+    Its code is then the one its summary gives (:func:`exit_code_of`; 1 with no run folder
+    here)."""
     name = service_name(run, dl.CONTROLLER_ID)
     for task in client.services.get(name).tasks():
         status = task["Status"]
@@ -318,20 +319,14 @@ def controller_exit_code(
     return None
 
 
-def wait_for_controller(
-    client: docker.DockerClient,
-    run: str,
-    console: Console,
-    engine: Engine | None = None,
-    run_dir: Path | None = None,
-) -> int:
+def wait_for_controller(engine: Engine, run: str, console: Console, run_dir: Path) -> int:
     """Print the controller's lines, and how each worker task that fails ended, until the
     controller's task finishes; its exit code. Across the engine's absence (its restart, its
     socket's hiccup), and a manager not ready yet after it: ``deploy --wait`` ended there in a
     traceback, its clean-up failing too, and left the run's services behind."""
     from distributed.deploy.swarm_tasks import TaskWatch
 
-    engine = engine or Engine(client, run)
+    client = engine.client
     service = client.services.get(service_name(run, dl.CONTROLLER_ID))
     threading.Thread(target=_echo_logs, args=(service, console), daemon=True).start()
     tasks = TaskWatch(client, find_services(client, run), worker_of)
@@ -590,7 +585,7 @@ def _wait_or_stop(engine: Engine, run: str, console: Console, run_dir: Path) -> 
     while that goes on, every service removed at once (131)."""
     client = engine.client
     try:
-        return wait_for_controller(client, run, console, engine, run_dir)
+        return wait_for_controller(engine, run, console, run_dir)
     except KeyboardInterrupt:
         console.print("stopping the run in order (a second Ctrl+C or signal stops it at once)")
     try:
