@@ -178,6 +178,14 @@ class SingleModelPytorchPolicy(Policy):
             self._module, device_ids=device_ids, process_group=process_group
         )
 
+    def distributed_teardown(self) -> None:
+        """Drop the data-parallel wrapper; :attr:`net` is the plain module again.
+
+        Call before ``torch.distributed.destroy_process_group``: the wrapper's reducer holds the
+        process group, and a group freed with the wrapper after it was destroyed joins gloo's
+        threads in its destructor, which once never returned (a hung CI run)."""
+        self._net = self._module
+
     # ----------------------------------------------------------------- conversions
     def to_tensor(self, value: Any) -> Any:
         """numpy arrays (or NamedArrays of them, or None) to tensors on this policy's device."""

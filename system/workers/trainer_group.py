@@ -37,6 +37,7 @@ from the host name; set ``GLOO_SOCKET_IFNAME`` where that is not the right inter
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import time
 import uuid
@@ -285,4 +286,13 @@ class GroupTrainerWorker(TrainerWorker):
             super().close()
         finally:
             if self.group is not None:
-                self.group.close()
+                self.leave()
+
+    def leave(self) -> None:
+        """Free the policy's DDP wrapper, then destroy the group (the order gloo needs: see
+        ``SingleModelPytorchPolicy.distributed_teardown``)."""
+        teardown = getattr(self.trainer.policy, "distributed_teardown", None)
+        if callable(teardown):
+            teardown()
+        gc.collect()  # the wrapper's reducer, if a cycle (an autograd graph) still holds it
+        self.group.close()
