@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,27 @@ from system.run.metrics_file import last_metrics
 
 IMAGE = os.environ.get("TROUPE_TEST_IMAGE", images.DEFAULT_TAG)
 QUICK = ["stop.eval_return=None", "evaluation.workers=1"]
+
+
+def troupe_run_docker(cwd, run_dir: Path, *overrides: str, env=None) -> subprocess.Popen:
+    """``troupe run cartpole-ppo --launcher docker`` in a process group of its own, as a user
+    starts it (``env``: more variables, e.g. a ``DOCKER_HOST``)."""
+    command = [
+        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK, *overrides,
+        "--launcher", "docker", "--image", IMAGE, "--run-dir", str(run_dir), "--no-display",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )  # fmt: skip
+
+
+def wait_until_it_trains(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> None:
+    """Until the run has counted frames; its output if it ended before."""
+    deadline = time.monotonic() + timeout
+    while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
 
 
 class BackgroundRun:

@@ -27,6 +27,8 @@ from docker_support import (
     frames,
     read_json,
     the_container,
+    troupe_run_docker,
+    wait_until_it_trains,
 )
 
 from distributed.images import source
@@ -293,27 +295,12 @@ def test_a_background_docker_run_from_python_stops_in_order(client, tmp_path):
     assert_nothing_left(client, dl.run_name(run_dir))
 
 
-def _troupe_run_docker(cwd, run_dir, *overrides: str) -> subprocess.Popen:
-    """``troupe run cartpole-ppo --launcher docker`` in a process group of its own."""
-    command = [
-        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK, *overrides,
-        "--launcher", "docker", "--image", IMAGE, "--run-dir", str(run_dir), "--no-display",
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
-
-
 def _once_it_trains(cwd, run_dir, act) -> tuple[subprocess.Popen, str]:
     """A docker run with no end of its own: ``act(process)`` once it has counted frames, then
     the run's process once it has ended, and its output."""
-    proc = _troupe_run_docker(cwd, run_dir, "stop.env_frames=100000000")
+    proc = troupe_run_docker(cwd, run_dir, "stop.env_frames=100000000")
     try:
-        deadline = time.monotonic() + 240
-        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+        wait_until_it_trains(proc, run_dir)
         act(proc)
         out, _ = proc.communicate(timeout=240)
     finally:
@@ -338,7 +325,7 @@ def test_a_stop_while_a_docker_run_starts_stops_it_in_order(client, tmp_path):
     containers ended at once, exit 130 with no summary and nothing said of why; now the stop
     waits for the controller's container, which stops the run in order."""
     run_dir = tmp_path / "runs" / "early"
-    proc = _troupe_run_docker(tmp_path, run_dir)
+    proc = troupe_run_docker(tmp_path, run_dir)
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "launch.json").exists() and time.monotonic() < deadline:

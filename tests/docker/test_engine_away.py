@@ -18,7 +18,15 @@ import threading
 import time
 
 import pytest
-from docker_support import IMAGE, QUICK, BackgroundRun, assert_nothing_left, frames, read_json
+from docker_support import (
+    QUICK,
+    BackgroundRun,
+    assert_nothing_left,
+    frames,
+    read_json,
+    troupe_run_docker,
+    wait_until_it_trains,
+)
 from engine_proxy import EngineProxy, engine_socket
 
 from distributed.launch import docker_run as dl
@@ -121,20 +129,11 @@ def test_a_ctrl_c_while_the_engine_is_away_stops_the_run_in_order_once_it_answer
     with nothing to stop it. Now it waits for the engine, then stops the run in order."""
     away, _ = proxy
     run_dir = tmp_path / "ctrl-c-away"
-    command = [
-        sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", *QUICK,
-        "stop.env_frames=100000000", "--launcher", "docker", "--image", IMAGE,
-        "--run-dir", str(run_dir), "--no-display",
-    ]  # fmt: skip
-    env = {**os.environ, "DOCKER_HOST": away.url, "COLUMNS": "200"}
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)  # fmt: skip
+    proc = troupe_run_docker(
+        tmp_path, run_dir, "stop.env_frames=100000000", env={"DOCKER_HOST": away.url}
+    )
     try:
-        deadline = time.monotonic() + 240
-        while frames(run_dir) == 0 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert frames(run_dir) > 0, proc.stdout.read() if proc.poll() is not None else ""
+        wait_until_it_trains(proc, run_dir)
         away.cut()
         time.sleep(1.5)  # the launcher meets the absence in its wait for the controller
         proc.send_signal(signal.SIGINT)
