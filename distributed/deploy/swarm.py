@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,13 +158,14 @@ def deploy(
     refuse_deployed(client, run)
     labels = {dl.LABEL_RUN: run, LABEL_RUN_DIR: str(run_dir)}
     keys = dl.ensure_keys(run_dir).read_bytes()
+    launch = uuid.uuid4().hex[:12]  # this deployment's: a --resume is another
     try:
         network = client.networks.create(
             f"troupe-{run}", driver="overlay", attachable=True, labels=labels
         )
         secret = client.secrets.create(name=f"troupe-{run}-keys", data=keys, labels=labels)
         for spec in service_roles(config, run):
-            settings = _service_settings(spec, labels, run_dir, secret, trainer_constraint)
+            settings = _service_settings(spec, labels, run_dir, secret, trainer_constraint, launch)
             settings["resources"] = service_resources(spec, needs or MEASURED, reserve_cpus)
             if spec.role == "controller" and metrics_port is not None:
                 settings["endpoint_spec"] = _published_metrics(metrics_port)
@@ -180,15 +182,23 @@ def deploy(
     return run
 
 
-def _service_settings(spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_constraint: str):
-    """Everything about a role's service but its name, image, command and network."""
+def _service_settings(
+    spec: dl.RoleSpec, labels, run_dir: Path, secret, trainer_constraint: str, launch: str
+):
+    """Everything about a role's service but its name, image, command and network.
+
+    ``launch``: the deployment's id. With the run folder's mount, it lets a worker that Swarm
+    starts again after its run's end (an engine's restart) see that end and exit 0
+    (:mod:`system.run.launch_end`), instead of looking for the controller for ever."""
     from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
 
     from system.roles import Role
+    from system.run import launch_end
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())
     env = {**dl.container_environment(), ENV_KEYS_FILE: SECRET_PATH}
+    env.update({launch_end.LAUNCH_ID_ENV: launch, launch_end.RUN_FOLDER_ENV: dl.CONTAINER_RUN_DIR})
     if "{ordinal}" in spec.worker_id:
         env["TROUPE_SLOT"] = "{{.Task.Slot}}"
     # Every worker (the parameter service too: it restores its versions from the run folder)

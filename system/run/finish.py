@@ -18,6 +18,7 @@ from system import run_folder
 from system.errors import WorkerFailure
 from system.parameters.store import ParameterStore
 from system.roles import WorkerState
+from system.run import launch_end
 from system.run.report import (
     build_summary,
     read_metrics,
@@ -97,6 +98,8 @@ def finish_run(
     elif config.stop.eval_return_source:
         summary["target_source"] = config.stop.eval_return_source
     summary.update(extra)
+    if launch_end.launch_id() is not None:  # its workers that Swarm restarts find the end here
+        summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()
     earlier = earlier_solve(run_dir)  # read before this summary replaces it
     if stop_reason == "eval_return":
         summary["confirmation"] = evaluation.describe()

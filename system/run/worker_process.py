@@ -32,7 +32,7 @@ from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
-from system.run import builders
+from system.run import builders, launch_end
 from system.run import control_protocol as cp
 from system.run.busy_heartbeat import BusyHeartbeat, mark_alive, stage_seconds, with_memory
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
@@ -246,6 +246,9 @@ def main(
     except UserError as e:  # fail closed, in one line: never plain sockets instead
         logger.error("%s", e)
         return EXIT_FAILED
+    if (ended := launch_end.ended_summary()) is not None:  # restarted after its run's end
+        launch_end.say_ended(worker_id, ended)
+        return EXIT_OK
     ctl = ControlClient(controller, worker_id, controller_pid=controller_pid)
     worker: Worker | None = None
     try:
@@ -267,6 +270,9 @@ def main(
         ctl.send(cp.Bye(signal="SIGTERM"))
         return EXIT_TERMINATED
     except ControllerGoneError as e:
+        if (ended := launch_end.ended_summary()) is not None:  # it ended while this one waited
+            launch_end.say_ended(worker_id, ended)
+            return EXIT_OK
         logger.error("%s", e)  # nobody to report to
         return EXIT_ORPHANED
     except Exception as e:

@@ -14,6 +14,7 @@ from distributed.deploy import swarm
 from distributed.deploy.cluster_commands import add_worker_arguments
 from distributed.launch import docker_run as dl
 from system.roles import Role
+from system.run import launch_end
 
 
 @pytest.mark.parametrize("experiment", ["cartpole-dqn", "pendulum-sac"])
@@ -26,21 +27,27 @@ def test_an_off_policy_run_gets_a_replay_service_that_restarts_and_mounts_the_ru
     assert replay.labels[dl.LABEL_ROLE] == "replay"
     assert swarm.service_name("r1", "replay/default") == "troupe-r1-replay-default"
     secret = types.SimpleNamespace(id="s1", name="troupe-r1-keys")
-    settings = swarm._service_settings(replay, {}, Path("/runs/r1"), secret, "node.role==manager")
+    settings = swarm._service_settings(
+        replay, {}, Path("/runs/r1"), secret, "node.role==manager", "l1"
+    )
     assert settings["restart_policy"]["Condition"] == "on-failure"
     # restarts count within a window, as the controller's in a row: a worker failing now and
     # then in a days-long run is restarted each time
     assert settings["restart_policy"]["Window"] == 150 * swarm.SECOND_NS
     assert [m["Target"] for m in settings["mounts"]] == [dl.CONTAINER_RUN_DIR]
+    # a task Swarm starts again after the run's end finds that end in the mounted folder
+    env = settings["env"]
+    assert env[launch_end.LAUNCH_ID_ENV] == "l1"
+    assert env[launch_end.RUN_FOLDER_ENV] == dl.CONTAINER_RUN_DIR
     assert settings["constraints"] is None  # only trainers are placed on managers
     trainer = swarm._service_settings(
-        specs["trainer/default/0"], {}, Path("/runs/r1"), secret, "node.role==manager"
+        specs["trainer/default/0"], {}, Path("/runs/r1"), secret, "node.role==manager", "l1"
     )
     assert trainer["constraints"] == ["node.role==manager"]
     # a drained node's worker gets time for its stop (a trainer sends its last version), as
     # the controller gets time for the run's; Swarm's default is 10 s
     for spec in (replay, specs["trainer/default/0"]):
-        settings = swarm._service_settings(spec, {}, Path("/r"), secret, "node.role==manager")
+        settings = swarm._service_settings(spec, {}, Path("/r"), secret, "node.role==manager", "l1")
         assert settings["stop_grace_period"] == int(dl.STOP_GRACE_S) * swarm.SECOND_NS
         assert "stop_signal" not in settings  # SIGTERM: a worker's stop comes from its controller
     containers = {s.worker_id: s for s in dl.container_roles(config, "r1")}

@@ -276,6 +276,50 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path, monkeypatch)
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"
 
 
+def test_workers_started_again_after_their_runs_end_exit_0(client, tmp_path):
+    """An engine's restart stops every task; Swarm then starts the worker tasks again, not the
+    controller, whose run has ended. Such a worker looked for its controller for 60 s, exited as
+    orphaned (3) and was started again, for as long as the services stood (its restarts are
+    slower than Swarm's window counts). Here the run ends by a SIGTERM to its controller, and a
+    forced update starts the actors again, as the engine's restart does."""
+    run_dir = tmp_path / "swarm-ended"
+    args = deploy_args(run_dir, [*QUICK, "stop.env_frames=100000000"], wait=False)
+    assert swarm.run_swarm(args, recording_console()) == 0
+    try:
+        deadline = time.monotonic() + 120
+        while not read_json(run_dir / "latest.json").get("env_frames"):
+            assert time.monotonic() < deadline, "the run did not train"
+            time.sleep(0.5)
+        controller = client.services.get("troupe-swarm-ended-controller")
+        (container,) = client.containers.list(
+            filters={"label": f"com.docker.swarm.service.id={controller.id}"}
+        )
+        container.kill(signal="SIGTERM")  # as the engine's stop: the run stops in order
+        while read_json(run_dir / "summary.json").get("stop_reason") != "interrupted":
+            assert time.monotonic() < deadline + 120, "the controller wrote no summary"
+            time.sleep(0.5)
+        launch = controller.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
+        assert f"TROUPE_LAUNCH_ID={read_json(run_dir / 'summary.json')['launch_id']}" in launch
+        actors = client.services.get("troupe-swarm-ended-actor")
+        before = {t["ID"] for t in actors.tasks()}  # ended by the controller's stop: exit 0
+        actors.force_update()
+        deadline = time.monotonic() + 45  # less than a worker's 60 s wait for its controller
+        while True:
+            again = [t for t in actors.tasks() if t["ID"] not in before]
+            states = [t["Status"]["State"] for t in again]
+            codes = [t["Status"].get("ContainerStatus", {}).get("ExitCode") for t in again]
+            if states == ["complete", "complete"] and codes == [0, 0]:
+                break
+            assert time.monotonic() < deadline, f"the actors started again did not end: {states}"
+            time.sleep(0.5)
+        logs = (run_dir / "logs" / "actor-0.log").read_text()
+        assert "actor/0: its run has ended (summary.json: interrupted)" in logs, logs[-2000:]
+    finally:
+        stop = recording_console()
+        assert ops.run_stop(ops_args("stop", "swarm-ended"), stop) == 0
+    assert_nothing_left(client, "swarm-ended")
+
+
 def test_an_image_no_node_can_get_is_refused_before_anything_is_made(client, tmp_path):
     """`--image troupe-worker:nosuch` made the run folder and deployed every service, whose
     tasks Swarm then rejected ("No such image"). It is refused at once, naming the image and
