@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from docker.types import UpdateConfig
 from engine_proxy import EngineProxy, engine_socket
 from rich.console import Console
 
@@ -302,7 +303,10 @@ def test_workers_started_again_after_their_runs_end_exit_0(client, tmp_path):
         assert f"TROUPE_LAUNCH_ID={read_json(run_dir / 'summary.json')['launch_id']}" in launch
         actors = client.services.get("troupe-swarm-ended-actor")
         before = {t["ID"] for t in actors.tasks()}  # ended by the controller's stop: exit 0
-        actors.force_update()
+        # every task at once, whatever the first one does (a rolling update pauses when a new
+        # task ends while it is watched): as the engine's restart starts them
+        again_all = UpdateConfig(parallelism=0, failure_action="continue")
+        actors.update(force_update=True, update_config=again_all)
         deadline = time.monotonic() + 45  # less than a worker's 60 s wait for its controller
         while True:
             again = [t for t in actors.tasks() if t["ID"] not in before]
