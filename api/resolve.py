@@ -136,8 +136,10 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
     base = data.pop("base", None)
     name = data.get("name", path.stem)  # the file's, not its recipe's
     if base is not None:
+        own_imports = [_beside(path, i) for i in _file_imports(data)]
+        for item in own_imports:  # first: they may register what the base is set up on
+            user_code.import_code(item)
         recipe = _base(base, path, depth).to_dict()
-        own_imports = [_beside(path, i) for i in (data.get("code") or {}).get("imports", [])]
         data = _merged(recipe, data)
         if own_imports:  # the recipe's user code is loaded too, then the file's own
             kept = recipe.get("code", {}).get("imports", [])
@@ -154,6 +156,16 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
         errors = [_base_hint(e, data) for e in errors]
         raise ConfigError(errors + [e for e in validate(config) if e not in errors])
     return config
+
+
+def _file_imports(data: dict[str, Any]) -> list[str]:
+    """A file's own ``code.imports``, where they are a list of strings (anything else is left
+    to the config's check, which says what is wrong with it)."""
+    code = data.get("code")
+    imports = code.get("imports", []) if isinstance(code, dict) else []
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        return []
+    return imports
 
 
 RECIPE_WORDS = ("experiment", "extends", "from", "recipe", "inherit", "inherits", "parent")

@@ -437,3 +437,23 @@ def test_a_replay_beta_past_one_is_refused():
     assert e.value.errors == [
         P + "replay.beta: must be in [0, 1] (1: full importance correction), got 2.0"
     ]
+
+
+def test_a_file_whose_base_is_set_up_on_its_own_environment_imports_that_first(tmp_path):
+    """``base: {experiment: ppo, env: Corridor-v0}`` beside ``code: {imports: [my_envs.py]}``,
+    where ``my_envs.py`` registers Corridor-v0: the base was resolved before the file's imports
+    ran, so "unknown environment 'Corridor-v0'" for a file that says where it is."""
+    corridor = (ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text()
+    code = corridor.split('if __name__ == "__main__":')[0]
+    (tmp_path / "my_envs.py").write_text(code + 'register("Corridor-v0", Corridor, length=6)\n')
+    (tmp_path / "exp.yaml").write_text(
+        "base: {experiment: ppo, env: Corridor-v0}\n"
+        "code: {imports: [my_envs.py]}\n"
+        "stop: {env_frames: 5000}\n"
+    )
+    shown = troupe("show-config", str(tmp_path / "exp.yaml"), "--json", cwd=tmp_path.parent)
+    assert shown.returncode == 0, shown.stderr
+    config = json.loads(shown.stdout)
+    assert config["environment"]["type"] == "Corridor-v0"
+    assert config["code"]["imports"] == [str(tmp_path / "my_envs.py")]
+    assert config["stop"]["env_frames"] == 5000
