@@ -20,6 +20,7 @@ from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from distributed.images.pinning import image_reference
+from distributed.launch.run_commands import add_import_argument
 from distributed.ops.record import DEFAULT_RUNS_DIR, LaunchRecord, point
 from distributed.ops.record import write as write_record
 
@@ -87,6 +88,7 @@ def _swarm_missing(args: argparse.Namespace, console: Console) -> int:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="registered experiment (troupe list shows them)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    add_import_argument(parser)
     parser.add_argument("--out", required=True, help="directory for the generated files")
     parser.add_argument("--run-name", default=None, help="names the run (default: exp-MMDD-time)")
 
@@ -201,7 +203,7 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
 
     if args.trainer_gpus is not None and args.trainer_gpus < 0:
         raise DeployError(f"--trainer-gpus {args.trainer_gpus}: must be 0 or more")
-    config = load_config(args.experiment, args.overrides)
+    config = load_config(args.experiment, args.overrides, args.imports)
     needs = needs_from(args)
     options = k8s.K8sOptions(
         run_name=args.run_name or default_run_name(config.name),
@@ -352,7 +354,7 @@ def run_slurm(args: argparse.Namespace, console: Console) -> int:
     from distributed.deploy.manifests import check_run_name, default_run_name, load_config
     from system.streams.security import RunKeys
 
-    config = load_config(args.experiment, args.overrides)
+    config = load_config(args.experiment, args.overrides, args.imports)
     out = Path(args.out).resolve()
     run_name = check_run_name(args.run_name or default_run_name(config.name), 64)
     code = Path(args.code).resolve() if args.code else None

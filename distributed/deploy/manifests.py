@@ -56,10 +56,13 @@ class RoleGroup:
         return self.name.split("/", 1)[0]
 
 
-def load_config(experiment: str, overrides: Sequence[str]) -> ExperimentConfig:
+def load_config(
+    experiment: str, overrides: Sequence[str], imports: Sequence[str] = ()
+) -> ExperimentConfig:
     """The experiment with ``key=value`` overrides applied and checked (every error at once),
-    its policy workers scaled with its actors (:func:`scale_policy_workers`)."""
-    config = load_experiment(experiment, list(overrides))
+    its policy workers scaled with its actors (:func:`scale_policy_workers`); ``imports``: the
+    user's files or modules (``--import``), recorded for the workers as ``troupe run`` does."""
+    config = load_experiment(experiment, list(overrides), list(imports))
     for line in scale_policy_workers(config, overrides):
         logger.warning("%s", line)
     return config

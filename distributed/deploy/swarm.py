@@ -50,6 +50,7 @@ from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
 from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_output import RETRY_S, engine_gone
+from distributed.launch.run_commands import add_import_argument
 from distributed.launch.signals import (
     EXIT_ABANDONED,
     EXIT_FAILED,
@@ -447,6 +448,7 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     """``troupe deploy swarm EXPERIMENT [key=value ...]`` (``deploy/commands.py`` adds it)."""
     parser.add_argument("experiment", nargs="?", help="registered experiment, e.g. cartpole-ppo")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
+    add_import_argument(parser)
     parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -485,7 +487,7 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
     from distributed.launch.run_commands import experiment_and_overrides
 
     experiment, overrides = experiment_and_overrides(args)
-    config, run_dir = prepare(experiment, overrides, args.run_dir, args.resume)
+    config, run_dir = prepare(experiment, overrides, args.run_dir, args.resume, args.imports)
     try:
         client = connect()
         image = deployable_image(args.image, client)

@@ -249,6 +249,31 @@ def test_troupe_run_import_registers_a_file_in_every_worker(tmp_path):
         assert said in result.stdout, result.stdout
 
 
+def test_troupe_deploy_import_records_the_file_for_the_clusters_workers(tmp_path):
+    """``troupe deploy k8s|slurm --import my_corridor.py Corridor-v0``, as ``troupe run
+    --import`` takes it: deploy had no --import, so a file's environment could not be deployed
+    (only an experiment file naming it in ``code.imports`` could). The workers read the run's
+    config.json: it holds the file (found in the image's /opt/troupe/user on a node where its
+    path is not: ``troupe image build --add``). Swarm: ``tests/docker/test_swarm.py``."""
+    module = tmp_path / "my_corridor.py"
+    text = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+    module.write_text(text + '\nregister("Corridor-v0", Corridor, length=6)\n')
+    deploy = [sys.executable, "-m", "distributed.cli", "deploy"]
+    code = ["--import", str(module), "Corridor-v0", "stop.env_frames=3000"]
+    k8s = _run([*deploy, "k8s", *code, "--out", "k8s"], cwd=tmp_path)
+    assert k8s.returncode == 0, k8s.stderr[-3000:]
+    (config_map,) = (tmp_path / "k8s" / "base").glob("*-configmap-*-config.yaml")
+    assert str(module) in config_map.read_text()
+    slurm = _run([*deploy, "slurm", *code, "--image", "w.sif", "--out", "slurm"], cwd=tmp_path)
+    assert slurm.returncode == 0, slurm.stderr[-3000:]
+    config = json.loads((tmp_path / "slurm" / "config.json").read_text())
+    assert config["code"]["imports"] == [str(module)]
+    assert config["environment"]["type"] == "Corridor-v0"
+    (registration,) = config["code"]["registrations"]
+    assert registration["entry_point"] == "my_corridor:Corridor"
+    assert registration["source"] == str(module)
+
+
 @pytest.mark.multiprocess
 def test_troupe_imports_a_package_of_the_folder_it_runs_in(tmp_path):
     """``my_envs/`` beside the user, not installed, registering by dotted name as the docs

@@ -49,6 +49,7 @@ def client(docker_client):
 def deploy_args(run_dir: Path, overrides: list[str], *, wait: bool) -> argparse.Namespace:
     return argparse.Namespace(
         experiment="cartpole-ppo",
+        imports=[],
         resume=None,
         overrides=overrides,
         image=IMAGE,
@@ -322,6 +323,39 @@ def test_workers_started_again_after_their_runs_end_exit_0(client, tmp_path):
         stop = recording_console()
         assert ops.run_stop(ops_args("stop", "swarm-ended"), stop) == 0
     assert_nothing_left(client, "swarm-ended")
+
+
+def test_a_users_environment_file_is_deployed_with_import_and_an_image_holding_it(client, tmp_path):
+    """A user's own environment on a cluster, as the README says: the file added to the worker
+    image (``troupe image build --add``, the layer it builds), and the same ``--import`` as
+    ``troupe run`` takes. The containers do not see the file's path: each worker finds it in
+    the image. ``deploy`` had no ``--import`` before."""
+    from distributed.images.user_layer import add_user_code
+
+    corridor = (ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text()
+    module = tmp_path / "my_corridor.py"
+    module.write_text(corridor.split('if __name__ == "__main__":')[0]
+                      + 'register("Corridor-v0", Corridor, length=6)\n')  # fmt: skip
+    tag = "troupe-worker:test-user-code"
+    add_user_code(client, IMAGE, tag, [module])
+    run_dir = tmp_path / "swarm-user-code"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "--import", str(module),
+             "Corridor-v0", *QUICK, "stop.env_frames=3000", "--run-dir", str(run_dir),
+             "--image", tag, "--metrics-port", "0", "--wait"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        client.images.remove(tag, force=True)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames", out[-3000:]
+    config = read_json(run_dir / "config.json")
+    assert config["environment"]["type"] == "Corridor-v0"
+    assert config["code"]["imports"] == [str(module)]
+    assert_nothing_left(client, "swarm-user-code")
 
 
 def test_an_image_no_node_can_get_is_refused_before_anything_is_made(client, tmp_path):
