@@ -54,10 +54,13 @@ def ended_summary(environ: Mapping[str, str] = os.environ) -> dict[str, Any] | N
     return summary
 
 
-def say_ended(worker_id: str, summary: Mapping[str, Any]) -> None:
+def say_ended(
+    worker_id: str, summary: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+) -> None:
     """A warning on the console (the task's log) and in the worker's log in the run folder
-    (``troupe logs``): a worker that exits at once is otherwise a puzzle."""
-    logs.keep_in_run_folder(os.environ[RUN_FOLDER_ENV], worker_id)
+    (``troupe logs``), for a summary :func:`ended_summary` found: a worker that exits at once
+    is otherwise a puzzle."""
+    logs.keep_in_run_folder(environ[RUN_FOLDER_ENV], worker_id)
     logger.warning(
         "%s: its run has ended (summary.json: %s) and its controller with it; nothing to "
         "rejoin, so it exits (`troupe stop` removes what is left of the run)",
