@@ -13,19 +13,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from distributed.launch.docker_output import CONTROLLER_ID, container_exit
+from distributed.launch.signals import EXIT_ABANDONED, EXIT_FAILED, EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     import docker
     from docker.models.services import Service
 
+CONTROLLER_EXITS = {
+    EXIT_FAILED: "the run failed: summary.json says why",
+    2: "a bad argument",
+    EXIT_INTERRUPTED: "the run was stopped in order",
+    EXIT_ABANDONED: "the run was stopped at once; resume it from its last persisted version",
+}
+"""What a controller's own exit codes mean (:mod:`distributed.launch.signals`): its run's end,
+where in a worker's the same number is a death by a signal (130: SIGINT)."""
 FAILED_STATES = ("failed", "rejected")
 """Task states that say something went wrong. A worker leaving on the run's stop completes
 (exit 0), and a task removed with its service is shut down: neither is reported."""
 
 
-def task_end(task: dict[str, Any]) -> str | None:
-    """How ``task`` ended, where it failed (``exit code 137 (SIGKILL; ...)``, ``rejected by
-    Swarm: No such image ...``); None for a task that runs, completed or was shut down."""
+def task_end(task: dict[str, Any], worker: str | None = None) -> str | None:
+    """How ``task`` (of ``worker``'s service) ended, where it failed (``exit code 137 (SIGKILL;
+    ...)``, ``rejected by Swarm: No such image ...``); None for a task that runs, completed or
+    was shut down."""
     status = task.get("Status") or {}
     state = status.get("State")
     if state not in FAILED_STATES:
@@ -36,18 +46,21 @@ def task_end(task: dict[str, Any]) -> str | None:
     code = (status.get("ContainerStatus") or {}).get("ExitCode")
     if code is None or (code == 0 and error):  # 0: its container went, "No such container"
         return f"failed: {error or 'no reason given'}"
+    if worker == CONTROLLER_ID and int(code) in CONTROLLER_EXITS:
+        return f"exit code {code} ({CONTROLLER_EXITS[int(code)]})"
     return container_exit(int(code))
 
 
 def last_failure(tasks: list[dict[str, Any]], worker: str) -> str | None:
     """How the most recent failed task among ``tasks`` (of ``worker``'s service) ended, if any
     did; a replica's says which (``actor/1: exit code 137 ...``)."""
-    ended = [t for t in tasks if task_end(t) is not None]
+    ended = [t for t in tasks if task_end(t, worker) is not None]
     if not ended:
         return None
     last = max(ended, key=lambda t: str(t.get("UpdatedAt", "")))
     which = task_worker(worker, last)
-    return f"{which}: {task_end(last)}" if which != worker else task_end(last)
+    end = task_end(last, worker)
+    return f"{which}: {end}" if which != worker else end
 
 
 def task_worker(worker: str, task: dict[str, Any]) -> str:

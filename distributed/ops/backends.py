@@ -307,6 +307,7 @@ class SwarmBackend:
     def processes(self, record: LaunchRecord) -> list[Process]:
         from distributed.deploy import swarm
         from distributed.deploy.swarm_tasks import last_failure
+        from distributed.launch.docker_output import CONTROLLER_ID
 
         rows = []
         for service in sorted(self._services(record)[1], key=lambda s: s.name):
@@ -316,7 +317,8 @@ class SwarmBackend:
             nodes = sorted({t.get("NodeID", "")[:12] for t in tasks if t.get("NodeID")})
             worker, note = swarm.worker_of(service), f"restarts {max(0, len(tasks) - desired)}"
             if failure := last_failure(tasks, worker):  # what `docker service ps` would say
-                note += f"; last failed: {failure}"
+                # a controller's exit is its run's end (130: stopped in order), not a failure
+                note += f"; {'ended' if worker == CONTROLLER_ID else 'last failed'}: {failure}"
             rows.append(Process(service.name, worker, f"{running}/{desired} running",
                                 ",".join(nodes), note, running))  # fmt: skip
         return rows

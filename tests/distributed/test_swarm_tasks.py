@@ -139,3 +139,40 @@ def test_a_controller_task_whose_container_went_in_an_engine_restart_exits_as_it
     assert controller_exit_code(controller_tasks(task("complete", code=0)), "r") == 0
     assert controller_exit_code(controller_tasks(task("failed", code=130)), "r") == 130
     assert controller_exit_code(controller_tasks(task("running")), "r") is None
+
+
+def test_the_controllers_own_exit_codes_say_how_its_run_ended():
+    """The controller's exit code is its run's (130: stopped in order, 1: failed), not a death
+    by a signal: `troupe ps` said "last failed: exit code 130 (SIGINT)" of a controller that an
+    engine's restart had sent SIGTERM, and that had stopped its run in order."""
+    stopped = task("failed", code=130, err="task: non-zero exit (130)")
+    assert task_end(stopped, "controller") == "exit code 130 (the run was stopped in order)"
+    assert last_failure([stopped], "controller") == "exit code 130 (the run was stopped in order)"
+    failed = task("failed", code=1)
+    assert task_end(failed, "controller") == "exit code 1 (the run failed: summary.json says why)"
+    killed = task("failed", code=137)
+    assert task_end(killed, "controller").startswith("exit code 137 (SIGKILL")
+    assert task_end(stopped, "params") == "exit code 130 (SIGINT)"  # a worker's is a signal's
+
+
+def test_ps_says_ended_not_failed_of_a_controller(monkeypatch):
+    from distributed.deploy import swarm
+    from distributed.ops.backends import SwarmBackend
+    from distributed.ops.record import LaunchRecord
+
+    def service(name: str, worker: str, *tasks: dict) -> SimpleNamespace:
+        spec = {"Mode": {"Replicated": {"Replicas": 1}}, "Labels": {}}
+        return SimpleNamespace(name=name, worker=worker, tasks=lambda: list(tasks),
+                               attrs={"Spec": spec})  # fmt: skip
+
+    services = [
+        service("troupe-r-controller", "controller", task("failed", code=130)),
+        service("troupe-r-params", "params", task("complete", code=0)),
+    ]
+    monkeypatch.setattr(SwarmBackend, "_services", lambda self, record: (None, services))
+    monkeypatch.setattr(swarm, "worker_of", lambda s: s.worker)
+    rows = {p.name: p for p in SwarmBackend().processes(LaunchRecord("swarm", "r"))}
+    assert rows["troupe-r-controller"].detail == (
+        "restarts 0; ended: exit code 130 (the run was stopped in order)"
+    )
+    assert rows["troupe-r-params"].detail == "restarts 0"
