@@ -239,6 +239,8 @@ class ControlClient:
             self.heard = True
             try:
                 message = cp.parse(got[1])
+                if isinstance(message, cp.Refused):  # nothing it says is taken: leave
+                    raise ControllerGoneError(f"{self.worker_id}: {message.reason}")
                 if not isinstance(message, cp.Ack):
                     self.inbox.append(message)
                 elif message.state is not None:

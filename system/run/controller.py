@@ -44,7 +44,7 @@ from system.run.stall_watch import StallWatch
 from system.run.supervisor import Launcher, Supervisor
 from system.run.tally import Tally, WorkerStats
 from system.run.thinning import Thinning
-from system.run.worker_record import WorkerRecord, never_came_up
+from system.run.worker_record import REJOIN, WorkerRecord, never_came_up
 from system.streams import wire
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class Controller:
         bind_host = bind.removeprefix("tcp://").rsplit(":", 1)[0]
         self.exporter = open_endpoint(metrics_port, bind_host, advertise_host or bind_host)
         self.run_name = run_name_of(self.run_dir)
+        self.refused: set[str] = set()  # workers of an earlier controller, told to leave
         self.handlers: dict[type[cp.ControlMessage], Callable[[WorkerRecord, Any], None]] = {
             cp.Hello: self._on_hello,
             cp.Register: lambda r, m: self._send_all(self.names.register(m.name, m.address)),
@@ -286,8 +287,22 @@ class Controller:
                 self.server.send(worker_id, self.coordination.refuse(message.body, e))  # it waits
                 return
             raise
+        if not record.greeted and not isinstance(parsed, cp.Hello):
+            self._refuse_earlier(record)
+            return
         record.last_seen = time.monotonic()
         self.handlers[type(parsed)](record, parsed)
+
+    def _refuse_earlier(self, record: WorkerRecord) -> None:
+        """A worker of the run's earlier controller process: its frames were counted twice
+        and, never greeted, it was taken for one that never came up. It leaves, to come back
+        and say hello; its state is in the run folder, which this controller resumes."""
+        wid = record.plan.worker_id
+        if wid not in self.refused:
+            self.refused.add(wid)
+            logger.warning("%s is a worker of the run's earlier controller: told to leave, to "
+                           "be started again and say hello", wid)  # fmt: skip
+        self.server.send(wid, cp.Refused(REJOIN))
 
     def _send_all(self, messages: list[tuple[str, cp.ControlMessage]]) -> None:
         for worker_id, message in messages:

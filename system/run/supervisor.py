@@ -122,7 +122,7 @@ class Supervisor:
             record.awaited = False
             count_restart(record)
         record.state = WorkerState.CONFIGURING
-        record.pid = pid or None
+        record.pid, record.greeted = pid or None, True
         logger.info("%s says hello (pid %s)", record.plan.worker_id, pid)
         return record.plan.worker_id not in self.told_to_stop  # else: its stop went to the old
 

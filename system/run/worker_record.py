@@ -52,6 +52,17 @@ class WorkerRecord:
     not when the wait begins, so a worker that never came back is not listed as restarted."""
     found_dead: float | None = None
     """When its process was first found gone, while its last message was awaited."""
+    greeted: bool = False
+    """Whether a process of it said hello to this controller. One that speaks without it is a
+    worker of the run's earlier controller, which its scheduler started again (Swarm,
+    Kubernetes): it found the new one at the same address, and is told to leave
+    (:data:`REJOIN`)."""
+
+
+REJOIN = (
+    "the run's controller was started again and resumes the run; this worker, of its earlier "
+    "controller, leaves, for its scheduler to start it again to say hello"
+)
 
 
 def count_restart(record: WorkerRecord) -> None:

@@ -189,3 +189,27 @@ def test_a_short_resume_of_a_long_run_may_end_before_a_role_comes_up(tmp_path):
     """A 7 s resume of a 55 s run failed: its trainer "never came up in the run's 62s"."""
     reason, failure = _stop_with_one_never_up(tmp_path, "trainer/default/0", 7.0, earlier_s=55)
     assert reason == "wall_seconds" and failure is None
+
+
+def test_a_worker_of_the_runs_earlier_controller_is_told_to_leave_and_not_counted(controller):
+    """A controller started again by its scheduler (Swarm, Kubernetes) may come back at the
+    same address, and the workers of its earlier process reconnect and go on heartbeating. It
+    counted their frames on top of the run's, and, never greeted, took them for workers that
+    never came up. They are told to leave, to be started again and say hello."""
+    earlier = ControlClient(controller.address, "actor/0")
+    earlier.heard = True  # it spoke with the controller before this one
+    try:
+        earlier.heartbeat({"env_frames": 5000.0})
+        with pytest.raises(ControllerGoneError, match="controller was started again"):
+            earlier.wait_for(cp.Ack)
+        assert controller.tally.env_frames == 0
+        assert controller.refused == {"actor/0"}
+        # the same worker started again says hello, and is configured
+        again = ControlClient(controller.address, "actor/0")
+        try:
+            assert _configured(again)
+            assert controller.workers["actor/0"].greeted
+        finally:
+            again.close()
+    finally:
+        earlier.close()
