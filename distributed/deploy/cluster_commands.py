@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from api.errors import UserError
-from distributed.launch.signals import EXIT_ABANDONED, exit_code_of, run_interrupts
+from distributed.launch.signals import EXIT_ABANDONED, EXIT_DONE, exit_code_of, run_interrupts
 from system import run_folder
 from system.run.prometheus import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from system.run.prometheus import metrics_port
@@ -125,9 +125,12 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     config_file = run_dir / run_folder.CONFIG
     if not config_file.exists():
         raise UserError(f"{config_file} does not exist: write the run's config.json first")
-    from system.run import folder_lock
+    from system.run import folder_lock, launch_end
     from system.run.resume_check import saved_config
 
+    if (ended := launch_end.ended_summary(for_good=True)) is not None:  # Swarm started it again
+        launch_end.say_nothing_to_resume(ended)
+        return EXIT_DONE
     folder_lock.acquire(run_dir)  # one controller per run folder, on a shared volume too
     from system import logs
 

@@ -1,15 +1,22 @@
-"""Whether the launch a worker belongs to has ended: for schedulers that restart workers alone.
+"""Whether the launch a worker belongs to has ended: for schedulers that restart tasks alone.
 
-Swarm restarts a worker task that failed, and it does so after its engine restarts too, when the
-run's controller (a task Swarm never restarts: its exit is the run's end) has ended the run
-meanwhile. Such a worker looked for its controller for a minute, exited as orphaned, and was
-started again, for as long as the service stood: its restarts are slower than Swarm's window
-counts. The launcher gives every task of one deployment the same id (:data:`LAUNCH_ID_ENV`) and
-the run folder's place (:data:`RUN_FOLDER_ENV`); the controller writes the id into
-``summary.json`` at the end. A worker that finds a summary of its own launch exits 0, which
-Swarm's ``on-failure`` policy leaves ended. A summary of an earlier launch (a run deployed
-again with ``--resume``) has another id, so its new workers wait for their controller as ever.
-A controller killed before its summary still leaves its workers to the old loop.
+Swarm restarts a task that failed, and it does so after its engine restarts too. The launcher
+gives every task of one deployment the same id (:data:`LAUNCH_ID_ENV`) and the run folder's place
+(:data:`RUN_FOLDER_ENV`); the controller writes the id into ``summary.json`` at the end. What a
+task started again does with a summary of its own launch depends on how the run ended:
+
+- by itself (solved, its budget spent, failed): nothing is left to do. The controller exits 0
+  before it starts anything, and so does a worker, which Swarm's ``on-failure`` policy leaves
+  ended. Such a worker used to look for its controller for a minute, exit as orphaned and be
+  started again, for as long as the services stood.
+- interrupted (the engine stopped it, a drained node): Swarm starts the controller again, which
+  resumes the run, as a Kubernetes controller pod started again does; the workers wait for it.
+  One that waits in vain (the controller's restarts are spent) then exits 0 as well.
+
+A summary of an earlier launch (a run deployed again with ``--resume``) has another id, so its
+new tasks ignore it. A summary a worker saw as it met its controller is an earlier part of a
+resumed run, not this part's end (:func:`stamp`). A controller killed before its summary, with
+no restart left, still leaves its workers to the old loop.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ LAUNCH_ID_ENV = "TROUPE_LAUNCH_ID"
 RUN_FOLDER_ENV = "TROUPE_RUN_FOLDER"
 """Where a worker sees the run folder (a container's mount); unset where workers see none."""
 SUMMARY_KEY = "launch_id"
+INTERRUPTED = "interrupted"
+"""The stop reason of a run stopped by a signal, which a controller started again resumes."""
+Stamp = tuple[int, int, int]
 
 
 def launch_id(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -37,21 +47,49 @@ def launch_id(environ: Mapping[str, str] = os.environ) -> str | None:
     return environ.get(LAUNCH_ID_ENV) or None
 
 
-def ended_summary(environ: Mapping[str, str] = os.environ) -> dict[str, Any] | None:
+def _summary_path(environ: Mapping[str, str]) -> Path | None:
+    folder = environ.get(RUN_FOLDER_ENV)
+    return Path(folder) / run_folder.SUMMARY if folder and launch_id(environ) else None
+
+
+def stamp(environ: Mapping[str, str] = os.environ) -> Stamp | None:
+    """The summary file as it is now (None: there is none). The controller replaces the file
+    whole, so one written since has another stamp; no clock is compared (nodes' clocks differ)."""
+    path = _summary_path(environ)
+    try:
+        st = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
+
+
+def ended_summary(
+    environ: Mapping[str, str] = os.environ, *, for_good: bool = False, since: Stamp | None = None
+) -> dict[str, Any] | None:
     """The run's summary if the launch this process belongs to has written one; else None.
+
+    ``for_good``: only an end nothing resumes (:func:`ended_for_good`). ``since``: the
+    :func:`stamp` of the summary there was when this worker met its controller; that one (an
+    earlier part of the run, resumed since) is no end of this part.
 
     None too when the launcher gave no id or folder, or the summary is unreadable: the worker
     then waits for its controller, which is never wrong, only slow to give up."""
-    launch, folder = launch_id(environ), environ.get(RUN_FOLDER_ENV)
-    if launch is None or not folder:
+    path = _summary_path(environ)
+    if path is None or (since is not None and stamp(environ) == since):
         return None
     try:
-        summary = json.loads((Path(folder) / run_folder.SUMMARY).read_text())
+        summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(summary, dict) or summary.get(SUMMARY_KEY) != launch:
+    if not isinstance(summary, dict) or summary.get(SUMMARY_KEY) != launch_id(environ):
         return None
-    return summary
+    return summary if ended_for_good(summary) or not for_good else None
+
+
+def ended_for_good(summary: Mapping[str, Any]) -> bool:
+    """Whether a run ended by itself (solved, a budget spent, failed), not by a signal: a
+    controller started again then has nothing to resume."""
+    return summary.get("stop_reason") != INTERRUPTED
 
 
 def say_ended(
@@ -67,3 +105,42 @@ def say_ended(
         worker_id,
         summary.get("stop_reason", "no stop reason"),
     )
+
+
+def say_nothing_to_resume(
+    summary: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+) -> None:
+    """What a controller started again after its run ended by itself says as it exits 0, on
+    the console (the task's log) and in the controller's log in the run folder."""
+    logs.keep_in_run_folder(environ[RUN_FOLDER_ENV], "controller")
+    logger.warning(
+        "its run had ended (summary.json: %s) when this controller was started again: "
+        "nothing to resume, so it exits (`troupe deploy swarm --resume` continues a run; "
+        "`troupe stop` removes what is left of it)",
+        summary.get("stop_reason", "no stop reason"),
+    )
+
+
+class WorkerLaunch:
+    """A worker's view of its launch's end, taken as it starts (before its hello)."""
+
+    def __init__(self, worker_id: str, environ: Mapping[str, str] = os.environ):
+        self.worker_id, self.environ = worker_id, environ
+        self.seen = stamp(environ)
+        """The summary there was as it started: an earlier part's end if a controller answers."""
+
+    def ended_before_start(self) -> bool:
+        """Whether its run ended by itself before this worker started (say so if it did): an
+        interrupted run is resumed by its controller, started again, which this worker waits for."""
+        return self._said(ended_summary(self.environ, for_good=True))
+
+    def ended_while_waiting(self, heard: bool) -> bool:
+        """Whether its run has ended now that its controller is gone or never came (say so if
+        it has). ``heard``: a controller answered this worker, so the summary it saw as it
+        started is an earlier part's; one that never did finds any end of its launch an end."""
+        return self._said(ended_summary(self.environ, since=self.seen if heard else None))
+
+    def _said(self, summary: dict[str, Any] | None) -> bool:
+        if summary is not None:
+            say_ended(self.worker_id, summary, self.environ)
+        return summary is not None

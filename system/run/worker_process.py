@@ -246,8 +246,7 @@ def main(
     except UserError as e:  # fail closed, in one line: never plain sockets instead
         logger.error("%s", e)
         return EXIT_FAILED
-    if (ended := launch_end.ended_summary()) is not None:  # restarted after its run's end
-        launch_end.say_ended(worker_id, ended)
+    if (launch := launch_end.WorkerLaunch(worker_id)).ended_before_start():  # Swarm restarts
         return EXIT_OK
     ctl = ControlClient(controller, worker_id, controller_pid=controller_pid)
     worker: Worker | None = None
@@ -270,8 +269,7 @@ def main(
         ctl.send(cp.Bye(signal="SIGTERM"))
         return EXIT_TERMINATED
     except ControllerGoneError as e:
-        if (ended := launch_end.ended_summary()) is not None:  # it ended while this one waited
-            launch_end.say_ended(worker_id, ended)
+        if launch.ended_while_waiting(heard=ctl.heard):
             return EXIT_OK
         logger.error("%s", e)  # nobody to report to
         return EXIT_ORPHANED

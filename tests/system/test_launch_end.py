@@ -1,20 +1,24 @@
-"""A worker started again after its run's end (Swarm, after an engine's restart) exits 0 at once,
-and only for the end of its own launch (``system/run/launch_end.py``).
+"""A task Swarm starts again after its run ended by itself (an engine's restart) exits 0 at once,
+and only for the end of its own launch; after an interrupted end, the controller started again
+resumes the run and its workers wait for it (``system/run/launch_end.py``).
 
-The controller side is a real ``troupe run`` given a launch id; the worker side is a real worker
-process started as a container starts it, with no controller to answer it.
+The controller side is a real ``troupe run`` given a launch id and a real ``troupe controller``;
+the worker side is a real worker process started as a container starts it, with no controller
+to answer it (tests/docker/test_swarm.py kills a real Swarm controller).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 import pytest
-from e2e_support import ROOT, finish, read_json, start
+from e2e_support import ROOT, TROUPE, finish, read_json, start
 
+from api.config import make_experiment
 from system.run import launch_end
 
 
@@ -39,6 +43,47 @@ def test_only_a_summary_of_the_same_launch_is_an_end(tmp_path):
     assert launch_end.ended_summary(_env("a1", tmp_path)) is None
 
 
+def _write_summary(folder, stop_reason: str, launch: str = "a1") -> None:
+    (folder / "summary.json").write_text(
+        json.dumps({"stop_reason": stop_reason, "launch_id": launch})
+    )
+
+
+def test_an_interrupted_run_is_no_end_for_good(tmp_path):
+    """Swarm starts an interrupted run's controller again, which resumes it; a run that ended
+    by itself (solved, its budget spent, failed) has nothing to resume."""
+    _write_summary(tmp_path, "interrupted")
+    assert launch_end.ended_summary(_env("a1", tmp_path)) is not None
+    assert launch_end.ended_summary(_env("a1", tmp_path), for_good=True) is None
+    for reason in ("env_frames", "eval_return", "failed"):
+        _write_summary(tmp_path, reason)
+        assert (
+            launch_end.ended_summary(_env("a1", tmp_path), for_good=True)["stop_reason"] == reason
+        )
+
+
+def test_a_summary_a_worker_saw_as_its_controller_answered_is_an_earlier_parts(tmp_path):
+    """A worker of a resumed run (its controller started again) starts with the interrupted
+    summary of the part before. When that controller goes too, the old summary is no end: the
+    worker exits as orphaned and Swarm starts it again for the next controller. One written
+    since is the end; and a worker no controller ever answered takes any end of its launch."""
+    env = _env("a1", tmp_path)
+    _write_summary(tmp_path, "interrupted")
+    launch = launch_end.WorkerLaunch("actor/0", env)
+    assert not launch.ended_before_start()  # its controller is to come again
+    assert not launch.ended_while_waiting(heard=True)
+    assert launch.ended_while_waiting(heard=False)  # none came: its restarts were spent
+    _write_summary(tmp_path, "interrupted")  # this part's own end, written after the hello
+    assert launch.ended_while_waiting(heard=True)
+    assert "actor/0: its run has ended" in (tmp_path / "logs" / "actor-0.log").read_text()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    launch = launch_end.WorkerLaunch("actor/1", _env("a1", fresh))  # no summary as it started
+    assert not launch.ended_while_waiting(heard=True)
+    _write_summary(fresh, "env_frames")
+    assert launch.ended_while_waiting(heard=True)
+
+
 def _worker(tmp_path, launch: str) -> subprocess.Popen:
     """An actor as a Swarm task starts it, pointed at a controller address nobody serves."""
     command = [
@@ -52,21 +97,69 @@ def _worker(tmp_path, launch: str) -> subprocess.Popen:
 
 
 @pytest.mark.multiprocess
-def test_a_worker_restarted_after_its_launchs_end_exits_0_without_waiting(tmp_path):
-    summary = {"stop_reason": "interrupted", "launch_id": "a1"}
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
+@pytest.mark.parametrize("reason", ["env_frames", "failed"])
+def test_a_worker_restarted_after_its_run_ended_by_itself_exits_0_without_waiting(tmp_path, reason):
+    _write_summary(tmp_path, reason)
     ended = _worker(tmp_path, "a1")
     waiting = _worker(tmp_path, "b2")  # a later launch's worker: its controller may come yet
     try:
         out, _ = ended.communicate(timeout=60)
         assert ended.returncode == 0, out
-        assert "actor/0: its run has ended (summary.json: interrupted)" in out, out
+        assert f"actor/0: its run has ended (summary.json: {reason})" in out, out
         time.sleep(2)
         assert waiting.poll() is None, waiting.stdout.read()
     finally:
         for proc in (ended, waiting):
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.multiprocess
+def test_a_worker_restarted_after_its_run_was_interrupted_waits_for_its_controller(tmp_path):
+    """The controller is started again too, and resumes the run: the worker must be there."""
+    _write_summary(tmp_path, "interrupted")
+    worker = _worker(tmp_path, "a1")
+    try:
+        time.sleep(4)
+        assert worker.poll() is None, worker.stdout.read()
+    finally:
+        worker.kill()
+        worker.communicate()
+
+
+def _controller(run_dir, launch: str) -> subprocess.Popen:
+    env = {**os.environ, **_env(launch, run_dir)}
+    command = [*TROUPE, "controller", str(run_dir), "--insecure", "--no-display"]
+    command += ["--bind", "tcp://127.0.0.1:0"]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+@pytest.mark.multiprocess
+def test_a_controller_started_again_after_its_run_ended_by_itself_exits_0(tmp_path):
+    """Swarm starts a controller again after any exit but 0: after its run failed (exit 1), or
+    after an engine's restart. It has nothing to resume and says so; one of an interrupted run
+    goes on, to resume it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = make_experiment("cartpole-ppo", ["evaluation.workers=0", "stop.eval_return=None"])
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    _write_summary(run_dir, "failed")
+    again = _controller(run_dir, "a1")
+    out, _ = again.communicate(timeout=60)
+    assert again.returncode == 0, out
+    said = (run_dir / "logs" / "controller.log").read_text()
+    assert "its run had ended (summary.json: failed) when this controller was started" in said
+    assert "nothing to resume" in out
+    _write_summary(run_dir, "interrupted")
+    resuming = _controller(run_dir, "a1")
+    try:
+        time.sleep(5)
+        assert resuming.poll() is None, resuming.stdout.read()
+    finally:
+        resuming.kill()
+        resuming.communicate()
 
 
 @pytest.mark.multiprocess
