@@ -51,6 +51,7 @@ from typing import Any
 from api.config import ExperimentConfig
 from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.deploy.manifests import (
+    CONTROLLER_RETRIES,
     HELPER_RESOURCES,
     Resources,
     RoleGroup,
@@ -83,8 +84,6 @@ HEARTBEAT_FILE = "/tmp/troupe-heartbeat"
 emptyDir, the root file system is read-only."""
 BASE_DIR = "base"
 """Where the generated objects go in the output folder (the overlays' base)."""
-CONTROLLER_RETRIES = 2
-"""Restarts of the controller's pod (its Job's backoffLimit), each resuming the run."""
 STORAGE_MODES = ("claim", "pod", "none")
 CONTROLLER_ENDED_THE_RUN = {
     "action": "FailJob",

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 ORDINAL = "{ordinal}"
 LIMIT_FACTOR = 2.0
 """Kubernetes memory limit = request x this."""
+CONTROLLER_RETRIES = 2
+"""Times a cluster starts a run's controller again (a Kubernetes Job's backoffLimit, a Swarm
+service's max_attempts), each resuming the run: one killed or lost with its node, not one that
+ended its run (:mod:`system.run.launch_end`). A run that kills its controller every time ends."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.text import Text
 
 from api.config import ExperimentConfig
+from distributed.deploy.manifests import CONTROLLER_RETRIES
 from distributed.deploy.sizing import (
     MEASURED,
     RoleNeeds,
@@ -60,6 +61,7 @@ from distributed.launch.signals import (
 )
 from distributed.ops import folder
 from system import run_folder
+from system.run import launch_end
 from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
 
 if TYPE_CHECKING:
@@ -188,13 +190,13 @@ def _service_settings(
 ):
     """Everything about a role's service but its name, image, command and network.
 
-    ``launch``: the deployment's id. With the run folder's mount, it lets a worker that Swarm
-    starts again after its run's end (an engine's restart) see that end and exit 0
-    (:mod:`system.run.launch_end`), instead of looking for the controller for ever."""
-    from docker.types import EndpointSpec, Mount, RestartPolicy, SecretReference, ServiceMode
+    ``launch``: the deployment's id. With the run folder's mount, it lets a task that Swarm
+    starts again after its run ended (an engine's restart) see that end and exit 0
+    (:mod:`system.run.launch_end`), instead of looking for the controller for ever, and a
+    controller started again tell a run to resume from one to leave ended."""
+    from docker.types import EndpointSpec, Mount, SecretReference, ServiceMode
 
     from system.roles import Role
-    from system.run import launch_end
     from system.streams.security import ENV_KEYS_FILE
 
     uid, gid = str(os.getuid()), str(os.getgid())
@@ -202,9 +204,6 @@ def _service_settings(
     env.update({launch_end.LAUNCH_ID_ENV: launch, launch_end.RUN_FOLDER_ENV: dl.CONTAINER_RUN_DIR})
     if "{ordinal}" in spec.worker_id:
         env["TROUPE_SLOT"] = "{{.Task.Slot}}"
-    # Every worker (the parameter service too: it restores its versions from the run folder)
-    # comes back after a crash; the controller's exit is the run's end.
-    condition = "none" if spec.role == "controller" else "on-failure"
     return {
         "labels": {**labels, **spec.labels},
         "container_labels": {**labels, **spec.labels},
@@ -217,15 +216,25 @@ def _service_settings(
         "secrets": [SecretReference(secret.id, secret.name, SECRET_FILE, uid, gid, 0o400)],
         "user": f"{uid}:{gid}",
         "init": True,
-        "restart_policy": RestartPolicy(
-            condition,
-            delay=SECOND_NS,
-            max_attempts=MAX_RESTARTS,
-            window=int(RESTART_WINDOW_S * SECOND_NS),
-        ),
+        "restart_policy": _restart_policy(spec),
         "constraints": [trainer_constraint] if spec.role == Role.TRAINER else None,
         **_stop_settings(spec),
     }
+
+
+def _restart_policy(spec: dl.RoleSpec):
+    """Every worker (the parameter service too: it restores its versions from the run folder)
+    comes back after a crash, counted within :data:`RESTART_WINDOW_S`. So does the controller,
+    killed or stopped by its engine, up to :data:`CONTROLLER_RETRIES` times over the run: it
+    resumes the run, and its workers, whose connection closed, start again and join it. One
+    started again after its run ended by itself exits 0 at once (:mod:`system.run.launch_end`).
+    It was never started again before: a killed controller lost the run, its workers looping."""
+    from docker.types import RestartPolicy
+
+    if spec.role == "controller":  # window 0: Swarm counts every restart of the task
+        return RestartPolicy("on-failure", delay=SECOND_NS, max_attempts=CONTROLLER_RETRIES)
+    window = int(RESTART_WINDOW_S * SECOND_NS)
+    return RestartPolicy("on-failure", delay=SECOND_NS, max_attempts=MAX_RESTARTS, window=window)
 
 
 def service_resources(
@@ -307,27 +316,68 @@ def worker_of(service: Service) -> str:
 def controller_exit_code(
     client: docker.DockerClient, run: str, run_dir: Path | None = None
 ) -> int | None:
-    """The controller task's exit code once it has finished, else None. A task failed with
-    exit code 0 has none of its own: its container went in the engine's restart ("No such
-    container"), and ``troupe stop`` said "exit code 0" of a run that had stopped interrupted.
-    Its code is then the one its summary gives (:func:`exit_code_of`; 1 with no run folder
-    here)."""
-    name = service_name(run, dl.CONTROLLER_ID)
-    for task in client.services.get(name).tasks():
-        status = task["Status"]
-        if status["State"] in FINISHED_STATES:
-            code = int(status.get("ContainerStatus", {}).get("ExitCode", 1))
-            if code == 0 and status["State"] != "complete":
-                if run_dir is None:
-                    return EXIT_FAILED
-                summary = folder.summary(run_dir)
-                logger.warning("the controller's task %s with no exit code of its own (%s): "
-                               "the run %s", status["State"], status.get("Err") or "no reason",
-                               f"ended {summary.get('stop_reason')}, as its summary says"
-                               if summary else "has no summary")  # fmt: skip
-                return exit_code_of(summary)
-            return code
-    return None
+    """The exit code of the controller's last task once the run has ended, else None: while a
+    task runs or starts, and while Swarm is to start a failed one again (:func:`_restart_due`).
+
+    - A task failed with exit code 0 has none of its own: its container went in the engine's
+      restart ("No such container"), and ``troupe stop`` said "exit code 0" of a run that had
+      stopped interrupted. Its code is then the one its summary gives (:func:`exit_code_of`; 1
+      with no run folder here).
+    - A task that exited 0 may be a controller started again after its run ended, which has
+      nothing to resume: the run's code is its summary's (a failed run's 1, not 0)."""
+    service = client.services.get(service_name(run, dl.CONTROLLER_ID))
+    tasks = service.tasks()
+    if not tasks or any(t["Status"]["State"] not in FINISHED_STATES for t in tasks):
+        return None
+    last = max(tasks, key=lambda t: str(t.get("CreatedAt", "")))
+    if _restart_due(service, tasks, last):
+        return None
+    status = last["Status"]
+    code = int(status.get("ContainerStatus", {}).get("ExitCode", 1))
+    if code != 0:
+        return code
+    summary = folder.summary(run_dir) if run_dir is not None else None
+    if status["State"] == "complete":
+        ours = summary is not None and summary.get(launch_end.SUMMARY_KEY) == _launch_of(service)
+        return exit_code_of(summary) if ours else 0
+    if run_dir is None:
+        return EXIT_FAILED
+    logger.warning("the controller's task %s with no exit code of its own (%s): the run %s",
+                   status["State"], status.get("Err") or "no reason",
+                   f"ended {summary.get('stop_reason')}, as its summary says"
+                   if summary else "has no summary")  # fmt: skip
+    return exit_code_of(summary)
+
+
+RESTART_DUE_S = 15.0
+"""How long after a controller task failed Swarm may still be to start it again: its restart
+delay (1 s) and the manager's round, with room to spare."""
+
+
+def _restart_due(service: Service, tasks: list[dict], last: dict) -> bool:
+    """Whether Swarm is to start the controller's failed ``last`` task again: its service still
+    wants it (``troupe stop`` scales it to zero), restarts are left, and it ended moments ago.
+    ``deploy --wait`` and ``troupe stop`` took the first failure for the run's end before."""
+    from datetime import datetime, timezone
+
+    if last["Status"]["State"] == "complete":  # on-failure: an exit 0 is never restarted
+        return False
+    mode = (getattr(service, "attrs", None) or {}).get("Spec", {}).get("Mode", {})
+    if mode.get("Replicated", {}).get("Replicas", 1) == 0 or len(tasks) > CONTROLLER_RETRIES:
+        return False
+    try:
+        ended = datetime.fromisoformat(str(last["Status"]["Timestamp"]))
+    except (KeyError, ValueError):
+        return False
+    return (datetime.now(timezone.utc) - ended).total_seconds() < RESTART_DUE_S
+
+
+def _launch_of(service: Service) -> str | None:
+    """The launch id the service's tasks are given (:mod:`system.run.launch_end`)."""
+    spec = (getattr(service, "attrs", None) or {}).get("Spec", {})
+    env = spec.get("TaskTemplate", {}).get("ContainerSpec", {}).get("Env") or []
+    prefix = f"{launch_end.LAUNCH_ID_ENV}="
+    return next((e.removeprefix(prefix) for e in env if e.startswith(prefix)), None)
 
 
 def wait_for_controller(engine: Engine, run: str, console: Console, run_dir: Path) -> int:

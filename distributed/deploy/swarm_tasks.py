@@ -72,8 +72,10 @@ def task_worker(worker: str, task: dict[str, Any]) -> str:
 
 
 class TaskWatch:
-    """Reports each worker task of a run that fails, once: ``[actor/0] its task ended: exit
-    code 137 (SIGKILL; ...)``. One API call a poll, whatever the number of services."""
+    """Reports each task of a run that fails, once: ``[actor/0] its task ended: exit code 137
+    (SIGKILL; ...)``. One API call a poll, whatever the number of services. ``deploy --wait``
+    polls only while the run goes on, so a controller's failure it reports is one Swarm starts
+    again (``swarm.controller_exit_code``)."""
 
     def __init__(self, client: docker.DockerClient, services: list[Service], worker_of):
         self.client = client
@@ -91,9 +93,11 @@ class TaskWatch:
         lines = []
         for task in sorted(tasks, key=lambda t: str(t.get("UpdatedAt", ""))):
             worker = self.workers.get(task.get("ServiceID"))
-            end = task_end(task)
-            if end is None or task.get("ID") in self.seen or worker in (None, CONTROLLER_ID):
+            end = task_end(task, worker or "")
+            if end is None or task.get("ID") in self.seen or worker is None:
                 continue
             self.seen.add(task["ID"])
+            if worker == CONTROLLER_ID:  # polled while the run goes on: a restart is due
+                end += "; Swarm starts it again, and it resumes the run"
             lines.append(f"[{task_worker(worker, task)}] its task ended: {end}")
         return lines

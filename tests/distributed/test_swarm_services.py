@@ -54,6 +54,27 @@ def test_an_off_policy_run_gets_a_replay_service_that_restarts_and_mounts_the_ru
     assert containers["replay/default"].command[3:5] == ["--role", "replay"]
 
 
+def test_a_swarm_controller_is_started_again_a_few_times_over_the_run():
+    """As Kubernetes starts a controller pod again (its Job's backoffLimit): a killed
+    controller, or one its engine stopped, resumes the run. It was never started again: a
+    killed controller lost the run. Its restarts count over the run (window 0), not within a
+    window, so one killed every time ends after :data:`CONTROLLER_RETRIES` restarts."""
+    config = make_experiment("cartpole-ppo", [])
+    controller = swarm.service_roles(config, "r1")[0]
+    assert controller.role == "controller"
+    secret = types.SimpleNamespace(id="s1", name="troupe-r1-keys")
+    settings = swarm._service_settings(
+        controller, {}, Path("/r"), secret, "node.role==manager", "l1"
+    )
+    policy = settings["restart_policy"]
+    assert policy["Condition"] == "on-failure"  # an exit 0 (the run's own end) stays ended
+    assert policy["MaxAttempts"] == swarm.CONTROLLER_RETRIES == 2
+    assert policy.get("Window", 0) == 0
+    # it finds its run's end in the mounted folder, as the workers do, and exits 0 there
+    assert settings["env"][launch_end.LAUNCH_ID_ENV] == "l1"
+    assert settings["stop_signal"] == "SIGINT"
+
+
 def test_troupe_worker_takes_every_role_of_the_plan():
     """A cluster starts each worker as ``troupe worker --role ROLE``: a role missing from its
     choices is a worker no cluster can start."""

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 from distributed.deploy.swarm import controller_exit_code
 from distributed.deploy.swarm_tasks import TaskWatch, last_failure, task_end
 from distributed.launch.signals import EXIT_FAILED, EXIT_INTERRUPTED
+from system.run.launch_end import LAUNCH_ID_ENV
 
 
 def task(
@@ -20,11 +22,13 @@ def task(
     service: str = "svc-actor",
     updated: str = "2026-12-03T12:00:00Z",
     ident: str = "t1",
+    created: str = "2026-12-03T11:00:00Z",
 ) -> dict:
     status: dict = {"State": state, "Message": state, "Err": err}
     if code is not None:
         status["ContainerStatus"] = {"ExitCode": code}
-    record = {"ID": ident, "ServiceID": service, "Status": status, "UpdatedAt": updated}
+    record = {"ID": ident, "ServiceID": service, "Status": status, "UpdatedAt": updated,
+              "CreatedAt": created}  # fmt: skip
     if slot is not None:
         record["Slot"] = slot
     return record
@@ -64,10 +68,11 @@ def test_ps_names_the_replica_of_the_most_recent_failure():
     assert last_failure([task("running")], "params") is None
 
 
-def test_the_watch_reports_each_failed_worker_task_once_and_never_the_controller():
+def test_the_watch_reports_each_failed_task_once_and_a_controllers_restart():
+    """A controller's failure, seen while the run goes on, is one Swarm starts again."""
     tasks = [
-        task("failed", code=137, slot=2, service="svc-actor", ident="a"),
-        task("failed", code=1, service="svc-controller", ident="c"),
+        task("failed", code=137, slot=2, service="svc-actor", ident="a", updated="1"),
+        task("failed", code=137, service="svc-controller", ident="c", updated="2"),
         task("complete", code=0, service="svc-params", ident="p"),
     ]
     asked = []
@@ -81,9 +86,10 @@ def test_the_watch_reports_each_failed_worker_task_once_and_never_the_controller
     workers = {"svc-actor": "actor/{ordinal}", "svc-controller": "controller",
                "svc-params": "params"}  # fmt: skip
     watch = TaskWatch(client, services, lambda s: workers[s.id])
+    sigkill = "exit code 137 (SIGKILL; out of memory? see docker events, or dmesg)"
     assert watch.poll() == [
-        "[actor/1] its task ended: exit code 137 (SIGKILL; out of memory? see docker events, "
-        "or dmesg)"
+        f"[actor/1] its task ended: {sigkill}",
+        f"[controller] its task ended: {sigkill}; Swarm starts it again, and it resumes the run",
     ]
     assert watch.poll() == []  # said once
     tasks.append(task("failed", code=2, service="svc-params", ident="p2"))
@@ -119,10 +125,53 @@ def test_service_log_lines_name_the_replica_that_wrote_them():
     assert next(_service_lines("controller", service, tail=10)) == ("controller", "step 1")
 
 
-def controller_tasks(*tasks: dict) -> SimpleNamespace:
-    """A client whose controller service lists ``tasks``."""
-    service = SimpleNamespace(tasks=lambda: list(tasks))
+def controller_tasks(*tasks: dict, replicas: int = 1, launch: str = "l1") -> SimpleNamespace:
+    """A client whose controller service lists ``tasks``, its tasks given launch id ``launch``."""
+    spec = {
+        "Mode": {"Replicated": {"Replicas": replicas}},
+        "TaskTemplate": {"ContainerSpec": {"Env": ["A=1", f"{LAUNCH_ID_ENV}={launch}"]}},
+    }
+    service = SimpleNamespace(tasks=lambda: list(tasks), attrs={"Spec": spec})
     return SimpleNamespace(services=SimpleNamespace(get=lambda name: service))
+
+
+def ended(seconds_ago: float, state: str = "failed", code: int = 137, **kw) -> dict:
+    """A controller task that ended ``seconds_ago``."""
+    record = task(state, code=code, **kw)
+    at = datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)
+    record["Status"]["Timestamp"] = at.isoformat()
+    return record
+
+
+def test_a_controller_that_swarm_is_to_start_again_has_not_ended_the_run(tmp_path):
+    """Swarm starts a failed controller again (it resumes the run): `deploy --wait` and `troupe
+    stop` took its first failure for the run's end, and exited while it resumed."""
+    first = ended(2, ident="t1", created="2026-12-05T10:00:00Z")
+    assert controller_exit_code(controller_tasks(first), "r") is None  # a restart is due
+    # its restart is there: the run goes on
+    again = task("starting", ident="t2", created="2026-12-05T10:00:03Z")
+    assert controller_exit_code(controller_tasks(first, again), "r") is None
+    # no restart comes: scaled to zero (troupe stop), long ago, or restarts spent
+    assert controller_exit_code(controller_tasks(first, replicas=0), "r") == 137
+    assert controller_exit_code(controller_tasks(ended(60)), "r") == 137
+    spent = [ended(2, ident=f"t{i}", created=f"2026-12-05T10:00:0{i}Z") for i in range(3)]
+    assert controller_exit_code(controller_tasks(*spent), "r") == 137
+    # the newest task is the run's, whatever order Swarm lists them in
+    done = ended(1, state="complete", code=0, ident="t3", created="2026-12-05T10:00:09Z")
+    assert controller_exit_code(controller_tasks(done, first), "r") == 0
+
+
+def test_a_controller_started_again_after_its_run_failed_exits_0_and_the_run_says_1(tmp_path):
+    """A failed run's controller exits 1, Swarm starts it again, and that one, with nothing to
+    resume, exits 0: the run's code is its summary's, not a false 0."""
+    failed = ended(30, code=1, ident="t1", created="2026-12-05T10:00:00Z")
+    nothing = ended(20, state="complete", code=0, ident="t2", created="2026-12-05T10:00:03Z")
+    summary = {"stop_reason": "failed", "launch_id": "l1"}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    client = controller_tasks(failed, nothing)
+    assert controller_exit_code(client, "r", tmp_path) == EXIT_FAILED
+    # another launch's summary (its controller wrote none): the task's own 0
+    assert controller_exit_code(controller_tasks(failed, nothing, launch="l2"), "r", tmp_path) == 0
 
 
 def test_a_controller_task_whose_container_went_in_an_engine_restart_exits_as_its_run_ended(

@@ -278,51 +278,98 @@ def test_status_logs_and_stop_find_a_deployed_run(client, tmp_path, monkeypatch)
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted"
 
 
-def test_workers_started_again_after_their_runs_end_exit_0(client, tmp_path):
-    """An engine's restart stops every task; Swarm then starts the worker tasks again, not the
-    controller, whose run has ended. Such a worker looked for its controller for 60 s, exited as
-    orphaned (3) and was started again, for as long as the services stood (its restarts are
-    slower than Swarm's window counts). Here the run ends by a SIGTERM to its controller, and a
-    forced update starts the actors again, as the engine's restart does."""
+def _tasks_started_again(service, before: set[str], n: int, timeout_s: float) -> list[dict]:
+    """Force ``service``'s tasks to start again, every one at once (a rolling update pauses
+    when a new task ends while it is watched), as an engine's restart does; wait for the ``n``
+    new tasks to end, and return them."""
+    all_at_once = UpdateConfig(parallelism=0, failure_action="continue")
+    service.update(force_update=True, update_config=all_at_once)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        again = [t for t in service.tasks() if t["ID"] not in before]
+        states = [t["Status"]["State"] for t in again]
+        if len(again) == n and all(state in swarm.FINISHED_STATES for state in states):
+            return again
+        assert time.monotonic() < deadline, f"{service.name} started again did not end: {states}"
+        time.sleep(0.5)
+
+
+def test_tasks_started_again_after_their_run_ended_by_itself_exit_0(client, tmp_path):
+    """An engine's restart starts every task of a run again. After a run that ended by itself,
+    a worker looked for its controller for 60 s, exited as orphaned (3) and was started again,
+    for as long as the services stood; the controller now starts again too (to resume an
+    interrupted run). Here the run spends its budget, and a forced update starts the actors
+    and the controller again, as the engine's restart does: each exits 0 at once."""
     run_dir = tmp_path / "swarm-ended"
-    args = deploy_args(run_dir, [*QUICK, "stop.env_frames=100000000"], wait=False)
+    args = deploy_args(run_dir, [*QUICK, "stop.env_frames=8000"], wait=False)
     assert swarm.run_swarm(args, recording_console()) == 0
     try:
-        deadline = time.monotonic() + 120
-        while not read_json(run_dir / "latest.json").get("env_frames"):
-            assert time.monotonic() < deadline, "the run did not train"
+        deadline = time.monotonic() + 180
+        while (summary := read_json(run_dir / "summary.json")).get("stop_reason") != "env_frames":
+            assert time.monotonic() < deadline, "the run did not spend its budget"
             time.sleep(0.5)
         controller = client.services.get("troupe-swarm-ended-controller")
-        (container,) = client.containers.list(
-            filters={"label": f"com.docker.swarm.service.id={controller.id}"}
-        )
-        container.kill(signal="SIGTERM")  # as the engine's stop: the run stops in order
-        while read_json(run_dir / "summary.json").get("stop_reason") != "interrupted":
-            assert time.monotonic() < deadline + 120, "the controller wrote no summary"
-            time.sleep(0.5)
         launch = controller.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
-        assert f"TROUPE_LAUNCH_ID={read_json(run_dir / 'summary.json')['launch_id']}" in launch
+        assert f"TROUPE_LAUNCH_ID={summary['launch_id']}" in launch
         actors = client.services.get("troupe-swarm-ended-actor")
         before = {t["ID"] for t in actors.tasks()}  # ended by the controller's stop: exit 0
-        # every task at once, whatever the first one does (a rolling update pauses when a new
-        # task ends while it is watched): as the engine's restart starts them
-        again_all = UpdateConfig(parallelism=0, failure_action="continue")
-        actors.update(force_update=True, update_config=again_all)
-        deadline = time.monotonic() + 45  # less than a worker's 60 s wait for its controller
-        while True:
-            again = [t for t in actors.tasks() if t["ID"] not in before]
-            states = [t["Status"]["State"] for t in again]
-            codes = [t["Status"].get("ContainerStatus", {}).get("ExitCode") for t in again]
-            if states == ["complete", "complete"] and codes == [0, 0]:
-                break
-            assert time.monotonic() < deadline, f"the actors started again did not end: {states}"
+        while any(t["Status"]["State"] not in swarm.FINISHED_STATES for t in controller.tasks()):
+            assert time.monotonic() < deadline, "the controller did not exit"
             time.sleep(0.5)
+        ended = {t["ID"] for t in controller.tasks()}
+        # less than a worker's 60 s wait for its controller
+        for service, n in ((actors, 2), (controller, 1)):
+            again = _tasks_started_again(service, before | ended, n, timeout_s=45)
+            codes = [t["Status"].get("ContainerStatus", {}).get("ExitCode") for t in again]
+            assert [t["Status"]["State"] for t in again] == ["complete"] * n and codes == [0] * n
         logs = (run_dir / "logs" / "actor-0.log").read_text()
-        assert "actor/0: its run has ended (summary.json: interrupted)" in logs, logs[-2000:]
+        assert "actor/0: its run has ended (summary.json: env_frames)" in logs, logs[-2000:]
+        logs = (run_dir / "logs" / "controller.log").read_text()
+        assert "its run had ended (summary.json: env_frames) when this controller" in logs
+        assert read_json(run_dir / "summary.json") == summary  # nothing resumed
     finally:
         stop = recording_console()
         assert ops.run_stop(ops_args("stop", "swarm-ended"), stop) == 0
     assert_nothing_left(client, "swarm-ended")
+
+
+def test_a_killed_swarm_controller_is_started_again_and_resumes_the_run(client, tmp_path):
+    """The controller's container SIGKILLed while the run trains (out of memory, a lost node):
+    Swarm never started it again, so the run was lost, `deploy --wait` exited 137 and the
+    workers looped. Now Swarm starts it again, it resumes the run from the run folder, the
+    workers whose connection closed start again and join it, and `deploy --wait` follows the
+    run to its budget and exits 0."""
+    run_dir = tmp_path / "swarm-killed"
+    deploy = [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "cartpole-ppo", *QUICK]
+    deploy += ["stop.env_frames=150000", "--run-dir", str(run_dir), "--image", IMAGE, "--wait"]
+    proc = subprocess.Popen([*deploy, "--metrics-port", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (before := read_json(run_dir / "latest.json")).get("env_frames"):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not train"
+            time.sleep(0.5)
+        controller = client.services.get("troupe-swarm-killed-controller")
+        (container,) = client.containers.list(
+            filters={"label": f"com.docker.swarm.service.id={controller.id}"}
+        )
+        container.kill(signal="SIGKILL")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-4000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 150000, summary
+    assert summary["env_frames"] > before["env_frames"]
+    assert summary["policy_versions"]["default"] > 0
+    # how its first task ended, and that each worker of it left and joined the new one
+    assert "[controller] its task ended: exit code 137 (SIGKILL" in out, out[-4000:]
+    said = (run_dir / "logs" / "controller.log").read_text()
+    for worker in ("params", "actor/0", "actor/1", "trainer/default/0"):
+        assert said.count(f"{worker} says hello") == 2, said[-4000:]
+    assert_nothing_left(client, "swarm-killed")
 
 
 def test_a_users_environment_file_is_deployed_with_import_and_an_image_holding_it(client, tmp_path):
