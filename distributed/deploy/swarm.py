@@ -403,20 +403,43 @@ def wait_for_controller(engine: Engine, run: str, console: Console, run_dir: Pat
 
 
 def _echo_logs(service: Service, console: Console) -> None:
-    """The controller service's lines as they come; after the engine's absence, from the second
-    of the last line read (the stream broke, and nothing more was shown; lines of that second
-    may show twice: the service's logs start at a whole second)."""
+    """The controller service's lines as they come, followed again from the second of the last
+    line shown whenever the stream ends while the service stands: an engine's absence breaks it,
+    and its restart ends it ("context canceled"), where the lines of the controller Swarm
+    started again, which resumed the run, were never shown. Each line carries its time, so one
+    of that second is not shown twice."""
     since: int | None = None
+    shown: set[str] = set()  # the lines of the second ``since``, as they came
     while True:
         try:
-            for line in service.logs(stdout=True, stderr=True, follow=True, since=since):
-                console.print(Text(line.decode(errors="replace").rstrip()), highlight=False)
-                since = int(time.time())
-            return
+            for raw in service.logs(
+                stdout=True, stderr=True, follow=True, since=since, timestamps=True
+            ):
+                text = raw.decode(errors="replace").rstrip()
+                stamp, _, line = text.partition(" ")
+                if (second := _log_second(stamp)) is None:  # the engine's ("Error grabbing ...")
+                    console.print(Text(text), highlight=False)
+                    continue
+                if stamp in shown:
+                    continue
+                if second != since:
+                    since, shown = second, set()
+                shown.add(stamp)
+                console.print(Text(line), highlight=False)
         except Exception as e:  # the service was removed under the stream: nothing more to show
             if not engine_gone(e):
                 return
         time.sleep(RETRY_S)
+
+
+def _log_second(stamp: str) -> int | None:
+    """The whole second of a log line's time (``2026-12-05T21:36:00.123456789Z``)."""
+    from datetime import datetime
+
+    try:
+        return int(datetime.fromisoformat(stamp).timestamp())
+    except ValueError:
+        return None
 
 
 def remove_run(client: docker.DockerClient, run: str, timeout_s: float = 60.0) -> None:

@@ -225,3 +225,34 @@ def test_ps_says_ended_not_failed_of_a_controller(monkeypatch):
         "restarts 0; ended: exit code 130 (the run was stopped in order)"
     )
     assert rows["troupe-r-params"].detail == "restarts 0"
+
+
+def test_deploy_wait_follows_the_controllers_lines_again_when_the_stream_ends(monkeypatch):
+    """An engine's restart ends the log stream ("context canceled") while Swarm starts the
+    controller again to resume the run: its lines were never shown. The stream is followed
+    again from the second of the last line, and a line of that second shows once."""
+    from rich.console import Console
+
+    from distributed.deploy import swarm
+
+    streams = [
+        [b"2026-12-05T21:36:00.100000000Z run starts", b"2026-12-05T21:36:01.5Z v1"],
+        [b"Error grabbing logs: context canceled"],
+        [b"2026-12-05T21:36:01.5Z v1", b"2026-12-05T21:36:30.25Z resumed from v1"],
+    ]
+    asked = []
+
+    def logs(**kw):
+        asked.append(kw["since"])
+        if not streams:
+            raise RuntimeError("404 Client Error: service not found")  # removed: the end
+        return iter(streams.pop(0))
+
+    monkeypatch.setattr(swarm, "RETRY_S", 0.0)
+    console = Console(record=True, width=200)
+    swarm._echo_logs(SimpleNamespace(logs=logs), console)
+    assert console.export_text().splitlines() == [
+        "run starts", "v1", "Error grabbing logs: context canceled", "resumed from v1"
+    ]  # fmt: skip
+    start = int(datetime(2026, 12, 5, 21, 36, tzinfo=timezone.utc).timestamp())
+    assert asked == [None, start + 1, start + 1, start + 30]
