@@ -192,8 +192,8 @@ def _service_settings(
 
     ``launch``: the deployment's id. With the run folder's mount, it lets a task that Swarm
     starts again after its run ended (an engine's restart) see that end and exit 0
-    (:mod:`system.run.launch_end`), instead of looking for the controller for ever, and a
-    controller started again tell a run to resume from one to leave ended."""
+    (:mod:`system.run.launch_end`), instead of looking for the controller for ever; and a
+    controller started again tell an interrupted run, which it resumes, from one that ended."""
     from docker.types import EndpointSpec, Mount, SecretReference, ServiceMode
 
     from system.roles import Role

@@ -98,6 +98,6 @@ class TaskWatch:
                 continue
             self.seen.add(task["ID"])
             if worker == CONTROLLER_ID:  # polled while the run goes on: a restart is due
-                end += "; Swarm starts it again, and it resumes the run"
+                end += "; Swarm starts it again, to resume the run unless it had ended"
             lines.append(f"[{task_worker(worker, task)}] its task ended: {end}")
         return lines
