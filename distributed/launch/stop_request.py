@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from system.run import folder_lock
+from system.run import folder_lock, launch_end
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ def take(run_dir: Path, environ=os.environ) -> dict | None:
         logger.warning("ignoring %s: it asked job %s to stop, this is job %s", path, job,
                        environ[SLURM_JOB])  # fmt: skip
         return None
+    launch_end.stopped_by(str(request.get("by") or "troupe stop"))  # not to resume: summary
     return request
 
 

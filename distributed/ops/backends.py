@@ -292,17 +292,17 @@ class SwarmBackend:
         return client, swarm.find_services(client, record.run)
 
     def alive(self, record: LaunchRecord) -> bool | None:
-        """Whether the controller service has a task that has not finished (scaled to zero by
-        a stop, its tasks end; at the run's end, its one task completes)."""
+        """Whether the controller service has a task that has not finished, or one that Swarm
+        is to start again (scaled to zero by a stop, its tasks end; at the run's end, its last
+        task completes): ``swarm.controller_exit_code``."""
         from distributed.deploy import swarm
         from distributed.launch import docker_run as dl
 
-        _, services = self._services(record)
+        client, services = self._services(record)
         name = swarm.service_name(record.run, dl.CONTROLLER_ID)
-        controller = [s for s in services if s.name == name]
-        return bool(controller) and any(
-            t["Status"]["State"] not in swarm.FINISHED_STATES for t in controller[0].tasks()
-        )
+        if not any(s.name == name for s in services):
+            return False
+        return swarm.controller_exit_code(client, record.run) is None
 
     def processes(self, record: LaunchRecord) -> list[Process]:
         from distributed.deploy import swarm

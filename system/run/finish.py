@@ -100,6 +100,8 @@ def finish_run(
     summary.update(extra)
     if launch_end.launch_id() is not None:  # its workers that Swarm restarts find the end here
         summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()
+    if summary.get("stop_reason") == launch_end.INTERRUPTED and launch_end.stop_asked_by():
+        summary[launch_end.STOPPED_BY_KEY] = launch_end.stop_asked_by()
     earlier = earlier_solve(run_dir)  # read before this summary replaces it
     if stop_reason == "eval_return":
         summary["confirmation"] = evaluation.describe()

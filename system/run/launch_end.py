@@ -39,6 +39,11 @@ RUN_FOLDER_ENV = "TROUPE_RUN_FOLDER"
 SUMMARY_KEY = "launch_id"
 INTERRUPTED = "interrupted"
 """The stop reason of a run stopped by a signal, which a controller started again resumes."""
+STOPPED_BY_KEY = "stopped_by"
+"""In the summary of a run whose stop a user asked for (:func:`stopped_by`): no signal of an
+engine's, so a controller started again leaves it stopped."""
+
+_stopped_by: str | None = None
 Stamp = tuple[int, int, int]
 
 
@@ -87,9 +92,23 @@ def ended_summary(
 
 
 def ended_for_good(summary: Mapping[str, Any]) -> bool:
-    """Whether a run ended by itself (solved, a budget spent, failed), not by a signal: a
-    controller started again then has nothing to resume."""
-    return summary.get("stop_reason") != INTERRUPTED
+    """Whether a run ended by itself (solved, a budget spent, failed) or was stopped by its
+    user, not by an engine's signal: a controller started again then has nothing to resume."""
+    return summary.get("stop_reason") != INTERRUPTED or bool(summary.get(STOPPED_BY_KEY))
+
+
+def stopped_by(who: str) -> None:
+    """Record, for this controller's summary, that ``who`` (``troupe stop``) asked for the
+    run's stop. ``troupe stop`` asks a Swarm controller that is being started again (Swarm
+    restarts it) through a request in the run folder: it stopped the run and exited 130, and
+    Swarm started it again, which resumed the run the user had stopped."""
+    global _stopped_by
+    _stopped_by = who
+
+
+def stop_asked_by() -> str | None:
+    """Who asked for this run's stop, if a user did (:func:`stopped_by`)."""
+    return _stopped_by
 
 
 def say_ended(
@@ -103,7 +122,7 @@ def say_ended(
         "%s: its run has ended (summary.json: %s) and its controller with it; nothing to "
         "rejoin, so it exits (`troupe stop` removes what is left of the run)",
         worker_id,
-        summary.get("stop_reason", "no stop reason"),
+        _how_it_ended(summary),
     )
 
 
@@ -117,8 +136,13 @@ def say_nothing_to_resume(
         "its run had ended (summary.json: %s) when this controller was started again: "
         "nothing to resume, so it exits (`troupe deploy swarm --resume` continues a run; "
         "`troupe stop` removes what is left of it)",
-        summary.get("stop_reason", "no stop reason"),
+        _how_it_ended(summary),
     )
+
+
+def _how_it_ended(summary: Mapping[str, Any]) -> str:
+    said = str(summary.get("stop_reason", "no stop reason"))
+    return f"{said}, by {summary[STOPPED_BY_KEY]}" if summary.get(STOPPED_BY_KEY) else said
 
 
 class WorkerLaunch:

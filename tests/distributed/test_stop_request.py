@@ -17,14 +17,18 @@ import pytest
 from api.config import make_experiment
 from distributed.launch import stop_request
 from system import run_folder
+from system.run import launch_end
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def controller(run_dir: Path) -> subprocess.Popen:
+def controller(run_dir: Path, launch: str | None = None) -> subprocess.Popen:
+    """``troupe controller`` on ``run_dir``; ``launch``: as a Swarm task of that deployment."""
     config = make_experiment("cartpole-ppo", ["stop.eval_return=None"])
     run_folder.write_json(run_dir / run_folder.CONFIG, config.to_dict())
     env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    if launch is not None:
+        env.update({launch_end.LAUNCH_ID_ENV: launch, launch_end.RUN_FOLDER_ENV: str(run_dir)})
     command = [sys.executable, "-m", "distributed.cli", "controller", str(run_dir),
                "--bind", "tcp://127.0.0.1:0", "--no-display", "--insecure"]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -69,7 +73,27 @@ def test_a_request_written_as_the_controller_took_the_folder_stops_it_in_order(t
     assert summary["stop_reason"] == "interrupted"
 
 
-def test_a_request_left_for_another_slurm_job_is_not_taken_as_this_ones(tmp_path):
+@pytest.mark.multiprocess
+def test_a_run_its_user_stopped_is_not_resumed_by_its_controller_started_again(tmp_path):
+    """`troupe stop` while Swarm starts a killed controller again goes through a request: that
+    controller stopped the run and exited 130, and Swarm, which starts it again after any exit
+    but 0, started it once more, and this one resumed the run its user had stopped."""
+    run_dir = tmp_path / "stopped"
+    stop_request.write(run_dir)
+    code, out = ended(controller(run_dir, launch="s1"))
+    assert code == 130, out
+    summary = json.loads((run_dir / run_folder.SUMMARY).read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["launch_id"] == "s1"
+    assert summary["stopped_by"] == "troupe stop"
+    code, out = ended(controller(run_dir, launch="s1"))  # Swarm's restart
+    said = " ".join(out.split())
+    assert code == 0 and "(summary.json: interrupted, by troupe stop)" in said, out
+    assert "nothing to resume" in said
+    assert json.loads((run_dir / run_folder.SUMMARY).read_text()) == summary
+
+
+def test_a_request_left_for_another_slurm_job_is_not_taken_as_this_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_end, "_stopped_by", None)  # what a taken request sets
     stop_request.write(tmp_path, job_id="41")
     assert stop_request.take(tmp_path, {"SLURM_JOB_ID": "42"}) is None
     assert not (tmp_path / stop_request.FILE).exists()  # stale: removed
@@ -77,3 +101,4 @@ def test_a_request_left_for_another_slurm_job_is_not_taken_as_this_ones(tmp_path
     assert stop_request.take(tmp_path, {"SLURM_JOB_ID": "42"})["job_id"] == "42"
     stop_request.write(tmp_path)  # Swarm: no job
     assert stop_request.take(tmp_path, {})["by"] == "troupe stop"
+    assert launch_end.stop_asked_by() == "troupe stop"  # the summary says so

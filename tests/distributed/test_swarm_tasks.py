@@ -257,3 +257,23 @@ def test_deploy_wait_follows_the_controllers_lines_again_when_the_stream_ends(mo
     ]  # fmt: skip
     start = int(datetime(2026, 12, 5, 21, 36, tzinfo=timezone.utc).timestamp())
     assert asked == [None, start + 1, start + 1, start + 30]
+
+
+def test_status_and_stop_see_a_run_whose_controller_swarm_starts_again_as_running(monkeypatch):
+    """`troupe stop` waits for the run's end (``alive``): a controller task that failed a
+    moment ago, which Swarm is to start again, is not the end (the stop went on to remove the
+    services under the controller resuming the run)."""
+    from distributed.ops.backends import SwarmBackend
+    from distributed.ops.record import LaunchRecord
+
+    def backend(*tasks: dict) -> SwarmBackend:
+        client = controller_tasks(*tasks)
+        service = client.services.get("troupe-r-controller")
+        service.name = "troupe-r-controller"
+        monkeypatch.setattr(SwarmBackend, "_services", lambda self, record: (client, [service]))
+        return SwarmBackend()
+
+    record = LaunchRecord("swarm", "r")
+    assert backend(ended(2)).alive(record) is True  # to be started again
+    assert backend(ended(60)).alive(record) is False  # restarts spent, or none came
+    assert backend(ended(2, state="complete", code=0)).alive(record) is False

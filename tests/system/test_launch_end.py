@@ -55,6 +55,9 @@ def test_an_interrupted_run_is_no_end_for_good(tmp_path):
     _write_summary(tmp_path, "interrupted")
     assert launch_end.ended_summary(_env("a1", tmp_path)) is not None
     assert launch_end.ended_summary(_env("a1", tmp_path), for_good=True) is None
+    stopped = {"stop_reason": "interrupted", "launch_id": "a1", "stopped_by": "troupe stop"}
+    (tmp_path / "summary.json").write_text(json.dumps(stopped))  # by its user: not resumed
+    assert launch_end.ended_summary(_env("a1", tmp_path), for_good=True) == stopped
     for reason in ("env_frames", "eval_return", "failed"):
         _write_summary(tmp_path, reason)
         assert (
