@@ -5,10 +5,11 @@ gives every task of one deployment the same id (:data:`LAUNCH_ID_ENV`) and the r
 (:data:`RUN_FOLDER_ENV`); the controller writes the id into ``summary.json`` at the end. What a
 task started again does with a summary of its own launch depends on how the run ended:
 
-- by itself (solved, its budget spent, failed): nothing is left to do. The controller exits 0
-  before it starts anything, and so does a worker, which Swarm's ``on-failure`` policy leaves
-  ended. Such a worker used to look for its controller for a minute, exit as orphaned and be
-  started again, for as long as the services stood.
+- by itself (solved, its budget spent, failed), or stopped by its user (``troupe stop``,
+  :func:`stopped_by`): nothing is left to do. The controller exits 0 before it starts
+  anything, and so does a worker, which Swarm's ``on-failure`` policy leaves ended. Such a
+  worker used to look for its controller for a minute, exit as orphaned and be started
+  again, for as long as the services stood.
 - interrupted (the engine stopped it, a drained node): Swarm starts the controller again, which
   resumes the run, as a Kubernetes controller pod started again does; the workers wait for it.
   One that waits in vain (the controller's restarts are spent) then exits 0 as well.
