@@ -90,8 +90,12 @@ def controller(request, tmp_path):
     ctl.metrics.close()
 
 
-def _socket_wiring(controller_address: str, worker_id: str, run_dir: Path, config) -> SocketWiring:
-    return SocketWiring(ControlClient(controller_address, worker_id), Placement(), run_dir, config)
+def _socket_wiring(controller_address: str, plan, run_dir: Path, config) -> SocketWiring:
+    """A worker's wiring after its hello, as a worker process has it (a controller refuses a
+    worker that speaks without one: it is of an earlier controller process)."""
+    client = ControlClient(controller_address, plan.worker_id)
+    client.hello(str(plan.role))
+    return SocketWiring(client, Placement(), run_dir, config)
 
 
 def test_each_role_is_built_alike_in_serial_and_process_mode(controller, tmp_path):
@@ -106,7 +110,7 @@ def test_each_role_is_built_alike_in_serial_and_process_mode(controller, tmp_pat
         # streams, the trainer publishes its first version, the policy worker loads it, the
         # actors find them all. Serial mode builds the same plan after each.
         for plan in plan_workers(config):
-            wiring = _socket_wiring(ctl.address, plan.worker_id, tmp_path, config)
+            wiring = _socket_wiring(ctl.address, plan, tmp_path, config)
             wirings.append(wiring)
             built = builders.build(plan, config, wiring).worker
             built_process[plan.worker_id] = built
