@@ -317,8 +317,7 @@ class SwarmBackend:
             nodes = sorted({t.get("NodeID", "")[:12] for t in tasks if t.get("NodeID")})
             worker, note = swarm.worker_of(service), f"restarts {max(0, len(tasks) - desired)}"
             if failure := last_failure(tasks, worker):  # what `docker service ps` would say
-                # a controller's exit is its run's end (130: stopped in order), not a failure
-                note += f"; {'ended' if worker == CONTROLLER_ID else 'last failed'}: {failure}"
+                note += f"; {_how_it_ended(worker == CONTROLLER_ID, running)}: {failure}"
             rows.append(Process(service.name, worker, f"{running}/{desired} running",
                                 ",".join(nodes), note, running))  # fmt: skip
         return rows
@@ -351,6 +350,14 @@ class SwarmBackend:
         client, _ = self._services(record)
         swarm.remove_run(client, record.run)
         return f"removed run '{record.run}' from the swarm (services, secret, network)"
+
+
+def _how_it_ended(controller: bool, running: int) -> str:
+    """A worker's task failed; a controller's exit is its run's end (130: stopped in order),
+    unless Swarm started it again to resume the run (it runs: its last task ended)."""
+    if not controller:
+        return "last failed"
+    return "last ended" if running else "ended"
 
 
 def _service_lines(template: str, service, tail: int) -> Iterator[tuple[str, str]]:

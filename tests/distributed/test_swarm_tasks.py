@@ -226,6 +226,11 @@ def test_ps_says_ended_not_failed_of_a_controller(monkeypatch):
         "restarts 0; ended: exit code 130 (the run was stopped in order)"
     )
     assert rows["troupe-r-params"].detail == "restarts 0"
+    # killed, and started again by Swarm to resume the run: not the run's end
+    services[0] = service("troupe-r-controller", "controller",
+                          task("failed", code=137), task("running"))  # fmt: skip
+    rows = {p.name: p for p in SwarmBackend().processes(LaunchRecord("swarm", "r"))}
+    assert rows["troupe-r-controller"].detail.startswith("restarts 1; last ended: exit code 137")
 
 
 def test_deploy_wait_follows_the_controllers_lines_again_when_the_stream_ends(monkeypatch):
