@@ -327,7 +327,11 @@ def controller_exit_code(
       nothing to resume: the run's code is its summary's (a failed run's 1, not 0)."""
     service = client.services.get(service_name(run, dl.CONTROLLER_ID))
     tasks = service.tasks()
-    if not tasks or any(t["Status"]["State"] not in FINISHED_STATES for t in tasks):
+    if not tasks:  # none yet; or none left: Swarm removes a service's tasks scaled to zero
+        if _replicas(service) != 0:
+            return None
+        return exit_code_of(folder.summary(run_dir) if run_dir is not None else None)
+    if any(t["Status"]["State"] not in FINISHED_STATES for t in tasks):
         return None
     last = max(tasks, key=lambda t: str(t.get("CreatedAt", "")))
     if _restart_due(service, tasks, last):
@@ -362,14 +366,19 @@ def _restart_due(service: Service, tasks: list[dict], last: dict) -> bool:
 
     if last["Status"]["State"] == "complete":  # on-failure: an exit 0 is never restarted
         return False
-    mode = (getattr(service, "attrs", None) or {}).get("Spec", {}).get("Mode", {})
-    if mode.get("Replicated", {}).get("Replicas", 1) == 0 or len(tasks) > CONTROLLER_RETRIES:
+    if _replicas(service) == 0 or len(tasks) > CONTROLLER_RETRIES:
         return False
     try:
         ended = datetime.fromisoformat(str(last["Status"]["Timestamp"]))
     except (KeyError, ValueError):
         return False
     return (datetime.now(timezone.utc) - ended).total_seconds() < RESTART_DUE_S
+
+
+def _replicas(service: Service) -> int:
+    """How many tasks the service wants (0 once ``troupe stop`` scaled it to zero)."""
+    mode = (getattr(service, "attrs", None) or {}).get("Spec", {}).get("Mode", {})
+    return int(mode.get("Replicated", {}).get("Replicas", 1))
 
 
 def _launch_of(service: Service) -> str | None:

@@ -157,6 +157,12 @@ def test_a_controller_that_swarm_is_to_start_again_has_not_ended_the_run(tmp_pat
     assert controller_exit_code(controller_tasks(ended(60)), "r") == 137
     spent = [ended(2, ident=f"t{i}", created=f"2026-12-05T10:00:0{i}Z") for i in range(3)]
     assert controller_exit_code(controller_tasks(*spent), "r") == 137
+    # no task yet (just deployed), and none left: Swarm removes those of a service scaled to
+    # zero (`troupe stop` waited for such a run's end until its own time ran out)
+    assert controller_exit_code(controller_tasks(), "r") is None
+    (tmp_path / "summary.json").write_text(json.dumps({"stop_reason": "interrupted"}))
+    assert controller_exit_code(controller_tasks(replicas=0), "r", tmp_path) == EXIT_INTERRUPTED
+    assert controller_exit_code(controller_tasks(replicas=0), "r") == EXIT_FAILED  # no folder
     # the newest task is the run's, whatever order Swarm lists them in
     done = ended(1, state="complete", code=0, ident="t3", created="2026-12-05T10:00:09Z")
     assert controller_exit_code(controller_tasks(done, first), "r") == 0
