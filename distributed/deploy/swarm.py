@@ -45,6 +45,7 @@ from distributed.deploy.sizing import (
     needs_of,
     parse_overrides,
 )
+from distributed.deploy.swarm_tasks import controller_end
 from distributed.errors import DockerRunError, SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
 from distributed.images.pinning import image_reference
@@ -54,12 +55,9 @@ from distributed.launch.docker_output import RETRY_S, engine_gone
 from distributed.launch.run_commands import add_import_argument
 from distributed.launch.signals import (
     EXIT_ABANDONED,
-    EXIT_FAILED,
     EXIT_INTERRUPTED,
-    exit_code_of,
     raise_interrupt,
 )
-from distributed.ops import folder
 from system import run_folder
 from system.run import launch_end
 from system.run.worker_record import MAX_RESTARTS, PROGRESS_S
@@ -81,7 +79,6 @@ a worker failing now and then (a flaky simulator) was not restarted after its fi
 a days-long run, where the controller, which counts failures in a row without running
 PROGRESS_S, waited for it and failed the run. A task failing more often than every 30 s still
 reaches ``max_attempts`` within the window (a crash loop, which the controller gives up on too)."""
-FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
 
 
 # --------------------------------------------------------------------- the services of a run
@@ -316,77 +313,9 @@ def worker_of(service: Service) -> str:
 def controller_exit_code(
     client: docker.DockerClient, run: str, run_dir: Path | None = None
 ) -> int | None:
-    """The exit code of the controller's last task once the run has ended, else None: while a
-    task runs or starts, and while Swarm is to start a failed one again (:func:`_restart_due`).
-
-    - A task failed with exit code 0 has none of its own: its container went in the engine's
-      restart ("No such container"), and ``troupe stop`` said "exit code 0" of a run that had
-      stopped interrupted. Its code is then the one its summary gives (:func:`exit_code_of`; 1
-      with no run folder here).
-    - A task that exited 0 may be a controller started again after its run ended, which has
-      nothing to resume: the run's code is its summary's (a failed run's 1, not 0)."""
-    service = client.services.get(service_name(run, dl.CONTROLLER_ID))
-    tasks = service.tasks()
-    if not tasks:  # none yet; or none left: Swarm removes a service's tasks scaled to zero
-        if _replicas(service) != 0:
-            return None
-        return exit_code_of(folder.summary(run_dir) if run_dir is not None else None)
-    if any(t["Status"]["State"] not in FINISHED_STATES for t in tasks):
-        return None
-    last = max(tasks, key=lambda t: str(t.get("CreatedAt", "")))
-    if _restart_due(service, tasks, last):
-        return None
-    status = last["Status"]
-    code = int(status.get("ContainerStatus", {}).get("ExitCode", 1))
-    if code != 0:
-        return code
-    summary = folder.summary(run_dir) if run_dir is not None else None
-    if status["State"] == "complete":
-        ours = summary is not None and summary.get(launch_end.SUMMARY_KEY) == _launch_of(service)
-        return exit_code_of(summary) if ours else 0
-    if run_dir is None:
-        return EXIT_FAILED
-    logger.warning("the controller's task %s with no exit code of its own (%s): the run %s",
-                   status["State"], status.get("Err") or "no reason",
-                   f"ended {summary.get('stop_reason')}, as its summary says"
-                   if summary else "has no summary")  # fmt: skip
-    return exit_code_of(summary)
-
-
-RESTART_DUE_S = 15.0
-"""How long after a controller task failed Swarm may still be to start it again: its restart
-delay (1 s) and the manager's round, with room to spare."""
-
-
-def _restart_due(service: Service, tasks: list[dict], last: dict) -> bool:
-    """Whether Swarm is to start the controller's failed ``last`` task again: its service still
-    wants it (``troupe stop`` scales it to zero), restarts are left, and it ended moments ago.
-    ``deploy --wait`` and ``troupe stop`` took the first failure for the run's end before."""
-    from datetime import datetime, timezone
-
-    if last["Status"]["State"] == "complete":  # on-failure: an exit 0 is never restarted
-        return False
-    if _replicas(service) == 0 or len(tasks) > CONTROLLER_RETRIES:
-        return False
-    try:
-        ended = datetime.fromisoformat(str(last["Status"]["Timestamp"]))
-    except (KeyError, ValueError):
-        return False
-    return (datetime.now(timezone.utc) - ended).total_seconds() < RESTART_DUE_S
-
-
-def _replicas(service: Service) -> int:
-    """How many tasks the service wants (0 once ``troupe stop`` scaled it to zero)."""
-    mode = (getattr(service, "attrs", None) or {}).get("Spec", {}).get("Mode", {})
-    return int(mode.get("Replicated", {}).get("Replicas", 1))
-
-
-def _launch_of(service: Service) -> str | None:
-    """The launch id the service's tasks are given (:mod:`system.run.launch_end`)."""
-    spec = (getattr(service, "attrs", None) or {}).get("Spec", {})
-    env = spec.get("TaskTemplate", {}).get("ContainerSpec", {}).get("Env") or []
-    prefix = f"{launch_end.LAUNCH_ID_ENV}="
-    return next((e.removeprefix(prefix) for e in env if e.startswith(prefix)), None)
+    """The run's exit code once its controller has ended it, else None
+    (:func:`~distributed.deploy.swarm_tasks.controller_end` of its service's tasks)."""
+    return controller_end(client.services.get(service_name(run, dl.CONTROLLER_ID)), run_dir)
 
 
 def wait_for_controller(engine: Engine, run: str, console: Console, run_dir: Path) -> int:

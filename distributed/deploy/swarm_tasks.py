@@ -1,24 +1,39 @@
-"""How a Swarm run's worker tasks ended, read from Swarm's task records.
+"""How a Swarm run's tasks ended, read from Swarm's task records.
 
 Inside the swarm the controller sees only that a worker went silent: a task killed for memory,
 one that crashed, and one Swarm could not place (an image missing on a node, no node with the
 resources asked) all looked alike there, and the reason stayed in ``docker service ps``. Swarm
 keeps each task's state, exit code and error in the manager, for every node alike, so
 ``troupe deploy swarm --wait`` reports each failed task as it sees it, and ``troupe ps`` says
-how a service's last failed task ended.
+how a service's last failed task ended. A controller's last task is its run's end, unless Swarm
+is to start it again, to resume the run (:func:`controller_end`).
 """
 
 from __future__ import annotations
 
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distributed.deploy.manifests import CONTROLLER_RETRIES
 from distributed.launch.docker_output import CONTROLLER_ID, container_exit
-from distributed.launch.signals import EXIT_ABANDONED, EXIT_FAILED, EXIT_INTERRUPTED
+from distributed.launch.signals import (
+    EXIT_ABANDONED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    exit_code_of,
+)
+from distributed.ops import folder
+from system.run import launch_end
 
 if TYPE_CHECKING:
     import docker
     from docker.models.services import Service
 
+logger = logging.getLogger(__name__)
+
+FINISHED_STATES = ("complete", "failed", "shutdown", "rejected", "orphaned", "remove")
 CONTROLLER_EXITS = {
     EXIT_FAILED: "the run failed: summary.json says why",
     2: "a bad argument",
@@ -101,3 +116,75 @@ class TaskWatch:
                 end += "; Swarm starts it again, to resume the run unless it had ended"
             lines.append(f"[{task_worker(worker, task)}] its task ended: {end}")
         return lines
+
+
+def controller_end(service: Service, run_dir: Path | None = None) -> int | None:
+    """The exit code of a run's controller service's last task once the run has ended, else
+    None: while a task runs or starts, and while Swarm is to start a failed one again
+    (:func:`_restart_due`). ``run_dir``: the run folder, where this machine sees it.
+
+    - A task failed with exit code 0 has none of its own: its container went in the engine's
+      restart ("No such container"), and ``troupe stop`` said "exit code 0" of a run that had
+      stopped interrupted. Its code is then the one its summary gives (:func:`exit_code_of`; 1
+      with no run folder here).
+    - A task that exited 0 may be a controller started again after its run ended, which has
+      nothing to resume: the run's code is its summary's (a failed run's 1, not 0)."""
+    tasks = service.tasks()
+    if not tasks:  # none yet; or none left: Swarm removes a service's tasks scaled to zero
+        if _replicas(service) != 0:
+            return None
+        return exit_code_of(folder.summary(run_dir) if run_dir is not None else None)
+    if any(t["Status"]["State"] not in FINISHED_STATES for t in tasks):
+        return None
+    last = max(tasks, key=lambda t: str(t.get("CreatedAt", "")))
+    if _restart_due(service, tasks, last):
+        return None
+    status = last["Status"]
+    code = int(status.get("ContainerStatus", {}).get("ExitCode", 1))
+    if code != 0:
+        return code
+    summary = folder.summary(run_dir) if run_dir is not None else None
+    if status["State"] == "complete":
+        ours = summary is not None and summary.get(launch_end.SUMMARY_KEY) == _launch_of(service)
+        return exit_code_of(summary) if ours else 0
+    if run_dir is None:
+        return EXIT_FAILED
+    logger.warning("the controller's task %s with no exit code of its own (%s): the run %s",
+                   status["State"], status.get("Err") or "no reason",
+                   f"ended {summary.get('stop_reason')}, as its summary says"
+                   if summary else "has no summary")  # fmt: skip
+    return exit_code_of(summary)
+
+
+RESTART_DUE_S = 15.0
+"""How long after a controller task failed Swarm may still be to start it again: its restart
+delay (1 s) and the manager's round, with room to spare."""
+
+
+def _restart_due(service: Service, tasks: list[dict], last: dict) -> bool:
+    """Whether Swarm is to start the controller's failed ``last`` task again: its service still
+    wants it (``troupe stop`` scales it to zero), restarts are left, and it ended moments ago.
+    ``deploy --wait`` and ``troupe stop`` took the first failure for the run's end before."""
+    if last["Status"]["State"] == "complete":  # on-failure: an exit 0 is never restarted
+        return False
+    if _replicas(service) == 0 or len(tasks) > CONTROLLER_RETRIES:
+        return False
+    try:
+        ended = datetime.fromisoformat(str(last["Status"]["Timestamp"]))
+    except (KeyError, ValueError):
+        return False
+    return (datetime.now(timezone.utc) - ended).total_seconds() < RESTART_DUE_S
+
+
+def _replicas(service: Service) -> int:
+    """How many tasks the service wants (0 once ``troupe stop`` scaled it to zero)."""
+    mode = (getattr(service, "attrs", None) or {}).get("Spec", {}).get("Mode", {})
+    return int(mode.get("Replicated", {}).get("Replicas", 1))
+
+
+def _launch_of(service: Service) -> str | None:
+    """The launch id the service's tasks are given (:mod:`system.run.launch_end`)."""
+    spec = (getattr(service, "attrs", None) or {}).get("Spec", {})
+    env = spec.get("TaskTemplate", {}).get("ContainerSpec", {}).get("Env") or []
+    prefix = f"{launch_end.LAUNCH_ID_ENV}="
+    return next((e.removeprefix(prefix) for e in env if e.startswith(prefix)), None)

@@ -24,6 +24,7 @@ from engine_proxy import EngineProxy, engine_socket
 from rich.console import Console
 
 from distributed.deploy import swarm
+from distributed.deploy.swarm_tasks import FINISHED_STATES
 from distributed.images import build as images
 from distributed.launch import docker_run as dl
 from distributed.ops import commands as ops
@@ -288,7 +289,7 @@ def _tasks_started_again(service, before: set[str], n: int, timeout_s: float) ->
     while True:
         again = [t for t in service.tasks() if t["ID"] not in before]
         states = [t["Status"]["State"] for t in again]
-        if len(again) == n and all(state in swarm.FINISHED_STATES for state in states):
+        if len(again) == n and all(state in FINISHED_STATES for state in states):
             return again
         assert time.monotonic() < deadline, f"{service.name} started again did not end: {states}"
         time.sleep(0.5)
@@ -313,7 +314,7 @@ def test_tasks_started_again_after_their_run_ended_by_itself_exit_0(client, tmp_
         assert f"TROUPE_LAUNCH_ID={summary['launch_id']}" in launch
         actors = client.services.get("troupe-swarm-ended-actor")
         before = {t["ID"] for t in actors.tasks()}  # ended by the controller's stop: exit 0
-        while any(t["Status"]["State"] not in swarm.FINISHED_STATES for t in controller.tasks()):
+        while any(t["Status"]["State"] not in FINISHED_STATES for t in controller.tasks()):
             assert time.monotonic() < deadline, "the controller did not exit"
             time.sleep(0.5)
         ended = {t["ID"] for t in controller.tasks()}
