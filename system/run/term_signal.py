@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
+from collections.abc import Callable
 
 from system.run import control_protocol as cp
 from system.run.control_channel import ControlClient
@@ -52,6 +54,7 @@ class TermSignal:
         """When the first SIGTERM came in the loop (None: none)."""
         self.in_loop = False
         self._said = False
+        self._telling = threading.Lock()  # the loop and a busy heartbeat's thread both tell
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -67,10 +70,31 @@ class TermSignal:
         within :data:`TERM_WAIT_S`."""
         if self.at is None:
             return
-        if not self._said:
-            self._said = True
-            logger.warning("SIGTERM, not from the controller: leaving once it stops this worker")
-            ctl.send(cp.Signalled("SIGTERM"))
-        elif now - self.at > TERM_WAIT_S:
+        if not self.tell(ctl) and now - self.at > TERM_WAIT_S:
             logger.warning("no stop from the controller %.0fs after SIGTERM", now - self.at)
             raise Terminated()
+
+    def on_beat(self, ctl: ControlClient, mark: Callable[[], None]) -> Callable[[], None]:
+        """What a long poll's heartbeat thread does with each beat: ``mark`` (the liveness
+        file), then :meth:`tell` of a SIGTERM noted."""
+
+        def beat() -> None:
+            mark()
+            self.tell(ctl)
+
+        return beat
+
+    def tell(self, ctl: ControlClient) -> bool:
+        """Tell the controller of a SIGTERM noted, once; whether this call told it. Called
+        between polls, and by the heartbeat thread of a long poll (a trainer's step of
+        seconds): the controller heard of the signal only once the poll had returned, and its
+        stop of the worker came that much later."""
+        if self.at is None:
+            return False
+        with self._telling:
+            if self._said:
+                return False
+            self._said = True
+        logger.warning("SIGTERM, not from the controller: leaving once it stops this worker")
+        ctl.send(cp.Signalled("SIGTERM"))
+        return True

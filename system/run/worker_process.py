@@ -316,7 +316,8 @@ def _loop(
     ``term``: the process's SIGTERM handler (None: no signal is handled here)."""
     term = term or TermSignal()
     ctl.looping = term.in_loop = True
-    busy = BusyHeartbeat(ctl, max_poll, on_beat=mark_alive, stats=lambda: stage_seconds(worker))
+    beat = term.on_beat(ctl, mark_alive)  # in a long poll: a SIGTERM is told now, not after it
+    busy = BusyHeartbeat(ctl, max_poll, on_beat=beat, stats=lambda: stage_seconds(worker))
     try:
         return _polls(ctl, worker, list(hooks or ()), busy, term)
     finally:

@@ -5,13 +5,15 @@ its stop only when none came in time; before its loop it leaves at once."""
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import pytest
 
 from system.run import control_protocol as cp
 from system.run import term_signal as ts
 from system.run import worker_process
-from system.run.control_channel import ControlClient
+from system.run.control_channel import BUSY_AFTER_S, ControlClient
 from system.workers.base import Worker
 
 
@@ -124,3 +126,41 @@ def test_the_control_channel_tells_a_stop_alone_from_the_runs():
         assert ctl.stopped_alone()
     finally:
         ctl.close()
+
+
+class LongStep(Worker):
+    """A poll that is signalled as it starts and runs on for seconds (a trainer's step)."""
+
+    in_poll = False
+
+    def poll(self) -> int:
+        LongStep.in_poll = True
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(2 * BUSY_AFTER_S + 0.5)
+        LongStep.in_poll = False
+        return 1
+
+
+class TellingWhen(StoppingControl):
+    """Records, for each Signalled sent, whether the poll was still running."""
+
+    def __init__(self, message: cp.Stop) -> None:
+        super().__init__(message)
+        self.lock = threading.RLock()  # the busy heartbeat's thread takes it
+        self.told_in_poll: list[bool] = []
+
+    def send(self, message: cp.ControlMessage) -> None:
+        if isinstance(message, cp.Signalled):
+            self.told_in_poll.append(LongStep.in_poll)
+        super().send(message)
+
+
+def test_a_sigterm_in_a_long_poll_is_told_while_the_poll_runs(term):
+    """The controller heard of the signal only once the poll had returned (seconds for a
+    trainer's step on pixels), and its stop of the worker came that much later. The busy
+    heartbeat's thread tells it now; the loop does not tell it twice."""
+    ctl = TellingWhen(cp.Stop(alone=True))
+    limit = ("liveness.max_poll_s", 60.0)
+    code = worker_process._loop(ctl, LongStep("trainer/default/0"), [], limit, term)
+    assert code == ts.EXIT_TERMINATED
+    assert ctl.told_in_poll == [True]
