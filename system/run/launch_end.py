@@ -130,7 +130,7 @@ def say_ended(
 def say_nothing_to_resume(
     summary: Mapping[str, Any], environ: Mapping[str, str] = os.environ
 ) -> None:
-    """What a controller started again after its run ended by itself says as it exits 0, on
+    """What a controller started again after its run ended for good says as it exits 0, on
     the console (the task's log) and in the controller's log in the run folder."""
     logs.keep_in_run_folder(environ[RUN_FOLDER_ENV], "controller")
     logger.warning(
@@ -155,8 +155,9 @@ class WorkerLaunch:
         """The summary there was as it started: an earlier part's end if a controller answers."""
 
     def ended_before_start(self) -> bool:
-        """Whether its run ended by itself before this worker started (say so if it did): an
-        interrupted run is resumed by its controller, started again, which this worker waits for."""
+        """Whether its run ended for good (by itself, or stopped by its user) before this worker
+        started (say so if it did): an interrupted run is resumed by its controller, started
+        again, which this worker waits for."""
         return self._said(ended_summary(self.environ, for_good=True))
 
     def ended_while_waiting(self, heard: bool) -> bool:
