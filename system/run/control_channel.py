@@ -97,6 +97,9 @@ class ControlClient:
         """When the oldest heartbeat the controller has not answered yet (nor said anything
         since) was sent; None while it answers."""
         self.bad_messages = BadMessages(logger, f"control channel of {worker_id}")
+        self.refused: str | None = None
+        """Why the controller refused this worker (one of its earlier process): every read
+        after that raises, so a wait that takes the first for a peer's timeout goes no further."""
         self.looping = False
         """Set once the worker's loop runs: a stop then waits for the loop, which finishes the
         worker's work first (``on_stop``: a trainer's final checkpoint), so a wait here (a
@@ -227,6 +230,8 @@ class ControlClient:
 
     def _receive(self, timeout_ms: int) -> bool:
         """Read one message, if one comes within ``timeout_ms``; False when none did."""
+        if self.refused is not None:
+            raise ControllerGoneError(f"{self.worker_id}: {self.refused}")
         with self.lock:
             try:
                 got = transport.recv(self.socket, timeout_ms=timeout_ms)
@@ -240,6 +245,7 @@ class ControlClient:
             try:
                 message = cp.parse(got[1])
                 if isinstance(message, cp.Refused):  # nothing it says is taken: leave
+                    self.refused = message.reason
                     raise ControllerGoneError(f"{self.worker_id}: {message.reason}")
                 if not isinstance(message, cp.Ack):
                     self.inbox.append(message)

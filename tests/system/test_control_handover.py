@@ -202,6 +202,10 @@ def test_a_worker_of_the_runs_earlier_controller_is_told_to_leave_and_not_counte
         earlier.heartbeat({"env_frames": 5000.0})
         with pytest.raises(ControllerGoneError, match="controller was started again"):
             earlier.wait_for(cp.Ack)
+        # every read after it raises too: a wait that took the first for a peer's timeout
+        # (ControllerGoneError is a PeerTimeoutError) goes no further
+        with pytest.raises(ControllerGoneError, match="controller was started again"):
+            earlier.stop_requested()
         assert controller.tally.env_frames == 0
         assert controller.refused == {"actor/0"}
         # the same worker started again says hello, and is configured
