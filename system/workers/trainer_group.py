@@ -215,15 +215,18 @@ class GroupTrainerWorker(TrainerWorker):
             )
         self.group = group
         policy.distributed_setup()
-        self.stats["param_checksum"] = parameter_checksum(policy.module)
+        checksum = parameter_checksum(policy.module)
+        self.stats["param_checksum"] = checksum
         # Where a re-formed group goes on from: an operator reading a restart needs it (and so
-        # does a test that must tell the new group's versions from the old one's).
+        # does a test that must tell the new group's versions from the old one's). The checksum
+        # shows every rank starting from rank 0's parameters, before any report is written.
         logger.info(
-            "trainer rank %d/%d of '%s' trains on from version %d",
+            "trainer rank %d/%d of '%s' trains on from version %d (parameter checksum %d)",
             group.rank,
             group.size,
             self.policy_name,
             policy.version,
+            checksum,
         )
 
     @property
