@@ -48,6 +48,7 @@ from distributed.deploy.sizing import (
 from distributed.deploy.swarm_tasks import controller_end
 from distributed.errors import DockerRunError, SwarmError
 from distributed.images.build import DEFAULT_TAG, connect
+from distributed.images.code_check import check_image_imports
 from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
 from distributed.launch.docker_engine import Engine
@@ -503,6 +504,7 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
         client = connect()
         image = deployable_image(args.image, client)
         refuse_deployed(client, dl.run_name(run_dir.resolve()))  # before config.json changes
+        check_image_imports(client, image, config.code, named=args.image)
     except BaseException:
         _give_up_folder(run_dir)
         raise

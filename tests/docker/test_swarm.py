@@ -406,6 +406,27 @@ def test_a_users_environment_file_is_deployed_with_import_and_an_image_holding_i
     assert_nothing_left(client, "swarm-user-code")
 
 
+def test_an_image_without_the_users_file_is_refused_before_anything_is_made(client, tmp_path):
+    """The same deploy with the image built without ``--add``: Swarm started the controller
+    three times over, each failing with "cannot import", while the workers looked for it. A
+    container of the image tries the import first; the deploy is refused with the worker's own
+    message and remedy, and leaves no folder or service."""
+    module = tmp_path / "my_corridor.py"
+    module.write_text((ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text())
+    run_dir = tmp_path / "swarm-no-user-code"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "--import", str(module),
+         "cartpole-ppo", "--run-dir", str(run_dir), "--image", IMAGE, "--metrics-port", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said[-3000:]
+    assert f"image {IMAGE} cannot import the run's code, as each worker would" in said, said
+    assert "troupe image build --add my_corridor.py" in said, said
+    assert not run_dir.exists()
+    assert_nothing_left(client, "swarm-no-user-code")
+
+
 def test_an_image_no_node_can_get_is_refused_before_anything_is_made(client, tmp_path):
     """`--image troupe-worker:nosuch` made the run folder and deployed every service, whose
     tasks Swarm then rejected ("No such image"). It is refused at once, naming the image and

@@ -1,0 +1,107 @@
+"""Whether a worker image can import a run's user code, checked before a deployment makes anything.
+
+``troupe deploy swarm --import my_envs.py Corridor-v0`` with an image built without ``troupe image
+build --add my_envs.py`` deployed every service. Its controller then failed with "cannot import
+'my_envs.py' ... add it to the worker image" three times over (Swarm started it again each
+time), and its workers looked for it. A container of the image now imports the run's code as each
+worker would (:func:`api.code.load_code`, then every registration's entry point) before anything
+is deployed, and the deploy is refused with the worker's own message.
+
+The check runs ``python -m distributed.images.code_check`` in the image, with no network. An image
+whose Troupe predates this module cannot answer: that is said, and the deploy goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any
+
+from api.code import CodeConfig, RegistrationConfig, load_code
+from api.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+CANNOT_IMPORT = 3
+"""This module's exit code where the image cannot import the code (any other: it could not tell)."""
+CHECK_TIMEOUT_S = 120.0
+"""Longer than any import of user code should take; the container is removed either way."""
+
+
+def needs_check(code: CodeConfig) -> bool:
+    """Whether the run has code of the user's own (a run of Troupe's own components has none)."""
+    return bool(code.imports or code.registrations)
+
+
+def check_image_imports(client: Any, image: str, code: CodeConfig, named: str = "") -> None:
+    """Raise :class:`~api.errors.UserError` if a container of ``image`` (an image this engine
+    holds) cannot import ``code`` as the run's workers will; warn where it cannot tell.
+    ``named``: the image as the user named it (``image`` may be its pinned reference)."""
+    import docker
+
+    if not needs_check(code):
+        return
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:  # in a registry only: pulled here, it would be checked
+        logger.info("image %s is not on this engine: the run's code is not checked in it", image)
+        return
+    named = named or image
+    logger.info("checking that image %s imports the run's code as its workers will", named)
+    container = client.containers.create(
+        image,
+        entrypoint=["python", "-m", "distributed.images.code_check"],
+        command=[json.dumps(dataclasses.asdict(code))],
+        network_disabled=True,
+    )
+    try:
+        container.start()
+        code_of = int(container.wait(timeout=CHECK_TIMEOUT_S).get("StatusCode", 1))
+        said = container.logs(stdout=True, stderr=True).decode(errors="replace").strip()
+    except Exception as e:  # the engine failed, or the import hung: the workers will tell
+        logger.warning("could not check that image %s imports the run's code (%s)", named, e)
+        return
+    finally:
+        container.remove(force=True)
+    if code_of == CANNOT_IMPORT:
+        raise UserError(f"image {named} cannot import the run's code, as each worker would: {said}")
+    if code_of != 0:
+        logger.warning(
+            "could not check that image %s imports the run's code (exit code %d: %s); an image "
+            "built before this check cannot answer it",
+            named,
+            code_of,
+            said.splitlines()[-1] if said else "no output",
+        )
+
+
+def code_from(document: str) -> CodeConfig:
+    """The :class:`CodeConfig` that :func:`check_image_imports` passes as JSON."""
+    data = json.loads(document)
+    registrations = [RegistrationConfig(**r) for r in data.pop("registrations", [])]
+    return CodeConfig(registrations=registrations, **data)
+
+
+def import_all(code: CodeConfig) -> None:
+    """What a worker imports of the run's code: every import, and the entry point of every
+    registration (which a worker imports only as it builds the component)."""
+    from api import registry
+
+    load_code(code)
+    for r in code.registrations:
+        registry.REGISTRIES[r.kind].spec(r.name).load()
+
+
+def main(argv: list[str]) -> int:
+    try:
+        import_all(code_from(argv[0]))
+    except UserError as e:
+        print(e, file=sys.stderr)
+        return CANNOT_IMPORT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
