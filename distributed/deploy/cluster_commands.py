@@ -118,15 +118,11 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     # comes while the controller is built is held back, and stops the run before any worker is
     # started (it raised in the middle of the imports before: a traceback and exit 1).
     interrupts = run_interrupts(defer=True, scheduler=True)
-    from distributed.launch.local import ExternalLauncher
-    from system.run.controller import HEARTBEAT_TIMEOUT_S, Controller
-
     run_dir = Path(args.run_dir)
     config_file = run_dir / run_folder.CONFIG
     if not config_file.exists():
         raise UserError(f"{config_file} does not exist: write the run's config.json first")
     from system.run import folder_lock, launch_end
-    from system.run.resume_check import saved_config
 
     if (ended := launch_end.ended_summary(for_good=True)) is not None:  # Swarm started it again
         launch_end.say_nothing_to_resume(ended)
@@ -136,12 +132,33 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
 
     logs.keep_in_run_folder(run_dir, "controller")  # beside the CLI's console lines
     _take_stop_requests(run_dir, interrupts)
+    try:
+        controller = _controller(args, run_dir)
+    except UserError as e:  # a start again fails alike: the run ends here, not at each restart
+        from system.run.finish import failed_before_start
+
+        failed_before_start(run_dir, f"controller: {e}")
+        raise
+    try:
+        summary = controller.run(stopped=interrupts.arm)
+    except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
+        return EXIT_ABANDONED
+    console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})
+    return exit_code_of(summary)
+
+
+def _controller(args: argparse.Namespace, run_dir: Path):
+    """The run's controller, built from its folder (the user's code loaded, its sockets bound)."""
+    from distributed.launch.local import ExternalLauncher
+    from system.run.controller import HEARTBEAT_TIMEOUT_S, Controller
+    from system.run.resume_check import saved_config
+
     config = saved_config(run_dir)
     secure_or_refuse(args.insecure, "troupe controller")
     launcher = ExternalLauncher()
     if args.restart_grace is not None:
         launcher.restart_grace_s = args.restart_grace
-    controller = Controller(
+    return Controller(
         config,
         run_dir,
         launcher,
@@ -151,12 +168,6 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
         heartbeat_timeout_s=args.heartbeat_timeout or HEARTBEAT_TIMEOUT_S,
         metrics_port=args.metrics_port,
     )
-    try:
-        summary = controller.run(stopped=interrupts.arm)
-    except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
-        return EXIT_ABANDONED
-    console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})
-    return exit_code_of(summary)
 
 
 def _take_stop_requests(run_dir: Path, interrupts) -> None:

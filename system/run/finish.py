@@ -124,6 +124,30 @@ def finish_run(
     return summary
 
 
+def failed_before_start(run_dir: Path, why: str) -> None:
+    """Write the summary of a run whose controller could not even load it (its config or the
+    user's code does not load where the controller runs): ``stop_reason: failed``, ``failure``
+    saying why, the figures of the parts that ran before kept.
+
+    Swarm starts a controller that exits non-zero again, and one that finds the same gap fails
+    the same way: three failures, and workers looking for a controller all along. With this end
+    of its launch in the folder, a start again says there is nothing to resume and exits 0, and
+    the workers leave (:mod:`system.run.launch_end`). Best effort: a folder it cannot write
+    leaves the error on the console alone."""
+    records = read_metrics(run_dir, summarised)
+    walls = [r["wall_s"] for r in records if isinstance(r.get("wall_s"), (int, float))]
+    summary = build_summary(
+        records, solved=False, wall_s=walls[-1] if walls else 0.0, target=None, stop_reason="failed"
+    )
+    summary["failure"] = why
+    if launch_end.launch_id() is not None:
+        summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()
+    try:
+        write_summary(run_dir, summary)
+    except OSError as e:
+        logger.warning("could not write the run's summary: %s", e)
+
+
 def restarts_of(workers: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each worker restarted during the run (the supervisor's records): how many times, and
     why it last was. A run that reached its goal through a worker that kept failing (each time

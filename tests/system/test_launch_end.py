@@ -164,6 +164,31 @@ def test_a_controller_started_again_after_its_run_ended_by_itself_exits_0(tmp_pa
 
 
 @pytest.mark.multiprocess
+def test_a_controller_that_cannot_load_its_run_fails_it_once_for_every_start(tmp_path):
+    """The run's code is missing where the controller runs (an image built without ``--add``,
+    or an older one whose Troupe does not know a key): a restart finds it missing again. Swarm
+    started the controller three times over, each failing alike, while the workers looked for
+    it. The first start writes the failed summary; a start again says there is nothing to
+    resume and exits 0, and ``deploy --wait`` still gives the summary's exit code, 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = make_experiment("cartpole-ppo", ["evaluation.workers=0", "stop.eval_return=None"])
+    config.code.imports = [str(tmp_path / "gone" / "my_envs.py")]
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    first = _controller(run_dir, "a1")
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 1, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "failed" and summary["launch_id"] == "a1", summary
+    assert summary["failure"].startswith("controller: cannot import"), summary
+    assert "my_envs.py" in summary["failure"], summary
+    again = _controller(run_dir, "a1")
+    out, _ = again.communicate(timeout=60)
+    assert again.returncode == 0, out
+    assert "nothing to resume" in " ".join(out.split())
+
+
+@pytest.mark.multiprocess
 def test_the_controller_writes_its_launch_id_into_the_summary(tmp_path, monkeypatch):
     monkeypatch.setenv(launch_end.LAUNCH_ID_ENV, "c3")
     run_dir = tmp_path / "run"
