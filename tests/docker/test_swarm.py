@@ -427,6 +427,44 @@ def test_an_image_without_the_users_file_is_refused_before_anything_is_made(clie
     assert_nothing_left(client, "swarm-no-user-code")
 
 
+def test_a_controller_that_cannot_load_its_run_fails_it_once(client, tmp_path):
+    """The user's file is in the image but fails where the run is deployed (here: it raises
+    under a launch id, as one needing a dataset that is not mounted would). The controller
+    failed three times alike (Swarm started it again each time) while its workers looked for
+    it; now its first failure is the run's summary, Swarm's start again has nothing to resume,
+    and ``--wait`` exits 1."""
+    from distributed.images.user_layer import add_user_code
+
+    corridor = (ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text()
+    module = tmp_path / "unmounted_corridor.py"
+    module.write_text(
+        'import os\nif os.environ.get("TROUPE_LAUNCH_ID"):\n'
+        '    raise RuntimeError("its dataset is not mounted here")\n'
+        + corridor.split('if __name__ == "__main__":')[0]
+        + 'register("Corridor-v0", Corridor, length=6)\n'
+    )
+    tag = "troupe-worker:test-unmounted"
+    add_user_code(client, IMAGE, tag, [module])
+    run_dir = tmp_path / "swarm-cannot-load"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "--import", str(module),
+             "Corridor-v0", *QUICK, "stop.env_frames=3000", "--run-dir", str(run_dir),
+             "--image", tag, "--metrics-port", "0", "--wait"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        client.images.remove(tag, force=True)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said[-3000:]
+    assert said.count("its dataset is not mounted here") == 1, said[-3000:]
+    assert "nothing to resume" in said, said[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "failed", summary
+    assert "controller: importing" in summary["failure"], summary
+    assert_nothing_left(client, "swarm-cannot-load")
+
+
 def test_an_image_no_node_can_get_is_refused_before_anything_is_made(client, tmp_path):
     """`--image troupe-worker:nosuch` made the run folder and deployed every service, whose
     tasks Swarm then rejected ("No such image"). It is refused at once, naming the image and
