@@ -78,7 +78,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
             f"{result.episodes} greedy episodes{whose} (a quota per environment), versions "
             f"{result.versions}: mean return {result.mean_return:.2f} ± {result.std_return:.2f}"
             f" ({interval_words(result.ci95_low, result.ci95_high)}; "
-            f"min {result.min_return:.1f}, max {result.max_return:.1f})"
+            f"min {result.min_return:.2f}, max {result.max_return:.2f})"
         )
         if len(result.per_policy) > 1 and not result.results:  # a PBT population: each member
             for policy, mean in result.per_policy.items():
