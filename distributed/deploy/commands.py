@@ -15,7 +15,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from api.errors import UserError
 from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
@@ -199,6 +198,8 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     from distributed.deploy import k8s, k8s_apply
     from distributed.deploy.manifests import default_run_name, load_config, role_groups
     from distributed.deploy.manifests import parse_resource_overrides as resources
+    from distributed.images.build import engine_if_any
+    from distributed.images.code_check import check_image_imports
     from system.streams.security import RunKeys
 
     if args.trainer_gpus is not None and args.trainer_gpus < 0:
@@ -228,9 +229,14 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
         network_policy=args.network_policy,
         probe_stale_seconds=args.probe_stale_seconds,
     ).check()
+    client = engine_if_any()
     options = _pinned(
-        options, needs_gpu_image=any(k8s._gpus(config, g, options) for g in role_groups(config))
+        options,
+        client,
+        needs_gpu_image=any(k8s._gpus(config, g, options) for g in role_groups(config)),
     )
+    if client is not None:  # the image is checked where this engine holds it
+        check_image_imports(client, options.worker_image, config.code, named=args.image)
     make_secret = args.apply and args.keys_secret is None
     keys = RunKeys.generate().to_text() if make_secret else None
     objects = k8s.build_manifests(config, options, keys)
@@ -255,19 +261,15 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
     return 0
 
 
-def _pinned(options, *, needs_gpu_image: bool):
+def _pinned(options, client, *, needs_gpu_image: bool):
     """The options with immutable image references (:mod:`distributed.images.pinning`): a
-    rebuild of ``:latest`` must not give some nodes new code and others old."""
+    rebuild of ``:latest`` must not give some nodes new code and others old. ``client``: this
+    machine's Docker engine; None: the references stay as given (pin says so)."""
     import dataclasses
 
     from distributed.deploy.k8s import gpu_image
-    from distributed.images.build import connect
     from distributed.images.pinning import pin
 
-    try:
-        client = connect()
-    except UserError:  # no engine here: the references stay as given (pin says so)
-        client = None
     gpu = None
     if needs_gpu_image:
         gpu = pin(options.gpu_image or gpu_image(options.worker_image), client)

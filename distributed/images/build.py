@@ -93,6 +93,14 @@ def connect() -> docker.DockerClient:
     return client
 
 
+def engine_if_any() -> docker.DockerClient | None:
+    """This machine's engine, or None where none answers (what it checks is then not checked)."""
+    try:
+        return connect()
+    except DockerUnavailableError:
+        return None
+
+
 def default_base_image(dockerfile: Path) -> str:
     """The default of ``ARG BASE_IMAGE=...`` in ``dockerfile``."""
     match = re.search(r"^ARG BASE_IMAGE=(\S+)", dockerfile.read_text(), re.MULTILINE)

@@ -5,7 +5,8 @@ build --add my_envs.py`` deployed every service. Its controller then failed with
 'my_envs.py' ... add it to the worker image" three times over (Swarm started it again each
 time), and its workers looked for it. A container of the image now imports the run's code as each
 worker would (:func:`api.code.load_code`, then every registration's entry point) before anything
-is deployed, and the deploy is refused with the worker's own message.
+is deployed, and the deploy is refused with the worker's own message. ``deploy k8s`` checks the
+same where this machine's engine holds the image (a kind or minikube node's, a build host).
 
 The check runs ``python -m distributed.images.code_check`` in the image, with no network. An image
 whose Troupe predates this module cannot answer: that is said, and the deploy goes on.
