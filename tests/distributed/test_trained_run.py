@@ -302,6 +302,7 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     subprocess.run(["cp", "-a", str(trained["run_dir"]), str(copy)], check=True)
     (copy / ".troupe.lock").unlink(missing_ok=True)
     frames = json.loads((copy / "summary.json").read_text())["env_frames"]
+    before = len((copy / "metrics.jsonl").read_text().splitlines())  # the first part's records
     with pytest.raises(UserError, match="pass either resume=RUN_DIR or an experiment"):
         troupe.train("cartpole-ppo", resume=copy)
     script = (
@@ -341,7 +342,9 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     assert refused in out
     assert f"BUSY run folder {copy} is in use by a run this process" in out
     followed = result.stdout.split("FOLLOWED ")[-1].split()
-    assert int(followed[0]) > 1 and int(followed[1]) > 10, out
+    # read more than once, and the reads hold the resumed part's records after the first's (a
+    # fixed count of records raced the run: 3,000 frames can take under a second here)
+    assert int(followed[0]) > 1 and int(followed[1]) > before, (before, out)
     assert followed[2:4] == ["True", "True"], out
     assert "LATEST True" in result.stdout, out
     said = result.stdout.split("EXIT ")[-1].split()
