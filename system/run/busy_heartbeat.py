@@ -30,10 +30,6 @@ from system.run.control_channel import BUSY_AFTER_S, HEARTBEAT_S, ControlClient
 logger = logging.getLogger(__name__)
 
 
-HUNG_POLL = "HungPoll"
-"""The error type of a worker's report that one poll outlasted its role's liveness bound."""
-
-
 def hang_message(setting: str, max_s: float, stack: traceback.StackSummary) -> str:
     """What a hung poll is reported as: the same for every hang at the same line, so that the
     controller tells a worker hanging there again and again from a new error."""
@@ -159,7 +155,7 @@ class BusyHeartbeat:
         wid = self.ctl.worker_id
         # the controller shows it (once however often the worker hangs there): only the
         # worker's log gets it then, else the console too
-        self.reported = self._tell_controller(cp.Error(message, where, HUNG_POLL))
+        self.reported = self._tell_controller(cp.Error(message, where, cp.HUNG_POLL))
         level = logging.INFO if self.reported else logging.ERROR
         logger.log(level, "%s: %s (after %.0fs)", wid, message, busy)
         logger.info("%s: the hung poll's stack:\n%s", wid, where)

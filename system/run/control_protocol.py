@@ -171,6 +171,12 @@ class Error(ControlMessage):
     fatal: bool = False
 
 
+HUNG_POLL = "HungPoll"
+"""The :attr:`Error.type` of a worker's report that one poll outlasted its role's liveness
+bound (:mod:`system.run.busy_heartbeat`): the controller restarts it, and counts the time the
+poll ran as no work (:func:`system.run.worker_record.worked_for_a_while`)."""
+
+
 @_kind("signalled")
 class Signalled(ControlMessage):
     """The worker was sent ``signal`` (``SIGTERM``) by someone else than its controller, and

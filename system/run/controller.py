@@ -332,7 +332,11 @@ class Controller:
         if error.type == RunFolderError.__name__:  # no restart can fix a full disk
             self.folder.failed(RunFolderError(error.message), by=record.plan.worker_id)
         quiet = self.folder.error is not None
-        self.supervisor.on_error(record, error.message, error.traceback, error.fatal, quiet)
+        hung = error.type == cp.HUNG_POLL  # its poll ran past its bound: that time was no work
+        stuck_s = self.config.liveness.bound(str(record.plan.role))[1] if hung else 0.0
+        self.supervisor.on_error(
+            record, error.message, error.traceback, error.fatal, quiet, stuck_s=stuck_s
+        )
 
     def _on_state_write(self, record: WorkerRecord, request: cp.StateWrite) -> None:
         may_write = record.plan.role is Role.TRAINER

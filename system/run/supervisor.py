@@ -155,10 +155,20 @@ class Supervisor:
         """:meth:`Signalled.due`; none once the run's ordered stop, which stops them, began."""
         return [] if self.stopping else self.signalled.due(self.workers, now)
 
-    def on_error(self, record: WorkerRecord, message: str, tb: str, fatal: bool, quiet: bool):
+    def on_error(
+        self,
+        record: WorkerRecord,
+        message: str,
+        tb: str,
+        fatal: bool,
+        quiet: bool,
+        stuck_s: float = 0.0,
+    ):
         """``fatal``: a user error (unknown name, bad argument) that a restart cannot fix.
-        ``quiet``: the run's cause is known and said already; this follows from it."""
+        ``quiet``: the run's cause is known and said already; this follows from it.
+        ``stuck_s``: how long its last poll ran before it was taken for hung (no work)."""
         record.state = WorkerState.FAILED
+        record.worked_until = time.monotonic() - stuck_s
         wid = record.plan.worker_id
         if quiet:
             logger.warning("%s failed: %s", wid, message)
@@ -200,6 +210,8 @@ class Supervisor:
             silent = now - record.last_seen > self._silence_limit(wid, record)
             if not (dead or silent or record.state is WorkerState.FAILED):
                 continue
+            if record.worked_until is None:  # it worked until its last word, or until now
+                record.worked_until = record.last_seen if silent else now
             why = record.left or (
                 self._how_ended(wid) if dead else "went silent" if silent else "failed"
             )

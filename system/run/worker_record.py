@@ -14,8 +14,10 @@ from system.run.plan import WorkerPlan
 MAX_RESTARTS = 5
 """Restarts in a row without progress after which a worker is given up on (a crash loop)."""
 PROGRESS_S = 60.0
-"""A worker that ran this long since its last restart made progress: its count starts over,
-so a long run survives occasional crashes (a preempted node each hour) but not a loop."""
+"""A worker that worked this long since its last restart made progress: its count starts over,
+so a long run survives occasional crashes (a preempted node each hour) but not a loop. Worked:
+from ready to the last moment it was known to work (:attr:`WorkerRecord.worked_until`), not
+the time stuck in a hung poll or silent before it was restarted."""
 LAST_WORDS_S = 1.5
 """How long a worker found dead is given for its last message (its error, its bye) to come: a
 worker sends it, then exits, and on a loaded machine the controller can see the exit first.
@@ -32,6 +34,9 @@ class WorkerRecord:
     in_a_row: int = 0
     """Restarts since the worker last ran for :data:`PROGRESS_S` (what a crash loop counts)."""
     alive_since: float | None = None
+    worked_until: float | None = None
+    """When it was last known to work, once found failed: a hung poll's start, its last
+    message if it went silent; None: until it was found so (it crashed: then)."""
     last_error: str | None = None
     """The message of its last failure: the same one again is a line, not a traceback."""
     pid: int | None = None
@@ -65,12 +70,22 @@ REJOIN = (
 )
 
 
+def worked_for_a_while(record: WorkerRecord) -> bool:
+    """Whether it worked :data:`PROGRESS_S` between becoming ready and failing. An environment
+    whose step never returns after a few seconds was taken for hung only after its role's
+    liveness bound (60 s): counting that as running began its count again at each restart, and
+    a run restarted it for ever at 0 frames/s."""
+    if record.alive_since is None:
+        return False
+    until = record.worked_until if record.worked_until is not None else time.monotonic()
+    return until - record.alive_since >= PROGRESS_S
+
+
 def count_restart(record: WorkerRecord) -> None:
-    """One restart more; one in a row more, unless it ran :data:`PROGRESS_S` since the last."""
-    ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
-    record.in_a_row = 1 if ran else record.in_a_row + 1
+    """One restart more; one in a row more, unless it worked :data:`PROGRESS_S` before."""
+    record.in_a_row = 1 if worked_for_a_while(record) else record.in_a_row + 1
     record.restarts += 1
-    record.alive_since = record.found_dead = None
+    record.alive_since = record.found_dead = record.worked_until = None
 
 
 def last_words_due(record: WorkerRecord, now: float) -> bool:
@@ -82,16 +97,15 @@ def last_words_due(record: WorkerRecord, now: float) -> bool:
 
 
 def crash_looping(record: WorkerRecord) -> bool:
-    """Restarted :data:`MAX_RESTARTS` times in a row, never running :data:`PROGRESS_S`."""
-    ran = record.alive_since is not None and time.monotonic() - record.alive_since >= PROGRESS_S
-    return not ran and record.in_a_row >= MAX_RESTARTS
+    """Restarted :data:`MAX_RESTARTS` times in a row, never working :data:`PROGRESS_S`."""
+    return not worked_for_a_while(record) and record.in_a_row >= MAX_RESTARTS
 
 
 def given_up(record: WorkerRecord, error: str) -> str:
     """Why a crash-looping worker is given up on, its last error with it."""
     return (
         f"given up after {record.in_a_row} restarts in a row, none of them running "
-        f"{PROGRESS_S:.0f} s (a crash loop); its error: {error}"
+        f"{PROGRESS_S:.0f} s before it failed (a crash loop); its error: {error}"
     )
 
 

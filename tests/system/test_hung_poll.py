@@ -20,6 +20,7 @@ from api.config import make_experiment
 from api.errors import ConfigError
 from distributed.launch.local import LocalLauncher
 from system.run import busy_heartbeat, worker_process
+from system.run import control_protocol as cp
 from system.run.busy_heartbeat import BusyHeartbeat
 from system.run.control_channel import HEARTBEAT_S
 from system.run.controller import Controller
@@ -129,7 +130,7 @@ def test_the_busy_thread_beats_up_to_the_bound_and_then_reports_the_hang(
     )
     (error,) = ctl.errors
     assert error.message.startswith(said) and " in wait_for: time.sleep(0.02)" in error.message
-    assert error.type == busy_heartbeat.HUNG_POLL and not error.fatal
+    assert error.type == cp.HUNG_POLL and not error.fatal
     assert "in wait_for" in error.traceback and "test_the_busy_thread_beats" in error.traceback
     # the stack from the frame that polls (here: this test) down, not the process's start-up
     assert error.traceback.startswith(f'  File "{__file__}", line ')

@@ -227,6 +227,63 @@ def test_a_crash_loop_is_given_up_on(run):
     assert s.table()["actor/0"]["state"] == "failed"  # it was left `alive` in workers.json
 
 
+def _worked(record, seconds: float) -> None:
+    """As if ``record`` had been ready for ``seconds`` (its clock moved back)."""
+    record.alive_since = time.monotonic() - seconds
+
+
+def test_a_worker_that_hangs_again_and_again_is_a_crash_loop(run):
+    """An environment whose step never returns after a few seconds of work: taken for hung
+    after liveness.max_poll_s (60 s), each restart had "run" 60 s and more, so its count began
+    again at 1 each time. A run restarted it for as long as it lasted, at 0 frames/s (seen:
+    four restarts of each actor in 5 minutes, "restart 1 in a row" each time). The time stuck
+    in the hung poll is no progress."""
+    s, _, _ = run
+    hang = "one poll has run longer than liveness.max_poll_s=60s: ...; it is stuck at env.py:9"
+    record = s.workers["actor/0"]
+    for _ in range(wr.MAX_RESTARTS):
+        _worked(record, 65.0)  # 5 s of work, then 60 s stuck
+        s.on_error(record, hang, "stack", False, False, stuck_s=60.0)
+        s.supervise()
+        assert s.failure is None
+        s.on_hello(record, pid=2)
+        s.on_ready(record)
+    _worked(record, 65.0)
+    s.on_error(record, hang, "stack", False, False, stuck_s=60.0)
+    assert s.failure is not None and s.failure.worker == "actor/0", s.failure
+    assert "restarts in a row" in str(s.failure) and "stuck at env.py:9" in str(s.failure)
+
+
+def test_a_hang_after_a_minute_of_work_starts_the_count_again(run):
+    s, _, _ = run
+    record = s.workers["actor/0"]
+    for _ in range(wr.MAX_RESTARTS + 2):
+        _worked(record, 130.0)  # 70 s of work before it hung
+        s.on_error(record, "hung", "stack", False, False, stuck_s=60.0)
+        s.supervise()
+        s.on_hello(record, pid=2)
+        s.on_ready(record)
+    assert s.failure is None and record.in_a_row == 1
+
+
+def test_the_time_a_worker_went_silent_is_no_progress(run):
+    """A worker that stops answering (stopped, or stuck where its heartbeat thread cannot run)
+    is restarted a heartbeat timeout later: the silence is not counted as running."""
+    s, _, _ = run
+    record = s.workers["actor/0"]
+    for _ in range(wr.MAX_RESTARTS):
+        _worked(record, 70.0)
+        record.last_seen = time.monotonic() - 31.0  # 39 s of work, then silent past 30 s
+        s.supervise()
+        assert s.failure is None and record.state is WorkerState.RESTARTING
+        s.on_hello(record, pid=2)
+        s.on_ready(record)
+    _worked(record, 70.0)
+    record.last_seen = time.monotonic() - 31.0
+    s.supervise()
+    assert s.failure is not None and "given up after 5 restarts in a row" in str(s.failure)
+
+
 def test_a_fatal_error_fails_the_run_without_a_restart(run):
     s, launcher, _ = run
     s.on_error(s.workers["trainer/default/0"], "RegistryError: no such env", "tb", True, False)
