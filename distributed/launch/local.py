@@ -107,9 +107,14 @@ class LocalLauncher:
             time.sleep(0.05)
 
     def stop_all(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` in all for every worker process to end, then kill what is
+        left. Each had its own ``timeout_s``: three actors hung in a step made a run's end
+        30 s long, one after the other."""
+        deadline = time.monotonic() + timeout_s
         for worker_id, process in self.processes.items():
-            process.join(timeout=timeout_s)
-            self._wait_gone(worker_id, timeout_s)
+            left = max(0.0, deadline - time.monotonic())
+            process.join(timeout=left)
+            self._wait_gone(worker_id, left)
             if self.is_alive(worker_id):
                 logger.warning("%s still running at shutdown; killing it", worker_id)
                 self.kill(worker_id)
