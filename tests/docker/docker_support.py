@@ -109,3 +109,44 @@ def assert_nothing_left(client, run: str) -> None:
     label = {"label": f"{dl.LABEL_RUN}={run}"}
     assert client.containers.list(all=True, filters=label) == []
     assert client.networks.list(filters=label) == []
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def corridor_module(folder: Path, name: str, prefix: str = "") -> Path:
+    """The README's Corridor environment as a user's file ``name`` that registers
+    ``Corridor-v0`` when imported; ``prefix``: code of the user's that runs first."""
+    corridor = (ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text()
+    module = folder / name
+    body = corridor.split('if __name__ == "__main__":')[0]
+    module.write_text(prefix + body + 'register("Corridor-v0", Corridor, length=6)\n')
+    return module
+
+
+def deploy_with_import(client, module: Path, command: list[str], cwd: Path, *, add: bool = True):
+    """``troupe deploy ... --import MODULE`` (``command``: the words after ``deploy``), with an
+    image that holds ``module`` (``troupe image build --add``'s layer; ``add=False``: the test
+    image, which does not)."""
+    from distributed.images.user_layer import add_user_code
+
+    tag = f"troupe-worker:test-{module.stem.replace('_', '-')}" if add else IMAGE
+    if add:
+        add_user_code(client, IMAGE, tag, [module])
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "distributed.cli", "deploy", command[0], "--import",
+             str(module), *command[1:], "--image", tag],
+            cwd=cwd, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        if add:
+            client.images.remove(tag, force=True)
+
+
+def assert_refused_for_the_missing_file(result, module: Path) -> None:
+    """The deploy was refused, before anything was made, with the worker's own message."""
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said[-3000:]
+    assert f"image {IMAGE} cannot import the run's code, as each worker would" in said, said
+    assert f"troupe image build --add {module.name}" in said, said

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from docker_support import assert_refused_for_the_missing_file, corridor_module, deploy_with_import
 from kubelet import Kubelet
 
 from api.config import make_experiment
@@ -122,24 +123,15 @@ def test_with_a_claim_per_pod_a_killed_trainer_gets_its_state_back_from_the_serv
     assert not (kubelet.claim_dir(f"{run}-controller-run") / run / "checkpoints").exists()
 
 
-def test_deploy_k8s_refuses_an_image_this_engine_holds_without_the_users_file(tmp_path):
+def test_deploy_k8s_refuses_an_image_this_engine_holds_without_the_users_file(
+    docker_client, tmp_path
+):
     """``troupe deploy k8s --import my_corridor.py`` with an image built without it: every pod
     would fail to import it. Where this machine's engine holds the image, a container of it
     tries the import first, and no manifest is written."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    module = tmp_path / "my_corridor.py"
-    module.write_text((root / "tests" / "distributed" / "user_code" / "corridor.py").read_text())
+    module = corridor_module(tmp_path, "my_corridor.py")
     out = tmp_path / "manifests"
-    result = subprocess.run(
-        [sys.executable, "-m", "distributed.cli", "deploy", "k8s", "--import", str(module),
-         "cartpole-ppo", "--image", IMAGE, "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    said = " ".join((result.stdout + result.stderr).split())
-    assert result.returncode == 1, said[-3000:]
-    assert f"image {IMAGE} cannot import the run's code, as each worker would" in said, said
-    assert "troupe image build --add my_corridor.py" in said, said
+    command = ["k8s", "Corridor-v0", "--out", str(out)]
+    result = deploy_with_import(docker_client, module, command, tmp_path, add=False)
+    assert_refused_for_the_missing_file(result, module)
     assert not out.exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from docker.types import UpdateConfig
+from docker_support import assert_refused_for_the_missing_file, corridor_module, deploy_with_import
 from engine_proxy import EngineProxy, engine_socket
 from rich.console import Console
 
@@ -378,24 +379,9 @@ def test_a_users_environment_file_is_deployed_with_import_and_an_image_holding_i
     image (``troupe image build --add``, the layer it builds), and the same ``--import`` as
     ``troupe run`` takes. The containers do not see the file's path: each worker finds it in
     the image. ``deploy`` had no ``--import`` before."""
-    from distributed.images.user_layer import add_user_code
-
-    corridor = (ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text()
-    module = tmp_path / "my_corridor.py"
-    module.write_text(corridor.split('if __name__ == "__main__":')[0]
-                      + 'register("Corridor-v0", Corridor, length=6)\n')  # fmt: skip
-    tag = "troupe-worker:test-user-code"
-    add_user_code(client, IMAGE, tag, [module])
+    module = corridor_module(tmp_path, "my_corridor.py")
     run_dir = tmp_path / "swarm-user-code"
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "--import", str(module),
-             "Corridor-v0", *QUICK, "stop.env_frames=3000", "--run-dir", str(run_dir),
-             "--image", tag, "--metrics-port", "0", "--wait"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-    finally:
-        client.images.remove(tag, force=True)
+    result = deploy_with_import(client, module, ["swarm", *_corridor_run(run_dir)], tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     summary = read_json(run_dir / "summary.json")
@@ -406,23 +392,23 @@ def test_a_users_environment_file_is_deployed_with_import_and_an_image_holding_i
     assert_nothing_left(client, "swarm-user-code")
 
 
+def _corridor_run(run_dir: Path) -> list[str]:
+    """A short Corridor-v0 run followed to its end."""
+    return ["Corridor-v0", *QUICK, "stop.env_frames=3000", "--run-dir", str(run_dir),
+            "--metrics-port", "0", "--wait"]  # fmt: skip
+
+
 def test_an_image_without_the_users_file_is_refused_before_anything_is_made(client, tmp_path):
     """The same deploy with the image built without ``--add``: Swarm started the controller
     three times over, each failing with "cannot import", while the workers looked for it. A
     container of the image tries the import first; the deploy is refused with the worker's own
     message and remedy, and leaves no folder or service."""
-    module = tmp_path / "my_corridor.py"
-    module.write_text((ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text())
+    module = corridor_module(tmp_path, "my_corridor.py")
     run_dir = tmp_path / "swarm-no-user-code"
-    result = subprocess.run(
-        [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "--import", str(module),
-         "cartpole-ppo", "--run-dir", str(run_dir), "--image", IMAGE, "--metrics-port", "0"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    said = " ".join((result.stdout + result.stderr).split())
-    assert result.returncode == 1, said[-3000:]
-    assert f"image {IMAGE} cannot import the run's code, as each worker would" in said, said
-    assert "troupe image build --add my_corridor.py" in said, said
+    command = ["swarm", *_corridor_run(run_dir)]
+    assert_refused_for_the_missing_file(
+        deploy_with_import(client, module, command, tmp_path, add=False), module
+    )
     assert not run_dir.exists()
     assert_nothing_left(client, "swarm-no-user-code")
 
@@ -433,28 +419,11 @@ def test_a_controller_that_cannot_load_its_run_fails_it_once(client, tmp_path):
     failed three times alike (Swarm started it again each time) while its workers looked for
     it; now its first failure is the run's summary, Swarm's start again has nothing to resume,
     and ``--wait`` exits 1."""
-    from distributed.images.user_layer import add_user_code
-
-    corridor = (ROOT / "tests" / "distributed" / "user_code" / "corridor.py").read_text()
-    module = tmp_path / "unmounted_corridor.py"
-    module.write_text(
-        'import os\nif os.environ.get("TROUPE_LAUNCH_ID"):\n'
-        '    raise RuntimeError("its dataset is not mounted here")\n'
-        + corridor.split('if __name__ == "__main__":')[0]
-        + 'register("Corridor-v0", Corridor, length=6)\n'
-    )
-    tag = "troupe-worker:test-unmounted"
-    add_user_code(client, IMAGE, tag, [module])
+    unmounted = 'import os\nif os.environ.get("TROUPE_LAUNCH_ID"):\n'
+    unmounted += '    raise RuntimeError("its dataset is not mounted here")\n'
+    module = corridor_module(tmp_path, "unmounted_corridor.py", prefix=unmounted)
     run_dir = tmp_path / "swarm-cannot-load"
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "distributed.cli", "deploy", "swarm", "--import", str(module),
-             "Corridor-v0", *QUICK, "stop.env_frames=3000", "--run-dir", str(run_dir),
-             "--image", tag, "--metrics-port", "0", "--wait"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-    finally:
-        client.images.remove(tag, force=True)
+    result = deploy_with_import(client, module, ["swarm", *_corridor_run(run_dir)], tmp_path)
     said = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 1, said[-3000:]
     assert said.count("its dataset is not mounted here") == 1, said[-3000:]
