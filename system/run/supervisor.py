@@ -269,7 +269,10 @@ class Supervisor:
             record.awaited = True  # counted at its hello: one never back was not restarted
         else:
             count_restart(record)
-        record.restart_cause = record.last_error if why == "failed" and record.last_error else why
+        # A worker that sent its error, then exited (found dead: "exited with code 1"), is
+        # restarted for its error: the run's end named only its exit code.
+        reported = record.state is WorkerState.FAILED and not record.left and record.last_error
+        record.restart_cause = record.last_error if reported else why
         record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
         record.last_seen = time.monotonic()
         self.launcher.start(wid, str(record.plan.role), self.address)

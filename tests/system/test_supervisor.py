@@ -227,6 +227,22 @@ def test_a_crash_loop_is_given_up_on(run):
     assert s.table()["actor/0"]["state"] == "failed"  # it was left `alive` in workers.json
 
 
+def test_a_worker_that_reported_its_error_and_exited_is_restarted_for_its_error(run):
+    """A worker sends its error and exits 1; the supervisor finds it dead. The run's end named
+    the cause of its restarts "exited with code 1" (a misfit observation's five restarts); its
+    error says why."""
+    s, launcher, _ = run
+    launcher.how_ended = lambda wid: "exited with code 1"
+    error = "EnvironmentFailure: observation has shape (4,), declared (3,)"
+    s.on_error(s.workers["actor/0"], error, "tb", False, False)
+    launcher.alive.discard("actor/0")
+    s.supervise()
+    assert restarts_of(s.workers)["actor/0"]["last_cause"] == error
+    launcher.alive.discard("actor/1")  # one that died without a word: how it ended
+    s.supervise()
+    assert restarts_of(s.workers)["actor/1"]["last_cause"] == "exited with code 1"
+
+
 def _worked(record, seconds: float) -> None:
     """As if ``record`` had been ready for ``seconds`` (its clock moved back)."""
     record.alive_since = time.monotonic() - seconds
