@@ -14,6 +14,7 @@ whose Troupe predates this module cannot answer: that is said, and the deploy go
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -51,21 +52,11 @@ def check_image_imports(client: Any, image: str, code: CodeConfig, named: str = 
         return
     named = named or image
     logger.info("checking that image %s imports the run's code as its workers will", named)
-    container = client.containers.create(
-        image,
-        entrypoint=["python", "-m", "distributed.images.code_check"],
-        command=[json.dumps(dataclasses.asdict(code))],
-        network_disabled=True,
-    )
     try:
-        container.start()
-        code_of = int(container.wait(timeout=CHECK_TIMEOUT_S).get("StatusCode", 1))
-        said = container.logs(stdout=True, stderr=True).decode(errors="replace").strip()
+        code_of, said = _run_check(client, image, code)
     except Exception as e:  # the engine failed, or the import hung: the workers will tell
         logger.warning("could not check that image %s imports the run's code (%s)", named, e)
         return
-    finally:
-        container.remove(force=True)
     if code_of == CANNOT_IMPORT:
         raise UserError(f"image {named} cannot import the run's code, as each worker would: {said}")
     if code_of != 0:
@@ -76,6 +67,23 @@ def check_image_imports(client: Any, image: str, code: CodeConfig, named: str = 
             code_of,
             said.splitlines()[-1] if said else "no output",
         )
+
+
+def _run_check(client: Any, image: str, code: CodeConfig) -> tuple[int, str]:
+    """This module's exit code and output in a container of ``image``, removed after."""
+    container = client.containers.create(
+        image,
+        entrypoint=["python", "-m", "distributed.images.code_check"],
+        command=[json.dumps(dataclasses.asdict(code))],
+        network_disabled=True,
+    )
+    try:
+        container.start()
+        code_of = int(container.wait(timeout=CHECK_TIMEOUT_S).get("StatusCode", 1))
+        return code_of, container.logs(stdout=True, stderr=True).decode(errors="replace").strip()
+    finally:
+        with contextlib.suppress(Exception):  # the engine gone: the error above says so
+            container.remove(force=True)
 
 
 def code_from(document: str) -> CodeConfig:

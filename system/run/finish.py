@@ -134,17 +134,18 @@ def failed_before_start(run_dir: Path, why: str) -> None:
     of its launch in the folder, a start again says there is nothing to resume and exits 0, and
     the workers leave (:mod:`system.run.launch_end`). Best effort: a folder it cannot write
     leaves the error on the console alone."""
-    records = read_metrics(run_dir, summarised)
-    walls = [r["wall_s"] for r in records if isinstance(r.get("wall_s"), (int, float))]
-    summary = build_summary(
-        records, solved=False, wall_s=walls[-1] if walls else 0.0, target=None, stop_reason="failed"
-    )
-    summary["failure"] = why
-    if launch_end.launch_id() is not None:
-        summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()
     try:
+        records = read_metrics(run_dir, summarised)
+        walls = [r["wall_s"] for r in records if isinstance(r.get("wall_s"), (int, float))]
+        wall_s = walls[-1] if walls else 0.0
+        summary = build_summary(
+            records, solved=False, wall_s=wall_s, target=None, stop_reason="failed"
+        )
+        summary["failure"] = why
+        if launch_end.launch_id() is not None:
+            summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()
         write_summary(run_dir, summary)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         logger.warning("could not write the run's summary: %s", e)
 
 
