@@ -64,6 +64,7 @@ RANGES: dict[str, tuple[str, float]] = {
     "stop.stall_seconds": (">", 0),
     "liveness.max_poll_s": (">", 0),
     "liveness.max_trainer_poll_s": (">", 0),
+    "liveness.max_build_s": (">", 0),
 }
 """Bounds of numeric fields not already checked in :func:`api.config.validate`."""
 

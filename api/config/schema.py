@@ -233,6 +233,10 @@ class LivenessConfig:
     max_trainer_poll_s: float = 600.0
     """Trainers: one poll is one training step, which for a large network on a loaded CPU (or
     a data-parallel group waiting for its slowest rank) takes minutes."""
+    max_build_s: float = 900.0
+    """Every worker, once configured: building what it runs (an actor its environments, one
+    after the other) before it is ready. A simulator that starts a process or compiles a scene
+    as it is made takes minutes; a thread of the worker heartbeats meanwhile, up to this bound."""
 
     def bound(self, role: str) -> tuple[str, float]:
         """The setting that bounds one poll of ``role`` (a ``system.roles.Role`` value) and

@@ -30,12 +30,20 @@ from system.run.control_channel import BUSY_AFTER_S, HEARTBEAT_S, ControlClient
 logger = logging.getLogger(__name__)
 
 
-def hang_message(setting: str, max_s: float, stack: traceback.StackSummary) -> str:
+POLL = ("one poll has run", "this role's polls are that long")
+BUILD = ("building it has taken", "it takes that long to build")
+"""What ran too long (:func:`hang_message`): one poll of the worker's loop, or its build."""
+
+
+def hang_message(
+    setting: str, max_s: float, stack: traceback.StackSummary, what: tuple[str, str] = POLL
+) -> str:
     """What a hung poll is reported as: the same for every hang at the same line, so that the
-    controller tells a worker hanging there again and again from a new error."""
+    controller tells a worker hanging there again and again from a new error. ``what``:
+    :data:`POLL` or :data:`BUILD`."""
     message = (
-        f"one poll has run longer than {setting}={max_s:g}s: taken for hung and restarted "
-        f"(raise {setting} if this role's polls are that long)"
+        f"{what[0]} longer than {setting}={max_s:g}s: taken for hung and restarted "
+        f"(raise {setting} if {what[1]})"
     )
     if not stack:
         return message
@@ -80,6 +88,7 @@ class BusyHeartbeat:
         max_poll: tuple[str, float],
         on_beat: Callable[[], None] | None = None,
         stats: Callable[[], dict[str, Any]] | None = None,
+        what: tuple[str, str] = POLL,
     ):
         """``max_poll``: the setting that bounds one poll (named in the report) and its value
         in seconds (:meth:`api.config.LivenessConfig.bound`). ``stats``: what each heartbeat of
@@ -89,6 +98,7 @@ class BusyHeartbeat:
         self.on_beat = on_beat
         self.stats = stats
         self.setting, self.max_s = max_poll
+        self.what = what
         self.busy_since: float | None = None
         self.beats = 0
         """Heartbeats this thread sent (tests and the worker's stats read it)."""
@@ -151,7 +161,7 @@ class BusyHeartbeat:
         stack = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
         stack = traceback.StackSummary.from_list(stack[max((self._caller_depth or 1) - 1, 0) :])
         where = "".join(stack.format()) or "(unknown)\n"
-        message = hang_message(self.setting, self.max_s, stack)
+        message = hang_message(self.setting, self.max_s, stack, self.what)
         wid = self.ctl.worker_id
         # the controller shows it (once however often the worker hangs there): only the
         # worker's log gets it then, else the console too
@@ -176,6 +186,23 @@ class BusyHeartbeat:
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=2.0)
+
+
+@contextlib.contextmanager
+def building(ctl: ControlClient, bound: tuple[str, float]) -> Iterator[BusyHeartbeat]:
+    """Heartbeats while a worker builds what it runs, up to ``bound``
+    (``liveness.max_build_s``). An environment that took two minutes to make (a simulator
+    starting) left its worker silent past the controller's start grace: it was killed and
+    restarted, to be killed again."""
+    busy = BusyHeartbeat(ctl, bound, on_beat=mark_alive, what=BUILD)
+    busy._caller_depth = _depth(sys._getframe(2))  # the stack of a hang: from the builder down
+    try:
+        with busy:
+            yield busy
+    finally:
+        busy.stop()
+    if busy.reported:  # the controller restarts it: a build that ends after all goes no further
+        raise RuntimeError("its build, taken for hung, ended after all; leaving")
 
 
 def _depth(frame: Any) -> int:

@@ -32,7 +32,7 @@ from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
-from system.run import builders, launch_end
+from system.run import builders, busy_heartbeat, launch_end
 from system.run import control_protocol as cp
 from system.run.busy_heartbeat import BusyHeartbeat, mark_alive, stage_seconds, with_memory
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
@@ -256,7 +256,9 @@ def main(
         logger.info("%s (%s, pid %d) configured by %s", worker_id, role, os.getpid(), controller)
         global_state.install(ctl.state)  # user code in this process reads the run's state
         cfg = ExperimentConfig.from_dict(conf.config)
-        built = _build(ctl, role, cfg, conf, place)
+        ctl.lookup_timeout_s = max(ctl.timeout_s, cfg.liveness.max_build_s)  # a peer may build
+        with busy_heartbeat.building(ctl, ("liveness.max_build_s", cfg.liveness.max_build_s)):
+            built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
         ctl.send(cp.Ready())
         logger.info("%s ready", worker_id)

@@ -94,6 +94,32 @@ def test_each_role_has_its_bound_and_actors_a_short_one():
     assert bounds.bound("actor") == ("liveness.max_poll_s", 5.0)
 
 
+def test_a_worker_building_for_long_beats_and_one_past_its_bound_is_reported(monkeypatch):
+    """An environment that takes minutes to make (a simulator starting) left its worker silent
+    past the controller's start grace: killed and restarted, to be killed again. A thread
+    beats while the worker builds, up to ``liveness.max_build_s``; past it the worker is
+    reported hung where it builds, and a build that ends after that goes no further."""
+    clock = [0.0]
+    monkeypatch.setattr(busy_heartbeat, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    ctl = FakeControl()
+    ended_after_all = pytest.raises(RuntimeError, match="its build, taken for hung, ended after")
+    with ended_after_all, busy_heartbeat.building(ctl, ("liveness.max_build_s", 900.0)) as busy:
+        clock[0] = 899.0  # long, within the bound: beats go on
+        wait_for(lambda: busy.beats >= 2)
+        clock[0] = 901.0
+        wait_for(lambda: busy.reported)
+    (error,) = ctl.errors
+    assert error.message.startswith(
+        "building it has taken longer than liveness.max_build_s=900s: taken for hung and "
+        "restarted (raise liveness.max_build_s if it takes that long to build); it is stuck at"
+    ), error.message
+    assert error.type == cp.HUNG_POLL
+    with busy_heartbeat.building(ctl, ("liveness.max_build_s", 900.0)) as busy:
+        pass  # a quick build: nothing said, nothing raised
+    assert busy.beats == 0 and len(ctl.errors) == 1
+    assert make_experiment("cartpole-ppo", []).liveness.max_build_s == 900.0
+
+
 def test_a_bound_must_be_positive():
     with pytest.raises(ConfigError, match=r"liveness\.max_poll_s: must be more than 0, got 0"):
         make_experiment("cartpole-ppo", ["liveness.max_poll_s=0"])
