@@ -80,7 +80,10 @@ class ControlClient:
         controller_pid: int | None = None,
     ):
         self.worker_id = worker_id
-        self.timeout_s = timeout_s
+        self.timeout_s = self.lookup_timeout_s = timeout_s
+        """How long a wait for the controller lasts; a lookup of a peer, which may be making an
+        environment slow to make, waits ``lookup_timeout_s`` (the worker sets it from
+        ``liveness.max_build_s``)."""
         self.socket = transport.make_socket(
             zmq.DEALER, server=False, max_message_bytes=CONTROL_MAX_BYTES
         )
@@ -167,9 +170,18 @@ class ControlClient:
         return any(isinstance(m, cp.Moved) and m.name in wanted for m in self.inbox)
 
     def hello(self, role: str) -> cp.Configure:
-        """Announce this worker and wait for its configuration."""
+        """Announce this worker and wait for its configuration, as long as the controller
+        answers: it holds a configure back, with an ``ack``, while it resolves the run's shape
+        (minutes, for an environment slow to make)."""
         self.send(cp.Hello(role, os.getpid()))
-        configuration = self.wait_for(cp.Configure)
+        while True:
+            try:
+                configuration = self.wait_for(cp.Configure)
+                break
+            except ControllerGoneError:
+                raise
+            except PeerTimeoutError:  # it answers our heartbeats: its configure is coming
+                logger.info("%s: waiting on for its configuration", self.worker_id)
         self.state.apply(configuration.global_state)  # a restarted worker: the current state
         return configuration
 
@@ -181,14 +193,14 @@ class ControlClient:
         self.send(cp.Lookup(name))
         while True:
             try:
-                message = self.wait_for(cp.LookupResult)
+                message = self.wait_for(cp.LookupResult, self.lookup_timeout_s)
             except ControllerGoneError:
                 raise
             except PeerTimeoutError as e:  # the controller answers: the peer never came up
                 raise PeerTimeoutError(
-                    f"{self.worker_id} waited {self.timeout_s:.0f}s for '{name}' to register "
-                    "its address with the controller, which answers: that worker has not come "
-                    "up (its log and `troupe ps` say why)"
+                    f"{self.worker_id} waited {self.lookup_timeout_s:.0f}s for '{name}' to "
+                    "register its address with the controller, which answers: that worker has "
+                    "not come up (its log and `troupe ps` say why)"
                 ) from e
             if message.name == name:
                 return message.address
@@ -201,10 +213,12 @@ class ControlClient:
             if reply.id == request.id:
                 return reply
 
-    def wait_for(self, kind: type[_M]) -> _M:
-        """The next message of ``kind``. While waiting, heartbeats go out, so a controller that
-        is gone is noticed (:meth:`check_controller`), not at the end of the timeout."""
-        deadline = time.monotonic() + self.timeout_s
+    def wait_for(self, kind: type[_M], timeout_s: float | None = None) -> _M:
+        """The next message of ``kind``, within ``timeout_s`` (:attr:`timeout_s`). While
+        waiting, heartbeats go out, so a controller that is gone is noticed
+        (:meth:`check_controller`), not at the end of the timeout."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         next_beat = time.monotonic() + HEARTBEAT_S
         while time.monotonic() < deadline:
             for i, message in enumerate(self.inbox):
@@ -224,7 +238,7 @@ class ControlClient:
                 "and do both use the same keys (TROUPE_CURVE_KEYS_FILE)?"
             )
         raise PeerTimeoutError(
-            f"{self.worker_id} waited {self.timeout_s:.0f}s for '{kind.kind}' from the controller; "
+            f"{self.worker_id} waited {timeout_s:.0f}s for '{kind.kind}' from the controller; "
             "is the controller running and reachable?"
         )
 

@@ -97,6 +97,7 @@ class Controller:
         self.stopped_at: tuple[int, float] | None = None
         """Env frames and wall seconds when a stopping rule held (a solved run's moment)."""
         self.shape = ShapeResolver(config)
+        self.awaiting_shape: dict[str, WorkerRecord] = {}
         trains = any(pc.trainer.type for pc in config.policies.values())
         self.stall = StallWatch(config.stop.stall_seconds, trains=trains)
         # Served where the control socket listens: loopback for a local run, every interface
@@ -139,6 +140,7 @@ class Controller:
                 self.supervisor.start_all(self.address)
             while not self.stop_reason:
                 self._receive(timeout_ms=50)
+                self._configure_awaiting()
                 for worker_id, leave in self.supervisor.signals_due(time.monotonic()):
                     self.server.send(worker_id, cp.Stop(leave, alone=True))  # restarted (on_bye)
                 self._check_stop()  # every loop: a solved run ends the moment it is known
@@ -312,6 +314,22 @@ class Controller:
         if not self.supervisor.on_hello(record, hello.pid):  # it was told to stop: its stop
             self.server.send(record.plan.worker_id, cp.Stop())
             return
+        if not self.shape.ready():  # answered, so it waits on; configured once it is resolved
+            self.awaiting_shape[record.plan.worker_id] = record
+            self.server.send(record.plan.worker_id, cp.Ack())
+            return
+        self._configure(record)
+
+    def _configure_awaiting(self) -> None:
+        """Configure the workers whose hello came while the run's shape was being resolved."""
+        if not self.awaiting_shape or not self.shape.ready():
+            return
+        awaiting, self.awaiting_shape = self.awaiting_shape, {}
+        for record in awaiting.values():
+            if record.state is WorkerState.CONFIGURING:  # not gone meanwhile
+                self._configure(record)
+
+    def _configure(self, record: WorkerRecord) -> None:
         state, shape = self.coordination.snapshot(), self.shape.get()
         configure = cp.Configure(
             self.config.to_dict(), str(self.run_dir), record.plan.to_wire(), state, shape

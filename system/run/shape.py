@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,22 +125,46 @@ class RunShape:
 class ShapeResolver:
     """The controller's copy of the shape's wire form: resolved once, on a thread of its own
     while the workers start (a forkserver's imports, a container's start), so their ``hello``
-    waits for it rather than for it on top of their own start."""
+    waits for it rather than for it on top of their own start.
 
-    def __init__(self, config: ExperimentConfig):
+    The control loop never waits for it: a configure is held back while it is under way
+    (:meth:`ready`). An environment that took two minutes to make held the loop that long in
+    the first configure, and every worker, its hello unanswered for a minute, exited saying no
+    controller answered. Under way past ``max_s`` (``liveness.max_build_s``), it is given up
+    on: workers then resolve it themselves, as for a space with no wire form."""
+
+    def __init__(self, config: ExperimentConfig, max_s: float | None = None):
         self.config = config
+        self.max_s = config.liveness.max_build_s if max_s is None else max_s
         self._wire: dict[str, Any] | None = None
         self._done = False
         self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._given_up = False
 
     def start(self) -> None:
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._resolve, name="shape", daemon=True)
         self._thread.start()
 
+    def ready(self) -> bool:
+        """Whether a configure may go now: the shape resolved, or given up on."""
+        if self._thread is None or not self._thread.is_alive() or self._given_up:
+            return True
+        if time.monotonic() - self._started < self.max_s:
+            return False
+        logger.warning(
+            "the run's shape is not resolved after %.0fs (liveness.max_build_s): its "
+            "environment hangs as it is made? Workers resolve it themselves",
+            self.max_s,
+        )
+        self._given_up = True
+        return True
+
     def get(self) -> dict[str, Any] | None:
         """The wire form for a ``configure`` (None: the workers resolve it themselves)."""
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is not None and self._thread.is_alive():
+            return None  # given up on (:meth:`ready`)
         if not self._done:  # never started (a controller driven by hand, in tests)
             self._resolve()
         return self._wire

@@ -217,3 +217,59 @@ def test_a_worker_of_the_runs_earlier_controller_is_told_to_leave_and_not_counte
             again.close()
     finally:
         earlier.close()
+
+
+def test_a_hello_waits_past_its_timeout_while_the_controller_resolves_the_shape(
+    tmp_path, monkeypatch, caplog
+):
+    """An environment that took two minutes to make held the controller's loop in its first
+    configure, and every worker exited after its hello went unanswered for a minute. Now the
+    controller answers at once and configures once the shape is resolved; the worker, answered,
+    waits on past its timeout."""
+    import logging
+
+    from system.run.shape import RunShape
+
+    made, real = threading.Event(), RunShape.resolve
+    monkeypatch.setattr(RunShape, "resolve", classmethod(lambda cls, c: made.wait(60) and real(c)))
+    ctl = Controller(make_experiment("cartpole-ppo"), tmp_path, ExternalLauncher(), display=False)
+    ctl.shape.start()
+    stop = threading.Event()
+
+    def serve():  # the controller's loop, as far as configures go
+        while not stop.is_set():
+            ctl._receive(timeout_ms=20)
+            ctl._configure_awaiting()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = ControlClient(ctl.address, "actor/0", timeout_s=0.5)
+    got: list[cp.Configure] = []
+    hello = threading.Thread(target=lambda: got.append(client.hello("actor")), daemon=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="system.run.control_channel"):
+            hello.start()
+            waited = lambda: "waiting on for its configuration" in caplog.text  # noqa: E731
+            _wait_until(lambda: waited() or not hello.is_alive())
+            assert hello.is_alive() and not got, "configured before the shape was resolved"
+            assert "actor/0" in ctl.awaiting_shape
+            made.set()
+            hello.join(timeout=30)
+        assert got and got[0].shape is not None and not ctl.awaiting_shape
+    finally:
+        made.set()
+        stop.set()
+        thread.join(timeout=5)
+        client.close()
+        ctl.shape.settle()
+        ctl.server.close()
+        ctl.metrics.close()
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

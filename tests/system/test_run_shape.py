@@ -7,6 +7,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -182,3 +183,33 @@ def test_a_stopped_controller_waits_for_a_shape_still_being_resolved(monkeypatch
     resolver.start()
     resolver.settle()
     assert resolver._done and not resolver._thread.is_alive()
+
+
+def test_a_configure_waits_for_a_shape_slow_to_resolve_and_the_loop_does_not(monkeypatch):
+    """An environment that took two minutes to make held the controller's loop in its first
+    ``configure`` that long: every worker, its hello unanswered for a minute, exited saying no
+    controller answered. The loop now asks :meth:`ready` and holds the configure back; once
+    resolved, the shape goes in it. One under way past ``max_s`` is given up on: configures go
+    without it (their workers resolve it)."""
+    from system.run import shape
+
+    made = threading.Event()
+    real = RunShape.resolve
+    monkeypatch.setattr(RunShape, "resolve", classmethod(lambda cls, c: made.wait(60) and real(c)))
+    config = make_experiment("cartpole-ppo")
+    assert shape.ShapeResolver(config).max_s == config.liveness.max_build_s == 900.0
+    resolver = shape.ShapeResolver(config, max_s=600.0)
+    resolver.start()
+    assert not resolver.ready()
+    made.set()
+    resolver.settle()
+    assert resolver.ready()
+    resolved = resolver.get()
+    assert resolved is not None and list(resolved["requests"]) == ["default"], resolved
+    assert RunShape.from_wire(resolved).spaces.action == [gym.spaces.Discrete(2)]
+    made.clear()
+    hung = shape.ShapeResolver(config, max_s=0.0)  # under way past its bound at once
+    hung.start()
+    assert hung.ready() and hung.get() is None
+    made.set()
+    hung.settle()
