@@ -119,6 +119,9 @@ def plain_line(snapshot: Snapshot) -> str:
         alive = sum(1 for w in s.workers if _alive(w))
         restarts = sum(w.restarts for w in s.workers)
         parts.append(f"workers {alive}/{len(s.workers)}")
+        building = sum(1 for w in s.workers if w.state is WorkerState.CONFIGURING)
+        if building:  # an environment slow to make: minutes of "workers 0/6" said nothing
+            parts.append(f"({building} building)")
         if restarts:
             parts.append(f"restarts {restarts}")
     custom = _custom(s)

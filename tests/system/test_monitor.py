@@ -461,6 +461,9 @@ def test_plain_line_counts_failed_workers_and_restarts() -> None:
     policies = {"a": PolicyLine(version=3), "b": PolicyLine(version=1)}
     line = plain_line(Snapshot(workers=workers, policies=policies))
     assert line.endswith(" a:v3 b:v1 workers 1/3 restarts 3")
+    building = (*workers, _worker("d", state=WorkerState.CONFIGURING))
+    line = plain_line(Snapshot(workers=building, policies=policies))
+    assert line.endswith(" workers 1/4 (1 building) restarts 3")
 
 
 def test_panel_shows_policies_losses_and_worker_health() -> None:
