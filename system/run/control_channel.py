@@ -63,6 +63,11 @@ average of 30) answers seconds late but answers, so the bound is the controller'
 timeout for its workers. A controller that is really gone is seen within seconds by stronger
 evidence first: its process ended (on this machine) or its connection closed
 (:class:`ConnectionWatch`)."""
+HELLO_PATIENCE_S = 3600.0
+"""How long a worker whose hello the controller answered waits for its configure, which the
+controller holds back while it resolves the run's shape (up to ``liveness.max_build_s``, 900 s
+by default): a configure that never came (lost with an old connection) ends the wait, as an
+error its controller restarts the worker for."""
 RECONNECT_GRACE_S = 3.0
 """After the controller's connection closed, how long a worker waits for a new one (a
 controller restarted in place by its scheduler) before it takes the controller for gone."""
@@ -174,6 +179,7 @@ class ControlClient:
         answers: it holds a configure back, with an ``ack``, while it resolves the run's shape
         (minutes, for an environment slow to make)."""
         self.send(cp.Hello(role, os.getpid()))
+        give_up = time.monotonic() + HELLO_PATIENCE_S
         while True:
             try:
                 configuration = self.wait_for(cp.Configure)
@@ -181,6 +187,8 @@ class ControlClient:
             except ControllerGoneError:
                 raise
             except PeerTimeoutError:  # it answers our heartbeats: its configure is coming
+                if time.monotonic() > give_up:
+                    raise
                 logger.info("%s: waiting on for its configuration", self.worker_id)
         self.state.apply(configuration.global_state)  # a restarted worker: the current state
         return configuration

@@ -27,6 +27,7 @@ import numpy as np
 from api.config import ExperimentConfig, uses_replay
 from system.errors import WireError
 from system.run import builders, declared
+from system.run.control_channel import HELLO_PATIENCE_S
 from system.streams.validation import (
     BatchLayout,
     Leaf,
@@ -135,7 +136,9 @@ class ShapeResolver:
 
     def __init__(self, config: ExperimentConfig, max_s: float | None = None):
         self.config = config
-        self.max_s = config.liveness.max_build_s if max_s is None else max_s
+        # within what a worker waits for its configure, whatever liveness.max_build_s says
+        bound = min(config.liveness.max_build_s, HELLO_PATIENCE_S / 2)
+        self.max_s = bound if max_s is None else max_s
         self._wire: dict[str, Any] | None = None
         self._done = False
         self._thread: threading.Thread | None = None
