@@ -74,12 +74,13 @@ def ppo(
     masks (``pettingzoo:classic/tictactoe_v3``) is trained by self-play against its past
     instead (:func:`legacy.experiments.selfplay.selfplay`).
     """
-    env_args = dict(env_args or {})
-    if _board_game(env, env_args):  # two seats and action masks: self-play against the past
-        from legacy.experiments.selfplay import selfplay
+    from legacy.experiments.selfplay import is_board_game, selfplay
 
+    env_args = dict(env_args or {})
+    declared = _declared(env, env_args)  # one environment made: it may take minutes to make
+    if is_board_game(*map(list, zip(*declared[0], strict=True))):  # self-play against its past
         return selfplay(env, env_args, target=target, frames=frames)
-    observation, action, agents = agent_spaces(env, env_args)
+    observation, action, agents = agent_spaces(env, env_args, declared)
     continuous = isinstance(action, gym.spaces.Box)
     if not isinstance(action, ACTOR_CRITIC_ACTIONS):
         raise UserError(
@@ -121,32 +122,34 @@ def _continuous(frames: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _board_game(env: str, env_args: dict[str, Any]) -> bool:
-    from legacy.experiments.selfplay import is_board_game
-
-    made = env_api.make(env, **env_args)
-    try:
-        return is_board_game(list(made.observation_spaces), list(made.action_spaces))
-    finally:
-        made.close()
+Declared = tuple[list[tuple[gym.Space, gym.Space]], int]
+"""Each agent's (observation, action) spaces, and the number of agents."""
 
 
-def agent_spaces(env: str, env_args: dict[str, Any] | None) -> tuple[gym.Space, gym.Space, int]:
-    """The spaces of the environment's agents, which one policy plays (all of them alike: a
-    multi-agent game whose agents differ needs an experiment with a policy per kind)."""
+def _declared(env: str, env_args: dict[str, Any] | None) -> Declared:
+    """The spaces ``env`` declares, from one environment made for them (and closed)."""
     made = env_api.make(env, **(env_args or {}))
     try:
-        spaces = list(zip(*declared_spaces(made, env), strict=True))
-        if any(pair != spaces[0] for pair in spaces):
-            raise UserError(
-                f"environment '{env}' has {made.agent_count} agents whose spaces differ; the "
-                "experiment trains one policy for all of them: write an experiment with "
-                "agent_policies (a policy per kind of agent)"
-            )
-        _check_encodable(env, spaces[0][0])
-        return spaces[0][0], spaces[0][1], made.agent_count
+        return list(zip(*declared_spaces(made, env), strict=True)), made.agent_count
     finally:
         made.close()
+
+
+def agent_spaces(
+    env: str, env_args: dict[str, Any] | None, declared: Declared | None = None
+) -> tuple[gym.Space, gym.Space, int]:
+    """The spaces of the environment's agents, which one policy plays (all of them alike: a
+    multi-agent game whose agents differ needs an experiment with a policy per kind).
+    ``declared``: its spaces, read already (else an environment is made for them)."""
+    spaces, agents = declared if declared is not None else _declared(env, env_args)
+    if any(pair != spaces[0] for pair in spaces):
+        raise UserError(
+            f"environment '{env}' has {agents} agents whose spaces differ; the experiment trains "
+            "one policy for all of them: write an experiment with agent_policies (a policy per "
+            "kind of agent)"
+        )
+    _check_encodable(env, spaces[0][0])
+    return spaces[0][0], spaces[0][1], agents
 
 
 def _check_encodable(env: str, space: gym.Space, key: str = "") -> None:

@@ -217,3 +217,26 @@ def test_sac_refuses_unbounded_actions_before_launch():
     with pytest.raises(UserError, match=r"unbounded; sac squashes its actions.*--algo ppo"):
         by_algo.sac("test-auto-unbounded-box")
     assert by_algo.sac("test-auto-box").policies["default"].trainer.type == "sac"
+
+
+class Counted(Spaces):
+    """Counts how often it is made: a simulator can take minutes to start."""
+
+    made = 0
+
+    def __init__(self, kind: str = "discrete", agents: int = 1):
+        super().__init__(kind, agents)
+        Counted.made += 1
+
+
+def test_the_environment_is_made_once_to_set_the_experiment_up():
+    """``troupe train`` made the environment twice before its run started (once to tell a
+    board game, once for its spaces): for one that takes 135 s to make, the controller started
+    271 s after the command."""
+    register("test-auto-counted", Counted)
+    try:
+        Counted.made = 0
+        ppo("test-auto-counted")
+        assert Counted.made == 1
+    finally:
+        environments.unregister("test-auto-counted")
