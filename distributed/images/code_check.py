@@ -21,7 +21,8 @@ import logging
 import sys
 from typing import Any
 
-from api.code import CodeConfig, RegistrationConfig, load_code
+from api.code import CodeConfig, load_code
+from api.config.schema import from_mapping
 from api.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,13 @@ def _run_check(client: Any, image: str, code: CodeConfig) -> tuple[int, str]:
 
 
 def code_from(document: str) -> CodeConfig:
-    """The :class:`CodeConfig` that :func:`check_image_imports` passes as JSON."""
-    data = json.loads(document)
-    registrations = [RegistrationConfig(**r) for r in data.pop("registrations", [])]
-    return CodeConfig(registrations=registrations, **data)
+    """The :class:`CodeConfig` that :func:`check_image_imports` passes as JSON, read as the
+    run's config is (a document it cannot read is this check's fault: ValueError)."""
+    errors: list[str] = []
+    code = from_mapping(CodeConfig, json.loads(document), "code", errors)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return code
 
 
 def import_all(code: CodeConfig) -> None:
