@@ -35,9 +35,11 @@ def test_the_pods_solve_cartpole_and_a_hung_worker_is_restarted_by_its_probe(
     docker_client, tmp_path
 ):
     # a frame budget, not the solve target, ends the run: solving can take less time than the
-    # probe needs to see the hung worker (stale heartbeat file, then a restart)
+    # probe needs to see the hung worker (stale heartbeat file, then a restart). 300,000 frames
+    # took 13 s here once, and the run ended before the probe restarted the hung actor.
     config = make_experiment(
-        "cartpole-ppo", ["stop.eval_return=None", "stop.env_frames=300000", "stop.wall_seconds=400"]
+        "cartpole-ppo",
+        ["stop.eval_return=None", "stop.env_frames=1500000", "stop.wall_seconds=400"],
     )
     options = k8s.K8sOptions(run_name=RUN, image=IMAGE, probe_stale_seconds=6)
     objects = k8s.build_manifests(config, options)
