@@ -61,6 +61,10 @@ TAGS = "tags.json"
 plays."""
 LOGS = "logs"
 """Each process's rotated INFO log, ``logs/<worker>.log`` (:mod:`system.logs`)."""
+CONTROLLER_STARTS = "controller_starts.json"
+"""How many times a cluster launch's controller has started and bound its sockets: what tells
+its workers that a scheduler which restarts it no more has nothing left to start
+(:mod:`system.run.launch_end`)."""
 LAUNCH = "launch.json"
 """Who launched the run and how to reach it (launcher, host, pid, namespace, job id): what
 ``troupe status|logs|stop|ps`` read to find a run's processes (:mod:`distributed.ops`)."""

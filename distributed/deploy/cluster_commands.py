@@ -139,6 +139,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
 
         failed_before_start(run_dir, f"controller: {e}")
         raise
+    launch_end.count_controller_start(run_dir)  # bound: its workers may now count on it
     try:
         summary = controller.run(stopped=interrupts.arm)
     except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own

@@ -199,7 +199,8 @@ def _service_settings(
 
     uid, gid = str(os.getuid()), str(os.getgid())
     env = {**dl.container_environment(), ENV_KEYS_FILE: SECRET_PATH}
-    env.update({launch_end.LAUNCH_ID_ENV: launch, launch_end.RUN_FOLDER_ENV: dl.CONTAINER_RUN_DIR})
+    env.update({launch_end.LAUNCH_ID_ENV: launch, launch_end.RUN_FOLDER_ENV: dl.CONTAINER_RUN_DIR,
+                launch_end.CONTROLLER_STARTS_ENV: str(1 + CONTROLLER_RETRIES)})  # fmt: skip
     if "{ordinal}" in spec.worker_id:
         env["TROUPE_SLOT"] = "{{.Task.Slot}}"
     return {

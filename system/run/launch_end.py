@@ -16,8 +16,14 @@ task started again does with a summary of its own launch depends on how the run 
 
 A summary of an earlier launch (a run deployed again with ``--resume``) has another id, so its
 new tasks ignore it. A summary a worker saw as it met its controller is an earlier part of a
-resumed run, not this part's end (:func:`stamp`). A controller killed before its summary, with
-no restart left, still leaves its workers to the old loop.
+resumed run, not this part's end (:func:`stamp`).
+
+A controller killed (out of memory, SIGKILL) writes no summary. Each start of it that bound its
+sockets counts itself in the run folder (:func:`count_controller_start`); the launcher says how
+many starts its scheduler makes at most (:data:`CONTROLLER_STARTS_ENV`). A worker that finds no
+controller to answer it once all of them have been made exits 0 (:meth:`WorkerLaunch.
+controller_spent`): it used to look for one for a minute, exit as orphaned and be started again
+for as long as the services stood.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ INTERRUPTED = "interrupted"
 STOPPED_BY_KEY = "stopped_by"
 """In the summary of a run whose stop a user asked for (:func:`stopped_by`): no signal of an
 engine's, so a controller started again leaves it stopped."""
+
+CONTROLLER_STARTS_ENV = "TROUPE_CONTROLLER_STARTS"
+"""How many times the launch's scheduler starts its controller at most: the first start and its
+restarts (Swarm's ``max_attempts`` plus one). Unset: no bound is known, and workers wait on."""
 
 _stopped_by: str | None = None
 Stamp = tuple[int, int, int]
@@ -146,6 +156,43 @@ def _how_it_ended(summary: Mapping[str, Any]) -> str:
     return f"{said}, by {summary[STOPPED_BY_KEY]}" if summary.get(STOPPED_BY_KEY) else said
 
 
+def count_controller_start(run_dir: Path, environ: Mapping[str, str] = os.environ) -> int | None:
+    """Count this start of the launch's controller, once its sockets are bound (a start
+    killed before that answered no one either); the count so far, or None outside a launch.
+    One controller holds the folder at a time (its lock), so reading and replacing is safe."""
+    launch = launch_id(environ)
+    if launch is None:
+        return None
+    starts = controller_starts(Path(run_dir), launch) + 1
+    record = {SUMMARY_KEY: launch, "starts": starts}
+    run_folder.write_json(Path(run_dir) / run_folder.CONTROLLER_STARTS, record, sync=True)
+    allowed = _allowed_starts(environ)
+    logger.info("controller start %d of launch %s%s", starts, launch,
+                f" (its scheduler makes {allowed} at most)" if allowed else "")  # fmt: skip
+    return starts
+
+
+def controller_starts(run_dir: Path, launch: str) -> int:
+    """How many times the controller of ``launch`` has started in ``run_dir`` (0: none, or
+    only an earlier launch's)."""
+    try:
+        record = json.loads((run_dir / run_folder.CONTROLLER_STARTS).read_text())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(record, dict) or record.get(SUMMARY_KEY) != launch:
+        return 0
+    starts = record.get("starts")
+    return starts if isinstance(starts, int) else 0
+
+
+def _allowed_starts(environ: Mapping[str, str]) -> int | None:
+    try:
+        allowed = int(environ.get(CONTROLLER_STARTS_ENV) or 0)
+    except ValueError:
+        return None
+    return allowed if allowed > 0 else None
+
+
 class WorkerLaunch:
     """A worker's view of its launch's end, taken as it starts (before its hello)."""
 
@@ -165,6 +212,28 @@ class WorkerLaunch:
         it has). ``heard``: a controller answered this worker, so the summary it saw as it
         started is an earlier part's; one that never did finds any end of its launch an end."""
         return self._said(ended_summary(self.environ, since=self.seen if heard else None))
+
+    def controller_spent(self, heard: bool) -> bool:
+        """Whether its scheduler will start no controller again: every start it makes was
+        made, and none answered this worker (say so if it will not). ``heard``: a controller
+        answered, then went; this worker's restart looks for the next one first."""
+        allowed, launch = _allowed_starts(self.environ), launch_id(self.environ)
+        folder = self.environ.get(RUN_FOLDER_ENV)
+        if heard or allowed is None or launch is None or not folder:
+            return False
+        starts = controller_starts(Path(folder), launch)
+        if starts < allowed:
+            return False
+        logs.keep_in_run_folder(folder, self.worker_id)
+        logger.warning(
+            "%s: no controller answers, and its scheduler has started the run's controller "
+            "%d times, all it starts (killed each time, with no summary written): the run is "
+            "lost, so this worker exits 0 and is not started again. `troupe deploy swarm "
+            "--resume RUN_DIR` continues the run from its checkpoints; `troupe stop` removes "
+            "what is left of it",
+            *(self.worker_id, starts),
+        )
+        return True
 
     def _said(self, summary: dict[str, Any] | None) -> bool:
         if summary is not None:

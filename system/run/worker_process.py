@@ -271,7 +271,7 @@ def main(
         ctl.send(cp.Bye(signal="SIGTERM"))
         return EXIT_TERMINATED
     except ControllerGoneError as e:
-        if launch.ended_while_waiting(heard=ctl.heard):
+        if launch.ended_while_waiting(heard=ctl.heard) or launch.controller_spent(ctl.heard):
             return EXIT_OK
         logger.error("%s", e)  # nobody to report to
         return EXIT_ORPHANED

@@ -73,6 +73,8 @@ def test_a_swarm_controller_is_started_again_a_few_times_over_the_run():
     # it finds its run's end in the mounted folder, as the workers do, and exits 0 there
     assert settings["env"][launch_end.LAUNCH_ID_ENV] == "l1"
     assert settings["stop_signal"] == "SIGINT"
+    # every task knows how many starts Swarm makes: once all are made, workers leave with 0
+    assert settings["env"][launch_end.CONTROLLER_STARTS_ENV] == "3"
 
 
 def test_troupe_worker_takes_every_role_of_the_plan():

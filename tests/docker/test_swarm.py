@@ -374,6 +374,62 @@ def test_a_killed_swarm_controller_is_started_again_and_resumes_the_run(client, 
     assert_nothing_left(client, "swarm-killed")
 
 
+def test_workers_leave_with_0_once_every_start_of_their_controller_was_killed(client, tmp_path):
+    """The controller SIGKILLed at each of the three starts Swarm makes, so no summary is ever
+    written: the workers looked for it for a minute, exited as orphaned and were started again
+    for as long as the services stood. Now each worker, started again, waits its minute, finds
+    every start made, and exits 0, which Swarm leaves ended."""
+    run_dir = tmp_path / "swarm-lost"
+    args = deploy_args(run_dir, [*QUICK, "stop.env_frames=100000000"], wait=False)
+    assert swarm.run_swarm(args, recording_console()) == 0
+    try:
+        controller = client.services.get("troupe-swarm-lost-controller")
+        for start in (1, 2, 3):
+            _kill_the_controller_at_its_start(client, controller, run_dir, start)
+        deadline = time.monotonic() + 240
+        for name in ("params", "trainer-default-0", "policy-default-0", "actor", "eval"):
+            service = client.services.get(f"troupe-swarm-lost-{name}")
+            while (states := _latest_states(service)) != [("complete", 0)] * len(states):
+                assert time.monotonic() < deadline, f"{name} did not leave: {states}"
+                time.sleep(1)
+        said = (run_dir / "logs" / "actor-0.log").read_text()
+        assert "has started the run's controller 3 times, all it starts" in said, said[-3000:]
+        assert not (run_dir / "summary.json").exists()
+    finally:
+        assert ops.run_stop(ops_args("stop", "swarm-lost"), recording_console()) == 0
+    assert_nothing_left(client, "swarm-lost")
+
+
+def _kill_the_controller_at_its_start(client, controller, run_dir: Path, start: int) -> None:
+    """SIGKILL the controller's container once its ``start``-th start has bound its sockets
+    (and, at the first, once the run trains)."""
+    deadline = time.monotonic() + 180
+    while True:
+        starts = read_json(run_dir / "controller_starts.json").get("starts")
+        trains = start > 1 or read_json(run_dir / "latest.json").get("env_frames")
+        running = client.containers.list(
+            filters={"label": f"com.docker.swarm.service.id={controller.id}"}
+        )
+        if starts == start and trains and running:
+            running[0].kill(signal="SIGKILL")
+            return
+        assert time.monotonic() < deadline, f"start {start} did not come: {starts} so far"
+        time.sleep(0.5)
+
+
+def _latest_states(service) -> list[tuple[str, int | None]]:
+    """Each slot's newest task: its state and exit code."""
+    newest: dict[int, dict] = {}
+    for task in service.tasks():
+        slot = task.get("Slot", 0)
+        if slot not in newest or task["CreatedAt"] > newest[slot]["CreatedAt"]:
+            newest[slot] = task
+    return [
+        (t["Status"]["State"], t["Status"].get("ContainerStatus", {}).get("ExitCode"))
+        for t in newest.values()
+    ]
+
+
 def test_a_users_environment_file_is_deployed_with_import_and_an_image_holding_it(client, tmp_path):
     """A user's own environment on a cluster, as the README says: the file added to the worker
     image (``troupe image build --add``, the layer it builds), and the same ``--import`` as

@@ -87,13 +87,63 @@ def test_a_summary_a_worker_saw_as_its_controller_answered_is_an_earlier_parts(t
     assert launch.ended_while_waiting(heard=True)
 
 
-def _worker(tmp_path, launch: str) -> subprocess.Popen:
+def test_a_launchs_controller_starts_are_counted_and_a_worker_leaves_when_all_are_made(tmp_path):
+    """A controller killed before it wrote a summary, with no restart left (Swarm makes three
+    starts): its workers looked for it for a minute, exited as orphaned and were started
+    again, for as long as the services stood. Each start that bound its sockets counts itself;
+    a worker no controller answers once every start was made leaves with 0."""
+    env = {**_env("a1", tmp_path), launch_end.CONTROLLER_STARTS_ENV: "3"}
+    launch = launch_end.WorkerLaunch("actor/0", env)
+    for n in (1, 2):
+        assert launch_end.count_controller_start(tmp_path, env) == n
+        assert not launch.controller_spent(heard=False)  # Swarm starts it again: wait for it
+    assert launch_end.count_controller_start(tmp_path, env) == 3
+    assert not launch.controller_spent(heard=True)  # its restart looks for the next one first
+    assert launch.controller_spent(heard=False)
+    said = (tmp_path / "logs" / "actor-0.log").read_text()
+    assert "has started the run's controller 3 times, all it starts" in said, said
+    later = {**env, launch_end.LAUNCH_ID_ENV: "b2"}  # deployed again with --resume: from 0
+    assert not launch_end.WorkerLaunch("actor/0", later).controller_spent(heard=False)
+    assert launch_end.count_controller_start(tmp_path, later) == 1
+    unbounded = _env("b2", tmp_path)  # a launcher that gives no bound: workers wait on
+    for n in (2, 3, 4):
+        assert launch_end.count_controller_start(tmp_path, unbounded) == n
+    assert not launch_end.WorkerLaunch("actor/0", unbounded).controller_spent(heard=False)
+    assert launch_end.count_controller_start(tmp_path, _env(None, tmp_path)) is None
+    assert launch_end.controller_starts(tmp_path, "b2") == 4
+
+
+@pytest.mark.multiprocess
+def test_a_worker_whose_controllers_starts_are_spent_exits_0_when_none_answers(tmp_path):
+    """A real worker, as Swarm starts it again after its controller's last start was killed:
+    it waits its minute for a controller (the last start may be alive and slow), then leaves
+    with 0, which Swarm's on-failure policy does not restart. One whose controller has a
+    start left exits as orphaned (3), to be started again for it."""
+    (tmp_path / "controller_starts.json").write_text(json.dumps({"launch_id": "a1", "starts": 3}))
+    spent = _worker(tmp_path, "a1", starts=3)
+    left = _worker(tmp_path, "a1", starts=4)
+    try:
+        out, _ = spent.communicate(timeout=120)
+        assert spent.returncode == 0, out
+        assert "all it starts (killed each time, with no summary written)" in out, out
+        out, _ = left.communicate(timeout=30)
+        assert left.returncode == 3, out
+        assert "no controller answered at tcp://127.0.0.1:9 in 60s" in out, out
+    finally:
+        for proc in (spent, left):
+            proc.kill()
+            proc.communicate()
+
+
+def _worker(tmp_path, launch: str, starts: int | None = None) -> subprocess.Popen:
     """An actor as a Swarm task starts it, pointed at a controller address nobody serves."""
     command = [
         sys.executable, "-m", "system.run.worker_process", "--id", "actor/0", "--role",
         "actor", "--controller", "tcp://127.0.0.1:9",
     ]  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **_env(launch, tmp_path)}
+    if starts is not None:
+        env[launch_end.CONTROLLER_STARTS_ENV] = str(starts)
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -160,7 +210,9 @@ def test_a_controller_started_again_after_its_run_ended_by_itself_exits_0(tmp_pa
     assert "its run had ended (summary.json: failed) when this controller was started" in said
     assert "nothing to resume" in " ".join(out.split())  # the console wraps its lines
     _write_summary(run_dir, "interrupted")
+    assert launch_end.controller_starts(run_dir, "a1") == 0  # the one that exited at once
     _assert_still_running(_controller(run_dir, "a1"), after_s=5)
+    assert launch_end.controller_starts(run_dir, "a1") == 1  # it bound its sockets
 
 
 @pytest.mark.multiprocess
@@ -186,6 +238,7 @@ def test_a_controller_that_cannot_load_its_run_fails_it_once_for_every_start(tmp
     out, _ = again.communicate(timeout=60)
     assert again.returncode == 0, out
     assert "nothing to resume" in " ".join(out.split())
+    assert launch_end.controller_starts(run_dir, "a1") == 0  # neither ever answered a worker
 
 
 @pytest.mark.multiprocess
