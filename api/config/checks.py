@@ -79,7 +79,9 @@ def validate(config: ExperimentConfig) -> list[str]:
     for pname, pc in config.policies.items():
         errors += check_data_parallel(f"policies.{pname}", pc)
     errors += _check_positive(
-        config.actors, "actors", ("workers", "envs_per_worker", "segment_length", "groups")
+        config.actors,
+        "actors",
+        ("workers", "envs_per_worker", "segment_length", "groups", "make_threads"),
     )
     errors += _check_positive(config.evaluation, "evaluation", ("envs_per_worker", "episodes"))
     if _below(config.evaluation.workers, 0):

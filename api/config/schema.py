@@ -158,6 +158,11 @@ class ActorConfig:
     ``fail`` stops the worker with an error naming the environment, agent and step;
     ``drop_episode`` discards the episode's unsent steps, resets that environment and counts it
     (the metrics' ``worker_health/dropped_episodes``)."""
+    make_threads: int = 8
+    """How many environments an actor (or evaluation actor) makes at once when its first took a
+    second or more to make (a simulator that starts a process or loads assets); a quicker one
+    makes them one after another. 1: always one after another, for environments that must not
+    be made from several threads."""
 
 
 @dataclass

@@ -368,6 +368,7 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
         mapped_policies=list(plan.policies(cfg)),
         trained_policies=[p for p in plan.policies(cfg) if cfg.policies[p].trainer.type],
         hooks=ActorHooks.of(plan.worker_id, plan.evaluation, cfg.actor_callbacks),
+        make_threads=cfg.actors.make_threads,
     )
     return Built(worker)
 

@@ -38,6 +38,7 @@ from system.streams.samples import SampleProducer
 from system.streams.validation import action_bounds, check_action, fit_actions
 from system.workers.actor_hooks import ActorHooks
 from system.workers.base import Worker
+from system.workers.env_making import make_environments
 from system.workers.lanes import Group, Lane, Misfit, Slot, matchups, observation_spec, per_policy
 from system.workers.nonfinite import NonFiniteGuard
 from system.workers.trajectory import SegmentBuffer
@@ -70,6 +71,7 @@ class ActorWorker(Worker):
         mapped_policies: Sequence[str] = (),
         trained_policies: Sequence[str] | None = None,
         hooks: ActorHooks | None = None,
+        make_threads: int = 1,
     ):
         super().__init__(worker_id)
         self.inference, self.samples, self.hooks = inference, samples, hooks
@@ -77,7 +79,9 @@ class ActorWorker(Worker):
         self.is_evaluation, self.seed = is_evaluation, seed
         self.on_env_error, self.on_nonfinite = on_env_error, on_nonfinite
         self.validate_actions, self.env_factory = validate_actions, env_factory
-        self.envs: list[Environment] = [self._make_env(i) for i in range(n_envs)]
+        self.envs: list[Environment] = make_environments(
+            self._make_env, n_envs, make_threads, worker_id
+        )
         self.bounds = [action_bounds(env.action_spaces) for env in self.envs]
         """Each environment's Box action bounds: actions are clipped into them (fit_actions)."""
         self._rebuilding: set[int] = set()

@@ -1,0 +1,79 @@
+"""An actor's environments, made at once when one is slow to make.
+
+A simulator that starts a process, loads assets or connects to a server can take minutes to
+make. An actor made its environments one after another, so one of 125 s took 250 s to start
+two and over half an hour to start sixteen, while the CPU idled. The first environment is made
+alone: it is what fails with the clearest error, and it times the make. When it took
+:data:`SLOW_MAKE_S` or more, the others are made on up to ``threads`` threads
+(``actors.make_threads``); a quick one (CartPole, Atari) keeps the plain loop, with no thread.
+Environments that must not be made from several threads set ``actors.make_threads=1``.
+
+If a make fails, the environments already made are closed (a simulator's process would
+otherwise outlive the worker's error) and the first error in environment order is raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from api.environment import Environment
+
+logger = logging.getLogger(__name__)
+
+SLOW_MAKE_S = 1.0
+"""A first environment that took this long to make has the others made at once."""
+
+
+def make_environments(
+    make: Callable[[int], Environment], n: int, threads: int, who: str
+) -> list[Environment]:
+    """Environments ``0..n-1`` by ``make``; made at once on up to ``threads`` threads when the
+    first was slow to make. ``who``: the worker, for its log."""
+    started = time.monotonic()
+    first = make(0)
+    took = time.monotonic() - started
+    if n == 1 or threads <= 1 or took < SLOW_MAKE_S:
+        return _one_after_another(make, first, n)
+    at_once = min(threads, n - 1)
+    logger.info(
+        "%s: its first environment took %.1fs to make; making the other %d, %d at once",
+        *(who, took, n - 1, at_once),
+    )
+    with ThreadPoolExecutor(at_once, thread_name_prefix="make-env") as pool:
+        futures = [pool.submit(make, e) for e in range(1, n)]
+        wait(futures)
+    return _gathered(first, futures)
+
+
+def _one_after_another(
+    make: Callable[[int], Environment], first: Environment, n: int
+) -> list[Environment]:
+    envs = [first]
+    try:
+        envs.extend(make(e) for e in range(1, n))
+    except BaseException:
+        close_all(envs)
+        raise
+    return envs
+
+
+def _gathered(first: Environment, futures: list[Future]) -> list[Environment]:
+    """Every environment made, or, if any make failed, the first error in environment order
+    after closing all that were made."""
+    made = [first] + [f.result() for f in futures if f.exception() is None]
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        close_all(made)
+        raise failed
+    return made
+
+
+def close_all(envs: list[Environment]) -> None:
+    """Close each environment, best effort: the worker is going away with another error."""
+    for env in envs:
+        with contextlib.suppress(Exception):
+            env.close()

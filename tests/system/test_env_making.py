@@ -1,0 +1,119 @@
+"""An actor makes its environments at once when the first was slow to make
+(``system/workers/env_making.py``), one after another when it was quick or
+``actors.make_threads=1``; a failed make closes what was made and raises the first error."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from api import registry
+from api.config import make_experiment
+from api.errors import ConfigError
+from distributed.launch.local import LocalLauncher
+from system.run.controller import Controller
+from system.workers import env_making
+
+SLOW = Path(__file__).parent / "user_code" / "slow_to_make_env.py"
+
+
+class _Env:
+    """Stands for an environment: make_environments only makes and closes them."""
+
+    def __init__(self, e: int):
+        self.e, self.closed = e, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Maker:
+    """Makes ``_Env`` s, each taking ``make_s``; counts how many were being made at once."""
+
+    def __init__(self, make_s: float, fail_at: frozenset[int] = frozenset()):
+        self.make_s, self.fail_at = make_s, fail_at
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+        self.made: list[_Env] = []
+        self.threads: set[str] = set()
+
+    def __call__(self, e: int) -> _Env:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.threads.add(threading.current_thread().name)
+        time.sleep(self.make_s)
+        with self.lock:
+            self.now -= 1
+        if e in self.fail_at:
+            raise RuntimeError(f"environment {e} cannot start its simulator")
+        env = _Env(e)
+        with self.lock:
+            self.made.append(env)
+        return env
+
+
+@pytest.fixture
+def quick_threshold(monkeypatch):
+    monkeypatch.setattr(env_making, "SLOW_MAKE_S", 0.05)
+
+
+def test_environments_slow_to_make_are_made_at_once_in_order(quick_threshold):
+    make = _Maker(make_s=0.2)
+    envs = env_making.make_environments(make, 6, threads=3, who="actor/0")
+    assert [env.e for env in envs] == list(range(6))
+    assert make.most == 3  # the other five on three threads
+    assert threading.current_thread().name in make.threads  # the first, alone, on its own
+
+
+def test_quick_environments_and_one_thread_are_made_one_after_another(quick_threshold):
+    for make, threads in ((_Maker(make_s=0.0), 8), (_Maker(make_s=0.1), 1)):
+        envs = env_making.make_environments(make, 4, threads=threads, who="actor/0")
+        assert [env.e for env in envs] == [0, 1, 2, 3]
+        assert make.most == 1 and make.threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_failed_make_closes_what_was_made_and_raises_the_first_error(quick_threshold, threads):
+    """A simulator's process must not outlive the worker's error."""
+    make = _Maker(make_s=0.1, fail_at=frozenset({2, 3}))
+    with pytest.raises(RuntimeError, match="environment 2 cannot start"):
+        env_making.make_environments(make, 5, threads=threads, who="actor/0")
+    assert make.made and all(env.closed for env in make.made)
+
+
+def test_make_threads_must_be_at_least_1():
+    with pytest.raises(ConfigError, match=r"actors\.make_threads: must be at least 1"):
+        make_experiment("cartpole-ppo", ["actors.make_threads=0"])
+
+
+@pytest.mark.multiprocess
+def test_a_run_makes_an_actors_slow_environments_at_once(tmp_path):
+    """A real run: the actor's first environment takes 1.2 s, the other three are made on
+    threads of the actor process, and the run trains to its budget."""
+    registry.register_environment(
+        "slow-to-make-cartpole", "slow_to_make_env:SlowToMakeCartPole", source=str(SLOW),
+        override=True,
+    )  # fmt: skip
+    marks = tmp_path / "marks"
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "environment.type=slow-to-make-cartpole", f"environment.args.marks={marks}",
+            "actors.workers=1", "actors.envs_per_worker=4", "evaluation.workers=0",
+            "stop.eval_return=None", "stop.env_frames=3000",
+        ])  # fmt: skip
+    finally:
+        registry.environments.unregister("slow-to-make-cartpole")
+    run_dir = tmp_path / "run"
+    summary = Controller(config, run_dir, LocalLauncher(), display=False).run()
+    assert summary["stop_reason"] == "env_frames", summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    actor_pid = str(workers["actor/0"]["pid"])
+    by_actor = [m.name for m in marks.iterdir() if m.name.startswith(f"{actor_pid}-")]
+    assert len(by_actor) == 4, sorted(m.name for m in marks.iterdir())
+    assert sum("-make-env_" in name for name in by_actor) == 3, by_actor
+    said = (run_dir / "logs" / "actor-0.log").read_text()
+    assert "making the other 3, 3 at once" in said, said[-2000:]

@@ -1,0 +1,26 @@
+"""CartPole slow to make, as a simulator that starts a process is (used by
+tests/system/test_env_making.py). Each make sleeps ``make_s`` and leaves a file in ``marks``
+named after the process and thread that made it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from legacy.environment.gym_adapter import GymnasiumEnvironment
+
+
+class SlowToMakeCartPole(GymnasiumEnvironment):
+    def __init__(self, marks: str, make_s: float = 1.2):
+        time.sleep(make_s)
+        super().__init__("CartPole-v1")
+        made = f"{os.getpid()}-{threading.current_thread().name}-{time.monotonic_ns()}"
+        Path(marks).mkdir(parents=True, exist_ok=True)
+        (Path(marks) / made).touch()
+
+    @staticmethod
+    def check_args(args: dict[str, Any]) -> list[str]:
+        return []  # no gymnasium arguments: the constructor's signature says it all
