@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from api.environment import Environment
 
@@ -43,10 +43,7 @@ def make_environments(
         "%s: its first environment took %.1fs to make; making the other %d, %d at once",
         *(who, took, n - 1, at_once),
     )
-    with ThreadPoolExecutor(at_once, thread_name_prefix="make-env") as pool:
-        futures = [pool.submit(make, e) for e in range(1, n)]
-        wait(futures)
-    return _gathered(first, futures)
+    return _at_once(make, first, n, at_once)
 
 
 def _one_after_another(
@@ -61,15 +58,42 @@ def _one_after_another(
     return envs
 
 
-def _gathered(first: Environment, futures: list[Future]) -> list[Environment]:
-    """Every environment made, or, if any make failed, the first error in environment order
-    after closing all that were made."""
-    made = [first] + [f.result() for f in futures if f.exception() is None]
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+def _at_once(
+    make: Callable[[int], Environment], first: Environment, n: int, threads: int
+) -> list[Environment]:
+    """Environments ``1..n-1`` made on ``threads`` daemon threads, which take the next index
+    until none is left. Daemon threads, not a pool: a SIGTERM while they make (raised in the
+    main thread, which waits) must let the process leave at once, where an executor's threads
+    are joined at exit, a simulator's start-up later."""
+    made: list[Environment | None] = [first] + [None] * (n - 1)
+    errors: list[BaseException | None] = [None] * n
+    indices = iter(range(1, n))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                e = next(indices, None)
+            if e is None:
+                return
+            try:
+                made[e] = make(e)
+            except BaseException as error:  # raised in the main thread, in order
+                errors[e] = error
+
+    workers = [
+        threading.Thread(target=work, name=f"make-env-{i}", daemon=True) for i in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    failed = next((error for error in errors if error is not None), None)
+    envs = [env for env in made if env is not None]
     if failed is not None:
-        close_all(made)
+        close_all(envs)
         raise failed
-    return made
+    return envs
 
 
 def close_all(envs: list[Environment]) -> None:

@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +21,7 @@ from distributed.launch.local import LocalLauncher
 from system.run.controller import Controller
 from system.workers import env_making
 
+ROOT = Path(__file__).resolve().parents[2]
 SLOW = Path(__file__).parent / "user_code" / "slow_to_make_env.py"
 
 
@@ -114,6 +118,42 @@ def test_a_run_makes_an_actors_slow_environments_at_once(tmp_path):
     actor_pid = str(workers["actor/0"]["pid"])
     by_actor = [m.name for m in marks.iterdir() if m.name.startswith(f"{actor_pid}-")]
     assert len(by_actor) == 4, sorted(m.name for m in marks.iterdir())
-    assert sum("-make-env_" in name for name in by_actor) == 3, by_actor
+    assert sum("-make-env-" in name for name in by_actor) == 3, by_actor
     said = (run_dir / "logs" / "actor-0.log").read_text()
     assert "making the other 3, 3 at once" in said, said[-2000:]
+
+
+LEAVES = """
+import signal, sys, time
+from system.workers import env_making
+
+class Env:
+    def close(self):
+        pass
+
+def make(e):
+    if e:
+        print("making", e, flush=True)
+        time.sleep(600)  # a simulator's start-up
+    return Env()
+
+env_making.SLOW_MAKE_S = 0.0
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as a worker's TermSignal raises
+env_making.make_environments(make, 4, threads=3, who="actor/0")
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_sigterm_while_environments_are_made_at_once_leaves_at_once():
+    """The threads that make are daemons: the process leaves on its signal, where a pool's
+    threads are joined at exit, ten minutes later here."""
+    proc = subprocess.Popen([sys.executable, "-c", LEAVES], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().startswith("making"), proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out
+    finally:
+        proc.kill()
+        proc.communicate()
