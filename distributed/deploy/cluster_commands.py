@@ -127,7 +127,9 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     if (ended := launch_end.ended_summary(for_good=True)) is not None:  # Swarm started it again
         launch_end.say_nothing_to_resume(ended)
         return EXIT_DONE
-    folder_lock.acquire(run_dir)  # one controller per run folder, on a shared volume too
+    # one controller per run folder, on a shared volume too; one started again elsewhere
+    # waits for the lock its lost predecessor holds until the file server lets it go
+    folder_lock.acquire(run_dir, wait_s=folder_lock.SCHEDULER_WAIT_S)
     from system import logs
 
     logs.keep_in_run_folder(run_dir, "controller")  # beside the CLI's console lines

@@ -46,9 +46,19 @@ class RunFolderBusyError(UserError):
     """Another process holds the run folder's lock."""
 
 
-def acquire(folder: Path) -> None:
+SCHEDULER_WAIT_S = 180.0
+"""How long a controller started by a scheduler (``troupe controller``) waits for a held lock.
+One started again on another node after its node was lost finds the lock of the controller
+that ran there held by the file server (NFS) until that client's lease expires (90 s by
+default); it was refused at once, and its scheduler's restarts spent on that. A lock still held
+after the wait is a live controller: refused, as ever."""
+LOCK_RETRY_S = 1.0
+
+
+def acquire(folder: Path, wait_s: float = 0.0) -> None:
     """Hold ``folder``'s lock from now until :func:`release` or this process (and the
-    processes it forks) end; raise :class:`RunFolderBusyError` naming the holder's pid."""
+    processes it forks) end; raise :class:`RunFolderBusyError` naming the holder's pid.
+    ``wait_s``: how long a lock another process holds is waited for (0: refused at once)."""
     key = folder.resolve()
     if os.environ.get(ENV_HELD) == "1":
         return
@@ -66,7 +76,7 @@ def acquire(folder: Path) -> None:
     except OSError as e:  # the folder is named: the lock file is ours, not the user's
         raise RunFolderError.from_os_error(folder, e) from e
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _flock_within(f, folder, wait_s)
     except BlockingIOError:
         holder = _holder(f)
         f.close()
@@ -84,6 +94,29 @@ def acquire(folder: Path) -> None:
     f.write(f"{os.getpid()}\n")
     f.flush()
     _held[key] = f
+
+
+def _flock_within(f: IO[str], folder: Path, wait_s: float) -> None:
+    """Take the exclusive lock, trying again for up to ``wait_s`` while another holds it
+    (raises ``BlockingIOError`` once that is over)."""
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if said:
+                logger.info("took the lock of run folder %s", folder)
+            return
+        except BlockingIOError:
+            if time.monotonic() + LOCK_RETRY_S > deadline:
+                raise
+            if not said:
+                logger.warning(
+                    "run folder %s is locked by %s: waiting up to %.0fs for it (a controller "
+                    "lost with its node holds it until its file server's lease expires)",
+                    *(folder, _holder(f), wait_s),
+                )
+                said = True
+            time.sleep(LOCK_RETRY_S)
 
 
 def held_by_run(folder: Path, running: Callable[[], bool]) -> None:

@@ -144,3 +144,27 @@ def test_a_folder_this_process_holds_for_a_run_is_refused_to_a_second_run_here(f
     assert folder_lock.holder(folder) is None  # this process's own
     folder_lock.release(folder)
     assert _take_in_another_process(folder).returncode == 0
+
+
+def test_a_controller_started_again_waits_for_the_lock_its_lost_predecessor_holds(
+    folder, hold, caplog
+):
+    """A controller started again on another node finds its predecessor's lock held by the
+    file server (NFS) until that client's lease expires: it was refused at once, spending a
+    restart of its scheduler. It waits for the lock; a holder that stays is refused as before."""
+    proc = hold()
+    timer = threading.Timer(2.0, proc.stdin.close)  # the lease expires: the lock goes
+    timer.start()
+    try:
+        with caplog.at_level("INFO", logger="system.run.folder_lock"):
+            folder_lock.acquire(folder, wait_s=60)
+    finally:
+        timer.cancel()
+    assert (folder / run_folder.LOCK).read_text() == f"{os.getpid()}\n"
+    said = " ".join(caplog.messages)
+    assert f"is locked by process {proc.pid}: waiting up to 60s for it" in said, said
+    assert "took the lock of run folder" in said
+    folder_lock.release(folder)
+    still = hold()
+    with pytest.raises(RunFolderBusyError, match=rf"in use by process {still.pid} "):
+        folder_lock.acquire(folder, wait_s=1.5)
