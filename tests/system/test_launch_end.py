@@ -250,3 +250,38 @@ def test_the_controller_writes_its_launch_id_into_the_summary(tmp_path, monkeypa
     summary = read_json(run_dir / "summary.json")
     assert summary["stop_reason"] == "env_frames", out
     assert summary["launch_id"] == "c3"
+
+
+@pytest.mark.multiprocess
+def test_a_controller_started_again_waits_for_the_folder_lock_and_then_runs(tmp_path):
+    """Its lost predecessor's lock, held on by an NFS server until the lease expires: the
+    controller started again waits for it instead of being refused (a restart spent)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = make_experiment("cartpole-ppo", ["evaluation.workers=0", "stop.eval_return=None"])
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    _write_summary(run_dir, "interrupted")
+    hold = "import sys; from pathlib import Path; from system.run import folder_lock\n"
+    hold += "folder_lock.acquire(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        controller = _controller(run_dir, "a1")
+        said = ""
+        while "waiting up to 180s" not in " ".join(said.split()):  # on its console
+            line = controller.stdout.readline()
+            assert line, said
+            said += line
+        assert launch_end.controller_starts(run_dir, "a1") == 0  # not started yet
+        deadline = time.monotonic() + 60
+        holder.stdin.close()  # the lease expired
+        while launch_end.controller_starts(run_dir, "a1") != 1:
+            assert controller.poll() is None, controller.stdout.read()
+            assert time.monotonic() < deadline, "the controller did not take the lock"
+            time.sleep(0.2)
+        _assert_still_running(controller, after_s=1)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
