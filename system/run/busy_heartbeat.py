@@ -137,6 +137,20 @@ class BusyHeartbeat:
         finally:
             self.max_s = bound
 
+    @contextlib.contextmanager
+    def building(self, bound: tuple[str, float]) -> Iterator[None]:
+        """A part of a poll that builds (an environment made again after an error: minutes,
+        for a simulator), bounded by ``bound`` (``liveness.max_build_s``) from its start. It
+        was bounded by the poll's bound: the actor was taken for hung and restarted, to make
+        every environment again. The rest of the poll gets the poll's bound afresh."""
+        saved = self.setting, self.max_s, self.what
+        self.setting, self.max_s = bound
+        self.what, self.busy_since = BUILD, time.monotonic()
+        try:
+            yield
+        finally:
+            (self.setting, self.max_s, self.what), self.busy_since = saved, time.monotonic()
+
     def _run(self) -> None:
         while not self._stopping.wait(HEARTBEAT_S):
             since = self.busy_since

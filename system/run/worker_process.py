@@ -85,10 +85,7 @@ class SocketWiring:
         config: ExperimentConfig,
         shape: RunShape | None = None,
     ):
-        self.ctl = ctl
-        self.place = place
-        self.run_dir = run_dir
-        self.config = config
+        self.ctl, self.place, self.run_dir, self.config = ctl, place, run_dir, config
         self._shape = shape
         self._obs_slots: SlotWriter | bool | None = None
 
@@ -257,12 +254,14 @@ def main(
         global_state.install(ctl.state)  # user code in this process reads the run's state
         cfg = ExperimentConfig.from_dict(conf.config)
         ctl.lookup_timeout_s = max(ctl.timeout_s, cfg.liveness.max_build_s)  # a peer may build
-        with busy_heartbeat.building(ctl, ("liveness.max_build_s", cfg.liveness.max_build_s)):
+        max_build = ("liveness.max_build_s", cfg.liveness.max_build_s)
+        with busy_heartbeat.building(ctl, max_build):
             built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
         ctl.send(cp.Ready())
         logger.info("%s ready", worker_id)
-        return _loop(ctl, worker, built.heartbeat_hooks, cfg.liveness.bound(role), term)
+        max_poll = cfg.liveness.bound(role)
+        return _loop(ctl, worker, built.heartbeat_hooks, max_poll, term, max_build)
     except (_Stop, StopRequested):
         ctl.send(cp.Bye())  # the controller's stop, while being built or in the loop
         return EXIT_OK
@@ -307,19 +306,21 @@ def _flush_sockets(linger_ms: int = 1000) -> None:
     transport.context().destroy(linger=linger_ms)
 
 
-def _loop(
-    ctl: ControlClient,
-    worker: Worker,
-    hooks,
-    max_poll: tuple[str, float],
-    term: TermSignal | None = None,
-) -> int:
+Bound = tuple[str, float]
+
+
+def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: Bound,
+          term: TermSignal | None = None, max_build: Bound | None = None) -> int:  # fmt: skip
     """Poll until stopped; ``hooks`` run with every heartbeat (and once more at the stop).
-    ``term``: the process's SIGTERM handler (None: no signal is handled here)."""
+    ``max_poll``: one poll's bound (:meth:`api.config.LivenessConfig.bound`); ``max_build``:
+    a build's within a poll (``liveness.max_build_s``). ``term``: the process's SIGTERM handler
+    (None: no signal is handled here)."""
     term = term or TermSignal()
     ctl.looping = term.in_loop = True
     beat = term.on_beat(ctl, mark_alive)  # in a long poll: a SIGTERM is told now, not after it
     busy = BusyHeartbeat(ctl, max_poll, on_beat=beat, stats=lambda: stage_seconds(worker))
+    if max_build is not None:
+        worker.building = lambda: busy.building(max_build)
     try:
         return _polls(ctl, worker, list(hooks or ()), busy, term)
     finally:

@@ -395,7 +395,8 @@ class ActorWorker(Worker):
             self.envs[e].close()
         except Exception:  # a broken env may fail to close too; we replace it regardless
             logger.debug("closing failed environment %d raised", e, exc_info=True)
-        self.envs[e] = self._make_env(e)
+        with self.building():  # minutes, for a simulator: not a hung poll
+            self.envs[e] = self._make_env(e)
         self._forget_env(e)
         self._reset_env(e)
 

@@ -10,6 +10,9 @@ code path is the tested one.
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from system.roles import Role
@@ -32,6 +35,9 @@ class Worker(abc.ABC):
         seconds with every heartbeat (:mod:`system.timing`). Shared: during a long poll (a
         trainer's step) the busy-heartbeat thread takes its seconds, so the shares of a worker
         in one long stage stay current instead of repeating its last heartbeat's."""
+        self.building: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+        """Wraps a part of a poll that builds (an environment made again): the worker loop
+        bounds it by ``liveness.max_build_s``, not by the poll's bound."""
 
     @abc.abstractmethod
     def poll(self) -> int:

@@ -123,6 +123,36 @@ def test_a_run_makes_an_actors_slow_environments_at_once(tmp_path):
     assert "making the other 3, 3 at once" in said, said[-2000:]
 
 
+@pytest.mark.multiprocess
+def test_an_environment_slow_to_make_again_after_a_crash_is_no_hung_actor(tmp_path):
+    """``actors.on_env_error=reset`` makes a crashed simulator again inside one poll: 2.5 s
+    here, against a 1 s ``liveness.max_poll_s``. The actor was taken for hung and restarted;
+    the make is bounded by ``liveness.max_build_s``, and the run goes on without a restart."""
+    registry.register_environment(
+        "slow-to-make-cartpole", "slow_to_make_env:SlowToMakeCartPole", source=str(SLOW),
+        override=True,
+    )  # fmt: skip
+    marks = tmp_path / "marks"
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "environment.type=slow-to-make-cartpole", f"environment.args.marks={marks}",
+            "environment.args.make_s=2.5", "environment.args.crash_at_step=50",
+            "actors.workers=1", "actors.envs_per_worker=1", "actors.groups=1",
+            "actors.on_env_error=reset", "liveness.max_poll_s=1", "evaluation.workers=0",
+            "stop.eval_return=None", "stop.env_frames=3000",
+        ])  # fmt: skip
+    finally:
+        registry.environments.unregister("slow-to-make-cartpole")
+    run_dir = tmp_path / "run"
+    summary = Controller(config, run_dir, LocalLauncher(), display=False).run()
+    assert (marks / "crashed").exists()
+    assert summary["stop_reason"] == "env_frames", summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert {w: s["restarts"] for w, s in workers.items() if s["restarts"]} == {}
+    latest = json.loads((run_dir / "latest.json").read_text())
+    assert latest["worker_health/env_resets"] == 1, latest
+
+
 LEAVES = """
 import signal, sys, time
 from system.workers import env_making

@@ -120,6 +120,55 @@ def test_a_worker_building_for_long_beats_and_one_past_its_bound_is_reported(mon
     assert make_experiment("cartpole-ppo", []).liveness.max_build_s == 900.0
 
 
+class RebuildingWorker(Worker):
+    """Its second poll makes an environment again (``on_env_error=reset``), for 30 s of the
+    test's clock against a 5 s poll bound; its third has a step that never returns."""
+
+    def __init__(self, clock: list[float]):
+        super().__init__("actor/0")
+        self.clock, self.polls = clock, 0
+        self.rebuilt, self.hang = threading.Event(), threading.Event()
+
+    def poll(self) -> int:
+        self.polls += 1
+        if self.polls == 2:
+            with self.building():  # as ActorWorker._recover_env makes the environment again
+                self.clock[0] += 30.0
+                time.sleep(4 * HEARTBEAT_S)  # the thread looks several times meanwhile
+            self.rebuilt.set()
+        elif self.polls == 3:
+            self.clock[0] += 1.0
+            self.hang.wait(60)
+        return 0
+
+
+def test_an_environment_made_again_within_a_poll_is_bounded_as_a_build(monkeypatch):
+    """A simulator crashed and ``actors.on_env_error=reset`` made it again: minutes, inside
+    one poll. The actor was taken for hung at ``liveness.max_poll_s`` and restarted, to make
+    every environment again. The make is bounded by ``liveness.max_build_s``; the rest of the
+    poll, and the next, by the poll's bound again."""
+    clock = [0.0]
+    monkeypatch.setattr(busy_heartbeat, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    ctl, worker = FakeControl(), RebuildingWorker(clock)
+    ended: list[int] = []
+    limits = ("liveness.max_poll_s", 5.0), ("liveness.max_build_s", 900.0)
+    loop = threading.Thread(target=lambda: ended.append(
+        worker_process._loop(ctl, worker, [], limits[0], max_build=limits[1])))  # fmt: skip
+    loop.start()
+    try:
+        assert worker.rebuilt.wait(30) and ctl.errors == []  # 30 s of making: not hung
+        wait_for(lambda: worker.polls == 3)
+        clock[0] += 10.0  # the hung step, 11 s into its poll: past the poll's bound
+        wait_for(lambda: ctl.errors != [])
+    finally:
+        worker.hang.set()
+        ctl.stop.set()
+        loop.join(timeout=10)
+    (error,) = ctl.errors
+    assert error.message.startswith("one poll has run longer than liveness.max_poll_s=5s")
+    assert ended == [worker_process.EXIT_FAILED]
+
+
 def test_a_bound_must_be_positive():
     with pytest.raises(ConfigError, match=r"liveness\.max_poll_s: must be more than 0, got 0"):
         make_experiment("cartpole-ppo", ["liveness.max_poll_s=0"])

@@ -1,6 +1,7 @@
 """CartPole slow to make, as a simulator that starts a process is (used by
 tests/system/test_env_making.py). Each make sleeps ``make_s`` and leaves a file in ``marks``
-named after the process and thread that made it."""
+named after the process and thread that made it. With ``crash_at_step``, its step raises once
+per run there (a simulator that crashes), leaving a file ``crashed`` in ``marks``."""
 
 from __future__ import annotations
 
@@ -14,12 +15,21 @@ from legacy.environment.gym_adapter import GymnasiumEnvironment
 
 
 class SlowToMakeCartPole(GymnasiumEnvironment):
-    def __init__(self, marks: str, make_s: float = 1.2):
+    def __init__(self, marks: str, make_s: float = 1.2, crash_at_step: int = 0):
         time.sleep(make_s)
         super().__init__("CartPole-v1")
+        self.marks, self.crash_at_step, self.steps = Path(marks), crash_at_step, 0
         made = f"{os.getpid()}-{threading.current_thread().name}-{time.monotonic_ns()}"
         Path(marks).mkdir(parents=True, exist_ok=True)
         (Path(marks) / made).touch()
+
+    def step(self, actions):
+        self.steps += 1
+        crashed = self.marks / "crashed"
+        if self.steps == self.crash_at_step and not crashed.exists():
+            crashed.touch()
+            raise RuntimeError("the simulator crashed")
+        return super().step(actions)
 
     @staticmethod
     def check_args(args: dict[str, Any]) -> list[str]:
