@@ -200,8 +200,8 @@ def test_checkpoints_that_cannot_be_written_end_the_run_non_zero(tmp_path):
     """The issue's full disk at the final ``trainer.ckpt``: here a read-only mount covers the
     run's checkpoints folder mid-run (so summary.json, beside it, can still be written)."""
     run_dir = tmp_path / "run"
-    proc = start(["run", "cartpole-ppo", *SMALL, "stop.wall_seconds=40", "--run-dir",
-                  str(run_dir), "--no-display"], env={"COLUMNS": "400"})  # fmt: skip
+    proc = start(["run", "cartpole-ppo", *SMALL, "stop.wall_seconds=40", "stop.env_frames=None",
+                  "--run-dir", str(run_dir), "--no-display"], env={"COLUMNS": "400"})  # fmt: skip
     wait_for(lambda: (run_dir / "workers.json").exists() and
              _version(run_dir, "trainer/default/0") >= 3, proc, 300, "version 3")  # fmt: skip
     try:
