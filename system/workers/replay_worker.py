@@ -131,6 +131,10 @@ class ReplayWorker(Worker):
                 self.restore(checkpoint_path)
             elif legacy.exists():
                 self.restore(legacy)
+            else:  # a restart before the first save: the frames of the one before are gone
+                when = f"every {save_every_s:g} s and " if save_every_s else ""
+                logger.info("%s: no saved replay buffer at %s; starting empty (it is saved %s"
+                            "when the run stops)", worker_id, checkpoint_path, when)  # fmt: skip
         self._saved_inserted = self.buffer.limiter.inserted
         """Frames inserted when the buffer was last saved or loaded."""
         self._next_save = clock() + (save_every_s or 0.0)
