@@ -84,10 +84,14 @@ def _at_once(
     workers = [
         threading.Thread(target=work, name=f"make-env-{i}", daemon=True) for i in range(threads)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    except BaseException:  # a SIGTERM while they make: what is made is closed, as on an error
+        close_all([env for env in made if env is not None])
+        raise
     failed = next((error for error in errors if error is not None), None)
     envs = [env for env in made if env is not None]
     if failed is not None:

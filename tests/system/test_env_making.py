@@ -159,7 +159,7 @@ from system.workers import env_making
 
 class Env:
     def close(self):
-        pass
+        print("closed", flush=True)
 
 def make(e):
     if e:
@@ -176,7 +176,7 @@ env_making.make_environments(make, 4, threads=3, who="actor/0")
 @pytest.mark.multiprocess
 def test_a_sigterm_while_environments_are_made_at_once_leaves_at_once():
     """The threads that make are daemons: the process leaves on its signal, where a pool's
-    threads are joined at exit, ten minutes later here."""
+    threads are joined at exit, ten minutes later here; what was made is closed first."""
     proc = subprocess.Popen([sys.executable, "-c", LEAVES], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -184,6 +184,7 @@ def test_a_sigterm_while_environments_are_made_at_once_leaves_at_once():
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 143, out
+        assert out.split().count("closed") == 1, out  # the first, made: its simulator is not left
     finally:
         proc.kill()
         proc.communicate()
