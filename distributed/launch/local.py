@@ -89,6 +89,13 @@ class LocalLauncher:
         process = self.processes.get(worker_id)
         return process.pid if process is not None else None
 
+    def interrupt(self, worker_id: str) -> None:
+        """SIGTERM: a worker still building when the run stops leaves at once, closing what
+        it made (:func:`system.run.term_signal.leave`)."""
+        process = self.processes.get(worker_id)
+        if process is not None and process.is_alive():
+            process.terminate()
+
     def kill(self, worker_id: str) -> None:
         process = self.processes.get(worker_id)
         if process is None:

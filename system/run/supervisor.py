@@ -13,6 +13,9 @@ restarts in a row without ever running ``PROGRESS_S``). The stop goes by the pla
 ``stop_order`` (actors, then policy workers, trainers and replay, then the parameter service),
 so every sample in flight is trained on and the last checkpoints still reach disk; a worker
 whose stop writes them (:data:`SAVING_ROLES`) that is down at that moment is restarted first.
+
+Longer than 400 lines because the ordered stop (savers revived, saves waited for, builders
+interrupted) shares its states with the restarts it must not race, and reads best beside them.
 """
 
 from __future__ import annotations
@@ -333,6 +336,7 @@ class Supervisor:
         self.told_to_stop.update(ids)
         for w in waiting:
             send(w, Stop())
+        self._interrupt_builders(waiting)
         started = time.monotonic()
         while waiting and any(self._may_still_stop(w, started, timeout_s) for w in waiting):
             pump(100)
@@ -361,6 +365,18 @@ class Supervisor:
                     "and took no part in it"
                 )
                 self.fail(WorkerFailure(w, why))
+
+    def _interrupt_builders(self, ids: set[str]) -> None:
+        """A worker still building reads no message until it is built (minutes, for a
+        simulator slow to make): it was waited for, then killed, leaving what it had made (a
+        simulator's process) behind. One with nothing to save is sent SIGTERM now, where the
+        launcher can (``interrupt``): it closes what it made and leaves. A saver still building
+        is left to the wait, and the run's end says it was never ready."""
+        interrupt = getattr(self.launcher, "interrupt", None)
+        for w in ids if interrupt is not None else ():
+            record = self.workers[w]
+            if record.state is WorkerState.CONFIGURING and record.plan.role not in SAVING_ROLES:
+                interrupt(w)
 
     def _may_still_stop(self, wid: str, started: float, timeout_s: float) -> bool:
         """Whether a worker told to stop is still given time: ``timeout_s``, or, for one whose

@@ -98,3 +98,27 @@ class TermSignal:
         logger.warning("SIGTERM, not from the controller: leaving once it stops this worker")
         ctl.send(cp.Signalled("SIGTERM"))
         return True
+
+
+def leave(ctl: ControlClient) -> int:
+    """How a worker leaves on :class:`Terminated`: the exit code, after its bye. Sent by the
+    controller itself, after the run's stop, to a worker still building (which reads no message
+    until it is built: minutes, for a simulator slow to make), it leaves as stopped, with 0;
+    it was waited for, then killed, leaving what it had made behind. Otherwise the signal was
+    someone else's: the controller restarts the worker, or waits for its scheduler to."""
+    if _stopped_by_the_run(ctl):
+        logger.info("stopped by the controller while being built")
+        ctl.send(cp.Bye())
+        return 0
+    logger.warning("SIGTERM, not from the controller: leaving")
+    ctl.send(cp.Bye(signal="SIGTERM"))
+    return EXIT_TERMINATED
+
+
+def _stopped_by_the_run(ctl: ControlClient) -> bool:
+    """Whether the run's stop came (not a stop of this worker alone, nor one to leave)."""
+    try:
+        stopped = ctl.stop_requested()
+    except Exception:  # the controller is gone or refused us: no stop of its to follow
+        return False
+    return stopped and not ctl.leave_requested() and not ctl.stopped_alone()

@@ -32,7 +32,7 @@ from system.parameters.client import ParameterClient
 from system.parameters.service import ParameterServer
 from system.parameters.store import ParameterStore
 from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
-from system.run import builders, busy_heartbeat, launch_end
+from system.run import builders, busy_heartbeat, launch_end, term_signal
 from system.run import control_protocol as cp
 from system.run.busy_heartbeat import BusyHeartbeat, mark_alive, stage_seconds, with_memory
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
@@ -265,10 +265,8 @@ def main(
     except (_Stop, StopRequested):
         ctl.send(cp.Bye())  # the controller's stop, while being built or in the loop
         return EXIT_OK
-    except Terminated:  # without the controller's stop: it restarts this worker, or waits
-        logger.warning("SIGTERM, not from the controller: leaving")
-        ctl.send(cp.Bye(signal="SIGTERM"))
-        return EXIT_TERMINATED
+    except Terminated:  # the controller's, to a worker building at the stop, or someone else's
+        return term_signal.leave(ctl)
     except ControllerGoneError as e:
         if launch.ended_while_waiting(heard=ctl.heard) or launch.controller_spent(ctl.heard):
             return EXIT_OK

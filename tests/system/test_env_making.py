@@ -153,6 +153,39 @@ def test_an_environment_slow_to_make_again_after_a_crash_is_no_hung_actor(tmp_pa
     assert latest["worker_health/env_resets"] == 1, latest
 
 
+@pytest.mark.multiprocess
+def test_an_evaluation_actor_still_making_environments_at_the_stop_leaves_at_once(tmp_path):
+    """The run spends its budget while its evaluation actor still makes its environments, one
+    after another (``actors.make_threads=1``): it was waited for 15 s, then killed, leaving
+    what it had made unclosed. The controller sends it SIGTERM: it closes them and leaves as
+    stopped, and the run ends as it should."""
+    registry.register_environment(
+        "slow-to-make-cartpole", "slow_to_make_env:SlowToMakeCartPole", source=str(SLOW),
+        override=True,
+    )  # fmt: skip
+    marks = tmp_path / "marks"
+    try:
+        config = make_experiment("cartpole-ppo", [
+            "environment.type=slow-to-make-cartpole", f"environment.args.marks={marks}",
+            "environment.args.make_s=0.5", "actors.workers=1", "actors.envs_per_worker=1",
+            "actors.groups=1", "actors.make_threads=1", "evaluation.workers=1",
+            "evaluation.envs_per_worker=200", "stop.eval_return=None", "stop.env_frames=3000",
+        ])  # fmt: skip
+    finally:
+        registry.environments.unregister("slow-to-make-cartpole")
+    run_dir = tmp_path / "run"
+    summary = Controller(config, run_dir, LocalLauncher(), display=False).run()
+    assert summary["stop_reason"] == "env_frames" and "failure" not in summary, summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert workers["eval/0"]["state"] == "stopped", workers["eval/0"]
+    said = (run_dir / "logs" / "eval-0.log").read_text()
+    assert "stopped by the controller while being built" in said, said[-2000:]
+    pid = str(workers["eval/0"]["pid"])
+    made = [m for m in marks.iterdir() if m.name.startswith(f"{pid}-")]
+    closed = [m for m in marks.iterdir() if m.name.startswith(f"closed-{pid}-")]
+    assert 0 < len(made) < 200 and len(closed) == len(made), (len(made), len(closed))
+
+
 LEAVES = """
 import signal, sys, time
 from system.workers import env_making

@@ -481,6 +481,32 @@ def test_a_saver_still_beating_at_its_stop_is_waited_for_and_a_silent_worker_is_
     assert s.failure is None  # the actor saves nothing: its kill loses no checkpoint
 
 
+def test_a_worker_still_building_at_the_stop_is_interrupted_unless_it_saves(run):
+    """A worker building (an actor making environments slow to make) reads no stop until it is
+    built: it was waited for, then killed, leaving its simulators behind. One with nothing to
+    save is sent SIGTERM at once by a launcher that can; a saver still building and a worker
+    already running are not."""
+    s, launcher, _ = run
+    interrupted: list[str] = []
+    launcher.interrupt = interrupted.append
+    for wid in ("actor/0", "trainer/default/0", "policy/default/0"):
+        s.workers[wid].came_up, s.workers[wid].state = False, WorkerState.CONFIGURING
+
+    def send(worker_id, message):
+        if s.workers[worker_id].state is WorkerState.ALIVE:
+            s.on_bye(s.workers[worker_id])
+
+    def pump(ms):  # the interrupted leave, as term_signal.leave says bye
+        for wid in interrupted:
+            s.on_bye(s.workers[wid])
+
+    ids = ["actor/0", "actor/1", "policy/default/0", "trainer/default/0"]
+    s.stop_workers(ids, send, pump, timeout_s=0.0)
+    assert sorted(interrupted) == ["actor/0", "policy/default/0"]
+    assert [s.workers[w].state for w in ids[:3]] == [WorkerState.STOPPED] * 3
+    assert launcher.killed == ["trainer/default/0"]  # as before: never ready, killed at the end
+
+
 def test_workers_json_says_who_runs_where(run):
     s, _, _ = run
     s.workers["trainer/default/0"].stats = {"version": 4}

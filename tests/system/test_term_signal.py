@@ -117,6 +117,30 @@ def test_a_signalled_worker_leaves_with_143_only_when_stopped_alone(stop, signal
     assert worker_process._loop(StoppingControl(stop), Idle("actor/0"), [], limit, term) == code
 
 
+class QuietControl(StoppingControl):
+    """A controller that has said nothing (yet)."""
+
+    def stop_requested(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("ctl", "code", "bye"),
+    [
+        (StoppingControl(cp.Stop()), 0, cp.Bye()),  # the run's stop, to a worker building
+        (StoppingControl(cp.Stop(alone=True)), ts.EXIT_TERMINATED, cp.Bye(signal="SIGTERM")),
+        (StoppingControl(cp.Stop(leave=True)), ts.EXIT_TERMINATED, cp.Bye(signal="SIGTERM")),
+        (QuietControl(cp.Stop()), ts.EXIT_TERMINATED, cp.Bye(signal="SIGTERM")),  # a `kill`
+    ],
+)
+def test_a_worker_terminated_after_the_runs_stop_leaves_as_stopped(ctl, code, bye):
+    """The controller sends SIGTERM to a worker still building when the run stops (it reads
+    no stop until built): that worker leaves as stopped, with 0. A SIGTERM with no stop of the
+    run is someone else's, as before: 143, and the controller is told."""
+    assert ts.leave(ctl) == code
+    assert ctl.sent == [bye]
+
+
 def test_the_control_channel_tells_a_stop_alone_from_the_runs():
     ctl = ControlClient("tcp://127.0.0.1:1", "actor/0")
     try:

@@ -1,7 +1,8 @@
 """CartPole slow to make, as a simulator that starts a process is (used by
 tests/system/test_env_making.py). Each make sleeps ``make_s`` and leaves a file in ``marks``
-named after the process and thread that made it. With ``crash_at_step``, its step raises once
-per run there (a simulator that crashes), leaving a file ``crashed`` in ``marks``."""
+named after the process and thread that made it, and one ``closed-...`` as it is closed. With
+``crash_at_step``, its step raises once per run there (a simulator that crashes), leaving a file
+``crashed`` in ``marks``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ class SlowToMakeCartPole(GymnasiumEnvironment):
         made = f"{os.getpid()}-{threading.current_thread().name}-{time.monotonic_ns()}"
         Path(marks).mkdir(parents=True, exist_ok=True)
         (Path(marks) / made).touch()
+
+    def close(self) -> None:
+        closed = f"closed-{os.getpid()}-{threading.current_thread().name}-{time.monotonic_ns()}"
+        (self.marks / closed).touch()
+        super().close()
 
     def step(self, actions):
         self.steps += 1
