@@ -94,25 +94,30 @@ def test_make_threads_must_be_at_least_1():
         make_experiment("cartpole-ppo", ["actors.make_threads=0"])
 
 
-@pytest.mark.multiprocess
-def test_a_run_makes_an_actors_slow_environments_at_once(tmp_path):
-    """A real run: the actor's first environment takes 1.2 s, the other three are made on
-    threads of the actor process, and the run trains to its budget."""
+def _run_slow(marks: Path, overrides: list[str]) -> tuple[Path, dict]:
+    """A real cartpole-ppo run on :data:`SLOW`'s environment, leaving its marks in ``marks``:
+    its run folder and summary."""
     registry.register_environment(
         "slow-to-make-cartpole", "slow_to_make_env:SlowToMakeCartPole", source=str(SLOW),
         override=True,
     )  # fmt: skip
-    marks = tmp_path / "marks"
     try:
         config = make_experiment("cartpole-ppo", [
             "environment.type=slow-to-make-cartpole", f"environment.args.marks={marks}",
-            "actors.workers=1", "actors.envs_per_worker=4", "evaluation.workers=0",
-            "stop.eval_return=None", "stop.env_frames=3000",
+            "actors.workers=1", "stop.eval_return=None", "stop.env_frames=3000", *overrides,
         ])  # fmt: skip
     finally:
         registry.environments.unregister("slow-to-make-cartpole")
-    run_dir = tmp_path / "run"
-    summary = Controller(config, run_dir, LocalLauncher(), display=False).run()
+    run_dir = marks.parent / "run"
+    return run_dir, Controller(config, run_dir, LocalLauncher(), display=False).run()
+
+
+@pytest.mark.multiprocess
+def test_a_run_makes_an_actors_slow_environments_at_once(tmp_path):
+    """A real run: the actor's first environment takes 1.2 s, the other three are made on
+    threads of the actor process, and the run trains to its budget."""
+    marks = tmp_path / "marks"
+    run_dir, summary = _run_slow(marks, ["actors.envs_per_worker=4", "evaluation.workers=0"])
     assert summary["stop_reason"] == "env_frames", summary
     workers = json.loads((run_dir / "workers.json").read_text())
     actor_pid = str(workers["actor/0"]["pid"])
@@ -128,23 +133,12 @@ def test_an_environment_slow_to_make_again_after_a_crash_is_no_hung_actor(tmp_pa
     """``actors.on_env_error=reset`` makes a crashed simulator again inside one poll: 2.5 s
     here, against a 1 s ``liveness.max_poll_s``. The actor was taken for hung and restarted;
     the make is bounded by ``liveness.max_build_s``, and the run goes on without a restart."""
-    registry.register_environment(
-        "slow-to-make-cartpole", "slow_to_make_env:SlowToMakeCartPole", source=str(SLOW),
-        override=True,
-    )  # fmt: skip
     marks = tmp_path / "marks"
-    try:
-        config = make_experiment("cartpole-ppo", [
-            "environment.type=slow-to-make-cartpole", f"environment.args.marks={marks}",
-            "environment.args.make_s=2.5", "environment.args.crash_at_step=50",
-            "actors.workers=1", "actors.envs_per_worker=1", "actors.groups=1",
-            "actors.on_env_error=reset", "liveness.max_poll_s=1", "evaluation.workers=0",
-            "stop.eval_return=None", "stop.env_frames=3000",
-        ])  # fmt: skip
-    finally:
-        registry.environments.unregister("slow-to-make-cartpole")
-    run_dir = tmp_path / "run"
-    summary = Controller(config, run_dir, LocalLauncher(), display=False).run()
+    run_dir, summary = _run_slow(marks, [
+        "environment.args.make_s=2.5", "environment.args.crash_at_step=50",
+        "actors.envs_per_worker=1", "actors.groups=1", "actors.on_env_error=reset",
+        "liveness.max_poll_s=1", "evaluation.workers=0",
+    ])  # fmt: skip
     assert (marks / "crashed").exists()
     assert summary["stop_reason"] == "env_frames", summary
     workers = json.loads((run_dir / "workers.json").read_text())
@@ -159,22 +153,11 @@ def test_an_evaluation_actor_still_making_environments_at_the_stop_leaves_at_onc
     after another (``actors.make_threads=1``): it was waited for 15 s, then killed, leaving
     what it had made unclosed. The controller sends it SIGTERM: it closes them and leaves as
     stopped, and the run ends as it should."""
-    registry.register_environment(
-        "slow-to-make-cartpole", "slow_to_make_env:SlowToMakeCartPole", source=str(SLOW),
-        override=True,
-    )  # fmt: skip
     marks = tmp_path / "marks"
-    try:
-        config = make_experiment("cartpole-ppo", [
-            "environment.type=slow-to-make-cartpole", f"environment.args.marks={marks}",
-            "environment.args.make_s=0.5", "actors.workers=1", "actors.envs_per_worker=1",
-            "actors.groups=1", "actors.make_threads=1", "evaluation.workers=1",
-            "evaluation.envs_per_worker=200", "stop.eval_return=None", "stop.env_frames=3000",
-        ])  # fmt: skip
-    finally:
-        registry.environments.unregister("slow-to-make-cartpole")
-    run_dir = tmp_path / "run"
-    summary = Controller(config, run_dir, LocalLauncher(), display=False).run()
+    run_dir, summary = _run_slow(marks, [
+        "environment.args.make_s=0.5", "actors.envs_per_worker=1", "actors.groups=1",
+        "actors.make_threads=1", "evaluation.workers=1", "evaluation.envs_per_worker=200",
+    ])  # fmt: skip
     assert summary["stop_reason"] == "env_frames" and "failure" not in summary, summary
     workers = json.loads((run_dir / "workers.json").read_text())
     assert workers["eval/0"]["state"] == "stopped", workers["eval/0"]
