@@ -1,11 +1,13 @@
-"""Whether a process of this machine is alive, asked by its pid.
+"""Whether a process of this machine is alive, asked by its pid, and what runs below it.
 
 The parameter store (temporary files of a killed writer), the control channel (a controller on
-this machine) and ``troupe status|stop`` (a run's process) all ask; one answer serves them.
+this machine) and ``troupe status|stop`` (a run's process) all ask; one answer serves them. The
+local launcher asks what runs below a worker it kills (:func:`descendants`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -45,3 +47,21 @@ def process_alive(pid: int | None, start: int | None = None) -> bool:
         return False
     fields = _stat_fields(pid)
     return fields is None or fields[0] != "Z"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (its children, theirs, ...), from ``/proc``: what a
+    worker's environments started (a simulator's process), which a SIGKILL of the worker would
+    leave running, reparented. Empty without ``/proc``."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            fields = _stat_fields(int(entry.name)) if entry.name.isdigit() else None
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found

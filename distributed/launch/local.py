@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from distributed.launch.signals import signal_name
+from system.processes import descendants
 from system.run import worker_process
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,12 @@ class LocalLauncher:
             process.terminate()
 
     def kill(self, worker_id: str) -> None:
+        """SIGKILL the worker, then what its environments started (a simulator's process): a
+        hung actor restarted, or one killed at the run's end, left those running."""
         process = self.processes.get(worker_id)
         if process is None:
             return
+        below = descendants(process.pid) if process.pid is not None else []
         if process.is_alive():
             process.kill()
         elif self._orphaned(worker_id):  # not through its forkserver, which is gone
@@ -107,6 +111,11 @@ class LocalLauncher:
                 os.kill(process.pid, signal.SIGKILL)
             self._wait_gone(worker_id, 5.0)
         process.join(timeout=5)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if below:
+            logger.info("%s: killed %d process(es) it had started", worker_id, len(below))
 
     def _wait_gone(self, worker_id: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

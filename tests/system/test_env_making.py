@@ -18,6 +18,7 @@ from api import registry
 from api.config import make_experiment
 from api.errors import ConfigError
 from distributed.launch.local import LocalLauncher
+from system.processes import process_alive
 from system.run.controller import Controller
 from system.workers import env_making
 
@@ -167,6 +168,24 @@ def test_an_evaluation_actor_still_making_environments_at_the_stop_leaves_at_onc
     made = [m for m in marks.iterdir() if m.name.startswith(f"{pid}-")]
     closed = [m for m in marks.iterdir() if m.name.startswith(f"closed-{pid}-")]
     assert 0 < len(made) < 200 and len(closed) == len(made), (len(made), len(closed))
+
+
+@pytest.mark.multiprocess
+def test_a_hung_actor_restarted_takes_the_processes_its_environment_started_with_it(tmp_path):
+    """An actor hung in a step is SIGKILLed and restarted: the simulator process its
+    environment had started ran on, reparented, restart after restart. The launcher kills what
+    the worker had started with it."""
+    marks = tmp_path / "marks"
+    _, summary = _run_slow(marks, [
+        "environment.args.make_s=0", "environment.args.child=True",
+        "environment.args.hang_at_step=50", "actors.envs_per_worker=1", "actors.groups=1",
+        "liveness.max_poll_s=1", "evaluation.workers=0",
+    ])  # fmt: skip
+    assert (marks / "hung").exists() and summary["stop_reason"] == "env_frames", summary
+    assert {w: r["restarts"] for w, r in summary["restarts"].items()} == {"actor/0": 1}
+    children = [int(m.name.split("-")[1]) for m in marks.iterdir() if m.name.startswith("child-")]
+    assert len(children) >= 2  # the hung actor's, and its restart's (and the controller's check)
+    assert [pid for pid in children if process_alive(pid)] == []
 
 
 LEAVES = """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from system.processes import process_alive, process_exists, process_start
+from system.processes import descendants, process_alive, process_exists, process_start
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
@@ -68,3 +68,18 @@ def test_this_process_is_alive_with_its_own_start_time():
     start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[-1].split()[19])
     assert process_start(os.getpid()) == start
     assert process_alive(os.getpid(), start)
+
+
+def test_the_processes_below_one_are_its_children_and_theirs():
+    """What a worker's environment started (a simulator), which the launcher kills with it."""
+    tree = subprocess.Popen(["bash", "-c", "sleep 600 & bash -c 'sleep 600 & wait' & wait"])
+    try:
+        assert _until(lambda: len(descendants(tree.pid)) == 3)  # sleep, bash, and its sleep
+        below = descendants(tree.pid)
+        names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in below)
+        assert names == ["bash", "sleep", "sleep"], names
+        assert tree.pid not in below
+    finally:
+        for pid in [*descendants(tree.pid), tree.pid]:
+            os.kill(pid, 9)
+        tree.wait()
