@@ -143,13 +143,14 @@ class BusyHeartbeat:
         for a simulator), bounded by ``bound`` (``liveness.max_build_s``) from its start. It
         was bounded by the poll's bound: the actor was taken for hung and restarted, to make
         every environment again. The rest of the poll gets the poll's bound afresh."""
-        saved = self.setting, self.max_s, self.what
+        saved, in_poll = (self.setting, self.max_s, self.what), self.busy_since is not None
         self.setting, self.max_s = bound
         self.what, self.busy_since = BUILD, time.monotonic()
         try:
             yield
-        finally:
-            (self.setting, self.max_s, self.what), self.busy_since = saved, time.monotonic()
+        finally:  # outside a poll (a build called between polls), it leaves none behind
+            (self.setting, self.max_s, self.what) = saved
+            self.busy_since = time.monotonic() if in_poll else None
 
     def _run(self) -> None:
         while not self._stopping.wait(HEARTBEAT_S):
