@@ -23,7 +23,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from distributed.launch.signals import signal_name
-from system.processes import descendants
+from system.processes import Offspring, descendants
 from system.run import worker_process
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,8 @@ class LocalLauncher:
     start_grace_s = 120.0
     restart_grace_s = 120.0
     restarts_workers = False
+    survey_every_s = 5.0
+    """How often what runs below each worker is looked up (:class:`Offspring`)."""
 
     PRELOAD = [
         "system.run.forkserver_guard",  # first: the forkserver dies with the controller
@@ -46,6 +48,7 @@ class LocalLauncher:
         self.processes: dict[str, BaseProcess] = {}
         self._oom_kills_at_start: dict[str, int | None] = {}
         self._started_at: dict[str, int | None] = {}
+        self._offspring = Offspring(self.survey_every_s)
 
     def start(self, worker_id: str, role: str, controller: str) -> None:
         process = self._ctx.Process(
@@ -97,9 +100,16 @@ class LocalLauncher:
         if process is not None and process.is_alive():
             process.terminate()
 
+    def survey(self) -> None:
+        """Note what runs below each worker (at most every ``survey_every_s``): a worker
+        killed from outside leaves it to init, where nothing says it was the worker's."""
+        pids = {w: p.pid for w, p in self.processes.items()}
+        self._offspring.survey(pids, time.monotonic())
+
     def kill(self, worker_id: str) -> None:
         """SIGKILL the worker, then what its environments started (a simulator's process): a
-        hung actor restarted, or one killed at the run's end, left those running."""
+        hung actor restarted, or one killed at the run's end, left those running. A worker
+        already dead (killed from outside) has left them to init: the last survey names them."""
         process = self.processes.get(worker_id)
         if process is None:
             return
@@ -111,11 +121,16 @@ class LocalLauncher:
                 os.kill(process.pid, signal.SIGKILL)
             self._wait_gone(worker_id, 5.0)
         process.join(timeout=5)
+        self._kill_left(worker_id, below, "it had started")
+
+    def _kill_left(self, worker_id: str, below: list[int], how: str) -> None:
+        """SIGKILL ``below`` and what the last survey saw below the worker and still runs."""
+        below = list(dict.fromkeys([*below, *self._offspring.left(worker_id)]))
         for pid in below:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         if below:
-            logger.info("%s: killed %d process(es) it had started", worker_id, len(below))
+            logger.info("%s: killed %d process(es) %s", worker_id, len(below), how)
 
     def _wait_gone(self, worker_id: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -134,6 +149,8 @@ class LocalLauncher:
             if self.is_alive(worker_id):
                 logger.warning("%s still running at shutdown; killing it", worker_id)
                 self.kill(worker_id)
+            elif process.exitcode != 0:  # killed from outside: it closed nothing
+                self._kill_left(worker_id, [], "it had left running")
 
 
 def run_worker(*args) -> None:

@@ -54,7 +54,8 @@ class Launcher(Protocol):
     """What starts and kills worker processes. One that sees how a process ended may also have
     ``how_ended(worker_id) -> str`` (``was killed by SIGKILL``, ``exited with code 3``), which
     the restart line and the failure then say (:class:`distributed.launch.local.LocalLauncher`);
-    a scheduler's launcher sees no process and cannot."""
+    a scheduler's launcher sees no process and cannot. One that kills what a worker started
+    with it has ``survey()``, called at each supervision, to look that up while it lives."""
 
     start_grace_s: float
     """How long a worker may take from start to its first message (image pulls, imports)."""
@@ -202,6 +203,8 @@ class Supervisor:
     def supervise(self) -> None:
         """Restart what died or went silent; fail the run for what cannot be brought back."""
         now = time.monotonic()
+        if (survey := getattr(self.launcher, "survey", None)) is not None:
+            survey()  # what runs below each worker, for when one is killed from outside
         for wid, record in self.workers.items():
             if record.state is WorkerState.STOPPED or self.failure is not None:
                 continue

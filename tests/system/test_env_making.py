@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -185,6 +187,42 @@ def test_a_hung_actor_restarted_takes_the_processes_its_environment_started_with
     assert {w: r["restarts"] for w, r in summary["restarts"].items()} == {"actor/0": 1}
     children = [int(m.name.split("-")[1]) for m in marks.iterdir() if m.name.startswith("child-")]
     assert len(children) >= 2  # the hung actor's, and its restart's (and the controller's check)
+    assert [pid for pid in children if process_alive(pid)] == []
+
+
+@pytest.mark.multiprocess
+def test_an_actor_killed_from_outside_takes_the_processes_its_environment_started(
+    tmp_path, monkeypatch
+):
+    """A ``kill -9`` (or the out-of-memory killer) of an actor whose environment started a
+    process: the launcher restarts the actor and kills that process, which was left to init
+    and ran on before (the launcher saw the actor only once it was dead)."""
+    monkeypatch.setattr(LocalLauncher, "survey_every_s", 0.0)  # at each supervision (1 s)
+    marks = tmp_path / "marks"
+    killed: list[int] = []
+
+    def kill_the_actor() -> None:
+        workers, deadline = tmp_path / "run" / "workers.json", time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                pid = json.loads(workers.read_text())["actor/0"]["pid"]
+                if any(marks.glob(f"{pid}-*")):  # its environment (and simulator) made
+                    killed.append(pid)
+            time.sleep(0.05)
+        time.sleep(2.5)  # past a survey
+        os.kill(killed[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_actor, daemon=True)
+    killer.start()
+    _, summary = _run_slow(marks, [
+        "environment.args.make_s=0", "environment.args.child=True", "actors.envs_per_worker=1",
+        "evaluation.workers=0", "stop.env_frames=None", "stop.wall_seconds=10",
+    ])  # fmt: skip
+    killer.join()
+    assert killed and summary["stop_reason"] == "wall_seconds", summary
+    assert {w: r["restarts"] for w, r in summary["restarts"].items()} == {"actor/0": 1}
+    children = [int(m.name.split("-")[1]) for m in marks.iterdir() if m.name.startswith("child-")]
+    assert len(children) >= 2  # the killed actor's, and its restart's (and the controller's check)
     assert [pid for pid in children if process_alive(pid)] == []
 
 

@@ -3,6 +3,7 @@ not, a zombie exists but is not alive, and a pid whose start time differs is ano
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from system.processes import descendants, process_alive, process_exists, process_start
+from system.processes import (
+    Offspring,
+    descendants,
+    process_alive,
+    process_exists,
+    process_start,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
@@ -82,4 +89,40 @@ def test_the_processes_below_one_are_its_children_and_theirs():
     finally:
         for pid in [*descendants(tree.pid), tree.pid]:
             os.kill(pid, 9)
+        tree.wait()
+
+
+def test_what_ran_below_a_process_killed_from_outside_is_named_after_its_death():
+    """The launcher's record of a worker's simulators: the worker SIGKILLed, they run on under
+    init, and only the last survey, made while it lived, says they were its."""
+    tree = subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600 & wait"])
+    offspring, sleeps = Offspring(every_s=5.0), []
+    try:
+        assert _until(lambda: len(descendants(tree.pid)) == 2)
+        offspring.survey({"actor/0": tree.pid, "gone/0": None}, now=100.0)
+        sleeps = sorted(descendants(tree.pid))
+        tree.kill()
+        tree.wait()
+        assert descendants(tree.pid) == []  # left to init: nothing below the dead pid says so
+        offspring.survey({"actor/0": tree.pid}, now=104.0)  # too soon, and the pid is dead
+        assert sorted(offspring.left("actor/0")) == sleeps
+        assert offspring.left("actor/0") == [] and offspring.left("gone/0") == []  # forgotten
+    finally:
+        for pid in descendants(tree.pid) + sleeps:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def test_a_process_that_ended_since_the_survey_is_not_named():
+    tree = subprocess.Popen(["bash", "-c", "sleep 600 & wait"])
+    offspring = Offspring(every_s=0.0)
+    try:
+        assert _until(lambda: len(descendants(tree.pid)) == 1)
+        offspring.survey({"actor/0": tree.pid}, now=1.0)
+        (sleep,) = descendants(tree.pid)
+        os.kill(sleep, 9)
+        assert _until(lambda: not process_alive(sleep))
+        assert offspring.left("actor/0") == []
+    finally:
+        tree.kill()
         tree.wait()
