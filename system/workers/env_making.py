@@ -8,8 +8,10 @@ alone: it is what fails with the clearest error, and it times the make. When it 
 (``actors.make_threads``); a quick one (CartPole, Atari) keeps the plain loop, with no thread.
 Environments that must not be made from several threads set ``actors.make_threads=1``.
 
-If a make fails, the environments already made are closed (a simulator's process would
-otherwise outlive the worker's error) and the first error in environment order is raised.
+If a make fails, no other starts (a simulator that cannot start fails every make alike, and
+the worker's error waited for all of them), the environments made are closed (a simulator's
+process would otherwise outlive the worker's error) and the first error in environment order
+is raised.
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ def _at_once(
     made: list[Environment | None] = [first] + [None] * (n - 1)
     errors: list[BaseException | None] = [None] * n
     indices = iter(range(1, n))
-    lock = threading.Lock()
+    lock, failed = threading.Lock(), threading.Event()
 
     def work() -> None:
-        while True:
+        while not failed.is_set():
             with lock:
                 e = next(indices, None)
             if e is None:
@@ -80,6 +82,7 @@ def _at_once(
                 made[e] = make(e)
             except BaseException as error:  # raised in the main thread, in order
                 errors[e] = error
+                failed.set()
 
     workers = [
         threading.Thread(target=work, name=f"make-env-{i}", daemon=True) for i in range(threads)
@@ -90,13 +93,14 @@ def _at_once(
         for worker in workers:
             worker.join()
     except BaseException:  # a SIGTERM while they make: what is made is closed, as on an error
+        failed.set()
         close_all([env for env in made if env is not None])
         raise
-    failed = next((error for error in errors if error is not None), None)
+    error = next((error for error in errors if error is not None), None)
     envs = [env for env in made if env is not None]
-    if failed is not None:
+    if error is not None:
         close_all(envs)
-        raise failed
+        raise error
     return envs
 
 

@@ -43,13 +43,14 @@ class _Maker:
 
     def __init__(self, make_s: float, fail_at: frozenset[int] = frozenset()):
         self.make_s, self.fail_at = make_s, fail_at
-        self.lock, self.now, self.most = threading.Lock(), 0, 0
+        self.lock, self.now, self.most, self.started = threading.Lock(), 0, 0, 0
         self.made: list[_Env] = []
         self.threads: set[str] = set()
 
     def __call__(self, e: int) -> _Env:
         with self.lock:
             self.now += 1
+            self.started += 1
             self.most = max(self.most, self.now)
             self.threads.add(threading.current_thread().name)
         time.sleep(self.make_s)
@@ -90,6 +91,16 @@ def test_a_failed_make_closes_what_was_made_and_raises_the_first_error(quick_thr
     with pytest.raises(RuntimeError, match="environment 2 cannot start"):
         env_making.make_environments(make, 5, threads=threads, who="actor/0")
     assert make.made and all(env.closed for env in make.made)
+
+
+def test_no_make_starts_after_one_failed(quick_threshold):
+    """A simulator that cannot start fails every make alike: the worker's error came only once
+    all twenty were tried, two at a time, ten times the wait."""
+    make = _Maker(make_s=0.1, fail_at=frozenset({1}))
+    with pytest.raises(RuntimeError, match="environment 1 cannot start"):
+        env_making.make_environments(make, 21, threads=2, who="actor/0")
+    assert make.started <= 5, make.started  # 0 alone; 1 and 2; at most one more each
+    assert all(env.closed for env in make.made)
 
 
 def test_make_threads_must_be_at_least_1():
