@@ -29,6 +29,11 @@ logger = logging.getLogger(__name__)
 CONTROLLER_PORT = 5555
 METRICS_PORT = DEFAULT_METRICS_PORT
 """Where a cluster's controller serves Prometheus metrics (its manifests and services say so)."""
+CONTROLLER_WAIT_S = 600.0
+"""How long a Kubernetes or Slurm worker waits for a controller that has not answered yet: its
+image may be pulled, and a controller started again waits up to ``folder_lock.SCHEDULER_WAIT_S``
+(3 minutes) for the run folder's lock. The controller waits as long for its workers
+(``ExternalLauncher.start_grace_s``)."""
 
 
 def resolve_worker_id(template: str, environ=os.environ, hostname: str | None = None) -> str:
@@ -205,6 +210,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="address peers reach this worker by (default: this host's IP)",
     )
+    parser.add_argument(
+        "--controller-wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for a controller that has not answered yet (default 60; "
+        f"`deploy k8s` and `deploy slurm` set {CONTROLLER_WAIT_S:.0f}: their controller may "
+        "come minutes late, and a worker that gives up is not started again, or spends a "
+        "restart)",
+    )
     _add_insecure_argument(parser)
 
 
@@ -216,4 +231,8 @@ def run_worker(args: argparse.Namespace, console: Console) -> int:
     placement = {"bind_host": args.bind_host, "advertise_host": advertise}
     worker_id = resolve_worker_id(args.id)
     secure_or_refuse(args.insecure, f"troupe worker {worker_id}")
-    return worker_process.main(worker_id, args.role, args.controller, placement)
+    if args.controller_wait <= 0:
+        raise UserError(f"--controller-wait must be > 0 seconds, got {args.controller_wait:g}")
+    return worker_process.main(
+        worker_id, args.role, args.controller, placement, controller_wait_s=args.controller_wait
+    )

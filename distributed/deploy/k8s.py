@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import ExperimentConfig
-from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
+from distributed.deploy.cluster_commands import CONTROLLER_PORT, CONTROLLER_WAIT_S, METRICS_PORT
 from distributed.deploy.manifests import (
     CONTROLLER_RETRIES,
     HELPER_RESOURCES,
@@ -458,6 +458,8 @@ class _Builder:
             group.role,
             "--controller",
             f"tcp://{self.controller_host}:{CONTROLLER_PORT}",
+            "--controller-wait",  # a controller pod slow to come spent each worker's restarts
+            f"{CONTROLLER_WAIT_S:.0f}",
         ]
         writes = self.writes(group.component)
         image = self.o.worker_image

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.config import ExperimentConfig
+from distributed.deploy.cluster_commands import CONTROLLER_WAIT_S
 from distributed.deploy.manifests import RoleGroup, config_json, role_groups
 from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
 from distributed.errors import DeployError
@@ -322,6 +323,7 @@ def _worker_task(options: SlurmOptions) -> list[str]:
         '  export TROUPE_ORDINAL="$SLURM_PROCID"',
         '  local worker="${id/\\{ordinal\\}/$SLURM_PROCID}"  # actor/{ordinal}: actor/3',
         '  until troupe_run worker --role "$role" --id "$id" --controller "$CONTROLLER" \\',
+        f"      --controller-wait {CONTROLLER_WAIT_S:.0f} \\",  # its controller may come late
         '      --advertise-host "${address:-$(hostname)}"; do',
         "    code=$?",
         '    if [ "$code" -eq 3 ]; then  # orphaned: its controller is gone, the job ends',

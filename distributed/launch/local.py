@@ -7,7 +7,7 @@ on a small machine, times the number of workers). Nothing that owns threads or s
 forked: each worker makes its own ZeroMQ context. Workers are children of the forkserver, which
 exits once they have, and each worker exits by itself within seconds when the controller is gone
 (its process ended, its connection closed, or its heartbeat answers stopped): see
-:class:`~system.run.control_channel.ConnectionWatch`.
+:class:`~system.run.connection_watch.ConnectionWatch`.
 """
 
 from __future__ import annotations

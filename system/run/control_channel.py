@@ -11,30 +11,29 @@ The messages are the dataclasses of :mod:`system.run.control_protocol`; the glob
 
 Every heartbeat is answered with ``ack``. A worker tells a slow controller from a dead one by
 evidence that a starved machine does not fake: the controller's process ended (when it runs on
-the same machine) or its connection closed and no new one came (:class:`ConnectionWatch`), both
-seen within seconds; silence alone counts only after :data:`CONTROLLER_SILENCE_S` (a host lost
-without closing anything). The parent process of a worker is not the controller (a forkserver,
-a container runtime, a scheduler's agent), so none of this relies on it.
+the same machine) or its connection closed and no new one came
+(:class:`~system.run.connection_watch.ConnectionWatch`), both seen within seconds; silence
+alone counts only after :data:`CONTROLLER_SILENCE_S` (a host lost without closing anything).
+The parent process of a worker is not the controller (a forkserver, a container runtime, a
+scheduler's agent), so none of this relies on it.
 ``moved`` tells a worker that looked ``name`` up that its owner was restarted at a new address.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from system.errors import ControllerGoneError, PeerTimeoutError, WireError
-from system.processes import process_exists
 from system.ratelimit import BadMessages
 from system.run import control_protocol as cp
+from system.run.connection_watch import ConnectionWatch
 from system.run.coordination.state import StateReplica
 from system.streams import transport
 
@@ -62,15 +61,12 @@ the weakest evidence of a controller's death: one starved of CPU on a loaded mac
 average of 30) answers seconds late but answers, so the bound is the controller's own heartbeat
 timeout for its workers. A controller that is really gone is seen within seconds by stronger
 evidence first: its process ended (on this machine) or its connection closed
-(:class:`ConnectionWatch`)."""
+(:class:`~system.run.connection_watch.ConnectionWatch`)."""
 HELLO_PATIENCE_S = 3600.0
 """How long a worker whose hello the controller answered waits for its configure, which the
 controller holds back while it resolves the run's shape (up to ``liveness.max_build_s``, 900 s
 by default): a configure that never came (lost with an old connection) ends the wait, as an
 error its controller restarts the worker for."""
-RECONNECT_GRACE_S = 3.0
-"""After the controller's connection closed, how long a worker waits for a new one (a
-controller restarted in place by its scheduler) before it takes the controller for gone."""
 
 
 class ControlClient:
@@ -83,12 +79,20 @@ class ControlClient:
         *,
         timeout_s: float = 60.0,
         controller_pid: int | None = None,
+        first_contact_s: float | None = None,
     ):
         self.worker_id = worker_id
         self.timeout_s = self.lookup_timeout_s = timeout_s
         """How long a wait for the controller lasts; a lookup of a peer, which may be making an
         environment slow to make, waits ``lookup_timeout_s`` (the worker sets it from
         ``liveness.max_build_s``)."""
+        self.first_contact_s = timeout_s if first_contact_s is None else first_contact_s
+        """How long the hello waits for a controller that has not answered yet (``troupe
+        worker --controller-wait``): a cluster's controller may come minutes after its workers
+        (an image pulled, a run folder's lock waited for), and one that is not restarted (a
+        Slurm task) or counts each exit against its restarts (a Kubernetes Job) must not give
+        up after the first minute."""
+        self.created = time.monotonic()
         self.socket = transport.make_socket(
             zmq.DEALER, server=False, max_message_bytes=CONTROL_MAX_BYTES
         )
@@ -182,16 +186,36 @@ class ControlClient:
         give_up = time.monotonic() + HELLO_PATIENCE_S
         while True:
             try:
-                configuration = self.wait_for(cp.Configure)
+                configuration = self.wait_for(cp.Configure, timeout_s=self._hello_wait_s())
                 break
             except ControllerGoneError:
-                raise
+                if self.heard or self.refused is not None or not self._first_contact_left():
+                    raise
+                logger.warning(
+                    "%s: no controller has answered at %s in %.0fs; waiting up to %.0fs in all",
+                    *(self.worker_id, self.controller, self._waited_s(), self.first_contact_s),
+                )  # the hello is queued: a controller that comes gets it
             except PeerTimeoutError:  # it answers our heartbeats: its configure is coming
                 if time.monotonic() > give_up:
                     raise
                 logger.info("%s: waiting on for its configuration", self.worker_id)
         self.state.apply(configuration.global_state)  # a restarted worker: the current state
         return configuration
+
+    def _hello_wait_s(self) -> float:
+        """One round of the hello's wait: ``timeout_s``, or what is left of the first contact's
+        wait while no controller has answered."""
+        if self.heard:
+            return self.timeout_s
+        return max(0.1, min(self.timeout_s, self.first_contact_s - self._waited_s()))
+
+    def _waited_s(self) -> float:
+        return time.monotonic() - self.created
+
+    def _first_contact_left(self) -> bool:
+        """Whether a controller not heard yet may still come (a wait ends just past its
+        time: a tenth of a second is none left)."""
+        return self._waited_s() + 0.1 < self.first_contact_s
 
     def register(self, name: str, address: str) -> None:
         self.send(cp.Register(name, address))
@@ -242,7 +266,7 @@ class ControlClient:
         if not self.heard:  # nobody to report to: the worker says so in its own log
             raise ControllerGoneError(
                 f"{self.worker_id}: no controller answered at {self.controller} in "
-                f"{self.timeout_s:.0f}s; is it running, is that address reachable from here, "
+                f"{self._waited_s():.0f}s; is it running, is that address reachable from here, "
                 "and do both use the same keys (TROUPE_CURVE_KEYS_FILE)?"
             )
         raise PeerTimeoutError(
@@ -300,77 +324,3 @@ class ControlClient:
             # Up to a second for the bye or error to go out, as the context's flush allows: on
             # a loaded machine 0.2 s could pass before the I/O thread ran, and it was lost.
             self.socket.close(linger=1000)
-
-
-class ConnectionWatch:
-    """Ends the process when the controller's connection stays closed, whatever it is doing.
-
-    Heartbeat answers are read between two polls of the worker; a worker blocked for a while
-    (a long trainer step, a publish waiting for a parameter service that died with the
-    controller, a builder waiting for a peer) would linger that long. A process that ends
-    closes its TCP connections, so the control socket's monitor, read on a thread of its own,
-    sees the controller go at once; if no new connection comes within
-    :data:`RECONNECT_GRACE_S` (a controller restarted by a scheduler), the worker exits with
-    :data:`EXIT_ORPHANED`. A host that vanishes closes nothing: heartbeats catch that.
-    ``controller_pid`` (a controller on this machine): its end is seen even before a connection
-    was made.
-    """
-
-    EXIT_ORPHANED = 3
-
-    def __init__(
-        self,
-        socket: zmq.Socket,
-        worker_id: str,
-        controller_pid: int | None = None,
-        heard: Callable[[], bool] = lambda: True,
-        address: str = "",
-    ):
-        self.worker_id = worker_id
-        self.controller_pid = controller_pid
-        self.heard, self.address = heard, address
-        self._socket = socket
-        self._monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="controller-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        connected, lost_at = False, None
-        try:
-            while not self._stopping.is_set():
-                if self._monitor.poll(100):
-                    event = recv_monitor_message(self._monitor)["event"]
-                    if event == zmq.EVENT_CONNECTED:
-                        connected, lost_at = True, None
-                    elif event == zmq.EVENT_DISCONNECTED and connected:
-                        lost_at = time.monotonic()
-                if lost_at is not None and time.monotonic() - lost_at > RECONNECT_GRACE_S:
-                    lost_s = time.monotonic() - lost_at
-                    self._exit(f"closed its connection {lost_s:.1f}s ago", spoke=self.heard())
-                if self.controller_pid is not None and not process_exists(self.controller_pid):
-                    self._exit(f"process {self.controller_pid} ended")
-        finally:
-            self._monitor.close(linger=0)
-
-    def _exit(self, why: str, spoke: bool = True) -> None:
-        if not spoke:  # what closed the connection never answered as a controller
-            logger.error(
-                "%s: no controller answered at %s (what this worker connected to %s); this "
-                "worker exits: check the address, that the run's controller runs there, and "
-                "the keys (TROUPE_CURVE_KEYS_FILE)",
-                *(self.worker_id, self.address or "its address", why),
-            )
-        else:
-            logger.error(
-                "%s: the controller %s; this worker exits (resume with `troupe run --resume "
-                "RUN_DIR`)",
-                *(self.worker_id, why),
-            )
-        os._exit(self.EXIT_ORPHANED)  # the main thread may be blocked: no cleanup
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(timeout=1.0)
-        with contextlib.suppress(zmq.ZMQError):
-            self._socket.disable_monitor()

@@ -16,7 +16,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,7 @@ from api.config import ExperimentConfig
 from api.errors import ConfigError, EnvironmentCheckError, RegistryError, UserError
 from system import logs
 from system.errors import CallbackError, ControllerGoneError, TrainerContractError
-from system.parameters.client import ParameterClient
-from system.parameters.service import ParameterServer
-from system.parameters.store import ParameterStore
-from system.roles import PARAMS_PUSH, PARAMS_REQUEST, Role
+from system.roles import Role
 from system.run import builders, busy_heartbeat, launch_end, term_signal
 from system.run import control_protocol as cp
 from system.run.busy_heartbeat import BusyHeartbeat, mark_alive, stage_seconds, with_memory
@@ -40,145 +36,16 @@ from system.run.coordination.coordinator import follow_coordination
 from system.run.peer_watch import ActorPeerWatchdog, ParameterServiceWatch, ReplayWorkerWatch
 from system.run.plan import Peers, plan_from_wire
 from system.run.shape import RunShape
+from system.run.socket_wiring import BuildStopped, Placement, SocketWiring
 from system.run.term_signal import EXIT_TERMINATED, Terminated, TermSignal
 from system.streams import transport
-from system.streams.inference import ZmqInferenceClient, ZmqInferenceServer
-from system.streams.obs_slots import SlotWriter
-from system.streams.replay import ZmqReplayClient, ZmqReplayServer
-from system.streams.samples import ZmqSampleConsumer, ZmqSampleProducer
 from system.timing import CONTROL
 from system.workers.base import Worker
-from system.workers.parameter_worker import ParameterServiceWorker
 
 logger = logging.getLogger(__name__)
 
 STOP_CHECK_S = 0.05
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
-
-
-@dataclass
-class Placement:
-    """Where a worker binds and what address it advertises to its peers."""
-
-    bind_host: str = "127.0.0.1"
-    advertise_host: str = "127.0.0.1"
-
-    def bind(self) -> str:
-        return f"tcp://{self.bind_host}:*"
-
-    def advertise(self, endpoint: str) -> str:
-        port = endpoint.rsplit(":", 1)[1]
-        return f"tcp://{self.advertise_host}:{port}"
-
-
-class SocketWiring:
-    """Process mode: peers are ZeroMQ sockets, found by name through the controller."""
-
-    waits_for_peers = True
-    threads = True
-
-    def __init__(
-        self,
-        ctl: ControlClient,
-        place: Placement,
-        run_dir: Path,
-        config: ExperimentConfig,
-        shape: RunShape | None = None,
-    ):
-        self.ctl, self.place, self.run_dir, self.config = ctl, place, run_dir, config
-        self._shape = shape
-        self._obs_slots: SlotWriter | bool | None = None
-
-    @property
-    def shape(self) -> RunShape:
-        """The run's spaces and message layouts: as the controller sent them, or (where it
-        could not: a space without a wire form) resolved here, once."""
-        if self._shape is None:
-            self._shape = RunShape.of(self.config)
-        return self._shape
-
-    @property
-    def spaces(self) -> builders.AgentSpaces:
-        return self.shape.spaces
-
-    def keep_alive(self) -> None:
-        """While a builder waits (for a first version, say): heartbeats go out, a stop request
-        is noticed, and a controller that is gone ends the wait."""
-        if self.ctl.stop_requested():
-            raise _Stop()
-        self.ctl.heartbeat({})
-        self.ctl.check_controller()
-
-    def parameter_client(self, subscribe: list[str]) -> ParameterClient:
-        push = self.ctl.lookup(PARAMS_PUSH) if subscribe else None
-        request = self.ctl.lookup(PARAMS_REQUEST)
-        limit = self.shape.params.max_message_bytes
-        names = (PARAMS_REQUEST, PARAMS_PUSH)
-        return ParameterClient(
-            request,
-            push,
-            subscribe=subscribe,
-            max_message_bytes=limit,
-            abandon=lambda: self.ctl.has_moved(names),
-        )
-
-    def inference_server(self, name: str, policy_name: str) -> ZmqInferenceServer:
-        server = ZmqInferenceServer(self.place.bind(), layout=self.shape.requests[policy_name])
-        self._register(name, server.endpoint)
-        return server
-
-    def inference_client(self, client_id: str, names: dict[str, str]) -> ZmqInferenceClient:
-        return ZmqInferenceClient(
-            {p: self.ctl.lookup(n) for p, n in names.items()}, slots=self.obs_slots()
-        )
-
-    def obs_slots(self) -> SlotWriter | None:
-        """This actor's shared memory for observations (one for both streams), or None when
-        this host has none to offer (``TROUPE_SHM_DIR=off``, no writable directory)."""
-        if self._obs_slots is None:
-            try:
-                self._obs_slots = SlotWriter()
-            except OSError as e:
-                logger.info("observations go over sockets only: %s", e)
-                self._obs_slots = False
-        return self._obs_slots or None
-
-    def sample_consumer(self, name: str, policy_name: str) -> ZmqSampleConsumer:
-        consumer = ZmqSampleConsumer(self.place.bind(), layout=self.shape.segments[policy_name])
-        self._register(name, consumer.endpoint)
-        return consumer
-
-    def sample_producer(self, names: dict[str, list[str]]) -> ZmqSampleProducer:
-        return ZmqSampleProducer(
-            {p: [self.ctl.lookup(n) for n in ns] for p, ns in names.items()},
-            slots=self.obs_slots(),
-        )
-
-    def replay_server(self, name: str, policy_name: str) -> ZmqReplayServer:
-        server = ZmqReplayServer(self.place.bind(), layout=self.shape.priorities[policy_name])
-        self._register(name, server.endpoint)
-        return server
-
-    def replay_client(self, name: str, policy_name: str, client_id: str) -> ZmqReplayClient:
-        return ZmqReplayClient(self.ctl.lookup(name), layout=self.shape.batches[policy_name])
-
-    def parameter_server(self, store: ParameterStore) -> Worker:
-        layout = self.shape.params
-        server = ParameterServer(store, self.place.bind(), self.place.bind(), layout=layout)
-        self._register(PARAMS_REQUEST, server.request_endpoint)
-        self._register(PARAMS_PUSH, server.push_endpoint)
-        return ParameterServiceWorker(self.ctl.worker_id, server)
-
-    def _register(self, name: str, endpoint: str) -> None:
-        """Tell the controller that ``name`` is served at ``endpoint`` (its advertised form)."""
-        self.ctl.register(name, self.place.advertise(endpoint))
-
-    def trainer_group(self, name: str, policy_name: str, rank: int, size: int):
-        """Trainers of one policy form a data-parallel group (system.workers.trainer_group)."""
-        from system.workers.trainer_group import ControlRendezvous, form_group
-
-        rendezvous = ControlRendezvous(self.ctl, self.place.advertise_host)
-        return form_group(policy_name, rank, size, rendezvous, name, self.place.bind_host)
 
 
 def _build(
@@ -229,10 +96,12 @@ def main(
     controller: str,
     placement: dict | None = None,
     controller_pid: int | None = None,
+    controller_wait_s: float | None = None,
 ) -> int:
     """Run one worker until stopped; the process's exit code is the return value.
 
-    ``controller_pid``: the controller's process, when it runs on this machine (local runs)."""
+    ``controller_pid``: the controller's process, when it runs on this machine (local runs).
+    ``controller_wait_s``: how long to wait for a controller that never answered (a minute)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the controller's to handle
     term = TermSignal()
     term.install()
@@ -245,7 +114,9 @@ def main(
         return EXIT_FAILED
     if (launch := launch_end.WorkerLaunch(worker_id)).ended_before_start():  # Swarm restarts
         return EXIT_OK
-    ctl = ControlClient(controller, worker_id, controller_pid=controller_pid)
+    ctl = ControlClient(
+        controller, worker_id, controller_pid=controller_pid, first_contact_s=controller_wait_s
+    )
     worker: Worker | None = None
     try:
         conf = ctl.hello(role)
@@ -262,7 +133,7 @@ def main(
         logger.info("%s ready", worker_id)
         max_poll = cfg.liveness.bound(role)
         return _loop(ctl, worker, built.heartbeat_hooks, max_poll, term, max_build)
-    except (_Stop, StopRequested):
+    except (BuildStopped, StopRequested):
         ctl.send(cp.Bye())  # the controller's stop, while being built or in the loop
         return EXIT_OK
     except Terminated:  # the controller's, to a worker building at the stop, or someone else's
@@ -376,10 +247,6 @@ def _close(worker: Worker) -> None:
         worker.close()
     except Exception:  # closing is best effort at exit
         logger.debug("closing %s raised", worker.worker_id, exc_info=True)
-
-
-class _Stop(Exception):
-    """The controller asked this worker to stop while it was being built."""
 
 
 if __name__ == "__main__":  # for launchers that start workers as commands (containers)

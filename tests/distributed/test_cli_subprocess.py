@@ -309,6 +309,17 @@ def test_worker_without_keys_refuses_to_start():
     assert "CURVE" in line and "--insecure" in line and "actor/0" in line, line
 
 
+def test_worker_waits_as_long_as_told_for_a_controller_then_says_so():
+    """``--controller-wait``: Kubernetes and Slurm workers wait ten minutes for a controller
+    that may come late; a wait spent still ends in the orphan's exit (3), naming the address."""
+    done = troupe(*_worker_args(), "--insecure", "--controller-wait", "3")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "no controller answered at tcp://127.0.0.1:9 in 3s" in said, said
+    line = assert_one_line_error(troupe(*_worker_args(), "--insecure", "--controller-wait", "0"))
+    assert "--controller-wait must be > 0 seconds, got 0" in line, line
+
+
 def _starts_with_warning(args: list[str], log: Path, timeout: float = 120) -> str:
     """Start ``troupe ARGS``, wait until it logs its INSECURE warning, then stop it. Returns the
     output so far. It would run on (waiting for workers or its controller); the test only needs

@@ -177,6 +177,8 @@ def test_two_policies_get_their_own_workloads_with_the_planned_ids():
             role,
             "--controller",
             "tcp://r1-controller:5555",
+            "--controller-wait",  # a controller pod slow to come must not spend their restarts
+            "600",
         ]
     assert jobs["r1-trainer-red"]["metadata"]["labels"]["troupe.policy"] == "red"
     labels = jobs["r1-trainer-red"]["spec"]["template"]["metadata"]["labels"]

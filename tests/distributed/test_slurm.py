@@ -687,6 +687,18 @@ def test_a_worker_task_says_how_its_worker_ended_before_restarting_it(tmp_path):
     )
 
 
+def test_a_worker_task_waits_ten_minutes_for_a_controller_that_comes_late(tmp_path):
+    """No one restarts a worker that gave up on its controller (exit 3): one that waited its
+    default minute while a controller started again waited up to 3 minutes for the run
+    folder's lock was lost for the whole job."""
+    said = tmp_path / "args"
+    done = run_bash(worker_task_script(tmp_path, f'  echo "$@" > {said}; return 0'))
+    assert done.returncode == 0, done.stderr
+    args = said.read_text().split()
+    assert args[args.index("--controller-wait") + 1] == "600", args
+    assert args[:2] == ["worker", "--role"]
+
+
 def test_a_worker_task_counts_failures_in_a_row_not_in_the_whole_job(tmp_path):
     """A worker that fails now and then, running a while in between (a flaky simulator, a node's
     hiccup), was given up on at its fourth failure of a days-long job: the task counted every

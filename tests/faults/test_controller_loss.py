@@ -1,7 +1,7 @@
 """SIGKILL of a run's controller: every process of the run leaves by itself, and the run resumes.
 
 Workers are children of a forkserver, not of the controller, so nothing but their own watch
-(:class:`system.run.control_channel.ConnectionWatch`, heartbeat answers) ends them.
+(:class:`system.run.connection_watch.ConnectionWatch`, heartbeat answers) ends them.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ from system.run.plan import (
     plan_workers,
 )
 from system.run.serial import InprocWiring, serial_plans
-from system.run.worker_process import Placement, SocketWiring, _watch_peers
+from system.run.socket_wiring import Placement, SocketWiring
+from system.run.worker_process import _watch_peers
 from system.workers.batch_source import ReplaySource, SegmentSource
 
 

@@ -7,7 +7,10 @@ connection; otherwise every message to the worker (configure, stop) goes to the 
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
+import time
 
 import pytest
 
@@ -118,6 +121,55 @@ def test_a_worker_that_never_reaches_a_controller_says_so_itself():
     client = ControlClient("tcp://127.0.0.1:1", "actor/0", timeout_s=1.0)
     try:
         with pytest.raises(ControllerGoneError, match=r"no controller answered at tcp://127"):
+            client.hello("actor")
+    finally:
+        client.close()
+
+
+def test_a_worker_told_to_wait_for_its_controller_is_configured_by_one_that_comes_late(
+    tmp_path, caplog
+):
+    """A cluster's controller may come minutes after its workers (an image pulled, a run
+    folder's lock waited for): a worker gave up after its first minute, for good on Slurm and
+    against its Job's restarts on Kubernetes. Told to wait (``--controller-wait``), it waits on,
+    says so, and its hello, queued meanwhile, reaches the controller that comes."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    client = ControlClient(address, "actor/0", timeout_s=1.0, first_contact_s=20.0)
+    late: list[Controller] = []
+    stop = threading.Event()
+
+    def come_late() -> None:
+        time.sleep(2.5)  # two of the worker's 1 s rounds
+        config = make_experiment("cartpole-ppo")
+        late.append(Controller(config, tmp_path, ExternalLauncher(), bind=address, display=False))
+        while not stop.is_set():
+            late[0]._receive(timeout_ms=20)
+
+    thread = threading.Thread(target=come_late, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            configuration = client.hello("actor")
+        assert isinstance(configuration, cp.Configure)
+        assert f"no controller has answered at {address} in 1s; waiting up to 20s" in caplog.text
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        client.close()
+        for ctl in late:
+            ctl.server.close()
+            ctl.metrics.close()
+
+
+def test_a_worker_told_to_wait_gives_up_once_that_wait_is_spent():
+    client = ControlClient("tcp://127.0.0.1:1", "actor/0", timeout_s=1.0, first_contact_s=3.0)
+    try:
+        with pytest.raises(
+            ControllerGoneError, match=r"no controller answered at tcp://127\S+ in 3s"
+        ):
             client.hello("actor")
     finally:
         client.close()

@@ -28,7 +28,7 @@ from system.run.controller import Controller
 from system.run.plan import ParameterServicePlan, PolicyWorkerPlan, TrainerPlan
 from system.run.serial import InprocWiring
 from system.run.shape import RunShape, space_from_wire, space_to_wire
-from system.run.worker_process import Placement, SocketWiring
+from system.run.socket_wiring import Placement, SocketWiring
 from system.streams import wire
 
 ROOT = Path(__file__).resolve().parents[2]
