@@ -8,19 +8,20 @@ may be missing. So a worker in its loop notes the first SIGTERM, tells its contr
 (:class:`~system.run.control_protocol.Signalled`) and goes on working until the controller's
 stop comes: the run's ordered stop, if the controller is stopping it, or else a stop of this
 worker alone, after which the controller restarts it (or waits for its scheduler to). It leaves
-without a stop when none came within :data:`TERM_WAIT_S`, or when the signal came before its
-loop ran (nothing of its work is at stake yet). A second SIGTERM changes nothing: Slurm sends
-a preempted job one at once and another when its grace time ends, which may be at once too;
-SIGKILL is there for a worker that must go now.
+without a stop when none came within :data:`TERM_WAIT_S`, or at once when the signal came while
+it was being built (:meth:`TermSignal.building`: nothing of its work is at stake yet). A
+second SIGTERM changes nothing: Slurm sends a preempted job one at once and another when its
+grace time ends, which may be at once too; SIGKILL is there for a worker that must go now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from system.run import control_protocol as cp
 from system.run.control_channel import ControlClient
@@ -51,8 +52,8 @@ class TermSignal:
 
     def __init__(self) -> None:
         self.at: float | None = None
-        """When the first SIGTERM came in the loop (None: none)."""
-        self.in_loop = False
+        """When the first SIGTERM came outside :meth:`building` (None: none)."""
+        self.interruptible = False
         self._said = False
         self._telling = threading.Lock()  # the loop and a busy heartbeat's thread both tell
 
@@ -60,10 +61,26 @@ class TermSignal:
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if not self.in_loop:
+        if self.interruptible:
             raise Terminated()
         if self.at is None:  # a second is no hurry: a preempted Slurm job gets two at once
             self.at = time.monotonic()  # the loop tells the controller; no socket use here
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[None]:
+        """The stretch a SIGTERM ends at once (:class:`Terminated`): the hello and the build,
+        where nothing of the worker's work is at stake yet, and which may block for minutes (a
+        simulator slow to make). Anywhere else it is only noted: the loop tells the controller,
+        and a worker already leaving (it read the run's stop while building, as the controller
+        sent it SIGTERM) leaves as it was; raised there, it ended the process with a traceback
+        and exit code 1. One noted before this stretch ends it as it begins."""
+        if self.at is not None:
+            raise Terminated()
+        self.interruptible = True
+        try:
+            yield
+        finally:
+            self.interruptible = False
 
     def check(self, ctl: ControlClient, now: float) -> None:
         """Between polls: tell the controller once; :class:`Terminated` when no stop came

@@ -119,15 +119,18 @@ def main(
     )
     worker: Worker | None = None
     try:
-        conf = ctl.hello(role)
-        logs.keep_in_run_folder(conf.run_dir, worker_id)
-        logger.info("%s (%s, pid %d) configured by %s", worker_id, role, os.getpid(), controller)
-        global_state.install(ctl.state)  # user code in this process reads the run's state
-        cfg = ExperimentConfig.from_dict(conf.config)
-        ctl.lookup_timeout_s = max(ctl.timeout_s, cfg.liveness.max_build_s)  # a peer may build
-        max_build = ("liveness.max_build_s", cfg.liveness.max_build_s)
-        with busy_heartbeat.building(ctl, max_build):
-            built = _build(ctl, role, cfg, conf, place)
+        with term.building():  # a SIGTERM here leaves at once; anywhere else it is noted
+            conf = ctl.hello(role)
+            logs.keep_in_run_folder(conf.run_dir, worker_id)
+            logger.info(
+                "%s (%s, pid %d) configured by %s", worker_id, role, os.getpid(), controller
+            )
+            global_state.install(ctl.state)  # user code in this process reads the run's state
+            cfg = ExperimentConfig.from_dict(conf.config)
+            ctl.lookup_timeout_s = max(ctl.timeout_s, cfg.liveness.max_build_s)  # peers build
+            max_build = ("liveness.max_build_s", cfg.liveness.max_build_s)
+            with busy_heartbeat.building(ctl, max_build):
+                built = _build(ctl, role, cfg, conf, place)
         worker = built.worker
         ctl.send(cp.Ready())
         logger.info("%s ready", worker_id)
@@ -185,7 +188,7 @@ def _loop(ctl: ControlClient, worker: Worker, hooks, max_poll: Bound,
     a build's within a poll (``liveness.max_build_s``). ``term``: the process's SIGTERM handler
     (None: no signal is handled here)."""
     term = term or TermSignal()
-    ctl.looping = term.in_loop = True
+    ctl.looping = True
     beat = term.on_beat(ctl, mark_alive)  # in a long poll: a SIGTERM is told now, not after it
     busy = BusyHeartbeat(ctl, max_poll, on_beat=beat, stats=lambda: stage_seconds(worker))
     if max_build is not None:

@@ -11,18 +11,22 @@ Environments that must not be made from several threads set ``actors.make_thread
 If a make fails, no other starts (a simulator that cannot start fails every make alike, and
 the worker's error waited for all of them), the environments made are closed (a simulator's
 process would otherwise outlive the worker's error) and the first error in environment order
-is raised.
+is raised. A SIGTERM while they are made (the run stopped) closes what was made and kills what
+the makes still running had started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 
 from api.environment import Environment
+from system.processes import descendants
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +99,7 @@ def _at_once(
     except BaseException:  # a SIGTERM while they make: what is made is closed, as on an error
         failed.set()
         close_all([env for env in made if env is not None])
+        _kill_started()
         raise
     error = next((error for error in errors if error is not None), None)
     envs = [env for env in made if env is not None]
@@ -102,6 +107,15 @@ def _at_once(
         close_all(envs)
         raise error
     return envs
+
+
+def _kill_started() -> None:
+    """SIGKILL what the makes still running have started (a simulator's process): they never
+    return, as the process leaves now, so nothing would close it; it ran on, reparented. What
+    was made is closed first, so only theirs are left below this process."""
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def close_all(envs: list[Environment]) -> None:

@@ -272,3 +272,41 @@ def test_a_sigterm_while_environments_are_made_at_once_leaves_at_once():
     finally:
         proc.kill()
         proc.communicate()
+
+
+STARTING = LEAVES.replace(
+    """        print("making", e, flush=True)
+        time.sleep(600)""",
+    """        import subprocess
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # not our pipe
+        child = subprocess.Popen(["sleep", "600"], **quiet)  # the simulator, started
+        print("child", child.pid, flush=True)
+        time.sleep(600)  # and waited for until it is ready""",
+)
+
+
+@pytest.mark.multiprocess
+def test_a_sigterm_while_simulators_start_kills_those_started():
+    """The makes still running at a SIGTERM never return, so nothing would close what they had
+    started: three simulators ran on, reparented, after the worker left."""
+    proc = subprocess.Popen([sys.executable, "-c", STARTING], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    children: list[int] = []
+    try:
+        while len(children) < 3:
+            line = proc.stdout.readline()
+            assert line.startswith("child"), line + proc.stdout.read()
+            children.append(int(line.split()[1]))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out
+        deadline = time.monotonic() + 10
+        while any(process_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in children if process_alive(pid)] == [], out
+    finally:
+        proc.kill()
+        proc.communicate()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -34,13 +34,29 @@ def term():
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_before_its_loop_a_worker_leaves_at_once(term):
-    with pytest.raises(ts.Terminated):
+def test_while_it_is_built_a_worker_leaves_at_once(term):
+    with pytest.raises(ts.Terminated), term.building():
         signal.raise_signal(signal.SIGTERM)
+    assert not term.interruptible
+
+
+def test_a_sigterm_to_a_worker_already_leaving_is_only_noted(term):
+    """The controller stops a run whose actor is still building: the actor reads the stop
+    (it waits on a peer) as the controller's SIGTERM comes. Raised while the worker said bye
+    and closed its sockets, it ended the process with a traceback and exit code 1."""
+    with pytest.raises(ZeroDivisionError), term.building():
+        1 / 0  # noqa: B018 -- the stop read: the build leaves with its own exception
+    signal.raise_signal(signal.SIGTERM)  # on its way out: nothing raised
+    assert term.at is not None
+
+
+def test_a_sigterm_before_the_build_ends_it_as_it_begins(term):
+    signal.raise_signal(signal.SIGTERM)  # while it connects: noted
+    with pytest.raises(ts.Terminated), term.building():
+        pytest.fail("the build began after a SIGTERM")
 
 
 def test_in_its_loop_the_first_sigterm_is_told_and_its_stop_awaited(term):
-    term.in_loop = True
     signal.raise_signal(signal.SIGTERM)  # noted, nothing raised inside the step it interrupts
     assert term.at is not None
     ctl = Channel()
@@ -54,7 +70,6 @@ def test_in_its_loop_the_first_sigterm_is_told_and_its_stop_awaited(term):
 def test_a_second_sigterm_is_no_hurry(term):
     """A preempted Slurm job gets SIGTERM when it is picked and again when its grace time
     ends, at once where that time is 0: the second must not cut the stop it waits for."""
-    term.in_loop = True
     signal.raise_signal(signal.SIGTERM)
     first = term.at
     signal.raise_signal(signal.SIGTERM)
@@ -63,7 +78,6 @@ def test_a_second_sigterm_is_no_hurry(term):
 
 def test_no_signal_nothing_said(term):
     ctl = Channel()
-    term.in_loop = True
     term.check(ctl, 1e9)
     assert ctl.sent == [] and term.at is None
 
