@@ -25,10 +25,12 @@ Register an environment once, by name, so every process of a run can build it::
 from __future__ import annotations
 
 import abc
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from api.registry import Spec, environments, make_spec
 from api.spaces import dict_of_tuples, from_positions
@@ -48,6 +50,20 @@ class StepResult:
     """The episode was cut short (e.g. a time limit): value beyond it is bootstrapped."""
     info: dict[str, Any] = field(default_factory=dict)
     """Extra information; numeric entries at episode end are reported as episode stats."""
+
+
+def one_number(reward: Any) -> Any:
+    """A reward as a float where it is one number: a Python or numpy scalar, or an array of
+    one element, as the contract allows (numpy 2 refuses ``float()`` of an array of shape
+    ``(1,)``: an adapter's ``float(reward)`` crashed every step of such an environment, restart
+    after restart). Anything else is returned as it came, for the actor's check to name what is
+    wrong with it (:func:`api.env_check.reward_problem`)."""
+    if isinstance(reward, numbers.Real):
+        return float(reward)
+    one = isinstance(reward, np.ndarray) and reward.shape in ((), (1,))
+    if one and np.issubdtype(reward.dtype, np.number) and reward.dtype.kind != "c":
+        return float(reward.reshape(()))
+    return reward
 
 
 class Environment(abc.ABC):

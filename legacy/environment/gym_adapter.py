@@ -27,7 +27,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from api import registry, user_code
 from api.config.arguments import describe, matches
-from api.environment import Environment, StepResult
+from api.environment import Environment, StepResult, one_number
 from api.errors import UserError
 from api.spaces import dict_of_tuples, from_positions
 
@@ -110,7 +110,7 @@ class GymnasiumEnvironment(Environment):
         return [
             StepResult(
                 obs=obs,
-                reward=float(reward),
+                reward=one_number(reward),
                 done=bool(terminated),
                 truncated=bool(truncated),
                 info=dict(info),

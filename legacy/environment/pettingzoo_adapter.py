@@ -40,7 +40,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from api.environment import Environment, StepResult
+from api.environment import Environment, StepResult, one_number
 from api.errors import UserError
 from api.registry import load_entry_point
 from legacy.environment.pettingzoo_spaces import troupe_obs, troupe_space, zero_obs
@@ -296,7 +296,7 @@ class PettingZooAECEnvironment(_PettingZooBase):
     def _collect_rewards(self) -> None:
         """Add the last move's rewards to every agent's pending reward."""
         for name, reward in self._env.rewards.items():
-            self._pending[self._index[name]] += float(reward)
+            self._pending[self._index[name]] += one_number(reward)
 
     def _advance(self) -> list[StepResult | None]:
         """Retire finished agents (each gets a final result), then give the mover its turn."""
@@ -363,7 +363,7 @@ class PettingZooParallelEnvironment(_PettingZooBase):
             if not self._env.agents and not (done or truncated):
                 truncated = True  # every agent is gone: the episode is over for this one too
             results[i] = StepResult(
-                obs, float(rewards.get(name, 0.0)), done, truncated, dict(infos.get(name, {}))
+                obs, one_number(rewards.get(name, 0.0)), done, truncated, dict(infos.get(name, {}))
             )
         self._running = bool(self._env.agents)
         return results

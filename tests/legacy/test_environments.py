@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from api import environment, registry
+from api.env_check import reward_problem
 from api.errors import UserError
 from legacy.environment.grid_gather import MOVES, GridGatherEnvironment
 from legacy.environment.gym_adapter import GymnasiumEnvironment, register_gymnasium_ids
@@ -30,6 +31,46 @@ def test_adapter_reset_and_step_return_one_result():
     [result] = env.step([0])
     assert result.reward == 1.0 and isinstance(result.reward, float)
     assert isinstance(result.done, bool) and isinstance(result.truncated, bool)
+
+
+class _Rewarding(gym.Env):
+    """Returns ``reward`` from every step, as the test sets it."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    reward = None
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), self.reward, False, False, {}
+
+
+@pytest.mark.filterwarnings("ignore:.*The reward returned by:UserWarning")
+@pytest.mark.parametrize(
+    ("reward", "expected"),
+    [(np.array([2.5]), 2.5), (np.array(1.5, np.float32), 1.5), (np.int64(3), 3.0), (True, 1.0)],
+)
+def test_adapter_takes_a_reward_of_one_number_in_any_form(gym_id_of_this_file, reward, expected):
+    """An array of shape (1,) keeps the contract; numpy 2 refuses ``float()`` of it, so the
+    adapter crashed at every step of such an environment, restart after restart."""
+    gym.register(gym_id_of_this_file, entry_point=_Rewarding)
+    env = GymnasiumEnvironment(gym_id_of_this_file)
+    env.reset()
+    env._env.unwrapped.reward = reward
+    [result] = env.step([0])
+    assert result.reward == expected and type(result.reward) is float
+
+
+@pytest.mark.filterwarnings("ignore:.*The reward returned by:UserWarning")
+def test_adapter_leaves_a_vector_reward_for_the_actor_to_refuse(gym_id_of_this_file):
+    gym.register(gym_id_of_this_file, entry_point=_Rewarding)
+    env = GymnasiumEnvironment(gym_id_of_this_file)
+    env.reset()
+    env._env.unwrapped.reward = np.array([1.0, 2.0])
+    [result] = env.step([0])
+    assert "reward must be one number" in reward_problem(result.reward)
 
 
 def test_adapter_keeps_terminated_and_truncated_apart():
