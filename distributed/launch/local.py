@@ -103,8 +103,8 @@ class LocalLauncher:
     def survey(self) -> None:
         """Note what runs below each worker (at most every ``survey_every_s``): a worker
         killed from outside leaves it to init, where nothing says it was the worker's."""
-        pids = {w: p.pid for w, p in self.processes.items()}
-        self._offspring.survey(pids, time.monotonic())
+        pids = {w: p.pid for w, p in self.processes.items() if self.is_alive(w)}
+        self._offspring.survey(pids, time.monotonic())  # a dead one's pid may be another's
 
     def kill(self, worker_id: str) -> None:
         """SIGKILL the worker, then what its environments started (a simulator's process): a
@@ -113,7 +113,8 @@ class LocalLauncher:
         process = self.processes.get(worker_id)
         if process is None:
             return
-        below = descendants(process.pid) if process.pid is not None else []
+        alive = process.is_alive() or self._orphaned(worker_id)  # not a pid used again
+        below = descendants(process.pid) if alive and process.pid is not None else []
         if process.is_alive():
             process.kill()
         elif self._orphaned(worker_id):  # not through its forkserver, which is gone
