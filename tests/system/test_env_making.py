@@ -276,11 +276,11 @@ def test_a_sigterm_while_environments_are_made_at_once_leaves_at_once():
 
 STARTING = LEAVES.replace(
     """        print("making", e, flush=True)
-        time.sleep(600)""",
-    """        import subprocess
+        time.sleep(600)  # a simulator's start-up""",
+    """        import os, subprocess
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # not our pipe
         child = subprocess.Popen(["sleep", "600"], **quiet)  # the simulator, started
-        print("child", child.pid, flush=True)
+        os.write(1, f"child {child.pid}\\n".encode())  # one write: threads' prints interleave
         time.sleep(600)  # and waited for until it is ready""",
 )
 
@@ -295,7 +295,9 @@ def test_a_sigterm_while_simulators_start_kills_those_started():
     try:
         while len(children) < 3:
             line = proc.stdout.readline()
-            assert line.startswith("child"), line + proc.stdout.read()
+            if not line.startswith("child"):
+                proc.kill()  # first: its output ends only with it
+                pytest.fail(f"{line!r} {proc.stdout.read()}")
             children.append(int(line.split()[1]))
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
