@@ -183,6 +183,11 @@ def test_an_evaluation_actor_still_making_environments_at_the_stop_leaves_at_onc
     assert 0 < len(made) < 200 and len(closed) == len(made), (len(made), len(closed))
 
 
+def _simulators(marks: Path) -> list[int]:
+    """The pids of the processes :data:`SLOW`'s environments started (``child=True``)."""
+    return [int(m.name.split("-")[1]) for m in marks.iterdir() if m.name.startswith("child-")]
+
+
 @pytest.mark.multiprocess
 def test_a_hung_actor_restarted_takes_the_processes_its_environment_started_with_it(tmp_path):
     """An actor hung in a step is SIGKILLed and restarted: the simulator process its
@@ -196,7 +201,7 @@ def test_a_hung_actor_restarted_takes_the_processes_its_environment_started_with
     ])  # fmt: skip
     assert (marks / "hung").exists() and summary["stop_reason"] == "env_frames", summary
     assert {w: r["restarts"] for w, r in summary["restarts"].items()} == {"actor/0": 1}
-    children = [int(m.name.split("-")[1]) for m in marks.iterdir() if m.name.startswith("child-")]
+    children = _simulators(marks)
     assert len(children) >= 2  # the hung actor's, and its restart's (and the controller's check)
     assert [pid for pid in children if process_alive(pid)] == []
 
@@ -232,7 +237,7 @@ def test_an_actor_killed_from_outside_takes_the_processes_its_environment_starte
     killer.join()
     assert killed and summary["stop_reason"] == "wall_seconds", summary
     assert {w: r["restarts"] for w, r in summary["restarts"].items()} == {"actor/0": 1}
-    children = [int(m.name.split("-")[1]) for m in marks.iterdir() if m.name.startswith("child-")]
+    children = _simulators(marks)
     assert len(children) >= 2  # the killed actor's, and its restart's (and the controller's check)
     assert [pid for pid in children if process_alive(pid)] == []
 
