@@ -58,6 +58,8 @@ def one_number(reward: Any) -> Any:
     ``(1,)``: an adapter's ``float(reward)`` crashed every step of such an environment, restart
     after restart). Anything else is returned as it came, for the actor's check to name what is
     wrong with it (:func:`api.env_check.reward_problem`)."""
+    if type(reward) is float:  # the usual case, each step: 27 ns a call; via the ABC, 230
+        return reward
     if isinstance(reward, numbers.Real):
         return float(reward)
     one = isinstance(reward, np.ndarray) and reward.shape in ((), (1,))
