@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from api import registry, user_code
+from api.algorithms import on_environment
 from api.code import attach_user_code
 from api.config import ExperimentConfig, apply_overrides, check, parse_value, validate
 from api.config.load import string_list
@@ -91,11 +92,15 @@ def _retyped_hint(error: ConfigError, overrides: list[str]) -> ConfigError:
     return ConfigError([*error.errors, *hints]) if hints else error
 
 
-def for_environment(env: str, env_args: dict[str, Any] | None = None) -> ExperimentConfig:
+def for_environment(
+    env: str, env_args: dict[str, Any] | None = None, algo: str = ENVIRONMENT_EXPERIMENT
+) -> ExperimentConfig:
     """The checked experiment that trains on an environment named instead of an experiment
-    (:data:`ENVIRONMENT_EXPERIMENT`, set up from its spaces), built with ``env_args``."""
+    (``algo``, one of :data:`api.algorithms.ALGORITHMS`, set up from its spaces), built with
+    ``env_args``."""
+    experiment, _ = on_environment(env, algo)
     kwargs = {"env": env, "env_args": dict(env_args or {})}
-    return check(attach_user_code(_make_registered(ENVIRONMENT_EXPERIMENT, kwargs)))
+    return check(attach_user_code(_make_registered(experiment, kwargs)))
 
 
 def _is_file(target: str, suffixes: tuple[str, ...]) -> bool:

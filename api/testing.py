@@ -87,12 +87,14 @@ def test_pipeline(
     batch_segments: int = 4,
     seed: int = 0,
     max_env_frames: int = 200_000,
+    algo: str | None = None,
 ) -> PipelineReport:
     """Run environment, policy and trainer together for a few episodes and trainer steps.
 
     Give either the three components (registered names, or ``ComponentConfig(type, args)`` for
     arguments), the environment alone (the ``ppo`` experiment set up from its spaces, as
-    ``troupe test-pipeline ENV`` and ``troupe.train(ENV)`` do) or an ``experiment`` (what
+    ``troupe test-pipeline ENV`` and ``troupe.train(ENV)`` do; ``algo`` another algorithm, as
+    ``--algo``: ``auto``, ``ppo``, ``impala``, ``dqn``, ``sac``) or an ``experiment`` (what
     ``troupe.train`` takes: a registered name, a file, an environment id, an ExperimentConfig),
     which is shrunk to one actor of ``envs`` environments. The runtime's own actor, policy and
     trainer workers run wired together in this process (serial mode), so what passes here is

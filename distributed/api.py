@@ -120,12 +120,19 @@ def train(
     secure: bool = False,
     launcher: str = "local",
     image: str | None = None,
+    algo: str | None = None,
+    metrics_port: int | None = None,
 ) -> RunResult:
     """Run an experiment with every role in its own process, as ``troupe run`` does.
 
     ``experiment``: an ExperimentConfig, a registered name, an experiment file or an environment
     id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
     workers import first. Bad config raises ConfigError before any process starts.
+    ``algo``: with an environment id, the algorithm set up on it, as ``troupe train ENV --algo
+    ALGO`` (``auto``, ``ppo``, ``impala``, ``dqn``, ``sac``; without it an id trains ``ppo``).
+    ``metrics_port``: serve Prometheus metrics there while the run goes on (0: any free port,
+    named in ``endpoints.json``; with Docker, the controller's published on this machine), as
+    ``--metrics-port``.
     ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``,
     ``new_metrics()``, ``latest``.
     ``resume``: a run folder to continue instead (``troupe run --resume``): its own config,
@@ -134,6 +141,7 @@ def train(
     of ``image``, default ``troupe image build``'s tag; your registered files are mounted into
     them), as ``troupe run --launcher docker --image IMAGE``.
     """
+    from api.algorithms import on_environment
     from api.config.load import string_list
     from api.user_code import refuse_while_importing
     from distributed.launch.run import LAUNCHERS, prepare, start
@@ -141,6 +149,13 @@ def train(
     refuse_while_importing("troupe.train()")
     if launcher not in LAUNCHERS:  # before the run folder is made
         raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
+    overrides = string_list("overrides", overrides)
+    if algo is not None:
+        if resume is not None:
+            raise UserError("algo sets an algorithm up on an environment; a resumed run "
+                            "keeps its own: drop algo")  # fmt: skip
+        experiment, overrides = on_environment(experiment, algo, overrides)
+    _check_metrics_port(metrics_port)
     if image is not None:
         from distributed.images.pinning import image_reference
 
@@ -152,7 +167,7 @@ def train(
         raise UserError("resume continues a run folder with its own experiment: pass either "
                         "resume=RUN_DIR or an experiment (and run_dir), not both")  # fmt: skip
     config, folder = prepare(
-        experiment, string_list("overrides", overrides), None if run_dir is None else str(run_dir),
+        experiment, overrides, None if run_dir is None else str(run_dir),
         None if resume is None else str(resume), imports=string_list("imports", imports),
     )  # fmt: skip
     result = RunResult(folder)
@@ -160,13 +175,21 @@ def train(
 
     try:
         result._process = start(
-            config, folder, launcher=launcher, image=image, display=display, secure=secure
-        )
+            config, folder, launcher=launcher, image=image, display=display, secure=secure,
+            metrics_port=metrics_port,
+        )  # fmt: skip
     except BaseException:
         folder_lock.release(folder)
         raise
     folder_lock.held_by_run(folder, result._process.is_alive)
     return result if background else result.wait()
+
+
+def _check_metrics_port(port: Any) -> None:
+    """A bad port is refused before the run folder is made, as ``--metrics-port`` is."""
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port <= 65535):  # fmt: skip
+        raise UserError(f"metrics_port {port!r}: a port number from 0 to 65535 (0: any free port)")
 
 
 def evaluate(target: str | Path, episodes: int = 20, envs: int = 8):

@@ -228,6 +228,8 @@ def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    from api.algorithms import ALGORITHMS
+
     parser.add_argument("environment", help="registered environment or gymnasium id")
     parser.add_argument(
         "overrides",
@@ -253,15 +255,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ALGORITHMS = ("auto", "ppo", "impala", "dqn", "sac")
-"""``troupe train --algo``: each the registered experiment of that name, which takes ``env=``
-(``legacy.experiments.auto``, ``legacy.experiments.by_algo``)."""
-
-
 def run_train(args: argparse.Namespace, console: Console) -> int:
     """``troupe run ALGO env=ENV``: the algorithm set up from the environment's spaces."""
-    args.overrides = [f"env={args.environment}", *args.overrides]
-    args.experiment, args.resume, args.secure, args.launcher = args.algo, None, False, "local"
+    from api.algorithms import on_environment
+
+    args.experiment, args.overrides = on_environment(args.environment, args.algo, args.overrides)
+    args.resume, args.secure, args.launcher = None, False, "local"
     args.image = None
     return run_run(args, console)
 
@@ -278,6 +277,8 @@ def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
 def add_algo_argument(parser: argparse.ArgumentParser, command: str) -> None:
     """``--algo`` of the commands that take an experiment: what ``troupe train ENV --algo ALGO``
     runs, so a user can check (and read) that run before starting it."""
+    from api.algorithms import ALGORITHMS
+
     what = "the config" if command == "show-config" else "the pipeline"
     parser.add_argument(
         "--algo",
@@ -290,24 +291,11 @@ def add_algo_argument(parser: argparse.ArgumentParser, command: str) -> None:
 def experiment_of(args: argparse.Namespace) -> tuple[str, list[str]]:
     """The experiment and overrides a command names: with ``--algo``, those of
     ``troupe train ENV --algo ALGO`` (run_train's translation)."""
+    from api.algorithms import on_environment
+
     if getattr(args, "algo", None):
-        _refuse_an_experiment(args.experiment, args.algo)
-        return args.algo, [f"env={args.experiment}", *args.overrides]
+        return on_environment(args.experiment, args.algo, args.overrides)
     return args.experiment, list(args.overrides)
-
-
-def _refuse_an_experiment(name: str, algo: str) -> None:
-    """``--algo`` sets an algorithm up on an environment; an experiment already has one (it
-    was read as an environment: "unknown environment 'cartpole-ppo'")."""
-    from api import registry
-    from api.errors import UserError
-
-    if name in registry.experiments and name not in registry.environments:
-        raise UserError(
-            f"--algo {algo} takes an environment id (as troupe train ENV --algo {algo}); "
-            f"'{name}' is an experiment, which has its algorithm: drop --algo, or name the "
-            "environment"
-        )
 
 
 def run_show_config(args: argparse.Namespace, console: Console) -> int:

@@ -30,7 +30,7 @@ from api.config import (
 )
 from api.errors import PipelineCheckError, UserError
 from api.policy import SampleBatch
-from api.resolve import for_environment, load_experiment
+from api.resolve import ENVIRONMENT_EXPERIMENT, for_environment, load_experiment
 from api.testing import PipelineReport
 from system.errors import WireError
 from system.parameters import trainer_state
@@ -51,13 +51,19 @@ def run_pipeline_check(
     batch_segments: int = 4,
     seed: int = 0,
     max_env_frames: int = 200_000,
+    algo: str | None = None,
 ) -> PipelineReport:
     """The runtime half of :func:`api.testing.test_pipeline` (which documents the arguments)."""
     from system.run.serial import SerialRun  # the runtime's own components, loaded on use
 
+    if algo is not None and (environment is None or policy or trainer or experiment):
+        raise PipelineCheckError(
+            f"algo={algo} sets an algorithm up on an environment: give the environment alone "
+            "(a policy, trainer or experiment has its own)"
+        )
     config = _config(
         environment, policy, trainer, experiment, envs, segment_length, batch_segments, seed,
-        max_env_frames,
+        max_env_frames, algo or ENVIRONMENT_EXPERIMENT,
     )  # fmt: skip
     run = SerialRun(config, validate_actions=True)
     try:
@@ -90,12 +96,13 @@ def _config(
     batch_segments,
     seed,
     max_env_frames,
+    algo,
 ) -> ExperimentConfig:
     """The experiment the check runs. Its stop rule is the check's own frame bound (the serial
     run stops itself; a config's checks still read the rule, as a replay ``min_size`` within it)."""
     if experiment is None and policy is None and trainer is None and environment is not None:
         env = _component(environment, "environment")  # as troupe test-pipeline ENV: ppo on it
-        experiment = for_environment(env.type, env.args)
+        experiment = for_environment(env.type, env.args, algo)
     if experiment is not None:
         config = load_experiment(experiment) if isinstance(experiment, str) else experiment
         config = dataclasses.replace(config)

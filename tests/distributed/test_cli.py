@@ -371,8 +371,33 @@ def test_algo_with_an_experiment_says_it_takes_an_environment(capsys):
     """`--algo dqn` on `cartpole-ppo` read the experiment as an environment ("unknown
     environment 'cartpole-ppo'")."""
     assert main(["test-pipeline", "cartpole-ppo", "--algo", "dqn"]) != 0
-    err = capsys.readouterr().err
-    assert "--algo dqn takes an environment id" in err and "'cartpole-ppo' is an experiment" in err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'cartpole-ppo' is an experiment, with its own algorithm: `troupe run cartpole-ppo`" in (
+        err
+    )
+    assert "--algo and algo= take an environment id" in err
+
+
+def test_train_of_an_experiment_says_troupe_run_runs_it(capsys):
+    """`troupe train cartpole-ppo` said "unknown environment 'cartpole-ppo'"."""
+    assert main(["train", "cartpole-ppo", "--no-display"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'cartpole-ppo' is an experiment, with its own algorithm: `troupe run cartpole-ppo`" in (
+        err
+    )
+
+
+def test_test_pipeline_from_python_takes_an_algo():
+    """`troupe.test_pipeline(ENV)` checked PPO only; `troupe test-pipeline ENV --algo dqn` had
+    no Python form but building the experiment by hand."""
+    from api import testing
+    from api.errors import PipelineCheckError
+
+    report = testing.test_pipeline("Blackjack-v1", algo="dqn", trainer_steps=2)
+    assert report.experiment == "blackjack-v1-dqn" and report.trainers == {"default": "dqn"}
+    assert report.trainer_steps["default"] >= 2
+    with pytest.raises(PipelineCheckError, match="give the environment alone"):
+        testing.test_pipeline(experiment="cartpole-ppo", algo="dqn")
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
@@ -469,6 +494,56 @@ def test_one_string_for_a_list_of_overrides_or_imports_is_refused_in_one_line(tm
     with pytest.raises(ConfigError, match=r"overrides: a list of strings"):
         make_experiment("cartpole-ppo", "seed=3")
     assert not folder.exists()
+
+
+def test_train_from_python_refuses_a_bad_algo_or_port_before_a_run_folder_is_made(tmp_path):
+    """`troupe.train(ENV, algo=...)` and `metrics_port=` say what is wrong at once, as the
+    command line's `--algo` and `--metrics-port` do."""
+    import troupe as troupe_api
+    from api.errors import UserError
+
+    folder = tmp_path / "r"
+    refusals = [
+        ({"experiment": "CartPole-v1", "algo": "a2c"}, "algo 'a2c': one of auto, ppo, impala"),
+        ({"experiment": "cartpole-ppo", "algo": "dqn"}, "'cartpole-ppo' is an experiment"),
+        ({"resume": tmp_path, "algo": "dqn"}, "a resumed run keeps its own: drop algo"),
+        ({"experiment": "CartPole-v1", "metrics_port": 70000}, "metrics_port 70000: a port"),
+        ({"experiment": "CartPole-v1", "metrics_port": "9100"}, "metrics_port '9100': a port"),
+    ]
+    for kwargs, message in refusals:
+        run_dir = None if "resume" in kwargs else folder
+        with pytest.raises(UserError, match=re.escape(message)):
+            troupe_api.train(**kwargs, run_dir=run_dir)
+    assert not folder.exists()
+
+
+TRAIN_WITH_AN_ALGO = """
+import json, sys
+import troupe
+
+result = troupe.train("CartPole-v1", ["stop.env_frames=3000", "stop.eval_return=None"],
+                      algo="dqn", metrics_port=0, run_dir=sys.argv[1])
+config = json.loads((result.run_dir / "config.json").read_text())
+endpoints = json.loads((result.run_dir / "endpoints.json").read_text())
+print("RESULT", result.exit_code, config["name"], config["policies"]["default"]["trainer"]["type"],
+      endpoints.get("metrics", "none"))
+"""
+
+
+@pytest.mark.multiprocess
+def test_train_from_python_takes_an_algo_and_a_metrics_port(tmp_path):
+    """`troupe train ENV --algo dqn --metrics-port 0` had no Python form: `troupe.train` took
+    neither (a TypeError for `algo=`)."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_WITH_AN_ALGO)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-2000:] + result.stderr[-2000:]
+    code, name, trainer, metrics = lines[0].split()[1:]
+    assert (code, name, trainer) == ("0", "cartpole-v1-dqn", "dqn")
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", metrics), metrics
 
 
 def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
