@@ -217,6 +217,10 @@ class LoadedPolicy:
         self.version = version
         self.curriculum_stage = curriculum_stage
         """What its run's environments were last told (``set_curriculum_stage``), or None."""
+        from system.workers.lanes import observation_spec
+
+        space = getattr(policy, "observation_space", None)
+        self._obs_spec = None if space is None else observation_spec(space)
 
     def act(self, obs: Any, state: Any = None, greedy: bool = True) -> tuple[Any, Any]:
         """``(action, state)`` for one observation (an array, or a dict for Dict spaces).
@@ -230,6 +234,7 @@ class LoadedPolicy:
             state = self.policy.default_policy_state
         # a gymnasium Tuple's raw tuple, as the run's environments presented it: a dict
         obs = from_positions(obs, getattr(self.policy, "observation_space", None))
+        self._check(obs)
         request = RolloutRequest(
             obs=_one_row(obs),
             policy_state=state,
@@ -240,6 +245,20 @@ class LoadedPolicy:
         )
         result = self.policy.rollout(request)
         return np.asarray(result.action)[0], result.policy_state
+
+    def _check(self, obs: Any) -> None:
+        """An observation the policy cannot take is named: a raw Atari frame given to a
+        policy of preprocessed ones ended in numpy's "cannot reshape array of size 100800 into
+        shape (1,4,84,84)", deep in the network."""
+        from system.workers.lanes import misfit
+
+        problem = misfit(obs, self._obs_spec)
+        if problem is not None:
+            raise UserError(
+                f"policy '{self.name}' cannot take this observation: {problem} (its space: "
+                f"{self.policy.observation_space}). It takes observations as its run's "
+                "environments give them: make_env() makes one"
+            )
 
     def make_env(self, **kwargs: Any):
         """An environment of the run (``kwargs`` override its arguments, e.g.

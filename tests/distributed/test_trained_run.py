@@ -390,3 +390,32 @@ def test_load_policy_act_takes_a_tuple_inside_a_tuple():
     keyed = {"item0": {"item0": obs[0][0], "item1": obs[0][1]}, "item1": obs[1]}
     same, _ = policy.act(keyed)
     assert int(action) in (0, 1) and action == same
+
+
+def test_load_policy_act_names_an_observation_its_policy_cannot_take():
+    """A raw Atari frame given to a policy of preprocessed ones ended in numpy's "cannot
+    reshape array of size 100800 into shape (1,4,84,84)"; a dict without one of its keys in a
+    KeyError."""
+    import gymnasium as gym
+
+    from algorithm.actor_critic_policies.policy import ActorCriticPolicy
+    from api.errors import UserError
+    from distributed.api import LoadedPolicy
+
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    pixels = LoadedPolicy(ActorCriticPolicy(frames, gym.spaces.Discrete(6), seed=1), None, "p", 0)
+    raw_frame = np.zeros((210, 160, 3), np.uint8)
+    with pytest.raises(UserError, match=r"policy 'p' cannot take this observation: observation "
+                                        r"has shape \(210, 160, 3\), declared \(4, 84, 84\)"
+                                        r".*make_env\(\) makes one"):  # fmt: skip
+        pixels.act(raw_frame)
+    with pytest.raises(UserError, match=r"has dtype float32, declared uint8"):
+        pixels.act(np.zeros((4, 84, 84), np.float32))
+    assert 0 <= int(pixels.act(np.zeros((4, 84, 84), np.uint8))[0]) < 6
+
+    keyed = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (3,)), "flag": gym.spaces.Discrete(3)})
+    policy = LoadedPolicy(ActorCriticPolicy(keyed, gym.spaces.Discrete(2), seed=1), None, "d", 0)
+    with pytest.raises(UserError, match=r"observation has fields \['pos'\]; missing \['flag'\]"):
+        policy.act({"pos": np.zeros(3, np.float32)})
+    # what a user's own code hands over as it is: a list of floats, a plain int
+    assert int(policy.act({"pos": [0.1, 0.2, 0.3], "flag": 2})[0]) in (0, 1)
