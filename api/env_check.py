@@ -30,7 +30,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from api.environment import Environment, StepResult, make
+from api.environment import Environment, StepResult, frames_per_step, make
 from api.errors import EnvironmentCheckError, UserError
 from api.namedarray import is_field_name
 from api.registry import Spec
@@ -64,6 +64,8 @@ class EnvironmentReport:
     """Steps (after one reset) that a seeded replay reproduced exactly."""
     notes: list[str] = field(default_factory=list)
     """Checks that could not run, and why."""
+    frames_per_step: int = 1
+    """Emulator frames a step (``Environment.frames_per_step``; Atari's frame skip)."""
 
     def mean_returns(self) -> list[float]:
         """Mean episode return of each agent over the finished episodes (empty if none)."""
@@ -75,6 +77,8 @@ class EnvironmentReport:
         rows = [("agents", str(self.agent_count))]
         rows += _space_rows("observation space", self.observation_spaces)
         rows += _space_rows("action space", self.action_spaces)
+        if self.frames_per_step != 1:  # what the run's metrics count as emulator frames
+            rows.append(("frames per step", f"{self.frames_per_step} (emulator frames)"))
         if self.stepped:
             rows.append(("steps run", str(self.steps)))
             rows.append(("episodes finished", str(self.episodes)))
@@ -138,7 +142,8 @@ def test_environment(
 
     * ``agent_count`` is a positive int, and ``observation_spaces`` / ``action_spaces`` are lists
       of that many gymnasium spaces; an observation Dict's keys are Python identifiers not
-      starting with ``_`` (they name the fields of the observations sent to policy workers).
+      starting with ``_`` (they name the fields of the observations sent to policy workers);
+      ``frames_per_step``, if the environment has it, is a whole number of 1 or more.
     * ``seed(seed)`` then ``reset()``: a list of one ``StepResult`` or ``None`` per agent, at
       least one not None, none done or truncated.
     * Every result (after reset and after each step): ``obs`` lies in the agent's observation
@@ -214,6 +219,7 @@ def _check_environment(
         [_space_text(s) for s in act_spaces],
         stepped=test_stepping,
         seed=seed,
+        frames_per_step=_check_frames_per_step(env),
     )
     if not test_stepping:
         _check_reset_determinism(env, obs_spaces, seed)
@@ -306,6 +312,13 @@ def _check_agent_count(env: Environment) -> int:
             f"agent_count must be a positive int, got {count}", field="agent_count"
         )
     return int(count)
+
+
+def _check_frames_per_step(env: Environment) -> int:
+    try:
+        return frames_per_step(env)
+    except ValueError as e:
+        raise EnvironmentCheckError(str(e), field="frames_per_step") from None
 
 
 def _check_spaces(env: Environment, attribute: str, agent_count: int) -> list[gym.Space]:

@@ -94,6 +94,14 @@ class Environment(abc.ABC):
     def step(self, actions: list[Any]) -> list[StepResult | None]:
         """Apply one action per agent (``None`` for agents that do not act)."""
 
+    @property
+    def frames_per_step(self) -> int:
+        """Frames of the simulator under the environment that one ``step`` covers: more than
+        1 where an action is repeated (Atari's frame skip of 4). Steps are what ``env_frames``
+        counts; where this is more than 1 a run reports ``emulator_frames`` beside them, so
+        that agent steps and emulator frames are never mixed."""
+        return 1
+
     def seed(self, seed: int) -> None:  # noqa: B027 - optional hook, default does nothing
         """Seed the environment's randomness; the next ``reset`` starts a reproducible episode."""
 
@@ -106,6 +114,15 @@ class Environment(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the environment holds (processes, files, windows)."""
+
+
+def frames_per_step(env: Any) -> int:
+    """``env.frames_per_step`` checked (an environment that is no subclass of ours may lack
+    it: 1); a ValueError says what is wrong with it."""
+    value = getattr(env, "frames_per_step", 1)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"frames_per_step must be a whole number of 1 or more, got {value!r}")
+    return int(value)
 
 
 def register(name: str, entry_point, *, override: bool = False, **kwargs: Any) -> Spec:
@@ -168,6 +185,10 @@ class TuplesAsDicts(Environment):
             r if not isinstance(r, StepResult) else replace(r, obs=from_positions(r.obs, space))
             for r, space in zip(results, self._spaces, strict=False)
         ]
+
+    @property
+    def frames_per_step(self) -> int:
+        return self.env.frames_per_step
 
     def seed(self, seed: int) -> None:
         self.env.seed(seed)

@@ -63,6 +63,8 @@ class Snapshot:
     env_frames: int | None = None
     fps: float | None = None
     """Frames a second lately (the metrics' ``fps_recent``), not the mean since the launch."""
+    frames_per_step: int = 1
+    """Emulator frames an environment step (Atari: 4); shown beside frames where more than 1."""
     episode_return: float | None = None
     eval_return: float | None = None
     game_return: float | None = None
@@ -104,7 +106,7 @@ def plain_line(snapshot: Snapshot) -> str:
     parts = [
         f"[{_fmt(s.elapsed_s, '6.1f', 's'):>7}]",
         f"frames {_fmt(s.env_frames, ',.0f')}",
-        f"({_fmt(s.fps, ',.0f')}/s)",
+        f"({_fmt(s.fps, ',.0f')}/s{_emulator(s)})",
         f"return {_fmt(s.episode_return, '.1f')}",
         f"eval {_fmt(s.eval_return, '.1f')}/{_fmt(s.target, 'g')}",
     ]
@@ -132,6 +134,17 @@ def plain_line(snapshot: Snapshot) -> str:
     return " ".join(parts)
 
 
+def _emulator(snapshot: Snapshot, plain: bool = True) -> str:
+    """``; x4 = 34,500 emulator frames/s`` (the panel: `` (x4: 34,500 emulator)``) where a step
+    covers several emulator frames: the frames the panel counts are agent steps, and the
+    emulator's rate is what Atari figures elsewhere (Sample Factory's, the raw ceiling's) count."""
+    k, fps = snapshot.frames_per_step, _num(snapshot.fps)
+    if k == 1 or fps is None:
+        return ""
+    rate = f"{fps * k:,.0f}"
+    return f"; x{k} = {rate} emulator frames/s" if plain else f" (x{k}: {rate} emulator)"
+
+
 def _custom(snapshot: Snapshot) -> str:
     """What the user's actor callbacks logged (``Episode.log``): ``name 1.23`` each."""
     return " ".join(f"{k} {_fmt(v, '.3g')}" for k, v in sorted(snapshot.custom.items()))
@@ -152,7 +165,7 @@ def _header(snapshot: Snapshot) -> Table:
     grid.add_row(
         _fmt(snapshot.elapsed_s, ".1f", "s"),
         _fmt(snapshot.env_frames, ",.0f"),
-        _fmt(snapshot.fps, ",.0f"),
+        _fmt(snapshot.fps, ",.0f") + _emulator(snapshot, plain=False),
         _fmt(snapshot.episode_return, ".2f"),
         eval_text,
     )

@@ -52,6 +52,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RUN_SERIES: dict[str, tuple[str, str, str]] = {
     # record key: (series, type, help)
     "env_frames": ("troupe_env_frames_total", "counter", "Environment frames played."),
+    "emulator_frames": (
+        "troupe_emulator_frames_total",
+        "counter",
+        "Emulator frames played: environment frames times the frame skip (Atari).",
+    ),
     "fps_recent": (
         "troupe_frames_per_second",
         "gauge",

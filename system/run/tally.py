@@ -60,6 +60,8 @@ class WorkerStats:
 
     env_frames: int = 0
     eval_env_frames: int = 0
+    frames_per_step: int = 1
+    """An actor's emulator frames a step (``Environment.frames_per_step``)."""
     episodes: list[EpisodeRecord] = field(default_factory=list)
     """Finished training episodes."""
     eval_episodes: list[EpisodeRecord] = field(default_factory=list)
@@ -83,6 +85,7 @@ class WorkerStats:
         return cls(
             env_frames=_count(rest, "env_frames"),
             eval_env_frames=_count(rest, "eval_env_frames"),
+            frames_per_step=max(1, _count(rest, "frames_per_step")),
             episodes=_episodes(rest, "episodes"),
             eval_episodes=_episodes(rest, "eval_episodes"),
             epsilon=_float_or_none(numbers.get("epsilon")),
@@ -140,6 +143,9 @@ class Tally:
         self.observers = list(observers)
         self.env_frames = 0
         self.eval_env_frames = 0
+        self.frames_per_step = 1
+        """The actors' emulator frames a step: where more than 1, a record has
+        ``emulator_frames`` (and the panel emulator frames a second) beside ``env_frames``."""
         self.returns: deque[float] = deque(maxlen=RETURNS_WINDOW)
         self.game_returns: deque[float] = deque(maxlen=RETURNS_WINDOW)
         """Whole games' unclipped scores, where the environment reports one at a game's end
@@ -225,6 +231,7 @@ class Tally:
 
     def _add_actor(self, stats: WorkerStats) -> None:
         self.env_frames += stats.env_frames
+        self.frames_per_step = max(self.frames_per_step, stats.frames_per_step)
         for key, stat in RECOVERED.items():
             self.recovered[key] += int(stats.numbers.get(stat, 0))
         self.episodes_ended += len(stats.episodes) + len(stats.eval_episodes)
@@ -267,6 +274,7 @@ class Tally:
             "fps": self.env_frames / max(elapsed, 1e-9),
             "fps_recent": self._recent_fps(elapsed),
             "eval_env_frames": self.eval_env_frames,
+            **self._emulator_frames(),
             "episode_return": float(np.mean(self.returns)) if self.returns else None,
             "eval_return": self.evaluation.mean(),
             "game_return": float(np.mean(self.game_returns)) if self.game_returns else None,
@@ -291,6 +299,13 @@ class Tally:
         record.update(timing.record(roles))
         record.update({f"timing/{k}": v for k, v in self.timing.take_batches().items()})
         return record, roles
+
+    def _emulator_frames(self) -> dict[str, int]:
+        """``emulator_frames``, where a step covers several (Atari): ``env_frames`` counts
+        agent steps, and a rate read as emulator frames (as Sample Factory's is) is 4x it."""
+        if self.frames_per_step == 1:
+            return {}
+        return {"emulator_frames": self.env_frames * self.frames_per_step}
 
     def written_timing(self) -> dict[str, float]:
         """The ``timing/...`` keys of a record written to the run's file: over the time since
@@ -320,6 +335,7 @@ class Tally:
             elapsed_s=record["wall_s"],
             env_frames=record["env_frames"],
             fps=record["fps"] if record["fps_recent"] is None else record["fps_recent"],
+            frames_per_step=self.frames_per_step,
             episode_return=record["episode_return"],
             eval_return=record["eval_return"],
             game_return=record["game_return"],

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from api.env_check import reward_problem
-from api.environment import Environment, StepResult
+from api.environment import Environment, StepResult, frames_per_step
 from api.errors import ConfigError
 from api.policy_mapping import PolicyMapping
 from system.errors import EnvironmentFailure
@@ -88,6 +88,11 @@ class ActorWorker(Worker):
         """Environments being rebuilt after an error (``on_env_error='reset'``)."""
         self._env_errors = RecoveredErrors(logger)
         self.env_name = env_name or type(self.envs[0]).__name__
+        try:
+            self.frames_per_step = frames_per_step(self.envs[0])
+        except ValueError as e:  # a build error: the run ends at once with it
+            raise ValueError(f"environment '{self.env_name}': {e}") from None
+        """Emulator frames a step (Atari's frame skip), reported where more than 1."""
         self.nonfinite = NonFiniteGuard(worker_id, on_nonfinite, self._where)
         self.mapping = policy_mapping
         """Chooses every agent's policy at each reset; None: ``agent_policies``, fixed."""
@@ -443,6 +448,8 @@ class ActorWorker(Worker):
         stats = super().collect_stats()
         prefix = "eval_" if self.is_evaluation else ""
         stats[f"{prefix}env_frames"] = self.env_frames
+        if self.frames_per_step != 1:  # the controller reports emulator frames beside steps
+            stats["frames_per_step"] = self.frames_per_step
         slots = getattr(self.inference, "slots", None)  # one per actor, shared by both streams
         if slots is not None:
             stats["shm_obs_bytes"] = slots.bytes_written  # since the worker started

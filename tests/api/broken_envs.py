@@ -260,3 +260,9 @@ class RandomReward(CoinFlipEnv):
 class ConstructorRaises(CoinFlipEnv):
     def __init__(self, path: str = "missing.cfg"):
         raise FileNotFoundError(f"no such file: {path}")
+
+
+class NoFramesPerStep(CoinFlipEnv):
+    """Says a step covers no frame of its simulator (``frames_per_step`` below 1)."""
+
+    frames_per_step = 0

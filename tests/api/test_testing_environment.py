@@ -212,6 +212,12 @@ BROKEN = [
         "obs), which cannot name a field of the observations sent to policy workers: use a "
         "Python identifier that does not start with '_' (e.g. 'agent_pos')",
     ),
+    (
+        broken_envs.NoFramesPerStep,
+        None,
+        "frames_per_step",
+        "[field 'frames_per_step'] frames_per_step must be a whole number of 1 or more, got 0",
+    ),
 ]
 
 
@@ -223,6 +229,14 @@ def test_broken_environment_is_caught(env_class, agent, field, message):
         testing.test_environment(env_class())
     assert str(e.value) == message
     assert (e.value.agent, e.value.field) == (agent, field)
+
+
+def test_the_report_says_how_many_emulator_frames_a_step_covers():
+    pytest.importorskip("ale_py", reason="Atari needs the atari extra: pip install -e '.[atari]'")
+    report = testing.test_environment("Atari-v0", steps=8)
+    assert report.frames_per_step == 4
+    assert "frames per step    4 (emulator frames)" in str(report)
+    assert "frames per step" not in str(testing.test_environment(broken_envs.CoinFlipEnv()))
 
 
 def test_exceptions_from_the_environment_are_chained():

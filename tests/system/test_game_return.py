@@ -42,3 +42,22 @@ def test_the_unclipped_score_of_whole_games_is_in_the_metrics(controller):  # no
     ctl.metrics.close()
     record = read_metrics(ctl.run_dir)[-1]
     assert record["game_return"] == pytest.approx(np.mean(games))
+
+
+def test_emulator_frames_reach_the_metrics(controller):  # noqa: F811
+    """Atari-v0's steps are 4 emulator frames each (its frame skip): the actor says so, and the
+    record counts both, where it counted agent steps alone."""
+    _, ctl = controller
+    hub = InprocInferenceHub()
+    actor = eval_actor(hub, "a", lambda e: environment.make("Atari-v0", game="Breakout"), 2)
+    actor.is_evaluation = False
+    for _ in range(40):
+        actor.poll()
+        answer_all(hub, "p", action=lambda n: np.zeros(n, np.int64))
+    stats = actor.collect_stats()
+    assert stats["frames_per_step"] == 4 and stats["env_frames"] > 0
+    ctl.tally.add(ctl.workers["actor/0"], WorkerStats.from_heartbeat(stats))
+    ctl._report(show=False)
+    ctl.metrics.close()
+    record = read_metrics(ctl.run_dir)[-1]
+    assert record["emulator_frames"] == 4 * record["env_frames"] == 4 * stats["env_frames"]

@@ -304,6 +304,21 @@ def test_build_summary_derives_fields() -> None:
     }
 
 
+def test_an_atari_run_s_summary_and_curve_say_emulator_frames(tmp_path: Path) -> None:
+    from system.run.report import _frames_label
+
+    records = [{"env_frames": 1000 * i, "emulator_frames": 4000 * i, "wall_s": float(i),
+                "episode_return": -21.0 + i} for i in range(1, 6)]  # fmt: skip
+    summary = build_summary(records, solved=False, wall_s=5.0, target=None, stop_reason="x")
+    assert (summary["env_frames"], summary["emulator_frames"]) == (5000, 20000)
+    assert "emulator_frames" not in build_summary(synthetic_records(), solved=False, wall_s=1.0,
+                                                  target=None, stop_reason="x")  # fmt: skip
+    assert _frames_label(records) == "agent steps (env_frames; 4 emulator frames each)"
+    assert _frames_label(synthetic_records()) == "environment frames"
+    write_lines(tmp_path, records)
+    assert_png(write_learning_curve(tmp_path, title="pong"))
+
+
 def test_build_summary_prefers_logged_trainer_steps() -> None:
     records = [*synthetic_records(), {"trainer_steps": 99}]
     summary = build_summary(records, solved=False, wall_s=1.0, target=None, stop_reason="x")
@@ -383,6 +398,17 @@ def plain_console() -> Console:
 
 def test_plain_line_format() -> None:
     assert plain_line(SNAPSHOT) == SNAPSHOT_LINE
+
+
+def test_emulator_frames_a_second_are_shown_beside_agent_steps() -> None:
+    """Atari: the frames counted are agent steps of 4 emulator frames; the rate of those is
+    what Atari figures elsewhere count."""
+    atari = replace(SNAPSHOT, fps=8625.0, frames_per_step=4)
+    assert "frames 45,000 (8,625/s; x4 = 34,500 emulator frames/s) return" in plain_line(atari)
+    assert "emulator" not in plain_line(replace(atari, frames_per_step=1))
+    console = Console(file=StringIO(), width=120)
+    console.print(render_panel("pong-ppo", atari, max_worker_rows=3))
+    assert "8,625 (x4: 34,500 emulator)" in console.file.getvalue()
 
 
 def test_non_tty_display_prints_rate_limited_plain_lines() -> None:

@@ -105,6 +105,23 @@ def test_the_recent_rate_forgets_the_start_up_the_mean_keeps(tally):
     assert record["fps_recent"] == pytest.approx((4 * 1_000 + 500) / (45.0 - 35.0))
 
 
+def test_emulator_frames_are_counted_beside_agent_steps_where_a_step_covers_several(tally):
+    """Atari's steps are 4 emulator frames each: ``env_frames`` and the panel counted agent
+    steps alone, and a Pong rate read as frames (as Sample Factory's is) was a quarter of it."""
+    t, _, records = tally
+    t.add(records["actor/0"], WorkerStats.from_heartbeat({"env_frames": 640}))
+    record, roles = t.record(1.0, records.values(), {})
+    assert "emulator_frames" not in record  # a step is one frame: nothing beside it
+    assert t.snapshot(record, roles, records.values(), 1.0).frames_per_step == 1
+    t.add(records["actor/1"], WorkerStats.from_heartbeat({"env_frames": 360, "frames_per_step": 4}))
+    record, roles = t.record(2.0, records.values(), {})
+    assert (record["env_frames"], record["emulator_frames"]) == (1000, 4000)
+    assert t.snapshot(record, roles, records.values(), 2.0).frames_per_step == 4
+    for bad in (-4, "4", 2.5):
+        with pytest.raises(WireError, match="'frames_per_step' must be an int >= 0"):
+            WorkerStats.from_heartbeat({"frames_per_step": bad})
+
+
 def test_actor_episodes_reach_the_record_and_the_observers(tally):
     t, observer, records = tally
     episodes = [{"episode_return": r, "episode_length": 10} for r in (10.0, 30.0)]

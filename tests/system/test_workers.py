@@ -86,6 +86,26 @@ def eval_actor(hub: InprocInferenceHub, name: str, make_env, n_envs: int, **kwar
     )
 
 
+def test_an_actor_reports_the_emulator_frames_a_step_covers_and_refuses_a_bad_count():
+    class Skipping(CountingEnv):
+        frames_per_step = 3
+
+    class Broken(CountingEnv):
+        frames_per_step = 2.5
+
+    hub = InprocInferenceHub()
+    actor = eval_actor(hub, "a", lambda i: Skipping(), 2)
+    for _ in range(4):
+        actor.poll()
+        answer_all(hub, "p")
+    stats = actor.collect_stats()
+    assert stats["frames_per_step"] == 3 and stats["eval_env_frames"] > 0
+    assert "frames_per_step" not in eval_actor(hub, "b", lambda i: CountingEnv(), 1).collect_stats()
+    with pytest.raises(ValueError, match=r"environment 'Broken': frames_per_step must be a whole "
+                                         r"number of 1 or more, got 2\.5"):  # fmt: skip
+        eval_actor(hub, "c", lambda i: Broken(), 1)
+
+
 def test_actor_builds_overlapping_segments_with_bootstrap_step():
     hub, samples = InprocInferenceHub(), InprocSampleHub()
     actor = ActorWorker(
