@@ -17,8 +17,9 @@ from system import logs, run_folder
 from system.run import metrics_file
 from system.run_folder import last_lines
 
-HEADLINE = ("wall_s", "env_frames", "fps", "episode_return", "eval_return")
-"""The figures of the last metrics record that ``troupe status`` and ``troupe ps`` show."""
+HEADLINE = ("wall_s", "env_frames", "emulator_frames", "fps", "episode_return", "eval_return")
+"""The figures of the last metrics record that ``troupe status`` and ``troupe ps`` show
+(``emulator_frames`` where the run has them: Atari)."""
 
 
 def read_json(path: Path) -> Any:
@@ -50,6 +51,8 @@ def headline(record: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     out = {}
     for key in HEADLINE:
+        if key == "emulator_frames" and key not in record:
+            continue
         value = record.get(key)
         out[key] = round(value, 1) if isinstance(value, float) else value
     return out

@@ -330,6 +330,13 @@ def test_last_metrics_reads_the_last_whole_line(tmp_path):
     assert folder.headline(folder.last_metrics(run_dir))["env_frames"] == 1999
 
 
+def test_status_shows_emulator_frames_where_the_run_has_them():
+    atari = folder.headline({"env_frames": 8143, "emulator_frames": 32572, "fps": 498.51})
+    assert list(atari)[:3] == ["wall_s", "env_frames", "emulator_frames"]
+    assert atari["emulator_frames"] == 32572 and atari["fps"] == 498.5
+    assert "emulator_frames" not in folder.headline({"env_frames": 3110})
+
+
 def test_status_shows_the_run_s_last_second_where_the_file_is_thinned(tmp_path):
     run_dir = run_folder_at(tmp_path / "r")
     (run_dir / "metrics.jsonl").write_text(json.dumps({"wall_s": 86400.0, "env_frames": 9}) + "\n")
