@@ -49,6 +49,16 @@ def process_alive(pid: int | None, start: int | None = None) -> bool:
     return fields is None or fields[0] != "Z"
 
 
+def command_line(pid: int, width: int = 80) -> str:
+    """What process ``pid`` runs, as ``ps`` shows it, cut to ``width`` ("?" when unknown)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    text = raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace") or "?"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def children_map() -> dict[int, list[int]]:
     """Every process's children, by parent pid, from one pass over ``/proc`` (empty
     without it): :func:`descendants` of several processes read it once."""
@@ -90,10 +100,11 @@ class Offspring:
         self._seen: dict[str, dict[int, int | None]] = {}
         self._next = 0.0
 
-    def survey(self, pids: dict[str, int | None], now: float) -> None:
+    def survey(self, pids: dict[str, int | None], now: float, force: bool = False) -> None:
         """Note what runs below each process of ``pids`` (name to pid), if ``every_s`` passed
-        since the last look. A process not alive keeps what was last seen below it."""
-        if now < self._next:
+        since the last look (``force``: now). A process not alive keeps what was last seen
+        below it."""
+        if now < self._next and not force:
             return
         self._next = now + self.every_s
         children = children_map()

@@ -23,10 +23,20 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from distributed.launch.signals import signal_name
-from system.processes import Offspring, descendants
+from system.processes import (
+    Offspring,
+    command_line,
+    descendants,
+    process_alive,
+    process_start,
+)
 from system.run import worker_process
 
 logger = logging.getLogger(__name__)
+
+UNCLOSED_GRACE_S = 3.0
+"""How long what a worker's environments started may run on after the worker stopped in
+order (a simulator told to quit by ``close`` and still quitting) before it is killed."""
 
 
 class LocalLauncher:
@@ -100,11 +110,12 @@ class LocalLauncher:
         if process is not None and process.is_alive():
             process.terminate()
 
-    def survey(self) -> None:
-        """Note what runs below each worker (at most every ``survey_every_s``): a worker
-        killed from outside leaves it to init, where nothing says it was the worker's."""
+    def survey(self, force: bool = False) -> None:
+        """Note what runs below each worker (at most every ``survey_every_s``; ``force``: now,
+        as the run stops): a worker killed from outside leaves it to init, where nothing says
+        it was the worker's."""
         pids = {w: p.pid for w, p in self.processes.items() if self.is_alive(w)}
-        self._offspring.survey(pids, time.monotonic())  # a dead one's pid may be another's
+        self._offspring.survey(pids, time.monotonic(), force)  # a dead one's pid: another's
 
     def kill(self, worker_id: str) -> None:
         """SIGKILL the worker, then what its environments started (a simulator's process): a
@@ -143,6 +154,7 @@ class LocalLauncher:
         left. Each had its own ``timeout_s``: three actors hung in a step made a run's end
         30 s long, one after the other."""
         deadline = time.monotonic() + timeout_s
+        unclosed: dict[str, dict[int, int | None]] = {}
         for worker_id, process in self.processes.items():
             left = max(0.0, deadline - time.monotonic())
             process.join(timeout=left)
@@ -152,6 +164,36 @@ class LocalLauncher:
                 self.kill(worker_id)
             elif process.exitcode != 0:  # killed from outside: it closed nothing
                 self._kill_left(worker_id, [], "it had left running")
+            else:
+                unclosed[worker_id] = {p: process_start(p) for p in self._offspring.left(worker_id)}
+        self._end_unclosed(unclosed)
+
+    def _end_unclosed(self, unclosed: dict[str, dict[int, int | None]]) -> None:
+        """Workers that stopped in order closed their environments, but a ``close`` that does
+        not end what it started (a simulator's process) left it running after the run, run
+        after run. What still runs :data:`UNCLOSED_GRACE_S` after the workers ended is killed,
+        and said, naming it. ``unclosed``: by worker, what ran below it (pid: start time)."""
+        deadline = time.monotonic() + UNCLOSED_GRACE_S
+        while True:
+            left = {w: pids for w, starts in unclosed.items() if (pids := _running(starts))}
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for worker_id, pids in left.items():
+            what = ", ".join(f"{pid} ({command_line(pid)})" for pid in pids)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            logger.warning(
+                "%s stopped, but %d process(es) its environments had started still ran: %s; "
+                "killed. An environment's close() should end what it started",
+                worker_id, len(pids), what,
+            )  # fmt: skip
+
+
+def _running(starts: dict[int, int | None]) -> list[int]:
+    """The processes of ``starts`` (pid: start time) still running."""
+    return [pid for pid, start in starts.items() if process_alive(pid, start)]
 
 
 def run_worker(*args) -> None:

@@ -55,7 +55,8 @@ class Launcher(Protocol):
     ``how_ended(worker_id) -> str`` (``was killed by SIGKILL``, ``exited with code 3``), which
     the restart line and the failure then say (:class:`distributed.launch.local.LocalLauncher`);
     a scheduler's launcher sees no process and cannot. One that kills what a worker started
-    with it has ``survey()``, called at each supervision, to look that up while it lives."""
+    with it has ``survey(force=False)``, called at each supervision (and with ``force`` as the
+    run stops), to look that up while it lives."""
 
     start_grace_s: float
     """How long a worker may take from start to its first message (image pulls, imports)."""
@@ -298,6 +299,8 @@ class Supervisor:
         are down (not after a failure, which may be why one is down)."""
         started = time.monotonic()
         self.stopping = True
+        if (survey := getattr(self.launcher, "survey", None)) is not None:
+            survey(force=True)  # what each worker's environments run now, for its stop
         for order in (0, 1, 2):
             if order == 1 and revive:
                 self._revive_savers(pump)

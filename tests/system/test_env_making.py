@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,6 +241,28 @@ def test_an_actor_killed_from_outside_takes_the_processes_its_environment_starte
     children = _simulators(marks)
     assert len(children) >= 2  # the killed actor's, and its restart's (and the controller's check)
     assert [pid for pid in children if process_alive(pid)] == []
+
+
+@pytest.mark.multiprocess
+def test_what_an_environment_s_close_left_running_is_ended_with_the_run(tmp_path, caplog):
+    """An environment whose ``close`` forgets the simulator it started: the actor stopped in
+    order (exit 0), and its ``sleep 600`` ran on after the run, one more each run."""
+    marks = tmp_path / "marks"
+    run_dir, summary = _run_slow(marks, [
+        "environment.args.make_s=0", "environment.args.child=True",
+        "environment.args.leave_child=True", "actors.envs_per_worker=1", "evaluation.workers=0",
+    ])  # fmt: skip
+    assert summary["stop_reason"] == "env_frames" and "failure" not in summary, summary
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert workers["actor/0"]["state"] == "stopped" and workers["actor/0"]["restarts"] == 0
+    actor = str(workers["actor/0"]["pid"])
+    assert any(m.name.startswith(f"closed-{actor}-") for m in marks.iterdir())  # close() ran
+    children = _simulators(marks)
+    assert children and [pid for pid in children if process_alive(pid)] == []
+    said = " ".join(caplog.text.split())  # the controller's log: this process here
+    # the actor's simulator, and the one each other role's look at the spaces made
+    assert re.search(r"actor/0 stopped, but 1 process\(es\) its environments had started still "
+                     r"ran: \d+ \(sleep 600\); killed", said), said[-2000:]  # fmt: skip
 
 
 LEAVES = """

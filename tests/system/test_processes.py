@@ -15,6 +15,7 @@ import pytest
 
 from system.processes import (
     Offspring,
+    command_line,
     descendants,
     process_alive,
     process_exists,
@@ -126,3 +127,25 @@ def test_a_process_that_ended_since_the_survey_is_not_named():
     finally:
         tree.kill()
         tree.wait()
+
+
+def test_a_forced_survey_looks_at_once_and_a_command_line_is_named():
+    """The stop looks below every worker at once: a simulator started since the last survey
+    (every 5 s) was not known, and the end of the run could not say it was a worker's."""
+    tree = subprocess.Popen(["bash", "-c", "sleep 600 & wait"])
+    offspring = Offspring(every_s=5.0)
+    try:
+        offspring.survey({}, now=100.0)  # the last look: before the worker was there
+        assert _until(lambda: len(descendants(tree.pid)) == 1)
+        offspring.survey({"actor/0": tree.pid}, now=101.0)  # too soon: nothing looked at
+        assert offspring.left("actor/0") == []
+        offspring.survey({"actor/0": tree.pid}, now=101.0, force=True)
+        (sleep,) = offspring.left("actor/0")
+        assert command_line(sleep) == "sleep 600"
+        assert command_line(sleep, width=6) == "sle..."
+    finally:
+        for pid in descendants(tree.pid):
+            os.kill(pid, 9)
+        tree.kill()
+        tree.wait()
+    assert command_line(tree.pid) == "?"  # gone

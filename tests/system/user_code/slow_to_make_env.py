@@ -3,7 +3,8 @@ tests/system/test_env_making.py). Each make sleeps ``make_s`` and leaves a file 
 named after the process and thread that made it, and one ``closed-...`` as it is closed. With
 ``crash_at_step``, its step raises once per run there (a simulator that crashes), leaving a file
 ``crashed`` in ``marks``; with ``hang_at_step``, it hangs there once (``hung``); with ``child``,
-it starts a process, as a simulator does (``child-PID``), which ``close`` ends."""
+it starts a process, as a simulator does (``child-PID``), which ``close`` ends (unless
+``leave_child``: a close that forgets it)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ class SlowToMakeCartPole(GymnasiumEnvironment):
         crash_at_step: int = 0,
         hang_at_step: int = 0,
         child: bool = False,
+        leave_child: bool = False,
     ):
         time.sleep(make_s)
         super().__init__("CartPole-v1")
         self.marks, self.crash_at_step, self.steps = Path(marks), crash_at_step, 0
         self.marks.mkdir(parents=True, exist_ok=True)
-        self.hang_at_step = hang_at_step
+        self.hang_at_step, self.leave_child = hang_at_step, leave_child
         self.child = subprocess.Popen(["sleep", "600"]) if child else None  # a simulator
         if self.child is not None:
             (self.marks / f"child-{self.child.pid}").touch()
@@ -41,7 +43,7 @@ class SlowToMakeCartPole(GymnasiumEnvironment):
     def close(self) -> None:
         closed = f"closed-{os.getpid()}-{threading.current_thread().name}-{time.monotonic_ns()}"
         (self.marks / closed).touch()
-        if self.child is not None:
+        if self.child is not None and not self.leave_child:
             self.child.kill()
             self.child.wait()
         super().close()
