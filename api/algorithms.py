@@ -27,6 +27,8 @@ def on_environment(
     as an environment it failed with "unknown environment 'cartpole-ppo'"."""
     if algo not in ALGORITHMS:
         raise UserError(f"algo {algo!r}: one of {', '.join(ALGORITHMS)}")
+    if environment is None:
+        raise UserError(f"algo={algo} sets an algorithm up on an environment: name its id")
     if not isinstance(environment, str):
         raise UserError(
             f"algo={algo} sets an algorithm up on an environment id; got "

@@ -507,6 +507,7 @@ def test_train_from_python_refuses_a_bad_algo_or_port_before_a_run_folder_is_mad
         ({"experiment": "CartPole-v1", "algo": "a2c"}, "algo 'a2c': one of auto, ppo, impala"),
         ({"experiment": "cartpole-ppo", "algo": "dqn"}, "'cartpole-ppo' is an experiment"),
         ({"resume": tmp_path, "algo": "dqn"}, "a resumed run keeps its own: drop algo"),
+        ({"algo": "dqn"}, "algo=dqn sets an algorithm up on an environment: name its id"),
         ({"experiment": "CartPole-v1", "metrics_port": 70000}, "metrics_port 70000: a port"),
         ({"experiment": "CartPole-v1", "metrics_port": "9100"}, "metrics_port '9100': a port"),
     ]
