@@ -181,8 +181,9 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
             Text(f"no summary.json for this run in {run_dir} (see the error above)", style="red")
         )
         return code or 1
-    keys = ("solved", "stop_reason", "wall_s", "env_frames", "fps", "best_eval_return")
-    console.print({k: summary.get(k) for k in keys})
+    keys = ("solved", "stop_reason", "wall_s", "env_frames", "emulator_frames", "fps",
+            "best_eval_return")  # fmt: skip
+    console.print({k: summary.get(k) for k in keys if k in summary or k != "emulator_frames"})
     if summary.get("confirmation"):
         console.print(f"solved: {summary['confirmation']}")
     for line in warning_lines(summary):
