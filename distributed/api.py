@@ -260,13 +260,15 @@ class LoadedPolicy:
                 "environments give them: make_env() makes one"
             )
 
-    def make_env(self, **kwargs: Any):
+    def make_env(self, evaluation: bool = False, **kwargs: Any):
         """An environment of the run (``kwargs`` override its arguments, e.g.
-        ``render_mode="rgb_array"`` for a gymnasium one)."""
+        ``render_mode="rgb_array"`` for a gymnasium one); ``evaluation``: as the run's greedy
+        evaluation made it (``evaluation.env_args``: Atari's whole games at their score)."""
         from api import environment
 
         comp = self.config.environment
-        env = environment.make(comp.type, **{**comp.args, **kwargs})
+        extra = self.config.evaluation.env_args if evaluation else {}
+        env = environment.make(comp.type, **{**comp.args, **extra, **kwargs})
         if self.curriculum_stage is not None:  # the stage its run reached, not stage 0
             env.set_curriculum_stage(self.curriculum_stage)
         return env

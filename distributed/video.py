@@ -28,7 +28,7 @@ def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: i
     policy = load_policy(target)
     _quiet_sdl()
     kwargs = {"render_mode": "rgb_array"} if _is_gymnasium(policy.config.environment.type) else {}
-    env = policy.make_env(**kwargs)
+    env = policy.make_env(evaluation=True, **kwargs)  # greedy episodes, as evaluation plays
     if env.agent_count != 1:
         raise UserError("--video plays one-agent environments; this one has several agents")
     frames, returns = [], []

@@ -257,6 +257,21 @@ def check_ranges(config: Any) -> list[str]:
     return errors
 
 
+def evaluation_env_errors(config: Any) -> list[str]:
+    """``evaluation.env_args`` over ``environment.args``, checked as the environment's own
+    arguments: a misspelt key reached the evaluation actor's constructor, which ended the run."""
+    env, extra = config.environment, config.evaluation.env_args
+    if not extra or not isinstance(extra, dict) or not env.type:
+        return []  # nothing more, or what the type and environment checks report
+    try:
+        spec = REGISTRIES["environment"].spec(env.type)
+    except RegistryError:
+        return []
+    own = set(check_arguments(spec, env.args, "environment"))
+    both = check_arguments(spec, {**env.args, **extra}, "environment")
+    return [e.replace("environment.args.", "evaluation.env_args.", 1) for e in both if e not in own]
+
+
 # --------------------------------------------------------------------- key suggestions
 def close_names(name: str, names: list[str], n: int = 1) -> list[str]:
     """The names closest to ``name``, an alias of one counting as that name."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from api import user_code
 from api.code import RegistrationConfig, load_code
-from api.config.arguments import check_arguments, check_ranges
+from api.config.arguments import check_arguments, check_ranges, evaluation_env_errors
 from api.config.league import check_league
 from api.config.parallel import check_data_parallel
 from api.config.schema import (
@@ -40,6 +40,7 @@ def validate(config: ExperimentConfig) -> list[str]:
     if not config.name:
         errors.append("name: must be set")
     errors += _check_component("environment", "environment", config.environment)
+    errors += evaluation_env_errors(config)
     if not config.policies:
         errors.append("policies: at least one policy is needed")
     for pname, pc in config.policies.items():

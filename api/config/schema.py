@@ -184,6 +184,11 @@ class EvaluationConfig:
     policy: str = ""
     """The policy whose return is the evaluation return (stop rule, display, callbacks); empty:
     the mean over every agent, which says little in a zero-sum game."""
+    env_args: dict[str, Any] = field(default_factory=dict)
+    """Arguments of the evaluation actors' environments over ``environment.args``: evaluation
+    judges the task as it is scored where training shapes it (Atari: ``{episodic_life: False,
+    clip_rewards: False}``, whole games at their score, where training plays lives with clipped
+    rewards). ``troupe eval`` plays them too."""
 
 
 @dataclass

@@ -37,7 +37,8 @@ scales it by 1/255.
 
 Episode returns seen by the runtime are therefore per life and clipped. The real game score is
 in the ``info`` of the step that ends a game: ``game_return`` (unclipped, summed over every life)
-and ``game_frames`` (emulator frames, no-ops included).
+and ``game_frames`` (emulator frames, no-ops included). The Atari recipes' greedy evaluation
+turns both off (``evaluation.env_args``): its episodes are whole games, its returns their scores.
 
 Frames: one ``step`` is one agent step of ``frame_skip`` emulator frames;
 :attr:`AtariEnvironment.frames_per_step` says how many, for code that counts emulator frames.

@@ -50,6 +50,9 @@ from legacy.environment.gym_adapter import add_ale_ids_to_gymnasium
 AGENT_STEPS = 10_000_000
 """Length of a run in agent steps (40M emulator frames), as in the PPO paper's Atari runs."""
 BATCH_SEGMENTS, SEGMENT_LENGTH = 4, 128
+WHOLE_GAMES = {"episodic_life": False, "clip_rewards": False}
+"""What greedy evaluation plays (``evaluation.env_args``): whole games at their score. Training
+plays lives with clipped rewards, whose returns are not a game's score but on Pong."""
 
 
 def _atari_env(game: str) -> ComponentConfig:
@@ -107,7 +110,9 @@ def pong_ppo() -> ExperimentConfig:
         environment=_atari_env("Pong"),
         policies={"default": _atari_ppo()},
         actors=ActorConfig(workers=1, envs_per_worker=8, segment_length=SEGMENT_LENGTH, groups=2),
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=2, episodes=8, max_fps=50.0),
+        evaluation=EvaluationConfig(
+            workers=1, envs_per_worker=2, episodes=8, max_fps=50.0, env_args=dict(WHOLE_GAMES)
+        ),
         stop=StopConfig(eval_return=18.0, env_frames=AGENT_STEPS),
     )
 
@@ -181,7 +186,9 @@ def pong_ppo_gpu() -> ExperimentConfig:
             segment_length=SEGMENT_LENGTH,
             groups=2,
         ),
-        evaluation=EvaluationConfig(workers=1, envs_per_worker=8, episodes=8, max_fps=None),
+        evaluation=EvaluationConfig(
+            workers=1, envs_per_worker=8, episodes=8, max_fps=None, env_args=dict(WHOLE_GAMES)
+        ),
     )
 
 
@@ -190,15 +197,15 @@ def breakout_ppo() -> ExperimentConfig:
 
     With episodic life and reward clipping, the returns shown are bricks hit per life (clipped
     rewards); the game's score is ``info["game_return"]`` at each game's end. No evaluation
-    workers: greedy evaluation on the same environment would report per-life returns too, and
-    the cores go to training.
+    workers, so that the cores go to training; ``evaluation.workers=1`` (and a
+    ``stop.eval_return``) judges greedy play by whole games' scores (``evaluation.env_args``).
     """
     return ExperimentConfig(
         name="breakout-ppo",
         environment=_atari_env("Breakout"),
         policies={"default": _atari_ppo()},
         actors=ActorConfig(workers=1, envs_per_worker=8, segment_length=SEGMENT_LENGTH, groups=2),
-        evaluation=EvaluationConfig(workers=0),
+        evaluation=EvaluationConfig(workers=0, env_args=dict(WHOLE_GAMES)),
         stop=StopConfig(env_frames=AGENT_STEPS),
     )
 
@@ -225,10 +232,10 @@ def atari_ppo(
     ids, none for ``-v4`` ones); ``env_args`` are ``Atari-v0``'s and override. The layout is
     ``pong-ppo``'s on a machine without a GPU and ``pong-ppo-gpu``'s with one; ``frames`` agent
     steps (default 10M) set the run's length and the learning-rate schedule. The stop target
-    is ``target``, else 18 for Pong; other games are trained for their frames with no greedy
-    evaluation (``breakout-ppo``'s reasoning: their episodes are lives, their rewards
-    clipped, so an evaluation return would not be the game's score). The score of every game
-    played is in the panel and the metrics all the same (``game``, ``game_return``)."""
+    is ``target``, a greedy game's score (evaluation plays whole games, unclipped:
+    :data:`WHOLE_GAMES`), else 18 for Pong; other games are trained for their frames with no
+    greedy evaluation (the cores go to training). The score of every game played in training
+    is in the panel and the metrics all the same (``game``, ``game_return``)."""
     config = pong_ppo_gpu() if has_cuda() else pong_ppo()
     return for_game(config, "ppo", env, env_args, target, frames)
 
@@ -255,9 +262,8 @@ def for_game(
     if target is None and str(game).lower() == "pong":
         target, source = PONG_TARGET, "Troupe's Pong target (pong-ppo's)"
     elif target is None:
-        source = (f"none: {game}'s episodes are lives and its rewards clipped; "
-                  "give one with target= (a greedy return per life)")  # fmt: skip
-        config.evaluation = EvaluationConfig(workers=0)
+        source = f"none for {game}: give one with target= (a greedy game's score)"
+        config.evaluation = EvaluationConfig(workers=0, env_args=dict(WHOLE_GAMES))
     else:
         source = "given: target="
     config.name = re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}"

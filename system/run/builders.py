@@ -81,11 +81,14 @@ class AgentSpaces:
         return len(self.observation)
 
 
-def env_factory(config: ExperimentConfig) -> Callable[[int], Environment]:
+def env_factory(config: ExperimentConfig, evaluation: bool = False) -> Callable[[int], Environment]:
+    """What makes the run's environments; ``evaluation``: as its evaluation actors make them
+    (``evaluation.env_args`` over the environment's arguments)."""
     comp = config.environment
+    args = {**comp.args, **config.evaluation.env_args} if evaluation else dict(comp.args)
 
     def make(_index: int) -> Environment:
-        return env_api.make(comp.type, **comp.args)
+        return env_api.make(comp.type, **args)
 
     return make
 
@@ -349,7 +352,7 @@ def build_actor(plan: ActorPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built
     group = cfg.evaluation if plan.evaluation else cfg.actors
     worker = ActorWorker(
         plan.worker_id,
-        env_factory(cfg),
+        env_factory(cfg, plan.evaluation),
         group.envs_per_worker,
         (lambda _agent: plan.member) if plan.member else cfg.policy_of_agent,
         inference,

@@ -381,6 +381,23 @@ def test_off_policy_trainer_arguments_are_range_checked_too(experiment, override
     assert e.value.errors == [P + "trainer.args." + expected]
 
 
+def test_evaluation_environment_arguments_are_checked_as_the_environment_s_own():
+    """``evaluation.env_args`` go to the evaluation actors' environments: a misspelt one ended
+    the run in the evaluation actor's constructor."""
+    config = load_experiment("cartpole-ppo", ["evaluation.env_args.max_episode_steps=20"])
+    assert config.evaluation.env_args == {"max_episode_steps": 20}
+    assert config.environment.args.get("max_episode_steps") != 20  # training's stay its own
+    for override, expected in (
+        ("max_episode_step=20", "evaluation.env_args.max_episode_step: unknown key for "
+                                "'CartPole-v1'; did you mean 'max_episode_steps'?"),
+        ("max_episode_steps=ten", "evaluation.env_args.max_episode_steps: expected int or None, "
+                                  "got str 'ten'"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as e:
+            load_experiment("cartpole-ppo", [f"evaluation.env_args.{override}"])
+        assert e.value.errors == [expected]
+
+
 def test_a_misspelt_gymnasium_argument_fails_the_check():
     with pytest.raises(ConfigError, match="max_episode_step"):
         load_experiment("cartpole-ppo", ["environment.args.max_episode_step=100"])

@@ -419,3 +419,49 @@ def test_load_policy_act_names_an_observation_its_policy_cannot_take():
         policy.act({"pos": np.zeros(3, np.float32)})
     # what a user's own code hands over as it is: a list of floats, a plain int
     assert int(policy.act({"pos": [0.1, 0.2, 0.3], "flag": 2})[0]) in (0, 1)
+
+
+EVALUATED_APART = """
+import json, sys
+import numpy as np
+import troupe
+
+run = sys.argv[1]
+result = troupe.train("cartpole-ppo", ["stop.eval_return=None", "stop.env_frames=30000",
+                                       "evaluation.env_args.max_episode_steps=20"], run_dir=run)
+records = result.metrics(["episode_length", "eval/episode_length"])
+greedy = troupe.evaluate(run, episodes=4, envs=2)
+policy = troupe.load_policy(run)
+lengths = []
+for evaluation in (True, False):
+    env = policy.make_env(evaluation=evaluation)
+    (step,), state, n = env.reset(), None, 0
+    while not (step.done or step.truncated) and n < 600:
+        action, state = policy.act(step.obs, state)
+        (step,), n = env.step([action]), n + 1
+    lengths.append(n)
+print("RESULT", json.dumps({
+    "code": result.exit_code,
+    "train": max(r["episode_length"] for r in records if r.get("episode_length")),
+    "eval": max(r["eval/episode_length"] for r in records if r.get("eval/episode_length")),
+    "troupe_eval": [greedy.min_return, greedy.max_return],
+    "make_env": lengths,
+}))
+"""
+
+
+@pytest.mark.multiprocess
+def test_evaluation_plays_its_own_environment_arguments(tmp_path):
+    """``evaluation.env_args`` (CartPole cut at 20 steps here) reach the run's evaluation
+    actors, ``troupe eval`` and ``make_env(evaluation=True)``; training plays on as before."""
+    script = tmp_path / "apart.py"
+    script.write_text(EVALUATED_APART)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-2000:] + result.stderr[-2000:]
+    said = json.loads(lines[0].removeprefix("RESULT "))
+    assert said["code"] == 0 and said["eval"] <= 20 < said["train"], said
+    assert said["troupe_eval"] == [20.0, 20.0], said  # every greedy episode cut at 20 steps
+    assert said["make_env"][0] == 20 < said["make_env"][1], said

@@ -223,7 +223,7 @@ def test_troupe_train_of_an_atari_id_gets_the_atari_recipe():
     assert breakout.environment.args["game"] == "Breakout"
     assert breakout.environment.args["repeat_action_probability"] == 0.25  # v5's protocol
     assert breakout.evaluation.workers == 0 and breakout.stop.eval_return is None
-    assert "episodes are lives" in breakout.stop.eval_return_source
+    assert "give one with target= (a greedy game's score)" in breakout.stop.eval_return_source
     assert breakout.policies["default"].trainer.args == pong_ppo().policies["default"].trainer.args
 
     pong = auto("PongNoFrameskip-v4", {"noop_max": 10}, frames=1_024_000)
@@ -286,3 +286,23 @@ def test_the_atari_impala_and_dqn_recipes_train_on_real_frames(algo):
     report = testing.test_pipeline(experiment=config, trainer_steps=2, envs=2)
     assert report.trainer_steps["default"] >= 2 and report.episodes >= 1
     assert tuple(report.batch_shapes["default"]["obs"])[-3:] == (4, 84, 84)
+
+
+def test_greedy_evaluation_of_an_atari_game_plays_whole_games_at_their_score():
+    """Training plays lives with clipped rewards; evaluation played them too, so a greedy
+    Breakout return was the bricks of one life, counted 1 each, and target= was no score."""
+    from system.run.builders import env_factory
+
+    invaders = auto("ALE/SpaceInvaders-v5", target=300.0)
+    assert invaders.evaluation.env_args == {"episodic_life": False, "clip_rewards": False}
+    for config in (pong_ppo(), pong_ppo_gpu(), auto("ALE/Breakout-v5")):
+        assert config.evaluation.env_args == invaders.evaluation.env_args
+    invaders.environment.args["max_episode_frames"] = 4000  # a short game for the test
+    train, greedy = env_factory(invaders)(0), env_factory(invaders, evaluation=True)(0)
+    assert (train.episodic_life, train.clip_rewards) == (True, True)
+    played = _play(greedy, seed=2, steps=2000)
+    end = next(i for i, r in enumerate(played) if r.done or r.truncated)
+    assert "game_return" in played[end].info  # the first episode is the whole game
+    assert sum(r.reward for r in played[: end + 1]) == played[end].info["game_return"] > 1
+    train.close()
+    greedy.close()
