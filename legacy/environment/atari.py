@@ -27,7 +27,8 @@ scales it by 1/255.
 * **no-op reset**: a new game starts with 1 to ``noop_max`` emulator frames of NOOP, so that
   episodes do not all start from the same state;
 * **fire reset**: in games whose action 1 is FIRE (Breakout, ...), ``reset`` presses it, as the
-  game does not start (or go on after a lost life) until it is pressed;
+  game does not start (or go on after a lost life) until it is pressed; without episodic life,
+  so does the step that loses a life;
 * **episodic life** (training): losing a life ends the episode (``done=True``, no bootstrapping
   across it), but the game goes on: the following ``reset`` continues it without restarting;
 * **reward clipping** (training): rewards are reported as their sign (-1, 0, +1);
@@ -228,11 +229,14 @@ class AtariEnvironment(Environment):
             )
         reward = self._skip(int(actions[0]))
         ale = self._ale
+        lives = ale.lives()
+        lost = 0 < lives < self._lives
+        if lost and self._fire and not self.episodic_life and not self._game_over:
+            reward += self._serve()
         # game_over() (checked each frame) is terminal or truncated: ask which only when it is
         terminated = self._game_over and ale.game_over(with_truncation=False)
         truncated = self._game_over and not terminated
-        lives = ale.lives()
-        life_lost = self.episodic_life and 0 < lives < self._lives
+        life_lost = self.episodic_life and lost
         self._lives = lives
         stack = self._stack
         stack[:-1] = stack[1:]
@@ -271,6 +275,16 @@ class AtariEnvironment(Environment):
         self._game_return += reward
         self._game_frames += frames
         return float(reward)
+
+    def _serve(self) -> float:
+        """A lost life where the episode goes on (``episodic_life=False``, as evaluation plays
+        whole games): press FIRE as the ``reset`` after one does in training, else a game that
+        waits for it (Breakout) waits until ``max_episode_frames``, and greedy evaluation
+        with it. The observation is the screen after the presses."""
+        reward = self._act(1) + self._act(2)
+        self._ale.getScreenGrayscale(self._pool[-1])
+        self._pool[0][:] = self._pool[-1]
+        return reward
 
     def _act(self, action: int) -> float:
         """One emulator frame; keeps the unclipped score, the frame count and the game-over

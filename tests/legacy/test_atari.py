@@ -77,6 +77,22 @@ def test_a_lost_life_ends_the_episode_but_not_the_game():
     whole.close()
 
 
+def test_a_whole_game_goes_on_after_a_lost_life_without_the_agent_pressing_fire():
+    """Evaluation plays whole games: after a lost life Breakout waits for FIRE, which the reset
+    presses in training. A greedy policy that had never needed it played on to the frame
+    limit (here, a NOOP each step: 20,000 frames, then truncated)."""
+    env = AtariEnvironment("Breakout", episodic_life=False, max_episode_frames=20_000)
+    env.seed(3)
+    env.reset()
+    steps, result = 0, None
+    while result is None or not (result.done or result.truncated):
+        (result,) = env.step([0])  # NOOP
+        steps += 1
+    assert result.done and not result.truncated and env._ale.lives() == 0
+    assert result.info["game_frames"] < 20_000 and steps < 5_000
+    env.close()
+
+
 def test_rewards_are_clipped_for_training_and_the_score_is_reported_unclipped():
     """Same seed and actions, so the same game twice: once clipped, once not."""
     kwargs = dict(game="SpaceInvaders", max_episode_frames=1600, episodic_life=False)
