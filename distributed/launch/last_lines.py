@@ -1,6 +1,7 @@
 """What ``troupe run`` says at a run's end beyond its summary's figures: what the exit code
 means where it is none of a run's own, and the summary's warnings (a policy never trained,
-workers restarted, workers that did not stop in order), each one line, in words."""
+workers restarted, workers that did not stop in order or were never ready), each one line, in
+words."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(restarts_line(summary["restarts"]))
     if summary.get("unstopped"):
         lines.append(unstopped_line(summary["unstopped"]))
+    if summary.get("never_ready"):
+        lines.append(never_ready_line(summary["never_ready"]))
     return lines
 
 
@@ -65,6 +68,16 @@ def unstopped_line(unstopped: dict[str, str]) -> str:
     """What a summary's ``unstopped`` says: the workers that did not stop in order."""
     gone = "; ".join(f"{worker} ({why})" for worker, why in unstopped.items())
     return f"workers that did not stop in order (see their logs): {gone}"
+
+
+def never_ready_line(workers: list[str]) -> str:
+    """What a summary's ``never_ready`` says: workers the run stopped before they were built."""
+    evaluation = any(w.startswith("eval/") for w in workers)
+    they = "it" if len(workers) == 1 else "they"
+    return (
+        f"never ready: {', '.join(workers)} still starting when the run stopped, so {they} did "
+        "nothing (see their logs)" + ("; no greedy evaluation was played" if evaluation else "")
+    )
 
 
 def restarts_line(restarts: dict[str, dict[str, Any]]) -> str:

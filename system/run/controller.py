@@ -225,6 +225,7 @@ class Controller:
             best_episode_return=self.thinning.best_return,
             restarts=restarts_of(self.supervisor.workers),
             unstopped=unstopped_of(self.supervisor.workers, time.monotonic()),
+            never_ready=[w for w, r in self.supervisor.workers.items() if not r.came_up],
         )
         self.folder.close()
         self.server.close()

@@ -50,6 +50,7 @@ def finish_run(
     best_episode_return: float | None = None,
     restarts: dict[str, dict[str, Any]] | None = None,
     unstopped: dict[str, str] | None = None,
+    never_ready: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write the summary and plots with ``write`` (the controller's guard of the run folder);
     ``stopped_at``: env frames and wall seconds when the stopping rule held; ``extra``: what
@@ -57,7 +58,7 @@ def finish_run(
     the best the controller saw in its records, written or not (``metrics.thin``);
     ``restarts``: the workers restarted during the run, how often and why (the supervisor's
     :func:`restarts_of`); ``unstopped``: those that did not stop in order
-    (:func:`unstopped_of`)."""
+    (:func:`unstopped_of`); ``never_ready``: those still starting when the run stopped."""
     target = config.stop.eval_return
     pbt_target = config.pbt.target_return if config.pbt.members else None
     if target is None and pbt_target is not None:  # the population's: the one the run has
@@ -86,6 +87,9 @@ def finish_run(
     unstopped = {w: why for w, why in (unstopped or {}).items() if w not in named.split(", ")}
     if unstopped:
         summary["unstopped"] = unstopped
+    if never_ready and failure is None:  # a run that failed says why it ended
+        # a short run ended before they were built (a simulator slow to start): they did nothing
+        summary["never_ready"] = list(never_ready)
     trained = [n for n, pc in config.policies.items() if pc.trainer.type]
     untrained = [n for n in trained if not summary["policy_versions"].get(n)]
     if untrained and summary.get("env_frames"):  # frames, but not one trainer step: exit 0

@@ -20,6 +20,7 @@ import pytest
 from api import registry
 from api.config import make_experiment
 from api.errors import ConfigError
+from distributed.launch.last_lines import warning_lines
 from distributed.launch.local import LocalLauncher
 from system.processes import process_alive
 from system.run.controller import Controller
@@ -174,6 +175,12 @@ def test_an_evaluation_actor_still_making_environments_at_the_stop_leaves_at_onc
         "actors.make_threads=1", "evaluation.workers=1", "evaluation.envs_per_worker=200",
     ])  # fmt: skip
     assert summary["stop_reason"] == "env_frames" and "failure" not in summary, summary
+    # it played nothing, which the run's end says (it said nothing: exit 0, no evaluation)
+    assert summary["never_ready"] == ["eval/0"], summary
+    assert warning_lines(summary) == [
+        "never ready: eval/0 still starting when the run stopped, so it did nothing (see their "
+        "logs); no greedy evaluation was played"
+    ]
     workers = json.loads((run_dir / "workers.json").read_text())
     assert workers["eval/0"]["state"] == "stopped", workers["eval/0"]
     said = (run_dir / "logs" / "eval-0.log").read_text()
