@@ -18,6 +18,7 @@ from rich.text import Text
 
 from distributed.errors import OpsError
 from distributed.launch import stop_request
+from distributed.launch.last_lines import warning_lines
 from distributed.ops import backends, folder
 from distributed.ops.backends import resolve
 from distributed.ops.record import DEFAULT_RUNS_DIR, LaunchRecord, read
@@ -106,6 +107,8 @@ def _print_folder(
     summary = folder.summary(run_dir)
     if summary and summary.get("failure"):
         console.print(Text(f"failure: {summary['failure']}"))
+    for line in warning_lines(summary or {}):  # what the run's last lines said of its workers
+        console.print(Text(line, style="yellow"))
     workers = folder.workers(run_dir)
     if not workers:
         return

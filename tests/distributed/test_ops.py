@@ -337,6 +337,29 @@ def test_status_shows_emulator_frames_where_the_run_has_them():
     assert "emulator_frames" not in folder.headline({"env_frames": 3110})
 
 
+def test_status_of_an_ended_run_says_what_its_last_lines_said_of_its_workers(tmp_path):
+    """The warnings of a run's end (restarts, a worker never ready, ...) were printed once, by
+    the process that ran it; `troupe status` showed the folder's figures without them."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    run_dir = run_folder_at(tmp_path / "r", {"eval/0": {"role": "actor", "state": "stopped"}})
+    summary = {
+        "stop_reason": "wall_seconds",
+        "never_ready": ["eval/0"],
+        "restarts": {"actor/0": {"restarts": 2, "last_cause": "exited with code 3"}},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))  # fmt: skip
+    record.write(run_dir, record.for_process("local", run_dir, None))
+    console = Console(record=True, width=400, force_terminal=False)
+    assert commands.run_status(build_parser().parse_args(["status", str(run_dir)]), console) == 0
+    said = console.export_text()
+    assert "workers restarted during the run: actor/0 2 times (last: exited with code 3)" in said
+    assert "never ready: eval/0 still starting when the run stopped, so it did nothing" in said
+
+
 def test_status_shows_the_run_s_last_second_where_the_file_is_thinned(tmp_path):
     run_dir = run_folder_at(tmp_path / "r")
     (run_dir / "metrics.jsonl").write_text(json.dumps({"wall_s": 86400.0, "env_frames": 9}) + "\n")
