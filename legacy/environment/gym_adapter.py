@@ -73,6 +73,14 @@ class GymnasiumEnvironment(Environment):
         return [self._env.action_space]
 
     @property
+    def frames_per_step(self) -> int:
+        """An ALE id's ``frameskip`` (4 for ``ALE/Pong-v5``, 1 for a ``NoFrameskip`` one): the
+        emulator frames a step covers. A random frame skip (a range) and any other id: 1."""
+        spec = self._env.unwrapped.spec
+        skip = spec.kwargs.get("frameskip") if spec is not None else None
+        return skip if type(skip) is int and skip > 1 else 1
+
+    @property
     def gym_env(self) -> gym.Env:
         """The wrapped gymnasium environment, for code that needs its own API."""
         return self._env

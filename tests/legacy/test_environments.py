@@ -73,6 +73,19 @@ def test_adapter_leaves_a_vector_reward_for_the_actor_to_refuse(gym_id_of_this_f
     assert "reward must be one number" in reward_problem(result.reward)
 
 
+def test_adapter_says_how_many_emulator_frames_an_ale_id_steps():
+    """An ALE id through the adapter (``obs_type='ram'``) steps 4 emulator frames an agent step
+    (``-v5``), 1 for a ``NoFrameskip`` id, as its ``frameskip`` says; any other id: 1."""
+    pytest.importorskip("ale_py", reason="Atari needs the atari extra: pip install -e '.[atari]'")
+    frames = {
+        gym_id: GymnasiumEnvironment(gym_id, obs_type="ram", **kwargs).frames_per_step
+        for gym_id, kwargs in (("ALE/Pong-v5", {}), ("PongNoFrameskip-v4", {}),
+                               ("ALE/Breakout-v5", {"frameskip": 3}))
+    }  # fmt: skip
+    assert frames == {"ALE/Pong-v5": 4, "PongNoFrameskip-v4": 1, "ALE/Breakout-v5": 3}
+    assert GymnasiumEnvironment("CartPole-v1").frames_per_step == 1
+
+
 def test_adapter_keeps_terminated_and_truncated_apart():
     env = GymnasiumEnvironment("CartPole-v1", max_episode_steps=3)
     env.reset()
