@@ -203,9 +203,12 @@ class TuplesAsDicts(Environment):
         self.env.close()
 
 
-def target_out_of_horizon(env: str, args: dict[str, Any], target: float | None) -> str | None:
+def target_out_of_horizon(
+    env: str, args: dict[str, Any], target: float | None, where: str = "environment.args"
+) -> str | None:
     """Why ``target`` may not fit episodes of ``args['max_episode_steps']`` (None: no reason
-    known). Gymnasium's ``reward_threshold`` is set for its id's own episode length:
+    known; ``where``: the key that set it). Gymnasium's ``reward_threshold`` is set for its id's
+    own episode length:
     ``troupe run cartpole-ppo environment.args.max_episode_steps=100`` kept CartPole's 475,
     out of reach, and ran to its frame budget; on MountainCar a shorter episode meets -110
     without reaching the flag."""
@@ -222,7 +225,7 @@ def target_out_of_horizon(env: str, args: dict[str, Any], target: float | None) 
         return None
     return (
         f"stop.eval_return={target:g} is gymnasium's reward_threshold for {env}, set for "
-        f"episodes of {spec.max_episode_steps} steps; with environment.args.max_episode_steps="
+        f"episodes of {spec.max_episode_steps} steps; with {where}.max_episode_steps="
         f"{steps} it may be out of reach, or too easy: give a target of its own "
         "(stop.eval_return=...), or None to run to the budget"
     )

@@ -54,10 +54,13 @@ def _warn_short_replay_resume(config: ExperimentConfig, name: str, left: int, do
 
 def warn_target_horizon(config: ExperimentConfig) -> None:
     """Say when the stop target is gymnasium's ``reward_threshold`` for an episode length that
-    ``environment.args.max_episode_steps`` changed (``api.environment.target_out_of_horizon``)."""
+    ``environment.args.max_episode_steps`` changed (``api.environment.target_out_of_horizon``),
+    or ``evaluation.env_args``'s, where the target is judged."""
     from api.environment import target_out_of_horizon
 
-    env = config.environment
-    why = target_out_of_horizon(env.type, env.args, config.stop.eval_return)
+    env, judged = config.environment, config.evaluation.env_args
+    where = "evaluation.env_args" if "max_episode_steps" in judged else "environment.args"
+    args = {**env.args, **judged}
+    why = target_out_of_horizon(env.type, args, config.stop.eval_return, where)
     if why:
         logger.warning("%s", why)

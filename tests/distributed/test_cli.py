@@ -208,17 +208,21 @@ def test_a_target_set_for_another_episode_length_is_warned_about(tmp_path, caplo
         ["environment.args.max_episode_steps=100"],
         ["environment.args.max_episode_steps=100", "stop.eval_return=95"],
         ["environment.args.max_episode_steps=500"],
+        # the target is judged on evaluation's episodes: their length is what counts
+        ["evaluation.env_args.max_episode_steps=50"],
+        ["environment.args.max_episode_steps=100", "evaluation.env_args.max_episode_steps=500"],
     ]
     with caplog.at_level(logging.WARNING, logger="distributed.launch.budget"):
         for i, overrides in enumerate(runs):
             _, run_dir = prepare("cartpole-ppo", overrides, str(tmp_path / str(i)), None)
             folder_lock.release(run_dir)
-    (record,) = caplog.records
-    assert record.getMessage() == (
+    said = [record.getMessage() for record in caplog.records]
+    assert said == [
         "stop.eval_return=475 is gymnasium's reward_threshold for CartPole-v1, set for episodes "
-        "of 500 steps; with environment.args.max_episode_steps=100 it may be out of reach, or "
+        f"of 500 steps; with {where}.max_episode_steps={steps} it may be out of reach, or "
         "too easy: give a target of its own (stop.eval_return=...), or None to run to the budget"
-    )
+        for where, steps in (("environment.args", 100), ("evaluation.env_args", 50))
+    ]
 
 
 def test_a_replay_resume_with_less_than_a_round_of_segments_left_is_warned_about(tmp_path, caplog):
