@@ -50,6 +50,9 @@ from legacy.environment.gym_adapter import add_ale_ids_to_gymnasium
 AGENT_STEPS = 10_000_000
 """Length of a run in agent steps (40M emulator frames), as in the PPO paper's Atari runs."""
 BATCH_SEGMENTS, SEGMENT_LENGTH = 4, 128
+PONG_MAX = 21.0
+"""The most a game of Pong returns (21-0): ``stop.max_return``, so that a greedy window of a
+version that has already lost a game by too much ends then, and the next version is judged."""
 WHOLE_GAMES = {"episodic_life": False, "clip_rewards": False}
 """What greedy evaluation plays (``evaluation.env_args``): whole games at their score. Training
 plays lives with clipped rewards, whose returns are not a game's score but on Pong."""
@@ -103,7 +106,8 @@ def pong_ppo() -> ExperimentConfig:
 
     Pong has no lives and rewards of -1/+1, so the returns shown are the game's score. Greedy
     evaluation runs 2 games at a time, held to 50 agent steps a second (about 5% of a core, for
-    the environment and its inference) so that the trainer keeps the CPU.
+    the environment and its inference) so that the trainer keeps the CPU; a version's window of
+    8 games ends as soon as its mean can no longer reach 18 (a game returns 21 at most).
     """
     return ExperimentConfig(
         name="pong-ppo",
@@ -113,7 +117,7 @@ def pong_ppo() -> ExperimentConfig:
         evaluation=EvaluationConfig(
             workers=1, envs_per_worker=2, episodes=8, max_fps=50.0, env_args=dict(WHOLE_GAMES)
         ),
-        stop=StopConfig(eval_return=18.0, env_frames=AGENT_STEPS),
+        stop=StopConfig(eval_return=18.0, env_frames=AGENT_STEPS, max_return=PONG_MAX),
     )
 
 
@@ -268,7 +272,9 @@ def for_game(
         source = "given: target="
     config.name = re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}"
     config.environment = ComponentConfig("Atari-v0", args)
-    config.stop = StopConfig(eval_return=target, env_frames=frames, eval_return_source=source)
+    pong = str(game).lower() == "pong"
+    config.stop = StopConfig(eval_return=target, env_frames=frames, eval_return_source=source,
+                             max_return=PONG_MAX if pong else None)  # fmt: skip
     return config
 
 

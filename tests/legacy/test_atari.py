@@ -313,6 +313,9 @@ def test_greedy_evaluation_of_an_atari_game_plays_whole_games_at_their_score():
     assert invaders.evaluation.env_args == {"episodic_life": False, "clip_rewards": False}
     for config in (pong_ppo(), pong_ppo_gpu(), auto("ALE/Breakout-v5")):
         assert config.evaluation.env_args == invaders.evaluation.env_args
+    # a window of a Pong version that has lost too much to reach 18 ends there
+    assert pong_ppo().stop.max_return == pong_ppo_gpu().stop.max_return == 21.0
+    assert auto("ALE/Pong-v5").stop.max_return == 21.0 and invaders.stop.max_return is None
     invaders.environment.args["max_episode_frames"] = 4000  # a short game for the test
     train, greedy = env_factory(invaders)(0), env_factory(invaders, evaluation=True)(0)
     assert (train.episodic_life, train.clip_rewards) == (True, True)
