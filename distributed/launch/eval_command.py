@@ -80,6 +80,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
             f" ({interval_words(result.ci95_low, result.ci95_high)}; "
             f"min {result.min_return:.2f}, max {result.max_return:.2f})"
         )
+        if result.env_args:  # not training's environments: say how they differ
+            console.print(f"  played with evaluation.env_args {result.env_args}", highlight=False)
         if len(result.per_policy) > 1 and not result.results:  # a PBT population: each member
             for policy, mean in result.per_policy.items():
                 console.print(f"  {policy}: mean return {mean:.2f}", highlight=False)

@@ -47,6 +47,8 @@ class EvaluationResult:
     None: every agent's together."""
     curriculum_stage: int | None = None
     """The curriculum stage the episodes were played in: the one the run had reached."""
+    env_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``evaluation.env_args``: what the environments played had over training's arguments."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -185,6 +187,7 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
         ci95_high=summary.ci95_high,
         policy=judged_policy or None,
         curriculum_stage=int(stage["index"]) if stage else None,
+        env_args=dict(config.evaluation.env_args),
     )
 
 

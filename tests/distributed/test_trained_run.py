@@ -445,6 +445,7 @@ print("RESULT", json.dumps({
     "train": max(r["episode_length"] for r in records if r.get("episode_length")),
     "eval": max(r["eval/episode_length"] for r in records if r.get("eval/episode_length")),
     "troupe_eval": [greedy.min_return, greedy.max_return],
+    "troupe_eval_args": greedy.env_args,
     "make_env": lengths,
 }))
 """
@@ -464,4 +465,5 @@ def test_evaluation_plays_its_own_environment_arguments(tmp_path):
     said = json.loads(lines[0].removeprefix("RESULT "))
     assert said["code"] == 0 and said["eval"] <= 20 < said["train"], said
     assert said["troupe_eval"] == [20.0, 20.0], said  # every greedy episode cut at 20 steps
+    assert said["troupe_eval_args"] == {"max_episode_steps": 20}  # which troupe eval says
     assert said["make_env"][0] == 20 < said["make_env"][1], said
