@@ -94,13 +94,12 @@ class Environment(abc.ABC):
     def step(self, actions: list[Any]) -> list[StepResult | None]:
         """Apply one action per agent (``None`` for agents that do not act)."""
 
-    @property
-    def frames_per_step(self) -> int:
-        """Frames of the simulator under the environment that one ``step`` covers: more than
-        1 where an action is repeated (Atari's frame skip of 4). Steps are what ``env_frames``
-        counts; where this is more than 1 a run reports ``emulator_frames`` beside them, so
-        that agent steps and emulator frames are never mixed."""
-        return 1
+    frames_per_step: int = 1
+    """Frames of the simulator under the environment that one ``step`` covers: more than 1
+    where an action is repeated (Atari's frame skip of 4). Steps are what ``env_frames``
+    counts; where this is more than 1 a run reports ``emulator_frames`` beside them, so that
+    agent steps and emulator frames are never mixed. A class attribute, a property or
+    ``self.frames_per_step = n`` in ``__init__``."""
 
     def seed(self, seed: int) -> None:  # noqa: B027 - optional hook, default does nothing
         """Seed the environment's randomness; the next ``reset`` starts a reproducible episode."""

@@ -93,6 +93,11 @@ def test_an_actor_reports_the_emulator_frames_a_step_covers_and_refuses_a_bad_co
     class Broken(CountingEnv):
         frames_per_step = 2.5
 
+    class SetInInit(CountingEnv):
+        def __init__(self):
+            super().__init__()
+            self.frames_per_step = 5
+
     hub = InprocInferenceHub()
     actor = eval_actor(hub, "a", lambda i: Skipping(), 2)
     for _ in range(4):
@@ -101,6 +106,7 @@ def test_an_actor_reports_the_emulator_frames_a_step_covers_and_refuses_a_bad_co
     stats = actor.collect_stats()
     assert stats["frames_per_step"] == 3 and stats["eval_env_frames"] > 0
     assert "frames_per_step" not in eval_actor(hub, "b", lambda i: CountingEnv(), 1).collect_stats()
+    assert eval_actor(hub, "d", lambda i: SetInInit(), 1).frames_per_step == 5
     with pytest.raises(ValueError, match=r"environment 'Broken': frames_per_step must be a whole "
                                          r"number of 1 or more, got 2\.5"):  # fmt: skip
         eval_actor(hub, "c", lambda i: Broken(), 1)
