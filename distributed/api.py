@@ -248,8 +248,8 @@ class LoadedPolicy:
 
     def _check(self, obs: Any) -> None:
         """An observation the policy cannot take is named: a raw Atari frame given to a
-        policy of preprocessed ones ended in numpy's "cannot reshape array of size 100800 into
-        shape (1,4,84,84)", deep in the network."""
+        policy of preprocessed ones ended in torch's "expected input[1, 210, 160, 3] to have 4
+        channels, but got 210 channels instead", deep in the network."""
         from system.workers.lanes import misfit
 
         problem = misfit(obs, self._obs_spec)

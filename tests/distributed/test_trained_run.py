@@ -393,9 +393,9 @@ def test_load_policy_act_takes_a_tuple_inside_a_tuple():
 
 
 def test_load_policy_act_names_an_observation_its_policy_cannot_take():
-    """A raw Atari frame given to a policy of preprocessed ones ended in numpy's "cannot
-    reshape array of size 100800 into shape (1,4,84,84)"; a dict without one of its keys in a
-    KeyError."""
+    """A raw Atari frame given to a policy of preprocessed ones ended in torch's "expected
+    input[1, 210, 160, 3] to have 4 channels, but got 210 channels instead", deep in the
+    network; a dict without one of its keys in a KeyError from a NamedArray."""
     import gymnasium as gym
 
     from algorithm.actor_critic_policies.policy import ActorCriticPolicy
