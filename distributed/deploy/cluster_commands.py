@@ -1,19 +1,15 @@
 """``troupe controller`` and ``troupe worker``: the two entry points a cluster scheduler runs.
 
 In a cluster the scheduler (Docker, Swarm, Kubernetes, Slurm) starts every role; the controller
-then only configures, watches and stops them (see ``ExternalLauncher``). Worker ids may hold an
-``{ordinal}`` placeholder, filled from ``TROUPE_ORDINAL`` (0-based), ``TROUPE_SLOT`` (1-based, as
-Swarm's ``{{.Task.Slot}}`` gives) or the trailing ``-N`` of the host name (a pod of a
-Kubernetes Indexed Job), so one replicated service yields ``actor/0``, ``actor/1``, ...
+then only configures, watches and stops them (see ``ExternalLauncher``). A worker's arguments
+(an id with an ``{ordinal}``, CURVE or ``--insecure``) are :mod:`system.run.worker_arguments`,
+which ``python -m system.run.worker_process`` reads too.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import re
-import socket
 from pathlib import Path
 
 from rich.console import Console
@@ -21,37 +17,16 @@ from rich.console import Console
 from api.errors import UserError
 from distributed.launch.signals import EXIT_ABANDONED, EXIT_DONE, exit_code_of, run_interrupts
 from system import run_folder
+from system.run import worker_arguments
 from system.run.prometheus import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from system.run.prometheus import metrics_port
+from system.run.worker_arguments import secure_or_refuse
 
 logger = logging.getLogger(__name__)
 
 CONTROLLER_PORT = 5555
 METRICS_PORT = DEFAULT_METRICS_PORT
 """Where a cluster's controller serves Prometheus metrics (its manifests and services say so)."""
-CONTROLLER_WAIT_S = 600.0
-"""How long a Kubernetes or Slurm worker waits for a controller that has not answered yet: its
-image may be pulled, and a controller started again waits up to ``folder_lock.SCHEDULER_WAIT_S``
-(3 minutes) for the run folder's lock. The controller waits as long for its workers
-(``ExternalLauncher.start_grace_s``)."""
-
-
-def resolve_worker_id(template: str, environ=os.environ, hostname: str | None = None) -> str:
-    if "{ordinal}" not in template:
-        return template
-    if environ.get("TROUPE_ORDINAL"):
-        ordinal = int(environ["TROUPE_ORDINAL"])
-    elif environ.get("TROUPE_SLOT"):
-        ordinal = int(environ["TROUPE_SLOT"]) - 1
-    else:
-        match = re.search(r"-(\d+)$", hostname or socket.gethostname())
-        if match is None:
-            raise UserError(
-                f"worker id '{template}' needs an ordinal: set TROUPE_ORDINAL or TROUPE_SLOT, or "
-                "run it in a pod whose name ends in -N"
-            )
-        ordinal = int(match.group(1))
-    return template.replace("{ordinal}", str(ordinal))
 
 
 # --------------------------------------------------------------------- troupe controller
@@ -82,38 +57,7 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long the scheduler gets to bring a lost worker back before the run fails "
         "(default: 60)",
     )
-    _add_insecure_argument(parser)
-
-
-def _add_insecure_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="run without CURVE keys (TROUPE_CURVE_KEYS_FILE unset): plain text, anyone who "
-        "reaches the port may join. Only on a network nobody else can reach",
-    )
-
-
-def secure_or_refuse(insecure: bool, what: str) -> None:
-    """CURVE from the environment's keys; without keys, refuse unless ``insecure`` (and then
-    warn): a cluster port must never be open in plain text by accident."""
-    from system.streams import transport
-    from system.streams.security import ENV_KEYS_FILE
-
-    if transport.secure_from_environment():
-        if insecure:
-            logger.warning("--insecure ignored: %s has CURVE keys and uses them", what)
-        return
-    if not insecure:
-        raise UserError(
-            f"{what} refuses to run without CURVE keys: set {ENV_KEYS_FILE} to the run's keys "
-            f"file (troupe deploy makes one), or pass --insecure to accept plain text"
-        )
-    logger.warning(
-        "INSECURE: %s runs without CURVE keys; every message is plain text and anyone who "
-        "reaches its ports can join the run or read it",
-        what,
-    )
+    worker_arguments.add_insecure_argument(parser)
 
 
 def run_controller(args: argparse.Namespace, console: Console) -> int:
@@ -197,42 +141,11 @@ def _take_stop_requests(run_dir: Path, interrupts) -> None:
 
 # --------------------------------------------------------------------- troupe worker
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    from system.roles import Role
-
-    parser.add_argument("--id", required=True, help="worker id, e.g. actor/{ordinal} or params")
-    parser.add_argument(
-        "--role", required=True, help=f"{', '.join(r.value for r in Role)}, or a role of yours"
-    )
-    parser.add_argument("--controller", required=True, help="tcp://HOST:PORT")
-    parser.add_argument("--bind-host", default="0.0.0.0")
-    parser.add_argument(
-        "--advertise-host",
-        default=None,
-        help="address peers reach this worker by (default: this host's IP)",
-    )
-    parser.add_argument(
-        "--controller-wait",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to wait for a controller that has not answered yet (default 60; "
-        f"`deploy k8s` and `deploy slurm` set {CONTROLLER_WAIT_S:.0f}: their controller may "
-        "come minutes late, and a worker that gives up is not started again, or spends a "
-        "restart)",
-    )
-    _add_insecure_argument(parser)
+    worker_arguments.add_arguments(parser)
 
 
 def run_worker(args: argparse.Namespace, console: Console) -> int:
     from system.run import worker_process
 
     logging.getLogger().handlers.clear()  # the worker configures its own log lines
-    advertise = args.advertise_host or socket.gethostbyname(socket.gethostname())
-    placement = {"bind_host": args.bind_host, "advertise_host": advertise}
-    worker_id = resolve_worker_id(args.id)
-    secure_or_refuse(args.insecure, f"troupe worker {worker_id}")
-    if args.controller_wait <= 0:
-        raise UserError(f"--controller-wait must be > 0 seconds, got {args.controller_wait:g}")
-    return worker_process.main(
-        worker_id, args.role, args.controller, placement, controller_wait_s=args.controller_wait
-    )
+    return worker_process.run(worker_arguments.checked(args))

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from api.config import ExperimentConfig
-from distributed.deploy.cluster_commands import CONTROLLER_PORT, CONTROLLER_WAIT_S, METRICS_PORT
+from distributed.deploy.cluster_commands import CONTROLLER_PORT, METRICS_PORT
 from distributed.deploy.manifests import (
     CONTROLLER_RETRIES,
     HELPER_RESOURCES,
@@ -72,6 +72,7 @@ from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from distributed.launch.docker_run import STOP_GRACE_S
 from system import run_folder
+from system.run.worker_arguments import CONTROLLER_WAIT_S
 
 MOUNT = "/troupe/run"
 KEYS_DIR, CONFIG_DIR = "/troupe/keys", "/troupe/config"

@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.config import ExperimentConfig
-from distributed.deploy.cluster_commands import CONTROLLER_WAIT_S
 from distributed.deploy.manifests import RoleGroup, config_json, role_groups
 from distributed.deploy.sizing import MEASURED, RoleNeeds, needs_of
 from distributed.errors import DeployError
 from system import run_folder
+from system.run.worker_arguments import CONTROLLER_WAIT_S
 from system.run.worker_record import PROGRESS_S
 
 RUNTIMES = ("apptainer", "singularity", "enroot", "none")

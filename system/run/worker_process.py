@@ -27,8 +27,7 @@ from api.config import ExperimentConfig
 from api.errors import ConfigError, EnvironmentCheckError, RegistryError, UserError
 from system import logs
 from system.errors import CallbackError, ControllerGoneError, TrainerContractError
-from system.roles import Role
-from system.run import builders, busy_heartbeat, launch_end, term_signal
+from system.run import builders, busy_heartbeat, launch_end, term_signal, worker_arguments
 from system.run import control_protocol as cp
 from system.run.busy_heartbeat import BusyHeartbeat, mark_alive, stage_seconds, with_memory
 from system.run.control_channel import HEARTBEAT_S, ControlClient, StopRequested
@@ -38,6 +37,7 @@ from system.run.plan import Peers, plan_from_wire
 from system.run.shape import RunShape
 from system.run.socket_wiring import BuildStopped, Placement, SocketWiring
 from system.run.term_signal import EXIT_TERMINATED, Terminated, TermSignal
+from system.run.worker_arguments import WorkerLaunchArgs
 from system.streams import transport
 from system.timing import CONTROL
 from system.workers.base import Worker
@@ -252,17 +252,37 @@ def _close(worker: Worker) -> None:
         logger.debug("closing %s raised", worker.worker_id, exc_info=True)
 
 
-if __name__ == "__main__":  # for launchers that start workers as commands (containers)
+def run(launch: WorkerLaunchArgs) -> int:
+    """:func:`main` from a command line's checked arguments (``troupe worker`` and this module's
+    own, which are the same: :mod:`system.run.worker_arguments`)."""
+    return main(
+        launch.worker_id,
+        launch.role,
+        launch.controller,
+        launch.placement,
+        controller_wait_s=launch.controller_wait_s,
+    )
+
+
+def _command_line(argv: list[str] | None = None) -> int:
+    """``python -m system.run.worker_process``: for an image whose entrypoint is replaced; the
+    arguments, checks and exit codes of ``troupe worker`` (a refusal: one line, exit 1)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="Run one Troupe worker process.")
-    parser.add_argument("--id", required=True)
-    parser.add_argument(
-        "--role", required=True, help=f"{', '.join(r.value for r in Role)}, or a role of yours"
+    parser = argparse.ArgumentParser(
+        prog="python -m system.run.worker_process",
+        description="Run one Troupe worker process (as `troupe worker` does).",
     )
-    parser.add_argument("--controller", required=True)
-    parser.add_argument("--bind-host", default="127.0.0.1")
-    parser.add_argument("--advertise-host", default="127.0.0.1")
-    a = parser.parse_args()
-    place = {"bind_host": a.bind_host, "advertise_host": a.advertise_host}
-    sys.exit(main(a.id, a.role, a.controller, place))
+    worker_arguments.add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(message)s")  # a refusal's warning, before main
+    try:
+        launch = worker_arguments.checked(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    return run(launch)
+
+
+if __name__ == "__main__":  # for launchers that start workers as commands (containers)
+    sys.exit(_command_line())

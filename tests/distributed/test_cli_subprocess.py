@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,12 +35,14 @@ pytestmark = pytest.mark.multiprocess
 TROUPE = Path(sys.executable).with_name("troupe")
 ROOT = Path(__file__).resolve().parents[2]
 KEYS_ENV = "TROUPE_CURVE_KEYS_FILE"
+ORDINAL_ENV = ("TROUPE_ORDINAL", "TROUPE_SLOT")
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Wide output (one line per message) and no CURVE keys from the caller's environment."""
-    env = {**os.environ, "COLUMNS": "200", **(extra or {})}
-    env.pop(KEYS_ENV, None)
+    """Wide output (one line per message); no CURVE keys or ordinal from the caller's
+    environment."""
+    env = {k: v for k, v in os.environ.items() if k not in (KEYS_ENV, *ORDINAL_ENV)}
+    env.update({"COLUMNS": "200", **(extra or {})})
     return env
 
 
@@ -291,10 +295,21 @@ def _config_dir(tmp_path: Path) -> Path:
     return run_dir
 
 
-def _worker_args() -> list[str]:
-    # Port 9 (discard) on loopback: nothing answers; the worker only has to get past the check.
-    return ["worker", "--id", "actor/0", "--role", "actor", "--controller", "tcp://127.0.0.1:9",
-            "--bind-host", "127.0.0.1", "--advertise-host", "127.0.0.1"]  # fmt: skip
+WORKER_ARGS = ["--id", "actor/0", "--role", "actor", "--controller", "tcp://127.0.0.1:9",
+               "--bind-host", "127.0.0.1", "--advertise-host", "127.0.0.1"]  # fmt: skip
+"""Port 9 (discard) on loopback: nothing answers; the worker only has to get past the check."""
+SPELLINGS = ["troupe worker", "python -m system.run.worker_process"]
+
+
+def worker(spelling: str, *args: str, env=None) -> subprocess.CompletedProcess:
+    """One worker started as a scheduler starts it: ``troupe worker`` or, in an image whose
+    entrypoint is replaced, ``python -m system.run.worker_process`` (the same arguments)."""
+    if spelling == "troupe worker":
+        return troupe("worker", *WORKER_ARGS, *args, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "system.run.worker_process", *WORKER_ARGS, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, env=_env(env),
+    )  # fmt: skip
 
 
 def test_controller_without_keys_refuses_to_start(tmp_path):
@@ -304,20 +319,39 @@ def test_controller_without_keys_refuses_to_start(tmp_path):
     assert not (run_dir / "endpoints.json").exists()  # it bound nothing
 
 
-def test_worker_without_keys_refuses_to_start():
-    line = assert_one_line_error(troupe(*_worker_args()))
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_worker_without_keys_refuses_to_start(spelling):
+    """``python -m system.run.worker_process`` once had a parser of its own: without keys it
+    ran in plain text, and it took no ``--insecure`` to say that was meant."""
+    line = assert_one_line_error(worker(spelling, "--controller-wait", "30"))
     assert "CURVE" in line and "--insecure" in line and "actor/0" in line, line
 
 
-def test_worker_waits_as_long_as_told_for_a_controller_then_says_so():
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_worker_waits_as_long_as_told_for_a_controller_then_says_so(spelling):
     """``--controller-wait``: Kubernetes and Slurm workers wait ten minutes for a controller
     that may come late; a wait spent still ends in the orphan's exit (3), naming the address."""
-    done = troupe(*_worker_args(), "--insecure", "--controller-wait", "3")
+    done = worker(spelling, "--insecure", "--controller-wait", "3")
     assert done.returncode == 3, (done.stdout, done.stderr)
     said = " ".join((done.stdout + done.stderr).split())
+    assert "INSECURE: worker actor/0 runs without CURVE keys" in said, said
     assert "no controller answered at tcp://127.0.0.1:9 in 3s" in said, said
-    line = assert_one_line_error(troupe(*_worker_args(), "--insecure", "--controller-wait", "0"))
+    line = assert_one_line_error(worker(spelling, "--insecure", "--controller-wait", "0"))
     assert "--controller-wait must be > 0 seconds, got 0" in line, line
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_replicated_worker_takes_its_ordinal_from_the_scheduler(spelling):
+    """One service, many tasks: ``actor/{ordinal}`` becomes ``actor/2`` from ``TROUPE_ORDINAL``
+    (or Swarm's slot, or a pod name's ``-N``); without any, one line says what to set."""
+    args = ["--id", "actor/{ordinal}", "--insecure", "--controller-wait", "1"]
+    done = worker(spelling, *args, env={"TROUPE_ORDINAL": "2"})
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "INSECURE: worker actor/2 runs" in " ".join((done.stdout + done.stderr).split())
+    if re.search(r"-\d+$", socket.gethostname()):
+        return  # this host's name gives an ordinal, as a pod's does
+    line = assert_one_line_error(worker(spelling, *args))
+    assert "needs an ordinal: set TROUPE_ORDINAL or TROUPE_SLOT" in line, line
 
 
 def _starts_with_warning(args: list[str], log: Path, timeout: float = 120) -> str:
@@ -360,7 +394,7 @@ def test_controller_with_insecure_starts_and_warns(tmp_path):
 
 
 def test_worker_with_insecure_starts_and_warns(tmp_path):
-    out = _starts_with_warning([*_worker_args(), "--insecure"], tmp_path / "out.log")
+    out = _starts_with_warning(["worker", *WORKER_ARGS, "--insecure"], tmp_path / "out.log")
     assert "actor/0" in out and "plain text" in out, out
 
 

@@ -26,10 +26,10 @@ from rich.console import Console
 
 from api.config import make_experiment
 from distributed.deploy import k8s, k8s_apply
-from distributed.deploy.cluster_commands import resolve_worker_id
 from distributed.deploy.commands import add_deploy_arguments, run_deploy, run_k8s
 from distributed.deploy.manifests import RoleGroup, parse_resource_overrides, to_yaml
 from distributed.errors import DeployError
+from system.run.worker_arguments import resolve_worker_id
 
 KEYS = "k" * 40 + " " + "s" * 40 + " " + "c" * 40 + " " + "x" * 40
 
