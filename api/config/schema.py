@@ -438,6 +438,9 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if type(None) in args and _null_as_text(value) and str not in inner:
+            errors.append(_NULL_AS_TEXT.format(path=path, value=value))
+            return None
         return _convert(inner[0], value, path, errors)
     if origin is dict:
         if not isinstance(value, dict):
@@ -464,6 +467,19 @@ def _convert(hint: Any, value: Any, path: str, errors: list[str]) -> Any:
     ):
         errors.append(f"{path}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+_NULL_AS_TEXT = (
+    "{path}: got the text {value!r}, which is no null in a file: YAML and JSON write null; TOML "
+    "has none, so leave the key out of the file and unset it on the command line "
+    "(`{path}=None`), or write the file as YAML"
+)
+"""A TOML file that unsets a recipe's key (``stop.eval_return``) can only write it as text; it
+read ``expected float, got str 'None'``, which names no way out."""
+
+
+def _null_as_text(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() in ("none", "null")
 
 
 def _as_text(value: Any) -> str:

@@ -286,6 +286,26 @@ def test_a_file_takes_away_what_its_base_has_with_an_empty_mapping_or_null(tmp_p
     ]
 
 
+def test_a_toml_file_that_writes_null_as_text_is_told_how_to_unset_the_key(tmp_path):
+    """TOML has no null: a file over ``base: cartpole-ppo`` that unsets the target can only
+    write it as text, and read ``expected float, got str 'None'``."""
+    (tmp_path / "long.toml").write_text(
+        'base = "cartpole-ppo"\n[stop]\neval_return = "None"\nenv_frames = 3000\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(tmp_path / "long.toml"))
+    assert e.value.errors == [
+        "stop.eval_return: got the text 'None', which is no null in a file: YAML and JSON write "
+        "null; TOML has none, so leave the key out of the file and unset it on the command line "
+        "(`stop.eval_return=None`), or write the file as YAML"
+    ]
+    (tmp_path / "long.toml").write_text('base = "cartpole-ppo"\n[stop]\nenv_frames = 3000\n')
+    fixed = load_experiment(str(tmp_path / "long.toml"), ["stop.eval_return=None"])
+    assert fixed.stop.eval_return is None and fixed.stop.env_frames == 3000
+    (tmp_path / "named.toml").write_text('base = "cartpole-ppo"\nname = "null"\n')
+    assert load_experiment(str(tmp_path / "named.toml")).name == "null"  # text where text goes
+
+
 def test_what_a_base_gets_wrong_names_the_file_whose_base_it_is(tmp_path):
     """``base: cartpol-ppo`` said "unknown experiment or environment" and a missing base file
     "does not exist", neither naming the file that said so: in a chain of files, which?"""
