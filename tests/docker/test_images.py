@@ -16,6 +16,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import docker
 import pytest
 from rich.console import Console
 
@@ -79,9 +80,17 @@ def test_runs_as_an_unprivileged_user(client, image):
 
 
 def test_worker_process_module_runs(client, image):
+    """The entrypoint replaced, the module takes ``troupe worker``'s arguments and refuses as it
+    does: in an image without the run's keys, no worker goes on in plain text."""
     out = run(client, image, "-m", "system.run.worker_process", "--help", entrypoint="python")
     assert "--controller CONTROLLER" in out
     assert "--advertise-host ADVERTISE_HOST" in out
+    assert "--controller-wait SECONDS" in out and "--insecure" in out
+    argv = ["-m", "system.run.worker_process", "--id", "actor/0", "--role", "actor"]
+    with pytest.raises(docker.errors.ContainerError) as refused:
+        run(client, image, *argv, "--controller", "tcp://nobody:1", entrypoint="python")
+    assert refused.value.exit_status == 1
+    assert b"actor/0 refuses to run without CURVE keys" in refused.value.stderr
 
 
 def test_worker_command_runs(client, image):
