@@ -14,15 +14,13 @@ import numpy as np
 from api.errors import UserError
 
 FPS = 30
+SUFFIXES = (".mp4", ".gif")
 
 
 def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: int = 0) -> list:
     """Play ``episodes`` greedy episodes of the run's (first) policy; write their frames to
     ``out``; return the episodes' returns."""
-    try:
-        import imageio.v2 as imageio
-    except ImportError as e:
-        raise UserError("--video needs imageio: pip install 'troupe-rl[video]'") from e
+    imageio = writer_for(out)
     from distributed.api import load_policy
 
     policy = load_policy(target)
@@ -49,6 +47,26 @@ def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: i
     return returns
 
 
+def writer_for(out: str | Path):
+    """imageio, once it is known that it can write ``out``: checked before any episode is
+    played. A name without .mp4 or .gif (``--video clip``) played every episode, then ended in
+    imageio's ``KeyError: None``."""
+    suffix = Path(out).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise UserError(
+            f"--video {out}: name a .mp4 or .gif file (e.g. {Path(out).with_suffix('.mp4')}); "
+            "the suffix picks the format"
+        )
+    try:
+        import imageio.v2 as imageio
+
+        if suffix == ".mp4":
+            import imageio_ffmpeg  # noqa: F401  # ffmpeg itself, which imageio calls for .mp4
+    except ImportError as e:
+        raise UserError(f"--video {out} needs {e.name}: pip install 'troupe-rl[video]'") from e
+    return imageio
+
+
 def _frame(env) -> np.ndarray:
     frame = env.render()
     if frame is None:
@@ -67,7 +85,7 @@ def _write(imageio, out: Path, frames: list[np.ndarray]) -> None:
         else:
             imageio.mimsave(out, frames, fps=FPS, macro_block_size=1)
     except (ValueError, RuntimeError, ImportError) as e:
-        raise UserError(f"could not write {out}: {e} (for .mp4: pip install imageio-ffmpeg)") from e
+        raise UserError(f"could not write {out}: {e}") from e
 
 
 def _is_gymnasium(name: str) -> bool:

@@ -481,6 +481,17 @@ def test_video_episodes_without_a_video_is_refused(tmp_path):
     )
 
 
+@pytest.mark.parametrize("name", ["clip", "clip.webm"])
+def test_a_video_file_of_no_known_format_is_refused_before_anything_is_played(tmp_path, name):
+    """``--video clip`` played every episode (a whole Pong game), then ended in imageio's
+    ``KeyError: None``. The folder here holds no run at all: the name is refused first."""
+    result = troupe("eval", str(tmp_path), "--video", str(tmp_path / name))
+    assert result.returncode == 1, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert f"--video {tmp_path / name}: name a .mp4 or .gif file" in said, said
+    assert "Traceback" not in said and not list(tmp_path.iterdir())
+
+
 def test_one_string_for_a_list_of_overrides_or_imports_is_refused_in_one_line(tmp_path):
     """`troupe.train("cartpole-ppo", "seed=3")` was read a character at a time: six errors,
     "s: an override must look like key.path=value", ...; `imports="my.py"`: "cannot import
