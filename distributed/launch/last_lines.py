@@ -25,7 +25,17 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(unstopped_line(summary["unstopped"]))
     if summary.get("never_ready"):
         lines.append(never_ready_line(summary["never_ready"]))
+    if summary.get("no_greedy_episode"):
+        lines.append(NO_GREEDY_EPISODE_LINE)
     return lines
+
+
+NO_GREEDY_EPISODE_LINE = (
+    "no greedy episode ended before the run stopped, so it has no evaluation return: give it "
+    "more time (a whole Atari game is minutes at evaluation; evaluation.max_fps, where set, "
+    "slows it)"
+)
+"""What a summary's ``no_greedy_episode`` says (system.run.finish)."""
 
 
 def container_code(code: int, run_dir: Path, console: Console) -> int:

@@ -90,6 +90,10 @@ def finish_run(
     if never_ready and failure is None:  # a run that failed says why it ended
         # a short run ended before they were built (a simulator slow to start): they did nothing
         summary["never_ready"] = list(never_ready)
+    if summary["best_eval_return"] is None and _no_greedy_episode(
+        config, evaluation, failure, never_ready or []
+    ):
+        summary["no_greedy_episode"] = True
     trained = [n for n, pc in config.policies.items() if pc.trainer.type]
     untrained = [n for n in trained if not summary["policy_versions"].get(n)]
     if untrained and summary.get("env_frames"):  # frames, but not one trainer step: exit 0
@@ -212,3 +216,19 @@ def earlier_solve(run_dir: Path) -> dict[str, Any] | None:
     if path.is_file():
         earlier["checkpoint"] = str(path.relative_to(run_dir))
     return earlier
+
+
+def _no_greedy_episode(
+    config: ExperimentConfig,
+    evaluation: EvaluationWindows,
+    failure: WorkerFailure | None,
+    never_ready: list[str],
+) -> bool:
+    """Evaluation actors that were up, but not one greedy episode ended in this launch (the
+    caller checks that no earlier launch left a return either): a 25-second Pong run (a whole
+    game at evaluation is minutes on 2 cores) ended with ``best_eval_return: None`` and no word
+    of why. A failed run says why it ended; evaluation actors never ready are
+    ``never_ready``'s to say."""
+    if failure is not None or not config.evaluation.workers or evaluation.count:
+        return False
+    return not any(w.startswith("eval/") for w in never_ready)

@@ -89,6 +89,35 @@ def test_a_run_that_never_stepped_its_trainer_says_so(tmp_path, version, untrain
     )
 
 
+@pytest.mark.parametrize(
+    "overrides, episodes, never_ready, said",
+    [
+        ([], 0, [], True),
+        ([], 1, [], False),
+        ([], 0, ["eval/0"], False),  # never_ready says it: "no greedy evaluation was played"
+        (["evaluation.workers=0", "stop.eval_return=None"], 0, [], False),
+    ],
+)
+def test_a_run_whose_evaluation_ended_no_episode_says_so(
+    tmp_path, overrides, episodes, never_ready, said
+):
+    """A 25-second pong-ppo run: its evaluation actor was up, playing a whole game, and the run
+    ended with ``best_eval_return: None`` and no word of why."""
+    from distributed.launch.last_lines import NO_GREEDY_EPISODE_LINE, warning_lines
+
+    (tmp_path / run_folder.METRICS).write_text(json.dumps({"wall_s": 1.0, "env_frames": 9}))
+    windows = _windows()
+    for _ in range(episodes):
+        windows.add(21.0, env="eval/0/0")
+    summary = finish_run(
+        make_experiment("cartpole-ppo", overrides), tmp_path, wall_s=25.0,
+        stop_reason="wall_seconds", failure=None, evaluation=windows, extra={},
+        write=lambda w: (w(), True)[1], never_ready=never_ready,
+    )  # fmt: skip
+    assert summary.get("no_greedy_episode", False) is said, summary
+    assert (NO_GREEDY_EPISODE_LINE in warning_lines(summary)) is said
+
+
 def test_a_summary_that_cannot_be_written_says_so(tmp_path):
     summary = finish_run(
         make_experiment("cartpole-ppo"), tmp_path, wall_s=1.0, stop_reason="wall_seconds",
