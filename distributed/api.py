@@ -186,10 +186,12 @@ def train(
 
 
 def _check_metrics_port(port: Any) -> None:
-    """A bad port is refused before the run folder is made, as ``--metrics-port`` is."""
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                             or not 0 <= port <= 65535):  # fmt: skip
-        raise UserError(f"metrics_port {port!r}: a port number from 0 to 65535 (0: any free port)")
+    """A bad port is refused before the run folder is made, by ``--metrics-port``'s check (text
+    such as ``"9100"`` too: from Python, a port is a number)."""
+    from system.run.prometheus import port_number
+
+    if port is not None:
+        port_number(port, "metrics_port", text=False)
 
 
 def evaluate(target: str | Path, episodes: int = 20, envs: int = 8):

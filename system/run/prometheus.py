@@ -243,7 +243,7 @@ def run_name_of(run_dir: Path) -> str:
 def port_from_environment(asked: int | None) -> int | None:
     """``asked`` if given, else ``TROUPE_METRICS_PORT`` (None: no endpoint)."""
     if asked is not None:
-        return port_number(str(asked), "--metrics-port")
+        return port_number(asked, "--metrics-port")
     raw = os.environ.get(ENV_PORT, "").strip()
     return port_number(raw, ENV_PORT) if raw else None
 
@@ -256,10 +256,16 @@ def metrics_port(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--metrics-port ")) from None
 
 
-def port_number(text: str, what: str = "--metrics-port") -> int:
-    """``text`` as a TCP port (0: any free one), else a UserError naming ``what``: a port out
-    of range reached the controller's ``bind`` as a traceback, after the run folder was made."""
-    text = text.strip()
-    if not text.isdigit() or int(text) > 65535:
-        raise UserError(f"{what} {text!r}: a port number from 0 to 65535 (0: any free port)")
-    return int(text)
+def port_number(value: object, what: str = "--metrics-port", *, text: bool = True) -> int:
+    """``value`` as a TCP port (0: any free one), else a UserError naming ``what``: a port out
+    of range reached the controller's ``bind`` as a traceback, after the run folder was made.
+    ``value``: a whole number, or (where ``text``: a command line's, an environment variable's)
+    its digits."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text and isinstance(value, str) and value.strip().isdigit():
+        number = int(value)
+    if number is None or not 0 <= number <= 65535:
+        raise UserError(f"{what} {value!r}: a port number from 0 to 65535 (0: any free port)")
+    return number
