@@ -56,6 +56,7 @@ import numpy as np
 
 from api.environment import Environment, StepResult
 from api.errors import UserError
+from legacy.environment.gym_adapter import quiet_ale
 
 NAME = "Atari-v0"
 INTERPOLATIONS = ("area", "linear")
@@ -69,6 +70,7 @@ def _import_atari_packages():
         import cv2
     except ImportError as e:
         raise UserError(f"{NAME} needs ale-py and opencv ({e}); install them: {_INSTALL}") from e
+    quiet_ale(ale_py)
     return ale_py, cv2
 
 

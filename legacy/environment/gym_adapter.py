@@ -282,4 +282,12 @@ def add_ale_ids_to_gymnasium() -> None:
         import ale_py
     except ImportError:
         return
+    quiet_ale(ale_py)
     gym.register_envs(ale_py)
+
+
+def quiet_ale(ale_py) -> None:
+    """ALE's warnings and errors only: its banner ("A.L.E: Arcade Learning Environment ...",
+    "[Powered by Stella]") went to the console from every process that made a game, an actor's,
+    the policy worker's and the trainer's probe of the spaces alike, through the live panel."""
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)

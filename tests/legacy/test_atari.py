@@ -325,3 +325,18 @@ def test_greedy_evaluation_of_an_atari_game_plays_whole_games_at_their_score():
     assert sum(r.reward for r in played[: end + 1]) == played[end].info["game_return"] > 1
     train.close()
     greedy.close()
+
+
+@pytest.mark.parametrize("made", ["make('Atari-v0', game='Pong')", "make('ALE/Pong-v5')"])
+def test_making_a_game_prints_no_banner(made):
+    """ALE printed "A.L.E: Arcade Learning Environment (version ...)" and "[Powered by Stella]"
+    from every process that made a game: an actor's, the policy worker's and the trainer's probe
+    of the spaces, through the live panel."""
+    import subprocess
+    import sys
+
+    code = "from api.environment import make; "
+    code += f"env = {made}; env.reset(); env.close(); print('made')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "made", done.stderr[-2000:]
+    assert "A.L.E" not in done.stderr and "Stella" not in done.stderr, done.stderr
