@@ -136,10 +136,12 @@ def test_a_worker_whose_controllers_starts_are_spent_exits_0_when_none_answers(t
 
 
 def _worker(tmp_path, launch: str, starts: int | None = None) -> subprocess.Popen:
-    """An actor as a Swarm task starts it, pointed at a controller address nobody serves."""
+    """An actor as a Swarm task starts it, pointed at a controller address nobody serves (in
+    plain text: this run has no keys)."""
     command = [
         sys.executable, "-m", "system.run.worker_process", "--id", "actor/0", "--role",
-        "actor", "--controller", "tcp://127.0.0.1:9",
+        "actor", "--controller", "tcp://127.0.0.1:9", "--insecure",
+        "--bind-host", "127.0.0.1", "--advertise-host", "127.0.0.1",
     ]  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **_env(launch, tmp_path)}
     if starts is not None:
