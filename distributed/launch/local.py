@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from distributed.launch.signals import signal_name
+from distributed.launch.worker_output import WorkerOutput, write_to
 from system.processes import (
     Offspring,
     command_line,
@@ -34,6 +35,9 @@ from system.run import worker_process
 
 logger = logging.getLogger(__name__)
 
+OUTPUT_DRAIN_S = 1.0
+"""How long the workers' last lines are waited for once they have all ended (a process one of
+them left behind, and that nothing killed, may keep a pipe open)."""
 UNCLOSED_GRACE_S = 3.0
 """How long what a worker's environments started may run on after the worker stopped in
 order (a simulator told to quit by ``close`` and still quitting) before it is killed."""
@@ -59,15 +63,21 @@ class LocalLauncher:
         self._oom_kills_at_start: dict[str, int | None] = {}
         self._started_at: dict[str, int | None] = {}
         self._offspring = Offspring(self.survey_every_s)
+        self._output = WorkerOutput()
 
     def start(self, worker_id: str, role: str, controller: str) -> None:
+        writers = self._output.pipes()  # what it prints reaches the console through us
         process = self._ctx.Process(
             target=run_worker,
             args=(worker_id, role, controller, None, os.getpid()),
+            kwargs={"output": writers},
             name=f"troupe-{worker_id}",
             daemon=False,
         )
-        process.start()
+        try:
+            process.start()
+        finally:
+            WorkerOutput.started(writers)
         self.processes[worker_id] = process
         self._oom_kills_at_start[worker_id] = oom_kills()
         self._started_at[worker_id] = start_time(process.pid)
@@ -167,6 +177,7 @@ class LocalLauncher:
             else:
                 unclosed[worker_id] = {p: process_start(p) for p in self._offspring.left(worker_id)}
         self._end_unclosed(unclosed)
+        self._output.drain(OUTPUT_DRAIN_S)
 
     def _end_unclosed(self, unclosed: dict[str, dict[int, int | None]]) -> None:
         """Workers that stopped in order closed their environments, but a ``close`` that does
@@ -196,10 +207,12 @@ def _running(starts: dict[int, int | None]) -> list[int]:
     return [pid for pid, start in starts.items() if process_alive(pid, start)]
 
 
-def run_worker(*args) -> None:
+def run_worker(*args, output=None) -> None:
     """A worker process's body: what ``worker_process.main`` returns becomes the process's exit
     code. (A multiprocessing target's return value is dropped: every worker exited 0, and one
-    that had just reported a failure was said to have "exited with code 0".)"""
+    that had just reported a failure was said to have "exited with code 0".) ``output``: the
+    pipes its stdout and stderr go to (:mod:`distributed.launch.worker_output`)."""
+    write_to(output)
     sys.exit(worker_process.main(*args))
 
 

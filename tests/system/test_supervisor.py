@@ -158,7 +158,7 @@ def test_a_real_kill_9_is_not_taken_for_the_out_of_memory_killer(tmp_path, monke
     monkeypatch.setattr(local, "VMSTAT", vmstat)
     launcher = local.LocalLauncher()
     launcher._ctx = multiprocessing.get_context("fork")  # a process that only sleeps
-    monkeypatch.setattr(local, "run_worker", lambda *args: time.sleep(60))
+    monkeypatch.setattr(local, "run_worker", lambda *args, **kwargs: time.sleep(60))
     launcher.start("actor/0", "actor", "tcp://127.0.0.1:1")
     process = launcher.processes["actor/0"]
     os.kill(process.pid, signal.SIGKILL)

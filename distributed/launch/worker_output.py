@@ -1,0 +1,124 @@
+"""What local workers print, passed on through the controller's own streams.
+
+A worker forked by the local launcher used to write to the terminal it inherited. The live
+panel is redrawn in place by the controller, which knows nothing of those writes: one worker
+warning (a gymnasium deprecation, a restart's reconnection, a user's ``print`` in an environment)
+left a stale copy of the panel on the screen and drew the next one below it. Each worker now
+writes its stdout and stderr into pipes; one thread of the controller reads them all and writes
+each whole line to its own ``sys.stdout`` or ``sys.stderr``, which the panel prints above itself
+(``rich.live.Live`` redirects both). Without a panel the lines reach the same streams as before.
+
+A worker whose controller is gone finds its pipes closed: a ``print`` then raises
+``BrokenPipeError``, but such a worker is an orphan that leaves by itself anyway
+(:class:`~system.run.connection_watch.ConnectionWatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import selectors
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import TextIO
+
+STREAMS = ("stdout", "stderr")
+READ_BYTES = 65536
+
+
+class WorkerOutput:
+    """The read ends of every worker's pipes, and the thread that passes their lines on.
+
+    One epoll set holds them all: a pipe added while the thread waits is watched at once (the
+    kernel's epoll takes file descriptors added from another thread)."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.EpollSelector()
+        self._partial: dict[int, bytes] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def pipes(self) -> tuple[Connection, Connection]:
+        """A new worker's write ends (stdout, stderr), to hand to its process; the caller
+        closes them once the process has started (:meth:`started`)."""
+        writers = []
+        for name in STREAMS:
+            reader, writer = mp.Pipe(duplex=False)
+            self._selector.register(reader.fileno(), selectors.EVENT_READ, (reader, name))
+            writers.append(writer)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._pump, name="worker-output", daemon=True)
+            self._thread.start()
+        return writers[0], writers[1]
+
+    @staticmethod
+    def started(writers: tuple[Connection, Connection]) -> None:
+        """The controller's copies of a started worker's write ends: closed, so that a pipe
+        ends when the worker (and whatever inherited it) does."""
+        for writer in writers:
+            writer.close()
+
+    def drain(self, timeout_s: float) -> None:
+        """Pass on what the workers wrote until every pipe has ended, or ``timeout_s`` (a
+        process the run left behind may hold one); then stop reading."""
+        deadline = time.monotonic() + timeout_s
+        while self._selector.get_map() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        for key in list(self._selector.get_map().values()):
+            self._forget(key.fd, key.data)
+
+    def _pump(self) -> None:
+        while not self._closed.is_set():
+            for key, _ in self._selector.select(timeout=0.2):
+                self._read(key.fd, key.data)
+
+    def _read(self, fd: int, data: tuple[Connection, str]) -> None:
+        try:
+            chunk = os.read(fd, READ_BYTES)
+        except OSError:
+            chunk = b""
+        if not chunk:  # the worker, and all that shared its pipe, ended
+            self._forget(fd, data)
+            return
+        lines = (self._partial.pop(fd, b"") + chunk).split(b"\n")
+        if lines[-1]:
+            self._partial[fd] = lines[-1]
+        _write(data[1], lines[:-1])
+
+    def _forget(self, fd: int, data: tuple[Connection, str]) -> None:
+        """Stop watching ``fd``: pass on an unfinished last line, close the read end."""
+        reader, name = data
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+        rest = self._partial.pop(fd, b"")
+        if rest:
+            _write(name, [rest])
+        reader.close()
+
+
+def _write(name: str, lines: list[bytes]) -> None:
+    if not lines:
+        return
+    stream: TextIO = getattr(sys, name)  # looked up each time: the panel replaces it
+    text = "\n".join(line.decode("utf-8", errors="replace") for line in lines) + "\n"
+    with contextlib.suppress(ValueError, OSError):
+        stream.write(text)
+        stream.flush()
+
+
+def write_to(writers: tuple[Connection, Connection] | None) -> None:
+    """In a worker process, first thing: its stdout and stderr are these pipes (None: as
+    inherited). The file descriptors themselves, so that C code (a simulator, torch) writes there
+    too."""
+    if writers is None:
+        return
+    for stream, writer in zip((sys.stdout, sys.stderr), writers, strict=True):
+        stream.flush()
+        os.dup2(writer.fileno(), stream.fileno())
+        writer.close()
