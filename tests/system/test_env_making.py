@@ -273,16 +273,16 @@ def test_what_an_environment_s_close_left_running_is_ended_with_the_run(tmp_path
 
 
 LEAVES = """
-import signal, sys, time
+import os, signal, sys, time
 from system.workers import env_making
 
 class Env:
     def close(self):
-        print("closed", flush=True)
+        os.write(1, b"closed\\n")  # one write a line: threads' prints interleave
 
 def make(e):
     if e:
-        print("making", e, flush=True)
+        os.write(1, f"making {e}\\n".encode())
         time.sleep(600)  # a simulator's start-up
     return Env()
 
@@ -310,7 +310,7 @@ def test_a_sigterm_while_environments_are_made_at_once_leaves_at_once():
 
 
 STARTING = LEAVES.replace(
-    """        print("making", e, flush=True)
+    """        os.write(1, f"making {e}\\n".encode())
         time.sleep(600)  # a simulator's start-up""",
     """        import os, subprocess
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # not our pipe
