@@ -49,8 +49,11 @@ class WorkerOutput:
             reader, writer = mp.Pipe(duplex=False)
             self._selector.register(reader.fileno(), selectors.EVENT_READ, (reader, name))
             writers.append(writer)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._pump, name="worker-output", daemon=True)
+        if self._thread is None or self._closed.is_set():  # the first, or one after a drain
+            self._closed = threading.Event()
+            self._thread = threading.Thread(
+                target=self._pump, args=(self._closed,), name="worker-output", daemon=True
+            )
             self._thread.start()
         return writers[0], writers[1]
 
@@ -70,11 +73,12 @@ class WorkerOutput:
         self._closed.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+            self._thread = None
         for key in list(self._selector.get_map().values()):
             self._forget(key.fd, key.data)
 
-    def _pump(self) -> None:
-        while not self._closed.is_set():
+    def _pump(self, closed: threading.Event) -> None:
+        while not closed.is_set():
             for key, _ in self._selector.select(timeout=0.2):
                 self._read(key.fd, key.data)
 
