@@ -32,11 +32,12 @@ READ_BYTES = 65536
 class WorkerOutput:
     """The read ends of every worker's pipes, and the thread that passes their lines on.
 
-    One epoll set holds them all: a pipe added while the thread waits is watched at once (the
-    kernel's epoll takes file descriptors added from another thread)."""
+    One selector (epoll on Linux) holds them all: a pipe added while the thread waits is
+    watched at once (epoll takes file descriptors added from another thread). It is made with
+    the first worker and closed by :meth:`drain`."""
 
     def __init__(self) -> None:
-        self._selector = selectors.EpollSelector()
+        self._selector: selectors.BaseSelector | None = None
         self._partial: dict[int, bytes] = {}
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -44,6 +45,8 @@ class WorkerOutput:
     def pipes(self) -> tuple[Connection, Connection]:
         """A new worker's write ends (stdout, stderr), to hand to its process; the caller
         closes them once the process has started (:meth:`started`)."""
+        if self._selector is None:
+            self._selector = selectors.DefaultSelector()
         writers = []
         for name in STREAMS:
             reader, writer = mp.Pipe(duplex=False)
@@ -52,7 +55,10 @@ class WorkerOutput:
         if self._thread is None or self._closed.is_set():  # the first, or one after a drain
             self._closed = threading.Event()
             self._thread = threading.Thread(
-                target=self._pump, args=(self._closed,), name="worker-output", daemon=True
+                target=self._pump,
+                args=(self._selector, self._closed),
+                name="worker-output",
+                daemon=True,
             )
             self._thread.start()
         return writers[0], writers[1]
@@ -67,39 +73,44 @@ class WorkerOutput:
     def drain(self, timeout_s: float) -> None:
         """Pass on what the workers wrote until every pipe has ended, or ``timeout_s`` (a
         process the run left behind may hold one); then stop reading."""
+        selector = self._selector
+        if selector is None:
+            return
         deadline = time.monotonic() + timeout_s
-        while self._selector.get_map() and time.monotonic() < deadline:
+        while selector.get_map() and time.monotonic() < deadline:
             time.sleep(0.02)
         self._closed.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
-        for key in list(self._selector.get_map().values()):
-            self._forget(key.fd, key.data)
+        for key in list(selector.get_map().values()):
+            self._forget(selector, key.fd, key.data)
+        selector.close()
+        self._selector = None
 
-    def _pump(self, closed: threading.Event) -> None:
+    def _pump(self, selector: selectors.BaseSelector, closed: threading.Event) -> None:
         while not closed.is_set():
-            for key, _ in self._selector.select(timeout=0.2):
-                self._read(key.fd, key.data)
+            for key, _ in selector.select(timeout=0.2):
+                self._read(selector, key.fd, key.data)
 
-    def _read(self, fd: int, data: tuple[Connection, str]) -> None:
+    def _read(self, selector: selectors.BaseSelector, fd: int, data: tuple) -> None:
         try:
             chunk = os.read(fd, READ_BYTES)
         except OSError:
             chunk = b""
         if not chunk:  # the worker, and all that shared its pipe, ended
-            self._forget(fd, data)
+            self._forget(selector, fd, data)
             return
         lines = (self._partial.pop(fd, b"") + chunk).split(b"\n")
         if lines[-1]:
             self._partial[fd] = lines[-1]
         _write(data[1], lines[:-1])
 
-    def _forget(self, fd: int, data: tuple[Connection, str]) -> None:
+    def _forget(self, selector: selectors.BaseSelector, fd: int, data: tuple) -> None:
         """Stop watching ``fd``: pass on an unfinished last line, close the read end."""
         reader, name = data
         with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(fd)
+            selector.unregister(fd)
         rest = self._partial.pop(fd, b"")
         if rest:
             _write(name, [rest])
@@ -122,7 +133,8 @@ def write_to(writers: tuple[Connection, Connection] | None) -> None:
     too."""
     if writers is None:
         return
-    for stream, writer in zip((sys.stdout, sys.stderr), writers, strict=True):
-        stream.flush()
-        os.dup2(writer.fileno(), stream.fileno())
+    for stream, fd, writer in zip((sys.stdout, sys.stderr), (1, 2), writers, strict=True):
+        with contextlib.suppress(ValueError, OSError):
+            stream.flush()
+        os.dup2(writer.fileno(), fd)  # 1 and 2 themselves, whatever sys.stdout is now
         writer.close()

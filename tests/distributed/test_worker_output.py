@@ -9,6 +9,8 @@ descriptors it never saw.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from api import registry
 from api.config import make_experiment
 from distributed.launch.local import LocalLauncher
+from distributed.launch.worker_output import WorkerOutput, write_to
 from system.run.controller import Controller
 
 PRINTING = Path(__file__).parent / "user_code" / "printing_env.py"
@@ -51,3 +54,26 @@ def test_what_a_worker_prints_reaches_the_controllers_own_streams(tmp_path, caps
     assert printed and printed == _pids(out, "written to fd 1 by pid"), out
     assert _pids(err, "to stderr by pid") == printed, err  # a last line without its newline too
     assert "to stderr" not in out and "printed by" not in err
+
+
+def _child(writers, text: bytes) -> None:
+    write_to(writers)
+    os.write(1, text)  # a line, then one without its newline, as a process's last words
+    os.write(2, b"to stderr\n")
+
+
+def test_each_line_comes_whole_and_a_drained_output_takes_new_workers(capsys):
+    """Workers started after a drain (a launcher used again) are read by a new thread: pipes
+    nobody reads fill, and a worker writing to a full one blocks."""
+    output = WorkerOutput()
+    for n in range(2):
+        writers = output.pipes()
+        process = multiprocessing.get_context("fork").Process(
+            target=_child, args=(writers, f"one {n}\ntwo {n} without end".encode())
+        )
+        process.start()
+        WorkerOutput.started(writers)
+        process.join(timeout=30)
+        output.drain(timeout_s=5.0)
+        out, err = capsys.readouterr()
+        assert out == f"one {n}\ntwo {n} without end\n" and err == "to stderr\n", (out, err)
