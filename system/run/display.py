@@ -92,6 +92,18 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return _MISSING if number is None else format(number, spec) + unit
 
 
+def _fmt_return(value: float | None, spec: str) -> str:
+    """A return: with ``spec``, or 4 significant digits from ten million up (an environment
+    that pays 1e30 a step filled the panel's line with a 33-digit number)."""
+    number = _num(value)
+    if number is not None and abs(number) >= LARGE_RETURN:
+        return f"{number:.4g}"
+    return _fmt(value, spec)
+
+
+LARGE_RETURN = 1e7
+
+
 def _fmt_stat(value: float | None) -> str:
     """Losses span many magnitudes: 4 significant digits, scientific when tiny."""
     number = _num(value)
@@ -107,11 +119,11 @@ def plain_line(snapshot: Snapshot) -> str:
         f"[{_fmt(s.elapsed_s, '6.1f', 's'):>7}]",
         f"frames {_fmt(s.env_frames, ',.0f')}",
         f"({_fmt(s.fps, ',.0f')}/s{_emulator(s)})",
-        f"return {_fmt(s.episode_return, '.1f')}",
-        f"eval {_fmt(s.eval_return, '.1f')}/{_fmt(s.target, 'g')}",
+        f"return {_fmt_return(s.episode_return, '.1f')}",
+        f"eval {_fmt_return(s.eval_return, '.1f')}/{_fmt(s.target, 'g')}",
     ]
     if _num(s.game_return) is not None:  # the unclipped score (Atari)
-        parts.insert(4, f"game {_fmt(s.game_return, '.1f')}")
+        parts.insert(4, f"game {_fmt_return(s.game_return, '.1f')}")
     for name, policy in s.policies.items():
         label = "" if len(s.policies) == 1 else f"{name}:"
         version = f"{label}v{_fmt(policy.version, '.0f')}"
@@ -154,7 +166,7 @@ def _header(snapshot: Snapshot) -> Table:
     grid = Table.grid(padding=(0, 3))
     for _ in range(5):
         grid.add_column()
-    eval_text = f"{_fmt(snapshot.eval_return, '.1f')} / {_fmt(snapshot.target, 'g')}"
+    eval_text = f"{_fmt_return(snapshot.eval_return, '.1f')} / {_fmt(snapshot.target, 'g')}"
     grid.add_row(
         Text("elapsed", style="dim"),
         Text("env frames", style="dim"),
@@ -166,7 +178,7 @@ def _header(snapshot: Snapshot) -> Table:
         _fmt(snapshot.elapsed_s, ".1f", "s"),
         _fmt(snapshot.env_frames, ",.0f"),
         _fmt(snapshot.fps, ",.0f") + _emulator(snapshot, plain=False),
-        _fmt(snapshot.episode_return, ".2f"),
+        _fmt_return(snapshot.episode_return, ".2f"),
         eval_text,
     )
     return grid

@@ -411,6 +411,16 @@ def test_emulator_frames_a_second_are_shown_beside_agent_steps() -> None:
     assert "8,625 (x4: 34,500 emulator)" in console.file.getvalue()
 
 
+def test_a_huge_return_is_shown_in_four_significant_digits() -> None:
+    """A reward of 1e30 a step (a wrong scale) filled the line with a 33-digit number."""
+    huge = replace(SNAPSHOT, episode_return=2.244e31, eval_return=-2.29e31)
+    assert "return 2.244e+31 eval -2.29e+31/475 " in plain_line(huge)
+    console = Console(file=StringIO(), width=120)
+    console.print(render_panel("cartpole-ppo", huge, max_worker_rows=3))
+    assert "2.244e+31" in console.file.getvalue() and "-2.29e+31 / 475" in console.file.getvalue()
+    assert "return 187.2 eval 201.0/475" in plain_line(SNAPSHOT)  # as before below 1e7
+
+
 def test_non_tty_display_prints_rate_limited_plain_lines() -> None:
     console, clock = plain_console(), FakeClock()
     display = LiveDisplay("cartpole", console=console, clock=clock)
