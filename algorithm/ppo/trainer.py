@@ -172,6 +172,7 @@ class PPOTrainer(ActorCriticTrainer):
         self.normalize_advantages = normalize_advantages
         self.vtrace, self.rho_bar, self.c_bar = vtrace, rho_bar, c_bar
         self._graphs = None
+        self._warned_single_rows = False
         self.cuda_graphs = cuda_graphs
         if cuda_graphs and policy.default_policy_state is not None:
             logger.warning(
@@ -203,6 +204,7 @@ class PPOTrainer(ActorCriticTrainer):
         """``epochs`` passes of shuffled minibatches over the pool, one gradient step each
         (through CUDA graphs where they apply); the statistics row of each."""
         count, device = pool_adv.shape[1], pool_adv.device
+        self._warn_single_rows(count)
         if self._graphs is not None and count and not self._data_parallel():
             chunks = self._minibatch_chunks(count, passes=self.epochs)
             return self._graphs.run(pool, pool_adv, pool_ret, chunks)
@@ -211,6 +213,21 @@ class PPOTrainer(ActorCriticTrainer):
             minibatch = (_take(x, index) for x in (pool, pool_adv, pool_ret, pool_mask))
             rows.append(self._update(*minibatch))
         return rows
+
+    def _warn_single_rows(self, count: int) -> None:
+        """Once: minibatches of one transition, whose advantage normalised within the minibatch
+        is 0, so the policy gets no gradient at all (``minibatches=100000`` over a batch of a
+        few thousand ran for minutes at ``policy_loss=0``, the entropy untouched)."""
+        single = self.normalize_advantages and self._policy.default_policy_state is None
+        if not single or self._warned_single_rows or not 0 < count < 2 * self.minibatches:
+            return
+        self._warned_single_rows = True
+        logger.warning(
+            "minibatches=%d over a batch of %d transitions leaves minibatches of one, whose "
+            "normalised advantages are 0: the policy learns nothing from them; use at most %d "
+            "minibatches (or normalize_advantages=False)",
+            self.minibatches, count, max(1, count // 2),
+        )  # fmt: skip
 
     def _data_parallel(self) -> bool:
         """Whether the policy trains data-parallel (DDP averages gradients with hooks of its

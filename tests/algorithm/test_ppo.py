@@ -258,3 +258,19 @@ def test_a_batch_whose_returns_do_not_vary_leaves_explained_variance_out(make_ba
     assert all(np.isfinite(v) for v in result.stats.values()), result.stats
     varied = PPOTrainer(_policy(), lr=1e-3).step(make_batch(_policy(), OBS, steps=9, segments=8))
     assert np.isfinite(varied.stats["explained_variance"])
+
+
+def test_minibatches_of_one_transition_are_warned_of_once(make_batch, caplog):
+    """Normalised within a minibatch of one, an advantage is 0: ``minibatches=100000`` trained
+    for minutes at ``policy_loss=0`` without a word."""
+    policy = _policy()
+    batch = make_batch(policy, OBS, steps=5, segments=2)  # at most 8 valid transitions
+    PPOTrainer(policy, minibatches=2).step(batch)
+    assert "minibatches of one" not in caplog.text
+    trainer = PPOTrainer(policy, minibatches=64)
+    for _ in range(2):
+        trainer.step(batch)
+    warned = [r.getMessage() for r in caplog.records if "minibatches of one" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("minibatches=64 over a batch of "), warned
+    PPOTrainer(policy, minibatches=64, normalize_advantages=False).step(batch)
+    assert len([r for r in caplog.records if "minibatches of one" in r.getMessage()]) == 1
