@@ -90,7 +90,7 @@ class WorkerOutput:
 
     def _pump(self, selector: selectors.BaseSelector, closed: threading.Event) -> None:
         while not closed.is_set():
-            for key, _ in selector.select(timeout=0.2):
+            for key, _ in selector.select(timeout=0.05):  # the drain waits at most this
                 self._read(selector, key.fd, key.data)
 
     def _read(self, selector: selectors.BaseSelector, fd: int, data: tuple) -> None:
