@@ -14,13 +14,14 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.logging import RichHandler
 from rich.table import Table
@@ -41,6 +42,8 @@ from system.console import Console
 GYM_ADAPTER = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 HANDLER = "_troupe_subcommand"
 """Where the parsed arguments keep the subcommand's function (no argument has this name)."""
+PARSER = "_troupe_parser"
+"""Where they keep the subcommand's parser, whose usage an unknown option is shown with."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_arguments(p)
         # A name no subcommand's arguments use: `troupe status RUN` has an argument called
         # `run`, which once overwrote the handler stored under that name.
-        p.set_defaults(**{HANDLER: command.run})
+        p.set_defaults(**{HANDLER: command.run, PARSER: p})
     return parser
 
 
@@ -212,10 +215,22 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     overrides = [e for e in extra if "=" in e and not e.startswith("-")]
     rest = [e for e in extra if e not in overrides]
     if rest or (overrides and not isinstance(getattr(args, "overrides", None), list)):
-        parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
+        _unrecognized(getattr(args, PARSER, parser), rest or overrides)
     if overrides:
         args.overrides = [*args.overrides, *overrides]
     return args
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> NoReturn:
+    """Exit 2 with the subcommand's usage (argparse showed ``troupe [-h] [-v] COMMAND ...``,
+    which lists none of its options) and the option nearest a misspelt one."""
+    options = [s for action in parser._actions for s in action.option_strings]
+    nearest = [
+        f"(did you mean {close[0]}?)"
+        for e in extra
+        if e.startswith("--") and (close := difflib.get_close_matches(e.split("=")[0], options, 1))
+    ]
+    parser.error(" ".join([f"unrecognized arguments: {' '.join(extra)}", *nearest]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -136,6 +136,24 @@ def test_missing_subcommand_is_a_usage_error(capsys):
     assert "COMMAND" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["train", "CartPole-v1", "--no-panel"], "--no-panel (did you mean --no-display?)"),
+        (["run", "cartpole-ppo", "--rundir", "x"], "(did you mean --run-dir?)"),
+        (["status", "runs/x", "--bogus"], "troupe status: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_an_unknown_option_is_named_with_its_subcommand_and_the_nearest_option(argv, says, capsys):
+    """The usage shown is the subcommand's, not ``troupe [-h] [-v] COMMAND ...``, which
+    lists none of the options the user was looking for."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2
+    assert f"usage: troupe {argv[0]} " in err and says in err, err
+
+
 def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     from api.resolve import load_experiment
     from distributed.launch.run_commands import stop_rule
