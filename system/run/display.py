@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -82,6 +83,20 @@ def _alive(worker: WorkerLine) -> bool:
     return worker.state is WorkerState.ALIVE
 
 
+_COMING = (WorkerState.STARTING, WorkerState.CONFIGURING, WorkerState.RESTARTING)
+
+
+def _worker_count(workers: tuple[WorkerLine, ...], alive_word: str = "") -> str:
+    """``5/6`` (``5/6 alive`` in the panel) while the run goes on; once none is alive or on
+    its way, how they ended: ``9 stopped``, ``8 stopped, 1 failed``. The final line said
+    ``workers 0/9`` after every run, as if none had ever come up."""
+    alive = sum(1 for w in workers if _alive(w))
+    if alive or any(w.state in _COMING for w in workers):
+        return f"{alive}/{len(workers)}{alive_word}"
+    ended = Counter(str(w.state) for w in workers)
+    return ", ".join(f"{n} {state}" for state, n in sorted(ended.items()))
+
+
 def _num(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
@@ -130,9 +145,8 @@ def plain_line(snapshot: Snapshot) -> str:
         lag = _num(policy.lag)
         parts.append(version if lag is None else f"{version} lag {lag:.1f}")
     if s.workers:
-        alive = sum(1 for w in s.workers if _alive(w))
         restarts = sum(w.restarts for w in s.workers)
-        parts.append(f"workers {alive}/{len(s.workers)}")
+        parts.append(f"workers {_worker_count(s.workers)}")
         building = sum(1 for w in s.workers if w.state is WorkerState.CONFIGURING)
         if building:  # an environment slow to make: minutes of "workers 0/6" said nothing
             parts.append(f"({building} building)")
@@ -207,9 +221,8 @@ def _policy_table(snapshot: Snapshot) -> Table:
 
 def _worker_table(snapshot: Snapshot, max_rows: int) -> Table:
     workers = snapshot.workers
-    alive = sum(1 for w in workers if _alive(w))
     table = Table(
-        title=f"workers {alive}/{len(workers)} alive" if workers else "workers -",
+        title=f"workers {_worker_count(workers, ' alive')}" if workers else "workers -",
         title_justify="left",
         box=None,
         pad_edge=False,

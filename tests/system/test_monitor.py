@@ -502,6 +502,18 @@ def test_plain_line_counts_failed_workers_and_restarts() -> None:
     assert line.endswith(" workers 1/4 (1 building) restarts 3")
 
 
+def test_the_final_line_says_how_the_workers_ended_not_that_none_is_alive() -> None:
+    """After a run every worker has stopped: ``workers 0/9`` read as if none had come up."""
+    stopped = tuple(_worker(f"w{i}", state=WorkerState.STOPPED) for i in range(8))
+    ended = (*stopped, _worker("w8", state=WorkerState.FAILED))
+    assert plain_line(Snapshot(workers=ended)).endswith(" workers 1 failed, 8 stopped")
+    console = Console(file=StringIO(), width=120)
+    console.print(render_panel("cartpole-ppo", Snapshot(workers=stopped)))
+    assert "workers 8 stopped" in console.file.getvalue()
+    starting = (*stopped, _worker("w8", state=WorkerState.STARTING))
+    assert plain_line(Snapshot(workers=starting)).endswith(" workers 0/9")  # not yet up
+
+
 def test_panel_shows_policies_losses_and_worker_health() -> None:
     failed = _worker("actor/9", state=WorkerState.FAILED, restarts=3, heartbeat_age_s=31.0)
     snapshot = replace(SNAPSHOT, workers=(*SNAPSHOT.workers, failed))
