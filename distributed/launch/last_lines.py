@@ -27,6 +27,8 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(never_ready_line(summary["never_ready"]))
     if summary.get("no_greedy_episode"):
         lines.append(NO_GREEDY_EPISODE_LINE)
+    if summary.get("few_greedy_episodes"):
+        lines.append(few_greedy_episodes_line(summary["few_greedy_episodes"]))
     return lines
 
 
@@ -36,6 +38,15 @@ NO_GREEDY_EPISODE_LINE = (
     "slows it)"
 )
 """What a summary's ``no_greedy_episode`` says (system.run.finish)."""
+
+
+def few_greedy_episodes_line(few: dict[str, Any]) -> str:
+    """What a summary's ``few_greedy_episodes`` says (system.run.finish)."""
+    return (
+        f"only {few.get('ended')} of the {few.get('needed')} greedy episodes an evaluation "
+        "return is the mean of ended before the run stopped, so it has none: give it more "
+        "time, or fewer evaluation.episodes"
+    )
 
 
 def container_code(code: int, run_dir: Path, console: Console) -> int:

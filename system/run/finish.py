@@ -90,10 +90,8 @@ def finish_run(
     if never_ready and failure is None:  # a run that failed says why it ended
         # a short run ended before they were built (a simulator slow to start): they did nothing
         summary["never_ready"] = list(never_ready)
-    if summary["best_eval_return"] is None and _no_greedy_episode(
-        config, evaluation, failure, never_ready or []
-    ):
-        summary["no_greedy_episode"] = True
+    if summary["best_eval_return"] is None:
+        summary.update(_too_few_greedy_episodes(config, evaluation, failure, never_ready or []))
     trained = [n for n, pc in config.policies.items() if pc.trainer.type]
     untrained = [n for n in trained if not summary["policy_versions"].get(n)]
     if untrained and summary.get("env_frames"):  # frames, but not one trainer step: exit 0
@@ -218,17 +216,26 @@ def earlier_solve(run_dir: Path) -> dict[str, Any] | None:
     return earlier
 
 
-def _no_greedy_episode(
+def _too_few_greedy_episodes(
     config: ExperimentConfig,
     evaluation: EvaluationWindows,
     failure: WorkerFailure | None,
     never_ready: list[str],
-) -> bool:
-    """Evaluation actors that were up, but not one greedy episode ended in this launch (the
-    caller checks that no earlier launch left a return either): a 25-second Pong run (a whole
-    game at evaluation is minutes on 2 cores) ended with ``best_eval_return: None`` and no word
-    of why. A failed run says why it ended; evaluation actors never ready are
-    ``never_ready``'s to say."""
-    if failure is not None or not config.evaluation.workers or evaluation.count:
-        return False
-    return not any(w.startswith("eval/") for w in never_ready)
+) -> dict[str, Any]:
+    """Why a run whose evaluation actors were up has no evaluation return (the caller checks
+    that no earlier launch left one): ``no_greedy_episode`` when not one greedy episode ended
+    (a 25-second Pong run: a whole game at evaluation is minutes on 2 cores), else
+    ``few_greedy_episodes``, those that ended and the ``evaluation.episodes`` a return is the
+    mean of (a short connect4-selfplay run ended 137 of its 300). Both runs ended with
+    ``best_eval_return: None`` and no word of why. A failed run says why it ended; evaluation
+    actors never ready are ``never_ready``'s to say."""
+    if failure is not None or not config.evaluation.workers:
+        return {}
+    if any(w.startswith("eval/") for w in never_ready):
+        return {}
+    if not evaluation.count:
+        return {"no_greedy_episode": True}
+    needed = config.evaluation.episodes
+    if evaluation.count < needed:
+        return {"few_greedy_episodes": {"ended": evaluation.count, "needed": needed}}
+    return {}

@@ -92,18 +92,25 @@ def test_a_run_that_never_stepped_its_trainer_says_so(tmp_path, version, untrain
 @pytest.mark.parametrize(
     "overrides, episodes, never_ready, said",
     [
-        ([], 0, [], True),
-        ([], 1, [], False),
-        ([], 0, ["eval/0"], False),  # never_ready says it: "no greedy evaluation was played"
-        (["evaluation.workers=0", "stop.eval_return=None"], 0, [], False),
+        ([], 0, [], "no_greedy_episode"),
+        ([], 1, [], "few_greedy_episodes"),
+        ([], 9, [], "few_greedy_episodes"),
+        ([], 10, [], None),  # cartpole-ppo's evaluation.episodes: a return, build_summary's
+        ([], 0, ["eval/0"], None),  # never_ready says it: "no greedy evaluation was played"
+        (["evaluation.workers=0", "stop.eval_return=None"], 0, [], None),
     ],
 )
-def test_a_run_whose_evaluation_ended_no_episode_says_so(
+def test_a_run_whose_evaluation_ended_too_few_episodes_says_so(
     tmp_path, overrides, episodes, never_ready, said
 ):
-    """A 25-second pong-ppo run: its evaluation actor was up, playing a whole game, and the run
-    ended with ``best_eval_return: None`` and no word of why."""
-    from distributed.launch.last_lines import NO_GREEDY_EPISODE_LINE, warning_lines
+    """A 25-second pong-ppo run (its evaluation actor was up, playing a whole game) and a short
+    connect4-selfplay run (137 of its 300 greedy episodes) ended with ``best_eval_return: None``
+    and no word of why."""
+    from distributed.launch.last_lines import (
+        NO_GREEDY_EPISODE_LINE,
+        few_greedy_episodes_line,
+        warning_lines,
+    )
 
     (tmp_path / run_folder.METRICS).write_text(json.dumps({"wall_s": 1.0, "env_frames": 9}))
     windows = _windows()
@@ -114,8 +121,17 @@ def test_a_run_whose_evaluation_ended_no_episode_says_so(
         stop_reason="wall_seconds", failure=None, evaluation=windows, extra={},
         write=lambda w: (w(), True)[1], never_ready=never_ready,
     )  # fmt: skip
-    assert summary.get("no_greedy_episode", False) is said, summary
-    assert (NO_GREEDY_EPISODE_LINE in warning_lines(summary)) is said
+    keys = {"no_greedy_episode", "few_greedy_episodes"}
+    assert {k for k in keys if k in summary} == ({said} if said else set()), summary
+    lines = [line for line in warning_lines(summary) if "greedy episode" in line]
+    if said == "no_greedy_episode":
+        assert lines == [NO_GREEDY_EPISODE_LINE]
+    elif said:
+        assert summary[said] == {"ended": episodes, "needed": 10}
+        assert lines == [few_greedy_episodes_line(summary[said])]
+        assert lines[0].startswith(f"only {episodes} of the 10 greedy episodes")
+    else:
+        assert lines == []
 
 
 def test_a_summary_that_cannot_be_written_says_so(tmp_path):
