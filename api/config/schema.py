@@ -147,7 +147,9 @@ class ActorConfig:
     groups: int = 2
     """Environment groups per process, each asking for its actions in one request. 2 or more:
     a group steps while another waits for its answer. 1: a single request for all environments,
-    the fewest messages (each costs CPU on both ends), but the process idles during inference."""
+    the fewest messages (each costs CPU on both ends), but the process idles during inference.
+    Above ``envs_per_worker``, each group is one environment (the default of 2 stays valid for
+    a worker of one environment); evaluation actors use one group."""
     on_env_error: Literal["raise", "reset"] = "raise"
     """``raise``: an env exception, a ``reset``/``step`` that returns no list of one StepResult
     (or None) per agent, or an observation that does not fit its observation space (shape,
