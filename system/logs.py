@@ -75,14 +75,14 @@ def console_level() -> int:
     return level
 
 
-def configure_process(worker: str) -> None:
+def configure_process(worker: str, level: int | None = None) -> None:
     """The console stream of a controller or worker process (stderr). The root logger lets
     INFO through so that :func:`keep_in_run_folder` can add the file; the console handler
-    filters to its own level."""
+    filters to its own level: ``level``, else :func:`console_level`."""
     root = logging.getLogger()
     for handler in list(root.handlers):  # a forked process inherits its parent's
         root.removeHandler(handler)
-    level = console_level()
+    level = console_level() if level is None else level
     console = logging.StreamHandler()
     console.setLevel(level)
     console.setFormatter(formatter(worker))

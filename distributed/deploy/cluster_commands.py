@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from api.errors import UserError
+from distributed.launch.last_lines import print_summary
 from distributed.launch.signals import EXIT_ABANDONED, EXIT_DONE, exit_code_of, run_interrupts
 from system import run_folder
 from system.run import worker_arguments
@@ -37,6 +38,12 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
         "--advertise-host", default=None, help="the name workers reach the controller by"
     )
     parser.add_argument("--no-display", action="store_true")
+    parser.add_argument(
+        "--no-summary",
+        action="store_true",
+        help="print no summary at the end: the launcher that started it prints its own "
+        "(troupe run --launcher docker)",
+    )
     parser.add_argument(
         "--metrics-port",
         type=metrics_port,
@@ -67,6 +74,7 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
     # comes while the controller is built is held back, and stops the run before any worker is
     # started (it raised in the middle of the imports before: a traceback and exit 1).
     interrupts = run_interrupts(defer=True, scheduler=True)
+    _log_as_every_process(args.verbose)
     run_dir = Path(args.run_dir)
     config_file = run_dir / run_folder.CONFIG
     if not config_file.exists():
@@ -95,8 +103,22 @@ def run_controller(args: argparse.Namespace, console: Console) -> int:
         summary = controller.run(stopped=interrupts.arm)
     except KeyboardInterrupt:  # a second signal while it stopped: its workers leave on their own
         return EXIT_ABANDONED
-    console.print({k: summary.get(k) for k in ("solved", "stop_reason", "wall_s", "env_frames")})
+    if not args.no_summary:  # what Swarm's, Kubernetes' and Slurm's logs end with
+        print_summary(summary, console)
     return exit_code_of(summary)
+
+
+def _log_as_every_process(verbose: bool = False) -> None:
+    """The controller's console as every worker's and a local run's controller's: NOTICE and
+    up (``TROUPE_LOG_LEVEL``), text or JSON lines (``TROUPE_LOG_FORMAT``), ``--verbose``:
+    DEBUG. It had the command line's rich INFO lines, which a log shipper cannot parse and
+    which buried a Docker run's progress lines in every worker's hello."""
+    from system import logs
+
+    try:
+        logs.configure_process("controller", logging.DEBUG if verbose else None)
+    except ValueError as e:  # a wrong TROUPE_LOG_* names itself
+        raise UserError(str(e)) from None
 
 
 def _controller(args: argparse.Namespace, run_dir: Path):

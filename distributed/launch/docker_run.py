@@ -110,6 +110,7 @@ def controller_command(advertise_host: str) -> list[str]:
         "--advertise-host",
         advertise_host,
         "--no-display",
+        "--no-summary",  # printed here, as a local run's, with the host's run folder
     ]
 
 

@@ -1,7 +1,7 @@
 """What ``troupe run`` says at a run's end beyond its summary's figures: what the exit code
 means where it is none of a run's own, and the summary's warnings (a policy never trained,
 workers restarted, workers that did not stop in order or were never ready), each one line, in
-words."""
+words. A cluster's controller prints the same at its end (:func:`print_summary`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,24 @@ from rich.console import Console
 from rich.text import Text
 
 from distributed.launch.signals import EXIT_ABANDONED, EXIT_FAILED, EXIT_INTERRUPTED
+
+SUMMARY_KEYS = ("solved", "stop_reason", "wall_s", "env_frames", "emulator_frames", "fps",
+                "best_eval_return")  # fmt: skip
+"""What a run's end prints of its summary (``emulator_frames`` where the run counts them)."""
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    """A run's end: its figures, how it was solved, its warnings and its failure, as ``troupe
+    run`` and a cluster's controller (``troupe controller``) print them."""
+    console.print(
+        {k: summary.get(k) for k in SUMMARY_KEYS if k in summary or k != "emulator_frames"}
+    )
+    if summary.get("confirmation"):
+        console.print(f"solved: {summary['confirmation']}")
+    for line in warning_lines(summary):
+        console.print(Text(line, style="yellow"), soft_wrap=True)
+    if summary.get("failure"):
+        console.print(Text(f"run failed: {summary['failure']}", style="red"))
 
 
 def warning_lines(summary: dict[str, Any]) -> list[str]:

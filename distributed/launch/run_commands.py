@@ -129,7 +129,7 @@ def experiment_and_overrides(args: argparse.Namespace) -> tuple[str | None, list
 def run_run(args: argparse.Namespace, console: Console) -> int:
     """A local mini experiment: every role in its own process, until the stopping rule."""
     from api.errors import UserError
-    from distributed.launch.last_lines import container_code, warning_lines
+    from distributed.launch.last_lines import container_code, print_summary
     from distributed.launch.run import check_keys, prepare, start, wait_local
     from system.run.report import SUMMARY_FILE
 
@@ -181,15 +181,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
             Text(f"no summary.json for this run in {run_dir} (see the error above)", style="red")
         )
         return code or 1
-    keys = ("solved", "stop_reason", "wall_s", "env_frames", "emulator_frames", "fps",
-            "best_eval_return")  # fmt: skip
-    console.print({k: summary.get(k) for k in keys if k in summary or k != "emulator_frames"})
-    if summary.get("confirmation"):
-        console.print(f"solved: {summary['confirmation']}")
-    for line in warning_lines(summary):
-        console.print(Text(line, style="yellow"), soft_wrap=True)
-    if summary.get("failure"):
-        console.print(Text(f"run failed: {summary['failure']}", style="red"))
+    print_summary(summary, console)
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
     return code

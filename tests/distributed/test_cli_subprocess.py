@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -354,10 +355,16 @@ def test_a_replicated_worker_takes_its_ordinal_from_the_scheduler(spelling):
     assert "needs an ordinal: set TROUPE_ORDINAL or TROUPE_SLOT" in line, line
 
 
-def _starts_with_warning(args: list[str], log: Path, timeout: float = 120) -> str:
-    """Start ``troupe ARGS``, wait until it logs its INSECURE warning, then stop it. Returns the
-    output so far. It would run on (waiting for workers or its controller); the test only needs
-    to see that it got past the key check and said so."""
+def _starts_with_warning(
+    args: list[str],
+    log: Path,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    until: Callable[[], bool] | None = None,
+) -> str:
+    """Start ``troupe ARGS``, wait until it logs its INSECURE warning (and ``until`` holds),
+    then stop it. Returns the output so far. It would run on (waiting for workers or its
+    controller); the test only needs to see that it got past the key check and said so."""
     if not TROUPE.exists():
         pytest.skip(f"no console script at {TROUPE}")
     with log.open("w") as out_file:
@@ -367,13 +374,13 @@ def _starts_with_warning(args: list[str], log: Path, timeout: float = 120) -> st
             stdout=out_file,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_env(),
+            env=_env(env),
             start_new_session=True,  # its own group: the kill below takes any child with it
         )
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if "INSECURE" in log.read_text():
+            if "INSECURE" in log.read_text() and (until is None or until()):
                 break
             time.sleep(0.1)
     finally:
@@ -391,6 +398,27 @@ def test_controller_with_insecure_starts_and_warns(tmp_path):
     args = ["controller", str(run_dir), "--insecure", "--no-display", "--bind", "tcp://127.0.0.1:0"]
     out = _starts_with_warning(args, tmp_path / "out.log")
     assert "troupe controller" in out and "plain text" in out, out
+
+
+def test_a_cluster_controller_logs_to_its_console_as_every_process_does(tmp_path):
+    """TROUPE_LOG_FORMAT=json and the NOTICE console level held for every worker and for a
+    local run's controller, not for ``troupe controller`` (Swarm's, Kubernetes', Slurm's and
+    the Docker launcher's): it logged every INFO line in rich's format, which a log shipper
+    cannot parse and which buried a Docker run's progress lines."""
+    run_dir = _config_dir(tmp_path)
+    file_log = run_dir / "logs" / "controller.log"
+
+    def bound() -> bool:  # logged to the console first: the file has it, the console said it
+        return file_log.exists() and "workers to start" in file_log.read_text()
+
+    args = ["controller", str(run_dir), "--insecure", "--no-display", "--bind", "tcp://127.0.0.1:0"]
+    out = _starts_with_warning(args, tmp_path / "out.log", env={"TROUPE_LOG_FORMAT": "json"},
+                               until=bound)  # fmt: skip
+    logged = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    insecure = [e for e in logged if "INSECURE" in e["message"]]
+    assert insecure and insecure[0]["level"] == "WARNING", out
+    assert insecure[0]["worker"] == "controller", out
+    assert "workers to start" not in out, out  # INFO: the file's, not the console's
 
 
 def test_worker_with_insecure_starts_and_warns(tmp_path):

@@ -59,7 +59,7 @@ def test_a_docker_run_writes_the_run_folder_and_leaves_nothing(client, tmp_path)
     assert roles == ["actor", "actor", "actor", "parameter_service", "policy", "trainer"]
     assert (run.run_dir / "metrics.jsonl").stat().st_uid == os.getuid()
     assert oct((run.run_dir / "keys").stat().st_mode & 0o777) == "0o600"
-    assert "stop_reason" in run.log()  # the controller's lines reach the terminal
+    assert "(final)" in run.log()  # the controller's lines reach the terminal
     assert_nothing_left(client, run.run)
 
 
@@ -317,6 +317,9 @@ def test_a_signal_to_the_troupe_process_stops_a_docker_run_in_order(client, tmp_
     proc, out = _once_it_trains(tmp_path, run_dir, lambda proc: os.kill(proc.pid, signal.SIGTERM))
     assert proc.returncode == 130, out[-3000:]
     assert read_json(run_dir / "summary.json")["stop_reason"] == "interrupted", out[-3000:]
+    # the summary once, this process's (the controller's container printed one too, shorter)
+    assert out.count("'stop_reason': 'interrupted'") == 1 and "'fps'" in out, out[-3000:]
+    assert " INFO " not in out, out[-3000:]  # the controller's console is NOTICE and up
     assert_nothing_left(client, dl.run_name(run_dir))
 
 

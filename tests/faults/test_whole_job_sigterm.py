@@ -56,6 +56,8 @@ def test_a_job_signalled_whole_stops_in_order_and_writes_its_last_version(tmp_pa
     assert summary.get("stop_reason") == "interrupted", summary
     assert "failure" not in summary and "unstopped" not in summary, summary
     assert controller.returncode == 130, out[-3000:]
+    # its log ends with the summary troupe run prints (Swarm's, Kubernetes', Slurm's logs)
+    assert "'stop_reason': 'interrupted'" in out and "'best_eval_return'" in out, out[-3000:]
     final = summary["policy_versions"]["default"]
     assert latest_version(run_dir) == final > 5, (latest_version(run_dir), summary)
     assert (run_dir / "checkpoints" / "default" / f"v{final:08d}.ckpt").exists()
