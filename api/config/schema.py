@@ -184,8 +184,9 @@ class EvaluationConfig:
     """The policy mapping of evaluation actors (e.g. the learner against scripted opponents);
     empty type: the same as training actors."""
     policy: str = ""
-    """The policy whose return is the evaluation return (stop rule, display, callbacks); empty:
-    the mean over every agent, which says little in a zero-sum game."""
+    """The policy whose return is the evaluation return (stop rule, display, callbacks) and the
+    training return (``episode_return``); empty: the mean over every agent, which says little
+    in a zero-sum game."""
     env_args: dict[str, Any] = field(default_factory=dict)
     """Arguments of the evaluation actors' environments over ``environment.args``: evaluation
     judges the task as it is scored where training shapes it (Atari: ``{episodic_life: False,

@@ -34,7 +34,8 @@ from system.workers.trainer_hooks import CUSTOM_STAT
 logger = logging.getLogger(__name__)
 
 RETURNS_WINDOW = 100
-"""Training episodes the ``episode_return`` of a record averages."""
+"""Training episodes the ``episode_return`` of a record averages (``evaluation.policy``'s
+return in them, where one is named)."""
 ENDLESS_STEPS = 100_000
 """Steps of every training environment with no episode ended anywhere, after which the run
 says that its environment may never end one (returns, evaluation and the stop target need
@@ -237,7 +238,10 @@ class Tally:
         self.episodes_ended += len(stats.episodes) + len(stats.eval_episodes)
         self._check_episodes_end()
         self.eval_env_frames += stats.eval_env_frames
-        self.returns.extend(e.episode_return for e in stats.episodes)
+        # the judged policy's, as the evaluation return is: a zero-sum game's mean over every
+        # agent is 0 whatever is learned, and was drawn beside the judged one's on one plot
+        judged = (e.policy_return(self.config.evaluation.policy) for e in stats.episodes)
+        self.returns.extend(r for r in judged if r is not None)
         self.game_returns.extend(e.game_return for e in stats.episodes if e.game_return is not None)
         self.train_window.extend(stats.episodes)
         for o in self.observers:

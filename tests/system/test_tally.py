@@ -136,6 +136,23 @@ def test_actor_episodes_reach_the_record_and_the_observers(tally):
     assert observer.calls[2][0] == "evaluation" and observer.calls[2][2] == 2
 
 
+def test_the_training_return_is_the_judged_policy_s_as_the_evaluation_return_is():
+    """connect4-selfplay judges ``main``: its panel and learning curve showed a training return
+    of 0.0 all along (every agent's mean, in a zero-sum game) beside main's evaluation."""
+    config = make_experiment("connect4-selfplay", ["evaluation.episodes=2"])
+    records = {p.worker_id: WorkerRecord(p) for p in plan_workers(config)}
+    t = Tally(config, [])
+    game = {"episode_length": 20, "episode_return": 0.0}
+    won = {**game, "policy/main/episode_return": 1.0, "policy/past/episode_return": -1.0}
+    lost = {**game, "policy/main/episode_return": -1.0, "policy/past/episode_return": 1.0}
+    past_only = {**game, "policy/past/episode_return": 0.0}  # main played no part
+    beat = {"env_frames": 640, "episodes": [won, won, won, lost, past_only]}
+    t.add(records["actor/0"], WorkerStats.from_heartbeat(beat))
+    record, _ = t.record(2.0, records.values(), {})
+    assert record["episode_return"] == 0.5  # main's: three won, one lost
+    assert record["policy/past/episode_return"] == -0.4  # each policy's own, in its 5 games
+
+
 def test_a_run_whose_episodes_never_end_is_told_so_once(tally, caplog):
     """Once every training environment has stepped ENDLESS_STEPS times with no episode ended
     anywhere, one warning; none where an episode has ended, and a resumed run counts its own
