@@ -110,7 +110,6 @@ def controller_command(advertise_host: str) -> list[str]:
         "--advertise-host",
         advertise_host,
         "--no-display",
-        "--no-summary",  # printed here, as a local run's, with the host's run folder
     ]
 
 
@@ -131,7 +130,8 @@ def container_roles(config: ExperimentConfig, run: str, metrics: bool = False) -
     from system.run.plan import plan_workers
 
     controller = container_name(run, CONTROLLER_ID)
-    command = controller_command(controller)
+    # its summary is printed here, as a local run's (Swarm's controller ends its log with it)
+    command = [*controller_command(controller), "--no-summary"]
     if metrics:
         command += ["--metrics-port", str(METRICS_PORT)]
     specs = [RoleSpec(CONTROLLER_ID, "controller", command)]

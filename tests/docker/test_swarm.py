@@ -102,7 +102,7 @@ def test_a_swarm_run_completes_and_its_services_are_removed(client, tmp_path):
     assert list((run_dir / "checkpoints" / "default").glob("v*.ckpt"))
     summary = read_json(run_dir / "summary.json")
     assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 8000
-    assert "stop_reason" in out  # the controller's lines were followed
+    assert "'best_eval_return'" in out  # the controller's lines were followed, to its summary
     assert_nothing_left(client, "swarm-complete")
 
 
