@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import difflib
 import functools
-import inspect
 import json
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
-from api import registry, user_code
+from api import experiment_arguments, registry, user_code
 from api.algorithms import on_environment
 from api.code import attach_user_code
-from api.config import ExperimentConfig, apply_overrides, check, parse_value, validate
+from api.config import ExperimentConfig, apply_overrides, check, validate
 from api.config.load import string_list
 from api.errors import ConfigError, RegistryError, UserError
 
@@ -320,40 +319,13 @@ def _from_registry(name: str, overrides: list[str]) -> tuple[ExperimentConfig, l
                     ENVIRONMENT_EXPERIMENT)  # fmt: skip
         kwargs["env"] = name
         name = ENVIRONMENT_EXPERIMENT
-    params = _parameters(registry.experiments.spec(name))
-    rest = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if sep and key.strip() in params and key.strip() not in ExperimentConfig.__annotations__:
-            kwargs[key.strip()] = _whole(parse_value(raw.strip()))
-        else:
-            rest.append(item)
-    errors = [e for key, value in kwargs.items() if (e := _shorthand_error(key, value))]
+    params = experiment_arguments.parameters(registry.experiments.spec(name))
+    taken, rest = experiment_arguments.split(overrides, params)
+    kwargs.update(taken)
+    errors = experiment_arguments.errors(taken, rest, name, params)
     if errors:
         raise ConfigError(errors)
     return _make_registered(name, kwargs), rest
-
-
-def _whole(value: Any) -> Any:
-    """``frames=1e6`` is a whole number written as budgets are: the int 1000000."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def _shorthand_error(key: str, value: Any) -> str | None:
-    """What is wrong with ``frames=`` or ``target=``: ``frames=abc`` reached the experiment
-    function as text (its arithmetic's TypeError was the message), ``frames=0`` silently
-    became the default budget."""
-    if value is None or key not in ("frames", "target"):
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        ok = False
-    else:
-        ok = key == "target" or (isinstance(value, int) and value >= 1)
-    if ok:
-        return None
-    if key == "frames":
-        return f"frames: env frames to train at most, a whole number of at least 1; got {value!r}"
-    return f"target: the greedy return to reach, a number; got {value!r}"
 
 
 def _unknown_target(name: str) -> str:
@@ -383,10 +355,3 @@ def _make_registered(name: str, kwargs: dict[str, Any]) -> ExperimentConfig:
     if not isinstance(config, ExperimentConfig):
         raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
     return config
-
-
-def _parameters(spec: registry.Spec) -> list[str]:
-    try:
-        return list(inspect.signature(spec.load()).parameters)
-    except (TypeError, ValueError):
-        return []

@@ -393,3 +393,24 @@ def test_an_environments_frames_and_target_are_checked(override, said, algo):
         load_experiment(algo if algo == "dqn" else "CartPole-v1",
                         [*(["env=CartPole-v1"] if algo == "dqn" else []), override])  # fmt: skip
     assert e.value.errors == [said]
+
+
+@pytest.mark.parametrize(
+    ("target", "override", "said"),
+    [
+        ("CartPole-v1", "frams=100", "frams: unknown key; did you mean 'frames' (an argument of "
+         "experiment 'ppo')?"),
+        ("dqn", "taget=100", "taget: unknown key; did you mean 'target' (an argument of "
+         "experiment 'dqn')?"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_experiment_argument_is_suggested(target, override, said):
+    """``frams=`` is near ``frames``, an argument of the experiment's function and no config
+    key: the config's error listed its top-level keys and suggested nothing."""
+    from api.resolve import load_experiment
+
+    with pytest.raises(ConfigError) as e:
+        load_experiment(target, [override, *(["env=CartPole-v1"] if target == "dqn" else [])])
+    assert e.value.errors == [said]
+    with pytest.raises(ConfigError, match=r"seeed: unknown key; did you mean 'seed'\?"):
+        load_experiment(target, ["seeed=1", *(["env=CartPole-v1"] if target == "dqn" else [])])

@@ -1,0 +1,80 @@
+"""A registered experiment's own arguments given as overrides (``troupe train ENV frames=2e5
+target=-200``, ``troupe run ppo env=Acrobot-v1``): taken out of the config overrides for the
+experiment's function, and checked, since a function's arithmetic makes poor error messages and
+a misspelt argument is no config key either."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+from api import registry
+from api.config import ExperimentConfig, parse_value
+
+
+def parameters(spec: registry.Spec) -> list[str]:
+    """The names the experiment's function takes (none where its signature cannot be read)."""
+    try:
+        return list(inspect.signature(spec.load()).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def split(overrides: list[str], params: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The function's arguments among ``overrides`` (a config key of the same name stays an
+    override), and the overrides left."""
+    taken: dict[str, Any] = {}
+    rest = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if sep and key.strip() in params and key.strip() not in ExperimentConfig.__annotations__:
+            taken[key.strip()] = _whole(parse_value(raw.strip()))
+        else:
+            rest.append(item)
+    return taken, rest
+
+
+def errors(taken: dict[str, Any], rest: list[str], experiment: str, params: list[str]) -> list[str]:
+    """What is wrong with the arguments taken, and the overrides left that misspell one."""
+    found = [e for key, value in taken.items() if (e := _shorthand_error(key, value))]
+    return found + [e for item in rest if (e := _misspelt_argument(item, experiment, params))]
+
+
+def _misspelt_argument(item: str, experiment: str, params: list[str]) -> str | None:
+    """``frams=100`` next to ``frames``: an argument of the experiment's function, not a config
+    key, so the config's "unknown key; valid keys: name, environment, ..." neither named nor
+    suggested it."""
+    key, sep, _ = item.partition("=")
+    key = key.strip()
+    if not sep or "." in key or key in ExperimentConfig.__annotations__:
+        return None
+    arguments = [p for p in params if p not in ExperimentConfig.__annotations__]
+    close = difflib.get_close_matches(key, arguments, n=1)
+    if not close:
+        return None
+    return (
+        f"{key}: unknown key; did you mean '{close[0]}' (an argument of experiment '{experiment}')?"
+    )
+
+
+def _whole(value: Any) -> Any:
+    """``frames=1e6`` is a whole number written as budgets are: the int 1000000."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _shorthand_error(key: str, value: Any) -> str | None:
+    """What is wrong with ``frames=`` or ``target=``: ``frames=abc`` reached the experiment
+    function as text (its arithmetic's TypeError was the message), ``frames=0`` silently
+    became the default budget."""
+    if value is None or key not in ("frames", "target"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    else:
+        ok = key == "target" or (isinstance(value, int) and value >= 1)
+    if ok:
+        return None
+    if key == "frames":
+        return f"frames: env frames to train at most, a whole number of at least 1; got {value!r}"
+    return f"target: the greedy return to reach, a number; got {value!r}"
