@@ -23,13 +23,19 @@ def parameters(spec: registry.Spec) -> list[str]:
 
 def split(overrides: list[str], params: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The function's arguments among ``overrides`` (a config key of the same name stays an
-    override), and the overrides left."""
+    override), and the overrides left. ``target=None`` is ``stop.eval_return=None``: the
+    function took its None for "not given" and kept gymnasium's target, so ``troupe train
+    CartPole-v1 target=None`` still stopped at 475."""
     taken: dict[str, Any] = {}
     rest = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if sep and key.strip() in params and key.strip() not in ExperimentConfig.__annotations__:
-            taken[key.strip()] = _whole(parse_value(raw.strip()))
+            value = _whole(parse_value(raw.strip()))
+            if key.strip() == "target" and value is None:
+                rest.append("stop.eval_return=None")
+            else:
+                taken[key.strip()] = value
         else:
             rest.append(item)
     return taken, rest

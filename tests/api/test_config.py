@@ -414,3 +414,17 @@ def test_a_misspelt_experiment_argument_is_suggested(target, override, said):
     assert e.value.errors == [said]
     with pytest.raises(ConfigError, match=r"seeed: unknown key; did you mean 'seed'\?"):
         load_experiment(target, ["seeed=1", *(["env=CartPole-v1"] if target == "dqn" else [])])
+
+
+@pytest.mark.parametrize("target", ["CartPole-v1", "dqn"])
+def test_target_none_leaves_no_target(target):
+    """The experiment function took ``target=None`` for "not given" and kept gymnasium's 475:
+    ``troupe train CartPole-v1 target=None`` stopped on its target all the same."""
+    from api.resolve import load_experiment
+
+    env = ["env=CartPole-v1"] if target == "dqn" else []
+    config = load_experiment(target, [*env, "target=None", "frames=1000"])
+    assert config.stop.eval_return is None and config.stop.env_frames == 1000
+    assert config.stop.eval_return_source == "given: stop.eval_return=None"
+    assert load_experiment(target, [*env, "target=100"]).stop.eval_return == 100
+    assert load_experiment(target, env).stop.eval_return == 475  # gymnasium's, when not given
