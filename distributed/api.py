@@ -18,9 +18,11 @@ script registered itself go with the run's config to every worker (see :mod:`api
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -134,7 +136,7 @@ def train(
     named in ``endpoints.json``; with Docker, the controller's published on this machine), as
     ``--metrics-port``.
     ``background=True`` returns while it trains: ``wait()``, ``stop()``, ``metrics()``,
-    ``new_metrics()``, ``latest``.
+    ``new_metrics()``, ``latest``; a script that ends before its run waits for it at exit.
     ``resume``: a run folder to continue instead (``troupe run --resume``): its own config,
     ``overrides`` changing what may change (stop rules, worker counts, learning rates).
     ``launcher``: ``"local"`` (processes here) or ``"docker"`` (every role in its own container
@@ -182,7 +184,28 @@ def train(
         folder_lock.release(folder)
         raise
     folder_lock.held_by_run(folder, result._process.is_alive)
-    return result if background else result.wait()
+    if not background:
+        return result.wait()
+    atexit.register(_wait_at_exit, result)
+    return result
+
+
+def _wait_at_exit(result: RunResult) -> None:
+    """A script that ends while its background run trains waits for the run, as Python waits
+    for any child process: it waited for minutes without a word, as if hung. It says so now,
+    and a Ctrl+C then stops the run in order, as ``stop()`` would, without a traceback."""
+    if not result.running:
+        return
+    print(
+        f"troupe: the background run in {result.run_dir} is still training; waiting for it to "
+        "end (Ctrl+C stops it in order; call run.wait() or run.stop() to end a script sooner)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        result.wait()
+    except KeyboardInterrupt:  # the run's controller got it too (one process group)
+        result.wait()
 
 
 def _check_metrics_port(port: Any) -> None:

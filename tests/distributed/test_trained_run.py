@@ -351,6 +351,30 @@ def test_train_resume_continues_a_run_as_troupe_run_resume_does(trained, tmp_pat
     assert said[0] == "0" and int(said[1]) >= target, out
     (record,) = [json.loads(line) for line in (copy / "resumes.jsonl").read_text().splitlines()]
     assert record["changed"]["stop.env_frames"] == [12000, target]
+    assert "still training" not in out  # it waited: nothing to say at its exit
+
+
+@pytest.mark.multiprocess
+def test_a_script_that_ends_before_its_background_run_says_it_waits_for_it(tmp_path):
+    """Python waits at exit for a child process: a script that forgot ``wait()`` sat silent
+    until its run ended, as if hung."""
+    script = (
+        "import troupe\n"
+        "if __name__ == '__main__':\n"
+        "    troupe.train('cartpole-ppo', ['stop.eval_return=None', 'stop.env_frames=3000',\n"
+        "                 'evaluation.workers=0'], run_dir='runs/bg', background=True)\n"
+        "    print('LEFT')\n"
+    )
+    (tmp_path / "bg.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "bg.py"], capture_output=True, text=True,
+                            timeout=300, env=env, cwd=tmp_path)  # fmt: skip
+    out = result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0 and "LEFT" in result.stdout, out
+    said = " ".join(result.stderr.split())
+    assert "troupe: the background run in runs/bg is still training; waiting for it" in said, out
+    summary = json.loads((tmp_path / "runs" / "bg" / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_frames", summary
 
 
 def test_load_policy_act_takes_a_gymnasium_tuple_as_the_run_saw_it():
