@@ -247,6 +247,12 @@ class LoadedPolicy:
         space = getattr(policy, "observation_space", None)
         self._obs_spec = None if space is None else observation_spec(space)
 
+    def __repr__(self) -> str:  # what a notebook shows of ``troupe.load_policy(...)``
+        return (
+            f"LoadedPolicy({self.name!r}, version {self.version}, of experiment "
+            f"{self.config.name!r} on {self.config.environment.type!r})"
+        )
+
     def act(self, obs: Any, state: Any = None, greedy: bool = True) -> tuple[Any, Any]:
         """``(action, state)`` for one observation (an array, or a dict for Dict spaces).
 

@@ -257,6 +257,8 @@ def test_load_policy_act_reproduces_evaluate(trained):
     result = troupe.evaluate(run_dir, episodes=episodes, envs=1)
     policy = troupe.load_policy(run_dir)
     assert policy.version == result.versions["default"]
+    said = f"LoadedPolicy('default', version {policy.version}, of experiment 'exp' on "
+    assert repr(policy) == said + "'NumberedCartPole-v0')"  # not <... object at 0x7f...>
     # the first environment of evaluation actor 0, which SerialRun builds for troupe eval
     seed = ActorPlan("eval/0", index=0, evaluation=True).seed(policy.config)
     returns = _play(policy, seed, episodes)
