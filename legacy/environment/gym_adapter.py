@@ -10,7 +10,9 @@ an actor that forgets to reset fails loudly instead of training on garbage.
 
 A ``Tuple`` observation space (Blackjack's ``(player sum, dealer card, usable ace)``) is seen as
 a ``Dict`` keyed by position (``item0``, ``item1``, ...: :mod:`api.spaces`), which Troupe's
-encoders, wire checks and NamedArrays know, and which loses nothing.
+encoders, wire checks and NamedArrays know, and which loses nothing. A Dict or Tuple action
+space of only discrete or only Box parts is acted in as one MultiDiscrete or one Box, and each
+action handed to the environment in its own shape (:mod:`legacy.environment.flat_actions`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from api.config.arguments import describe, matches
 from api.environment import Environment, StepResult, one_number
 from api.errors import UserError
 from api.spaces import dict_of_tuples, from_positions
+from legacy.environment.flat_actions import FlatActions, flat_actions
 
 ENTRY_POINT = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 
@@ -47,6 +50,8 @@ class GymnasiumEnvironment(Environment):
         self._observation_space = dict_of_tuples(self._env.observation_space)
         self._keyed = self._observation_space is not self._env.observation_space
         """Whether observations are converted (only where a Tuple is in the space)."""
+        self._flat = _flat_or_none(self._env.action_space)
+        """A Dict or Tuple action space flattened for the policy (:mod:`.flat_actions`)."""
         self._next_seed: int | None = None
         self._episode_over = True  # nothing to step until the first reset
 
@@ -70,7 +75,7 @@ class GymnasiumEnvironment(Environment):
 
     @property
     def action_spaces(self) -> list[gym.Space]:
-        return [self._env.action_space]
+        return [self._env.action_space if self._flat is None else self._flat.space]
 
     @property
     def frames_per_step(self) -> int:
@@ -89,6 +94,8 @@ class GymnasiumEnvironment(Environment):
         """Make the next ``reset`` start a reproducible episode; also seed action sampling."""
         self._next_seed = int(seed)
         self._env.action_space.seed(int(seed))
+        if self._flat is not None:
+            self._flat.space.seed(int(seed))
 
     def reset(self) -> list[StepResult | None]:
         # Gymnasium seeds through reset(seed=...); passing None afterwards continues the same
@@ -111,7 +118,10 @@ class GymnasiumEnvironment(Environment):
                 f"{self.gym_id}: step() called but no episode is running (it ended, or reset() "
                 "was never called); call reset() to start a new episode"
             )
-        obs, reward, terminated, truncated, info = self._env.step(self._fit(actions[0]))
+        action = self._fit(actions[0])
+        if self._flat is not None:
+            action = self._flat.unflatten(action)
+        obs, reward, terminated, truncated, info = self._env.step(action)
         self._episode_over = bool(terminated or truncated)
         if self._keyed:
             obs = from_positions(obs, self._observation_space)
@@ -128,7 +138,7 @@ class GymnasiumEnvironment(Environment):
     def _fit(self, action: Any) -> Any:
         """Clip continuous actions into the box: Gaussian policies sample past the bounds (and
         train on the unclipped sample), and not every environment clips for itself."""
-        space = self._env.action_space
+        (space,) = self.action_spaces
         if isinstance(space, gym.spaces.Box):
             return np.clip(np.asarray(action, dtype=space.dtype), space.low, space.high)
         return action
@@ -141,6 +151,15 @@ class GymnasiumEnvironment(Environment):
 
     def close(self) -> None:
         self._env.close()
+
+
+def _flat_or_none(space: gym.Space) -> FlatActions | None:
+    """``space`` flattened, or None: no Dict or Tuple, or one mixing discrete and continuous
+    parts, which stays as it is (the experiments refuse it, naming it)."""
+    try:
+        return flat_actions(space)
+    except ValueError:
+        return None
 
 
 def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:

@@ -85,7 +85,7 @@ def ppo(
     if not isinstance(action, ACTOR_CRITIC_ACTIONS):
         raise UserError(
             f"environment '{env}' has a {type(action).__name__} action space; the ppo experiment "
-            "handles Discrete, MultiDiscrete, MultiBinary and Box actions"
+            "handles Discrete, MultiDiscrete, MultiBinary and Box actions" + _parts_said(action)
         )
     frames = frames or (500_000 if continuous else 1_000_000)
     recipe = _continuous(frames) if continuous else _discrete()
@@ -183,6 +183,17 @@ def default_target(env: str) -> float | None:
     """Gymnasium's ``reward_threshold`` for ``env``, else :data:`DEFAULT_TARGETS`'s, else None."""
     declared = _reward_threshold(env)
     return declared if declared is not None else DEFAULT_TARGETS.get(env)
+
+
+def _parts_said(action: gym.Space) -> str:
+    """Why a Dict or Tuple of actions is not flattened (its parts mix kinds), or what is."""
+    from legacy.environment.flat_actions import flat_actions
+
+    try:
+        flat_actions(action)
+    except ValueError as e:
+        return f": {e}"
+    return ", and Dicts or Tuples of only discrete or only Box parts"
 
 
 def target_source(env: str, target: float | None) -> str:

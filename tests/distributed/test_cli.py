@@ -389,6 +389,71 @@ def test_multi_binary_actions_are_taken_by_the_actor_critic_algorithms(algo, tmp
         assert f"pipeline ok (experiment 'troupetestswitches-v0-{algo}')" in out
 
 
+PARTS_ENV = """
+import gymnasium as gym
+import numpy as np
+
+
+class Parts(gym.Env):
+    \"\"\"A Dict of discrete parts, or a Tuple of Box parts; each action must be in the space.\"\"\"
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def __init__(self, boxes=False):
+        self.action_space = (
+            gym.spaces.Tuple((gym.spaces.Box(-1, 1, (2,)), gym.spaces.Box(0, 1, (1,))))
+            if boxes else
+            gym.spaces.Dict({"move": gym.spaces.Discrete(3, start=1),
+                             "fire": gym.spaces.MultiBinary(2)})
+        )
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"not one of {self.action_space}: {action!r}"
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, self.t >= 20, False, {}
+
+
+gym.register("TroupeTestParts-v0", entry_point=Parts)
+gym.register("TroupeTestBoxParts-v0", entry_point=Parts, kwargs={"boxes": True})
+"""
+
+
+@pytest.mark.parametrize(
+    "algo, boxes, ok",
+    [("ppo", False, True), ("impala", False, True), ("dqn", False, False),
+     ("ppo", True, True), ("sac", True, True)],
+)  # fmt: skip
+def test_dict_and_tuple_actions_of_one_kind_are_taken(algo, boxes, ok, tmp_path, capsys):
+    """Every experiment refused a Dict or Tuple action space; one of only discrete parts is now
+    acted in as a MultiDiscrete, one of only Box parts as a Box, and the environment (which
+    asserts it) gets each action in its own shape."""
+    import gymnasium as gym
+
+    from api import registry
+
+    code = tmp_path / "parts.py"
+    code.write_text(PARTS_ENV)
+    env = "TroupeTestBoxParts-v0" if boxes else "TroupeTestParts-v0"
+    argv = ["test-pipeline", env, "--import", str(code), "--algo", algo]
+    try:
+        rc = main([*argv, "--trainer-steps", "2"])
+    finally:
+        for name in ("TroupeTestParts-v0", "TroupeTestBoxParts-v0"):
+            gym.registry.pop(name, None)
+            registry.environments.unregister(name)
+    out, err = capsys.readouterr()
+    if ok:
+        assert rc == 0, out + err
+        assert f"pipeline ok (experiment '{env.lower()}-{algo}')" in out
+    else:
+        assert rc != 0 and "MultiDiscrete actions; dqn acts in Discrete" in err, out + err
+
+
 def test_algo_with_an_experiment_says_it_takes_an_environment(capsys):
     """`--algo dqn` on `cartpole-ppo` read the experiment as an environment ("unknown
     environment 'cartpole-ppo'")."""

@@ -1,0 +1,134 @@
+"""Dict and Tuple action spaces, acted in as one flat space.
+
+Troupe's policies take Discrete, MultiDiscrete, MultiBinary and Box actions. An environment
+whose action is a Dict or a Tuple of parts (``{"move": Discrete(3), "fire": Discrete(2)}``) was
+refused. Where every part is discrete, the parts are one MultiDiscrete (a Categorical each: the
+parts are drawn independently, as RLlib's and Stable-Baselines3's MultiDiscrete heads draw
+theirs); where every part is a Box, they are one Box, the parts' values side by side. The
+gymnasium adapter shows the policy that flat space and hands the environment each action back
+in its own shape (:meth:`FlatActions.unflatten`). A mix of discrete and continuous parts has no
+flat space of either kind and stays refused, naming its parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+DISCRETE = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One leaf of the nested space: where it sits (Dict keys, Tuple positions), its space, and
+    the flat action's slice that holds it."""
+
+    path: tuple[Any, ...]
+    space: gym.Space
+    at: slice
+
+
+@dataclass(frozen=True)
+class FlatActions:
+    """A Dict or Tuple action space (``nested``) and the flat one a policy acts in."""
+
+    nested: gym.Space
+    space: gym.Space
+    parts: tuple[Part, ...]
+
+    def unflatten(self, action: Any) -> Any:
+        """The flat ``action`` in the nested space's own shape: each part from its slice, a
+        Discrete's index from its ``start``, each in the part's dtype."""
+        flat = np.asarray(action).reshape(-1)
+        values = {part.path: _part_value(part.space, flat[part.at]) for part in self.parts}
+        return _assemble(self.nested, (), values)
+
+
+def flat_actions(space: gym.Space) -> FlatActions | None:
+    """``space`` flattened (see the module), or None where it is no Dict or Tuple and is acted
+    in as it is. Raises ValueError for parts of both kinds, or of another kind."""
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return None
+    leaves = list(_leaves(space, ()))
+    if all(isinstance(s, DISCRETE) for _, s in leaves):
+        return _flattened(space, leaves, _choices, _discrete_space)
+    if all(isinstance(s, gym.spaces.Box) for _, s in leaves):
+        return _flattened(space, leaves, lambda s: int(np.prod(s.shape)), _box_space)
+    kinds = ", ".join(f"{_where(p)}: {type(s).__name__}" for p, s in leaves)
+    raise ValueError(
+        f"a {type(space).__name__} action space is acted in as one MultiDiscrete when every part "
+        f"is discrete, or as one Box when every part is a Box; this one mixes them ({kinds})"
+    )
+
+
+def _leaves(space: gym.Space, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], gym.Space]]:
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            yield from _leaves(sub, (*path, key))
+    elif isinstance(space, gym.spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            yield from _leaves(sub, (*path, i))
+    else:
+        yield path, space
+
+
+def _flattened(
+    nested: gym.Space,
+    leaves: list[tuple[tuple[Any, ...], gym.Space]],
+    width: Callable[[gym.Space], int],
+    make: Callable[[list[gym.Space]], gym.Space],
+) -> FlatActions:
+    parts, start = [], 0
+    for path, space in leaves:
+        parts.append(Part(path, space, slice(start, start + width(space))))
+        start += width(space)
+    return FlatActions(nested, make([s for _, s in leaves]), tuple(parts))
+
+
+def _choices(space: gym.Space) -> int:
+    """How many of the flat MultiDiscrete's entries a discrete part takes."""
+    return 1 if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape))
+
+
+def _discrete_space(spaces: list[gym.Space]) -> gym.Space:
+    counts = []
+    for space in spaces:
+        if isinstance(space, gym.spaces.Discrete):
+            counts.append([int(space.n)])
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            counts.append(np.asarray(space.nvec).reshape(-1).tolist())
+        else:  # MultiBinary: a two-way choice each
+            counts.append([2] * int(np.prod(space.shape)))
+    return gym.spaces.MultiDiscrete([n for part in counts for n in part])
+
+
+def _box_space(spaces: list[gym.Space]) -> gym.Space:
+    low = np.concatenate([np.asarray(s.low, np.float64).reshape(-1) for s in spaces])
+    high = np.concatenate([np.asarray(s.high, np.float64).reshape(-1) for s in spaces])
+    dtype = np.result_type(*(s.dtype for s in spaces))
+    return gym.spaces.Box(low.astype(dtype), high.astype(dtype), dtype=dtype)
+
+
+def _part_value(space: gym.Space, flat: np.ndarray) -> Any:
+    if isinstance(space, gym.spaces.Discrete):
+        return np.int64(int(flat[0]) + int(space.start))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        start = np.asarray(getattr(space, "start", 0))
+        return (flat.reshape(space.shape).astype(np.int64) + start).astype(space.dtype)
+    return flat.reshape(space.shape).astype(space.dtype)
+
+
+def _assemble(space: gym.Space, path: tuple[Any, ...], values: dict[tuple[Any, ...], Any]) -> Any:
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _assemble(sub, (*path, key), values) for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(_assemble(sub, (*path, i), values) for i, sub in enumerate(space.spaces))
+    return values[path]
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path) or "the action"
