@@ -66,7 +66,12 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
 
         wanted = args.video_episodes or min(args.episodes, VIDEO_MAX_EPISODES)
         returns = record_video(args.target, args.video, episodes=wanted)
-        console.print(f"video of {len(returns)} episodes (returns {returns}) in {args.video}")
+        # episodes of its own: the evaluation's figures below come from others, seeded apart
+        console.print(
+            f"video of {len(returns)} greedy episodes, played for it (returns {returns}), in "
+            f"{args.video}",
+            soft_wrap=True,
+        )
     result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
     if args.json:
         print(json.dumps(result.to_dict()))
