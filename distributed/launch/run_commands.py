@@ -123,7 +123,25 @@ def experiment_and_overrides(args: argparse.Namespace) -> tuple[str | None, list
         return args.experiment, overrides
     if args.experiment and "=" in args.experiment:
         overrides.insert(0, args.experiment)
+    elif args.experiment:
+        _same_experiment(args.experiment, Path(args.resume))
     return None, overrides
+
+
+def _same_experiment(named: str, run_dir: Path) -> None:
+    """``troupe run pong-ppo --resume runs/cartpole`` resumed the CartPole run without a word
+    of the Pong it named. The run's own experiment named again is fine; another is refused."""
+    from api.errors import UserError
+
+    try:
+        own = json.loads((run_dir / run_folder.CONFIG).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return  # not a run folder: the resume itself says so
+    if named != own:
+        raise UserError(
+            f"--resume {run_dir} continues its own experiment, '{own}', not '{named}': drop "
+            f"'{named}' (or start '{named}' in a run folder of its own)"
+        )
 
 
 def run_run(args: argparse.Namespace, console: Console) -> int:

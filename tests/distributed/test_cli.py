@@ -660,3 +660,16 @@ def test_an_image_for_a_local_run_is_refused(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "--image is the worker image of --launcher docker" in result.stdout + result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_resume_refuses_another_experiment_named_beside_it(tmp_path, capsys):
+    """``troupe run pong-ppo --resume RUN`` of a cartpole-ppo run resumed CartPole and never
+    said that the Pong it named was ignored, where ``troupe.train`` refuses both at once."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"name": "cartpole-ppo"}')
+    assert main(["run", "pong-ppo", "--resume", str(run_dir)]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert (
+        f"--resume {run_dir} continues its own experiment, 'cartpole-ppo', not 'pong-ppo'" in said
+    )
