@@ -209,12 +209,14 @@ def _wait_at_exit(result: RunResult) -> None:
 
 
 def _check_metrics_port(port: Any) -> None:
-    """A bad port is refused before the run folder is made, by ``--metrics-port``'s check (text
-    such as ``"9100"`` too: from Python, a port is a number)."""
-    from system.run.prometheus import port_number
+    """A bad port, or one taken, is refused before the run folder is made, by
+    ``--metrics-port``'s checks (text such as ``"9100"`` too: from Python, a port is a
+    number)."""
+    from system.run.prometheus import port_number, refuse_taken
 
     if port is not None:
         port_number(port, "metrics_port", text=False)
+    refuse_taken(port)  # or TROUPE_METRICS_PORT's
 
 
 def evaluate(target: str | Path, episodes: int = 20, envs: int = 8):

@@ -149,6 +149,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     from api.errors import UserError
     from distributed.launch.last_lines import container_code, print_summary
     from distributed.launch.run import check_keys, prepare, start, wait_local
+    from system.run.prometheus import refuse_taken
     from system.run.report import SUMMARY_FILE
 
     if args.image is not None and args.launcher != "docker":  # it was ignored without a word
@@ -157,6 +158,7 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
             "processes of this machine's Python"
         )
     experiment, overrides = experiment_and_overrides(args)
+    refuse_taken(args.metrics_port)  # before the run folder is made
     config, run_dir = prepare(experiment, overrides, args.run_dir, args.resume, args.imports)
     check_keys(run_dir, args.secure)  # before a line is printed: a refusal is one line
     # soft_wrap: a path stays on one line for grep and scripts; a terminal wraps it for the eye

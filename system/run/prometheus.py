@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -224,10 +225,30 @@ def open_endpoint(asked: int | None, host: str, advertise: str) -> MetricsEndpoi
     try:
         return MetricsEndpoint(port, host=host, advertise=advertise)
     except OSError as e:
-        raise UserError(
-            f"cannot serve metrics on port {port}: {e.strerror or e}; pick another "
-            f"--metrics-port (0: any free port) or unset {ENV_PORT}"
-        ) from e
+        raise _cannot_serve(port, e) from e
+
+
+def refuse_taken(asked: int | None) -> None:
+    """Refuse a port another process of this machine listens on, before the run folder is
+    made: a run whose controller found it taken left a folder neither usable again ("not
+    empty") nor resumable (no config.json). A port taken after this check still fails the
+    run, as before."""
+    port = port_from_environment(asked)
+    if not port:  # none, or 0: any free one
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as e:
+            raise _cannot_serve(port, e) from e
+
+
+def _cannot_serve(port: int, error: OSError) -> UserError:
+    return UserError(
+        f"cannot serve metrics on port {port}: {error.strerror or error}; pick another "
+        f"--metrics-port (0: any free port) or unset {ENV_PORT}"
+    )
 
 
 def run_name_of(run_dir: Path) -> str:

@@ -523,6 +523,29 @@ def test_a_port_out_of_range_is_refused_before_a_run_folder_is_made(tmp_path):
         assert not (tmp_path / "r").exists()
 
 
+def test_a_taken_metrics_port_is_refused_before_a_run_folder_is_made(tmp_path, capsys):
+    """A second run on a port the first serves failed in its controller and left a folder
+    that ``--run-dir`` refused ("not empty") and ``--resume`` too ("no config.json")."""
+    import socket
+
+    import troupe
+    from api.errors import UserError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        folder = tmp_path / "r"
+        assert (
+            main(["run", "cartpole-ppo", "--run-dir", str(folder), f"--metrics-port={port}"]) == 1
+        )
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"cannot serve metrics on port {port}: Address already in use" in said, said
+        with pytest.raises(UserError, match=f"cannot serve metrics on port {port}"):
+            troupe.train("cartpole-ppo", run_dir=folder, metrics_port=port)
+        assert not folder.exists()
+
+
 def test_eval_of_no_episodes_is_refused_before_anything_starts(tmp_path):
     """``troupe eval RUN --episodes 0`` started the workers, then ended in numpy's "zero-size
     array" traceback; ``troupe.evaluate(run, episodes=0)`` too."""
