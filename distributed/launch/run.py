@@ -141,8 +141,17 @@ def _resumed(folder: Path, overrides: list[str], imports) -> ExperimentConfig:
 
 
 def _check_empty(folder: Path) -> None:
-    if folder.exists() and any(p.name != folder_lock.LOCK_FILE for p in folder.iterdir()):
-        raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
+    if not folder.exists() or all(p.name == folder_lock.LOCK_FILE for p in folder.iterdir()):
+        return
+    if (folder / run_folder.LAUNCH).exists() and not (folder / run_folder.CONFIG).exists():
+        # "--resume it" was advice the resume then refused ("it has no config.json")
+        raise UserError(
+            f"run folder {folder} holds a run that failed before it started (no "
+            f"{run_folder.CONFIG}: nothing to resume; its error is in "
+            f"{folder / run_folder.LOGS / 'controller.log'}): remove the folder or pick "
+            "another --run-dir"
+        )
+    raise UserError(f"run folder {folder} is not empty; pick another --run-dir or --resume it")
 
 
 def _check_writable(folder: Path) -> None:

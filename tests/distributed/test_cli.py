@@ -696,3 +696,20 @@ def test_resume_refuses_another_experiment_named_beside_it(tmp_path, capsys):
     assert (
         f"--resume {run_dir} continues its own experiment, 'cartpole-ppo', not 'pong-ppo'" in said
     )
+
+
+def test_a_folder_of_a_run_that_failed_before_it_started_is_said_to_be_one(tmp_path):
+    """Such a folder (a launch record, no config.json) was refused as "not empty; pick another
+    --run-dir or --resume it", and the resume then refused it for its missing config.json."""
+    from api.errors import UserError
+    from distributed.launch.run import prepare
+
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "launch.json").write_text("{}")
+    with pytest.raises(UserError, match="holds a run that failed before it started") as e:
+        prepare("cartpole-ppo", [], str(folder), None)
+    assert "--resume" not in str(e.value) and "logs/controller.log" in str(e.value)
+    (folder / "config.json").write_text("{}")  # a run that started: resume it, or another folder
+    with pytest.raises(UserError, match="is not empty; pick another --run-dir or --resume it"):
+        prepare("cartpole-ppo", [], str(folder), None)
