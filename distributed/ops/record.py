@@ -68,9 +68,12 @@ class LaunchRecord:
         return self.host == socket.gethostname()
 
     def folder(self) -> Path | None:
-        """The run folder when this machine sees it."""
-        if self.run_dir and (Path(self.run_dir) / run_folder.CONFIG).exists():
-            return Path(self.run_dir)
+        """The run folder when this machine sees it: one with a config, or logs (a run that
+        failed before it wrote its config, which ``status`` and ``logs`` then said was "not on
+        this machine"); not a folder :func:`point` left, which holds a launch record alone."""
+        folder = Path(self.run_dir) if self.run_dir else None
+        if folder and any((folder / n).exists() for n in (run_folder.CONFIG, run_folder.LOGS)):
+            return folder
         return None
 
 

@@ -360,6 +360,32 @@ def test_status_of_an_ended_run_says_what_its_last_lines_said_of_its_workers(tmp
     assert "never ready: eval/0 still starting when the run stopped, so it did nothing" in said
 
 
+def test_status_and_logs_read_the_folder_of_a_run_that_failed_before_it_started(tmp_path):
+    """A run whose controller failed before writing config.json (its metrics port taken) was
+    "not on this machine" to ``troupe status``, and ``troupe logs`` looked for a scheduler's
+    output instead of its controller's log, which holds the error."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    run_dir = tmp_path / "r"
+    (run_dir / "logs").mkdir(parents=True)
+    said_there = "controller ERROR distributed.launch.run: cannot serve metrics on port 9177"
+    (run_dir / "logs" / "controller.log").write_text(f"2026-12-06 15:17:55,226 {said_there}\n")
+    record.write(run_dir, record.for_process("local", run_dir, None))
+    assert record.read(run_dir).folder() == run_dir.resolve()
+    status = Console(record=True, width=400, force_terminal=False)
+    assert commands.run_status(build_parser().parse_args(["status", str(run_dir)]), status) == 0
+    assert "not on this machine" not in status.export_text()
+    logs = Console(record=True, width=400, force_terminal=False)
+    assert commands.run_logs(build_parser().parse_args(["logs", str(run_dir)]), logs) == 0
+    assert said_there in logs.export_text()
+    pointer = tmp_path / "pointer"  # what a deploy leaves: a launch record alone
+    record.write(pointer, record.for_process("local", pointer, None))
+    assert record.read(pointer).folder() is None
+
+
 def test_status_shows_the_run_s_last_second_where_the_file_is_thinned(tmp_path):
     run_dir = run_folder_at(tmp_path / "r")
     (run_dir / "metrics.jsonl").write_text(json.dumps({"wall_s": 86400.0, "env_frames": 9}) + "\n")
