@@ -21,6 +21,7 @@ import difflib
 import inspect
 import logging
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -100,7 +101,7 @@ class GymnasiumEnvironment(Environment):
     def reset(self) -> list[StepResult | None]:
         # Gymnasium seeds through reset(seed=...); passing None afterwards continues the same
         # random stream, so only the first reset after seed() restarts it.
-        obs, info = self._env.reset(seed=self._next_seed)
+        obs, info = self._gymnasium_api("reset()", self._env.reset(seed=self._next_seed), 2)
         self._next_seed = None
         self._episode_over = False
         if self._keyed:
@@ -121,7 +122,9 @@ class GymnasiumEnvironment(Environment):
         action = self._fit(actions[0])
         if self._flat is not None:
             action = self._flat.unflatten(action)
-        obs, reward, terminated, truncated, info = self._env.step(action)
+        obs, reward, terminated, truncated, info = self._gymnasium_api(
+            "step()", self._env.step(action), 5
+        )
         self._episode_over = bool(terminated or truncated)
         if self._keyed:
             obs = from_positions(obs, self._observation_space)
@@ -134,6 +137,21 @@ class GymnasiumEnvironment(Environment):
                 info=dict(info),
             )
         ]
+
+    def _gymnasium_api(self, call: str, result: Any, size: int) -> tuple:
+        """``result`` of ``call`` as gymnasium's API has it, or a UserError that says so: an
+        environment written for gym before 0.26 (``reset`` returning the observation alone,
+        ``step`` a 4-tuple) failed with "'numpy.float32' object is not iterable"."""
+        if isinstance(result, tuple) and len(result) == size and isinstance(result[-1], Mapping):
+            return result
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        raise UserError(
+            f"{self.gym_id}: {call} returned {got}, not gymnasium's "
+            + ("(obs, info)" if size == 2 else "(obs, reward, terminated, truncated, info)")
+            + " with info a dict. Gym before 0.26 had reset return obs alone and step "
+            "(obs, reward, done, info): return (obs, info) from reset and (obs, reward, "
+            "terminated, truncated, info) from step"
+        )
 
     def _fit(self, action: Any) -> Any:
         """Clip continuous actions into the box: Gaussian policies sample past the bounds (and

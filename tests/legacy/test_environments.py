@@ -407,3 +407,39 @@ def test_gridgather_renders_an_rgb_board():
     env.reset()
     frame = env.render()
     assert frame.shape == (4, 4, 3) and frame.dtype == np.uint8
+
+
+class _OldGymApi(gym.Env):
+    """Written for gym before 0.26: reset returns obs alone (unless ``new_reset``), step 4."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, new_reset: bool = False):
+        self.new_reset = new_reset
+
+    def reset(self, seed=None, options=None):
+        obs = np.zeros(2, np.float32)
+        return (obs, {}) if self.new_reset else obs
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, {}
+
+
+@pytest.mark.parametrize("new_reset, call, got", [(False, "reset()", "ndarray"),
+                                                   (True, "step()", "a tuple of 4")])  # fmt: skip
+def test_adapter_says_an_environment_keeps_gym_s_old_api(monkeypatch, new_reset, call, got):
+    """It failed with "'numpy.float32' object is not iterable" (a 2-element observation
+    unpacked as (obs, info)), which named nothing of the cause."""
+    spec = gym.envs.registration.EnvSpec(
+        "TroupeTestOldApi-v0", entry_point=_OldGymApi, kwargs={"new_reset": new_reset},
+        disable_env_checker=True,
+    )  # fmt: skip
+    monkeypatch.setitem(gym.registry, "TroupeTestOldApi-v0", spec)
+    env = GymnasiumEnvironment("TroupeTestOldApi-v0")
+    with pytest.raises(UserError) as e:
+        env.reset()
+        env.step([0])
+    said = str(e.value)
+    assert said.startswith(f"TroupeTestOldApi-v0: {call} returned {got}, not gymnasium's"), said
+    assert "Gym before 0.26" in said
