@@ -148,7 +148,7 @@ class GymnasiumEnvironment(Environment):
 
     def _old_api(self, call: str, result: Any, size: int) -> UserError:
         """What ``result`` of ``call``, which does not unpack as gymnasium's API has it (a
-        checked tuple on every step cost 3-5% of the adapter's rate), says: an environment
+        checked tuple on every step cost 2-7% of the adapter's rate), says: an environment
         written for gym before 0.26 (``reset`` returning the observation alone, ``step`` a
         4-tuple) failed with "'numpy.float32' object is not iterable"."""
         got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
