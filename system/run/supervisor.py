@@ -106,6 +106,9 @@ class Supervisor:
         """The first failure that ends the run (a worker's, or one the controller reports)."""
         self.signalled = Signalled()
         """Workers sent a signal by someone else, waiting for their stop."""
+        self.interrupted: set[str] = set()
+        """Workers this controller sent SIGTERM itself, as the run stopped while they were
+        being built (:meth:`_interrupt_builders`)."""
         self.stopping = False
         """The run's ordered stop has begun: it stops the signalled workers in their turn."""
 
@@ -152,7 +155,12 @@ class Supervisor:
         logger.info("%s stopped", wid)
 
     def on_signalled(self, record: WorkerRecord, signal: str) -> None:
-        """Sent ``signal`` by someone else, it waits for its stop (:mod:`.term_signal`)."""
+        """Sent ``signal`` by someone else, it waits for its stop (:mod:`.term_signal`). One
+        this controller interrupted, whose build ended as the signal came, says so too: that
+        signal was the controller's own, and the stop sent before it ends the worker."""
+        if record.plan.worker_id in self.interrupted:
+            logger.info("%s was interrupted as its build ended", record.plan.worker_id)
+            return
         logger.warning("%s was sent %s, not by its controller", record.plan.worker_id, signal)
         self.signalled.add(record.plan.worker_id, signal, time.monotonic())
 
@@ -382,6 +390,7 @@ class Supervisor:
         for w in ids if interrupt is not None else ():
             record = self.workers[w]
             if record.state is WorkerState.CONFIGURING and record.plan.role not in SAVING_ROLES:
+                self.interrupted.add(w)
                 interrupt(w)
 
     def _may_still_stop(self, wid: str, started: float, timeout_s: float) -> bool:

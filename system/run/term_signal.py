@@ -84,8 +84,12 @@ class TermSignal:
 
     def check(self, ctl: ControlClient, now: float) -> None:
         """Between polls: tell the controller once; :class:`Terminated` when no stop came
-        within :data:`TERM_WAIT_S`."""
+        within :data:`TERM_WAIT_S`. A SIGTERM that follows the run's stop is the controller's
+        own: sent to a worker it took for still building, whose build ended as the signal came.
+        Told, it read as someone else's (a warning on both ends); the loop stops next."""
         if self.at is None:
+            return
+        if not self._said and _stopped_by_the_run(ctl):
             return
         if not self.tell(ctl) and now - self.at > TERM_WAIT_S:
             logger.warning("no stop from the controller %.0fs after SIGTERM", now - self.at)

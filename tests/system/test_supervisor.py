@@ -507,6 +507,20 @@ def test_a_worker_still_building_at_the_stop_is_interrupted_unless_it_saves(run)
     assert launcher.killed == ["trainer/default/0"]  # as before: never ready, killed at the end
 
 
+def test_a_worker_interrupted_as_its_build_ends_is_not_said_to_be_signalled_by_another(run, caplog):
+    """The controller sends SIGTERM to a worker it takes for still building; one whose build
+    ended as it came tells of the signal, which the controller logged as someone else's."""
+    s, launcher, _ = run
+    launcher.interrupt = lambda wid: None
+    s.workers["actor/0"].state = WorkerState.CONFIGURING
+    s.stop_workers(["actor/0"], lambda w, m: None, lambda ms: None, timeout_s=0.0)
+    s.on_signalled(s.workers["actor/0"], "SIGTERM")
+    s.on_signalled(s.workers["actor/1"], "SIGTERM")  # a `kill` of another: said as before
+    assert "actor/0 was sent SIGTERM" not in caplog.text
+    assert "actor/1 was sent SIGTERM, not by its controller" in caplog.text
+    assert set(s.signalled.since) == {"actor/1"}  # only someone else's is to stop it alone
+
+
 def test_workers_json_says_who_runs_where(run):
     s, _, _ = run
     s.workers["trainer/default/0"].stats = {"version": 4}

@@ -24,6 +24,9 @@ class Channel:
     def send(self, message: cp.ControlMessage) -> None:
         self.sent.append(message)
 
+    def stop_requested(self) -> bool:
+        return False
+
 
 @pytest.fixture
 def term():
@@ -129,6 +132,19 @@ def test_a_signalled_worker_leaves_with_143_only_when_stopped_alone(stop, signal
     term.at = 0.0 if signalled else None
     limit = ("liveness.max_poll_s", 60.0)
     assert worker_process._loop(StoppingControl(stop), Idle("actor/0"), [], limit, term) == code
+
+
+def test_the_controllers_own_sigterm_after_the_runs_stop_is_not_told(term, caplog):
+    """The run stops as an actor's build ends: the controller, which took it for still
+    building, sent it the stop, then SIGTERM. The signal came after the build and was told as
+    someone else's: "SIGTERM, not from the controller" in the worker's log, and "was sent
+    SIGTERM, not by its controller" in the controller's."""
+    signal.raise_signal(signal.SIGTERM)
+    ctl = StoppingControl(cp.Stop())
+    limit = ("liveness.max_poll_s", 60.0)
+    assert worker_process._loop(ctl, Idle("actor/0"), [], limit, term) == worker_process.EXIT_OK
+    assert ctl.sent == [cp.Bye()]
+    assert "not from the controller" not in caplog.text
 
 
 class QuietControl(StoppingControl):
