@@ -5,9 +5,9 @@ whose action is a Dict or a Tuple of parts (``{"move": Discrete(3), "fire": Disc
 refused. Where every part is discrete, the parts are one MultiDiscrete (a Categorical each: the
 parts are drawn independently, as RLlib's and Stable-Baselines3's MultiDiscrete heads draw
 theirs); where every part is a Box, they are one Box, the parts' values side by side. The
-gymnasium adapter shows the policy that flat space and hands the environment each action back
-in its own shape (:meth:`FlatActions.unflatten`). A mix of discrete and continuous parts has no
-flat space of either kind and stays refused, naming its parts.
+gymnasium and PettingZoo adapters show the policy that flat space and hand the environment each
+action back in its own shape (:meth:`FlatActions.unflatten`). A mix of discrete and continuous
+parts has no flat space of either kind and stays refused, naming its parts.
 """
 
 from __future__ import annotations
@@ -63,6 +63,15 @@ def flat_actions(space: gym.Space) -> FlatActions | None:
         f"a {type(space).__name__} action space is acted in as one MultiDiscrete when every part "
         f"is discrete, or as one Box when every part is a Box; this one mixes them ({kinds})"
     )
+
+
+def flat_or_none(space: gym.Space) -> FlatActions | None:
+    """``space`` flattened, or None: no Dict or Tuple, or one mixing discrete and continuous
+    parts, which stays as it is (the experiments refuse it, naming its parts)."""
+    try:
+        return flat_actions(space)
+    except ValueError:
+        return None
 
 
 def _leaves(space: gym.Space, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], gym.Space]]:

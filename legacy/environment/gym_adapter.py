@@ -32,7 +32,7 @@ from api.config.arguments import describe, matches
 from api.environment import Environment, StepResult, one_number
 from api.errors import UserError
 from api.spaces import dict_of_tuples, from_positions
-from legacy.environment.flat_actions import FlatActions, flat_actions
+from legacy.environment.flat_actions import flat_or_none
 
 ENTRY_POINT = "legacy.environment.gym_adapter:GymnasiumEnvironment"
 
@@ -50,7 +50,7 @@ class GymnasiumEnvironment(Environment):
         self._observation_space = dict_of_tuples(self._env.observation_space)
         self._keyed = self._observation_space is not self._env.observation_space
         """Whether observations are converted (only where a Tuple is in the space)."""
-        self._flat = _flat_or_none(self._env.action_space)
+        self._flat = flat_or_none(self._env.action_space)
         """A Dict or Tuple action space flattened for the policy (:mod:`.flat_actions`)."""
         self._action_space = self._env.action_space if self._flat is None else self._flat.space
         self._next_seed: int | None = None
@@ -176,15 +176,6 @@ class GymnasiumEnvironment(Environment):
 
     def close(self) -> None:
         self._env.close()
-
-
-def _flat_or_none(space: gym.Space) -> FlatActions | None:
-    """``space`` flattened, or None: no Dict or Tuple, or one mixing discrete and continuous
-    parts, which stays as it is (the experiments refuse it, naming it)."""
-    try:
-        return flat_actions(space)
-    except ValueError:
-        return None
 
 
 def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:

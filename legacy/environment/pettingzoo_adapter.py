@@ -21,7 +21,8 @@ also terminated (a terminal state is not bootstrapped). Illegal moves are the en
 business: PettingZoo's classic games end the game and give the offender -1 (its
 ``TerminateIllegalWrapper``); policies that read the ``action_mask`` key of a dict observation
 never make one. ``float64`` Box observations are cast to ``float32`` (and declared so), the dtype
-policies compute in.
+policies compute in. An agent's Dict or Tuple action space is acted in as one flat space, as the
+gymnasium adapter does (:mod:`legacy.environment.flat_actions`).
 
 Any PettingZoo game is an environment by its id: ``pettingzoo:<family>/<game>`` (its id in
 PettingZoo's registry, or in a PettingZoo without one the module under ``pettingzoo``; e.g.
@@ -43,6 +44,7 @@ import numpy as np
 from api.environment import Environment, StepResult, one_number
 from api.errors import UserError
 from api.registry import load_entry_point
+from legacy.environment.flat_actions import flat_or_none
 from legacy.environment.pettingzoo_spaces import troupe_obs, troupe_space, zero_obs
 
 INSTALL_HINT = "install it with: pip install 'troupe-rl[multiagent]'"
@@ -188,7 +190,12 @@ class _PettingZooBase(Environment):
             raise UserError(f"PettingZoo environment '{env}' has no possible_agents")
         self._index = {name: i for i, name in enumerate(self.agent_names)}
         self._obs_spaces = [troupe_space(self._env.observation_space(a)) for a in self.agent_names]
-        self._act_spaces = [self._env.action_space(a) for a in self.agent_names]
+        self._flat = [flat_or_none(self._env.action_space(a)) for a in self.agent_names]
+        """Each agent's Dict or Tuple action space flattened for its policy (None: as it is)."""
+        self._act_spaces = [
+            self._env.action_space(a) if f is None else f.space
+            for a, f in zip(self.agent_names, self._flat, strict=True)
+        ]
         self._next_seed: int | None = None
         self._running = False
         self._last_obs: list[Any] = [None] * len(self.agent_names)
@@ -243,6 +250,8 @@ class _PettingZooBase(Environment):
                 f"{self.entry_point}: agent {i} ('{self.agent_names[i]}') acts on this step but "
                 "its action is None; pass an action for every agent whose last result was not None"
             )
+        if self._flat[i] is not None:
+            return self._flat[i].unflatten(action)
         if isinstance(self._act_spaces[i], gym.spaces.Discrete):
             return int(np.asarray(action).reshape(-1)[0])
         return np.asarray(action, dtype=self._act_spaces[i].dtype)

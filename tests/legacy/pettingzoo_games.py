@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from gymnasium import spaces
-from pettingzoo import AECEnv
+from pettingzoo import AECEnv, ParallelEnv
 
 
 class GiftGame(AECEnv):
@@ -70,3 +70,54 @@ class GiftGame(AECEnv):
             if candidate in self.agents and not self.terminations[candidate]:
                 return candidate
         return agent
+
+
+class ChoiceGame(ParallelEnv):
+    """A parallel game whose action is a Dict: each player picks 0-2 and may boost, scoring the
+    pick plus the boost; ``box=True`` makes the action a Tuple of two Box parts instead (scoring
+    minus the distance of each part from 0.5). Each action is checked against its space, as a
+    strict game checks it."""
+
+    metadata = {"name": "choice_game_v0", "render_modes": []}
+
+    def __init__(self, moves: int = 5, box: bool = False):
+        self.possible_agents = ["left", "right"]
+        self.moves, self.box, self.count = moves, box, 0
+        if box:
+            part = spaces.Box(0.0, 1.0, (2,), np.float32)
+            self._action_space = spaces.Tuple((part, spaces.Box(-1.0, 1.0, (1,), np.float32)))
+        else:
+            parts = {"pick": spaces.Discrete(3), "boost": spaces.MultiBinary(1)}
+            self._action_space = spaces.Dict(parts)
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (1,), np.float32)
+
+    def action_space(self, agent):
+        return self._action_space
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.count = self.possible_agents[:], 0
+        return {a: self._obs() for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.count += 1
+        rewards = {}
+        for agent, action in actions.items():
+            if not self._action_space.contains(action):
+                raise ValueError(f"{agent}'s action {action!r} is not in {self._action_space}")
+            rewards[agent] = self._score(action)
+        over = self.count >= self.moves
+        obs = {a: self._obs() for a in self.agents}
+        ends = dict.fromkeys(self.agents, over)
+        if over:
+            self.agents = []
+        return obs, rewards, dict.fromkeys(ends, False), ends, {a: {} for a in ends}
+
+    def _score(self, action) -> float:
+        if self.box:
+            return -float(np.abs(action[0] - 0.5).sum() + np.abs(action[1] - 0.5).sum())
+        return float(action["pick"] + action["boost"][0])
+
+    def _obs(self):
+        return np.array([self.count / self.moves], dtype=np.float32)

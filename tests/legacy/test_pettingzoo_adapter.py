@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -147,6 +148,26 @@ def test_parallel_agents_act_together_and_leave_one_by_one():
             elif r is not None and (r.done or r.truncated):
                 gone.add(i)
     assert steps == 60 and gone == {0, 1, 2, 3}  # standing still until the time limit
+
+
+@pytest.mark.parametrize(
+    ("box", "flat"),
+    [
+        (False, gym.spaces.MultiDiscrete([2, 3])),  # a Dict's keys in order: boost, pick
+        (True, gym.spaces.Box(np.array([0, 0, -1]), np.array([1, 1, 1]), dtype=np.float32)),
+    ],
+)
+def test_a_dict_or_tuple_action_is_acted_in_as_one_flat_space(box, flat):
+    """An agent's Dict or Tuple action space was handed to the policy as it was, and every
+    experiment refused it; the gymnasium adapter already flattened them."""
+    env = PettingZooParallelEnvironment("pettingzoo_games:ChoiceGame", box=box)
+    assert env.action_spaces == [flat, flat]
+    report = testing.test_environment(env, steps=50)  # the game checks each action it gets
+    assert report.episodes == 10
+    env.reset()
+    action = np.array([1, 2]) if not box else np.array([0.5, 0.5, 0.5], np.float32)
+    results = env.step([action, action])
+    assert [r.reward for r in results] == ([3.0, 3.0] if not box else [0.0, 0.0])
 
 
 def test_missing_entry_point_names_the_problem():
