@@ -112,9 +112,7 @@ def _print_folder(
     workers = folder.workers(run_dir)
     if not workers:
         return
-    table = Table(title="workers", title_justify="left")
-    for column in ("worker", "role", "state", "restarts", "peak MB", "version"):
-        table.add_column(column)
+    table = _table("workers", ("worker", "role", "state", "restarts", "peak MB", "version"))
     for worker, info in workers.items():
         state = backends.worker_state(record, info, alive)
         cells = [
@@ -127,11 +125,26 @@ def _print_folder(
 
 
 def _process_table(title: str, rows: list[backends.Process]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in ("name", "worker", "state", "where", "detail"):
-        table.add_column(column)
+    table = _table(title, ("name", "worker", "state", "where", "detail"))
     for row in rows:
         table.add_row(row.name, row.worker, row.state, row.where, row.detail)
+    return table
+
+
+WHOLE_COLUMNS = frozenset({"run", "worker", "name", "env_frames", "fps", "restarts", "peak MB",
+                           "version"})  # fmt: skip
+"""Columns never cut: what names a run, a worker or a container, and the figures. On an
+80-column terminal, and in a pipe (rich's 80 columns), ``troupe ps`` showed
+``arrreward-v0-ppo-20…`` and ``trainer/default…``: names a user types into ``troupe logs``."""
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table of the ops commands: the :data:`WHOLE_COLUMNS` kept whole, the others wrapped,
+    breaking a word too long for its column rather than cutting it short."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        whole = column in WHOLE_COLUMNS
+        table.add_column(column, no_wrap=whole, overflow="ellipsis" if whole else "fold")
     return table
 
 
@@ -267,9 +280,9 @@ def run_ps(args: argparse.Namespace, console: Console) -> int:
         rows = backends.backend(record).processes(record)
         console.print(_process_table(f"run {record.run} ({record.launcher})", rows))
         return 0
-    table = Table(title=f"runs under {args.runs_dir}/", title_justify="left")
-    for column in ("run", "launcher", "state", "env_frames", "fps"):
-        table.add_column(column)
+    table = _table(
+        f"runs under {args.runs_dir}/", ("run", "launcher", "state", "env_frames", "fps")
+    )
     root = Path(args.runs_dir)
     runs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for path in runs:

@@ -153,6 +153,37 @@ def test_a_deployment_leaves_its_record_under_runs_for_lookups_by_name(tmp_path,
     assert record.point(out, LaunchRecord("slurm", "run", run_dir=str(run_dir))) is None
 
 
+def test_names_are_never_cut_on_an_80_column_terminal_or_in_a_pipe(tmp_path):
+    """`troupe ps` showed `arrreward-v0-ppo-20…` and `troupe status` `trainer/default…` in 80
+    columns (a pipe's width too): names a user goes on to type into `troupe logs`."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    name = "arrreward-v0-ppo-20261206-170848"
+    workers = {
+        "trainer/default/0": {"role": "trainer", "state": "stopped", "restarts": 0,
+                              "peak_rss_mb": 277.7, "version": 1234567},
+        "params": {"role": "parameter_service", "state": "stopped"},
+    }  # fmt: skip
+    run_dir = run_folder_at(tmp_path / "runs" / name, workers)
+    (run_dir / "summary.json").write_text('{"stop_reason": "eval_return", "solved": true}')
+    (run_dir / "metrics.jsonl").write_text('{"env_frames": 123456789, "fps": 12345.6}\n')
+    record.write(run_dir, record.for_process("local", run_dir, os.getpid()))
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    shown = {
+        "ps": (commands.run_ps, ["ps", *runs], (name, "123456789", "12345.6")),
+        "status": (commands.run_status, ["status", name, *runs],
+                   ("trainer/default/0", "1234567", "277.7")),
+    }  # fmt: skip
+    for command, argv, whole in shown.values():
+        console = Console(record=True, width=80, force_terminal=False)
+        assert command(build_parser().parse_args(argv), console) == 0
+        said = console.export_text()
+        assert "…" not in said and all(w in said for w in whole), said
+
+
 def test_a_folder_without_a_record_is_the_run_of_whoever_holds_its_lock(tmp_path):
     """Run folders written before launch records: the lock's holder is the run's process."""
     run_dir = run_folder_at(tmp_path / "old")
