@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import itertools
@@ -21,7 +22,7 @@ from typing import Any
 
 from api.config.arguments import describe
 from api.config.schema import ExperimentConfig
-from api.errors import RegistryError
+from api.errors import RegistryError, UserError
 from api.registry import REGISTRIES
 
 MISSING = "-"
@@ -34,6 +35,24 @@ class KeyDoc:
     default: Any
     value: Any
     doc: str
+
+
+def matching(rows: list[KeyDoc], keys: list[str]) -> list[KeyDoc]:
+    """The rows under any of ``keys``: a key is a whole dotted path or a run of its parts
+    (``trainer`` shows ``policies.default.trainer.*``, ``lr`` every learning rate, ``stop`` the
+    stopping rule). Raises UserError naming a key that matches none, with the closest parts.
+    ``troupe show-config`` printed some 400 lines, through which a user looked for one."""
+    for key in keys:
+        if not any(_under(row.path, key) for row in rows):
+            parts = {part for row in rows for part in row.path.split(".")}
+            close = difflib.get_close_matches(key.split(".")[-1], sorted(parts), n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise UserError(f"no key of this experiment is or holds '{key}'{hint}")
+    return [row for row in rows if any(_under(row.path, key) for key in keys)]
+
+
+def _under(path: str, key: str) -> bool:
+    return f".{key}." in f".{path}." or f".{path}.".startswith(f".{key}.")
 
 
 def describe_config(config: ExperimentConfig) -> list[KeyDoc]:

@@ -284,6 +284,15 @@ def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     add_import_argument(parser)
     parser.add_argument("--json", action="store_true", help="the resolved config as JSON only")
+    parser.add_argument(
+        "--key",
+        dest="keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="only the keys under KEY: a dotted path or a run of its parts (trainer, lr, "
+        "stop); repeatable. With --json, those keys and their values",
+    )
     add_algo_argument(parser, "show-config")
 
 
@@ -316,16 +325,21 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
     from rich.padding import Padding
     from rich.table import Table
 
-    from api.config.docs import MISSING, describe_config
+    from api.config.docs import MISSING, describe_config, matching
     from api.resolve import load_experiment
 
     config = load_experiment(*experiment_of(args), args.imports)
-    if args.json:
+    if args.json and not args.keys:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
     hidden = ("code.registrations",)
     rows = [r for r in describe_config(config)
             if not (r.path.startswith(hidden) or r.path.endswith(".args"))]  # fmt: skip
+    if args.keys:
+        rows = matching(rows, args.keys)
+    if args.json:
+        print(json.dumps({row.path: row.value for row in rows}, indent=2, default=str))
+        return 0
     if console.width < WIDE_TABLE:  # five columns would wrap every word: a block per key
         console.print(Text(f"experiment {config.name}", style="bold"))
         for row in rows:

@@ -284,6 +284,24 @@ def test_show_config_shows_what_train_runs_with_an_algo(capsys):
     assert json.loads(capsys.readouterr().out)["name"] == "cartpole-v1-ppo"
 
 
+def test_show_config_shows_the_keys_under_a_key(capsys):
+    """`troupe show-config cartpole-ppo` printed some 400 lines, through which a user looked
+    for one key."""
+    import json
+
+    argv = ["show-config", "cartpole-ppo", "--key", "lr", "--key", "stop.env_frames", "--json"]
+    assert main([*argv, "stop.env_frames=1e5"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == {"policies.default.trainer.args.lr": 0.002, "stop.env_frames": 100000}
+    assert main(["show-config", "cartpole-ppo", "--key", "trainer"]) == 0
+    out = capsys.readouterr().out
+    assert "policies.default.trainer.args.clip = 0.2" in out and "stop." not in out
+    assert main(["show-config", "cartpole-ppo", "--key", "lrr"]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert "no key of this experiment is or holds 'lrr'; did you mean 'lr'" in said
+    assert main(["show-config", "cartpole-ppo", "--key", "ainer"]) == 1  # parts whole, not cut
+
+
 def test_test_pipeline_checks_what_train_runs_with_an_algo(capsys):
     """`troupe test-pipeline ENV --algo dqn` checks the pipeline `troupe train ENV --algo dqn`
     runs (it refused --algo: only `troupe train` and show-config took it)."""
