@@ -173,12 +173,16 @@ def unstopped_of(workers: Mapping[str, Any], now: float) -> dict[str, str]:
     container was killed half a minute before its end (before the heartbeat timeout) exited 0
     with nothing said of the actor; ``workers.json`` alone said ``failed``. So did one whose
     scheduler was still to bring it back (``awaited``; its ``last_seen``: when it was found
-    gone)."""
+    gone). One whose error came as the run stopped is named with its error: "no stop in order"
+    read as if it had gone silent."""
     unstopped = {}
     for worker, record in workers.items():
         if not record.came_up:
             continue
-        if record.state is WorkerState.FAILED:
+        if record.state is WorkerState.FAILED and record.failed_with:
+            error = _error_name(record.failed_with)
+            unstopped[worker] = f"failed as the run stopped, with {error}; not restarted"
+        elif record.state is WorkerState.FAILED:
             unstopped[worker] = (
                 f"no stop in order; last heard from {now - record.last_seen:.0f} s before the end"
             )
@@ -188,6 +192,12 @@ def unstopped_of(workers: Mapping[str, Any], now: float) -> dict[str, str]:
                 f"{now - record.last_seen:.0f} s after it was found gone"
             )
     return unstopped
+
+
+def _error_name(message: str) -> str:
+    """``NonFiniteError`` of ``NonFiniteError: environment ...``; else the message's start."""
+    name = message.split(":", 1)[0]
+    return name if name.isidentifier() else message[:60] + ("…" if len(message) > 60 else "")
 
 
 def earlier_solve(run_dir: Path) -> dict[str, Any] | None:

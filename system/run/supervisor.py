@@ -182,6 +182,7 @@ class Supervisor:
         ``stuck_s``: how long its last poll ran before it was taken for hung (no work)."""
         record.state = WorkerState.FAILED
         record.worked_until = time.monotonic() - stuck_s
+        record.failed_with = message
         wid = record.plan.worker_id
         if quiet:
             logger.warning("%s failed: %s", wid, message)
@@ -288,6 +289,7 @@ class Supervisor:
         # restarted for its error: the run's end named only its exit code.
         reported = record.state is WorkerState.FAILED and not record.left and record.last_error
         record.restart_cause = record.last_error if reported else why
+        record.failed_with = None
         record.state = WorkerState.RESTARTING  # its hello is expected, not a scheduler's restart
         record.last_seen = time.monotonic()
         self.launcher.start(wid, str(record.plan.role), self.address)
@@ -299,6 +301,7 @@ class Supervisor:
         count_restart(record)
         self.signalled.forget(record)
         record.restart_cause = record.last_error or "restarted by its scheduler"
+        record.failed_with = None
         self.names.forget(record.plan.endpoints())
 
     # ------------------------------------------------------------- the ordered stop

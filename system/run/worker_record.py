@@ -47,6 +47,9 @@ class WorkerRecord:
     came_up: bool = False
     """Whether it ever became ready (in any of its processes)."""
     restart_cause: str | None = None  # its last restart's: its error's message, or how it ended
+    failed_with: str | None = None
+    """The error it reported when it last failed, until it is restarted: one that failed as
+    the run stopped, and was not restarted, is said to have failed so, not to have gone."""
     left: str | None = None
     """Why it left unasked (``left on SIGTERM, ...``), until it is restarted."""
     evicted: str | None = None

@@ -570,6 +570,26 @@ def test_the_summary_names_the_workers_that_did_not_stop_in_order(run, monkeypat
     )
 
 
+def test_a_worker_that_failed_with_an_error_as_the_run_stopped_is_named_with_it(run):
+    """A run given up on an actor's crash loop: the evaluation actor failed with the same
+    error moments before the stop, and the summary said "eval/0 (no stop in order; last heard
+    from 0 s before the end)", as if it had gone silent."""
+    s, _, _ = run
+    for w in ("actor/0", "actor/1"):
+        s.on_hello(s.workers[w], pid=2)
+        s.on_ready(s.workers[w])
+    s.on_error(
+        s.workers["actor/0"], "NonFiniteError: environment 'X' returned NaN", "", False, False
+    )
+    s.on_error(s.workers["actor/1"], "environment 'X' hangs in step", "", False, False)
+    assert unstopped_of(s.workers, now=s.workers["actor/0"].last_seen) == {
+        "actor/0": "failed as the run stopped, with NonFiniteError; not restarted",
+        "actor/1": "failed as the run stopped, with environment 'X' hangs in step; not restarted",
+    }
+    s.supervise()  # restarted: its error is no longer how it ended
+    assert s.workers["actor/0"].failed_with is None
+
+
 def test_the_summary_names_a_worker_its_scheduler_had_not_brought_back_by_the_end(run, monkeypatch):
     """A worker gone under a scheduler (Slurm, Kubernetes; Docker before it started a worker
     stopped by hand again) is waited for. A run that ended during that wait exited 0, and its
