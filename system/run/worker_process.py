@@ -148,21 +148,38 @@ def main(
         return EXIT_ORPHANED
     except Exception as e:
         message = f"{type(e).__name__}: {e}"
-        # An unknown name, a bad argument or an environment that declares its spaces wrongly
-        # fails the same way in every restart: say so, and the controller ends the run with
-        # this message instead of restarting the worker. A ValueError/TypeError before the
-        # worker exists is a constructor refusing its arguments.
-        fatal = isinstance(e, (RegistryError, ConfigError, CallbackError, EnvironmentCheckError,
-                               TrainerContractError))  # fmt: skip
-        fatal = fatal or (worker is None and isinstance(e, (ValueError, TypeError)))
         tb = traceback.format_exc()
-        ctl.send(cp.Error(message, tb, type(e).__name__, fatal))
+        ctl.send(cp.Error(message, tb, type(e).__name__, fatal(e, built=worker is not None)))
         return EXIT_FAILED
     finally:
         if worker is not None:
             _close(worker)
         ctl.close()
         _flush_sockets()
+
+
+def fatal(e: Exception, built: bool) -> bool:
+    """Whether ``e`` fails the same way in every restart, so that the controller ends the run
+    with its message instead of restarting the worker: an unknown name, a bad argument, an
+    environment that declares its spaces wrongly. Before the worker exists (``built``), a
+    ValueError or TypeError is a constructor refusing its arguments, and an import that failed
+    is a package missing from this machine or image (``PettingZoo environments need the
+    'pettingzoo' package``), which a restart does not install: it was restarted five times."""
+    if isinstance(e, (RegistryError, ConfigError, CallbackError, EnvironmentCheckError,
+                      TrainerContractError)):  # fmt: skip
+        return True
+    return not built and (isinstance(e, (ValueError, TypeError)) or _import_failed(e))
+
+
+def _import_failed(e: BaseException | None) -> bool:
+    """Whether ``e`` is, or was raised from, an ImportError."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ImportError):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _flush_sockets(linger_ms: int = 1000) -> None:

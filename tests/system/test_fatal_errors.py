@@ -1,0 +1,88 @@
+"""Which worker errors end a run at once (``worker_process.fatal``): those that every restart
+would meet again. A package missing from the machine or the worker image was restarted five
+times in every role that builds the environment before the run gave up on it
+(``troupe train --launcher docker`` of a PettingZoo game, with an image built without
+PettingZoo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from api.errors import RegistryError, UserError
+from system.run.worker_process import fatal
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _raised_from(error: Exception, cause: Exception) -> Exception:
+    try:
+        try:
+            raise cause
+        except Exception as e:
+            raise error from e
+    except Exception as e:
+        return e
+
+
+def test_an_import_that_failed_while_building_is_fatal_and_only_then():
+    missing = _raised_from(UserError("PettingZoo environments need the 'pettingzoo' package"),
+                           ModuleNotFoundError("No module named 'pettingzoo'"))  # fmt: skip
+    assert fatal(missing, built=False)
+    assert fatal(ModuleNotFoundError("No module named 'cv2'"), built=False)
+    assert not fatal(missing, built=True)  # in the loop: not a build that failed
+    assert not fatal(UserError("step() called but no episode is running"), built=False)
+    assert not fatal(_raised_from(RuntimeError("lost"), OSError("reset by peer")), built=False)
+    assert fatal(RegistryError("unknown environment"), built=True)  # as before
+    assert fatal(ValueError("bad argument"), built=False) and not fatal(ValueError(), built=True)
+
+
+EXPERIMENT_FILE = '''\
+from api.config import ComponentConfig
+from api.environment import register
+from api.errors import UserError
+from legacy.experiments.examples import cartpole_ppo
+
+
+class NeedsAPackage:
+    """An environment whose simulator is not installed here."""
+
+    def __init__(self):
+        try:
+            import troupe_no_such_simulator  # noqa: F401
+        except ImportError as e:
+            raise UserError(f"NeedsAPackage needs troupe_no_such_simulator ({e})") from e
+
+
+register("NeedsAPackage-v0", NeedsAPackage)
+
+
+def experiment():
+    config = cartpole_ppo()
+    config.environment = ComponentConfig("NeedsAPackage-v0")
+    return config
+'''
+
+
+@pytest.mark.multiprocess
+def test_a_missing_package_ends_the_run_at_once_without_a_restart(tmp_path):
+    experiment = tmp_path / "needs_a_package.py"
+    experiment.write_text(EXPERIMENT_FILE)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "run", str(experiment), "--run-dir",
+         str(run_dir), "--no-display"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    failure = json.loads((run_dir / "summary.json").read_text())["failure"]
+    assert "UserError: NeedsAPackage needs troupe_no_such_simulator" in failure, failure
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert all(w["restarts"] == 0 for w in workers.values()), workers
+    assert "restarting" not in result.stderr
