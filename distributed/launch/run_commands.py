@@ -87,6 +87,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
+    add_secure_and_docker_arguments(parser)
+
+
+def add_secure_and_docker_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--secure``, ``--launcher`` and ``--image``, which ``troupe run`` and ``troupe train``
+    share (``troupe.train`` took them; ``troupe train`` refused them as unrecognised)."""
     parser.add_argument(
         "--secure",
         action="store_true",
@@ -266,6 +272,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-display", action="store_true", help="plain progress lines instead of the live panel"
     )
+    add_secure_and_docker_arguments(parser)
 
 
 def run_train(args: argparse.Namespace, console: Console) -> int:
@@ -273,8 +280,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     from api.algorithms import on_environment
 
     args.experiment, args.overrides = on_environment(args.environment, args.algo, args.overrides)
-    args.resume, args.secure, args.launcher = None, False, "local"
-    args.image = None
+    args.resume = None  # a run of it is resumed as any other: troupe run --resume RUN_DIR
     return run_run(args, console)
 
 

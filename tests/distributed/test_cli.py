@@ -284,6 +284,21 @@ def test_show_config_shows_what_train_runs_with_an_algo(capsys):
     assert json.loads(capsys.readouterr().out)["name"] == "cartpole-v1-ppo"
 
 
+def test_train_takes_the_launcher_image_and_secure_options_of_run(monkeypatch):
+    """`troupe.train(ENV, launcher="docker")` ran in containers; `troupe train ENV --launcher
+    docker` was refused as an unrecognised argument, and so were --image and --secure."""
+    from distributed.launch import run_commands
+
+    seen = {}
+    monkeypatch.setattr(run_commands, "run_run", lambda args, console: seen.update(vars(args)))
+    argv = ["train", "CartPole-v1", "--launcher", "docker", "--image", "mine:1", "--secure"]
+    main([*argv, "frames=1000"])
+    assert (seen["launcher"], seen["image"], seen["secure"]) == ("docker", "mine:1", True)
+    assert seen["experiment"] == "auto" and seen["resume"] is None  # ppo, or a preset
+    main(["train", "CartPole-v1"])
+    assert (seen["launcher"], seen["image"], seen["secure"]) == ("local", None, False)
+
+
 def test_show_config_shows_the_keys_under_a_key(capsys):
     """`troupe show-config cartpole-ppo` printed some 400 lines, through which a user looked
     for one key."""
