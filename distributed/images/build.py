@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from distributed.errors import (
 from distributed.images import pinning, source
 from distributed.images.wheelhouse import (
     CPU_TORCH_INDEX,
+    DEFAULT_EXTRAS,
     Wheelhouse,
     build_wheelhouse,
     link_or_copy,
@@ -176,8 +177,11 @@ def build_image(
     torch_index: str | None = None,
     make_base: bool = False,
     refresh_deps: bool = False,
+    extras: Sequence[str] | None = None,
 ) -> str:
-    """Build the worker image ``tag`` on ``base_image``; returns the image id.
+    """Build the worker image ``tag`` on ``base_image``; returns the image id. ``extras``: the
+    project's extras whose packages the image holds too (None: :data:`DEFAULT_EXTRAS`, or what
+    ``wheelhouse`` holds).
 
     ``base_image`` None: see :func:`resolve_base_image`; it must have Python 3.11. The wheels
     come from ``wheelhouse`` when given, otherwise the dependency wheels from the cache (made on
@@ -185,6 +189,11 @@ def build_image(
     CPU build runs with no network. ``push`` then pushes ``tag``. The image ``tag`` named before
     is removed when nothing else uses it.
     """
+    if extras is not None and wheelhouse is not None:
+        raise ImageError(
+            "--extras chooses the wheels a build makes; a --wheelhouse holds its own: make it "
+            f"with them (troupe image wheelhouse DIR --extras {','.join(extras)})"
+        )
     dockerfile = DOCKER_DIR / ("Dockerfile.gpu" if gpu else "Dockerfile")
     client = client or connect()
     base = resolve_base_image(client, base_image, gpu=gpu, make_base=make_base)
@@ -197,6 +206,7 @@ def build_image(
             gpu=gpu,
             torch_index=torch_index,
             refresh=refresh_deps,
+            extras=DEFAULT_EXTRAS if extras is None else extras,
         )
         deps_key = _stage_context(context, dockerfile, wheels)
         logger.info("building %s on %s from %s", tag, base, dockerfile.name)
@@ -424,6 +434,7 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"name of the image (default: {DEFAULT_TAG}, with --gpu {DEFAULT_GPU_TAG})",
     )
     build.add_argument("--gpu", action="store_true", help="build docker/Dockerfile.gpu (CUDA)")
+    _add_extras_argument(build, None)
     build.add_argument("--push", action="store_true", help="push the image after building it")
     build.add_argument(
         "--wheelhouse",
@@ -447,10 +458,27 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     )
     wheelhouse.add_argument("out_dir", type=Path, metavar="DIR", help="directory for the wheels")
     wheelhouse.add_argument("--gpu", action="store_true", help="wheels for the GPU image")
+    _add_extras_argument(wheelhouse, DEFAULT_EXTRAS)
     _add_torch_index_argument(wheelhouse)
 
     push = actions.add_parser("push", help="push a built image to its registry")
     push.add_argument("tag", help="image to push, e.g. registry.example.com/troupe-worker:latest")
+
+
+def _add_extras_argument(parser: argparse.ArgumentParser, default: tuple[str, ...] | None) -> None:
+    parser.add_argument(
+        "--extras",
+        type=_extras,
+        default=default,
+        metavar="EXTRA[,EXTRA]",
+        help="troupe-rl's extras whose packages the image holds (default: "
+        f"{','.join(DEFAULT_EXTRAS)}, what the registered experiments need: the Atari recipes, "
+        "PettingZoo games; also mujoco, box2d, video; '' for none)",
+    )
+
+
+def _extras(value: str) -> tuple[str, ...]:
+    return tuple(e.strip() for e in value.split(",") if e.strip())
 
 
 def _add_torch_index_argument(parser: argparse.ArgumentParser) -> None:
@@ -477,6 +505,7 @@ def run_image(args: argparse.Namespace, console: Console) -> int:
             torch_index=args.torch_index,
             make_base=args.make_base_image,
             refresh_deps=args.refresh_deps,
+            extras=args.extras,
         )
         if args.add:  # user code: a thin layer on top (distributed/images/user_layer.py)
             from distributed.images.user_layer import add_user_code
@@ -484,7 +513,9 @@ def run_image(args: argparse.Namespace, console: Console) -> int:
             image_id = add_user_code(connect(), tag, tag, args.add)
         console.print(Text(f"built {tag} ({image_id})", style="green"), highlight=False)
     elif args.image_action == "wheelhouse":
-        wheels = build_wheelhouse(args.out_dir, gpu=args.gpu, torch_index=args.torch_index)
+        wheels = build_wheelhouse(
+            args.out_dir, gpu=args.gpu, torch_index=args.torch_index, extras=args.extras
+        )
         console.print(Text(f"{len(wheels)} wheels in {args.out_dir}", style="green"))
     else:
         push_image(args.tag)

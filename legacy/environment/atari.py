@@ -60,7 +60,7 @@ from legacy.environment.gym_adapter import quiet_ale
 
 NAME = "Atari-v0"
 INTERPOLATIONS = ("area", "linear")
-_INSTALL = "pip install 'troupe-rl[atari]'"
+_INSTALL = "pip install 'troupe-rl[atari]' (a worker image: troupe image build --extras atari)"
 
 
 def _import_atari_packages():

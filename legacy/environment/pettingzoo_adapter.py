@@ -47,7 +47,10 @@ from api.registry import load_entry_point
 from legacy.environment.flat_actions import flat_or_none
 from legacy.environment.pettingzoo_spaces import troupe_obs, troupe_space, zero_obs
 
-INSTALL_HINT = "install it with: pip install 'troupe-rl[multiagent]'"
+INSTALL_HINT = (
+    "install it with: pip install 'troupe-rl[multiagent]' "
+    "(a worker image: troupe image build --extras multiagent)"
+)
 PREFIX = "pettingzoo:"
 
 

@@ -227,6 +227,33 @@ def test_a_users_own_file_trains_in_containers_with_no_package(client, tmp_path)
     assert_nothing_left(client, dl.run_name(run_dir))
 
 
+@pytest.mark.parametrize(
+    ("command", "emulator"),
+    [
+        (["run", "pong-ppo", "stop.env_frames=2000", "evaluation.workers=1"], True),
+        (["train", "pettingzoo:classic/rps_v2", "frames=2000", "stop.eval_return=None"], False),
+    ],
+)
+def test_the_atari_and_pettingzoo_experiments_run_in_the_worker_image(
+    client, tmp_path, command, emulator
+):
+    """The image held the core dependencies alone: `pong-ppo` in containers failed for want of
+    ale-py, a PettingZoo game for want of PettingZoo. The image holds the extras the registered
+    experiments need (`troupe image build --extras`); `troupe train` takes `--launcher`."""
+    run_dir = tmp_path / "runs" / "extras"
+    argv = [*command, "--launcher", "docker", "--image", IMAGE, "--run-dir", str(run_dir)]
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", *argv, "--no-display"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    log = result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, log
+    summary = read_json(run_dir / "summary.json")
+    assert summary["stop_reason"] == "env_frames" and summary["env_frames"] >= 2000, log
+    assert ("emulator_frames" in summary) == emulator, summary
+    assert_nothing_left(client, dl.run_name(run_dir))
+
+
 def test_the_readme_corridor_script_trains_in_containers_from_python(client, tmp_path):
     """Issue 12: the README's script form (``register()`` under ``if __name__ == "__main__":``)
     with ``troupe.train(..., launcher="docker")``: the script's file reaches every container."""

@@ -188,6 +188,7 @@ def test_image_build_arguments_reach_build_image(monkeypatch):
                 "torch_index": None,
                 "make_base": False,
                 "refresh_deps": False,
+                "extras": None,
             },
         )
     ]
@@ -196,6 +197,28 @@ def test_image_build_arguments_reach_build_image(monkeypatch):
 def test_image_build_defaults():
     args = parse("build")
     assert (args.base_image, args.tag, args.gpu, args.push) == (None, None, False, False)
+    assert args.extras is None  # build_image's default: DEFAULT_EXTRAS, or a wheelhouse's own
+    assert parse("wheelhouse", "out").extras == wheelhouse.DEFAULT_EXTRAS == ("atari", "multiagent")
+    assert parse("build", "--extras", "atari, mujoco").extras == ("atari", "mujoco")
+    assert parse("build", "--extras", "").extras == ()
+
+
+def test_an_image_holds_the_packages_of_its_extras():
+    """The image held the core dependencies alone: `troupe run pong-ppo --launcher docker`
+    failed in every container for want of ale-py, a PettingZoo game for want of PettingZoo."""
+    core = wheelhouse.project_dependencies()
+    assert not any(r.startswith(("ale-py", "pettingzoo")) for r in core)
+    both = wheelhouse.project_dependencies(extras=wheelhouse.DEFAULT_EXTRAS)
+    assert both[: len(core)] == core
+    assert {r.split(">")[0] for r in both[len(core) :]} >= {"ale-py", "opencv-python-headless",
+                                                           "pettingzoo"}  # fmt: skip
+    test = wheelhouse.project_dependencies(extras=["test"])  # its troupe-rl[...] expanded
+    assert "pettingzoo>=1.24,<2" in test and not any(r.startswith("troupe") for r in test)
+    assert len(test) == len(set(test))
+    with pytest.raises(WheelhouseError, match="no extra 'atar'; it has atari, "):
+        wheelhouse.project_dependencies(extras=["atar"])
+    with pytest.raises(images.ImageError, match="make it with them"):
+        images.build_image(None, "t", wheelhouse="/nowhere", extras=["atari"])
 
 
 class _QuietConsole:
