@@ -39,6 +39,20 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
     return out
 
 
+def run_failing_file(tmp_path: Path, name: str, text: str) -> tuple[str, dict, dict]:
+    """``troupe run`` of an experiment file ``text`` (saved as ``name``) that must fail with
+    exit code 1: its stderr, its summary and its workers.json."""
+    experiment, run_dir = tmp_path / name, tmp_path / "run"
+    experiment.write_text(text)
+    result = subprocess.run(
+        [*TROUPE, "run", str(experiment), "--run-dir", str(run_dir), "--no-display"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stderr, read_json(run_dir / "summary.json"), read_json(run_dir / "workers.json")
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())

@@ -6,18 +6,11 @@ PettingZoo)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from e2e_support import run_failing_file
 
 from api.errors import RegistryError, UserError
 from system.run.worker_process import fatal
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _raised_from(error: Exception, cause: Exception) -> Exception:
@@ -71,18 +64,8 @@ def experiment():
 
 @pytest.mark.multiprocess
 def test_a_missing_package_ends_the_run_at_once_without_a_restart(tmp_path):
-    experiment = tmp_path / "needs_a_package.py"
-    experiment.write_text(EXPERIMENT_FILE)
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "distributed.cli", "run", str(experiment), "--run-dir",
-         str(run_dir), "--no-display"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
-    )  # fmt: skip
-    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
-    failure = json.loads((run_dir / "summary.json").read_text())["failure"]
-    assert "UserError: NeedsAPackage needs troupe_no_such_simulator" in failure, failure
-    workers = json.loads((run_dir / "workers.json").read_text())
+    stderr, summary, workers = run_failing_file(tmp_path, "needs_a_package.py", EXPERIMENT_FILE)
+    said = "UserError: NeedsAPackage needs troupe_no_such_simulator"
+    assert said in summary["failure"], summary["failure"]
     assert all(w["restarts"] == 0 for w in workers.values()), workers
-    assert "restarting" not in result.stderr
+    assert "restarting" not in stderr

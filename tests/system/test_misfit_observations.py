@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import test_nonfinite as nonfinite  # its actor and policy worker in one process
+from e2e_support import run_failing_file
 
 from api.environment import Environment, StepResult
 from api.namedarray import NamedArray
@@ -231,19 +232,8 @@ def experiment():
 def test_an_environment_that_declares_its_spaces_wrongly_fails_the_run_at_once(tmp_path):
     """Every worker that reads the spaces fails the same way, in every restart: the first
     error ends the run, with no restart (it used to crash-loop five times in every role)."""
-    experiment = tmp_path / "one_space.py"
-    experiment.write_text(EXPERIMENT_FILE)
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "distributed.cli", "run", str(experiment), "--run-dir",
-         str(run_dir), "--no-display"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
-    )  # fmt: skip
-    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
-    failure = json.loads((run_dir / "summary.json").read_text())["failure"]
+    stderr, summary, workers = run_failing_file(tmp_path, "one_space.py", EXPERIMENT_FILE)
     said = "EnvironmentCheckError: environment 'OneSpace-v0': [field 'observation_spaces']"
-    assert said in failure, failure
-    workers = json.loads((run_dir / "workers.json").read_text())
+    assert said in summary["failure"], summary["failure"]
     assert all(w["restarts"] == 0 for w in workers.values()), workers
-    assert "restarting" not in result.stderr
+    assert "restarting" not in stderr
