@@ -172,13 +172,15 @@ def fatal(e: Exception, built: bool) -> bool:
 
 
 def _import_failed(e: BaseException | None) -> bool:
-    """Whether ``e`` is, or was raised from, an ImportError."""
+    """Whether ``e`` is, or was raised ``from``, an ImportError (or gymnasium's
+    ``DependencyNotInstalled``). Only an explicit cause counts: an error raised later in an
+    ``except ImportError:`` block's fallback (a connection refused) is no missing package."""
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, ImportError):
+        if isinstance(e, ImportError) or type(e).__name__ == "DependencyNotInstalled":
             return True
         seen.add(id(e))
-        e = e.__cause__ or e.__context__
+        e = e.__cause__
     return False
 
 

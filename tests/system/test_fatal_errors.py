@@ -23,6 +23,16 @@ def _raised_from(error: Exception, cause: Exception) -> Exception:
         return e
 
 
+def _in_a_fallback() -> Exception:
+    try:
+        try:
+            import troupe_no_such_accelerator  # noqa: F401
+        except ImportError:
+            raise ConnectionRefusedError("the fallback's server")  # noqa: B904
+    except Exception as e:
+        return e
+
+
 def test_an_import_that_failed_while_building_is_fatal_and_only_then():
     missing = _raised_from(UserError("PettingZoo environments need the 'pettingzoo' package"),
                            ModuleNotFoundError("No module named 'pettingzoo'"))  # fmt: skip
@@ -31,6 +41,7 @@ def test_an_import_that_failed_while_building_is_fatal_and_only_then():
     assert not fatal(missing, built=True)  # in the loop: not a build that failed
     assert not fatal(UserError("step() called but no episode is running"), built=False)
     assert not fatal(_raised_from(RuntimeError("lost"), OSError("reset by peer")), built=False)
+    assert not fatal(_in_a_fallback(), built=False)  # only a cause counts, not a context
     assert fatal(RegistryError("unknown environment"), built=True)  # as before
     assert fatal(ValueError("bad argument"), built=False) and not fatal(ValueError(), built=True)
 
