@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import functools
 import inspect
 import itertools
@@ -20,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from api.config.arguments import describe
+from api.config.arguments import close_names, describe
 from api.config.schema import ExperimentConfig
 from api.errors import RegistryError, UserError
 from api.registry import REGISTRIES
@@ -44,11 +43,21 @@ def matching(rows: list[KeyDoc], keys: list[str]) -> list[KeyDoc]:
     ``troupe show-config`` printed some 400 lines, through which a user looked for one."""
     for key in keys:
         if not any(_under(row.path, key) for row in rows):
-            parts = {part for row in rows for part in row.path.split(".")}
-            close = difflib.get_close_matches(key.split(".")[-1], sorted(parts), n=3)
+            close = _closest(rows, key)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise UserError(f"no key of this experiment is or holds '{key}'{hint}")
     return [row for row in rows if any(_under(row.path, key) for key in keys)]
+
+
+def _closest(rows: list[KeyDoc], key: str) -> list[str]:
+    """The parts closest to the key's last, by spelling or by the name other libraries use
+    (``learning_rate`` is ``lr``); with the key's other parts in front where that matches."""
+    parts = sorted({part for row in rows for part in row.path.split(".")})
+    *head, last = key.split(".")
+    close = close_names(last, parts, n=3)
+    whole = [".".join([*head, c]) for c in close]
+    found = [w for w in whole if head and any(_under(row.path, w) for row in rows)]
+    return found or close
 
 
 def _under(path: str, key: str) -> bool:

@@ -317,6 +317,17 @@ def test_show_config_shows_the_keys_under_a_key(capsys):
     assert main(["show-config", "cartpole-ppo", "--key", "ainer"]) == 1  # parts whole, not cut
 
 
+def test_show_config_suggests_our_name_for_another_librarys(capsys):
+    """`--key learning_rate` found nothing and suggested nothing: the suggestion matched
+    spellings alone, not the names other libraries use (which `troupe train` already knew)."""
+    assert main(["show-config", "cartpole-ppo", "--key", "learning_rate"]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert "holds 'learning_rate'; did you mean 'lr'?" in said
+    assert main(["show-config", "cartpole-ppo", "--key", "trainer.args.ent_coef"]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert "did you mean 'trainer.args.entropy_coef'?" in said
+
+
 def test_test_pipeline_checks_what_train_runs_with_an_algo(capsys):
     """`troupe test-pipeline ENV --algo dqn` checks the pipeline `troupe train ENV --algo dqn`
     runs (it refused --algo: only `troupe train` and show-config took it)."""
