@@ -40,6 +40,9 @@ class TransitionBatch:
     """``[B]`` int64: the buffer's keys of these transitions, to update their priorities."""
     policy_version: np.ndarray | None = None
     """``[B, 1]`` int64: the policy version that chose the action."""
+    extras: NamedArray | None = None
+    """``[B, ...]`` each: the fields actor callbacks added to the segments (``segment_fields``,
+    :mod:`api.episode`) at the step the action was taken; None when none declares any."""
 
 
 def require_transitions(samples: Any, trainer: str) -> None:

@@ -18,6 +18,10 @@ so does the segment's end (its last observation is real, only the next action is
 Storing segments rather than ``(obs, next_obs)`` pairs keeps each observation once.
 
 ``state_dict()`` is a flat dict of numpy arrays (no pickle needed to checkpoint it).
+
+Longer than 400 lines because storage, n-step sampling, priorities and the checkpoint of one
+buffer share its arrays and their invariants (slots, stamps, valid flags); split, each part
+would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ from system.replay.sum_tree import SumTree
 
 logger = logging.getLogger(__name__)
 
+_EMPTY = "or remove its save (checkpoints/<policy>/replay.ckpt) to start the buffer empty"
+
 STORED = ("obs", "action", "reward", "done", "truncated", "policy_version")
-"""The SampleBatch fields a replay buffer keeps."""
+"""The SampleBatch fields a replay buffer keeps; and ``extras``, the actor callbacks' fields,
+when the segments have them (a transition gets those of the step its action was taken at)."""
 
 
 @dataclass
@@ -127,14 +134,15 @@ class ReplayBuffer:
             raise ConfigError([
                 f"actors.segment_length: segments of {steps - 1} frames came to a replay buffer "
                 f"that holds segments of {self._length - 1} (one buffer takes one length). A "
-                "resumed run's buffer keeps its run's length: resume with that one, or remove "
-                "its save (checkpoints/<policy>/replay.ckpt) to start the buffer empty"
+                f"resumed run's buffer keeps its run's length: resume with that one, {_EMPTY}"
             ])  # fmt: skip
+        leaves = _leaves(segments)
+        self._check_extras([path for path, _ in leaves])
         slots = (self._serial + np.arange(batch)) % self._slots
         serials = self._serial + np.arange(batch)
         keep = max(batch - self._slots, 0)  # more segments than fit: only the newest stay
         slots, serials = slots[keep:], serials[keep:]
-        for path, leaf in _leaves(segments):
+        for path, leaf in leaves:
             self._store[path][slots] = np.swapaxes(np.asarray(leaf)[:, keep:], 0, 1)
         self._stamp[slots] = serials
         ended = self._store["done"][slots, :, 0] | self._store["truncated"][slots, :, 0]
@@ -149,6 +157,18 @@ class ReplayBuffer:
         frames = (steps - 1) * batch
         self.limiter.record_insert(frames)
         return frames
+
+    def _check_extras(self, paths: list[str]) -> None:
+        """Segments bring the extras the buffer holds, no more and no fewer: a transition
+        without the fields its trainer reads would be made up (fatal, as the length is)."""
+        held = sorted(p[len("extras.") :] for p in self._store if p.startswith("extras."))
+        came = sorted(p[len("extras.") :] for p in paths if p.startswith("extras."))
+        if held != came:
+            raise ConfigError([
+                f"actor_callbacks: segments with the extra fields {came} came to a replay buffer "
+                f"that holds {held} (segment_fields). A resumed run's buffer keeps its run's "
+                f"fields: resume with its actor callbacks, {_EMPTY}"
+            ])  # fmt: skip
 
     def _allocate(self, segments: Any, steps: int) -> None:
         if steps < 2:
@@ -216,9 +236,14 @@ class ReplayBuffer:
             weight=self._weights(items, count),
             key=self._stamp[slot] * self._length + t,
             policy_version=self._store["policy_version"][slot, t],
+            extras=self._gather("extras", slot, t) if self._extras else None,
         )
         self.limiter.record_sample(rows)
         return batch
+
+    @property
+    def _extras(self) -> bool:
+        return any(path.startswith("extras.") for path in self._store)
 
     def _n_step(self, slot: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, ...]:
         """n-step returns, discounts and bootstrap steps; one vectorised pass per step k."""
@@ -375,7 +400,8 @@ def _shapes(saved: dict[str, np.ndarray], slots: int) -> dict[str, tuple[tuple, 
 def _leaves(segments: Any) -> list[tuple[str, np.ndarray]]:
     """The stored fields of a SampleBatch as ``(path, [T, B, ...] array)``."""
     out = []
-    for name in STORED:
+    extras = getattr(segments, "extras", None)
+    for name in STORED + (("extras",) if extras is not None else ()):
         value = getattr(segments, name, None)
         if value is None:
             raise ValueError(f"replay needs the segments' '{name}' field, which is missing")

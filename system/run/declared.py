@@ -87,7 +87,7 @@ def batch_layout(
     from system.replay.rate_limiter import RateLimiterConfig
 
     buffer = ReplayBuffer(ReplayConfig(capacity_frames=1, rate_limit=RateLimiterConfig(1)))
-    buffer.insert(_probe_segment(config, spaces, policy, name))
+    buffer.insert(with_extras(_probe_segment(config, spaces, policy, name), extra_fields(config)))
     row = validation.spec_of(buffer.sample(1), 1)
     return BatchLayout(row, config.policies[name].replay.message_rows)
 

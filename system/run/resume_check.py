@@ -98,6 +98,7 @@ def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Pat
                 f"{before!r}, and its checkpoints hold that; start a new run for the change"
             )
     _check_replay_segments(saved, changed, folder)
+    _check_replay_extras(saved, new, changed, folder)
     if not changed:
         return
     listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -130,6 +131,34 @@ def _check_replay_segments(
                 f"'{name}''s replay buffer ({path}) holds segments of {before!r} frames; keep "
                 f"actors.segment_length={before!r}, or remove that file to start the buffer empty"
             )
+
+
+def _check_replay_extras(
+    saved: ExperimentConfig, new: ExperimentConfig, changed: dict, folder: Path
+) -> None:
+    """A saved replay buffer holds the extra fields its run's actor callbacks declared
+    (``segment_fields``): a resume whose callbacks declare others would fail its replay
+    worker on the first insert, after every worker had started."""
+    if not any(key.startswith("actor_callbacks") for key in changed):
+        return
+    from api.config.checks import uses_replay
+    from system.run.declared import extra_fields
+    from system.workers.replay_worker import replay_file
+
+    held = [replay_file(folder, n) for n, pc in saved.policies.items() if uses_replay(pc)]
+    held = [path for path in held if path.is_file()]
+    if not held:
+        return
+    try:
+        before, after = sorted(extra_fields(saved)), sorted(extra_fields(new))
+    except Exception:  # a callback that cannot be built: the run's own checks say why
+        return
+    if before != after:
+        raise UserError(
+            f"cannot resume {folder} with these actor_callbacks: they add the segment fields "
+            f"{after}, and its replay buffer ({held[0]}) holds transitions with {before}; "
+            "keep the run's actor callbacks, or remove that file to start the buffer empty"
+        )
 
 
 def check_budget_left(folder: Path, config: ExperimentConfig) -> int:

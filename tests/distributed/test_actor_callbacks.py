@@ -101,6 +101,28 @@ def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
     assert "steps_with_info" in result.stdout  # the plain progress line shows them
 
 
+def test_the_fields_actors_add_reach_an_off_policy_trainer_through_its_replay_worker(tmp_path):
+    """A DQN or SAC trainer's callback found no ``extras`` in its batch: the replay buffer kept
+    the segments' standard fields alone, and the run ended on the callback's AttributeError."""
+    user = tmp_path / "shaping.py"
+    user.write_text(USER_FILE)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "run", "cartpole-dqn", "--import", str(user),
+         "actor_callbacks=[{'type': 'shaping'}]", "trainer_callbacks=[{'type': 'see-bonus'}]",
+         "stop.env_frames=3000", "stop.eval_return=None", "policies.default.replay.min_size=500",
+         "--run-dir", str(run_dir), "--no-display"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    seen = [r["policy/default/custom/bonus_seen"] for r in records
+            if "policy/default/custom/bonus_seen" in r]  # fmt: skip
+    assert seen and seen[-1] == pytest.approx(0.01)
+    logs = "".join(f.read_text() for f in (run_dir / "logs").glob("*.log"))
+    assert "malformed" not in logs + result.stderr
+
+
 def test_a_hook_that_raises_ends_the_run_at_once_naming_it(tmp_path):
     user = tmp_path / "broken.py"
     user.write_text(

@@ -259,6 +259,41 @@ def test_dict_observations_are_stored_per_key():
     np.testing.assert_array_equal(batch.obs.pos[:, 0], batch.action)
 
 
+def test_the_fields_actor_callbacks_add_reach_each_transition_at_its_step():
+    """A segment's ``extras`` (actor callbacks' ``segment_fields``) reached on-policy trainers
+    only: a DQN or SAC trainer's callback found no ``extras`` in its batch."""
+    segments = _segments(6, 3)
+    segments.extras = NamedArray(bonus=segments.obs[..., :1] * 10, flag=segments.done.copy())
+    buffer = _buffer(capacity_frames=100)
+    buffer.insert(segments)
+    batch = buffer.sample(10)
+    assert batch.extras.bonus.shape == (10, 1) and batch.extras.flag.dtype == bool
+    np.testing.assert_array_equal(batch.extras.bonus[:, 0], 10 * batch.action)  # its own step
+    saved = buffer.state_dict()
+    assert {"store/extras.bonus", "store/extras.flag"} <= set(saved)
+    restored = _buffer(capacity_frames=100)
+    restored.load_state_dict(saved)
+    again = restored.sample(4)
+    np.testing.assert_array_equal(again.extras.bonus[:, 0], 10 * again.action)
+
+
+def test_segments_whose_extra_fields_differ_from_the_buffers_are_refused():
+    """Transitions without the fields their trainer reads would be made up; a resumed buffer
+    keeps its run's fields, as it keeps its segment length."""
+    with_bonus = _segments(6, 3)
+    with_bonus.extras = NamedArray(bonus=np.zeros((6, 3, 1), np.float32))
+    buffer = _buffer(capacity_frames=100)
+    buffer.insert(with_bonus)
+    with pytest.raises(ConfigError, match=r"segments with the extra fields \[\] came to a "
+                       r"replay buffer that holds \['bonus'\]"):  # fmt: skip
+        buffer.insert(_segments(6, 3))
+    plain = _buffer(capacity_frames=100)
+    plain.insert(_segments(6, 3))
+    assert plain.sample(4).extras is None
+    with pytest.raises(ConfigError, match=r"\['bonus'\] came to a replay buffer that holds \[\]"):
+        plain.insert(with_bonus)
+
+
 def test_state_dict_is_plain_arrays_and_restores_the_buffer(tmp_path):
     config = dict(capacity_frames=60, prioritized=True, n_step=2)
     buffer = _buffer(**config)

@@ -110,6 +110,36 @@ def test_a_saved_replay_buffer_keeps_its_segment_length(tmp_path):
     check_compatible(ppo, make_experiment("cartpole-ppo", ["actors.segment_length=64"]), tmp_path)
 
 
+class _Bonus:
+    segment_fields = {"bonus": ((1,), "float32")}
+
+    def on_segment(self, segment, policy):
+        segment.extras.bonus[:] = 1.0
+
+
+def test_a_saved_replay_buffer_keeps_the_fields_its_actor_callbacks_added(tmp_path):
+    """A saved buffer holds the fields its run's actor callbacks declared: a resume without
+    them failed its replay worker on the first insert, once every worker had started."""
+    from api.registry import register_callback
+
+    register_callback("test-resume-bonus", _Bonus)
+    callbacks = "actor_callbacks=[{'type': 'test-resume-bonus'}]"
+    saved = make_experiment("cartpole-dqn", [callbacks])
+    new = make_experiment("cartpole-dqn", ["actor_callbacks=[]"])
+    (tmp_path / "unsaved").mkdir()
+    check_compatible(saved, new, tmp_path / "unsaved")  # no buffer saved: nothing to keep
+    replay = tmp_path / run_folder.CHECKPOINTS / "default" / "replay.ckpt"
+    replay.parent.mkdir(parents=True)
+    replay.write_bytes(b"a saved buffer")
+    said = (
+        r"fields \[\], and its replay buffer \(.*replay\.ckpt\) holds transitions with \['bonus'\]"
+    )
+    with pytest.raises(UserError, match=said):
+        check_compatible(saved, new, tmp_path)
+    again = make_experiment("cartpole-dqn", [callbacks, "stop.env_frames=90000"])
+    check_compatible(saved, again, tmp_path)  # the same fields: allowed
+
+
 def _checkpoint(path, field: str, version: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
