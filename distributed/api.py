@@ -219,11 +219,12 @@ def _check_metrics_port(port: Any) -> None:
     refuse_taken(port)  # or TROUPE_METRICS_PORT's
 
 
-def evaluate(target: str | Path, episodes: int = 20, envs: int = 8):
-    """Greedy episodes with a run's (or a checkpoint's) parameters: ``troupe eval``."""
+def evaluate(target: str | Path, episodes: int = 20, envs: int = 8, seed: int | None = None):
+    """Greedy episodes with a run's (or a checkpoint's) parameters: ``troupe eval``. ``seed``:
+    of the episodes (default: the run's, so an evaluation replays exactly)."""
     from system.run.evaluation import evaluate as run_evaluation
 
-    return run_evaluation(target, episodes=episodes, envs=envs)
+    return run_evaluation(target, episodes=episodes, envs=envs, seed=seed)
 
 
 class LoadedPolicy:

@@ -17,12 +17,21 @@ until the file is written: ten CartPole episodes are 5,000 frames)."""
 def at_least_one(text: str) -> int:
     """A whole number of at least 1 (``--episodes 0`` ended in a numpy traceback; ``troupe
     test-env --steps -5`` passed, having stepped nothing)."""
+    return _whole(text, 1)
+
+
+def at_least_zero(text: str) -> int:
+    """A whole number of at least 0 (a seed)."""
+    return _whole(text, 0)
+
+
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
 
 
@@ -35,6 +44,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=at_least_one, default=20)
     parser.add_argument("--envs", type=at_least_one, default=8, help="environments stepped at once")
+    parser.add_argument(
+        "--seed",
+        type=at_least_zero,
+        default=None,
+        help="seed of the episodes (default: the run's own, so an evaluation replays exactly; "
+        "another plays other episodes)",
+    )
     parser.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on the last line"
     )
@@ -65,14 +81,14 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
         from distributed.video import record_video
 
         wanted = args.video_episodes or min(args.episodes, VIDEO_MAX_EPISODES)
-        returns = record_video(args.target, args.video, episodes=wanted)
+        returns = record_video(args.target, args.video, episodes=wanted, seed=args.seed or 0)
         # episodes of its own: the evaluation's figures below come from others, seeded apart
         console.print(
             f"video of {len(returns)} greedy episodes, played for it (returns {returns}), in "
             f"{args.video}",
             soft_wrap=True,
         )
-    result = evaluate(args.target, episodes=args.episodes, envs=args.envs)
+    result = evaluate(args.target, episodes=args.episodes, envs=args.envs, seed=args.seed)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -137,8 +137,14 @@ def load_run(run_dir: Path) -> tuple[ExperimentConfig, ParameterStore]:
     return config, store
 
 
-def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> EvaluationResult:
+def evaluate(
+    target: str | Path, episodes: int = 20, envs: int = 8, seed: int | None = None
+) -> EvaluationResult:
     """Run ``episodes`` greedy episodes with the saved parameters of every policy.
+
+    ``seed``: where the episodes' seeds come from (default: the run's own ``seed``, so an
+    evaluation replays exactly). Another gives other episodes: a second opinion on a run
+    whose evaluation actor, seeded as this one, played the same starts.
 
     A PBT run's members each play ``episodes`` (one evaluation actor each: an actor plays one
     member); the figures are those of one member (``policy``): the one a checkpoint file
@@ -148,6 +154,8 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
     for name, value in (("episodes", episodes), ("envs", envs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise UserError(f"seed must be a whole number of at least 0, got {seed!r}")
 
     run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
@@ -158,6 +166,8 @@ def evaluate(target: str | Path, episodes: int = 20, envs: int = 8) -> Evaluatio
         envs_per_worker=max(1, min(envs, episodes)),
     )
     config = dataclasses.replace(config, evaluation=evaluation)
+    if seed is not None:
+        config = dataclasses.replace(config, seed=seed)
     chosen, versions = _select(store, config, pinned)
     run = SerialRun(config, store=chosen, train=False)
     stage = curriculum_stage(run_dir, config)

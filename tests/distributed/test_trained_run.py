@@ -272,6 +272,32 @@ def test_load_policy_act_reproduces_evaluate(trained):
 
 
 @pytest.mark.multiprocess
+def test_eval_with_another_seed_plays_other_episodes_as_exactly(trained):
+    """``troupe eval`` replayed the run's own episode seeds, with no way to ask for others: a
+    second opinion on a run played the starts its evaluation actor had played."""
+    import dataclasses
+
+    import troupe as api
+    from api.errors import UserError
+    from system.run.plan import ActorPlan
+
+    run_dir = trained["run_dir"]
+    result = api.evaluate(run_dir, episodes=6, envs=1, seed=1234)
+    policy = api.load_policy(run_dir)
+    config = dataclasses.replace(policy.config, seed=1234)
+    returns = _play(policy, ActorPlan("eval/0", index=0, evaluation=True).seed(config), 6)
+    assert np.mean(returns) == pytest.approx(result.mean_return, abs=1e-9)
+    own = ActorPlan("eval/0", index=0, evaluation=True).seed(policy.config)
+    assert returns != _play(policy, own, 6)  # other starts
+    cli = troupe("eval", str(run_dir), "--episodes", "6", "--envs", "1", "--seed", "1234",
+                 "--json", cwd=trained["folder"], timeout=300)  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert json.loads(cli.stdout.strip().splitlines()[-1])["mean_return"] == result.mean_return
+    with pytest.raises(UserError, match="seed must be a whole number of at least 0, got -1"):
+        api.evaluate(run_dir, seed=-1)
+
+
+@pytest.mark.multiprocess
 def test_eval_video_writes_a_playable_mp4(trained, tmp_path):
     imageio = pytest.importorskip("imageio.v3")
     out = tmp_path / "out.mp4"
