@@ -15,6 +15,10 @@
   many of its agent's steps before epsilon is asked again (per request client id: environment
   and agent). One random step at a time dithers in place; a held push is what carries a car up
   a hill (MountainCar-v0), as in temporally extended epsilon-greedy (Dabney et al., 2021).
+* A Dict observation with an ``action_mask`` key (True or 1 = legal) restricts every choice:
+  the greedy action is the best legal one, an exploratory one is uniform over the legal ones,
+  and the bootstrap of :meth:`QPolicy.analyze` maximises over ``next_obs``'s legal actions (a
+  row with no legal action falls back to all of them). A board game ends on an illegal move.
 * ``policy_output.q``: the online Q-value of the chosen action, ``[B, 1]`` (for statistics).
 """
 
@@ -32,7 +36,7 @@ from torch import nn
 
 from algorithm.dqn.trainer import DQNAnalyzedResult
 from algorithm.modules import numpy_inference as numpy_inference_lib
-from algorithm.modules.encoders import ObservationEncoder
+from algorithm.modules.encoders import ACTION_MASK_KEY, ObservationEncoder
 from algorithm.modules.exploration import CountsExploration
 from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
@@ -40,6 +44,10 @@ from api import namedarray as namedarray_lib
 from api.namedarray import namedarray
 from api.policy import RolloutRequest, RolloutResult
 from api.replay import require_transitions
+
+ILLEGAL_Q = -1e8
+"""What an illegal action's Q-value becomes in the bootstrap: finite, so a discount of 0 times
+it stays 0."""
 
 
 @dataclass
@@ -170,14 +178,18 @@ class QPolicy(CountsExploration, SingleModelPytorchPolicy):
     # ----------------------------------------------------------------- acting
     def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
         q = self._q_values(request.obs)
-        action = q.argmax(axis=-1)
+        legal = _legal(numpy_inference_lib.action_mask(request.obs))
+        action = (q if legal is None else np.where(legal, q, -np.inf)).argmax(axis=-1)
         explore = np.ones(len(action), dtype=bool)
         if request.is_evaluation is not None:
             explore = ~np.asarray(request.is_evaluation, dtype=bool).reshape(-1)
         random = explore & (self._rng.random(len(action)) < self.current_epsilon)
-        fresh = self._rng.integers(q.shape[-1], size=len(action))
+        if legal is None:
+            fresh = self._rng.integers(q.shape[-1], size=len(action))
+        else:  # uniform over each row's legal actions
+            fresh = np.where(legal, self._rng.random(legal.shape), -1.0).argmax(axis=-1)
         if self.explore_hold > 1 and request.client_id is not None:
-            random, fresh = self._hold(request.client_id, explore, random, fresh)
+            random, fresh = self._hold(request.client_id, explore, random, fresh, legal)
         action = np.where(random, fresh, action)
         self.explore_frames += int(explore.sum())
         return RolloutResult(
@@ -187,15 +199,18 @@ class QPolicy(CountsExploration, SingleModelPytorchPolicy):
             request_id=request.request_id,
         )
 
-    def _hold(self, client_id: Any, explore, random, fresh) -> tuple[np.ndarray, np.ndarray]:
-        """Rows whose client still holds an exploratory action repeat it; a row that starts
-        one (``random``) holds its ``fresh`` action for ``explore_hold`` steps."""
+    def _hold(
+        self, client_id: Any, explore, random, fresh, legal=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows whose client still holds an exploratory action repeat it (while it is legal);
+        a row that starts one (``random``) holds its ``fresh`` action for ``explore_hold``
+        steps."""
         random, fresh = random.copy(), fresh.copy()
         for i, client in enumerate(np.asarray(client_id).reshape(-1).tolist()):
             if not explore[i]:
                 continue
             held, left = self._held.get(client, (0, 0))
-            if left > 0:
+            if left > 0 and (legal is None or legal[i, held]):
                 random[i], fresh[i] = True, held
                 self._held[client] = (held, left - 1)
             elif random[i]:
@@ -234,6 +249,11 @@ class QPolicy(CountsExploration, SingleModelPytorchPolicy):
         q, next_q_online = both[:rows], both[rows:].detach()
         with torch.no_grad():
             next_q_target = self.module.target(next_obs)
+            if not isinstance(next_obs, torch.Tensor) and ACTION_MASK_KEY in next_obs:
+                # the bootstrap maximises over the legal actions alone
+                illegal = ~_legal(next_obs[ACTION_MASK_KEY].bool().reshape(rows, -1))
+                next_q_online = next_q_online.masked_fill(illegal, ILLEGAL_Q)
+                next_q_target = next_q_target.masked_fill(illegal, ILLEGAL_Q)
         action = self.to_tensor(sample.action).long().reshape(-1) - int(self.action_space.start)
         return DQNAnalyzedResult(
             q=q,
@@ -252,6 +272,16 @@ class QPolicy(CountsExploration, SingleModelPytorchPolicy):
         online, target = self.module.online.parameters(), self.module.target.parameters()
         for o, t in zip(online, target, strict=True):
             t.lerp_(o, tau)
+
+
+def _legal(mask: Any) -> Any:
+    """``[B, n]`` legal actions from an action mask (numpy or torch), a row with none legal
+    taken as all legal; None for no mask."""
+    if mask is None:
+        return None
+    if isinstance(mask, np.ndarray):
+        return mask | ~mask.any(-1, keepdims=True)
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 def _concatenate(first: Any, second: Any) -> Any:

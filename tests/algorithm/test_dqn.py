@@ -267,3 +267,58 @@ def test_one_online_pass_over_obs_and_next_obs_matches_two(space):
     assert not out.next_q_online.requires_grad
     for a, p in zip(one_pass, policy.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad)
+
+
+MASKED = gym.spaces.Dict(
+    {"observation": gym.spaces.Box(-1, 1, (4,)), "action_mask": gym.spaces.MultiBinary(5)}
+)
+
+
+def _masked_obs(rows, legal, seed=0):
+    """Observations whose mask allows the actions in ``legal`` (the first row allows none)."""
+    mask = np.zeros((rows, 5), np.int8)
+    mask[:, legal] = 1
+    mask[0] = 0
+    features = np.random.default_rng(seed).uniform(-1, 1, (rows, 4)).astype(np.float32)
+    return NamedArray(observation=features, action_mask=mask)
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_an_action_mask_restricts_greedy_and_exploratory_actions(evaluation):
+    """The Q policy ignored ``action_mask``: on TicTacToe-v3 DQN played illegal moves (a
+    PettingZoo board game ends on one), greedy or exploring."""
+    explore = {"start": 1.0, "end": 1.0, "decay_frames": 1}
+    for hold in (1, 3):
+        policy = QPolicy(MASKED, gym.spaces.Discrete(5), seed=0, epsilon=explore, explore_hold=hold)
+        for step in range(3):
+            obs = _masked_obs(500, [1, 3] if step < 2 else [0, 4], seed=step)
+            request = RolloutRequest(
+                obs=obs,
+                is_evaluation=np.full((500, 1), evaluation),
+                client_id=np.arange(500),
+            )
+            chosen = policy.rollout(request).action
+            assert set(chosen[1:].tolist()) <= ({1, 3} if step < 2 else {0, 4})
+            if not evaluation and step == 0:  # uniform over the legal ones
+                assert min(np.bincount(chosen[1:], minlength=5)[[1, 3]]) > 200
+
+
+def test_the_bootstrap_maximises_over_the_next_states_legal_actions():
+    policy = QPolicy(MASKED, gym.spaces.Discrete(5), seed=0, hidden_sizes=(16,))
+    rows = 64
+    batch = TransitionBatch(
+        obs=_masked_obs(rows, [0, 1, 2, 3, 4], seed=1),
+        action=np.zeros(rows, np.int64),
+        reward=np.zeros((rows, 1), np.float32),
+        discount=np.full((rows, 1), 0.9, np.float32),
+        next_obs=_masked_obs(rows, [2], seed=2),
+    )
+    out = policy.analyze(batch.apply(torch.as_tensor))
+    assert out.next_q_online[1:].argmax(-1).eq(2).all()
+    assert out.next_q_target[1:].argmax(-1).eq(2).all()
+    unmasked = policy.module.target(batch.apply(torch.as_tensor).next_obs)
+    torch.testing.assert_close(out.next_q_target[0], unmasked[0])  # none legal: all of them
+    trainer = DQNTrainer(policy, lr=0.0)
+    stats = trainer.step(batch).stats
+    expected = 0.9 * float(unmasked[1:, 2].mean() * (rows - 1) + unmasked[0].max()) / rows
+    assert stats["target_mean"] == pytest.approx(expected, rel=1e-4)
