@@ -56,7 +56,7 @@ def _misspelt_argument(item: str, experiment: str, params: list[str]) -> str | N
     if not sep or "." in key or key in ExperimentConfig.__annotations__:
         return None
     arguments = [p for p in params if p not in ExperimentConfig.__annotations__]
-    close = difflib.get_close_matches(key, arguments, n=1)
+    close = difflib.get_close_matches(key, arguments, n=1, cutoff=0.75)  # n_agent is no target
     if not close:
         return None
     return (

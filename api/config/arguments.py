@@ -189,6 +189,16 @@ def parameters_of(kind: str, name: str, skip=()) -> dict[str, inspect.Parameter]
     }
 
 
+def takes_any_keyword(kind: str, name: str) -> bool:
+    """Whether a registered component takes keyword arguments it does not name (``**kwargs``:
+    a gymnasium id's environment passes them on to ``gym.make``)."""
+    try:
+        sig = _signature(REGISTRIES[kind].spec(name))[0]
+    except (RegistryError, TypeError, ValueError, KeyError):
+        return False
+    return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
 def _hints(factory: Any) -> dict[str, Any]:
     target = factory.__init__ if inspect.isclass(factory) else factory
     try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from api.code import CodeConfig
-from api.config.arguments import suggest_key
+from api.config.arguments import suggest_key, takes_any_keyword
 from api.config.league import CurriculumConfig, PBTConfig, SelfPlayConfig
 from api.errors import ConfigError
 
@@ -515,7 +515,12 @@ def _elsewhere(data: dict, path: str, key: str) -> str:
     except ConfigError:
         return ""
     close = suggest_key(config, key, n=1)
-    return f" (or {close[0]}?)" if close else ""
+    if close:
+        return f" (or {close[0]}?)"
+    env = config.environment.type
+    if env and takes_any_keyword("environment", env):  # a gymnasium id's gym.make keywords
+        return f" (an argument of environment '{env}'? give it as environment.args.{key}=...)"
+    return ""
 
 
 def _unknown_key(path: str, key: str, names: list[str]) -> str:

@@ -416,6 +416,26 @@ def test_a_misspelt_experiment_argument_is_suggested(target, override, said):
         load_experiment(target, ["seeed=1", *(["env=CartPole-v1"] if target == "dqn" else [])])
 
 
+def test_an_environment_argument_given_as_a_top_level_key_is_pointed_to_its_place():
+    """``troupe train CartPole-v1 max_episode_steps=100`` listed the config's sections alone,
+    and ``troupe train GridGather-v0 n_agent=3`` suggested the experiment's ``target``."""
+    from api.resolve import load_experiment
+
+    with pytest.raises(ConfigError) as e:
+        load_experiment("CartPole-v1", ["max_episode_steps=100"])
+    assert e.value.errors[0].endswith(
+        "(an argument of environment 'CartPole-v1'? give it as "
+        "environment.args.max_episode_steps=...)"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment("GridGather-v0", ["n_agent=3"])
+    assert "target" not in e.value.errors[0]
+    assert e.value.errors[0].endswith("(or environment.args.n_agents?)")
+    with pytest.raises(ConfigError) as e:  # a registered environment names its arguments
+        load_experiment("GridGather-v0", ["zzz=3"])
+    assert "an argument of environment" not in e.value.errors[0]
+
+
 @pytest.mark.parametrize("target", ["CartPole-v1", "dqn"])
 def test_target_none_leaves_no_target(target):
     """The experiment function took ``target=None`` for "not given" and kept gymnasium's 475:
