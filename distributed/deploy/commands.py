@@ -19,7 +19,7 @@ from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from distributed.images.pinning import image_reference
-from distributed.launch.run_commands import add_import_argument
+from distributed.launch.run_commands import EXPERIMENT_HELP, add_import_argument
 from distributed.ops.record import DEFAULT_RUNS_DIR, LaunchRecord, point
 from distributed.ops.record import write as write_record
 
@@ -85,7 +85,7 @@ def _swarm_missing(args: argparse.Namespace, console: Console) -> int:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", help="registered experiment (troupe list shows them)")
+    parser.add_argument("experiment", help=EXPERIMENT_HELP)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     add_import_argument(parser)
     parser.add_argument("--out", required=True, help="directory for the generated files")
