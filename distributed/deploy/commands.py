@@ -236,7 +236,9 @@ def run_k8s(args: argparse.Namespace, console: Console, connect_api: Callable | 
         needs_gpu_image=any(k8s._gpus(config, g, options) for g in role_groups(config)),
     )
     if client is not None:  # the image is checked where this engine holds it
-        check_image_imports(client, options.worker_image, config.code, named=args.image)
+        check_image_imports(
+            client, options.worker_image, config.code, args.image, config.environment
+        )
     make_secret = args.apply and args.keys_secret is None
     keys = RunKeys.generate().to_text() if make_secret else None
     objects = k8s.build_manifests(config, options, keys)

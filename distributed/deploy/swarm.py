@@ -505,7 +505,7 @@ def run_swarm(args: argparse.Namespace, console: Console) -> int:
         client = connect()
         image = deployable_image(args.image, client)
         refuse_deployed(client, dl.run_name(run_dir.resolve()))  # before config.json changes
-        check_image_imports(client, image, config.code, named=args.image)
+        check_image_imports(client, image, config.code, args.image, config.environment)
     except BaseException:
         _give_up_folder(run_dir)
         raise

@@ -8,8 +8,15 @@ worker would (:func:`api.code.load_code`, then every registration's entry point)
 is deployed, and the deploy is refused with the worker's own message. ``deploy k8s`` checks the
 same where this machine's engine holds the image (a kind or minikube node's, a build host).
 
+It then builds the run's environment once, as each actor would: ``troupe deploy k8s pong-ppo``
+with an image built without the ``atari`` extra deployed every pod, and the run ended at once
+on "Atari-v0 needs ale-py". A package missing from the image is refused as a missing file is;
+any other failure to build there (a licence, a display) is only warned of: the actors may have
+what this container has not.
+
 The check runs ``python -m distributed.images.code_check`` in the image, with no network. An image
-whose Troupe predates this module cannot answer: that is said, and the deploy goes on.
+whose Troupe predates this module cannot answer: that is said, and the deploy goes on (one that
+predates the environment check checks the code alone).
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 CANNOT_IMPORT = 3
 """This module's exit code where the image cannot import the code (any other: it could not tell)."""
+CANNOT_BUILD = 4
+"""Its exit code where the environment failed to build for another reason (warned of)."""
+MISSING_PACKAGE = 5
+"""Its exit code where the environment failed to build for a package the image lacks."""
 CHECK_TIMEOUT_S = 120.0
 """Longer than any import of user code should take; the container is removed either way."""
 
@@ -38,13 +49,16 @@ def needs_check(code: CodeConfig) -> bool:
     return bool(code.imports or code.registrations)
 
 
-def check_image_imports(client: Any, image: str, code: CodeConfig, named: str = "") -> None:
+def check_image_imports(
+    client: Any, image: str, code: CodeConfig, named: str = "", environment: Any = None
+) -> None:
     """Raise :class:`~api.errors.UserError` if a container of ``image`` (an image this engine
-    holds) cannot import ``code`` as the run's workers will; warn where it cannot tell.
-    ``named``: the image as the user named it (``image`` may be its pinned reference)."""
+    holds) cannot import ``code`` as the run's workers will, or lacks a package ``environment``
+    (the run's :class:`~api.config.ComponentConfig`) needs to build; warn where it cannot
+    tell. ``named``: the image as the user named it (``image`` may be its pinned reference)."""
     import docker
 
-    if not needs_check(code):
+    if not needs_check(code) and environment is None:
         return
     try:
         client.images.get(image)
@@ -52,15 +66,28 @@ def check_image_imports(client: Any, image: str, code: CodeConfig, named: str = 
         logger.info("image %s is not on this engine: the run's code is not checked in it", image)
         return
     named = named or image
-    logger.info("checking that image %s imports the run's code as its workers will", named)
+    logger.info("checking that image %s imports the run's code and builds its environment, as "
+                "its workers will", named)  # fmt: skip
     try:
-        code_of, said = _run_check(client, image, code)
+        code_of, said = _run_check(client, image, code, environment)
     except Exception as e:  # the engine failed, or the import hung: the workers will tell
         logger.warning("could not check that image %s imports the run's code (%s)", named, e)
         return
     if code_of == CANNOT_IMPORT:
         raise UserError(f"image {named} cannot import the run's code, as each worker would: {said}")
-    if code_of != 0:
+    if code_of == MISSING_PACKAGE:
+        raise UserError(
+            f"image {named} cannot build the run's environment '{environment.type}', as each "
+            f"actor would: {said}"
+        )
+    if code_of == CANNOT_BUILD:
+        last = said.splitlines()[-1] if said else "no output"
+        logger.warning(
+            "image %s could not build the run's environment here (%s); its actors will try",
+            named,
+            last,
+        )
+    elif code_of != 0:
         logger.warning(
             "could not check that image %s imports the run's code (exit code %d: %s); an image "
             "built before this check cannot answer it",
@@ -70,12 +97,15 @@ def check_image_imports(client: Any, image: str, code: CodeConfig, named: str = 
         )
 
 
-def _run_check(client: Any, image: str, code: CodeConfig) -> tuple[int, str]:
+def _run_check(client: Any, image: str, code: CodeConfig, environment: Any) -> tuple[int, str]:
     """This module's exit code and output in a container of ``image``, removed after."""
+    command = [json.dumps(dataclasses.asdict(code))]
+    if environment is not None:
+        command.append(json.dumps({"type": environment.type, "args": environment.args}))
     container = client.containers.create(
         image,
         entrypoint=["python", "-m", "distributed.images.code_check"],
-        command=[json.dumps(dataclasses.asdict(code))],
+        command=command,
         network_disabled=True,
     )
     try:
@@ -107,12 +137,30 @@ def import_all(code: CodeConfig) -> None:
         registry.REGISTRIES[r.kind].spec(r.name).load()
 
 
+def build_environment(document: str) -> None:
+    """Build the environment ``{"type": ..., "args": ...}`` once, as an actor does, and close
+    it."""
+    from api import environment as env_api
+
+    component = json.loads(document)
+    env_api.make(component["type"], **component["args"]).close()
+
+
 def main(argv: list[str]) -> int:
     try:
         import_all(code_from(argv[0]))
     except UserError as e:
         print(e, file=sys.stderr)
         return CANNOT_IMPORT
+    if len(argv) < 2:
+        return 0
+    try:
+        build_environment(argv[1])
+    except Exception as e:  # whatever failed is reported
+        from system.run.worker_process import import_failed
+
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return MISSING_PACKAGE if import_failed(e) else CANNOT_BUILD
     return 0
 
 

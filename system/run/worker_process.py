@@ -168,10 +168,10 @@ def fatal(e: Exception, built: bool) -> bool:
     if isinstance(e, (RegistryError, ConfigError, CallbackError, EnvironmentCheckError,
                       TrainerContractError)):  # fmt: skip
         return True
-    return not built and (isinstance(e, (ValueError, TypeError)) or _import_failed(e))
+    return not built and (isinstance(e, (ValueError, TypeError)) or import_failed(e))
 
 
-def _import_failed(e: BaseException | None) -> bool:
+def import_failed(e: BaseException | None) -> bool:
     """Whether ``e`` is, or was raised ``from``, an ImportError (or gymnasium's
     ``DependencyNotInstalled``). Only an explicit cause counts: an error raised later in an
     ``except ImportError:`` block's fallback (a connection refused) is no missing package."""

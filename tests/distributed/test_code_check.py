@@ -12,7 +12,13 @@ import sys
 from pathlib import Path
 
 from api.code import CodeConfig, RegistrationConfig
-from distributed.images.code_check import CANNOT_IMPORT, code_from, needs_check
+from distributed.images.code_check import (
+    CANNOT_BUILD,
+    CANNOT_IMPORT,
+    MISSING_PACKAGE,
+    code_from,
+    needs_check,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CORRIDOR = Path(__file__).resolve().parent / "user_code" / "corridor.py"
@@ -26,9 +32,11 @@ def _corridor_module(folder: Path) -> Path:
     return module
 
 
-def _check(code: CodeConfig, cwd: Path) -> subprocess.CompletedProcess:
+def _check(code: CodeConfig, cwd: Path, environment: dict | None = None):
     document = json.dumps(dataclasses.asdict(code))
     command = [sys.executable, "-m", "distributed.images.code_check", document]
+    if environment is not None:
+        command.append(json.dumps(environment))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no user code folder of ours
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
@@ -85,3 +93,43 @@ def test_a_registration_whose_module_is_nowhere_is_refused(tmp_path):
     result = _check(CodeConfig(registrations=[registration]), tmp_path)
     assert result.returncode == CANNOT_IMPORT, result.stderr
     assert "gone.py" in result.stderr, result.stderr
+
+
+ENVIRONMENTS = """\
+from api.errors import UserError
+
+
+class NeedsPackage:
+    def __init__(self, **kwargs):
+        try:
+            import troupe_no_such_package  # noqa: F401
+        except ImportError as e:
+            raise UserError("NeedsPackage-v0 needs troupe_no_such_package") from e
+
+
+class NoDisplay:
+    def __init__(self, **kwargs):
+        raise RuntimeError("no display here")
+"""
+
+
+def test_the_runs_environment_is_built_and_a_missing_package_has_its_own_exit_code(tmp_path):
+    """``troupe deploy k8s pong-ppo`` with an image built without the atari extra deployed every
+    pod; the run then ended on "Atari-v0 needs ale-py". The check now builds the environment as
+    an actor does: a missing package is refused, another failure is only warned of."""
+    module = tmp_path / "my_needs.py"
+    module.write_text(ENVIRONMENTS)
+    registrations = [
+        RegistrationConfig("environment", name, f"my_needs:{cls}", str(module))
+        for name, cls in (("NeedsPackage-v0", "NeedsPackage"), ("NoDisplay-v0", "NoDisplay"))
+    ]
+    code = CodeConfig(imports=[str(module)], registrations=registrations)
+    missing = _check(code, tmp_path, {"type": "NeedsPackage-v0", "args": {}})
+    assert missing.returncode == MISSING_PACKAGE, missing.stderr
+    assert "NeedsPackage-v0 needs troupe_no_such_package" in missing.stderr
+    other = _check(code, tmp_path, {"type": "NoDisplay-v0", "args": {}})
+    assert other.returncode == CANNOT_BUILD and "no display here" in other.stderr
+    built = _check(
+        CodeConfig(), tmp_path, {"type": "CartPole-v1", "args": {"max_episode_steps": 9}}
+    )
+    assert built.returncode == 0, built.stderr

@@ -137,3 +137,41 @@ def test_deploy_k8s_refuses_an_image_this_engine_holds_without_the_users_file(
     result = deploy_with_import(docker_client, module, command, tmp_path, add=False)
     assert_refused_for_the_missing_file(result, module)
     assert not out.exists()
+
+
+NEEDS_PACKAGE = """\
+from api import environment
+from api.errors import UserError
+from api.registry import register_environment
+
+
+def needs_package(**kwargs):
+    \"\"\"CartPole that needs pytest: here, where the tests run, but not in a worker image.\"\"\"
+    try:
+        import pytest  # noqa: F401
+    except ImportError as e:
+        raise UserError("NeedsPackage-v0 needs pytest") from e
+    return environment.make("CartPole-v1", **kwargs)
+
+
+register_environment("NeedsPackage-v0", needs_package)
+"""
+
+
+def test_deploy_k8s_refuses_an_image_that_lacks_a_package_the_environment_needs(
+    docker_client, tmp_path
+):
+    """``troupe deploy k8s pong-ppo`` with an image built without the atari extra wrote and
+    applied every manifest; the run then ended on "Atari-v0 needs ale-py". The image's check
+    now builds the environment as an actor would (the user's file is in the image here; the
+    package it needs is not), and no manifest is written."""
+    module = tmp_path / "my_needs.py"
+    module.write_text(NEEDS_PACKAGE)
+    out = tmp_path / "manifests"
+    command = ["k8s", "NeedsPackage-v0", "--out", str(out)]
+    result = deploy_with_import(docker_client, module, command, tmp_path)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said[-3000:]
+    assert "cannot build the run's environment 'NeedsPackage-v0', as each actor would" in said
+    assert "NeedsPackage-v0 needs pytest" in said, said
+    assert not out.exists()
