@@ -58,18 +58,24 @@ register_callback("see-bonus", SeeBonus)
 '''
 
 
-def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
+def _run_shaped(tmp_path: Path, experiment: str, *overrides: str) -> subprocess.CompletedProcess:
+    """``troupe run EXPERIMENT`` with USER_FILE's actor and trainer callbacks, into
+    ``tmp_path/run``; it must end with exit code 0."""
     user = tmp_path / "shaping.py"
     user.write_text(USER_FILE)
-    run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "distributed.cli", "run", "cartpole-ppo", "--import", str(user),
+        [sys.executable, "-m", "distributed.cli", "run", experiment, "--import", str(user),
          "actor_callbacks=[{'type': 'shaping'}]", "trainer_callbacks=[{'type': 'see-bonus'}]",
-         "stop.env_frames=4000", "stop.eval_return=None",
-         "evaluation.workers=1", "--run-dir", str(run_dir), "--no-display"],
+         "stop.eval_return=None", *overrides, "--run-dir", str(tmp_path / "run"), "--no-display"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
+    run_dir = tmp_path / "run"
+    result = _run_shaped(tmp_path, "cartpole-ppo", "stop.env_frames=4000", "evaluation.workers=1")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "custom/length_seen" in r][-1]
     # every step of every episode was seen, with its info
@@ -104,17 +110,10 @@ def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
 def test_the_fields_actors_add_reach_an_off_policy_trainer_through_its_replay_worker(tmp_path):
     """A DQN or SAC trainer's callback found no ``extras`` in its batch: the replay buffer kept
     the segments' standard fields alone, and the run ended on the callback's AttributeError."""
-    user = tmp_path / "shaping.py"
-    user.write_text(USER_FILE)
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "distributed.cli", "run", "cartpole-dqn", "--import", str(user),
-         "actor_callbacks=[{'type': 'shaping'}]", "trainer_callbacks=[{'type': 'see-bonus'}]",
-         "stop.env_frames=3000", "stop.eval_return=None", "policies.default.replay.min_size=500",
-         "--run-dir", str(run_dir), "--no-display"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = _run_shaped(
+        tmp_path, "cartpole-dqn", "stop.env_frames=3000", "policies.default.replay.min_size=500"
+    )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     seen = [r["policy/default/custom/bonus_seen"] for r in records
             if "policy/default/custom/bonus_seen" in r]  # fmt: skip

@@ -91,17 +91,23 @@ def test_other_changes_are_allowed_and_recorded(tmp_path, caplog):
     }
 
 
+def _allowed_until_a_buffer_is_saved(saved, new, tmp_path) -> None:
+    """The resume is allowed in a run folder with no buffer saved (nothing to keep); then a
+    buffer is saved in ``tmp_path``."""
+    (tmp_path / "unsaved").mkdir()
+    check_compatible(saved, new, tmp_path / "unsaved")
+    replay = tmp_path / run_folder.CHECKPOINTS / "default" / "replay.ckpt"
+    replay.parent.mkdir(parents=True)
+    replay.write_bytes(b"a saved buffer")
+
+
 def test_a_saved_replay_buffer_keeps_its_segment_length(tmp_path):
     """A saved buffer holds whole segments: a resume with another ``actors.segment_length``
     crash-looped its replay worker on the first insert. Refused before anything starts where the
     buffer was saved; allowed where it was not (nothing to keep), or for on-policy runs."""
     saved = make_experiment("cartpole-dqn")
     new = make_experiment("cartpole-dqn", ["actors.segment_length=32"])
-    (tmp_path / "unsaved").mkdir()
-    check_compatible(saved, new, tmp_path / "unsaved")  # no buffer saved: nothing to keep
-    replay = tmp_path / run_folder.CHECKPOINTS / "default" / "replay.ckpt"
-    replay.parent.mkdir(parents=True)
-    replay.write_bytes(b"a saved buffer")
+    _allowed_until_a_buffer_is_saved(saved, new, tmp_path)
     with pytest.raises(UserError, match=r"with actors\.segment_length=32: policy 'default''s "
                        r"replay buffer \(.*replay\.ckpt\) holds segments of 16 frames; keep "
                        r"actors\.segment_length=16, or remove that file"):  # fmt: skip
@@ -126,11 +132,7 @@ def test_a_saved_replay_buffer_keeps_the_fields_its_actor_callbacks_added(tmp_pa
     callbacks = "actor_callbacks=[{'type': 'test-resume-bonus'}]"
     saved = make_experiment("cartpole-dqn", [callbacks])
     new = make_experiment("cartpole-dqn", ["actor_callbacks=[]"])
-    (tmp_path / "unsaved").mkdir()
-    check_compatible(saved, new, tmp_path / "unsaved")  # no buffer saved: nothing to keep
-    replay = tmp_path / run_folder.CHECKPOINTS / "default" / "replay.ckpt"
-    replay.parent.mkdir(parents=True)
-    replay.write_bytes(b"a saved buffer")
+    _allowed_until_a_buffer_is_saved(saved, new, tmp_path)
     said = (
         r"fields \[\], and its replay buffer \(.*replay\.ckpt\) holds transitions with \['bonus'\]"
     )
