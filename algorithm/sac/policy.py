@@ -1,6 +1,12 @@
 """``SACPolicy`` (registered as ``sac-policy``): soft actor-critic networks for a Box action space.
 
-* The actor maps a (flattened) Box observation to the mean and log-std of a diagonal Gaussian
+* Observations are read as :class:`~algorithm.modules.encoders.ObservationEncoder` reads them,
+  without its MLP: a Box flattened, a Discrete or MultiDiscrete one-hot, a MultiBinary as it
+  is, a Dict (a goal-conditioned task's ``observation``, ``desired_goal``, ...) key by key side
+  by side. That step has no weights, so the actor and critics below see the same features and
+  a Box observation's checkpoints are as before. Images are refused: a CNN would need its own
+  training (SAC from pixels is another recipe).
+* The actor maps the features to the mean and log-std of a diagonal Gaussian
   over ``u``; the action is ``tanh(u)`` rescaled from ``[-1, 1]`` to the Box's bounds, so every
   action is legal. Its log-probability takes the change of variables into account::
 
@@ -33,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algorithm.modules.encoders import mlp
+from algorithm.modules.encoders import ObservationEncoder, is_image_space, mlp
 from algorithm.modules.exploration import CountsExploration
 from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
@@ -89,8 +95,17 @@ class SACNetworks(nn.Module):
     """Actor, twin critics and their targets. ``forward(obs)`` is the actor: ``(mean, log_std)``;
     ``forward(obs, LossInputs(...))`` computes everything one training step differentiates."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int], activation: str):
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        act_dim: int,
+        hidden_sizes: Sequence[int],
+        activation: str,
+    ):
         super().__init__()
+        self.features = ObservationEncoder(observation_space, (), activation)
+        """Observation to features, weightless (see the module docstring)."""
+        obs_dim = self.features.out_features
         width = hidden_sizes[-1] if hidden_sizes else obs_dim
         self.actor = mlp(obs_dim, hidden_sizes, activation)
         self.mean = orthogonal_init(nn.Linear(width, act_dim), 0.01)
@@ -160,7 +175,8 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
     """Soft actor-critic networks for Box actions; see the module docstring.
 
     Args:
-        observation_space: the agent's observation space, a Box (filled in by the runtime).
+        observation_space: the agent's observation space: a Box, Discrete, MultiDiscrete,
+            MultiBinary or a Dict of them, no image (filled in by the runtime).
         action_space: the agent's action space, a bounded Box (filled in by the runtime).
         hidden_sizes: widths of the actor's and each critic's MLP.
         activation: ``relu``, ``tanh``, ``elu`` or ``gelu``.
@@ -190,11 +206,10 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         _check_spaces(observation_space, action_space)
         self.observation_space, self.action_space = observation_space, action_space
         self.act_dim = int(np.prod(action_space.shape))
-        obs_dim = int(np.prod(observation_space.shape))
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            net = SACNetworks(obs_dim, self.act_dim, tuple(hidden_sizes), activation)
+            net = SACNetworks(observation_space, self.act_dim, tuple(hidden_sizes), activation)
         super().__init__(net, device=device)
         low = np.asarray(action_space.low, np.float32).reshape(-1)
         high = np.asarray(action_space.high, np.float32).reshape(-1)
@@ -241,7 +256,7 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
 
     # ----------------------------------------------------------------- acting
     def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
-        obs = self._flat(self.to_tensor(request.obs))
+        obs = self.module.features(self.to_tensor(request.obs))
         greedy = torch.zeros(len(obs), 1, dtype=torch.bool, device=self.device)
         if request.is_evaluation is not None:
             greedy = self.to_tensor(request.is_evaluation).bool().reshape(-1, 1)
@@ -282,8 +297,8 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         if target != "sac":
             raise ValueError(f"SACPolicy analyzes for target 'sac' only, got '{target}'")
         require_transitions(sample, "SACPolicy")
-        obs = self._flat(self.to_tensor(sample.obs))
-        next_obs = self._flat(self.to_tensor(sample.next_obs))
+        obs = self.module.features(self.to_tensor(sample.obs))
+        next_obs = self.module.features(self.to_tensor(sample.next_obs))
         shape = (len(obs), self.act_dim)
         next_noise = torch.randn(shape, device=self.device)
         inputs = LossInputs(
@@ -323,14 +338,14 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         targets = [*net.q1_target.parameters(), *net.q2_target.parameters()]
         torch._foreach_lerp_(targets, list(self.critic_parameters()), tau)
 
-    @staticmethod
-    def _flat(obs: torch.Tensor) -> torch.Tensor:
-        return obs.float().reshape(len(obs), -1)
-
 
 def _check_spaces(observation_space: gym.Space, action_space: gym.Space) -> None:
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise TypeError(f"sac-policy needs a Box observation space, got {observation_space}")
+    images = [k for k, s in _leaves(observation_space, "observation") if is_image_space(s)]
+    if images:
+        raise TypeError(
+            f"sac-policy reads vectors, boards, discrete values and Dicts of them; "
+            f"{', '.join(images)} is an image ({observation_space}): use actor-critic (PPO)"
+        )
     if not isinstance(action_space, gym.spaces.Box):
         raise TypeError(
             f"sac-policy needs a Box action space, got {action_space}; for Discrete actions "
@@ -341,3 +356,12 @@ def _check_spaces(observation_space: gym.Space, action_space: gym.Space) -> None
             "sac-policy squashes actions into the Box's bounds, so they must be finite; got "
             f"low={action_space.low}, high={action_space.high}"
         )
+
+
+def _leaves(space: gym.Space, where: str) -> Iterator[tuple[str, gym.Space]]:
+    """Every space in a (nested) Dict, named by its keys."""
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            yield from _leaves(sub, f"{where}[{key!r}]")
+    else:
+        yield where, space

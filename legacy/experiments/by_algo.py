@@ -216,10 +216,10 @@ def sac(
             "into the Box's bounds, so they must be finite: give the Box finite low and high, "
             "or use --algo ppo"
         )
-    if not _is_vector(observation):
+    if _has_image(observation):
         raise UserError(
             f"environment '{env}' observes {observation}; the sac experiment's networks take "
-            "vector observations (a 1-dimensional Box): use --algo ppo"
+            "vectors, boards, discrete values and Dicts of them, not images: use --algo ppo"
         )
     frames = frames or SAC_FRAMES
     recipe = pendulum_sac()
@@ -252,6 +252,14 @@ def _instead(action: gym.Space) -> str:
         "no built-in algorithm does (ppo and impala take Discrete, MultiDiscrete, MultiBinary "
         "and Box)"
     )
+
+
+def _has_image(space: gym.Space) -> bool:
+    from algorithm.modules.encoders import is_image_space  # torch: only once it is needed
+
+    if isinstance(space, gym.spaces.Dict):
+        return any(_has_image(sub) for sub in space.spaces.values())
+    return is_image_space(space)
 
 
 def _is_vector(space: gym.Space) -> bool:

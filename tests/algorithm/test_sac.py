@@ -177,3 +177,45 @@ def test_a_fixed_temperature_stays_and_a_bad_policy_is_refused():
         SACPolicy(OBS, gym.spaces.Discrete(3))
     with pytest.raises(ValueError, match="must be finite"):
         SACPolicy(OBS, gym.spaces.Box(-math.inf, math.inf, (2,)))
+
+
+def test_a_dict_observation_is_read_key_by_key_as_its_flat_box_would_be():
+    """sac-policy took a Box observation alone: a goal-conditioned task's Dict (position, goal,
+    a mode) was refused, though DQN and PPO read it. Its keys, side by side in key order (a
+    Discrete one-hot), give the networks and the answers of the equivalent flat Box."""
+    from api.namedarray import NamedArray
+    from api.replay import TransitionBatch
+
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    nested = gym.spaces.Dict({"goal": box, "mode": gym.spaces.Discrete(3), "pos": box})
+    flat = gym.spaces.Box(-1, 1, (7,), np.float32)
+    action = gym.spaces.Box(-2, 2, (2,), np.float32)
+    by_dict = SACPolicy(nested, action, hidden_sizes=(16, 16), seed=3)
+    by_box = SACPolicy(flat, action, hidden_sizes=(16, 16), seed=3)
+    rng = np.random.default_rng(0)
+    rows = 8
+
+    def both():
+        goal, pos = (rng.uniform(-1, 1, (rows, 2)).astype(np.float32) for _ in range(2))
+        mode = rng.integers(3, size=(rows, 1))
+        one_hot = np.eye(3, dtype=np.float32)[mode[:, 0]]
+        return NamedArray(goal=goal, mode=mode, pos=pos), np.concatenate([goal, one_hot, pos], 1)
+
+    obs, flat_obs = both()
+    evaluation = np.ones((rows, 1), bool)
+    greedy = by_dict.rollout(RolloutRequest(obs=obs, is_evaluation=evaluation)).action
+    expected = by_box.rollout(RolloutRequest(obs=flat_obs, is_evaluation=evaluation)).action
+    np.testing.assert_allclose(greedy, expected, rtol=1e-6)
+    next_obs, next_flat = both()
+    taken = rng.uniform(-2, 2, (rows, 2)).astype(np.float32)
+    common = dict(action=taken, reward=np.ones((rows, 1), np.float32),
+                  discount=np.full((rows, 1), 0.99, np.float32))  # fmt: skip
+    torch.manual_seed(5)
+    out = by_dict.analyze(TransitionBatch(obs=obs, next_obs=next_obs, **common))
+    torch.manual_seed(5)
+    reference = by_box.analyze(TransitionBatch(obs=flat_obs, next_obs=next_flat, **common))
+    torch.testing.assert_close(out.q1, reference.q1)
+    torch.testing.assert_close(out.next_q_target, reference.next_q_target)
+    image = gym.spaces.Dict({"frame": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)})
+    with pytest.raises(TypeError, match=r"observation\['frame'\] is an image"):
+        SACPolicy(image, action)

@@ -219,6 +219,17 @@ def test_sac_refuses_unbounded_actions_before_launch():
     assert by_algo.sac("test-auto-box").policies["default"].trainer.type == "sac"
 
 
+def test_sac_takes_a_dict_observation_and_refuses_an_image_before_launch():
+    """A goal-conditioned task (Dict observation, Box actions) was refused by the sac
+    experiment ("vector observations"), though sac-policy reads Dicts key by key."""
+    from legacy.experiments import by_algo
+
+    config = by_algo.sac("test-auto-dict-box")
+    assert config.policies["default"].policy.type == "sac-policy" and validate(config) == []
+    with pytest.raises(UserError, match=r"not images: use --algo ppo"):
+        by_algo.sac("test-auto-image-box")
+
+
 class Counted(Spaces):
     """Counts how often it is made: a simulator can take minutes to start."""
 
