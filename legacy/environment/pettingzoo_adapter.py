@@ -105,6 +105,9 @@ def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, An
             error = e
             continue
         except PettingZooRegistryError as e:
+            moved = _family_import_error(path)
+            if moved:  # the registry no longer knows a family that went to a package of its own
+                raise RegistryError(f"'{name}': {moved}") from e
             raise RegistryError(
                 f"'{name}': {_said(e)}; check the family and game with PettingZoo's "
                 f"documentation, or {INSTALL_HINT}"
@@ -119,6 +122,19 @@ def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, An
                             f"one: #{other})")  # fmt: skip
     raise RegistryError(f"'{name}': {_said(error)}; check the family and game with PettingZoo's "
                         f"documentation, or {INSTALL_HINT}") from error  # fmt: skip
+
+
+def _family_import_error(path: str) -> str | None:
+    """What importing the game's family says, where it fails: PettingZoo 1.27 moved MPE into a
+    package of its own, and its registry only answered "Namespace 'mpe' not found"."""
+    import importlib
+
+    family = "pettingzoo." + path.split("/")[0]
+    try:
+        importlib.import_module(family)
+    except ImportError as e:
+        return None if e.name == family else _said(e)  # no such family: the registry's word
+    return None
 
 
 def _said(error: Exception) -> str:

@@ -256,6 +256,29 @@ def test_a_wrong_id_is_one_clear_error(name, said):
         registry.environments.spec(name)
 
 
+def test_a_family_that_left_pettingzoo_is_said_as_its_import_says(tmp_path, monkeypatch):
+    """PettingZoo 1.27 moved MPE into a package of its own: `troupe train
+    pettingzoo:mpe/simple_spread_v3` said "Namespace 'mpe' not found in registry" where the
+    family's own import says to install mpe2. (A family of this test's, gone the same way.)"""
+    import pettingzoo
+
+    from api import registry
+    from api.errors import RegistryError
+
+    family = tmp_path / "gonefamily"
+    family.mkdir()
+    (family / "__init__.py").write_text(
+        "raise ImportError('gonefamily has been moved into its own package: pip install gone2')"
+    )
+    monkeypatch.setattr(pettingzoo, "__path__", [*pettingzoo.__path__, str(tmp_path)])
+    with pytest.raises(RegistryError) as caught:
+        registry.environments.spec("pettingzoo:gonefamily/game_v1")
+    assert str(caught.value) == (
+        "'pettingzoo:gonefamily/game_v1': gonefamily has been moved into its own package: pip "
+        "install gone2"
+    )
+
+
 def test_a_wrong_id_where_an_experiment_is_named_gives_pettingzoos_reason():
     """`troupe run|test-pipeline pettingzoo:sisl/pursuit_v4` said only "unknown experiment or
     environment"; `troupe test-env` said which version there is."""
