@@ -215,7 +215,8 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         high = np.asarray(action_space.high, np.float32).reshape(-1)
         self._center = torch.as_tensor((high + low) / 2, device=self.device)
         self._scale = torch.as_tensor((high - low) / 2, device=self.device)
-        self._log_scale = float(torch.log(self._scale).sum())
+        self.log_scale = float(torch.log(self._scale).sum())
+        """``sum log(scale)``: what the rescale from ``[-1, 1]`` adds to an action's entropy."""
         self.warmup_frames = warmup_frames
         self.warmup_hold = warmup_hold
         self._held: dict[int, tuple[torch.Tensor, int]] = {}
@@ -244,7 +245,7 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         gaussian = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), exact and stable for large |u|
         squash = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-        return (gaussian - squash - self._log_scale)[:, None]
+        return (gaussian - squash - self.log_scale)[:, None]
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         """``[-1, 1]`` actions to the Box's units."""

@@ -67,7 +67,12 @@ class SACTrainer(Trainer):
         tau: Polyak step of the target critics after every trainer step.
         initial_alpha: the temperature at the start.
         learn_alpha: tune the temperature (else it stays at ``initial_alpha``).
-        target_entropy: the entropy the temperature steers to (None: ``-action_dim``).
+        target_entropy: the entropy the temperature steers to, in the Box's units as the
+            policy's log-probabilities are (None: ``-action_dim`` in the units of ``[-1, 1]``,
+            as other SAC implementations set it, i.e. ``-action_dim + sum log(scale)`` with
+            ``scale`` the half-width of each bound; ``-action_dim`` alone could not be met by a
+            narrow Box: no distribution on ``[-0.1, 0.1]^2`` has an entropy above -3.2, so the
+            temperature rose without end and the policy stayed random).
     """
 
     AnalyzedResult = SACAnalyzedResult
@@ -106,7 +111,9 @@ class SACTrainer(Trainer):
             raise ValueError(f"initial_alpha must be positive, got {initial_alpha}")
         self._policy = policy
         self.tau, self.learn_alpha = tau, learn_alpha
-        self.target_entropy = -float(policy.act_dim) if target_entropy is None else target_entropy
+        if target_entropy is None:
+            target_entropy = -float(policy.act_dim) + float(getattr(policy, "log_scale", 0.0))
+        self.target_entropy = float(target_entropy)
         device = getattr(policy, "device", torch.device("cpu"))
         self.log_alpha = torch.tensor(math.log(initial_alpha), device=device, requires_grad=True)
         actor, critics = list(policy.actor_parameters()), list(policy.critic_parameters())

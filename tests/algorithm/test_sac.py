@@ -141,7 +141,7 @@ def test_trainer_fits_the_soft_target_and_tunes_the_temperature():
     policy = _pendulum_policy(warmup_frames=10**6)
     buffer = _pendulum_transitions(policy)
     trainer = SACTrainer(policy, tau=1.0)  # targets equal the critics after each step
-    assert trainer.target_entropy == -1.0
+    assert trainer.target_entropy == pytest.approx(-1.0 + math.log(2.0))  # -1 on [-1, 1]
     first = trainer.step(buffer.sample(128)).stats
     for a, b in zip(
         policy.critic_parameters(),
@@ -219,3 +219,16 @@ def test_a_dict_observation_is_read_key_by_key_as_its_flat_box_would_be():
     image = gym.spaces.Dict({"frame": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)})
     with pytest.raises(TypeError, match=r"observation\['frame'\] is an image"):
         SACPolicy(image, action)
+
+
+def test_the_target_entropy_of_a_narrow_box_is_one_it_can_reach():
+    """The default target was ``-action_dim`` in the Box's units: on ``[-0.1, 0.1]^2`` no
+    distribution reaches -2 (the uniform's entropy is ``2 log 0.2``, -3.2), so the temperature
+    rose without end and the policy stayed random (a reach task learned nothing in 20k frames).
+    It is ``-action_dim`` on ``[-1, 1]``, as other SAC implementations set it."""
+    observation = gym.spaces.Box(-1, 1, (4,), np.float32)
+    narrow = SACPolicy(observation, gym.spaces.Box(-0.1, 0.1, (2,), np.float32), seed=0)
+    trainer = SACTrainer(narrow)
+    assert trainer.target_entropy == pytest.approx(-2.0 + 2 * math.log(0.1))
+    assert trainer.target_entropy < 2 * math.log(0.2)  # below the most a policy can have
+    assert SACTrainer(narrow, target_entropy=-5.0).target_entropy == -5.0
