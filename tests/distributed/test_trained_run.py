@@ -269,12 +269,13 @@ def test_load_policy_act_reproduces_evaluate(trained):
     (checkpoint,) = sorted((run_dir / "checkpoints" / "default").glob("v*"))[-1:]
     again = troupe.load_policy(checkpoint)
     assert _play(again, seed, episodes) == returns
+    _another_seed_plays_other_episodes_as_exactly(trained, policy, returns)
 
 
-@pytest.mark.multiprocess
-def test_eval_with_another_seed_plays_other_episodes_as_exactly(trained):
+def _another_seed_plays_other_episodes_as_exactly(trained, policy, own_returns) -> None:
     """``troupe eval`` replayed the run's own episode seeds, with no way to ask for others: a
-    second opinion on a run played the starts its evaluation actor had played."""
+    second opinion on a run played the starts its evaluation actor had played. (Part of the
+    test above: the run's user code registers its names once in a process.)"""
     import dataclasses
 
     import troupe as api
@@ -283,12 +284,10 @@ def test_eval_with_another_seed_plays_other_episodes_as_exactly(trained):
 
     run_dir = trained["run_dir"]
     result = api.evaluate(run_dir, episodes=6, envs=1, seed=1234)
-    policy = api.load_policy(run_dir)
     config = dataclasses.replace(policy.config, seed=1234)
     returns = _play(policy, ActorPlan("eval/0", index=0, evaluation=True).seed(config), 6)
     assert np.mean(returns) == pytest.approx(result.mean_return, abs=1e-9)
-    own = ActorPlan("eval/0", index=0, evaluation=True).seed(policy.config)
-    assert returns != _play(policy, own, 6)  # other starts
+    assert returns != own_returns  # other starts
     cli = troupe("eval", str(run_dir), "--episodes", "6", "--envs", "1", "--seed", "1234",
                  "--json", cwd=trained["folder"], timeout=300)  # fmt: skip
     assert cli.returncode == 0, cli.stderr[-3000:]
