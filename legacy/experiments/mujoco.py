@@ -49,6 +49,8 @@ EVALUATION = EvaluationConfig(workers=1, envs_per_worker=10, episodes=10, max_fp
 at 1,000 frames a second so that evaluation takes a small share of the cores."""
 
 PPO_BATCH = 2048
+SAC_LEARNING_STARTS = 5000
+"""CleanRL's ``learning_starts``: random actions, and no update, until the buffer holds this."""
 """Transitions a PPO trainer step: CleanRL's ``num_envs * num_steps`` (1 x 2,048)."""
 
 
@@ -101,16 +103,19 @@ def mujoco_sac(
     frames = frames or MUJOCO_FRAMES
     policy = PolicyConfig(
         policy=ComponentConfig(
-            "sac-policy", dict(hidden_sizes=[256, 256], activation="relu", warmup_frames=5000)
+            "sac-policy",
+            dict(hidden_sizes=[256, 256], activation="relu", warmup_frames=SAC_LEARNING_STARTS),
         ),
         trainer=ComponentConfig(
             "sac", dict(actor_lr=3e-4, critic_lr=1e-3, alpha_lr=1e-3, tau=0.005)
         ),
         replay=ReplayConfig(
-            capacity_frames=frames,
+            # room for the first batch's frames even where frames= is below them: the budget's
+            # check then says the run would train nothing, not that the buffer is too small
+            capacity_frames=max(frames, 2 * SAC_LEARNING_STARTS),
             batch_size=256,
             gamma=0.99,
-            min_size=5000,
+            min_size=SAC_LEARNING_STARTS,
             samples_per_insert=256.0,
         ),
         publish_every=10,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from api.errors import UserError
+from api.errors import ConfigError, UserError
 from api.resolve import load_experiment
 from legacy.environment.gym_adapter import is_mujoco
 from legacy.experiments.mujoco import PPO_BATCH, mujoco_ppo, mujoco_sac
@@ -55,6 +55,16 @@ def test_algo_sac_runs_cleanrl_sac_recipe_on_mujoco():
     assert config.stop.env_frames == 300_000
     # elsewhere --algo sac keeps pendulum-sac's recipe
     assert load_experiment("sac", ["env=Pendulum-v1"]).policies["default"].replay.batch_size == 128
+
+
+def test_a_small_sac_budget_is_told_by_its_budget_not_by_the_buffer():
+    """``troupe train InvertedPendulum-v5 --algo sac frames=5000``, a user's first try, was
+    refused as "5000 frames can never be in a buffer of capacity_frames=5000", two keys the
+    user never set: the buffer was as large as the budget. It now runs; a budget below the
+    recipe's first batch is refused by the budget's own words."""
+    load_experiment("sac", ["env=InvertedPendulum-v5", "frames=5000"])  # valid: it loads
+    with pytest.raises(ConfigError, match=r"stop.env_frames=3000 ends the run before that"):
+        load_experiment("sac", ["env=InvertedPendulum-v5", "frames=3000"])
 
 
 def test_the_recipes_refuse_what_they_cannot_train():
