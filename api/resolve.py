@@ -144,7 +144,10 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
         for item in own_imports:  # first: they may register what the base is set up on
             user_code.import_code(item)
         recipe = _base(base, path, depth).to_dict()
+        own_stop = data.get("stop") if isinstance(data.get("stop"), dict) else {}
         data = _merged(recipe, data)
+        if "eval_return" in own_stop and "eval_return_source" not in own_stop:
+            data["stop"]["eval_return_source"] = _target_source(own_stop["eval_return"], path)
         if own_imports:  # the recipe's user code is loaded too, then the file's own
             kept = recipe.get("code", {}).get("imports", [])
             data["code"]["imports"] = [*kept, *(i for i in own_imports if i not in kept)]
@@ -160,6 +163,13 @@ def _from_declarative(path: Path, depth: int = 0) -> ExperimentConfig:
         errors = [_base_hint(e, data) for e in errors]
         raise ConfigError(errors + [e for e in validate(config) if e not in errors])
     return config
+
+
+def _target_source(target: Any, path: Path) -> str:
+    """Where a file's own ``stop.eval_return`` came from, in place of its recipe's words: a
+    file that set ``eval_return: null`` over ``base: {experiment: ppo, env: CartPole-v1}``
+    started with "no evaluation target (gymnasium's reward_threshold for CartPole-v1)"."""
+    return "" if target is None else f"given: stop.eval_return in {path.name}"
 
 
 def _file_imports(data: dict[str, Any]) -> list[str]:

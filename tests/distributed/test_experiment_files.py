@@ -286,6 +286,21 @@ def test_a_file_takes_away_what_its_base_has_with_an_empty_mapping_or_null(tmp_p
     ]
 
 
+def test_a_file_that_sets_its_own_target_is_not_said_to_have_its_recipes(tmp_path):
+    """Over ``base: {experiment: ppo, env: CartPole-v1}``, a file with ``eval_return: null``
+    started with "stop at: no evaluation target (gymnasium's reward_threshold for
+    CartPole-v1)", and one with its own target said the same of it: the recipe's words."""
+    base = "base: {experiment: ppo, env: CartPole-v1}\n"
+    (tmp_path / "none.yaml").write_text(base + "stop: {eval_return: null}\n")
+    (tmp_path / "own.yaml").write_text(base + "stop: {eval_return: 200}\n")
+    (tmp_path / "kept.yaml").write_text(base + "stop: {env_frames: 5000}\n")
+    assert load_experiment(str(tmp_path / "none.yaml")).stop.eval_return_source == ""
+    own = load_experiment(str(tmp_path / "own.yaml")).stop
+    assert own.eval_return_source == "given: stop.eval_return in own.yaml"
+    kept = load_experiment(str(tmp_path / "kept.yaml")).stop  # the recipe's target, its words
+    assert kept.eval_return_source == "gymnasium's reward_threshold for CartPole-v1"
+
+
 def test_a_toml_file_that_writes_null_as_text_is_told_how_to_unset_the_key(tmp_path):
     """TOML has no null: a file over ``base: cartpole-ppo`` that unsets the target can only
     write it as text, and read ``expected float, got str 'None'``."""
