@@ -24,7 +24,6 @@ from typing import Any
 
 import gymnasium as gym
 
-from api import environment as env_api
 from api.config import (
     ActorConfig,
     CheckpointConfig,
@@ -34,8 +33,8 @@ from api.config import (
     PolicyConfig,
     StopConfig,
 )
-from api.env_check import declared_spaces
 from api.errors import UserError
+from legacy.experiments.agent_kinds import AgentKind, agent_kinds, declared, seats
 
 DEFAULT_TARGETS: dict[str, float] = {
     "Pendulum-v1": -300.0,
@@ -68,114 +67,71 @@ def ppo(
 
     ``target``: stop once greedy evaluation reaches it (default: gymnasium's
     ``reward_threshold``, else :data:`DEFAULT_TARGETS`); ``frames``: environment steps at most
-    (default 1M discrete, 500k continuous).
+    (default 1M discrete, 500k where an agent acts in a Box).
 
-    Several agents with the same spaces share the one policy. A two-seat board game with action
-    masks (``pettingzoo:classic/tictactoe_v3``) is trained by self-play against its past
-    instead (:func:`legacy.experiments.selfplay.selfplay`).
+    Several agents with the same spaces share one policy; agents whose spaces differ get a
+    policy per kind (:mod:`legacy.experiments.agent_kinds`), each with its action space's
+    recipe. A two-seat board game with action masks (``pettingzoo:classic/tictactoe_v3``) is
+    trained by self-play against its past instead (:func:`legacy.experiments.selfplay.selfplay`).
     """
     from legacy.experiments.selfplay import is_board_game, selfplay
 
     env_args = dict(env_args or {})
-    declared = _declared(env, env_args)  # one environment made: it may take minutes to make
-    if is_board_game(*map(list, zip(*declared[0], strict=True))):  # self-play against its past
+    known = declared(env, env_args)  # one environment made: it may take minutes to make
+    if is_board_game(*map(list, zip(*known.spaces, strict=True))):  # self-play against its past
         return selfplay(env, env_args, target=target, frames=frames)
-    observation, action, agents = agent_spaces(env, env_args, declared)
-    continuous = isinstance(action, gym.spaces.Box)
-    if not isinstance(action, ACTOR_CRITIC_ACTIONS):
-        raise UserError(
-            f"environment '{env}' has a {type(action).__name__} action space; the ppo experiment "
-            "handles Discrete, MultiDiscrete, MultiBinary and Box actions" + _parts_said(action)
-        )
+    kinds = agent_kinds(env, env_args, known)
+    for kind in kinds:
+        if not isinstance(kind.action, ACTOR_CRITIC_ACTIONS):
+            raise UserError(
+                f"environment '{env}' has a {type(kind.action).__name__} action space"
+                f"{kind.whose(kinds)}; the ppo experiment handles Discrete, MultiDiscrete, "
+                "MultiBinary and Box actions" + _parts_said(kind.action)
+            )
+    continuous = any(isinstance(kind.action, gym.spaces.Box) for kind in kinds)
     frames = frames or (500_000 if continuous else 1_000_000)
-    recipe = _continuous(frames) if continuous else _discrete()
-    policy_args = dict(hidden_sizes=[64, 64], activation="tanh")
+    actors = CONTINUOUS_ACTORS if continuous else DISCRETE_ACTORS
+    policies = {kind.name: _ppo_policy(kind, actors, frames) for kind in kinds}
+    return named_experiment(env, env_args, "ppo", policies, actors, seats(kinds), target, frames)
+
+
+PER_STEP = 1024
+"""Transitions a PPO trainer step takes, in both recipes: 16 segments of 64 discrete, 8 of 128
+continuous (with continuous actors, a discrete kind's 1,024 are 8 segments of 128)."""
+DISCRETE_ACTORS = ActorConfig(workers=2, envs_per_worker=16, segment_length=64, groups=1)
+CONTINUOUS_ACTORS = ActorConfig(workers=2, envs_per_worker=4, segment_length=128)
+
+
+def _ppo_policy(kind: AgentKind, actors: ActorConfig, frames: int) -> PolicyConfig:
+    """The recipe of the kind's action space: discrete actions the CartPole recipe (large
+    batches, few minibatches, lr 2e-3), continuous ones ten epochs of small minibatches, no
+    entropy bonus, a linear learning-rate decay over the run, and normalised observations and
+    returns. The decay runs to the trainer step of the run's last frame: each of the kind's
+    agents adds a transition a step (it ran out at 1/N of a run of N agents sharing a policy)."""
+    continuous = isinstance(kind.action, gym.spaces.Box)
     if continuous:
-        policy_args.update(normalize_obs=_is_vector(observation), normalize_returns=True)
-    policy = PolicyConfig(
+        total_steps = max(1, frames * len(kind.agents) // PER_STEP)
+        trainer = dict(
+            lr=1e-3,
+            epochs=10,
+            minibatches=16,
+            gamma=0.95,
+            gae_lambda=0.95,
+            entropy_coef=0.0,
+            clip=0.2,
+            lr_schedule="linear",
+            total_steps=total_steps,
+        )
+    else:
+        trainer = dict(lr=2e-3, epochs=6, minibatches=2, gamma=0.99, gae_lambda=0.95,
+                       entropy_coef=0.01, clip=0.2, max_grad_norm=0.5)  # fmt: skip
+    policy_args: dict[str, Any] = dict(hidden_sizes=[64, 64], activation="tanh")
+    if continuous:
+        policy_args.update(normalize_obs=_is_vector(kind.observation), normalize_returns=True)
+    return PolicyConfig(
         policy=ComponentConfig("actor-critic", policy_args),
-        trainer=ComponentConfig("ppo", recipe["trainer"]),
-        batch_segments=recipe["batch_segments"],
-    )
-    return named_experiment(env, env_args, "ppo", policy, recipe["actors"], agents, target, frames)
-
-
-def _discrete() -> dict[str, Any]:
-    return {
-        "trainer": dict(lr=2e-3, epochs=6, minibatches=2, gamma=0.99, gae_lambda=0.95,
-                        entropy_coef=0.01, clip=0.2, max_grad_norm=0.5),
-        "batch_segments": 16,
-        "actors": ActorConfig(workers=2, envs_per_worker=16, segment_length=64, groups=1),
-    }  # fmt: skip
-
-
-def _continuous(frames: int) -> dict[str, Any]:
-    actors = ActorConfig(workers=2, envs_per_worker=4, segment_length=128)
-    batch_segments = 8
-    per_step = batch_segments * actors.segment_length
-    return {
-        "trainer": dict(lr=1e-3, epochs=10, minibatches=16, gamma=0.95, gae_lambda=0.95,
-                        entropy_coef=0.0, clip=0.2, lr_schedule="linear",
-                        total_steps=max(1, frames // per_step)),
-        "batch_segments": batch_segments,
-        "actors": actors,
-    }  # fmt: skip
-
-
-Declared = tuple[list[tuple[gym.Space, gym.Space]], int]
-"""Each agent's (observation, action) spaces, and the number of agents."""
-
-
-def _declared(env: str, env_args: dict[str, Any] | None) -> Declared:
-    """The spaces ``env`` declares, from one environment made for them (and closed)."""
-    made = env_api.make(env, **(env_args or {}))
-    try:
-        return list(zip(*declared_spaces(made, env), strict=True)), made.agent_count
-    finally:
-        made.close()
-
-
-def agent_spaces(
-    env: str, env_args: dict[str, Any] | None, declared: Declared | None = None
-) -> tuple[gym.Space, gym.Space, int]:
-    """The spaces of the environment's agents, which one policy plays (all of them alike: a
-    multi-agent game whose agents differ needs an experiment with a policy per kind).
-    ``declared``: its spaces, read already (else an environment is made for them)."""
-    spaces, agents = declared if declared is not None else _declared(env, env_args)
-    if any(pair != spaces[0] for pair in spaces):
-        raise UserError(
-            f"environment '{env}' has {agents} agents whose spaces differ; the experiment trains "
-            "one policy for all of them: write an experiment with agent_policies (a policy per "
-            "kind of agent)"
-        )
-    _check_encodable(env, spaces[0][0])
-    return spaces[0][0], spaces[0][1], agents
-
-
-def _check_encodable(env: str, space: gym.Space, key: str = "") -> None:
-    """Refuse, before any process starts, an observation no built-in policy can read (a
-    MiniGrid-like ``mission`` Text): every policy worker failed to build instead."""
-    from algorithm.modules.encoders import ENCODED_SPACES  # torch: only once it is needed
-
-    if isinstance(space, gym.spaces.Dict):
-        for name, part in space.spaces.items():
-            _check_encodable(env, part, f"{key}.{name}" if key else name)
-        return
-    if isinstance(space, ENCODED_SPACES):
-        return
-    where = f"observation key '{key}'" if key else "observation"
-    if env in gym.registry:
-        leave_out = (
-            "e.g. register your own id in a file you --import, gym.register('Mine-v0', "
-            "entry_point=lambda **kw: gymnasium.wrappers.FilterObservation("
-            f"gym.make('{env}', **kw), filter_keys=[...]))"
-        )
-    else:  # an environment of one's own: a gymnasium wrapper cannot take it
-        leave_out = "from its observation_spaces and the observations it returns"
-    raise UserError(
-        f"environment '{env}': its {where} is a {type(space).__name__} space, which no built-in "
-        "policy reads (they read Box, Discrete, MultiDiscrete and MultiBinary, and Dicts and "
-        f"Tuples of them): leave it out, {leave_out}, or register a policy with its own encoder"
+        trainer=ComponentConfig("ppo", trainer),
+        batch_segments=PER_STEP // actors.segment_length,
     )
 
 
@@ -213,23 +169,25 @@ def named_experiment(
     env: str,
     env_args: dict[str, Any] | None,
     algo: str,
-    policy: PolicyConfig,
+    policy: PolicyConfig | dict[str, PolicyConfig],
     actors: ActorConfig,
-    agents: int,
+    agents: int | list[str],
     target: float | None,
     frames: int,
     evaluation: EvaluationConfig | None = None,
     checkpoint: CheckpointConfig | None = None,
 ) -> ExperimentConfig:
     """The experiment that trains ``policy`` on ``env`` named ``<env>-<algo>``: several agents
-    with the same spaces share it, the stop rule is ``target`` (else the environment's, see
-    :func:`default_target`) or ``frames``, evaluation windows of 20 greedy episodes unless
-    ``evaluation`` says otherwise, and ``checkpoint``'s cadence (default: the config's)."""
+    with the same spaces share it (``agents`` their number), or ``policy`` maps names to
+    policies and ``agents`` is each agent's policy name (:func:`seats`); the stop rule is
+    ``target`` (else the environment's, see :func:`default_target`) or ``frames``, evaluation
+    windows of 20 greedy episodes unless ``evaluation`` says otherwise, and ``checkpoint``'s
+    cadence (default: the config's)."""
     return ExperimentConfig(
         name=re.sub(r"[^a-z0-9_.-]+", "-", env.lower()).strip("-") + f"-{algo}",
-        agent_policies=["default"] * agents if agents > 1 else [],
+        agent_policies=_agent_policies(agents),
         environment=ComponentConfig(env, dict(env_args or {})),
-        policies={"default": policy},
+        policies=policy if isinstance(policy, dict) else {"default": policy},
         actors=actors,
         evaluation=evaluation
         or EvaluationConfig(workers=1, envs_per_worker=10, episodes=20, max_fps=5000.0),
@@ -240,6 +198,11 @@ def named_experiment(
         ),
         checkpoint=checkpoint or CheckpointConfig(),
     )
+
+
+def _agent_policies(agents: int | list[str]) -> list[str]:
+    seated = agents if isinstance(agents, list) else ["default"] * agents
+    return seated if len(seated) > 1 else []
 
 
 def _reward_threshold(env: str) -> float | None:

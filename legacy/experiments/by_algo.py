@@ -33,9 +33,10 @@ import numpy as np
 from api.config import ExperimentConfig
 from api.errors import UserError
 from legacy.environment.gym_adapter import is_mujoco
+from legacy.experiments.agent_kinds import AgentKind, agent_kinds, seats
 from legacy.experiments.atari import atari_ppo, is_atari_pixels
 from legacy.experiments.atari_algos import atari_dqn, atari_impala
-from legacy.experiments.auto import ACTOR_CRITIC_ACTIONS, agent_spaces, named_experiment
+from legacy.experiments.auto import ACTOR_CRITIC_ACTIONS, named_experiment
 from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
 from legacy.experiments.mujoco import mujoco_ppo, mujoco_sac
@@ -69,14 +70,18 @@ def impala(
     game, the Atari recipe (:func:`legacy.experiments.atari_algos.atari_impala`)."""
     if is_atari_pixels(env, env_args):
         return atari_impala(env, env_args, target, frames)
-    observation, action, agents = agent_spaces(env, env_args)
-    _refuse(env, action, ACTOR_CRITIC_ACTIONS, "impala")
-    recipe = cartpole_impala()
-    policy = recipe.policies["default"]
-    if isinstance(action, gym.spaces.Box) and _is_vector(observation):
-        policy.policy.args["normalize_obs"] = True
+    kinds = _kinds(env, env_args, ACTOR_CRITIC_ACTIONS, "impala")
+    policies = {kind.name: _impala_policy(kind) for kind in kinds}
     frames = frames or 1_000_000
-    return named_experiment(env, env_args, "impala", policy, recipe.actors, agents, target, frames)
+    actors = cartpole_impala().actors
+    return named_experiment(env, env_args, "impala", policies, actors, seats(kinds), target, frames)
+
+
+def _impala_policy(kind: AgentKind):
+    policy = cartpole_impala().policies["default"]
+    if isinstance(kind.action, gym.spaces.Box) and _is_vector(kind.observation):
+        policy.policy.args["normalize_obs"] = True
+    return policy
 
 
 def dqn(
@@ -89,15 +94,14 @@ def dqn(
     recipe (:func:`legacy.experiments.atari_algos.atari_dqn`)."""
     if is_atari_pixels(env, env_args):
         return atari_dqn(env, env_args, target, frames)
-    _, action, agents = agent_spaces(env, env_args)
-    _refuse(env, action, (gym.spaces.Discrete,), "dqn")
+    kinds = _kinds(env, env_args, (gym.spaces.Discrete,), "dqn")
     frames = frames or 500_000
     recipe = cartpole_dqn()
-    policy = recipe.policies["default"]
-    policy.policy.args["epsilon"]["decay_frames"] = max(1_000, frames // 10)
-    actors = recipe.actors
+    policies = {kind.name: cartpole_dqn().policies["default"] for kind in kinds}
+    for policy in policies.values():
+        policy.policy.args["epsilon"]["decay_frames"] = max(1_000, frames // 10)
     return named_experiment(
-        env, env_args, "dqn", policy, actors, agents, target, frames,
+        env, env_args, "dqn", policies, recipe.actors, seats(kinds), target, frames,
         checkpoint=recipe.checkpoint,
     )  # fmt: skip
 
@@ -208,35 +212,57 @@ def sac(
     (:func:`legacy.experiments.mujoco.mujoco_sac`)."""
     if is_mujoco(env):
         return mujoco_sac(env, env_args, target, frames)
-    observation, action, agents = agent_spaces(env, env_args)
-    _refuse(env, action, (gym.spaces.Box,), "sac")
+    kinds = _kinds(env, env_args, (gym.spaces.Box,), "sac")
+    for kind in kinds:
+        _check_sac_kind(env, kind, kinds)
+    frames = frames or SAC_FRAMES
+    policies = {kind.name: pendulum_sac().policies["default"] for kind in kinds}
+    for policy in policies.values():
+        # room for the default budget whole (pendulum-sac's 20k-frame budget needed less)
+        policy.replay.capacity_frames = max(policy.replay.capacity_frames, SAC_FRAMES, frames)
+    actors = pendulum_sac().actors
+    return named_experiment(env, env_args, "sac", policies, actors, seats(kinds), target, frames)
+
+
+def _check_sac_kind(env: str, kind: AgentKind, kinds: list[AgentKind]) -> None:
+    """Bounded Box actions, observations without images: what sac's networks take."""
+    action, whose = kind.action, kind.whose(kinds)
     if not (np.all(np.isfinite(action.low)) and np.all(np.isfinite(action.high))):
         raise UserError(  # every policy worker failed to build with this, once launched
-            f"environment '{env}' has actions in {action}, unbounded; sac squashes its actions "
-            "into the Box's bounds, so they must be finite: give the Box finite low and high, "
-            "or use --algo ppo"
+            f"environment '{env}' has actions in {action}{whose}, unbounded; sac squashes its "
+            "actions into the Box's bounds, so they must be finite: give the Box finite low and "
+            "high, or use --algo ppo"
         )
-    if _has_image(observation):
+    if _has_image(kind.observation):
         raise UserError(
-            f"environment '{env}' observes {observation}; the sac experiment's networks take "
-            "vectors, boards, discrete values and Dicts of them, not images: use --algo ppo"
+            f"environment '{env}' observes {kind.observation}{whose}; the sac experiment's "
+            "networks take vectors, boards, discrete values and Dicts of them, not images: use "
+            "--algo ppo"
         )
-    frames = frames or SAC_FRAMES
-    recipe = pendulum_sac()
-    policy = recipe.policies["default"]
-    # room for the default budget whole (pendulum-sac's 20k-frame budget needed less)
-    policy.replay.capacity_frames = max(policy.replay.capacity_frames, SAC_FRAMES, frames)
-    actors = recipe.actors
-    return named_experiment(env, env_args, "sac", policy, actors, agents, target, frames)
 
 
-def _refuse(env: str, action: gym.Space, spaces: tuple[type, ...], algo: str) -> None:
-    if isinstance(action, spaces):
-        return
-    raise UserError(
-        f"environment '{env}' has {type(action).__name__} actions; {algo} acts in "
-        f"{' or '.join(s.__name__ for s in spaces)} action spaces: {_instead(action)}"
-    )
+def _kinds(
+    env: str, env_args: dict[str, Any] | None, spaces: tuple[type, ...], algo: str
+) -> list[AgentKind]:
+    """The environment's kinds of agent (a policy each), every one acting in ``spaces``."""
+    kinds = agent_kinds(env, env_args)
+    for kind in kinds:
+        if isinstance(kind.action, spaces):
+            continue
+        instead = _instead(kind.action) if len(kinds) == 1 else _instead_of_all(kinds)
+        raise UserError(
+            f"environment '{env}' has {type(kind.action).__name__} actions{kind.whose(kinds)}; "
+            f"{algo} acts in {' or '.join(s.__name__ for s in spaces)} action spaces: {instead}"
+        )
+    return kinds
+
+
+def _instead_of_all(kinds: list[AgentKind]) -> str:
+    """What acts in every kind's actions, where kinds differ (one kind's sac would refuse the
+    next kind's Discrete)."""
+    if all(isinstance(kind.action, ACTOR_CRITIC_ACTIONS) for kind in kinds):
+        return "use --algo ppo (or impala), which act in every agent's actions"
+    return "no built-in algorithm acts in every agent's actions"
 
 
 def _instead(action: gym.Space) -> str:

@@ -39,7 +39,8 @@ from api.config import (
     ReplayConfig,
 )
 from api.errors import UserError
-from legacy.experiments.auto import agent_spaces, named_experiment
+from legacy.experiments.agent_kinds import agent_spaces
+from legacy.experiments.auto import named_experiment
 
 MUJOCO_FRAMES = 1_000_000
 """The frame budget of the published MuJoCo figures (CleanRL's, SB3's zoo, the SAC paper's)."""

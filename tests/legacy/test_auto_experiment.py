@@ -251,3 +251,124 @@ def test_the_environment_is_made_once_to_set_the_experiment_up():
         assert Counted.made == 1
     finally:
         environments.unregister("test-auto-counted")
+
+
+class Mixed(Environment):
+    """Agents of the kinds named, in order (keys of :data:`SPACES`); named where ``names``
+    are given, as a PettingZoo environment's are."""
+
+    def __init__(self, kinds=("discrete", "box"), names=None):
+        self.kinds = list(kinds)
+        if names is not None:
+            self.agent_names = list(names)
+
+    @property
+    def agent_count(self):
+        return len(self.kinds)
+
+    @property
+    def observation_spaces(self):
+        return [SPACES[k][0] for k in self.kinds]
+
+    @property
+    def action_spaces(self):
+        return [SPACES[k][1] for k in self.kinds]
+
+    def reset(self):
+        return [StepResult(space.sample()) for space in self.observation_spaces]
+
+    def step(self, actions):
+        return self.reset()
+
+
+@pytest.fixture
+def mixed():
+    """Registers ``test-auto-mixed`` (agent 0 discrete, agent 1 in a Box)."""
+    register("test-auto-mixed", Mixed)
+    yield "test-auto-mixed"
+    environments.unregister("test-auto-mixed")
+
+
+def test_agents_whose_spaces_differ_get_a_policy_per_kind_with_its_recipe(mixed):
+    """``troupe train`` refused agents whose spaces differ (a predator and its prey, a speaker
+    and a listener), asking for an experiment written by hand. Each kind now gets a policy of
+    its own, with its action space's recipe."""
+    config = ppo(mixed, frames=200_000)
+    assert config.agent_policies == ["agent0", "agent1"] and validate(config) == []
+    chaser, runner = config.policies["agent0"], config.policies["agent1"]
+    assert chaser.trainer.args["lr"] == 2e-3 and "lr_schedule" not in chaser.trainer.args
+    assert runner.trainer.args["lr_schedule"] == "linear" and runner.policy.args["normalize_obs"]
+    assert runner.trainer.args["total_steps"] == 200_000 // 1024
+    per_step = config.actors.segment_length * chaser.batch_segments
+    assert per_step == config.actors.segment_length * runner.batch_segments == 1024
+
+
+def test_a_linear_decay_lasts_the_run_when_agents_share_a_policy():
+    """Two agents in a Box sharing a policy give it two transitions a step: its learning rate
+    reached zero half-way through the run."""
+    config = ppo("test-auto-box", env_args={"agents": 2}, frames=102_400)
+    assert config.policies["default"].trainer.args["total_steps"] == 2 * 100
+
+
+def test_kinds_are_named_after_the_agents_names_where_the_environment_has_them():
+    register(
+        "test-auto-named", Mixed, kinds=("discrete", "discrete", "box"),
+        names=["adversary_0", "adversary_1", "agent_0"],
+    )  # fmt: skip
+    try:
+        config = ppo("test-auto-named")
+    finally:
+        environments.unregister("test-auto-named")
+    assert config.agent_policies == ["adversary", "adversary", "agent"]
+
+
+@pytest.mark.parametrize(
+    "algo, said",
+    [
+        ("dqn", "has Box actions (agent 1's); dqn acts in Discrete action spaces: use --algo "
+         "ppo (or impala), which act in every agent's actions"),
+        ("sac", "has Discrete actions (agent 0's); sac acts in Box action spaces: use --algo "
+         "ppo (or impala), which act in every agent's actions"),
+    ],
+)  # fmt: skip
+def test_an_algorithm_that_cannot_act_for_one_kind_names_it_and_one_that_can(mixed, algo, said):
+    from legacy.experiments import by_algo
+
+    with pytest.raises(UserError) as caught:
+        getattr(by_algo, algo)(mixed)
+    assert said in str(caught.value)
+
+
+def test_impala_dqn_and_sac_give_each_kind_its_own_policy():
+    from legacy.experiments import by_algo
+
+    register("test-auto-two-boxes", Mixed, kinds=("box", "dict-box"))
+    register("test-auto-two-discrete", Mixed, kinds=("discrete", "image-discrete"))
+    try:
+        configs = (
+            by_algo.impala("test-auto-two-boxes"),
+            by_algo.dqn("test-auto-two-discrete"),
+            by_algo.sac("test-auto-two-boxes"),
+        )
+        assert all(validate(config) == [] for config in configs)
+    finally:
+        environments.unregister("test-auto-two-boxes")
+        environments.unregister("test-auto-two-discrete")
+    for config in configs:
+        assert config.agent_policies == ["agent0", "agent1"]
+        first, second = config.policies["agent0"], config.policies["agent1"]
+        assert first is not second and first.policy.args is not second.policy.args
+    impala = configs[0]
+    assert impala.policies["agent0"].policy.args.get("normalize_obs") is True
+    assert not impala.policies["agent1"].policy.args.get("normalize_obs")  # a Dict
+
+
+def test_a_recipe_for_one_policy_refuses_agents_that_differ():
+    from legacy.experiments.agent_kinds import agent_spaces
+
+    register("test-auto-two-boxes", Mixed, kinds=("box", "dict-box"))
+    try:
+        with pytest.raises(UserError, match="use troupe train ENV --algo ppo"):
+            agent_spaces("test-auto-two-boxes", None)
+    finally:
+        environments.unregister("test-auto-two-boxes")
