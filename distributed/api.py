@@ -38,6 +38,7 @@ from api.policy import Policy, RolloutRequest
 from api.spaces import from_positions
 from system import run_folder
 from system.run.metrics_file import MetricsTail, key_filter, newest_record, read_metrics
+from system.streams.validation import action_bounds, fit_actions
 
 
 @dataclass
@@ -249,6 +250,9 @@ class LoadedPolicy:
 
         space = getattr(policy, "observation_space", None)
         self._obs_spec = None if space is None else observation_spec(space)
+        action_space = getattr(policy, "action_space", None)
+        self._bounds = None if action_space is None else action_bounds([action_space])
+        """A Box action's bounds: ``act`` clips into them, as actors do for the environment."""
 
     def __repr__(self) -> str:  # what a notebook shows of ``troupe.load_policy(...)``
         return (
@@ -278,7 +282,10 @@ class LoadedPolicy:
             request_id=np.zeros((1, 1), dtype=np.int64),
         )
         result = self.policy.rollout(request)
-        return np.asarray(result.action)[0], result.policy_state
+        # as the run's actors hand it to the environment: a Gaussian's mean or sample may lie
+        # past the Box (2.2 in Pendulum's [-2, 2]), which an environment of one's own may refuse
+        (action,) = fit_actions([np.asarray(result.action)[0]], self._bounds)
+        return action, result.policy_state
 
     def _check(self, obs: Any) -> None:
         """An observation the policy cannot take is named: a raw Atari frame given to a
