@@ -126,20 +126,22 @@ class _Bonus:
 def test_a_saved_replay_buffer_keeps_the_fields_its_actor_callbacks_added(tmp_path):
     """A saved buffer holds the fields its run's actor callbacks declared: a resume without
     them failed its replay worker on the first insert, once every worker had started."""
+    from api.registry import callbacks as registered
     from api.registry import register_callback
 
     register_callback("test-resume-bonus", _Bonus)
-    callbacks = "actor_callbacks=[{'type': 'test-resume-bonus'}]"
-    saved = make_experiment("cartpole-dqn", [callbacks])
-    new = make_experiment("cartpole-dqn", ["actor_callbacks=[]"])
-    _allowed_until_a_buffer_is_saved(saved, new, tmp_path)
-    said = (
-        r"fields \[\], and its replay buffer \(.*replay\.ckpt\) holds transitions with \['bonus'\]"
-    )
-    with pytest.raises(UserError, match=said):
-        check_compatible(saved, new, tmp_path)
-    again = make_experiment("cartpole-dqn", [callbacks, "stop.env_frames=90000"])
-    check_compatible(saved, again, tmp_path)  # the same fields: allowed
+    try:  # left registered, it joined the user code of experiments made later in the process
+        callbacks = "actor_callbacks=[{'type': 'test-resume-bonus'}]"
+        saved = make_experiment("cartpole-dqn", [callbacks])
+        new = make_experiment("cartpole-dqn", ["actor_callbacks=[]"])
+        _allowed_until_a_buffer_is_saved(saved, new, tmp_path)
+        said = r"fields \[\], and its replay buffer \(.*replay\.ckpt\) holds transitions with "
+        with pytest.raises(UserError, match=said + r"\['bonus'\]"):
+            check_compatible(saved, new, tmp_path)
+        again = make_experiment("cartpole-dqn", [callbacks, "stop.env_frames=90000"])
+        check_compatible(saved, again, tmp_path)  # the same fields: allowed
+    finally:
+        registered.unregister("test-resume-bonus")
 
 
 def _checkpoint(path, field: str, version: int) -> None:
