@@ -32,8 +32,8 @@ class RateLimiterConfig:
     """Target of sampled transitions per inserted frame (None: no ratio, only ``min_size``)."""
     tolerance: float = 1000.0
     """How far (in sampled transitions) the count may run ahead of or behind the ratio. It must
-    fit one sampled batch and one inserted segment times ``samples_per_insert``, or the two sides
-    wait for each other forever."""
+    be at least one sampled message and one inserted chunk times ``samples_per_insert``, or the
+    two sides can wait for each other forever."""
     fitted: bool = False
     """The tolerance is a default, not the user's: an insert or sample it cannot fit (an
     environment with more agents than the default counted) widens it to fit, once, instead of
@@ -89,7 +89,13 @@ class RateLimiter:
         return self._diff + frames * spi <= self._offset + self.config.tolerance
 
     def _check_fits(self, amount: float, what: str) -> None:
-        if amount <= 2 * self.config.tolerance:
+        """One insert and one sample must fit the window of ``2 * tolerance`` together, or
+        each side can wait for the other forever: before ``min_size`` (inserts stop short of
+        it, so nothing is sampled) or later. A tolerance of at least each of them makes sure.
+        A default tolerance counts one agent per environment: two agents sharing a policy
+        bring chunks twice as large, and SAC on such a game stopped at 528 of its 1,000
+        learning-start frames, for good."""
+        if amount <= self.config.tolerance:
             return
         if self.config.fitted:
             logger.info("replay rate limiter: tolerance %g widened to %g to fit one %s",
@@ -98,9 +104,9 @@ class RateLimiter:
             return
         raise ValueError(
             f"one {what} of {amount:g} sampled-transition units exceeds the rate limiter's "
-            f"window of 2 * tolerance = {2 * self.config.tolerance:g}: it could never go. "
-            f"Raise policies.<policy>.replay.tolerance to at least {amount / 2:g} (or leave it "
-            "unset, to fit itself), or use smaller batches / segments."
+            f"tolerance of {self.config.tolerance:g}: the trainer and the actors could wait for "
+            f"each other forever. Raise policies.<policy>.replay.tolerance to at least "
+            f"{amount:g} (or leave it unset, to fit itself), or use smaller batches / segments."
         )
 
     def record_insert(self, frames: int) -> None:

@@ -97,3 +97,61 @@ def test_troupe_train_trains_a_policy_per_kind_of_agent(tmp_path):
     assert evaluated.returncode == 0, (evaluated.stdout + evaluated.stderr)[-3000:]
     result = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert set(result["results"]) == {"agent0_vs_agent1", "agent1_vs_agent0"}
+
+
+TWO_REACH = """\
+import gymnasium as gym
+import numpy as np
+
+from api.environment import Environment, StepResult, register
+
+
+class TwoReach(Environment):
+    \"\"\"Two agents with the same spaces push their points towards the origin.\"\"\"
+
+    agent_count = 2
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    @property
+    def observation_spaces(self):
+        return [gym.spaces.Box(-10, 10, (2,), np.float32)] * 2
+
+    @property
+    def action_spaces(self):
+        return [gym.spaces.Box(-1, 1, (2,), np.float32)] * 2
+
+    def seed(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self):
+        self.t, self.points = 0, self.rng.uniform(-3, 3, (2, 2))
+        return [StepResult(p.astype(np.float32)) for p in self.points]
+
+    def step(self, actions):
+        self.t += 1
+        self.points = np.clip(self.points + 0.2 * np.asarray(actions), -5, 5)
+        return [StepResult(p.astype(np.float32), -float(np.linalg.norm(p)), False, self.t >= 30)
+                for p in self.points]
+
+
+register("TwoReach-v0", TwoReach)
+"""
+
+
+@pytest.mark.multiprocess
+def test_sac_on_two_agents_sharing_a_policy_gets_past_its_learning_start(tmp_path):
+    """Two agents bring chunks twice the size the default tolerance of the replay's rate
+    limiter was set for: inserts stopped short of min_size, so nothing was sampled, and the
+    run stalled at 528 frames with its trainer never stepping."""
+    (tmp_path / "reach.py").write_text(TWO_REACH)
+    run = tmp_path / "run"
+    result = troupe(
+        "train", "--import", "reach.py", "TwoReach-v0", "--algo", "sac", "frames=1200",
+        "evaluation.workers=0", "stop.stall_seconds=60", "--run-dir", str(run), "--no-display",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert max(r.get("trainer/default/steps") or 0 for r in records) >= 1
