@@ -14,7 +14,7 @@ from rich.text import Text
 from system import run_folder
 
 if TYPE_CHECKING:
-    from api.config import StopConfig
+    pass
 
 EXPERIMENT_HELP = (
     "registered experiment (cartpole-ppo), experiment file (exp.py, exp.yaml, exp.toml) or "
@@ -169,8 +169,12 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     check_keys(run_dir, args.secure)  # before a line is printed: a refusal is one line
     # soft_wrap: a path stays on one line for grep and scripts; a terminal wraps it for the eye
     console.print(f"run folder: {run_dir}", highlight=False, soft_wrap=True)
+    from distributed.launch.run_lines import seats_line, stop_rule
+
     console.print(stop_rule(config.stop, pbt_target=config.pbt.target_return), highlight=False,
                   soft_wrap=True)  # fmt: skip
+    if seats := seats_line(config.agent_policies):
+        console.print(seats, highlight=False, soft_wrap=True)
     started = time.time()
     display = False if args.no_display else None
     process = start(
@@ -211,26 +215,6 @@ def run_run(args: argparse.Namespace, console: Console) -> int:
     written = [n for n in RESULT_FILES if (run_dir / n).exists()]
     console.print(f"results in {run_dir} ({', '.join(written)})", soft_wrap=True)
     return code
-
-
-def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:
-    """``stop at: greedy evaluation return 475 (gymnasium's reward_threshold for CartPole-v1),
-    or 1000000 env frames``: every stop rule in force (a PBT population's target too), and
-    where the evaluation target came from if known."""
-    source = f" ({stop.eval_return_source})" if stop.eval_return_source else ""
-    if stop.eval_return is not None:
-        rules = [f"greedy evaluation return {stop.eval_return:g}{source}"]
-    else:
-        rules = [f"no evaluation target{source}"] if source else []
-    if pbt_target is not None:
-        rules.append(f"a PBT member's score {pbt_target:g}")
-    rules += [
-        f"{value:g} {unit}" if isinstance(value, float) else f"{value} {unit}"
-        for value, unit in ((stop.env_frames, "env frames"), (stop.trainer_steps, "trainer steps"),
-                            (stop.wall_seconds, "seconds"))
-        if value is not None
-    ]  # fmt: skip
-    return "stop at: " + ", or ".join(rules)
 
 
 # --------------------------------------------------------------------- troupe train

@@ -87,6 +87,7 @@ def test_troupe_train_trains_a_policy_per_kind_of_agent(tmp_path):
     )  # fmt: skip
     said = result.stdout + result.stderr
     assert result.returncode == 0, said[-3000:]
+    assert "policies: agent0 plays agent 0, agent1 plays agent 1" in result.stdout
     config = json.loads((run / "config.json").read_text())
     assert config["agent_policies"] == ["agent0", "agent1"]
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]

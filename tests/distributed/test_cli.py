@@ -156,7 +156,7 @@ def test_an_unknown_option_is_named_with_its_subcommand_and_the_nearest_option(a
 
 def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     from api.resolve import load_experiment
-    from distributed.launch.run_commands import stop_rule
+    from distributed.launch.run_lines import stop_rule
 
     assert stop_rule(load_experiment("Pendulum-v1").stop) == (
         "stop at: greedy evaluation return -300 (Troupe's default for Pendulum-v1, which "
@@ -174,6 +174,18 @@ def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     assert stop_rule(pbt.stop, pbt_target=400.0) == (
         "stop at: a PBT member's score 400, or 3000000 env frames, or 1200 seconds"
     )
+
+
+def test_a_run_of_several_policies_says_which_agents_each_plays():
+    from distributed.launch.run_lines import seats_line
+
+    assert seats_line(["adversary", "adversary", "agent"]) == (
+        "policies: adversary plays agents 0 and 1, agent plays agent 2"
+    )
+    assert seats_line(["red", "blue", "red", "red"]) == (
+        "policies: red plays agents 0, 2 and 3, blue plays agent 1"
+    )
+    assert seats_line([]) is None and seats_line(["default", "default"]) is None
 
 
 def test_a_frame_budget_below_one_trainer_step_is_warned_about(tmp_path, caplog):
