@@ -90,7 +90,7 @@ def ppo(
             )
     continuous = any(isinstance(kind.action, gym.spaces.Box) for kind in kinds)
     frames = frames or (500_000 if continuous else 1_000_000)
-    actors = CONTINUOUS_ACTORS if continuous else DISCRETE_ACTORS
+    actors = _actors(continuous)
     policies = {kind.name: _ppo_policy(kind, actors, frames) for kind in kinds}
     return named_experiment(env, env_args, "ppo", policies, actors, seats(kinds), target, frames)
 
@@ -98,8 +98,13 @@ def ppo(
 PER_STEP = 1024
 """Transitions a PPO trainer step takes, in both recipes: 16 segments of 64 discrete, 8 of 128
 continuous (with continuous actors, a discrete kind's 1,024 are 8 segments of 128)."""
-DISCRETE_ACTORS = ActorConfig(workers=2, envs_per_worker=16, segment_length=64, groups=1)
-CONTINUOUS_ACTORS = ActorConfig(workers=2, envs_per_worker=4, segment_length=128)
+
+
+def _actors(continuous: bool) -> ActorConfig:
+    """A fresh one each call: a config is changed in place (presets, overrides)."""
+    if continuous:
+        return ActorConfig(workers=2, envs_per_worker=4, segment_length=128)
+    return ActorConfig(workers=2, envs_per_worker=16, segment_length=64, groups=1)
 
 
 def _ppo_policy(kind: AgentKind, actors: ActorConfig, frames: int) -> PolicyConfig:
@@ -111,17 +116,9 @@ def _ppo_policy(kind: AgentKind, actors: ActorConfig, frames: int) -> PolicyConf
     continuous = isinstance(kind.action, gym.spaces.Box)
     if continuous:
         total_steps = max(1, frames * len(kind.agents) // PER_STEP)
-        trainer = dict(
-            lr=1e-3,
-            epochs=10,
-            minibatches=16,
-            gamma=0.95,
-            gae_lambda=0.95,
-            entropy_coef=0.0,
-            clip=0.2,
-            lr_schedule="linear",
-            total_steps=total_steps,
-        )
+        trainer = dict(lr=1e-3, epochs=10, minibatches=16, gamma=0.95, gae_lambda=0.95,
+                       entropy_coef=0.0, clip=0.2, lr_schedule="linear",
+                       total_steps=total_steps)  # fmt: skip
     else:
         trainer = dict(lr=2e-3, epochs=6, minibatches=2, gamma=0.99, gae_lambda=0.95,
                        entropy_coef=0.01, clip=0.2, max_grad_norm=0.5)  # fmt: skip
