@@ -93,8 +93,8 @@ class RateLimiter:
         each side can wait for the other forever: before ``min_size`` (inserts stop short of
         it, so nothing is sampled) or later. A tolerance of at least each of them makes sure.
         A default tolerance counts one agent per environment: two agents sharing a policy
-        bring chunks twice as large, and SAC on such a game stopped at 528 of its 1,000
-        learning-start frames, for good."""
+        bring chunks twice as large, and SAC on such a game stopped inserting at 992 frames,
+        short of its min_size of 1,000, for good."""
         if amount <= self.config.tolerance:
             return
         if self.config.fitted:

@@ -82,7 +82,9 @@ def test_each_role_killed_in_turn_the_run_finishes_and_loses_no_version(tmp_path
         announced.append(latest_version(run_dir) or 0)
         os.kill(before["pid"], signal.SIGKILL)
         if wid == "params":  # announced means on disk: nothing a policy worker had is lost
-            assert (latest_version(run_dir) or -1) >= served
+            # (not the trainer's newest: it publishes without waiting for the answer, so the
+            # service may be killed before it took that version; CI met 24 on disk, trainer 25)
+            assert (latest_version(run_dir) or -1) >= seen.served
 
         def restarted(wid=wid, before=before):
             w = workers(run_dir)[wid]
