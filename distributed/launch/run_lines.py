@@ -15,11 +15,9 @@ def seats_line(agent_policies: list[str]) -> str | None:
     said = []
     for name in dict.fromkeys(agent_policies):
         agents = [str(i) for i, n in enumerate(agent_policies) if n == name]
-        whom = (
-            f"agent {agents[0]}"
-            if len(agents) == 1
-            else (f"agents {', '.join(agents[:-1])} and {agents[-1]}")
-        )
+        whom = f"agents {', '.join(agents[:-1])} and {agents[-1]}"
+        if len(agents) == 1:
+            whom = f"agent {agents[0]}"
         said.append(f"{name} plays {whom}")
     return "policies: " + ", ".join(said)
 

@@ -32,10 +32,6 @@ class Declared:
     spaces: list[tuple[gym.Space, gym.Space]]
     names: list[str] | None = None
 
-    @property
-    def agents(self) -> int:
-        return len(self.spaces)
-
 
 @dataclass
 class AgentKind:
