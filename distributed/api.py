@@ -319,16 +319,18 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
     """A trained policy from a run folder (the version its run was solved with, else its
     latest) or a checkpoint file.
 
-    ``policy``: which policy of a multi-policy run (default: the only, or the first one).
+    ``policy``: which policy of a multi-policy run (default: a checkpoint file's own, else the
+    one ``troupe eval`` reports: a PBT run's best member, ``evaluation.policy``; else the first
+    trained one).
     """
     from system.parameters.store import LATEST
     from system.run import builders
-    from system.run.evaluation import curriculum_stage, load_run, locate
+    from system.run.evaluation import curriculum_stage, load_run, locate, played_policy
 
     run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
-    from_file = Path(target).parent.name if Path(target).is_file() else None
-    name = policy or from_file or next(iter(config.policies))
+    from_file = Path(target).parent.name if Path(target).is_file() else None  # latest.ckpt too
+    name = policy or from_file or played_policy(run_dir, config, pinned)
     if name not in config.policies:
         raise UserError(f"run {run_dir} has no policy '{name}'; it has {sorted(config.policies)}")
     number, params = store.get(name, pinned.get(name, LATEST))

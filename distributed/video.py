@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,9 +19,17 @@ FPS = 30
 SUFFIXES = (".mp4", ".gif")
 
 
-def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: int = 0) -> list:
-    """Play ``episodes`` greedy episodes of the run's (first) policy; write their frames to
-    ``out``; return the episodes' returns."""
+class Recording(NamedTuple):
+    policy: str
+    """Who played: the policy ``load_policy`` picks (a PBT run's best member, say)."""
+    returns: list[float]
+
+
+def record_video(
+    target: str | Path, out: str | Path, episodes: int = 1, seed: int = 0
+) -> Recording:
+    """Play ``episodes`` greedy episodes of the run's policy (``load_policy``'s); write their
+    frames to ``out``."""
     imageio = writer_for(out)
     from distributed.api import load_policy
 
@@ -52,7 +61,7 @@ def record_video(target: str | Path, out: str | Path, episodes: int = 1, seed: i
     finally:
         env.close()
     _close(writer, out)
-    return returns
+    return Recording(policy.name, returns)
 
 
 def writer_for(out: str | Path):

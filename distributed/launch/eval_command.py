@@ -81,11 +81,11 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
         from distributed.video import record_video
 
         wanted = args.video_episodes or min(args.episodes, VIDEO_MAX_EPISODES)
-        returns = record_video(args.target, args.video, episodes=wanted, seed=args.seed or 0)
+        made = record_video(args.target, args.video, episodes=wanted, seed=args.seed or 0)
         # episodes of its own: the evaluation's figures below come from others, seeded apart
         console.print(
-            f"video of {len(returns)} greedy episodes, played for it (returns {returns}), in "
-            f"{args.video}",
+            f"video of {len(made.returns)} greedy episodes of {made.policy}, played for it "
+            f"(returns {made.returns}), in {args.video}",
             soft_wrap=True,
         )
     result = evaluate(args.target, episodes=args.episodes, envs=args.envs, seed=args.seed)

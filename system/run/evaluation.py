@@ -213,6 +213,22 @@ def curriculum_stage(run_dir: Path, config: ExperimentConfig) -> dict[str, Any] 
     return value if isinstance(value, dict) and {"index", "stage"} <= set(value) else None
 
 
+def played_policy(run_dir: Path, config: ExperimentConfig, pinned: dict[str, int]) -> str:
+    """The one policy that plays a run where one is asked for (``load_policy``, ``troupe eval
+    --video``): a checkpoint file's own, else the one :func:`evaluate` reports (a PBT run's
+    best member, ``evaluation.policy``), else the first trained one. ``load_policy`` of a PBT
+    run took its first member, whatever the summary's best: a video of ``member0`` (117 a
+    game) under a report of ``member3``'s 317."""
+    trained = [name for name, pc in config.policies.items() if pc.trainer.type]
+    if len(pinned) == 1 and next(iter(pinned)) in config.policies:  # a file, a solved version
+        return next(iter(pinned))
+    if config.pbt.members:
+        return _best_member(run_dir, list(config.pbt.members), pinned)
+    if config.evaluation.policy in config.policies:
+        return config.evaluation.policy
+    return (trained or list(config.policies))[0]
+
+
 def _best_member(run_dir: Path, members: list[str], pinned: dict[str, int]) -> str:
     """The PBT member whose figures an evaluation reports (see :func:`evaluate`)."""
     if len(pinned) == 1 and next(iter(pinned)) in members:  # a member's checkpoint file

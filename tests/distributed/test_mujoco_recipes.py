@@ -137,7 +137,7 @@ from distributed.video import record_video
 run, out = sys.argv[1:]
 load_policy(run)  # imports and the network, before memory is counted
 tracemalloc.start()
-returns = record_video(run, out, episodes=2)
+returns = record_video(run, out, episodes=2).returns
 print(json.dumps({"returns": returns, "peak": tracemalloc.get_traced_memory()[1]}))
 """
 

@@ -323,7 +323,7 @@ def test_eval_video_writes_a_playable_mp4(trained, tmp_path):
         cwd=trained["folder"], timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "greedy episodes, played for it (returns " in result.stdout, result.stdout
+    assert "greedy episodes of default, played for it (returns " in result.stdout, result.stdout
     printed = result.stdout.split("(returns ")[1].split(")")[0]
     returns = json.loads(printed)
     assert len(returns) == 2  # as many as --episodes asked (issue 28: it used to be one)

@@ -129,5 +129,6 @@ def test_pbt_exploits_copy_weights_and_hyperparameters_without_a_restart(tmp_pat
     result = troupe.evaluate(run_dir, episodes=2, envs=1)
     assert set(result.per_policy) == {"member0", "member1", "member2", "member3"}
     assert result.policy == summary["pbt"]["best_member"] and result.episodes == 2
+    assert troupe.load_policy(run_dir).name == result.policy  # what a video or `act` plays
     checkpoint = max((run_dir / "checkpoints" / "member2").glob("v*.ckpt"))
     assert troupe.evaluate(checkpoint, episodes=2, envs=1).policy == "member2"
