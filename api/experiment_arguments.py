@@ -38,7 +38,37 @@ def split(overrides: list[str], params: list[str]) -> tuple[dict[str, Any], list
                 taken[key.strip()] = value
         else:
             rest.append(item)
+    if "env_args" in params:
+        _take_env_args(overrides, taken)
     return taken, rest
+
+
+ENV_ARGS = "environment.args"
+
+
+def _take_env_args(overrides: list[str], taken: dict[str, Any]) -> None:
+    """``environment.args...`` overrides, also given to an experiment that sets itself up from
+    the environment (``env_args``): built from the environment's defaults and overridden after,
+    ``troupe train GridGather-v0 environment.args.n_agents=3`` planned policies for 2 agents
+    and failed in its workers, and dqn refused a Box environment for its default's actions.
+    The overrides still apply after (a recipe's own argument changed by one stays changed)."""
+    for item in overrides:
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not (key == ENV_ARGS or key.startswith(ENV_ARGS + ".")):
+            continue
+        value = parse_value(raw)
+        if key == ENV_ARGS:
+            taken["env_args"] = dict(value) if isinstance(value, dict) else value
+            continue
+        env_args = taken.setdefault("env_args", {})
+        if not isinstance(env_args, dict):
+            return  # env_args=... of another kind: the function's own check says what is wrong
+        *path, last = key.removeprefix(ENV_ARGS + ".").split(".")
+        for part in path:
+            env_args = env_args.setdefault(part, {})
+            if not isinstance(env_args, dict):
+                return
+        env_args[last] = value
 
 
 def errors(taken: dict[str, Any], rest: list[str], experiment: str, params: list[str]) -> list[str]:

@@ -372,3 +372,22 @@ def test_a_recipe_for_one_policy_refuses_agents_that_differ():
             agent_spaces("test-auto-two-boxes", None)
     finally:
         environments.unregister("test-auto-two-boxes")
+
+
+@pytest.mark.parametrize(
+    "via", ["environment.args.{key}={value}", "environment.args={{'{key}': {value}}}"]
+)
+def test_an_environment_argument_given_as_an_override_sets_the_experiment_up(via):
+    """The recipe was set up from the environment's default arguments and the override applied
+    after: ``troupe train GridGather-v0 environment.args.n_agents=3`` planned policies for 2
+    agents and failed in its workers; ``--algo dqn`` of an environment whose Box actions were
+    chosen by an argument was refused for its default's Discrete ones."""
+    from api.resolve import load_experiment
+
+    three = load_experiment("GridGather-v0", [via.format(key="n_agents", value=3)])
+    assert three.agent_policies == ["default"] * 3 and three.environment.args["n_agents"] == 3
+    boxed = via.format(key="kind", value="'box'")
+    sac = load_experiment("sac", ["env=test-auto-discrete", boxed])
+    assert sac.policies["default"].policy.type == "sac-policy"
+    with pytest.raises(UserError, match="has Box actions; dqn acts in Discrete"):
+        load_experiment("dqn", ["env=test-auto-discrete", boxed])
