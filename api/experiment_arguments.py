@@ -15,10 +15,17 @@ from api.config import ExperimentConfig, parse_value
 
 def parameters(spec: registry.Spec) -> list[str]:
     """The names the experiment's function takes (none where its signature cannot be read)."""
+    return signature_parameters(spec.load())
+
+
+def signature_parameters(function: Any) -> list[str]:
+    """The names ``function`` takes by keyword (none where its signature cannot be read)."""
     try:
-        return list(inspect.signature(spec.load()).parameters)
+        found = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
         return []
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in found if p.kind in by_keyword]
 
 
 def split(overrides: list[str], params: list[str]) -> tuple[dict[str, Any], list[str]]:

@@ -8,11 +8,13 @@
 * a Python file, ``path/exp.py`` or ``path/exp.py:function``: the function (``experiment`` by
   default) returns an :class:`~api.config.ExperimentConfig`; the file is imported as a module (its
   ``__main__`` block does not run) and every worker imports it too, so whatever it registers at
-  import time is known everywhere;
+  import time is known everywhere; its parameters are arguments, as a registered experiment's
+  (:mod:`api.python_experiments`);
 * a declarative file, ``.yaml``/``.yml``, ``.toml`` or ``.json``: the config as a mapping;
   ``base:`` starts it from a recipe, whose config the file's keys then change (mappings merge
   key by key, anything else is replaced): a registered experiment (``base: cartpole-dqn``),
-  one with its function's arguments (``base: {experiment: ppo, env: Acrobot-v1}``), or
+  one with its function's arguments (``base: {experiment: ppo, env: Acrobot-v1}``, a
+  Python file's too), or
   another experiment file beside it (``base: common.yaml``);
 * a registered environment (any gymnasium id): the ``ppo`` experiment on it.
 """
@@ -33,11 +35,11 @@ from api.code import attach_user_code
 from api.config import ExperimentConfig, apply_overrides, check, validate
 from api.config.load import string_list
 from api.errors import ConfigError, RegistryError, UserError
+from api.python_experiments import called, file_function, from_python
 
 logger = logging.getLogger(__name__)
 
 DECLARATIVE = (".yaml", ".yml", ".toml", ".json")
-DEFAULT_FUNCTION = "experiment"
 ENVIRONMENT_EXPERIMENT = "ppo"
 """The registered experiment that trains on an environment named instead of an experiment."""
 
@@ -54,7 +56,7 @@ def load_experiment(
     if isinstance(target, ExperimentConfig):
         config = target
     elif _is_file(target, (".py",)):
-        config, path = _from_python(target)
+        config, path, overrides = from_python(target, overrides)
         extra_imports.append(path)
     elif _is_file(target, DECLARATIVE):
         config = _from_declarative(Path(target))
@@ -105,28 +107,6 @@ def for_environment(
 def _is_file(target: str, suffixes: tuple[str, ...]) -> bool:
     path = target.partition(".py:")[0] + ".py" if ".py:" in target else target
     return Path(path).suffix.lower() in suffixes
-
-
-def _from_python(target: str) -> tuple[ExperimentConfig, str]:
-    path, _, function = target.partition(".py:")
-    path = path + ".py" if function else target
-    function = function or DEFAULT_FUNCTION
-    if not Path(path).is_file():
-        raise UserError(f"experiment file {path} does not exist")
-    module = user_code.import_file(path)
-    factory = getattr(module, function, None)
-    if not callable(factory):
-        raise UserError(
-            f"{path} has no function '{function}': define `def {DEFAULT_FUNCTION}() -> "
-            f"ExperimentConfig`, or name yours as {path}:FUNCTION"
-        )
-    config = factory()
-    if not isinstance(config, ExperimentConfig):
-        raise UserError(
-            f"{path}:{function}() returned {type(config).__name__} {config!r:.60}, not an "
-            "ExperimentConfig"
-        )
-    return config, str(Path(path).resolve())
 
 
 MAX_BASE_DEPTH = 8
@@ -236,6 +216,11 @@ def _recipe(base: Any, path: Path, depth: int) -> ExperimentConfig:
                  f"recipe's arguments beside it, e.g. {{experiment: ppo, env: Acrobot-v1}}; got "
                  f"{base!r}"]
             )  # fmt: skip
+        if _is_file(name, (".py",)):  # a file's function with its arguments
+            factory, where, imported = file_function(_next_to(path, name))
+            config = called(factory, where, args)
+            config.code.imports = [*config.code.imports, imported]
+            return config
         return _make_registered(name, args)
     if not isinstance(base, str) or not base:
         raise ConfigError([f"{path}: base: must name a recipe or a file, got {base!r}"])
@@ -245,14 +230,19 @@ def _recipe(base: Any, path: Path, depth: int) -> ExperimentConfig:
                 [f"{path}: base: more than {MAX_BASE_DEPTH} files deep: do the files name each "
                  "other in a circle?"]
             )  # fmt: skip
-        beside = str(path.parent / base) if not Path(base).is_absolute() else base
+        beside = _next_to(path, base)
         if _is_file(base, (".py",)):
-            config, imported = _from_python(beside)
+            config, imported, _ = from_python(beside)
             config.code.imports = [*config.code.imports, imported]
             return config
         return _from_declarative(Path(beside), depth + 1)
     config, _ = _from_registry(base, [])
     return config
+
+
+def _next_to(path: Path, name: str) -> str:
+    """A file a file names: relative to the naming file's folder."""
+    return name if Path(name).is_absolute() else str(path.parent / name)
 
 
 def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

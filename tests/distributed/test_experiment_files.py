@@ -347,6 +347,40 @@ def test_a_function_that_returns_no_config_is_named_with_what_it_returned(tmp_pa
         load_experiment(str(tmp_path / "odd.py"))
 
 
+TAKES_ARGUMENTS = """\
+from api.resolve import for_environment
+
+
+def experiment(lr: float = 1e-3, env: str = "CartPole-v1", *, budget: int = 20_000):
+    config = for_environment(env)
+    config.policies["default"].trainer.args["lr"] = lr
+    config.stop.env_frames = budget
+    return config
+"""
+
+
+def test_a_python_files_function_takes_its_arguments_as_a_registered_experiment_does(tmp_path):
+    """``troupe run my_exp.py lr=0.01`` for ``def experiment(lr=1e-3)`` was "lr: unknown
+    key": a registered experiment's function took its arguments (``troupe run ppo
+    env=Acrobot-v1``), a file's took none, and neither did a file's ``base:`` mapping."""
+    (tmp_path / "exp.py").write_text(TAKES_ARGUMENTS)
+    exp = str(tmp_path / "exp.py")
+    config = load_experiment(exp, ["lr=0.01", "env=Acrobot-v1", "budget=5e3", "seed=4"])
+    assert config.policies["default"].trainer.args["lr"] == 0.01
+    assert config.environment.type == "Acrobot-v1" and config.stop.env_frames == 5000
+    assert config.seed == 4  # a config key stays an override
+    with pytest.raises(ConfigError, match=r"lrr: unknown key; did you mean 'lr' \(an argument of "
+                       r"experiment '.*exp.py:experiment'\)\?"):  # fmt: skip
+        load_experiment(exp, ["lrr=0.01"])
+    (tmp_path / "on.yaml").write_text("base: {experiment: exp.py, lr: 0.02}\nseed: 2\n")
+    based = load_experiment(str(tmp_path / "on.yaml"))
+    assert based.policies["default"].trainer.args["lr"] == 0.02 and based.seed == 2
+    assert str((tmp_path / "exp.py").resolve()) in based.code.imports  # workers import it too
+    (tmp_path / "bad.yaml").write_text("base: {experiment: exp.py, lrr: 0.02}\n")
+    with pytest.raises(UserError, match=r"bad.yaml: base: .*exp.py:experiment\(\) with \{'lrr'"):
+        load_experiment(str(tmp_path / "bad.yaml"))
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("suffix", [".yaml", ".toml", ".py"])
 def test_show_config_json_of_a_file_is_what_run_resolves(files, suffix):
