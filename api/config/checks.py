@@ -56,7 +56,8 @@ def validate(config: ExperimentConfig) -> list[str]:
             if _below(value := getattr(pc, key), 1):
                 errors.append(f"policies.{pname}.{key}: must be at least 1, got {value!r}")
         if pc.trainer.type and uses_replay(pc):
-            errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors)
+            seats = max(1, config.agent_policies.count(pname))  # each adds a chunk of its own
+            errors += _check_replay(f"policies.{pname}.replay", pc.replay, config.actors, seats)
             errors += _check_replay_budget(f"policies.{pname}.replay", pc.replay, config.stop)
         if pc.checkpoint:
             errors += _check_checkpoint(f"policies.{pname}", pc)
@@ -191,7 +192,11 @@ def rate_limited_replay(pc: PolicyConfig) -> bool:
     return pc.replay.samples_per_insert is not None and uses_replay(pc)
 
 
-def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]:
+def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig, seats: int = 1) -> list[str]:
+    """``seats``: the agents playing the policy (``agent_policies``), each sending an actor's
+    segments: a tolerance fitted to one agent's passed this check, and two agents' run
+    stopped at the first chunk with "the trainer and the actors would wait for each other
+    forever"."""
     errors = _check_positive(
         rc, path, ("capacity_frames", "batch_size", "batches_per_message", "n_step", "min_size")
     )
@@ -210,15 +215,16 @@ def _check_replay(path: str, rc: ReplayConfig, actors: ActorConfig) -> list[str]
     if rc.tolerance is not None and _below(rc.tolerance, 1e-300):
         errors.append(f"{path}.tolerance: must be more than 0, or None for the default")
     elif rc.tolerance is not None and rc.samples_per_insert is not None:
-        chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert
+        chunk = actors.segment_length * actors.envs_per_worker * rc.samples_per_insert * seats
         message = rc.message_rows
         need = max(message, chunk)
+        whose = f" (of the {seats} agents it plays)" if seats > 1 else ""
         if rc.tolerance < need:
             errors.append(
                 f"{path}.tolerance: {rc.tolerance:g} is less than one message of batches "
-                f"({message}) or "
-                f"one actor's segments times samples_per_insert ({chunk:g}), so the trainer and "
-                f"the actors could wait for each other forever; use at least {need:g}, or None"
+                f"({message}) or one actor's segments{whose} times samples_per_insert "
+                f"({chunk:g}), so the trainer and the actors could wait for each other forever; "
+                f"use at least {need:g}, or None"
             )
     sizes = (rc.min_size, rc.capacity_frames, actors.segment_length)
     if all(isinstance(v, int) and v >= 1 for v in sizes):

@@ -60,6 +60,17 @@ def test_an_off_policy_trainer_gets_a_replay_worker_and_actors_send_to_it():
     assert actor.sample_endpoints(ppo) == {"default": ["samples/default/0"]}
 
 
+def test_a_tolerance_fits_the_chunks_of_every_agent_playing_the_policy():
+    """Every agent playing a policy sends its own segments: a tolerance fitted to one agent's
+    passed the check before launch, and a two-agent run stopped at its first chunk."""
+    cfg = make_experiment("cartpole-dqn")
+    cfg.policies["default"].replay = ReplayConfig(samples_per_insert=8.0, tolerance=4096.0)
+    assert validate(cfg) == []  # 32 environments x 16 frames x 8 samples a frame
+    two = dataclasses.replace(cfg, agent_policies=["default", "default"])
+    (error,) = validate(two)
+    assert "one actor's segments (of the 2 agents it plays)" in error and "at least 8192" in error
+
+
 def test_replay_config_errors_name_the_field():
     cfg = make_experiment("cartpole-dqn")
     cfg.policies["default"].replay = ReplayConfig(
