@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 from system.run import control_protocol as cp
 from system.run.control_channel import ControlClient
@@ -41,6 +43,20 @@ a scheduler's default holds (10 s for ``docker stop``, 30 s on Slurm) it usually
 first."""
 
 
+IMPORT_RETRY_S = 0.05
+"""How soon a SIGTERM met in an import is raised again (:meth:`TermSignal._again_soon`)."""
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether the interrupted code runs inside an import (a module's body, or what a
+    compiled module's initialisation calls back into)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Terminated(BaseException):
     """Leave now, on SIGTERM. A BaseException, as KeyboardInterrupt is: an ``except Exception``
     around a step (an environment's errors, a user's hook) must not take it for that code's
@@ -54,6 +70,7 @@ class TermSignal:
         self.at: float | None = None
         """When the first SIGTERM came outside :meth:`building` (None: none)."""
         self.interruptible = False
+        self._again: threading.Timer | None = None
         self._said = False
         self._telling = threading.Lock()  # the loop and a busy heartbeat's thread both tell
 
@@ -61,10 +78,24 @@ class TermSignal:
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if self.interruptible:
+        if self.interruptible and not _importing(frame):
             raise Terminated()
         if self.at is None:  # a second is no hurry: a preempted Slurm job gets two at once
             self.at = time.monotonic()  # the loop tells the controller; no socket use here
+        if self.interruptible:  # in an import: raised once it is done
+            self._again_soon(signum)
+
+    def _again_soon(self, signum: int) -> None:
+        """The signal again in :data:`IMPORT_RETRY_S`, until the import it met is done. Raised
+        inside a compiled module's import (``ale_py``'s, run by nanobind), :class:`Terminated`
+        crossed C++ that may not throw: "terminate called after throwing an instance of
+        'nanobind::python_error'", a Python traceback and an abort, from a worker the run's
+        stop met while it imported its environment."""
+        if self._again is not None and self._again.is_alive():
+            return
+        self._again = threading.Timer(IMPORT_RETRY_S, os.kill, (os.getpid(), signum))
+        self._again.daemon = True
+        self._again.start()
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:

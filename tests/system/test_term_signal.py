@@ -43,6 +43,30 @@ def test_while_it_is_built_a_worker_leaves_at_once(term):
     assert not term.interruptible
 
 
+SIGNALLED_MID_IMPORT = """\
+import signal
+signal.raise_signal(signal.SIGTERM)  # the run's stop, met while the module is imported
+whole = True
+"""
+
+
+def test_a_sigterm_met_in_an_import_is_raised_once_the_import_is_done(term, tmp_path, monkeypatch):
+    """Raised inside a compiled module's import (ale_py's, through nanobind), Terminated
+    crossed C++ that may not throw: the process aborted with "terminate called after throwing
+    an instance of 'nanobind::python_error'" and a traceback. Now the import ends first."""
+    import importlib
+    import sys
+
+    (tmp_path / "mid_import_module.py").write_text(SIGNALLED_MID_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mid_import_module", raising=False)
+    with pytest.raises(ts.Terminated), term.building():
+        module = importlib.import_module("mid_import_module")
+        for _ in range(1000):  # the signal comes again, now outside the import
+            time.sleep(0.01)
+    assert module.whole and not term.interruptible
+
+
 def test_a_sigterm_to_a_worker_already_leaving_is_only_noted(term):
     """The controller stops a run whose actor is still building: the actor reads the stop
     (it waits on a peer) as the controller's SIGTERM comes. Raised while the worker said bye
