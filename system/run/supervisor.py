@@ -41,6 +41,12 @@ from system.run.worker_record import (
 
 logger = logging.getLogger(__name__)
 
+SAID_IN_FULL = ("ConfigError: ",)
+"""Errors whose message says what to change (a config at odds with its environment): shown
+without the traceback, which took 30 lines to point into the runtime
+(``troupe run gather-2p-ppo environment.args.n_agents=3``); the worker's log in the run
+folder keeps it (``troupe logs RUN``)."""
+
 SAVING_ROLES = (Role.TRAINER, Role.PARAMETER_SERVICE, Role.REPLAY)
 """Roles whose stop writes the run's last checkpoints (parameters, trainer state, replay)."""
 SAVE_STOP_MAX_S = 600.0
@@ -197,6 +203,8 @@ class Supervisor:
         elif shown_by := self._shown_by(message):  # every actor's environment hangs alike
             other = "" if message == self.workers[shown_by].last_error else f": {message}"
             logger.warning("%s failed with the same error as %s%s", wid, shown_by, other)
+        elif message.startswith(SAID_IN_FULL):  # its message is the whole story
+            logger.error("%s failed: %s", wid, message)
         else:
             logger.error("%s failed: %s\n%s", wid, message, tb)
         record.last_error = message

@@ -149,6 +149,7 @@ def main(
     except Exception as e:
         message = f"{type(e).__name__}: {e}"
         tb = traceback.format_exc()
+        logger.info("failed: %s\n%s", message, tb)  # its log file (the console shows warnings)
         ctl.send(cp.Error(message, tb, type(e).__name__, fatal(e, built=worker is not None)))
         return EXIT_FAILED
     finally:

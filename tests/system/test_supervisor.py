@@ -4,6 +4,7 @@ same decisions on real processes are in tests/faults (SIGKILLs, hung workers, a 
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -712,3 +713,15 @@ def test_a_trainer_rank_of_a_group_signalled_alone_leaves_without_its_stop():
     assert s.signals_due(later) == [("actor/0", False)]  # the actors first, as ever
     s.on_bye(s.workers["actor/0"])
     assert s.signals_due(later) == [("trainer/default/1", True)]
+
+
+def test_a_config_error_met_by_a_worker_is_shown_without_its_traceback(run, caplog):
+    """``troupe run gather-2p-ppo environment.args.n_agents=3``: the message names what to
+    change; 30 lines of traceback into the runtime came with it."""
+    s, _, _ = run
+    error = "ConfigError: invalid experiment configuration (1 error):\n  - agent_policies: ..."
+    with caplog.at_level(logging.INFO, logger=sup.__name__):
+        s.on_error(s.workers["params"], error, "Traceback of params", True, False)
+    shown = [r.getMessage() for r in caplog.records if r.name == sup.__name__]
+    assert shown == [f"params failed: {error}"]
+    assert s.failure.worker == "params"
