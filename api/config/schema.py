@@ -228,6 +228,17 @@ class StopConfig:
     gymnasium's ``reward_threshold``, or Troupe's default for an id that declares none); printed
     when a run starts and kept in config.json. Nothing in the run reads it."""
 
+    @property
+    def target_source(self) -> str:
+        """``eval_return_source`` where it still fits ``eval_return``: an experiment file's
+        function that set ``eval_return = None`` over a recipe's target started with "no
+        evaluation target (Troupe's default for Pendulum-v1, ...)"; a source that describes
+        a target is not said of none, nor one that describes none of a target."""
+        source = self.eval_return_source
+        if source.startswith("given:") or source.startswith("none") == (self.eval_return is None):
+            return source
+        return ""
+
 
 @dataclass
 class LivenessConfig:

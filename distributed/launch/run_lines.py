@@ -26,7 +26,7 @@ def stop_rule(stop: StopConfig, pbt_target: float | None = None) -> str:
     """``stop at: greedy evaluation return 475 (gymnasium's reward_threshold for CartPole-v1),
     or 1000000 env frames``: every stop rule in force (a PBT population's target too), and
     where the evaluation target came from if known."""
-    source = f" ({stop.eval_return_source})" if stop.eval_return_source else ""
+    source = f" ({stop.target_source})" if stop.target_source else ""
     if stop.eval_return is not None:
         rules = [f"greedy evaluation return {stop.eval_return:g}{source}"]
     else:

@@ -101,8 +101,8 @@ def finish_run(
             "pbt.target_return: met when a member's score (its greedy return since its last "
             "exploit, pbt.scores) reaches it; eval_return is the evaluation policy's"
         )
-    elif config.stop.eval_return_source:
-        summary["target_source"] = config.stop.eval_return_source
+    elif config.stop.target_source:
+        summary["target_source"] = config.stop.target_source
     summary.update(extra)
     if launch_end.launch_id() is not None:  # its workers that Swarm restarts find the end here
         summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()

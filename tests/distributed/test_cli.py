@@ -176,6 +176,27 @@ def test_a_run_prints_its_stop_rule_and_where_the_target_came_from():
     )
 
 
+def test_a_target_source_a_python_experiment_outdated_is_not_said(tmp_path):
+    """A file's function that set ``eval_return = None`` over the sac recipe's target started
+    with "no evaluation target (Troupe's default for Pendulum-v1, which declares no
+    reward_threshold)"."""
+    from api.resolve import load_experiment
+    from distributed.launch.run_lines import stop_rule
+
+    (tmp_path / "exp.py").write_text(
+        "from api.resolve import for_environment\n"
+        "def experiment():\n"
+        "    config = for_environment('Pendulum-v1', algo='sac')\n"
+        "    config.stop.eval_return = None\n"
+        "    return config\n"
+    )
+    assert stop_rule(load_experiment(str(tmp_path / "exp.py")).stop) == (
+        "stop at: 100000 env frames"
+    )
+    untargeted = load_experiment("GridGather-v0", ["target=3"])
+    assert stop_rule(untargeted.stop).startswith("stop at: greedy evaluation return 3 (given:")
+
+
 def test_a_run_of_several_policies_says_which_agents_each_plays():
     from distributed.launch.run_lines import seats_line
 
