@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 
 def dict_of_tuples(space: gym.Space) -> gym.Space:
@@ -47,3 +48,51 @@ def from_positions(obs: Any, space: gym.Space) -> Any:
         return {k: from_positions(v, space.spaces[k]) if k in space.spaces else v
                 for k, v in obs.items()}  # fmt: skip
     return obs
+
+
+class HybridBox(gym.spaces.Box):
+    """An action of discrete choices and continuous values together (a parameterised action:
+    which move, and how far), as one flat float32 vector: first one entry per choice, its index
+    from 0 (``nvec``: how many each offers), then the continuous values within ``low`` and
+    ``high``. A Box, so that what carries, clips and checks Box actions carries these; a policy
+    that knows it draws a Categorical per choice and a Gaussian for the values
+    (``algorithm.modules.distributions.Hybrid``). The gymnasium and PettingZoo adapters present
+    a Dict or Tuple action space that mixes discrete and Box parts as one."""
+
+    def __init__(self, nvec: Any, low: Any, high: Any, seed: Any = None):
+        self.nvec = np.asarray(nvec, dtype=np.int64).reshape(-1)
+        low = np.asarray(low, dtype=np.float32).reshape(-1)
+        high = np.asarray(high, dtype=np.float32).reshape(-1)
+        super().__init__(
+            np.concatenate([np.zeros(len(self.nvec), np.float32), low]),
+            np.concatenate([(self.nvec - 1).astype(np.float32), high]),
+            dtype=np.float32,
+            seed=seed,
+        )
+
+    @property
+    def choices(self) -> int:
+        """How many leading entries are discrete choices."""
+        return len(self.nvec)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> np.ndarray:
+        values = super().sample()
+        values[: self.choices] = [self.np_random.integers(n) for n in self.nvec]
+        return values
+
+    def contains(self, x: Any) -> bool:
+        if not super().contains(x):
+            return False
+        picked = np.asarray(x, dtype=np.float32).reshape(-1)[: self.choices]
+        return bool(np.all(picked == np.rint(picked)))
+
+    def __repr__(self) -> str:
+        continuous = gym.spaces.Box(self.low[self.choices :], self.high[self.choices :])
+        return f"HybridBox(choices {self.nvec.tolist()}, then {continuous})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (
+            isinstance(other, HybridBox)
+            and np.array_equal(self.nvec, other.nvec)
+            and super().__eq__(other)
+        )

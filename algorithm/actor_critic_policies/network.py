@@ -18,6 +18,7 @@ from algorithm.modules.encoders import ObservationEncoder
 from algorithm.modules.init import orthogonal_init
 from algorithm.modules.mirror import Mirror
 from api.namedarray import NamedArray, namedarray
+from api.spaces import HybridBox
 
 
 @namedarray
@@ -94,7 +95,7 @@ class ActorCriticNet(nn.Module):
         self.value_head = orthogonal_init(nn.Linear(width, 1), 1.0)
         self.log_std = None
         if isinstance(action_space, gym.spaces.Box):
-            self.log_std = nn.Parameter(torch.zeros(int(np.prod(action_space.shape))))
+            self.log_std = nn.Parameter(torch.zeros(_continuous_count(action_space)))
 
     def forward(self, obs, hx, on_reset):
         steps, batch = on_reset.shape[:2]
@@ -142,7 +143,14 @@ def _autocast_on(device_type: str) -> bool:
         return torch.is_autocast_enabled()
 
 
+def _continuous_count(space: gym.spaces.Box) -> int:
+    """A Box's values, less a HybridBox's leading choices."""
+    return int(np.prod(space.shape)) - (space.choices if isinstance(space, HybridBox) else 0)
+
+
 def _param_count(space: gym.Space) -> int:
+    if isinstance(space, HybridBox):  # logits for every choice, then the values' means
+        return int(np.sum(space.nvec)) + _continuous_count(space)
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -150,8 +158,8 @@ def _param_count(space: gym.Space) -> int:
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     raise TypeError(
-        f"actor-critic supports Discrete, MultiDiscrete, MultiBinary and Box action spaces, "
-        f"got {space}"
+        f"actor-critic supports Discrete, MultiDiscrete, MultiBinary, Box and HybridBox action "
+        f"spaces (and Dicts or Tuples of their parts, flattened), got {space}"
     )
 
 

@@ -14,8 +14,8 @@ The network is built from the agent's gymnasium spaces, which the runtime passes
   ``[B]``; ``MultiDiscrete`` -> independent Categoricals, int64 ``[B, *shape]`` (a
   ``MultiBinary`` is a MultiDiscrete of two-way choices: Bernoullis); ``Box`` -> diagonal
   Gaussian with a state-independent log-std, float32 ``[B, *shape]``, the raw sample *unclipped*
-  (the environment adapter clips to bounds). ``policy_output.log_prob`` is the joint log-prob,
-  ``[B, 1]``.
+  (the environment adapter clips to bounds); a ``HybridBox`` -> both, float32 ``[B, k + d]``.
+  ``policy_output.log_prob`` is the joint log-prob, ``[B, 1]``.
 * a Dict observation with an ``action_mask`` key (True or 1 = legal, laid end to end for
   MultiDiscrete) restricts the Categorical(s): an illegal action is never chosen.
 * ``normalize_obs`` (Box observations) standardises observations by their running mean and
@@ -46,6 +46,7 @@ from algorithm.modules.distributions import (
     ActionDistribution,
     Categorical,
     DiagGaussian,
+    Hybrid,
     MultiDiscrete,
     as_choices,
 )
@@ -56,6 +57,7 @@ from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.ppo.trainer import PPOAnalyzedResult
 from api.namedarray import NamedArray
 from api.policy import RolloutRequest, RolloutResult, SampleBatch
+from api.spaces import HybridBox
 
 
 class ActorCriticPolicy(SingleModelPytorchPolicy):
@@ -144,6 +146,7 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         if rnn_hidden > 0:
             self._state_shape = ((1 if shared_backbone else 2) * rnn_layers, rnn_hidden)
         self._numpy = None
+        numpy_inference &= not isinstance(action_space, HybridBox)  # torch draws its parts
         if numpy_inference and numpy_inference_lib.supports(net, observation_space, self.device):
             self._numpy = numpy_inference_lib.NumpyActorCritic(self.module)
             self._rng = np.random.default_rng(seed if seed is not None else torch.initial_seed())
@@ -310,6 +313,8 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
     # ----------------------------------------------------------------- helpers
     def _distribution(self, params: torch.Tensor, mask: torch.Tensor | None) -> ActionDistribution:
         space = self.action_space
+        if isinstance(space, HybridBox):
+            return Hybrid.of(params, space.nvec.tolist(), self.module.log_std, mask)
         if isinstance(space, gym.spaces.Discrete):
             return Categorical(params, mask)
         if isinstance(space, gym.spaces.MultiDiscrete):

@@ -120,6 +120,38 @@ class DiagGaussian(ActionDistribution):
         return per_dim.sum(dim=-1, keepdim=True)
 
 
+class Hybrid(ActionDistribution):
+    """Discrete choices and continuous values drawn together (a :class:`~api.spaces.HybridBox`):
+    actions float32 ``[N, k + d]``, the ``k`` choices' indices first; the joint log-probability
+    and entropy are the parts' sums, as for any multi-component action."""
+
+    def __init__(self, choices: MultiDiscrete, values: DiagGaussian):
+        self.choices, self.values = choices, values
+        self.k = len(choices.parts)
+
+    @classmethod
+    def of(cls, params: torch.Tensor, nvec: list[int], log_std: torch.Tensor, mask=None):
+        """From a network's parameters ``[N, sum(nvec) + d]``: logits, then the means."""
+        logits = sum(nvec)
+        choices = MultiDiscrete(params[:, :logits], nvec, mask)
+        return cls(choices, DiagGaussian(params[:, logits:], log_std))
+
+    def sample(self, generator=None):
+        picked = self.choices.sample(generator).to(self.values.mean.dtype)
+        return torch.cat([picked, self.values.sample(generator)], dim=-1)
+
+    def mode(self):
+        return torch.cat([self.choices.mode().to(self.values.mean.dtype), self.values.mode()], -1)
+
+    def log_prob(self, action):
+        action = action.reshape(len(self.values.mean), -1)
+        picked = torch.round(action[:, : self.k]).long()
+        return self.choices.log_prob(picked) + self.values.log_prob(action[:, self.k :])
+
+    def entropy(self):
+        return self.choices.entropy() + self.values.entropy()
+
+
 def as_choices(space: gym.Space) -> gym.Space:
     """A MultiBinary action space as the MultiDiscrete of as many two-way choices, which a
     policy acts in through :class:`MultiDiscrete` (a Categorical over {0, 1} each: a

@@ -47,6 +47,7 @@ from algorithm.sac.trainer import SACAnalyzedResult
 from api.namedarray import namedarray
 from api.policy import RolloutRequest, RolloutResult
 from api.replay import require_transitions
+from api.spaces import HybridBox
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 """The actor's log-std range: wide enough to explore, narrow enough to keep log-probs finite."""
@@ -347,10 +348,11 @@ def _check_spaces(observation_space: gym.Space, action_space: gym.Space) -> None
             f"sac-policy reads vectors, boards, discrete values and Dicts of them; "
             f"{', '.join(images)} is an image ({observation_space}): use actor-critic (PPO)"
         )
-    if not isinstance(action_space, gym.spaces.Box):
+    if not isinstance(action_space, gym.spaces.Box) or isinstance(action_space, HybridBox):
         raise TypeError(
             f"sac-policy needs a Box action space, got {action_space}; for Discrete actions "
-            "use q-network or actor-critic"
+            "use q-network or actor-critic, for discrete choices with continuous values "
+            "actor-critic"
         )
     if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
         raise ValueError(

@@ -4,10 +4,10 @@ Troupe's policies take Discrete, MultiDiscrete, MultiBinary and Box actions. An 
 whose action is a Dict or a Tuple of parts (``{"move": Discrete(3), "fire": Discrete(2)}``) was
 refused. Where every part is discrete, the parts are one MultiDiscrete (a Categorical each: the
 parts are drawn independently, as RLlib's and Stable-Baselines3's MultiDiscrete heads draw
-theirs); where every part is a Box, they are one Box, the parts' values side by side. The
-gymnasium and PettingZoo adapters show the policy that flat space and hand the environment each
-action back in its own shape (:meth:`FlatActions.unflatten`). A mix of discrete and continuous
-parts has no flat space of either kind and stays refused, naming its parts.
+theirs); where every part is a Box, they are one Box, the parts' values side by side; where
+they mix (which move, and how far), one :class:`~api.spaces.HybridBox`: the choices' indices
+first, then the values. The gymnasium and PettingZoo adapters show the policy that flat space and
+hand the environment each action back in its own shape (:meth:`FlatActions.unflatten`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from api.spaces import HybridBox
 
 DISCRETE = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
@@ -57,11 +59,15 @@ def flat_actions(space: gym.Space) -> FlatActions | None:
     if all(isinstance(s, DISCRETE) for _, s in leaves):
         return _flattened(space, leaves, _choices, _discrete_space)
     if all(isinstance(s, gym.spaces.Box) for _, s in leaves):
-        return _flattened(space, leaves, lambda s: int(np.prod(s.shape)), _box_space)
+        return _flattened(space, leaves, _values, _box_space)
+    if all(isinstance(s, (*DISCRETE, gym.spaces.Box)) for _, s in leaves):
+        # the choices first, then the values: the layout a HybridBox has
+        ordered = sorted(leaves, key=lambda leaf: isinstance(leaf[1], gym.spaces.Box))
+        return _flattened(space, ordered, _entries, _hybrid_space)
     kinds = ", ".join(f"{_where(p)}: {type(s).__name__}" for p, s in leaves)
     raise ValueError(
-        f"a {type(space).__name__} action space is acted in as one MultiDiscrete when every part "
-        f"is discrete, or as one Box when every part is a Box; this one mixes them ({kinds})"
+        f"a {type(space).__name__} action space is acted in as one flat space of discrete and "
+        f"Box parts; this one has others ({kinds})"
     )
 
 
@@ -103,6 +109,23 @@ def _choices(space: gym.Space) -> int:
     return 1 if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape))
 
 
+def _entries(space: gym.Space) -> int:
+    return _values(space) if isinstance(space, gym.spaces.Box) else _choices(space)
+
+
+def _values(space: gym.Space) -> int:
+    """How many of the flat action's entries a Box part takes."""
+    return int(np.prod(space.shape))
+
+
+def _hybrid_space(spaces: list[gym.Space]) -> gym.Space:
+    """Discrete parts (first) and Box parts as one :class:`~api.spaces.HybridBox`."""
+    discrete = [s for s in spaces if not isinstance(s, gym.spaces.Box)]
+    boxes = [s for s in spaces if isinstance(s, gym.spaces.Box)]
+    values = _box_space(boxes)
+    return HybridBox(_discrete_space(discrete).nvec, values.low, values.high)
+
+
 def _discrete_space(spaces: list[gym.Space]) -> gym.Space:
     counts = []
     for space in spaces:
@@ -123,12 +146,15 @@ def _box_space(spaces: list[gym.Space]) -> gym.Space:
 
 
 def _part_value(space: gym.Space, flat: np.ndarray) -> Any:
+    """A part's value from its slice: a choice is an index (a float in a HybridBox's action,
+    rounded back), a Box part's values in the part's dtype."""
+    if isinstance(space, gym.spaces.Box):
+        return flat.reshape(space.shape).astype(space.dtype)
+    index = np.rint(flat).astype(np.int64)
     if isinstance(space, gym.spaces.Discrete):
-        return np.int64(int(flat[0]) + int(space.start))
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        start = np.asarray(getattr(space, "start", 0))
-        return (flat.reshape(space.shape).astype(np.int64) + start).astype(space.dtype)
-    return flat.reshape(space.shape).astype(space.dtype)
+        return np.int64(int(index[0]) + int(space.start))
+    start = np.asarray(getattr(space, "start", 0))  # MultiDiscrete; MultiBinary: none
+    return (index.reshape(space.shape) + start).astype(space.dtype)
 
 
 def _assemble(space: gym.Space, path: tuple[Any, ...], values: dict[tuple[Any, ...], Any]) -> Any:

@@ -11,7 +11,7 @@ an actor that forgets to reset fails loudly instead of training on garbage.
 A ``Tuple`` observation space (Blackjack's ``(player sum, dealer card, usable ace)``) is seen as
 a ``Dict`` keyed by position (``item0``, ``item1``, ...: :mod:`api.spaces`), which Troupe's
 encoders, wire checks and NamedArrays know, and which loses nothing. A Dict or Tuple action
-space of only discrete or only Box parts is acted in as one MultiDiscrete or one Box, and each
+space of discrete and Box parts is acted in as one MultiDiscrete, Box or HybridBox, and each
 action handed to the environment in its own shape (:mod:`legacy.environment.flat_actions`).
 """
 

@@ -139,14 +139,14 @@ def default_target(env: str) -> float | None:
 
 
 def _parts_said(action: gym.Space) -> str:
-    """Why a Dict or Tuple of actions is not flattened (its parts mix kinds), or what is."""
+    """Why a Dict or Tuple of actions is not flattened (a part of another kind), or what is."""
     from legacy.environment.flat_actions import flat_actions
 
     try:
         flat_actions(action)
     except ValueError as e:
         return f": {e}"
-    return ", and Dicts or Tuples of only discrete or only Box parts"
+    return ", and Dicts or Tuples of discrete and Box parts as gymnasium's make them"
 
 
 def target_source(env: str, target: float | None) -> str:

@@ -32,6 +32,7 @@ import numpy as np
 
 from api.config import ExperimentConfig
 from api.errors import UserError
+from api.spaces import HybridBox
 from legacy.environment.gym_adapter import is_mujoco
 from legacy.experiments.agent_kinds import AgentKind, agent_kinds, seats
 from legacy.experiments.atari import atari_ppo, is_atari_pixels
@@ -227,6 +228,11 @@ def sac(
 def _check_sac_kind(env: str, kind: AgentKind, kinds: list[AgentKind]) -> None:
     """Bounded Box actions, observations without images: what sac's networks take."""
     action, whose = kind.action, kind.whose(kinds)
+    if isinstance(action, HybridBox):
+        raise UserError(
+            f"environment '{env}' has actions that mix discrete choices and continuous values "
+            f"({action}){whose}; sac acts in Box action spaces: use --algo ppo (or impala)"
+        )
     if not (np.all(np.isfinite(action.low)) and np.all(np.isfinite(action.high))):
         raise UserError(  # every policy worker failed to build with this, once launched
             f"environment '{env}' has actions in {action}{whose}, unbounded; sac squashes its "
@@ -268,6 +274,8 @@ def _instead_of_all(kinds: list[AgentKind]) -> str:
 def _instead(action: gym.Space) -> str:
     """The algorithms that act in ``action``'s kind of space (MultiDiscrete actions were once
     sent from dqn to "--algo dqn")."""
+    if isinstance(action, HybridBox):  # choices and values: a Categorical and a Gaussian
+        return "use --algo ppo (or impala)"
     if isinstance(action, gym.spaces.Box):
         return "use --algo sac (or ppo)"
     if isinstance(action, gym.spaces.Discrete):

@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from api.config import ExperimentConfig, uses_replay
+from api.spaces import HybridBox
 from system.errors import WireError
 from system.run import builders, declared
 from system.run.control_channel import HELLO_PATIENCE_S
@@ -198,7 +199,11 @@ def _on_cpu(config: ExperimentConfig, name: str) -> ExperimentConfig:
 
 # ----------------------------------------------------------------------- wire forms
 def space_to_wire(space: gym.Space) -> dict[str, Any]:
-    """Box, Discrete, MultiDiscrete, MultiBinary, and Dict and Tuple of them; TypeError else."""
+    """Box (HybridBox too), Discrete, MultiDiscrete, MultiBinary, and Dict and Tuple of them;
+    TypeError else."""
+    if isinstance(space, HybridBox):  # a Box would lose which entries are choices
+        choices = space.choices
+        return {"hybrid": [space.nvec, space.low[choices:], space.high[choices:]]}
     if isinstance(space, gym.spaces.Box):
         return {"box": [space.low, space.high, space.dtype.str]}
     if isinstance(space, gym.spaces.Discrete):
@@ -216,6 +221,9 @@ def space_to_wire(space: gym.Space) -> dict[str, Any]:
 
 def space_from_wire(body: Any) -> gym.Space:
     ((kind, value),) = body.items()
+    if kind == "hybrid":
+        nvec, low, high = value
+        return HybridBox(np.asarray(nvec), np.asarray(low), np.asarray(high))
     if kind == "box":
         low, high, dtype = value
         return gym.spaces.Box(np.asarray(low), np.asarray(high), dtype=np.dtype(dtype))

@@ -9,6 +9,7 @@ from algorithm.actor_critic_policies.policy import ActorCriticPolicy
 from algorithm.ppo.trainer import PPOTrainer
 from api.namedarray import NamedArray
 from api.policy import RolloutRequest
+from api.spaces import HybridBox
 
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
 DICT_OBS = gym.spaces.Dict(
@@ -65,6 +66,7 @@ def test_shared_backbone_feeds_both_heads():
         (gym.spaces.MultiBinary(3), (6, 3), np.int64),  # two-way choices: Bernoullis
         (gym.spaces.MultiBinary([2, 2]), (6, 2, 2), np.int64),
         (gym.spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32), (6, 2), np.float32),
+        (HybridBox([3, 2], [-1.0], [1.0]), (6, 3), np.float32),  # 2 choices, then 1 value
     ],
 )
 def test_rollout_shapes_follow_the_action_space(action_space, shape, dtype):
@@ -88,6 +90,25 @@ def test_evaluation_rows_act_deterministically():
     with torch.no_grad():
         logits, _, _ = policy.module(torch.as_tensor(obs[:1])[None], None, torch.zeros(1, 1, 1))
     assert greedy[0] == int(logits.argmax())
+
+
+def test_a_hybrid_action_draws_each_choice_and_the_values_and_plays_their_modes():
+    """Discrete choices then continuous values (a HybridBox): the choices are whole indices
+    within their counts, and greedy rows play the most likely choice and the mean."""
+    space = HybridBox([3, 2], [-1.0], [1.0])
+    policy = ActorCriticPolicy(observation_space=BOX_OBS, action_space=space, seed=0)
+    obs = np.random.default_rng(0).uniform(-1, 1, (64, 4)).astype(np.float32)
+    drawn = policy.rollout(_request(obs, policy)).action
+    assert np.array_equal(drawn[:, :2], np.rint(drawn[:, :2]))
+    assert set(drawn[:, 0].tolist()) == {0.0, 1.0, 2.0} and set(drawn[:, 1].tolist()) == {0.0, 1.0}
+    greedy = [policy.rollout(_request(obs, policy, evaluation=True)).action for _ in range(2)]
+    assert np.array_equal(*greedy)
+    with torch.no_grad():
+        params, _, _ = policy.module(torch.as_tensor(obs)[None], None, torch.zeros(1, 64, 1))
+    params = params[0].numpy()
+    assert np.array_equal(greedy[0][:, 0], params[:, :3].argmax(-1))
+    assert np.array_equal(greedy[0][:, 1], params[:, 3:5].argmax(-1))
+    assert np.allclose(greedy[0][:, 2], params[:, 5])
 
 
 def test_gaussian_evaluation_returns_the_mean():
@@ -201,6 +222,7 @@ def test_seed_makes_initialisation_reproducible():
         gym.spaces.MultiBinary([2, 2]),
         gym.spaces.MultiDiscrete([[2, 3], [3, 2]], start=[[1, 0], [0, -1]]),
         gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
+        HybridBox([3, 2], [-1.0, 0.0], [1.0, 5.0]),
     ],
 )
 def test_analyze_agrees_with_rollout_for_every_action_space(make_batch, action_space):

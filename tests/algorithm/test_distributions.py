@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from algorithm.modules.distributions import Categorical, DiagGaussian, MultiDiscrete
+from algorithm.modules.distributions import Categorical, DiagGaussian, Hybrid, MultiDiscrete
 
 
 def test_categorical_matches_torch_without_mask():
@@ -59,3 +59,18 @@ def test_diag_gaussian_matches_torch_normal():
     assert torch.allclose(dist.log_prob(action)[:, 0], ref.log_prob(action).sum(-1), atol=1e-5)
     assert torch.allclose(dist.entropy()[:, 0], ref.entropy().sum(-1), atol=1e-5)
     assert torch.equal(dist.mode(), mean)
+
+
+def test_hybrid_is_its_choices_and_its_values_together():
+    params, log_std = torch.randn(9, 2 + 3 + 2), torch.randn(2)
+    dist = Hybrid.of(params, [2, 3], log_std)
+    choices, values = MultiDiscrete(params[:, :5], [2, 3]), DiagGaussian(params[:, 5:], log_std)
+    action = dist.sample()
+    assert action.shape == (9, 4) and action.dtype == torch.float32
+    expected = choices.log_prob(action[:, :2].long()) + values.log_prob(action[:, 2:])
+    assert torch.allclose(dist.log_prob(action), expected)
+    assert torch.allclose(dist.entropy(), choices.entropy() + values.entropy())
+    mode = dist.mode()
+    assert torch.equal(mode[:, :2].long(), choices.mode()) and torch.equal(
+        mode[:, 2:], params[:, 5:]
+    )

@@ -11,6 +11,7 @@ from api.config import validate
 from api.environment import Environment, StepResult, register
 from api.errors import UserError
 from api.registry import environments
+from api.spaces import HybridBox
 from legacy.experiments.auto import DEFAULT_TARGETS, ppo
 
 BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -25,6 +26,7 @@ SPACES = {
     "image-discrete": (IMAGE, gym.spaces.Discrete(4)),
     "dict-action": (BOX, gym.spaces.Dict({"a": gym.spaces.Discrete(2)})),
     "unbounded-box": (BOX, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)),
+    "hybrid": (BOX, HybridBox([3], [-1.0], [1.0])),
     "text-key": (
         gym.spaces.Dict({"image": IMAGE, "goal": gym.spaces.Dict({"mission": gym.spaces.Text(8)})}),
         gym.spaces.Discrete(3),
@@ -391,3 +393,17 @@ def test_an_environment_argument_given_as_an_override_sets_the_experiment_up(via
     assert sac.policies["default"].policy.type == "sac-policy"
     with pytest.raises(UserError, match="has Box actions; dqn acts in Discrete"):
         load_experiment("dqn", ["env=test-auto-discrete", boxed])
+
+
+def test_choices_with_values_train_with_ppo_or_impala_and_other_algorithms_say_so():
+    """A HybridBox (a Dict or Tuple of discrete and Box parts, as the adapters present it) is
+    a Box to the code that carries actions; sac would have acted in it as continuous values."""
+    from legacy.experiments import by_algo
+
+    assert ppo("test-auto-hybrid").policies["default"].policy.type == "actor-critic"
+    assert by_algo.impala("test-auto-hybrid").policies["default"].trainer.type == "impala"
+    with pytest.raises(UserError, match=r"mix discrete choices and continuous values .* use --al"):
+        by_algo.sac("test-auto-hybrid")
+    with pytest.raises(UserError, match="HybridBox actions; dqn acts in Discrete action spaces: "
+                       "use --algo ppo \\(or impala\\)"):  # fmt: skip
+        by_algo.dqn("test-auto-hybrid")

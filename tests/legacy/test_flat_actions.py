@@ -1,4 +1,4 @@
-"""Dict and Tuple action spaces acted in as one MultiDiscrete or one Box
+"""Dict and Tuple action spaces acted in as one MultiDiscrete, one Box or one HybridBox
 (``legacy/environment/flat_actions.py``): they were refused by every experiment."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from api.spaces import HybridBox
 from legacy.environment.flat_actions import flat_actions
 from legacy.environment.gym_adapter import GymnasiumEnvironment
+from system.run.shape import space_from_wire, space_to_wire
 
 DISCRETE_PARTS = gym.spaces.Dict({
     "move": gym.spaces.Discrete(3),
@@ -43,10 +45,36 @@ def test_box_parts_are_one_box_side_by_side():
     assert first.dtype == np.float32 and (first, second) in BOX_PARTS
 
 
-def test_a_mix_of_kinds_is_refused_naming_the_parts_and_plain_spaces_are_left_alone():
-    mixed = gym.spaces.Dict({"move": gym.spaces.Discrete(3), "power": gym.spaces.Box(0, 1, (1,))})
-    with pytest.raises(ValueError, match=r"mixes them \(move: Discrete, power: Box\)"):
-        flat_actions(mixed)
+def test_a_mix_of_discrete_and_box_parts_is_one_hybrid_box_choices_first():
+    """A parameterised action (which move, how hard) was refused by every experiment."""
+    mixed = gym.spaces.Dict({
+        "power": gym.spaces.Box(0, 1, (2,), np.float32),
+        "move": gym.spaces.Discrete(3, start=1),
+        "fire": gym.spaces.MultiBinary(2),
+    })  # fmt: skip
+    flat = flat_actions(mixed)
+    assert flat.space == HybridBox([2, 2, 3], [0, 0], [1, 1])
+    assert flat.space.low.tolist() == [0, 0, 0, 0, 0] and flat.space.high.tolist() == [
+        1,
+        1,
+        2,
+        1,
+        1,
+    ]
+    action = flat.unflatten(np.array([1, 0, 2, 0.25, 0.75], np.float32))
+    assert action in mixed, action
+    assert action["fire"].tolist() == [1, 0] and action["move"] == 3  # index 2 from 1
+    assert action["power"].tolist() == [0.25, 0.75]
+    flat.space.seed(0)
+    for _ in range(50):  # every flat action drawn from the space is one of the environment's
+        assert flat.unflatten(flat.space.sample()) in mixed
+    assert space_from_wire(space_to_wire(flat.space)) == flat.space  # as workers receive it
+
+
+def test_other_parts_are_refused_naming_them_and_plain_spaces_are_left_alone():
+    text = gym.spaces.Dict({"move": gym.spaces.Discrete(3), "say": gym.spaces.Text(4)})
+    with pytest.raises(ValueError, match=r"this one has others \(move: Discrete, say: Text\)"):
+        flat_actions(text)
     assert flat_actions(gym.spaces.Discrete(3)) is None
     assert flat_actions(gym.spaces.Box(0, 1, (2,))) is None
 
