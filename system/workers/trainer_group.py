@@ -260,9 +260,9 @@ class GroupTrainerWorker(TrainerWorker):
         self.stats["param_checksum"] = parameter_checksum(self.trainer.policy.module)
         return stats
 
-    def publish(self, persist: bool) -> None:
+    def publish(self, persist: bool, wait: bool = False) -> None:
         if self.publishes:
-            super().publish(persist)
+            super().publish(persist, wait)
         else:
             self.mark_published()
 

@@ -160,7 +160,10 @@ class TrainerWorker(Worker):
     def poll(self) -> int:
         if not self._published and time.monotonic() >= self._retry_at:
             self.stages.enter("publish")
-            self.publish(persist=self._owed_persist)  # policy workers start from our weights
+            # policy workers start from these weights: their answer is waited for, so a
+            # refusal fails here; sent without waiting, a refused first version left every
+            # policy worker waiting for parameters that never came (restarts, no error)
+            self.publish(persist=self._owed_persist, wait=True)
         batch = self.take_batch(timeout_ms=20)
         if batch is None:
             return 0
@@ -275,7 +278,7 @@ class TrainerWorker(Worker):
             return batch
         return to_device(batch, device)
 
-    def publish(self, persist: bool) -> None:
+    def publish(self, persist: bool, wait: bool = False) -> None:
         """Publish the current version. If the parameter service does not answer (it is being
         restarted), training goes on and the newest version is published once it is back: until
         the retry is due (or :meth:`reconnect` says where the service now is), new versions are
@@ -285,7 +288,7 @@ class TrainerWorker(Worker):
             self._published, self._owed_persist = False, persist
             return
         try:
-            self._publish(persist)
+            self._publish(persist, wait)
         except PeerTimeoutError as e:
             self._published = False
             self._owed_persist = persist
@@ -294,14 +297,16 @@ class TrainerWorker(Worker):
             logger.warning("%s: version %d not published yet: %s", self.worker_id,
                            self.trainer.policy.version, e)  # fmt: skip
 
-    def _publish(self, persist: bool) -> None:
+    def _publish(self, persist: bool, wait: bool = False) -> None:
         """A persisted version takes the trainer's own state along (see the module doc) and is
         waited for. Any other goes without waiting for the service's answer, which the next
         publish takes (and raises what it raised): on a busy 2-core machine, waiting took 13%
         of cartpole-dqn's trainer, a version every 10 steps."""
         policy = self.trainer.policy
-        if not persist:
+        if not persist and not wait:
             self.params.publish_nowait(self.policy_name, policy.version, policy.get_checkpoint())
+        elif not persist:
+            self.params.publish(self.policy_name, policy.version, policy.get_checkpoint())
         else:
             self.params.publish(
                 self.policy_name,

@@ -22,6 +22,7 @@ from system.errors import (
     NonFiniteLossError,
     TrainerContractError,
     VersionError,
+    WireError,
 )
 from system.parameters.inproc import InprocParameterService
 from system.parameters.store import ParameterStore
@@ -585,12 +586,34 @@ def test_a_refused_routine_version_does_not_stop_the_final_checkpoint(caplog, tm
     trainer = StubTrainer(EchoPolicy())
     source = segment_source(samples.consumer("p"), "p", trainer, 1)
     params = _RefusingLater(store)
-    worker = TrainerWorker("t", "p", trainer, source, params, checkpoint_every=0, publish_every=100)
+    worker = TrainerWorker("t", "p", trainer, source, params, checkpoint_every=0, publish_every=1)
     samples.producer().post("p", segment())
-    assert worker.poll() == 1  # the initial version went without waiting; its refusal waits
-    assert params.refusal is not None and store.latest_version("p") is None
+    assert worker.poll() == 1  # the initial version waited for; the step's went without waiting
+    assert params.refusal is not None and store.latest_version("p") == 0
     with caplog.at_level("WARNING"):
         worker.on_stop()
     assert store.latest_version("p") == 1  # the final version, waited for
     assert store.checkpoint_path("p", 1).is_file()
     assert any("an earlier version was not published" in r.getMessage() for r in caplog.records)
+
+
+class _RefusingAll(InprocParameterService):
+    """Refuses every version as malformed (parameters that do not fit the declared layout)."""
+
+    def publish(self, policy, version, params, **kwargs):
+        raise WireError(f"parameters of '{policy}'.model.log_std has shape (2,), declared (1,)")
+
+    def publish_nowait(self, policy, version, params, *, timeout_s=5.0):
+        pass  # the refusal would come with the answer, read at the next publish
+
+
+def test_a_refused_first_version_fails_the_trainer_at_once(tmp_path):
+    """The policy workers start from the trainer's first version. Sent without waiting, its
+    refusal was read only at the trainer's next publish, which never came (no weights, no
+    samples): every policy worker waited for parameters and was restarted, for minutes."""
+    samples, store = InprocSampleHub(), ParameterStore(tmp_path)
+    trainer = StubTrainer(EchoPolicy())
+    source = segment_source(samples.consumer("p"), "p", trainer, 1)
+    worker = TrainerWorker("t", "p", trainer, source, _RefusingAll(store))
+    with pytest.raises(WireError, match="declared"):
+        worker.poll()
