@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_agent_kinds_run import troupe  # the CLI as a user runs it, in a process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,14 +62,6 @@ while not (step.done or step.truncated):
     (step,) = env.step([action])
 print(json.dumps([float(x) for x in action]))
 """
-
-
-def troupe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "distributed.cli", *args],
-        capture_output=True, text=True, timeout=400, cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
 
 
 def _train(tmp_path: Path, *args: str) -> Path:
