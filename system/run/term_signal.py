@@ -9,7 +9,8 @@ may be missing. So a worker in its loop notes the first SIGTERM, tells its contr
 stop comes: the run's ordered stop, if the controller is stopping it, or else a stop of this
 worker alone, after which the controller restarts it (or waits for its scheduler to). It leaves
 without a stop when none came within :data:`TERM_WAIT_S`, or at once when the signal came while
-it was being built (:meth:`TermSignal.building`: nothing of its work is at stake yet). A
+it was being built (:meth:`TermSignal.building`: nothing of its work is at stake yet; inside an
+import, once the import is done). A
 second SIGTERM changes nothing: Slurm sends a preempted job one at once and another when its
 grace time ends, which may be at once too; SIGKILL is there for a worker that must go now.
 """
@@ -104,7 +105,8 @@ class TermSignal:
         simulator slow to make). Anywhere else it is only noted: the loop tells the controller,
         and a worker already leaving (it read the run's stop while building, as the controller
         sent it SIGTERM) leaves as it was; raised there, it ended the process with a traceback
-        and exit code 1. One noted before this stretch ends it as it begins."""
+        and exit code 1. One noted before this stretch ends it as it begins. One that meets an
+        import waits for the import's end (:meth:`_again_soon`)."""
         if self.at is not None:
             raise Terminated()
         self.interruptible = True
