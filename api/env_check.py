@@ -34,6 +34,7 @@ from api.environment import Environment, StepResult, frames_per_step, make
 from api.errors import EnvironmentCheckError, UserError
 from api.namedarray import is_field_name
 from api.registry import Spec
+from api.spaces import HybridBox
 
 # ===================================================================== test_environment
 
@@ -117,6 +118,8 @@ def _space_text(space: gym.Space) -> str:
     if isinstance(space, gym.spaces.Dict):
         inner = ", ".join(f"{k}: {_space_text(v)}" for k, v in space.spaces.items())
         return f"Dict({inner})"
+    if isinstance(space, HybridBox):  # its bounds differ by nature: say what the entries are
+        return repr(space)
     if isinstance(space, gym.spaces.Box) and not (
         np.all(space.low == space.low.flat[0]) and np.all(space.high == space.high.flat[0])
     ):

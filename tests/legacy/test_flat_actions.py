@@ -104,3 +104,31 @@ def test_the_adapter_shows_the_flat_space_and_steps_the_environment_with_its_own
     env.reset()
     (step,) = env.step([np.array([0, 1, 1, 0, 1, 0])])
     assert step.reward == 1.0 and step.info["got"]["pad"][0] == 5
+
+
+class _Aim(gym.Env):
+    """A move and a push: a Dict of a Discrete and a Box part."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Dict(
+        {"move": gym.spaces.Discrete(3), "push": gym.spaces.Box(-1, 1, (1,), np.float32)}
+    )
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert action in self.action_space, action
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_the_environment_check_says_a_hybrid_action_space_is_one(monkeypatch):
+    """``troupe test-env`` showed it as ``Box(shape=(2,), dtype=float32)``: not the user's Dict,
+    nor which entry is the choice."""
+    from api.env_check import test_environment
+
+    monkeypatch.setitem(gym.registry, "TroupeTestAim-v0", gym.envs.registration.EnvSpec(
+        "TroupeTestAim-v0", entry_point=_Aim))  # fmt: skip
+    report = str(test_environment("TroupeTestAim-v0", steps=20))
+    assert "HybridBox(choices [3], then Box(-1.0, 1.0, (1,), float32))" in report, report
