@@ -18,6 +18,12 @@ class WireError(OperationalError):
     """A message on a socket could not be decoded: malformed, truncated or foreign."""
 
 
+class SharedMemoryRefused(WireError):
+    """The parameter service could not take a version from the shared-memory file named (none
+    offered, a file it cannot map or read): the publisher may send the version over the
+    socket instead. Any other refusal of a publish is about the version itself and is said."""
+
+
 class PeerTimeoutError(OperationalError):
     """A peer did not answer within the time allowed."""
 

@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from api.errors import UserError
-from system.errors import PeerTimeoutError, WireError
+from system.errors import PeerTimeoutError, SharedMemoryRefused, WireError
 from system.parameters.channel import RequestChannel, hello_info, owns_frames
 from system.parameters.interfaces import ParameterClientBase
 from system.parameters.protocol import (
@@ -169,7 +169,7 @@ class ParameterClient(ParameterClientBase):
                 return
             except PeerTimeoutError:
                 raise  # the service may have taken the file; else it removes it in time
-            except WireError as e:  # e.g. a restarted service: ask again, then give up
+            except SharedMemoryRefused as e:  # e.g. a restarted service: ask again, then give up
                 self.link.discard(layout)
                 self.link.failed(f"the parameter service refused a shared-memory file: {e}")
             except BaseException:
@@ -198,8 +198,9 @@ class ParameterClient(ParameterClientBase):
     def settle(self) -> None:
         """Take the answer to the publish sent without waiting; its deadline ran from when it
         was sent, so an answer that is already late is not waited for again. A shared-memory
-        file the service refused is given up (the version is lost, the next goes over the
-        socket), as :meth:`publish` falls back."""
+        file the service could not take is given up (the version is lost, the next goes over
+        the socket), as :meth:`publish` falls back; any other refusal (a version that does not
+        fit the run's layout) is raised, as it would be over the socket."""
         pending, self._outstanding = self._outstanding, None
         if pending is None:
             return
@@ -208,7 +209,7 @@ class ParameterClient(ParameterClientBase):
             self.channel.answer(pending.request_id, "publish", pending.timeout_s, pending.deadline)
         except PeerTimeoutError:
             raise  # the service may have taken the file; else it removes it in time
-        except WireError as e:
+        except SharedMemoryRefused as e:
             if layout is None:
                 raise
             self.link.discard(layout)

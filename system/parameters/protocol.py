@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from api.errors import RunFolderError, TroupeError, UserError
-from system.errors import ParameterNotFoundError, PolicyNameError, VersionError, WireError
+from system.errors import (
+    ParameterNotFoundError,
+    PolicyNameError,
+    SharedMemoryRefused,
+    VersionError,
+    WireError,
+)
 
 PUSH_HWM = 16
 """Pushes queued per subscriber. Only the newest one matters to a subscriber, so a short queue is
@@ -44,6 +50,7 @@ REMOTE_ERRORS: dict[str, type[TroupeError]] = {
         ParameterNotFoundError,
         PolicyNameError,
         RunFolderError,
+        SharedMemoryRefused,
         UserError,
         WireError,
     )

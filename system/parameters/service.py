@@ -27,7 +27,9 @@ Shared memory (:mod:`system.streams.shm`): the service offers its shared-memory 
 A publish that names a file there (``shm``) instead of carrying ``params`` is mapped as the
 stored version (no copy) and its layout pushed on ``@<policy>``; the service owns the file from
 then on, unlinks it once the store drops the version (when idle, or after
-:data:`RELEASE_AFTER_S`), and sweeps up files of publishes it never acknowledged. Which client
+:data:`RELEASE_AFTER_S`), and sweeps up files of publishes it never acknowledged. A file it
+cannot take is refused as ``SharedMemoryRefused`` (the client sends by socket instead), a
+version that does not fit the run as ``WireError`` whichever way it came. Which client
 uses a file and which the socket is decided in :mod:`system.parameters.client`.
 """
 
@@ -42,9 +44,10 @@ from typing import Any
 import zmq
 
 from api.errors import RunFolderError, TroupeError
-from system.errors import PeerTimeoutError, PolicyNameError, WireError
+from system.errors import PeerTimeoutError, PolicyNameError, SharedMemoryRefused, WireError
 from system.parameters.protocol import (
     PUSH_HWM,
+    REMOTE_ERRORS,
     SHM_TOPIC,
     Get,
     GetTrainerState,
@@ -242,7 +245,7 @@ class ParameterServer:
             kind, reply = handler(body)
         except WireError as e:
             self._bad(e)
-            kind, reply = "error", {"type": "WireError", "error": str(e)}
+            kind, reply = "error", {"type": _remote_type(e), "error": str(e)}
         except (TroupeError, OSError) as e:
             self.stats["errors"] += 1
             kind, reply = "error", {"type": type(e).__name__, "error": str(e)}
@@ -304,9 +307,17 @@ class ParameterServer:
             )
 
     def _map_published(self, policy: str, version: int, layout: Any) -> Any:
+        """The version a shared-memory file holds; a file not taken is refused as such, so
+        that the publisher sends it over the socket (a version refused for its layout is not
+        the file's fault, and is said)."""
         if self.shm is None:
-            raise WireError("this parameter service has no shared memory; send 'params'")
-        return self.shm.open(layout, policy, version)
+            raise SharedMemoryRefused("this parameter service has no shared memory; send 'params'")
+        try:
+            return self.shm.open(layout, policy, version)
+        except SharedMemoryRefused:
+            raise
+        except WireError as e:
+            raise SharedMemoryRefused(str(e)) from e
 
     def _push(self, policy: str, version: int, params: Any, layout: dict | None) -> None:
         """Full parameters on the policy's topic; on its shared-memory topic the layout, or
@@ -357,6 +368,13 @@ def _is_topic(topic: bytes) -> bool:
     except (UnicodeDecodeError, PolicyNameError):
         return False
     return True
+
+
+def _remote_type(error: WireError) -> str:
+    """The type a refusal names: its own where clients know it (a refused shared-memory file),
+    else WireError."""
+    name = type(error).__name__
+    return name if name in REMOTE_ERRORS else WireError.__name__
 
 
 def _open_shm_area(shm_dir: str | os.PathLike | None) -> shm.ShmArea | None:

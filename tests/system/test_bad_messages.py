@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from test_parameter_service import Service
+from test_parameter_service import Service, shm_dir  # noqa: F401 (a fixture)
 
 from api.config import make_experiment
 from api.namedarray import NamedArray
@@ -242,6 +242,38 @@ def test_the_parameter_service_stores_only_checkpoints_laid_out_as_declared(run,
         service.client.publish("default", 1, checkpoint, timeout_s=10)
         assert service.server.store.latest_version("default") == 1
         assert service.server.stats["bad_messages"] == 5
+    finally:
+        service.close()
+
+
+@pytest.mark.usefixtures("shm_dir")
+def test_a_version_refused_for_its_layout_is_said_through_shared_memory_too(run, tmp_path):
+    """A version that does not fit the run's layout is refused for that, whichever way it
+    came. Through a shared-memory file, the client took any refusal for the file's fault:
+    sent without waiting, the version was dropped without a word, and the reason came out
+    only once the client had given shared memory up and sent one over the socket."""
+    config, spaces = run
+    checkpoint = builders.make_policy(config, "default", spaces, 0).get_checkpoint()
+    model = checkpoint["model"]
+    first = next(iter(model))
+    wrong = {**checkpoint, "model": {**model, first: np.zeros((3, 3), np.float32)}}
+    layout = declared.params_layout(config)
+    service = Service(ParameterStore(tmp_path), subscribe=(), layout=layout)
+    client = service.client
+    try:
+        assert service.server.shm is not None
+        client.publish("default", 1, checkpoint, timeout_s=10)
+        assert client.shm_peer is not None and client.stats["shm_publishes"] == 1
+        with pytest.raises(WireError, match="parameters of 'default'"):
+            client.publish("default", 2, wrong, timeout_s=10)
+        client.publish_nowait("default", 2, wrong, timeout_s=10)
+        with pytest.raises(WireError, match="parameters of 'default'"):
+            client.settle()
+        assert client.stats["shm_failures"] == 0 and client.shm_peer is not None
+        client.publish_nowait("default", 2, checkpoint, timeout_s=10)
+        client.settle()
+        assert service.server.store.latest_version("default") == 2
+        assert client.stats["shm_publishes"] == 2
     finally:
         service.close()
 
