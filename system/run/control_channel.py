@@ -301,14 +301,22 @@ class ControlClient:
                 self.bad_messages.record(e)
             return True
 
-    def stop_requested(self) -> bool:
-        """Non-blocking: has the controller said stop? Reads everything that has come: a
-        worker whose busy thread sent twenty heartbeats during one long poll has twenty acks
-        queued before the stop (reading one message per check left a trainer with 5-second
-        steps deaf to its stop, killed after the controller's wait)."""
-        while self._receive(timeout_ms=0):
-            pass
-        return any(isinstance(m, cp.Stop) for m in self.inbox)
+    def stop_requested(self, wait_s: float = 0.0) -> bool:
+        """Has the controller said stop? Reads everything that has come: a worker whose busy
+        thread sent twenty heartbeats during one long poll has twenty acks queued before the
+        stop (reading one message per check left a trainer with 5-second steps deaf to its
+        stop, killed after the controller's wait). ``wait_s``: how long a stop not come yet
+        is waited for (default: not at all)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            while self._receive(timeout_ms=0):
+                pass
+            if any(isinstance(m, cp.Stop) for m in self.inbox):
+                return True
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return False
+            self._receive(timeout_ms=min(left_ms, 50))
 
     def leave_requested(self) -> bool:
         """Whether a stop that came says to leave without stopping (:class:`cp.Stop`)."""

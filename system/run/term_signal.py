@@ -44,6 +44,12 @@ a scheduler's default holds (10 s for ``docker stop``, 30 s on Slurm) it usually
 first."""
 
 
+STOP_BEFORE_SIGNAL_S = 1.0
+"""How long a worker leaving on SIGTERM waits for a stop that may be on its way. The
+controller sends a worker still building its stop, then SIGTERM at once: the signal came
+first, and the worker said "SIGTERM, not from the controller" of its own controller's (in the
+console of a run that failed at start). Someone else's signal costs the worker this much more."""
+
 IMPORT_RETRY_S = 0.05
 """How soon a SIGTERM met in an import is raised again (:meth:`TermSignal._again_soon`)."""
 
@@ -160,7 +166,7 @@ def leave(ctl: ControlClient) -> int:
     until it is built: minutes, for a simulator slow to make), it leaves as stopped, with 0;
     it was waited for, then killed, leaving what it had made behind. Otherwise the signal was
     someone else's: the controller restarts the worker, or waits for its scheduler to."""
-    if _stopped_by_the_run(ctl):
+    if _stopped_by_the_run(ctl, wait_s=STOP_BEFORE_SIGNAL_S):
         logger.info("stopped by the controller while being built")
         ctl.send(cp.Bye())
         return 0
@@ -169,10 +175,11 @@ def leave(ctl: ControlClient) -> int:
     return EXIT_TERMINATED
 
 
-def _stopped_by_the_run(ctl: ControlClient) -> bool:
-    """Whether the run's stop came (not a stop of this worker alone, nor one to leave)."""
+def _stopped_by_the_run(ctl: ControlClient, wait_s: float = 0.0) -> bool:
+    """Whether the run's stop came (not a stop of this worker alone, nor one to leave);
+    ``wait_s``: how long one not come yet is waited for."""
     try:
-        stopped = ctl.stop_requested()
+        stopped = ctl.stop_requested(wait_s)
     except Exception:  # the controller is gone or refused us: no stop of its to follow
         return False
     return stopped and not ctl.leave_requested() and not ctl.stopped_alone()

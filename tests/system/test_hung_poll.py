@@ -48,7 +48,7 @@ class FakeControl:
     def heartbeat(self, stats):
         self.beats.append(time.monotonic())
 
-    def stop_requested(self) -> bool:
+    def stop_requested(self, wait_s: float = 0.0) -> bool:
         return self.stop.is_set()
 
     def leave_requested(self) -> bool:

@@ -4,6 +4,7 @@ its stop only when none came in time; before its loop it leaves at once."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from system.run import control_protocol as cp
 from system.run import term_signal as ts
 from system.run import worker_process
 from system.run.control_channel import BUSY_AFTER_S, ControlClient
+from system.run.control_server import ControlServer
 from system.workers.base import Worker
 
 
@@ -24,7 +26,7 @@ class Channel:
     def send(self, message: cp.ControlMessage) -> None:
         self.sent.append(message)
 
-    def stop_requested(self) -> bool:
+    def stop_requested(self, wait_s: float = 0.0) -> bool:
         return False
 
 
@@ -121,7 +123,7 @@ class StoppingControl(Channel):
     def heartbeat(self, stats) -> None:
         pass
 
-    def stop_requested(self) -> bool:
+    def stop_requested(self, wait_s: float = 0.0) -> bool:
         return True
 
     def leave_requested(self) -> bool:
@@ -174,7 +176,7 @@ def test_the_controllers_own_sigterm_after_the_runs_stop_is_not_told(term, caplo
 class QuietControl(StoppingControl):
     """A controller that has said nothing (yet)."""
 
-    def stop_requested(self) -> bool:
+    def stop_requested(self, wait_s: float = 0.0) -> bool:
         return False
 
 
@@ -193,6 +195,32 @@ def test_a_worker_terminated_after_the_runs_stop_leaves_as_stopped(ctl, code, by
     run is someone else's, as before: 143, and the controller is told."""
     assert ts.leave(ctl) == code
     assert ctl.sent == [bye]
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_stop_on_its_way_when_sigterm_came_is_waited_for(stopped, caplog):
+    """The controller sends a worker still building its stop, then SIGTERM at once: the
+    signal came before the stop, and a run that failed at start said "SIGTERM, not from the
+    controller: leaving" of its own evaluation actor. Here the stop comes over a real socket
+    just after the worker began to leave; without one, the signal is someone else's."""
+    caplog.set_level(logging.INFO, logger=ts.__name__)
+    server = ControlServer("tcp://127.0.0.1:*")
+    ctl = ControlClient(server.address, "eval/0")
+    later = None
+    try:
+        ctl.send(cp.Signalled("SIGTERM"))  # any message: the controller now knows the worker
+        assert [w for w, _ in server.receive(timeout_ms=10_000)] == ["eval/0"]
+        if stopped:
+            later = threading.Timer(0.1, server.send, args=("eval/0", cp.Stop()))
+            later.start()
+        expected = worker_process.EXIT_OK if stopped else ts.EXIT_TERMINATED
+        assert ts.leave(ctl) == expected
+        assert ("not from the controller" in caplog.text) is not stopped
+    finally:
+        if later is not None:
+            later.join()
+        ctl.close()
+        server.close()
 
 
 def test_the_control_channel_tells_a_stop_alone_from_the_runs():

@@ -255,7 +255,7 @@ def test_a_long_poll_reports_its_stage_while_it_runs():
         def heartbeat(self, stats):
             self.beats.append(dict(stats))
 
-        def stop_requested(self):
+        def stop_requested(self, wait_s=0.0):
             return self.stop.is_set()
 
         def leave_requested(self):
