@@ -173,6 +173,8 @@ class Controller:
     def _check_stop(self) -> None:
         if self.stop_reason:
             return
+        if self.shape.refused is not None:
+            self.supervisor.fail(WorkerFailure("controller", str(self.shape.refused)))
         if self.supervisor.failure is not None:  # reported in this loop's messages: it decides
             self.stop_reason = "failed"
             return
@@ -331,6 +333,9 @@ class Controller:
                 self._configure(record)
 
     def _configure(self, record: WorkerRecord) -> None:
+        if self.shape.refused is not None:  # the run ends with it (_check_stop): no worker
+            self.server.send(record.plan.worker_id, cp.Stop())  # is to fail on it again
+            return
         state, shape = self.coordination.snapshot(), self.shape.get()
         configure = cp.Configure(
             self.config.to_dict(), str(self.run_dir), record.plan.to_wire(), state, shape

@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from api.config import ExperimentConfig, uses_replay
+from api.errors import ConfigError
 from api.spaces import HybridBox
 from system.errors import WireError
 from system.run import builders, declared
@@ -80,9 +81,13 @@ class RunShape:
     @classmethod
     def resolve(cls, config: ExperimentConfig) -> dict[str, Any] | None:
         """The shape's wire form, for every worker's ``configure``; None where the workers
-        must resolve it themselves (see the module)."""
+        must resolve it themselves (see the module). Raises the ConfigError of a configuration
+        its environment or policies refute (``agent_policies`` for more agents than it has),
+        which every worker would meet the same way."""
         try:
             return cls.of(config).to_wire()  # a space without a wire form says so here
+        except ConfigError:
+            raise
         except Exception as e:  # the worker that builds it reports it, as a worker error
             logger.info("the run's shape is left to its workers: %r", e)
             return None
@@ -145,6 +150,9 @@ class ShapeResolver:
         self._thread: threading.Thread | None = None
         self._started = 0.0
         self._given_up = False
+        self.refused: ConfigError | None = None
+        """What the configuration was refused for, once resolved: the controller ends the run
+        with it (each worker would fail on it, some after minutes of building)."""
 
     def start(self) -> None:
         self._started = time.monotonic()
@@ -182,7 +190,11 @@ class ShapeResolver:
             self._thread.join(timeout_s)
 
     def _resolve(self) -> None:
-        self._wire, self._done = RunShape.resolve(self.config), True
+        try:
+            self._wire = RunShape.resolve(self.config)
+        except ConfigError as e:
+            self.refused = e
+        self._done = True
 
 
 def _on_cpu(config: ExperimentConfig, name: str) -> ExperimentConfig:

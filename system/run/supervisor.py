@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from system.errors import WorkerFailure, alike
@@ -358,13 +358,18 @@ class Supervisor:
 
     def stop_workers(self, ids: list[str], send: Send, pump: Pump, timeout_s: float = 15.0):
         waiting = {w for w in ids if self.launcher.is_alive(w) and self.workers[w].state.running}
+        unstarted = self._unstarted(ids)
         self.told_to_stop.update(ids)
         for w in waiting:
             send(w, Stop())
         self._interrupt_builders(waiting)
         started = time.monotonic()
-        while waiting and any(self._may_still_stop(w, started, timeout_s) for w in waiting):
-            pump(100)
+        while (waiting or unstarted) and any(
+            self._may_still_stop(w, started, timeout_s) for w in waiting | unstarted
+        ):
+            pump(100)  # an unstarted worker's hello is answered with its stop (on_hello)
+            waiting |= {w for w in unstarted if self.workers[w].state.running}
+            unstarted = self._unstarted(unstarted)
             waiting = {w for w in waiting if self.workers[w].state.running}
             gone = {w for w in waiting if not self.launcher.is_alive(w)}
             if gone:
@@ -374,6 +379,9 @@ class Supervisor:
                         logger.warning("%s exited on stop without saying bye", w)
                         self.workers[w].state = WorkerState.FAILED
                 waiting -= gone
+        for w in unstarted:  # what the launcher's end would do, without waiting again
+            logger.warning("%s had not started %.0fs after the stop; killing it", w, timeout_s)
+            self.launcher.kill(w)
         external = getattr(self.launcher, "restarts_workers", False)
         for w in waiting:  # a scheduler's worker is the scheduler's to end (when its run does)
             what = "its scheduler ends it with the run" if external else "killing it"
@@ -390,6 +398,17 @@ class Supervisor:
                     "and took no part in it"
                 )
                 self.fail(WorkerFailure(w, why))
+
+    def _unstarted(self, ids: Iterable[str]) -> set[str]:
+        """Workers this controller started that have not said hello yet (a run that ends in
+        its first seconds): their hello is answered with their stop, so they leave in order.
+        Not waited for, they said hello to a controller no longer listening, and the run's end
+        waited 10 s before killing them. A scheduler's are not waited for: one may never come
+        (a pod left pending)."""
+        if getattr(self.launcher, "restarts_workers", False):
+            return set()
+        before = (WorkerState.STARTING, WorkerState.RESTARTING)
+        return {w for w in ids if self.workers[w].state in before and self.launcher.is_alive(w)}
 
     def _interrupt_builders(self, ids: set[str]) -> None:
         """A worker still building reads no message until it is built (minutes, for a

@@ -313,6 +313,29 @@ def worker(spelling: str, *args: str, env=None) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def test_a_configuration_its_environment_refutes_ends_the_run_from_the_controller(tmp_path):
+    """``troupe run gather-2p-ppo environment.args.n_agents=3``: the controller, which makes
+    one environment for the run's shape, knew the error before any worker started, and left it
+    to the workers: each failed on it (five "failed with the same error" lines), and one
+    still starting was said to be "sent SIGTERM, not from the controller". The controller ends
+    the run with it; every worker is told to stop, none fails."""
+    run = tmp_path / "run"
+    result = troupe(
+        "run", "gather-2p-ppo", "environment.args.n_agents=3", "--run-dir", str(run),
+        "--no-display",
+    )  # fmt: skip
+    said = result.stdout + result.stderr
+    assert result.returncode == 1, said
+    assert "agent_policies: lists 2 policies but environment 'GridGather-v0' has 3 agents" in said
+    for never in ("failed: ConfigError", "same error", "not from the controller", "killing it"):
+        assert never not in said, said
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "failed"
+    assert summary["failure"].startswith("invalid experiment configuration (1 error):")
+    states = {w: v["state"] for w, v in json.loads((run / "workers.json").read_text()).items()}
+    assert set(states.values()) == {"stopped"}, states
+
+
 def test_controller_without_keys_refuses_to_start(tmp_path):
     run_dir = _config_dir(tmp_path)
     line = assert_one_line_error(troupe("controller", str(run_dir), "--bind", "tcp://127.0.0.1:0"))

@@ -83,6 +83,23 @@ def test_a_space_without_a_wire_form_leaves_the_shape_to_the_workers():
     assert RunShape.resolve(broken) is None  # the workers fail on it, each with its error
 
 
+def test_a_configuration_its_environment_refutes_is_the_resolvers_to_say():
+    """Every worker would fail on it: the resolver keeps it for the controller, which ends the
+    run with it, and hands no shape out."""
+    from api.errors import ConfigError
+    from system.run import shape
+
+    refuted = make_experiment("gather-2p-ppo", ["environment.args.n_agents=3"])
+    with pytest.raises(ConfigError, match="lists 2 policies but environment"):
+        RunShape.resolve(refuted)
+    resolver = shape.ShapeResolver(refuted)
+    resolver.start()
+    resolver.settle()
+    assert "has 3 agents" in str(resolver.refused) and resolver.get() is None
+    fitting = shape.ShapeResolver(make_experiment("gather-2p-ppo"))
+    assert fitting.get() is not None and fitting.refused is None
+
+
 @pytest.fixture
 def counted(tmp_path):
     registry.register_environment("counted-cartpole", CountedCartPole, override=True)

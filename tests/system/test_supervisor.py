@@ -508,6 +508,36 @@ def test_a_worker_still_building_at_the_stop_is_interrupted_unless_it_saves(run)
     assert launcher.killed == ["trainer/default/0"]  # as before: never ready, killed at the end
 
 
+def test_a_worker_that_says_hello_after_the_stop_began_is_told_to_stop_then(run, caplog):
+    """A run that ended in its first seconds (a configuration its environment refutes, a
+    Ctrl+C) stopped only the workers that had said hello; one still starting said hello to a
+    controller no longer listening, and the run's end waited 10 s before killing it. Its hello
+    is now waited for and answered with its stop; one that never comes is killed at the
+    bound. A scheduler's worker is not waited for: it may never come."""
+    s, launcher, _ = run
+    late, never = s.workers["actor/0"], s.workers["actor/1"]
+    late.state = never.state = WorkerState.STARTING
+    answers: list[tuple[str, object]] = []
+
+    def pump(ms):  # actor/0's hello comes: the controller's loop answers as on_hello says
+        if late.state is WorkerState.STARTING and not s.on_hello(late, pid=7):
+            answers.append(("actor/0", "stop"))
+            s.on_bye(late)  # it leaves on its stop
+
+    with caplog.at_level(logging.WARNING, logger=sup.__name__):
+        s.stop_workers(["actor/0", "actor/1"], lambda w, m: None, pump, timeout_s=0.3)
+    assert answers == [("actor/0", "stop")]
+    assert late.state is WorkerState.STOPPED and "actor/0" not in launcher.killed
+    assert launcher.killed == ["actor/1"]
+    assert "actor/1 had not started 0s after the stop; killing it" in caplog.text
+    assert s.failure is None
+    launcher.restarts_workers = True  # a scheduler's: neither waited for nor killed
+    launcher.killed.clear()
+    s.workers["policy/default/0"].state = WorkerState.STARTING
+    s.stop_workers(["policy/default/0"], lambda w, m: None, pump, timeout_s=0.3)
+    assert launcher.killed == []
+
+
 def test_a_worker_interrupted_as_its_build_ends_is_not_said_to_be_signalled_by_another(run, caplog):
     """The controller sends SIGTERM to a worker it takes for still building; one whose build
     ended as it came tells of the signal, which the controller logged as someone else's."""
