@@ -62,6 +62,8 @@ class Spec:
         """Import the entry point and return the class or factory it names."""
         for item in self.requires:
             user_code.import_required(item)
+        if self.entry_point.endswith(LAMBDA):
+            return _registered_lambda(self)
         return load_entry_point(
             self.entry_point, what=f"{self.kind} '{self.name}'", source=self.source
         )
@@ -89,6 +91,34 @@ class Spec:
                 f"could not build {self.kind} '{self.name}' from {self.entry_point} with "
                 f"arguments {sorted(merged)}: {e}"
             ) from e
+
+
+LAMBDA = ":<lambda>"
+"""How a registered lambda's entry point ends: no other process can import it by name."""
+
+_lambdas: dict[tuple[str, str], Callable[..., Any]] = {}
+"""The lambdas this process registered, by kind and name. Another process gets one by
+importing the module that registers it, which registers it there too (RLlib's
+``register_env("X", lambda config: MyEnv(config))``, written the same way here)."""
+
+
+def _registered_lambda(spec: Spec) -> Callable[..., Any]:
+    key = (spec.kind, spec.name)
+    if key not in _lambdas:
+        module = spec.entry_point[: -len(LAMBDA)]
+        try:  # runs the module's register calls in this process
+            user_code.import_module(module, spec.source)
+        except (RegistryError, ImportError) as e:
+            raise RegistryError(f"{spec.kind} '{spec.name}': cannot import {module}: {e}") from e
+    if key not in _lambdas:
+        where = spec.source or spec.entry_point[: -len(LAMBDA)]
+        raise RegistryError(
+            f"{spec.kind} '{spec.name}' was registered as a lambda, which another process makes "
+            f"by importing {where} to register it again; that import did not (a register call "
+            "under `if __name__ == '__main__':` runs only in the script itself): register it "
+            "at the module's top level, or register a module-level function or class"
+        )
+    return _lambdas[key]
 
 
 def load_entry_point(
@@ -186,6 +216,8 @@ class Registry:
                 f"{self.kind} '{name}' is already registered (by {old.entry_point}); "
                 "pick another name or pass override=True"
             )
+        if callable(entry_point) and ep.endswith(LAMBDA):  # what _registered_lambda returns
+            _lambdas[(self.kind, name)] = entry_point
         if old is not None and old.same_target(spec):
             return old  # a user file imported again in a worker registers the same thing
         self._specs[name] = spec
@@ -238,6 +270,7 @@ class Registry:
 
     def unregister(self, name: str) -> None:
         self._specs.pop(name, None)
+        _lambdas.pop((self.kind, name), None)
         self._user.discard(name)
 
     def restore(self, spec: Spec, *, user: bool = False) -> None:

@@ -238,3 +238,54 @@ def test_a_spec_imports_what_it_requires_first_once(tmp_path):
     spec.make()
     assert sys.troupe_test_required_runs == 1  # imported once
     del sys.troupe_test_required_runs
+
+
+LAMBDA_FILE = """
+from api import registry
+
+registry.register_environment("test-lambda-made", lambda **kw: {"made": True, **kw}, size=3)
+
+if __name__ == "__main__":
+    registry.register_environment("test-lambda-main", lambda **kw: kw)
+"""
+
+REMAKE = """
+import json, sys
+from api import registry
+spec = registry.Spec(**json.loads(sys.argv[1]))  # registered again as a worker does
+registry.environments.register(spec.name, spec.entry_point, source=spec.source, **spec.kwargs)
+print(json.dumps(registry.environments.make(spec.name, mode="hard")))
+"""
+
+
+def test_a_lambda_registered_at_a_modules_top_level_is_made_in_another_process(tmp_path, names):
+    """``register_environment("X", lambda **kw: MyEnv(**kw))``, as RLlib's ``register_env``
+    is written, was taken and then failed in every process, this one included: "module 'x'
+    has no attribute '<lambda>'". Another process imports the module, which registers the
+    lambda there too. One that only a ``__main__`` block registers says why it cannot."""
+    import dataclasses
+    import json
+    import subprocess
+
+    from api import user_code
+
+    names.extend(["test-lambda-made", "test-lambda-main"])
+    path = tmp_path / "troupe_test_lambda.py"
+    path.write_text(LAMBDA_FILE)
+    user_code.import_file(path)
+    spec = registry.environments.spec("test-lambda-made")
+    assert spec.entry_point == "troupe_test_lambda:<lambda>" and spec.source == str(path)
+    assert spec.make(mode="easy") == {"made": True, "size": 3, "mode": "easy"}
+    again = registry.environments.register(spec.name, spec.entry_point, source=spec.source, size=3)
+    assert again is spec and again.make()["made"]  # the config's registration keeps the lambda
+    root = Path(__file__).resolve().parents[2]
+    plain = json.dumps({**dataclasses.asdict(spec), "requires": []})  # as a run's config has it
+    other = subprocess.run(
+        [sys.executable, "-c", REMAKE, plain], capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout) == {"made": True, "size": 3, "mode": "hard"}
+    main_only = Spec("environment", "test-lambda-main", "__main__:<lambda>", source=str(path))
+    with pytest.raises(RegistryError, match=r"registered as a lambda.*__main__"):
+        main_only.make()
