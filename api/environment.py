@@ -32,6 +32,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from api.errors import RegistryError
 from api.registry import Spec, environments, make_spec
 from api.spaces import dict_of_tuples, from_positions
 
@@ -133,10 +134,19 @@ def make(name_or_spec: str | Spec, **kwargs: Any) -> Environment:
     """Build a registered environment (any gymnasium id works too, through the adapter). One
     whose observations hold a Tuple is seen through :class:`TuplesAsDicts`."""
     env = make_spec("environment", name_or_spec).make(**kwargs)
+    if isinstance(env, gym.Env):
+        name = getattr(name_or_spec, "name", name_or_spec)
+        raise RegistryError(
+            f"environment '{name}' built a gymnasium environment ({type(env).__name__}): "
+            f"register it with gymnasium instead, gymnasium.register('{name}', "
+            f"entry_point=...), and train its id; Troupe's register takes an "
+            "api.environment.Environment"
+        )
     if not isinstance(env, Environment):
-        raise TypeError(
+        raise RegistryError(
             f"environment '{name_or_spec}' built a {type(env).__name__}, which is not an "
-            "api.environment.Environment; subclass Environment (or wrap a gymnasium env)"
+            "api.environment.Environment; subclass Environment (or register a gymnasium "
+            "environment with gymnasium.register and use its id)"
         )
     if any(dict_of_tuples(s) is not s for s in env.observation_spaces):
         return TuplesAsDicts(env)

@@ -179,8 +179,12 @@ def test_bad_constructor_arguments_name_the_component(names):
 def test_make_rejects_something_that_is_not_an_environment(names):
     names.append("test-not-env")
     environment.register("test-not-env", not_an_environment)
-    with pytest.raises(TypeError, match=r"built a object, which is not an api\.environment"):
+    with pytest.raises(RegistryError, match=r"built a object, which is not an api\.environment"):
         environment.make("test-not-env")
+    names.append("test-gym-env")
+    environment.register("test-gym-env", gym.make, id="CartPole-v1")
+    with pytest.raises(RegistryError, match=r"built a gymnasium environment .*gymnasium\.register"):
+        environment.make("test-gym-env")
 
 
 def test_empty_name_is_rejected():
