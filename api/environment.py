@@ -25,6 +25,7 @@ Register an environment once, by name, so every process of a run can build it::
 from __future__ import annotations
 
 import abc
+import logging
 import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +36,8 @@ import numpy as np
 from api.errors import RegistryError
 from api.registry import Spec, environments, make_spec
 from api.spaces import dict_of_tuples, from_positions
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -123,6 +126,19 @@ def frames_per_step(env: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"frames_per_step must be a whole number of 1 or more, got {value!r}")
     return int(value)
+
+
+def close_after_probe(env: Environment, name: str) -> None:
+    """Close an environment made only to read its spaces. A ``close`` that raises is said (a
+    warning naming the environment) and not raised: the spaces were read, and a worker closes
+    its environments as best effort too. It ended ``troupe train`` with a bare traceback."""
+    try:
+        env.close()
+    except Exception as e:
+        logger.warning(
+            "environment '%s': close() raised %s: %s (its spaces were read; troupe test-env "
+            "checks close() too)", name, type(e).__name__, e,
+        )  # fmt: skip
 
 
 def register(name: str, entry_point, *, override: bool = False, **kwargs: Any) -> Spec:

@@ -65,7 +65,7 @@ def declared(env: str, env_args: dict[str, Any] | None) -> Declared:
         names = [str(n) for n in names] if isinstance(names, (list, tuple)) else None
         return Declared(list(zip(observations, actions, strict=True)), names)
     finally:
-        made.close()
+        env_api.close_after_probe(made, env)
 
 
 def agent_kinds(

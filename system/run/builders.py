@@ -99,7 +99,7 @@ def probe_spaces(config: ExperimentConfig) -> AgentSpaces:
     try:
         spaces = AgentSpaces(*declared_spaces(env, config.environment.type))
     finally:
-        env.close()
+        env_api.close_after_probe(env, config.environment.type)
     if config.agent_policies and len(config.agent_policies) != spaces.agent_count:
         raise ConfigError(
             [

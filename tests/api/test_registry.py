@@ -293,3 +293,24 @@ def test_a_lambda_registered_at_a_modules_top_level_is_made_in_another_process(t
     main_only = Spec("environment", "test-lambda-main", "__main__:<lambda>", source=str(path))
     with pytest.raises(RegistryError, match=r"registered as a lambda.*__main__"):
         main_only.make()
+
+
+class CloseRaises(CountingEnv):
+    def close(self):
+        raise RuntimeError("close failed")
+
+
+def test_an_environment_made_for_its_spaces_whose_close_raises_is_said_not_raised(names, caplog):
+    """``troupe train`` of an environment whose close() raised ended in a bare traceback from
+    planning the run, after its spaces were read. It is a warning naming the environment."""
+    from legacy.experiments.agent_kinds import declared
+
+    names.append("test-close-raises")
+    environment.register("test-close-raises", CloseRaises, size=5)
+    with caplog.at_level("WARNING", logger=environment.__name__):
+        spaces = declared("test-close-raises", {})
+    assert spaces.spaces == [(gym.spaces.Discrete(5), gym.spaces.Discrete(2))]
+    assert caplog.messages == [
+        "environment 'test-close-raises': close() raised RuntimeError: close failed (its spaces "
+        "were read; troupe test-env checks close() too)"
+    ]
