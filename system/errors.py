@@ -82,6 +82,11 @@ class TrainerContractError(UserError):
 
 def alike(a: str | None, b: str | None) -> bool:
     """Two error messages that differ only in their numbers (``environment 5 of actor/0`` and
-    ``environment 2 of actor/1``): the supervisor shows such an error in full once. Compared
-    as they were, it was shown again for nearly every restart of each actor."""
-    return a is not None and b is not None and re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b)
+    ``environment 2 of actor/1``) or in which actor met them (``of eval/0``): the supervisor
+    shows such an error in full once. Compared as they were, it was shown again for nearly
+    every restart of each actor, and an evaluation actor's once more."""
+    return a is not None and b is not None and _gist(a) == _gist(b)
+
+
+def _gist(message: str) -> str:
+    return re.sub(r"\d+", "#", re.sub(r"\b(?:actor|eval)/\d+", "#", message))

@@ -203,7 +203,7 @@ class Supervisor:
         elif shown_by := self._shown_by(message):  # every actor's environment hangs alike
             other = "" if message == self.workers[shown_by].last_error else f": {message}"
             logger.warning("%s failed with the same error as %s%s", wid, shown_by, other)
-        elif message.startswith(SAID_IN_FULL):  # its message is the whole story
+        elif message.startswith(SAID_IN_FULL) or not tb:  # its message is the whole story
             logger.error("%s failed: %s", wid, message)
         else:
             logger.error("%s failed: %s\n%s", wid, message, tb)

@@ -150,13 +150,39 @@ def main(
         message = f"{type(e).__name__}: {e}"
         tb = traceback.format_exc()
         logger.info("failed: %s\n%s", message, tb)  # its log file (the console shows warnings)
-        ctl.send(cp.Error(message, tb, type(e).__name__, fatal(e, built=worker is not None)))
+        shown = "" if said_in_full(e) else tb
+        ctl.send(cp.Error(message, shown, type(e).__name__, fatal(e, built=worker is not None)))
         return EXIT_FAILED
     finally:
         if worker is not None:
             _close(worker)
         ctl.close()
         _flush_sockets()
+
+
+OWN_CODE = tuple(
+    str(Path(__file__).resolve().parents[2] / package) + os.sep
+    for package in ("api", "algorithm", "legacy", "system", "distributed")
+)
+"""Where Troupe's own modules are, as tracebacks name them."""
+
+
+def said_in_full(e: BaseException) -> bool:
+    """Whether ``e`` is a user error that Troupe's own checks raised (every frame of its
+    traceback, and of what it was raised from or during, in Troupe's code): its message says
+    what is wrong and where (an observation that does not fit its space, with the environment,
+    agent and step), and the 30 lines of traceback the controller showed with it pointed only
+    into the runtime. One raised from the user's code (an environment's step that raised) is
+    shown with its traceback. The worker's own log keeps every one."""
+    if not isinstance(e, UserError):
+        return False
+    chain: list[BaseException] = []
+    at: BaseException | None = e
+    while at is not None and at not in chain:
+        chain.append(at)
+        at = at.__cause__ or at.__context__
+    frames = [f for link in chain for f in traceback.extract_tb(link.__traceback__)]
+    return bool(frames) and all(f.filename.startswith(OWN_CODE) for f in frames)
 
 
 def fatal(e: Exception, built: bool) -> bool:

@@ -10,7 +10,7 @@ import pytest
 from e2e_support import run_failing_file
 
 from api.errors import RegistryError, UserError
-from system.run.worker_process import fatal
+from system.run.worker_process import fatal, said_in_full
 
 
 def _raised_from(error: Exception, cause: Exception) -> Exception:
@@ -44,6 +44,33 @@ def test_an_import_that_failed_while_building_is_fatal_and_only_then():
     assert not fatal(_in_a_fallback(), built=False)  # only a cause counts, not a context
     assert fatal(RegistryError("unknown environment"), built=True)  # as before
     assert fatal(ValueError("bad argument"), built=False) and not fatal(ValueError(), built=True)
+
+
+def test_a_user_error_of_troupes_own_checks_goes_without_its_traceback(tmp_path):
+    """An observation that did not fit its space came to the console with 30 lines of
+    traceback into the actor's loop, which said nothing its message did not. One raised from
+    the user's code keeps its traceback: there it shows where the user's code failed."""
+    from api.env_check import EnvironmentCheckError
+    from system.streams.validation import check_action
+
+    try:
+        check_action("default", 0, [1, 2], __import__("gymnasium").spaces.Discrete(2))
+    except UserError as e:
+        own = e.with_traceback(e.__traceback__.tb_next)  # as caught in the worker's own code
+    assert said_in_full(own)
+    users = tmp_path / "troupe_users_env.py"
+    users.write_text("def step():\n    raise RuntimeError('boom')\n")
+    step = __import__("api.user_code", fromlist=["x"]).import_file(users).step
+    try:
+        try:
+            step()
+        except RuntimeError as err:
+            raise EnvironmentCheckError("environment raised in step()") from err
+    except UserError as e:
+        from_users = e.with_traceback(None)  # raised here: only its cause's frames are judged
+    assert not said_in_full(from_users)
+    assert not said_in_full(KeyError("a bug of ours: its traceback is for us"))
+    assert not said_in_full(UserError("never raised: no traceback to judge"))
 
 
 EXPERIMENT_FILE = '''\

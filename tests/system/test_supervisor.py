@@ -359,6 +359,18 @@ def test_an_error_that_differs_only_in_its_numbers_is_shown_once(run, caplog):
         "actor/0 failed again with the same error (restart 1 in a row)",
     ]
     assert sup.alike("a 1 b", "a 22 b") and not sup.alike("a 1 b", "a 1 c")
+    assert sup.alike("env #0 of eval/0 failed", "env #3 of actor/12 failed")  # any actor's
+
+
+def test_an_error_sent_without_its_traceback_is_shown_in_one_line(run, caplog):
+    """A worker sends no traceback with a user error of Troupe's own checks (its log keeps
+    it): the message alone is shown, with no blank line after it."""
+    s, _, _ = run
+    with caplog.at_level(logging.ERROR, logger=sup.__name__):
+        s.on_error(s.workers["actor/0"], "EnvironmentFailure: does not fit", "", False, False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "actor/0 failed: EnvironmentFailure: does not fit"
+    ]
 
 
 def test_the_stop_goes_actors_first_and_the_parameter_service_last(run):
