@@ -321,7 +321,8 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
 
     ``policy``: which policy of a multi-policy run (default: a checkpoint file's own, else the
     one ``troupe eval`` reports: a PBT run's best member, ``evaluation.policy``; else the first
-    trained one).
+    trained one). One without a trainer (scripted: ``random-legal``) plays as it is built, as
+    in the run; a self-play opponent has no parameters of its own, and is refused.
     """
     from system.parameters.store import LATEST
     from system.run import builders
@@ -333,9 +334,17 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
     name = policy or from_file or played_policy(run_dir, config, pinned)
     if name not in config.policies:
         raise UserError(f"run {run_dir} has no policy '{name}'; it has {sorted(config.policies)}")
-    number, params = store.get(name, pinned.get(name, LATEST))
+    if name == config.selfplay.opponent:
+        raise UserError(
+            f"policy '{name}' of run {run_dir} has no parameters of its own: it plays past "
+            f"versions of '{config.selfplay.learner}' (self-play); load that one"
+        )
     built = builders.make_policy(config, name, builders.probe_spaces(config), config.seed)
-    built.load_checkpoint(params)
+    if name in builders.trained_policies(config):
+        number, params = store.get(name, pinned.get(name, LATEST))
+        built.load_checkpoint(params)
+    else:  # scripted: it plays as it is built, nothing was saved of it
+        number = int(built.get_checkpoint().get("version", 0))
     if hasattr(built, "eval_mode"):
         built.eval_mode()
     stage = curriculum_stage(run_dir, config)

@@ -1,4 +1,5 @@
-"""``troupe eval RUN --video out.mp4``: greedy episodes of a trained policy, as a video.
+"""``troupe eval RUN --video out.mp4``: greedy episodes of a trained policy, as a video; of a
+multi-agent run, each agent played by the policy its evaluation seats there (:class:`Seating`).
 
 Frames come from the environment's ``render()`` (a gymnasium id is made with
 ``render_mode="rgb_array"``); imageio writes them (``pip install 'troupe-rl[video]'``, which also
@@ -8,12 +9,16 @@ brings ffmpeg for .mp4; .gif needs only imageio).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from api.errors import UserError
+
+if TYPE_CHECKING:
+    from distributed.api import LoadedPolicy
 
 FPS = 30
 SUFFIXES = (".mp4", ".gif")
@@ -21,38 +26,40 @@ SUFFIXES = (".mp4", ".gif")
 
 class Recording(NamedTuple):
     policy: str
-    """Who played: the policy ``load_policy`` picks (a PBT run's best member, say)."""
-    returns: list[float]
+    """Who played: the policy ``load_policy`` picks (a PBT run's best member, say); of a
+    multi-agent run, each seat's policy in the agents' order ("red, blue")."""
+    returns: list[Any]
+    """Each episode's return (of several agents, their mean); where several policies play,
+    each one's."""
 
 
 def record_video(
     target: str | Path, out: str | Path, episodes: int = 1, seed: int = 0
 ) -> Recording:
-    """Play ``episodes`` greedy episodes of the run's policy (``load_policy``'s); write their
-    frames to ``out``."""
+    """Play ``episodes`` greedy episodes of the run's policy (``load_policy``'s), or of each
+    agent's policy in a multi-agent run; write their frames to ``out``."""
     imageio = writer_for(out)
     from distributed.api import load_policy
 
     policy = load_policy(target)
     _quiet_sdl()
     _headless_opengl()
-    kwargs = {"render_mode": "rgb_array"} if _is_gymnasium(policy.config.environment.type) else {}
+    kwargs = _render_kwargs(policy.config.environment.type)
     env = policy.make_env(evaluation=True, **kwargs)  # greedy episodes, as evaluation plays
-    if env.agent_count != 1:
-        raise UserError("--video plays one-agent environments; this one has several agents")
-    out, returns = Path(out), []
-    writer = _open_writer(imageio, out)
+    seating = Seating(target, policy, env.agent_count)
+    out, returns, played = Path(out), [], {}
+    try:
+        writer = _open_writer(imageio, out)
+    except BaseException:
+        env.close()
+        raise
     try:
         for episode in range(episodes):
+            seats = seating.of(episode)
+            played.update((seat.name, None) for seat in seats)
             env.seed(seed + episode)
-            (result,), state, total = env.reset(), None, 0.0
-            _append(writer, out, _frame(env))
-            while not (result.done or result.truncated):
-                action, state = policy.act(result.obs, state)
-                (result,) = env.step([action])
-                total += float(np.asarray(result.reward).reshape(-1)[0])
-                _append(writer, out, _frame(env))
-            returns.append(round(total, 3))
+            totals = _play(env, seats, lambda: _append(writer, out, _frame(env)))
+            returns.append(_returns(seats, totals))
     except BaseException:
         with contextlib.suppress(Exception):  # the error that stopped the recording is the one
             writer.close()
@@ -61,7 +68,74 @@ def record_video(
     finally:
         env.close()
     _close(writer, out)
-    return Recording(policy.name, returns)
+    return Recording(", ".join(played), returns)
+
+
+class Seating:
+    """Who plays each agent of a video's episode, as the run's evaluation seats them: its
+    policy mapping (``evaluation.policy_mapping``, else the run's), asked afresh for each
+    episode (self-play: the learner in either seat, against a scripted opponent); else each
+    agent's ``agent_policies`` entry; else ``played`` (the one policy, or a PBT run's best
+    member) at every seat."""
+
+    def __init__(self, target: str | Path, played: LoadedPolicy, agents: int):
+        from api.policy_mapping import make_policy_mapping
+
+        self.target, self.agents = target, agents
+        self.loaded = {played.name: played}
+        config = played.config
+        comp = config.evaluation.policy_mapping
+        comp = comp if comp.type else config.policy_mapping
+        self.mapping = make_policy_mapping(comp.type, **comp.args) if comp.type else None
+        self.fixed = list(config.agent_policies) or [played.name] * agents
+
+    def of(self, episode: int) -> list[LoadedPolicy]:
+        if self.mapping is None:
+            return [self._load(name) for name in self.fixed]
+        info = {"env": 0, "actor": "video", "evaluation": True}
+        return [self._load(self.mapping(episode, a, info)) for a in range(self.agents)]
+
+    def _load(self, name: str) -> LoadedPolicy:
+        if name not in self.loaded:
+            from distributed.api import load_policy
+
+            self.loaded[name] = load_policy(self.target, policy=name)
+        return self.loaded[name]
+
+
+def _play(env, seats: list[LoadedPolicy], frame: Callable[[], None]) -> list[float]:
+    """One greedy episode, ``frame`` called after the reset and after each step; each
+    agent's return. An agent whose result is None waits (its turn, or it left the episode);
+    the episode ends when every agent that has a result is done, as actors play it."""
+    last = list(env.reset())
+    states: list[Any] = [None] * len(seats)
+    totals = [0.0] * len(seats)
+    frame()
+    while True:
+        live = [r for r in last if r is not None]
+        if not live:
+            raise UserError("the environment gave no agent a result: none acts on this step")
+        if all(r.done or r.truncated for r in live):
+            return totals
+        actions: list[Any] = [None] * len(seats)
+        for agent, result in enumerate(last):
+            if result is not None and not (result.done or result.truncated):
+                actions[agent], states[agent] = seats[agent].act(result.obs, states[agent])
+        last = list(env.step(actions))
+        for agent, result in enumerate(last):
+            if result is not None:
+                totals[agent] += float(np.asarray(result.reward).reshape(-1)[0])
+        frame()
+
+
+def _returns(seats: list[LoadedPolicy], totals: list[float]) -> Any:
+    """An episode's return as ``troupe eval`` counts it: the mean over the agents of its
+    policy, or, where several policies play, each one's."""
+    by_policy: dict[str, list[float]] = {}
+    for seat, total in zip(seats, totals, strict=True):
+        by_policy.setdefault(seat.name, []).append(total)
+    means = {name: round(float(np.mean(got)), 3) for name, got in by_policy.items()}
+    return next(iter(means.values())) if len(means) == 1 else means
 
 
 def writer_for(out: str | Path):
@@ -157,10 +231,14 @@ def _headless_opengl() -> None:
             return
 
 
-def _is_gymnasium(name: str) -> bool:
-    import gymnasium as gym
+def _render_kwargs(name: str) -> dict[str, Any]:
+    """The arguments that make environment ``name`` draw frames: its class's
+    ``render_kwargs`` (``render_mode="rgb_array"`` for a gymnasium or PettingZoo one, which
+    draw only when made to; an environment of one's own may declare its own), else none."""
+    from api import registry
 
-    return name in gym.registry
+    factory = registry.environments.spec(name).load()
+    return dict(getattr(factory, "render_kwargs", None) or {})
 
 
 def _quiet_sdl() -> None:

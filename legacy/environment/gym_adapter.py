@@ -21,7 +21,7 @@ import difflib
 import inspect
 import logging
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -43,6 +43,10 @@ class GymnasiumEnvironment(Environment):
     ``gym_kwargs`` go to ``gymnasium.make`` unchanged (e.g. ``render_mode="rgb_array"``,
     ``max_episode_steps=100``).
     """
+
+    render_kwargs: ClassVar[dict[str, Any]] = {"render_mode": "rgb_array"}
+    """What makes it draw frames (``troupe eval --video``): a gymnasium env draws only when
+    made to."""
 
     def __init__(self, gym_id: str, **gym_kwargs: Any):
         self.gym_id = gym_id

@@ -36,7 +36,7 @@ PettingZoo is an optional dependency: ``pip install 'troupe-rl[multiagent]'``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -200,6 +200,9 @@ class _PettingZooBase(Environment):
     """What both APIs share: agents, spaces, seeding, action conversion, closing."""
 
     api_name = ""
+    render_kwargs: ClassVar[dict[str, Any]] = {"render_mode": "rgb_array"}
+    """What makes it draw frames (``troupe eval --video``): a PettingZoo game draws only when
+    made to."""
 
     def __init__(self, env: str, **env_kwargs: Any):
         self.entry_point = env
