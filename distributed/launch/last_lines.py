@@ -44,7 +44,8 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("never_ready"):
         lines.append(never_ready_line(summary["never_ready"]))
     if summary.get("no_greedy_episode"):
-        lines.append(NO_GREEDY_EPISODE_LINE)
+        ended = summary.get("best_episode_return") is not None or not summary.get("env_frames")
+        lines.append(NO_GREEDY_EPISODE_LINE if ended else no_episode_line(summary))
     if summary.get("few_greedy_episodes"):
         lines.append(few_greedy_episodes_line(summary["few_greedy_episodes"]))
     return lines
@@ -53,9 +54,24 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
 NO_GREEDY_EPISODE_LINE = (
     "no greedy episode ended before the run stopped, so it has no evaluation return: give it "
     "more time (a whole Atari game is minutes at evaluation; evaluation.max_fps, where set, "
-    "slows it)"
+    "slows it), or a time limit where its environment has none: a greedy policy may go round "
+    "in circles where a sampling one gets out (environment.args.max_episode_steps=N for a "
+    "gymnasium id)"
 )
 """What a summary's ``no_greedy_episode`` says (system.run.finish)."""
+
+
+def no_episode_line(summary: dict[str, Any]) -> str:
+    """What a summary's ``no_greedy_episode`` says where no training episode ended either:
+    ``troupe train CliffWalking-v1``, whose gymnasium id sets no time limit and whose cliff
+    sends the agent back to the start, ran 22,688 frames without one, and was told to give
+    its evaluation more time."""
+    return (
+        f"no episode ended in {summary['env_frames']:,} frames, neither a training nor a greedy "
+        "one, so the run has no return: an environment without a time limit may never end one "
+        "(give it one: environment.args.max_episode_steps=N for a gymnasium id), or give it "
+        "more time"
+    )
 
 
 def few_greedy_episodes_line(few: dict[str, Any]) -> str:

@@ -112,7 +112,8 @@ def test_a_run_whose_evaluation_ended_too_few_episodes_says_so(
         warning_lines,
     )
 
-    (tmp_path / run_folder.METRICS).write_text(json.dumps({"wall_s": 1.0, "env_frames": 9}))
+    record = {"wall_s": 1.0, "env_frames": 9, "episode_return": 12.0}  # a training one ended
+    (tmp_path / run_folder.METRICS).write_text(json.dumps(record))
     windows = _windows()
     for _ in range(episodes):
         windows.add(21.0, env="eval/0/0")
@@ -125,7 +126,13 @@ def test_a_run_whose_evaluation_ended_too_few_episodes_says_so(
     assert {k for k in keys if k in summary} == ({said} if said else set()), summary
     lines = [line for line in warning_lines(summary) if "greedy episode" in line]
     if said == "no_greedy_episode":
-        assert lines == [NO_GREEDY_EPISODE_LINE]
+        assert lines == [NO_GREEDY_EPISODE_LINE]  # a training episode ended: more time
+        none_ended = {**summary, "best_episode_return": None, "env_frames": 22_688}
+        assert [x for x in warning_lines(none_ended) if x.startswith("no episode")] == [
+            "no episode ended in 22,688 frames, neither a training nor a greedy one, so the run "
+            "has no return: an environment without a time limit may never end one (give it "
+            "one: environment.args.max_episode_steps=N for a gymnasium id), or give it more time"
+        ]
     elif said:
         assert summary[said] == {"ended": episodes, "needed": 10}
         assert lines == [few_greedy_episodes_line(summary[said])]
