@@ -6,7 +6,8 @@ So the saved config is compared with the resumed one first:
 
 - what the saved checkpoints or the learned behaviour depend on cannot change: the environment
   (it decides the spaces), each policy's network, its algorithm (``trainer.type``), which
-  policies exist and who plays which agent. Such a change is refused in one line naming the key;
+  policies exist and who plays which agent. Such a change is refused in one line naming the key
+  (unless the run saved no checkpoint at all: one that failed at its start may be mended);
 - everything else can (stop rules, worker counts, learning rates, evaluation, liveness); what
   changed is printed and appended to the run folder's ``resumes.jsonl``.
 
@@ -91,12 +92,16 @@ def changes(saved: ExperimentConfig, new: ExperimentConfig) -> dict[str, tuple[A
 def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Path) -> None:
     """Refuse a change the checkpoints cannot follow; print and record the others."""
     changed = changes(saved, new)
-    for key, (before, after) in changed.items():
-        if _fixed(key):
-            raise UserError(
-                f"cannot resume {folder} with {key}={after!r}: the run was trained with "
-                f"{before!r}, and its checkpoints hold that; start a new run for the change"
-            )
+    fixed = [key for key in changed if _fixed(key)]
+    if fixed and _saved_anything(folder):
+        key, (before, after) = fixed[0], changed[fixed[0]]
+        raise UserError(
+            f"cannot resume {folder} with {key}={after!r}: the run was trained with "
+            f"{before!r}, and its checkpoints hold that; start a new run for the change"
+        )
+    if fixed:  # a run that failed at its start (a config its environment refuted): mend it
+        logger.warning("%s saved no checkpoint: it resumes from scratch with %s", folder,
+                       ", ".join(fixed))  # fmt: skip
     _check_replay_segments(saved, changed, folder)
     _check_replay_extras(saved, new, changed, folder)
     if not changed:
@@ -109,6 +114,13 @@ def check_compatible(saved: ExperimentConfig, new: ExperimentConfig, folder: Pat
             f.write(json.dumps(record, default=str) + "\n")
     except OSError as e:
         raise RunFolderError.from_os_error(folder / RESUMES_FILE, e) from e
+
+
+def _saved_anything(folder: Path) -> bool:
+    """Whether the run saved any checkpoint (parameters, trainer state, a replay buffer).
+    One that saved none (it failed at its start) may resume with any change: "its
+    checkpoints hold that" refused the mended config of a run that had none."""
+    return any(p.is_file() for p in (folder / run_folder.CHECKPOINTS).rglob("*"))
 
 
 def _check_replay_segments(

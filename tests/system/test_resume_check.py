@@ -69,9 +69,27 @@ def _changed(what: str):
 )
 def test_a_change_the_checkpoints_cannot_follow_is_refused(tmp_path, what, key):
     saved, new = make_experiment("cartpole-ppo"), _changed(what)
+    latest = tmp_path / run_folder.CHECKPOINTS / "default" / "latest.ckpt"
+    latest.parent.mkdir(parents=True)
+    latest.write_bytes(b"a saved version")
     with pytest.raises(UserError, match=rf"cannot resume .* with {key}=.*the run was trained"):
         check_compatible(saved, new, tmp_path)
     assert not (tmp_path / run_folder.RESUMES).exists()
+
+
+def test_a_run_that_saved_nothing_may_be_mended(tmp_path, caplog):
+    """``troupe run gather-2p-ppo environment.args.n_agents=3`` fails at its start; its resume
+    with ``environment.args.n_agents=2`` was refused: "its checkpoints hold that", of a run
+    that had none. It resumes from scratch, saying so."""
+    saved = make_experiment("gather-2p-ppo", ["environment.args.n_agents=3"])
+    mended = make_experiment("gather-2p-ppo")
+    with caplog.at_level(logging.WARNING):
+        check_compatible(saved, mended, tmp_path)
+    assert "saved no checkpoint: it resumes from scratch with environment.args.n_agents" in (
+        caplog.text
+    )
+    (line,) = (tmp_path / run_folder.RESUMES).read_text().splitlines()
+    assert json.loads(line)["changed"] == {"environment.args.n_agents": [3, 2]}
 
 
 def test_other_changes_are_allowed_and_recorded(tmp_path, caplog):
