@@ -125,12 +125,16 @@ def train(
     image: str | None = None,
     algo: str | None = None,
     metrics_port: int | None = None,
+    **settings: Any,
 ) -> RunResult:
     """Run an experiment with every role in its own process, as ``troupe run`` does.
 
     ``experiment``: an ExperimentConfig, a registered name, an experiment file or an environment
     id; ``overrides``: ``key.path=value`` strings; ``imports``: your own files or modules that
     workers import first. Bad config raises ConfigError before any process starts.
+    ``settings``: undotted overrides as keywords, ``train("CartPole-v1", target=400,
+    frames=100_000, seed=3)`` as ``troupe train CartPole-v1 target=400 frames=100000 seed=3``
+    (an experiment's arguments, or a top-level key); a dotted key goes in ``overrides``.
     ``algo``: with an environment id, the algorithm set up on it, as ``troupe train ENV --algo
     ALGO`` (``auto``, ``ppo``, ``impala``, ``dqn``, ``sac``; without it an id trains ``ppo``).
     ``metrics_port``: serve Prometheus metrics there while the run goes on (0: any free port,
@@ -152,7 +156,7 @@ def train(
     refuse_while_importing("troupe.train()")
     if launcher not in LAUNCHERS:  # before the run folder is made
         raise UserError(f"unknown launcher '{launcher}'; launchers are {', '.join(LAUNCHERS)}")
-    overrides = string_list("overrides", overrides)
+    overrides = string_list("overrides", overrides) + [f"{k}={v!r}" for k, v in settings.items()]
     if algo is not None:
         if resume is not None:
             raise UserError("algo sets an algorithm up on an environment; a resumed run "

@@ -716,6 +716,45 @@ def test_train_from_python_refuses_a_bad_algo_or_port_before_a_run_folder_is_mad
     assert not folder.exists()
 
 
+def test_train_from_python_takes_settings_as_keywords(tmp_path, monkeypatch):
+    """`troupe.train("CartPole-v1", target=400)` was a TypeError ("unexpected keyword argument
+    'target'") where `troupe train CartPole-v1 target=400` runs: each keyword is the override
+    its command line would be, values as Python wrote them."""
+    import troupe as troupe_api
+    from api.errors import ConfigError
+    from distributed.launch import run
+
+    seen = {}
+
+    def prepare(experiment, overrides, *args, **kwargs):
+        seen.update(experiment=experiment, overrides=overrides)
+        raise KeyboardInterrupt  # nothing to start: what it was given is the point
+
+    monkeypatch.setattr(run, "prepare", prepare)
+    with pytest.raises(KeyboardInterrupt):
+        troupe_api.train(
+            "CartPole-v1",
+            ["seed=3"],
+            target=400.0,
+            frames=100_000,
+            env_args={"max_episode_steps": 50},
+            note="it's",
+            run_dir=tmp_path / "r",
+        )
+    assert seen["overrides"] == [
+        "seed=3", "target=400.0", "frames=100000", "env_args={'max_episode_steps': 50}",
+        "note=\"it's\"",
+    ]  # fmt: skip
+    from api.config.load import parse_value
+
+    assert [parse_value(o.split("=", 1)[1]) for o in seen["overrides"][1:]] == [
+        400.0, 100_000, {"max_episode_steps": 50}, "it's"
+    ]  # fmt: skip
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="traget: unknown key; did you mean 'target'"):
+        troupe_api.train("CartPole-v1", traget=400, run_dir=tmp_path / "r2")
+
+
 TRAIN_WITH_AN_ALGO = """
 import json, sys
 import troupe
