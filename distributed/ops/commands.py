@@ -300,5 +300,11 @@ def run_ps(args: argparse.Namespace, console: Console) -> int:
         last = folder.headline(folder.last_metrics(record.folder() or path))
         table.add_row(record.run, record.launcher, _state(record, alive),
                       str(last.get("env_frames", "")), str(last.get("fps", "")))  # fmt: skip
+    if not table.row_count:  # an empty table's header read as if something failed to list
+        where = "no such folder" if not root.is_dir() else "none there"
+        console.print(Text(f"no runs under {args.runs_dir}/ ({where}); a run given --run-dir "
+                           "elsewhere: troupe ps --runs-dir ITS_PARENT, or troupe status "
+                           "RUN_DIR"))  # fmt: skip
+        return 0
     console.print(table)
     return 0

@@ -793,3 +793,21 @@ def test_status_of_an_ended_run_names_the_workers_that_still_run(monkeypatch, tm
         assert "run r (swarm): ended (interrupted)" in text
         assert ("workers of it still run (troupe-r-actor)" in text) is said, text
         assert ("`troupe stop r` removes them" in text) is said, text
+
+
+def test_ps_with_no_runs_says_so_and_where_to_look(tmp_path):
+    """`troupe ps` in a folder whose runs were given --run-dir printed an empty table, its
+    header alone, as if the listing had failed."""
+    from rich.console import Console
+
+    from distributed.cli import build_parser
+    from distributed.ops import commands
+
+    (tmp_path / "empty").mkdir()
+    for runs, where in ((tmp_path / "nowhere", "no such folder"), (tmp_path / "empty", "none")):
+        console = Console(record=True, width=300, force_terminal=False)
+        args = build_parser().parse_args(["ps", "--runs-dir", str(runs)])
+        assert commands.run_ps(args, console) == 0
+        said = console.export_text()
+        assert said.startswith(f"no runs under {runs}/ ({where}") and "troupe status" in said
+        assert "┃ run" not in said
