@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -87,10 +88,24 @@ class Spec:
         try:
             return factory(**merged)
         except TypeError as e:
+            if _takes(factory, merged):  # raised inside it: "with arguments []" misled
+                raise RegistryError(
+                    f"{self.kind} '{self.name}' ({self.entry_point}) raised TypeError while "
+                    f"it was built: {e}{user_code.where_raised(e)}"
+                ) from e
             raise RegistryError(
                 f"could not build {self.kind} '{self.name}' from {self.entry_point} with "
                 f"arguments {sorted(merged)}: {e}"
             ) from e
+
+
+def _takes(factory: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``factory``'s signature takes ``kwargs`` (unknown, for one it hides: no)."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 LAMBDA = ":<lambda>"

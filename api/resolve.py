@@ -350,8 +350,9 @@ def _make_registered(name: str, kwargs: dict[str, Any]) -> ExperimentConfig:
         config = spec.make(**kwargs)
     except RegistryError:
         raise
-    except (TypeError, ValueError) as e:
-        raise UserError(f"experiment '{name}' with {kwargs}: {e}") from e
+    except (TypeError, ValueError) as e:  # its own, or what it built raised (an environment)
+        where = user_code.where_raised(e)
+        raise UserError(f"experiment '{name}' with {kwargs}: {type(e).__name__}: {e}{where}") from e
     if not isinstance(config, ExperimentConfig):
         raise ConfigError([f"experiment '{name}' did not return an ExperimentConfig"])
     return config

@@ -19,12 +19,23 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
 import threading
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from api.errors import RegistryError, UserError
+
+KNOWN_PACKAGES = ("api", "algorithm", "legacy", "system", "distributed")
+"""Troupe's own top-level packages: code in them is not the user's."""
+_NOT_USERS = (
+    *(str(Path(__file__).resolve().parents[1] / p) + os.sep for p in KNOWN_PACKAGES),
+    sysconfig.get_paths()["stdlib"] + os.sep,
+)
+"""Where Troupe's own modules and Python's standard library are (site- and dist-packages
+hold the installed ones)."""
 
 USER_CODE_ENV = "TROUPE_USER_CODE"
 """Folders (``os.pathsep``-separated) where worker images keep user code added at build time."""
@@ -32,6 +43,18 @@ DEFAULT_USER_CODE_DIR = "/opt/troupe/user"
 
 _lock = threading.RLock()
 _by_file: dict[str, ModuleType] = {}
+
+
+def where_raised(error: BaseException) -> str:
+    """Where in the user's code ``error`` was raised: its innermost frame outside Troupe, the
+    standard library and the installed packages, as " (at FILE:LINE: CODE)"; empty where
+    none is."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = frame.filename
+        if path.startswith(_NOT_USERS) or "-packages" in path or path.startswith("<"):
+            continue
+        return f" (at {path}:{frame.lineno}: {(frame.line or '').strip()})"
+    return ""
 
 
 def locate(obj: Any) -> tuple[str, str]:

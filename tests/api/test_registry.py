@@ -10,7 +10,7 @@ import pytest
 
 from api import environment, registry
 from api.environment import Environment, StepResult
-from api.errors import RegistryError
+from api.errors import RegistryError, UserError
 from api.registry import Registry, Spec, load_entry_point
 from api.resolve import load_experiment
 
@@ -176,6 +176,30 @@ def test_bad_constructor_arguments_name_the_component(names):
     )
 
 
+class BrokenInside(CountingEnv):
+    def __init__(self, size: int = 3):
+        super().__init__(size)
+        # a TypeError of its own code, not of its arguments
+        self.grid = sorted([size, "a"])
+
+
+def test_a_type_error_inside_a_constructor_is_said_where_it_was_raised(names):
+    """The message "could not build environment 'TE-v0' from te:TE with arguments []: Cannot
+    interpret '5' as a data type" blamed arguments there were none of, and said nothing of
+    where the constructor failed."""
+    names.append("test-broken-inside")
+    environment.register("test-broken-inside", BrokenInside)
+    with pytest.raises(RegistryError) as e:
+        environment.make("test-broken-inside", size=4)
+    said = str(e.value)
+    assert said.startswith(
+        "environment 'test-broken-inside' (test_registry:BrokenInside) raised TypeError while "
+        "it was built: '<' not supported"
+    ), said
+    assert said.endswith(f"(at {__file__}:{BrokenInside.__init__.__code__.co_firstlineno + 3}: "
+                         "self.grid = sorted([size, \"a\"]))"), said  # fmt: skip
+
+
 def test_make_rejects_something_that_is_not_an_environment(names):
     names.append("test-not-env")
     environment.register("test-not-env", not_an_environment)
@@ -314,3 +338,23 @@ def test_an_environment_made_for_its_spaces_whose_close_raises_is_said_not_raise
         "environment 'test-close-raises': close() raised RuntimeError: close failed (its spaces "
         "were read; troupe test-env checks close() too)"
     ]
+
+
+def raising_experiment(size: int = 4):
+    raise ValueError(f"size must be odd, got {size}")
+
+
+def test_an_experiment_that_raises_says_what_and_where(tmp_path):
+    """ "experiment 'auto' with {'env': ..., 'frames': 1000}: size must be odd": the error's
+    type and the line of the user's code that raised it were left out."""
+    registry.register_experiment("test-raising-experiment", raising_experiment)
+    try:
+        with pytest.raises(UserError) as e:
+            load_experiment("test-raising-experiment", ["size=6"])
+    finally:
+        registry.experiments.unregister("test-raising-experiment")
+    line = raising_experiment.__code__.co_firstlineno + 1
+    assert str(e.value) == (
+        "experiment 'test-raising-experiment' with {'size': 6}: ValueError: size must be odd, "
+        f'got 6 (at {__file__}:{line}: raise ValueError(f"size must be odd, got {{size}}"))'
+    )
