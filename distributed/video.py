@@ -46,9 +46,9 @@ def record_video(
     _headless_opengl()
     kwargs = _render_kwargs(policy.config.environment.type)
     env = policy.make_env(evaluation=True, **kwargs)  # greedy episodes, as evaluation plays
-    seating = Seating(target, policy, env.agent_count)
     out, returns, played = Path(out), [], {}
     try:
+        seating = Seating(target, policy, env.agent_count)
         writer = _open_writer(imageio, out)
     except BaseException:
         env.close()
