@@ -9,6 +9,7 @@ brings ffmpeg for .mp4; .gif needs only imageio).
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -76,14 +77,15 @@ class Seating:
     policy mapping (``evaluation.policy_mapping``, else the run's), asked afresh for each
     episode (self-play: the learner in either seat, against a scripted opponent); else each
     agent's ``agent_policies`` entry; else ``played`` (the one policy, or a PBT run's best
-    member) at every seat."""
+    member) at every seat. A self-play opponent, which has no parameters of its own (it plays
+    the learner's past versions), is played by the learner's version under its own name."""
 
     def __init__(self, target: str | Path, played: LoadedPolicy, agents: int):
         from api.policy_mapping import make_policy_mapping
 
         self.target, self.agents = target, agents
         self.loaded = {played.name: played}
-        config = played.config
+        self.config = config = played.config
         comp = config.evaluation.policy_mapping
         comp = comp if comp.type else config.policy_mapping
         self.mapping = make_policy_mapping(comp.type, **comp.args) if comp.type else None
@@ -99,7 +101,12 @@ class Seating:
         if name not in self.loaded:
             from distributed.api import load_policy
 
-            self.loaded[name] = load_policy(self.target, policy=name)
+            if name == self.config.selfplay.opponent:  # load_policy refuses it: no parameters
+                stand_in = copy.copy(self._load(self.config.selfplay.learner))
+                stand_in.name = name
+                self.loaded[name] = stand_in
+            else:
+                self.loaded[name] = load_policy(self.target, policy=name)
         return self.loaded[name]
 
 

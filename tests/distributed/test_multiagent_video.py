@@ -87,3 +87,32 @@ def test_one_policy_of_a_run_without_seats_plays_every_agent():
     played = SimpleNamespace(name="default", config=make_experiment("cartpole-ppo"))
     assert not played.config.agent_policies and not played.config.policy_mapping.type
     assert Seating("unused", played, 4).of(0) == [played] * 4
+
+
+def test_a_self_play_opponent_without_an_evaluation_mapping_plays_the_learners_version(
+    monkeypatch,
+):
+    """A self-play run written without an evaluation mapping is filmed with its training
+    mapping, which seats the frozen opponent: ``load_policy`` refuses it (it has no parameters
+    of its own), and the video failed with that. The learner's version plays its seat, under
+    the opponent's name."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import distributed.api
+    from api.config import ComponentConfig, make_experiment
+    from distributed.video import Seating
+
+    config = make_experiment("connect4-selfplay")
+    config.evaluation = dataclasses.replace(config.evaluation, policy_mapping=ComponentConfig())
+    loads: list[str] = []
+
+    def load_policy(target, policy):
+        loads.append(policy)
+        return SimpleNamespace(name=policy, config=config, policy=f"{policy}'s network")
+
+    monkeypatch.setattr(distributed.api, "load_policy", load_policy)
+    seating = Seating("run", load_policy("run", "main"), 2)
+    seats = [seat for episode in range(40) for seat in seating.of(episode)]
+    past = next(seat for seat in seats if seat.name == "past")
+    assert past.policy == "main's network" and loads == ["main"]
