@@ -20,6 +20,7 @@ each role built the same way from the same wiring, which is what serial and proc
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ import gymnasium as gym
 
 from api import environment as env_api
 from api import policy as policy_api
+from api import registry
 from api import trainer as trainer_api
 from api.code import load_code
 from api.config import ExperimentConfig
@@ -134,18 +136,32 @@ def _check_mapped_spaces(config: ExperimentConfig, spaces: AgentSpaces) -> None:
 
 
 def make_policy(config: ExperimentConfig, name: str, spaces: AgentSpaces, seed: int) -> Policy:
-    """Build policy ``name`` for the spaces of the first agent it controls."""
+    """Build policy ``name`` for the spaces of the first agent it controls. One without a
+    trainer (a scripted opponent, ``random-legal``) that takes a ``seed`` is given ``seed``
+    unless its arguments set one: it drew from fresh entropy, so ``troupe eval`` of a
+    self-play run against it gave another score each time (-0.15, 0.1, -0.1 over 20 games)."""
     import torch  # not at module level: actor processes never need it
 
     agent = config.agent_of_policy(name)
     torch.manual_seed(seed)
     comp = config.policies[name].policy
+    args = dict(comp.args)
+    if "seed" not in args and name not in trained_policies(config) and _takes_seed(comp.type):
+        args["seed"] = seed
     return policy_api.make(
         comp.type,
         observation_space=spaces.observation[agent],
         action_space=spaces.action[agent],
-        **comp.args,
+        **args,
     )
+
+
+def _takes_seed(policy_type: str) -> bool:
+    factory = registry.policies.spec(policy_type).load()
+    try:
+        return "seed" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read: not given one
+        return False
 
 
 def make_trainer(config: ExperimentConfig, name: str, policy: Policy) -> Trainer:

@@ -59,6 +59,8 @@ def test_a_self_play_run_is_filmed_as_its_evaluation_seats_it(tmp_path):
 
     import troupe as api
 
+    first, again = (api.evaluate(run, episodes=12, envs=2) for _ in range(2))
+    assert first.results == again.results  # the random opponent's draws are seeded: a replay
     scripted = api.load_policy(run, policy="random")  # plays as it is built: nothing saved
     assert scripted.name == "random" and scripted.version == 0
     with pytest.raises(UserError, match="plays past versions of 'main'"):
