@@ -198,11 +198,14 @@ def test_a_worker_terminated_after_the_runs_stop_leaves_as_stopped(ctl, code, by
 
 
 @pytest.mark.parametrize("stopped", [True, False])
-def test_a_stop_on_its_way_when_sigterm_came_is_waited_for(stopped, caplog):
+def test_a_stop_on_its_way_when_sigterm_came_is_waited_for(stopped, caplog, monkeypatch):
     """The controller sends a worker still building its stop, then SIGTERM at once: the
     signal came before the stop, and a run that failed at start said "SIGTERM, not from the
     controller: leaving" of its own evaluation actor. Here the stop comes over a real socket
-    just after the worker began to leave; without one, the signal is someone else's."""
+    just after the worker began to leave; without one, the signal is someone else's. (The
+    wait is made long where a stop comes, which ends it: a loaded machine cannot outlast it.)"""
+    if stopped:
+        monkeypatch.setattr(ts, "STOP_BEFORE_SIGNAL_S", 60.0)
     caplog.set_level(logging.INFO, logger=ts.__name__)
     server = ControlServer("tcp://127.0.0.1:*")
     ctl = ControlClient(server.address, "eval/0")
