@@ -30,10 +30,10 @@ from api.errors import RegistryError, UserError
 
 KNOWN_PACKAGES = ("api", "algorithm", "legacy", "system", "distributed")
 """Troupe's own top-level packages: code in them is not the user's."""
-_NOT_USERS = (
-    *(str(Path(__file__).resolve().parents[1] / p) + os.sep for p in KNOWN_PACKAGES),
-    sysconfig.get_paths()["stdlib"] + os.sep,
-)
+OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / p) + os.sep for p in KNOWN_PACKAGES)
+"""Where Troupe's own modules are, as tracebacks name them."""
+
+_NOT_USERS = (*OWN_CODE, sysconfig.get_paths()["stdlib"] + os.sep)
 """Where Troupe's own modules and Python's standard library are (site- and dist-packages
 hold the installed ones)."""
 

@@ -20,7 +20,6 @@ each role built the same way from the same wiring, which is what serial and proc
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from api.config import ExperimentConfig
 from api.env_check import declared_spaces
 from api.environment import Environment
 from api.errors import ConfigError
+from api.experiment_arguments import signature_parameters
 from api.policy import Policy
 from api.policy_mapping import PolicyMapping, check_policy_mapping, make_policy_mapping
 from api.trainer import Trainer
@@ -157,11 +157,7 @@ def make_policy(config: ExperimentConfig, name: str, spaces: AgentSpaces, seed: 
 
 
 def _takes_seed(policy_type: str) -> bool:
-    factory = registry.policies.spec(policy_type).load()
-    try:
-        return "seed" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # no signature to read: not given one
-        return False
+    return "seed" in signature_parameters(registry.policies.spec(policy_type).load())
 
 
 def make_trainer(config: ExperimentConfig, name: str, policy: Policy) -> Trainer:

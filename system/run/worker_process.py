@@ -25,7 +25,7 @@ from api import global_state
 from api.code import load_code
 from api.config import ExperimentConfig
 from api.errors import ConfigError, EnvironmentCheckError, RegistryError, UserError
-from api.user_code import KNOWN_PACKAGES
+from api.user_code import OWN_CODE
 from system import logs
 from system.errors import CallbackError, ControllerGoneError, TrainerContractError
 from system.run import builders, busy_heartbeat, launch_end, term_signal, worker_arguments
@@ -159,12 +159,6 @@ def main(
             _close(worker)
         ctl.close()
         _flush_sockets()
-
-
-OWN_CODE = tuple(
-    str(Path(__file__).resolve().parents[2] / package) + os.sep for package in KNOWN_PACKAGES
-)
-"""Where Troupe's own modules are, as tracebacks name them."""
 
 
 def said_in_full(e: BaseException) -> bool:
