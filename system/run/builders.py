@@ -308,7 +308,7 @@ def build_replay(plan: ReplayPlan, cfg: ExperimentConfig, wiring: Wiring) -> Bui
 
 
 def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: Wiring) -> Built:
-    policy = make_policy(cfg, plan.policy, wiring.spaces, cfg.seed + 1)
+    policy = make_policy(cfg, plan.policy, wiring.spaces, plan.seed(cfg))
     if cfg.policies[plan.policy].checkpoint:  # a frozen policy from another run's file
         policy.load_checkpoint(read_frozen_checkpoint(cfg.policies[plan.policy].checkpoint))
     params = wiring.parameter_client(subscribe=plan.peers(cfg).parameters or [])
@@ -331,7 +331,7 @@ def build_policy_worker(plan: PolicyWorkerPlan, cfg: ExperimentConfig, wiring: W
         policy.load_checkpoint(checkpoint)
     server = wiring.inference_server(name, plan.policy)
     # a second copy of the policy, built when a version is held for evaluation
-    copy = functools.partial(make_policy, cfg, plan.policy, wiring.spaces, cfg.seed + 1)
+    copy = functools.partial(make_policy, cfg, plan.policy, wiring.spaces, plan.seed(cfg))
     tag = EVAL_TAG if plan.index == 0 else f"{EVAL_TAG}-{plan.index}"
     worker = PolicyWorker(plan.worker_id, plan.policy, policy, server, params, make_copy=copy,
                           eval_tag=tag)  # fmt: skip

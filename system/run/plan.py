@@ -275,6 +275,12 @@ class PolicyWorkerPlan(WorkerPlan):
         """The parameter service, subscribed to the versions it loads."""
         return Peers(parameters=[self.weights_source(config)])
 
+    def seed(self, config: ExperimentConfig) -> int:
+        """Distinct for every policy worker of a policy: each draws its actions from its own
+        stream. All drew from ``seed + 1``, so two workers answering alike batches drew the
+        same noise. The first keeps ``seed + 1``: a run with one replays as before."""
+        return config.seed + 1 + self.index * 1_009
+
     def in_serial(self, options: SerialOptions) -> PolicyWorkerPlan | None:
         """The first only: serially, one in-process queue carries all of a policy's requests."""
         return self if self.index == 0 else None

@@ -16,6 +16,7 @@ import pytest
 
 from api.config import make_experiment
 from api.errors import ConfigError
+from api.policy import RolloutRequest
 from distributed.launch.local import ExternalLauncher
 from system.parameters.store import ParameterStore
 from system.roles import Role
@@ -249,3 +250,24 @@ def test_a_trainer_process_runs_torch_on_its_trainer_threads_and_others_on_one()
     threads = {p.role.value: p.torch_threads(config) for p in plan_workers(config)}
     assert threads["trainer"] == 3
     assert threads["policy"] == threads["actor"] == 1
+
+
+def test_each_policy_worker_of_a_policy_draws_its_own_actions():
+    """Two policy workers answering the same batch drew the same actions: each was seeded
+    with the run's seed + 1. The first still draws what a one-worker run drew."""
+    config = make_experiment("cartpole-ppo")
+    config.policies["default"].policy_workers = 2
+    obs = np.zeros((256, 4), dtype=np.float32)
+
+    def actions(index: int) -> np.ndarray:
+        plan = PolicyWorkerPlan(f"policy/default/{index}", policy="default", index=index)
+        worker = builders.build(plan, config, InprocWiring(ParameterStore(), config)).worker
+        request = RolloutRequest(obs=obs, on_reset=np.ones((256, 1), dtype=bool))
+        return np.asarray(worker.policy.rollout(request).action)
+
+    first, second = actions(0), actions(1)
+    assert not np.array_equal(first, second)
+    np.testing.assert_array_equal(actions(0), first)  # each stream replays
+    single = builders.make_policy(config, "default", builders.probe_spaces(config), config.seed + 1)
+    request = RolloutRequest(obs=obs, on_reset=np.ones((256, 1), dtype=bool))
+    np.testing.assert_array_equal(np.asarray(single.rollout(request).action), first)
