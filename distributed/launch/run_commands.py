@@ -271,7 +271,10 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
 # --------------------------------------------------------------------- troupe show-config
 def add_show_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help=EXPERIMENT_HELP)
-    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key.path=value",
+        help="config overrides; a KEY without '=' shows only the keys under it, as --key KEY",
+    )  # fmt: skip
     add_import_argument(parser)
     parser.add_argument("--json", action="store_true", help="the resolved config as JSON only")
     parser.add_argument(
@@ -318,6 +321,9 @@ def run_show_config(args: argparse.Namespace, console: Console) -> int:
     from api.config.docs import MISSING, describe_config, matching
     from api.resolve import load_experiment
 
+    # `troupe show-config cartpole-ppo lr` was refused as an override without a value
+    args.keys = args.keys + [o for o in args.overrides if "=" not in o]
+    args.overrides = [o for o in args.overrides if "=" in o]
     config = load_experiment(*experiment_of(args), args.imports)
     if args.json and not args.keys:
         print(json.dumps(config.to_dict(), indent=2))

@@ -350,6 +350,17 @@ def test_show_config_shows_the_keys_under_a_key(capsys):
     assert main(["show-config", "cartpole-ppo", "--key", "ainer"]) == 1  # parts whole, not cut
 
 
+def test_show_config_takes_a_key_without_a_value_as_a_key_to_show(capsys):
+    """`troupe show-config cartpole-ppo lr` was refused: "lr: an override must look like
+    key.path=value"; a word without '=' can only be a key to show."""
+    import json
+
+    argv = ["show-config", "cartpole-ppo", "lr", "stop.env_frames", "stop.env_frames=1e5"]
+    assert main([*argv, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == {"policies.default.trainer.args.lr": 0.002, "stop.env_frames": 100000}
+
+
 def test_show_config_suggests_our_name_for_another_librarys(capsys):
     """`--key learning_rate` found nothing and suggested nothing: the suggestion matched
     spellings alone, not the names other libraries use (which `troupe train` already knew)."""
