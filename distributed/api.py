@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import difflib
+import inspect
 import json
 import os
 import signal
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from api.config import ExperimentConfig
-from api.errors import UserError
+from api.errors import ConfigError, UserError
 from api.namedarray import NamedArray
 from api.policy import Policy, RolloutRequest
 from api.spaces import from_positions
@@ -173,10 +175,13 @@ def train(
     if resume is not None and (experiment is not None or run_dir is not None):
         raise UserError("resume continues a run folder with its own experiment: pass either "
                         "resume=RUN_DIR or an experiment (and run_dir), not both")  # fmt: skip
-    config, folder = prepare(
-        experiment, overrides, None if run_dir is None else str(run_dir),
-        None if resume is None else str(resume), imports=string_list("imports", imports),
-    )  # fmt: skip
+    try:
+        config, folder = prepare(
+            experiment, overrides, None if run_dir is None else str(run_dir),
+            None if resume is None else str(resume), imports=string_list("imports", imports),
+        )  # fmt: skip
+    except ConfigError as e:
+        raise _with_keyword_hints(e, settings) from None
     result = RunResult(folder)
     from system.run import folder_lock
 
@@ -193,6 +198,19 @@ def train(
         return result.wait()
     atexit.register(_wait_at_exit, result)
     return result
+
+
+def _with_keyword_hints(error: ConfigError, settings: dict[str, Any]) -> ConfigError:
+    """``error`` with train()'s own keyword named where a setting misspells it:
+    ``train(..., runs_dir="/tmp/runs")`` was read as a config key, and only suggested
+    ``environment.args.runs_dir``."""
+    own = [p for p in inspect.signature(train).parameters if p not in ("experiment", "settings")]
+    lines = []
+    for line in error.errors:
+        key = line.partition(":")[0]
+        close = difflib.get_close_matches(key, own, n=1, cutoff=0.75) if key in settings else []
+        lines.append(f"{line}; did you mean train()'s own {close[0]}=?" if close else line)
+    return ConfigError(lines)
 
 
 def _wait_at_exit(result: RunResult) -> None:

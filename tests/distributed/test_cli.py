@@ -764,6 +764,10 @@ def test_train_from_python_takes_settings_as_keywords(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="traget: unknown key; did you mean 'target'"):
         troupe_api.train("CartPole-v1", traget=400, run_dir=tmp_path / "r2")
+    # train()'s own keyword misspelt was read as a config key (environment.args.runs_dir?)
+    with pytest.raises(ConfigError, match=r"did you mean train\(\)'s own run_dir=\?"):
+        troupe_api.train("CartPole-v1", runs_dir=tmp_path / "r3")
+    assert not (tmp_path / "r3").exists()
 
 
 TRAIN_WITH_AN_ALGO = """
