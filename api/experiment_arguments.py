@@ -11,6 +11,7 @@ from typing import Any
 
 from api import registry
 from api.config import ExperimentConfig, parse_value
+from api.errors import ConfigError
 
 
 def parameters(spec: registry.Spec) -> list[str]:
@@ -99,6 +100,29 @@ def _misspelt_argument(item: str, experiment: str, params: list[str]) -> str | N
     return (
         f"{key}: unknown key; did you mean '{close[0]}' (an argument of experiment '{experiment}')?"
     )
+
+
+STOP_SHORTHANDS = {"frames": "stop.env_frames", "target": "stop.eval_return"}
+"""``troupe train ENV``'s ``frames=`` and ``target=``, for an experiment whose function does not
+take them: ``troupe.train("cartpole-ppo", frames=30000)`` read ``frames`` as an unknown key
+("did you mean 'name'?") after the README showed it for an environment."""
+
+
+def stop_shorthands(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``frames=``/``target=`` written as the stop keys they stand for."""
+    out, errors = [], []
+    for item in overrides:
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or key not in STOP_SHORTHANDS:
+            out.append(item)
+            continue
+        value = _whole(parse_value(raw))
+        if error := _shorthand_error(key, value):
+            errors.append(error)
+        out.append(f"{STOP_SHORTHANDS[key]}={value!r}")
+    if errors:
+        raise ConfigError(errors)
+    return out
 
 
 def _whole(value: Any) -> Any:

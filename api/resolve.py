@@ -65,6 +65,7 @@ def load_experiment(
     if extra_imports:
         code = config.code
         code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]
+    overrides = experiment_arguments.stop_shorthands(overrides)
     if overrides:
         config = apply_overrides(config, overrides)
         given = [o for o in overrides if o.partition("=")[0].strip() == "stop.eval_return"]

@@ -372,6 +372,25 @@ def test_budgets_written_as_1e6_are_whole_numbers():
         load_experiment("CartPole-v1", ["frames=1500.5"])
 
 
+def test_frames_and_target_stand_for_the_stop_keys_of_any_experiment():
+    """``troupe.train("cartpole-ppo", frames=30000)`` was refused ("frames: unknown key; did
+    you mean 'name'?"): ``frames=`` and ``target=`` worked only where the experiment's function
+    took them, as ``troupe train ENV``'s does."""
+    from api.resolve import load_experiment
+
+    config = load_experiment("cartpole-ppo", ["frames=3e4", "target=400"])
+    assert (config.stop.env_frames, config.stop.eval_return) == (30_000, 400)
+    assert type(config.stop.env_frames) is int
+    assert load_experiment("cartpole-ppo", ["target=None"]).stop.eval_return is None
+    assert load_experiment(config, ["frames=5000"]).stop.env_frames == 5000  # a config too
+    with pytest.raises(ConfigError) as e:
+        load_experiment("cartpole-ppo", ["frames=0", "target=high"])
+    assert e.value.errors == [
+        "frames: env frames to train at most, a whole number of at least 1; got 0",
+        "target: the greedy return to reach, a number; got 'high'",
+    ]
+
+
 @pytest.mark.parametrize(
     ("override", "said"),
     [
