@@ -59,10 +59,7 @@ def finish_run(
     ``restarts``: the workers restarted during the run, how often and why (the supervisor's
     :func:`restarts_of`); ``unstopped``: those that did not stop in order
     (:func:`unstopped_of`); ``never_ready``: those still starting when the run stopped."""
-    target = config.stop.eval_return
-    pbt_target = config.pbt.target_return if config.pbt.members else None
-    if target is None and pbt_target is not None:  # the population's: the one the run has
-        target = pbt_target
+    target, pbt_target = _target_of(config)
     solved = stop_reason in TARGET_REASONS
     failed_late = failure is not None and stop_reason != "failed"
     records = read_metrics(run_dir, summarised)  # once, for the summary and the plots
@@ -79,17 +76,7 @@ def finish_run(
         summary["best_episode_return"] = best_episode_return
     if failed_late:
         summary["stop_rule_met"] = stop_reason
-    if failure is not None:
-        summary["failure"] = str(failure)
-    if restarts:
-        summary["restarts"] = restarts
-    named = "" if failure is None else failure.worker  # its failure says why already
-    unstopped = {w: why for w, why in (unstopped or {}).items() if w not in named.split(", ")}
-    if unstopped:
-        summary["unstopped"] = unstopped
-    if never_ready and failure is None:  # a run that failed says why it ended
-        # a short run ended before they were built (a simulator slow to start): they did nothing
-        summary["never_ready"] = list(never_ready)
+    summary.update(_how_workers_ended(failure, restarts, unstopped, never_ready))
     if summary["best_eval_return"] is None:
         summary.update(_too_few_greedy_episodes(config, evaluation, failure, never_ready or []))
     trained = [n for n, pc in config.policies.items() if pc.trainer.type]
@@ -108,17 +95,7 @@ def finish_run(
         summary[launch_end.SUMMARY_KEY] = launch_end.launch_id()
     if summary.get("stop_reason") == launch_end.INTERRUPTED and launch_end.stop_asked_by():
         summary[launch_end.STOPPED_BY_KEY] = launch_end.stop_asked_by()
-    earlier = earlier_solve(run_dir)  # read before this summary replaces it
-    if stop_reason == "eval_return":
-        summary["confirmation"] = evaluation.describe()
-        summary["eval_window_means"] = list(evaluation.confirmed)
-        if evaluation.solved_version is not None:
-            summary["solved_version"] = {
-                "policy": evaluation.policy,
-                "version": evaluation.solved_version,
-            }
-    if earlier is not None and "solved_version" not in summary:
-        summary["earlier_solved_version"] = earlier
+    summary.update(_solve_of(run_dir, stop_reason, evaluation))
     summary["summary_written"] = write(lambda: write_summary(run_dir, summary))
     logger.info(
         "run ended: %s after %.1fs, %s env frames%s", summary["stop_reason"], wall_s,
@@ -128,6 +105,54 @@ def finish_run(
         write(lambda: write_learning_curve(run_dir, config.name, target=target, records=records))
         write(lambda: write_win_rates(run_dir, config.name, first=trained, records=records))
     return summary
+
+
+def _target_of(config: ExperimentConfig) -> tuple[float | None, float | None]:
+    """The return the run aims at (the population's where only PBT sets one), and PBT's."""
+    pbt_target = config.pbt.target_return if config.pbt.members else None
+    target = config.stop.eval_return
+    return (pbt_target if target is None else target), pbt_target
+
+
+def _how_workers_ended(
+    failure: WorkerFailure | None,
+    restarts: dict[str, dict[str, Any]] | None,
+    unstopped: dict[str, str] | None,
+    never_ready: list[str] | None,
+) -> dict[str, Any]:
+    """The summary's keys for workers that failed, were restarted, did not stop in order, or
+    never became ready."""
+    out: dict[str, Any] = {}
+    if failure is not None:
+        out["failure"] = str(failure)
+    if restarts:
+        out["restarts"] = restarts
+    named = "" if failure is None else failure.worker  # its failure says why already
+    unstopped = {w: why for w, why in (unstopped or {}).items() if w not in named.split(", ")}
+    if unstopped:
+        out["unstopped"] = unstopped
+    if never_ready and failure is None:  # a run that failed says why it ended
+        # a short run ended before they were built (a simulator slow to start): they did nothing
+        out["never_ready"] = list(never_ready)
+    return out
+
+
+def _solve_of(run_dir: Path, stop_reason: str, evaluation: EvaluationWindows) -> dict[str, Any]:
+    """How the target was confirmed and by which version; or, for a run resumed after it
+    solved, the version that solved it before (read before this summary replaces it)."""
+    out: dict[str, Any] = {}
+    earlier = earlier_solve(run_dir)
+    if stop_reason == "eval_return":
+        out["confirmation"] = evaluation.describe()
+        out["eval_window_means"] = list(evaluation.confirmed)
+        if evaluation.solved_version is not None:
+            out["solved_version"] = {
+                "policy": evaluation.policy,
+                "version": evaluation.solved_version,
+            }
+    if earlier is not None and "solved_version" not in out:
+        out["earlier_solved_version"] = earlier
+    return out
 
 
 def failed_before_start(run_dir: Path, why: str) -> None:
