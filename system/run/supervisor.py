@@ -380,7 +380,8 @@ class Supervisor:
                         self.workers[w].state = WorkerState.FAILED
                 waiting -= gone
         for w in unstarted:  # what the launcher's end would do, without waiting again
-            logger.warning("%s had not started %.0fs after the stop; killing it", w, timeout_s)
+            waited = time.monotonic() - started
+            logger.warning("%s had not started %.0fs after the stop; killing it", w, waited)
             self.launcher.kill(w)
         external = getattr(self.launcher, "restarts_workers", False)
         for w in waiting:  # a scheduler's worker is the scheduler's to end (when its run does)
