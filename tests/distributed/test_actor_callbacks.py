@@ -75,7 +75,11 @@ def _run_shaped(tmp_path: Path, experiment: str, *overrides: str) -> subprocess.
 
 def test_an_actor_callback_shapes_rewards_sees_infos_and_logs_numbers(tmp_path):
     run_dir = tmp_path / "run"
-    result = _run_shaped(tmp_path, "cartpole-ppo", "stop.env_frames=4000", "evaluation.workers=1")
+    # it ends on an evaluation window (any greedy episode returns over 5), not on a frame
+    # budget that a loaded machine may spend before its evaluation actor ends an episode
+    result = _run_shaped(tmp_path, "cartpole-ppo", "stop.eval_return=5", "stop.confirm_windows=1",
+                         "stop.env_frames=200000", "evaluation.workers=1")  # fmt: skip
+    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "eval_return"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "custom/length_seen" in r][-1]
     # every step of every episode was seen, with its info
