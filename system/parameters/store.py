@@ -354,10 +354,14 @@ class ParameterStore:
     def trainer_state(self, policy: str) -> tuple[int, Any] | None:
         """``(version, state)``: the trainer's own state saved with the newest persisted
         version that carried one; None when there is none (no root_dir, or nothing saved yet).
-        An unreadable file is logged and taken for none: the trainer then starts afresh."""
+        An unreadable file is logged and taken for none: the trainer then starts afresh. So is
+        a state newer than the parameters in memory: it was saved with parameters that could not
+        be read back (a damaged ``v*.ckpt``), and the optimiser moments and step count of
+        version 47 went with version 17's weights."""
         check_policy_name(policy)
         if self.root_dir is None:
             return None
+        held = self.latest_version(policy)
         for name in (TRAINER_FILE, TRAINER_PREVIOUS_FILE):
             path = self._folder(policy) / name
             if not path.is_file():
@@ -370,6 +374,10 @@ class ParameterStore:
             version = record.get("version")
             if record.get("policy") != policy or type(version) is not int:
                 logger.warning("ignoring %s: it holds another policy or no version", path)
+                continue
+            if held is not None and version > held:
+                logger.warning("ignoring %s: the trainer state of version %d, newer than the "
+                               "parameters restored (version %d)", path, version, held)  # fmt: skip
                 continue
             return version, record["trainer"]
         return None

@@ -128,6 +128,24 @@ def test_a_damaged_trainer_state_falls_back_to_the_previous_one(tmp_path, caplog
     assert f"{TRAINER_FILE} is damaged" in caplog.text
 
 
+def test_a_trainer_state_newer_than_the_parameters_restored_is_not_given(tmp_path, caplog):
+    """Version 2's parameters damaged (and latest.ckpt's 3): the store resumed from version 1
+    but handed the trainer version 2's optimiser state and step count."""
+    folder = _run_folder(tmp_path)
+    for name in ("v00000002.ckpt", LATEST_FILE):
+        data = bytearray((folder / name).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (folder / name).write_bytes(bytes(data))
+    resumed = ParameterStore(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert resumed.load_from_disk() == {"default": 1}
+        version, state = resumed.trainer_state("default")
+    assert version == 1 and int(state["step"]) == 1  # trainer.prev.ckpt's, saved with it
+    assert "the trainer state of version 2, newer than the parameters restored" in caplog.text
+    (folder / TRAINER_PREVIOUS_FILE).unlink()
+    assert resumed.trainer_state("default") is None  # none that fits: the trainer starts afresh
+
+
 def test_numbered_checkpoints_are_pruned_to_keep_last_but_tags_and_multiples_stay(tmp_path):
     store = ParameterStore(tmp_path, durable=True, keep_files=3, keep_every=10)
     for version in range(1, 26):
