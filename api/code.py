@@ -127,6 +127,28 @@ def load_code(code: CodeConfig) -> None:
     _loaded.add(key)
 
 
+def relocated(code: CodeConfig) -> tuple[CodeConfig, dict[str, str]]:
+    """``code`` with each file that is no longer where the run recorded it replaced by the file
+    of its name given with ``--import`` (:func:`api.user_code.given_file`), and what moved: a
+    resumed run's workers, and its ``config.json``, then load it from there."""
+    moved: dict[str, str] = {}
+
+    def place(path: str) -> str:
+        new = user_code.given_file(path) if path else None
+        if new is None:
+            return path
+        moved[path] = str(new)
+        return str(new)
+
+    imports = list(dict.fromkeys(place(item) for item in code.imports))
+    registrations = [
+        dataclasses.replace(r, source=place(r.source), requires=[place(q) for q in r.requires])
+        for r in code.registrations
+    ]
+    sources = {name: place(path) for name, path in code.sources.items()}
+    return CodeConfig(imports, registrations, sources), moved
+
+
 def _absolute(item: str) -> str:
     """File imports as absolute paths: workers may run in another folder."""
     if item.endswith(".py"):

@@ -31,7 +31,7 @@ from typing import Any
 
 from api import experiment_arguments, registry, user_code
 from api.algorithms import on_environment
-from api.code import attach_user_code
+from api.code import attach_user_code, relocated
 from api.config import ExperimentConfig, apply_overrides, check, validate
 from api.config.load import string_list
 from api.errors import ConfigError, RegistryError, UserError
@@ -50,8 +50,7 @@ def load_experiment(
     """The checked experiment ``target`` names, with ``overrides`` applied and this process's
     user code attached; ``imports`` are user files or modules imported first."""
     imports, overrides = string_list("imports", imports), string_list("overrides", overrides)
-    for item in imports:
-        user_code.import_code(item)
+    user_code.import_given(imports)
     extra_imports = list(imports)
     if isinstance(target, ExperimentConfig):
         config = target
@@ -62,6 +61,9 @@ def load_experiment(
         config = _from_declarative(Path(target))
     else:
         config, overrides = _from_registry(target, overrides)
+    config.code, moved = relocated(config.code)
+    for old, new in moved.items():
+        logger.warning("user code %s is not there any more: %s (given with --import) is", old, new)
     if extra_imports:
         code = config.code
         code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]

@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import threading
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +44,8 @@ DEFAULT_USER_CODE_DIR = "/opt/troupe/user"
 
 _lock = threading.RLock()
 _by_file: dict[str, ModuleType] = {}
+_given: dict[str, Path] = {}
+"""Files the user named with ``--import`` in this process, by file name (:func:`given_file`)."""
 
 
 def where_raised(error: BaseException) -> str:
@@ -258,6 +261,29 @@ def import_code(item: str, source: str = "") -> ModuleType:
         ) from e
 
 
+def import_given(items: Sequence[str]) -> None:
+    """The files and modules the user named for this process (``--import``, ``imports=``),
+    imported in order; each file kept as where a recorded file of its name now is
+    (:func:`given_file`): another checkout, the run folder copied to another machine."""
+    if isinstance(items, str):  # one string would be read a character at a time
+        raise UserError(f"imports: a list of strings, not one string: write [{items!r}]")
+    for item in items:
+        import_code(item)
+        if item.endswith(".py"):
+            path = Path(item).resolve()
+            _given[path.name] = path
+
+
+def given_file(recorded: str) -> Path | None:
+    """The file named with ``--import`` in this process that stands for ``recorded``, a file of a
+    run's code that is no longer where the run recorded it (a moved checkout, another machine):
+    the one of the same name. None where ``recorded`` is still there, or none was given."""
+    path = Path(recorded)
+    if not recorded.endswith(".py") or path.is_file():
+        return None
+    return _given.get(path.name)
+
+
 def import_required(item: str) -> None:
     """One of a spec's ``requires`` (a file or a module), once a process. A file already run
     here is not run again, whatever its module's name: the program itself (``__main__``), or
@@ -299,10 +325,14 @@ def user_code_dirs() -> list[Path]:
 
 
 def _find_source(source: str, name: str) -> Path:
-    """The recorded file, or a file of the same name in a user-code folder of the image."""
+    """The recorded file, else one of its name given with ``--import`` here, else one of its
+    name in a user-code folder of the image."""
     path = Path(source)
     if path.is_file():
         return path
+    given = given_file(source)
+    if given is not None:
+        return given
     for folder in user_code_dirs():
         candidate = folder / path.name
         if candidate.is_file():
@@ -311,7 +341,7 @@ def _find_source(source: str, name: str) -> Path:
         f"cannot import '{name}': its file {source} is not here, nor in "
         f"{[str(d) for d in user_code_dirs()]}. On another machine or in a container, add it "
         f"to the worker image (troupe image build --add {path.name}), mount its folder, or "
-        "install it as a package"
+        f"install it as a package; where it has moved, name it: --import NEW/PATH/{path.name}"
     )
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from api import user_code
 from api.config import ExperimentConfig
 from api.errors import ConfigError, UserError
 from api.namedarray import NamedArray
@@ -242,11 +243,19 @@ def _check_metrics_port(port: Any) -> None:
     refuse_taken(port)  # or TROUPE_METRICS_PORT's
 
 
-def evaluate(target: str | Path, episodes: int = 20, envs: int = 8, seed: int | None = None):
+def evaluate(
+    target: str | Path,
+    episodes: int = 20,
+    envs: int = 8,
+    seed: int | None = None,
+    imports: Sequence[str] = (),
+):
     """Greedy episodes with a run's (or a checkpoint's) parameters: ``troupe eval``. ``seed``:
-    of the episodes (default: the run's, so an evaluation replays exactly)."""
+    of the episodes (default: the run's, so an evaluation replays exactly). ``imports``: as
+    :func:`load_policy`'s."""
     from system.run.evaluation import evaluate as run_evaluation
 
+    user_code.import_given(imports)
     return run_evaluation(target, episodes=episodes, envs=envs, seed=seed)
 
 
@@ -337,9 +346,14 @@ class LoadedPolicy:
         return env
 
 
-def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
+def load_policy(
+    target: str | Path, policy: str | None = None, imports: Sequence[str] = ()
+) -> LoadedPolicy:
     """A trained policy from a run folder (the version its run was solved with, else its
     latest) or a checkpoint file.
+
+    ``imports``: your own files or modules, imported first (``--import``); a file the run
+    recorded that is no longer there is found as the one of its name given here.
 
     ``policy``: which policy of a multi-policy run (default: a checkpoint file's own, else the
     one ``troupe eval`` reports: a PBT run's best member, ``evaluation.policy``; else the first
@@ -350,6 +364,7 @@ def load_policy(target: str | Path, policy: str | None = None) -> LoadedPolicy:
     from system.run import builders
     from system.run.evaluation import curriculum_stage, load_run, locate, played_policy
 
+    user_code.import_given(imports)
     run_dir, pinned = locate(target)
     config, store = load_run(run_dir)
     from_file = Path(target).parent.name if Path(target).is_file() else None  # latest.ckpt too

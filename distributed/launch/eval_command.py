@@ -60,6 +60,16 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="also record greedy episodes to a video (.mp4 or .gif; needs the 'video' extra)",
     )
     parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="your own .py file or module, imported first; a file of the run's code that has "
+        "moved since (another checkout, another machine) is found as the one of its name "
+        "given here; repeatable",
+    )
+    parser.add_argument(
         "--video-episodes",
         type=at_least_one,
         default=None,
@@ -71,12 +81,14 @@ def run_eval(args: argparse.Namespace, console: Console) -> int:
     """Greedy episodes with saved parameters; reports the mean return."""
     import torch
 
+    from api.user_code import import_given
     from system.eval_quota import interval_words
     from system.run.evaluation import earlier_solve_words, evaluate
 
     if args.video_episodes is not None and not args.video:
         raise UserError("--video-episodes is for the video: name its file with --video")
     torch.set_num_threads(1)
+    import_given(args.imports)
     if args.video:
         from distributed.video import record_video
 

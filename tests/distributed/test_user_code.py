@@ -249,6 +249,44 @@ def test_troupe_run_import_registers_a_file_in_every_worker(tmp_path):
         assert said in result.stdout, result.stdout
 
 
+@pytest.mark.multiprocess
+def test_a_run_whose_code_has_moved_is_evaluated_and_resumed_with_its_new_place(tmp_path):
+    """A run folder kept while its user file moved (another checkout, another machine) could
+    be neither evaluated (`troupe eval` took no --import) nor resumed (the recorded path was
+    imported first, and failed): the file of its name given with --import stands for it."""
+    old, new = tmp_path / "old" / "my_corridor.py", tmp_path / "new" / "my_corridor.py"
+    old.parent.mkdir()
+    text = CORRIDOR.read_text().split('if __name__ == "__main__":')[0]
+    old.write_text(text + '\nregister("Corridor-v0", Corridor, length=6)\n')
+    cli = [sys.executable, "-m", "distributed.cli"]
+    run_dir = tmp_path / "run"
+    result = _run([*cli, "run", "--import", str(old), "Corridor-v0", "frames=3000",
+                   "stop.eval_return=None", "--run-dir", str(run_dir), "--no-display"],
+                  cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    new.parent.mkdir()
+    old.rename(new)
+    result = _run([*cli, "eval", str(run_dir), "--episodes", "2"], cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"name it: --import NEW/PATH/{new.name}" in " ".join(result.stderr.split())
+    result = _run([*cli, "eval", str(run_dir), "--episodes", "2", "--import", str(new)],
+                  cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "2 greedy episodes" in result.stdout
+    load = (
+        f"import troupe; print(troupe.load_policy({str(run_dir)!r}, imports=[{str(new)!r}]).name)"
+    )
+    result = _run([sys.executable, "-c", load], cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.split()[-1] == "default", result.stderr
+    result = _run([*cli, "run", "--resume", str(run_dir), "frames=6000", "--import", str(new),
+                   "--no-display"], cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["env_frames"] >= 6000
+    code = json.loads((run_dir / "config.json").read_text())["code"]
+    assert code["imports"] == [str(new)]  # its workers, and the next resume, look there
+    assert {r["source"] for r in code["registrations"]} == {str(new)}
+
+
 def test_troupe_deploy_import_records_the_file_for_the_clusters_workers(tmp_path):
     """``troupe deploy k8s|slurm --import my_corridor.py Corridor-v0``, as ``troupe run
     --import`` takes it: deploy had no --import, so a file's environment could not be deployed
