@@ -205,10 +205,13 @@ def is_mujoco(gym_id: str) -> bool:
 
 
 def _quiet_mujoco(gym_id: str) -> None:
-    """Send MuJoCo's warnings to this process's log instead of the console and a
-    ``MUJOCO_LOG.TXT`` in the working directory, MuJoCo's default. MuJoCo 4 warned on loads of
-    gymnasium's Hopper model (a deprecated attribute in its XML): a line per environment per
-    process that reads like Troupe's own error, and a file left in the user's checkout."""
+    """Send MuJoCo's warnings to this process's debug log (``troupe -v`` shows them) instead
+    of the console and a ``MUJOCO_LOG.TXT`` in the working directory, MuJoCo's default. MuJoCo
+    4 warned on loads of gymnasium's Hopper model (a deprecated attribute in its XML): a line
+    per environment per process that reads like Troupe's own error, and a file left in the
+    user's checkout. At INFO, HalfCheetah's ("'settotalmass' is deprecated") still reached the
+    console of ``troupe train`` and ``test-env``: nothing a user of gymnasium's model can act
+    on."""
     if not is_mujoco(gym_id):
         return
     try:
@@ -216,7 +219,7 @@ def _quiet_mujoco(gym_id: str) -> None:
     except ImportError:  # gymnasium's make says what to install
         return
     log = logging.getLogger("mujoco")
-    mujoco.set_mju_user_warning(lambda message: log.info("MuJoCo: %s", message))
+    mujoco.set_mju_user_warning(lambda message: log.debug("MuJoCo: %s", message))
 
 
 MAKE_ARGUMENTS: dict[str, Any] = {"max_episode_steps": int | None, "disable_env_checker": bool}

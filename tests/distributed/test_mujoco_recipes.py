@@ -105,6 +105,19 @@ def test_troupe_train_hopper_runs_end_to_end_quietly(hopper_run):
     assert "WARNING: compiler" not in output and "mujoco" not in output.lower()
 
 
+def test_a_mujoco_models_deprecation_note_stays_off_the_console(tmp_path):
+    """HalfCheetah's model makes MuJoCo say "'settotalmass' is deprecated": five console lines
+    of `troupe test-env` and `troupe train`, which the user cannot act on."""
+    result = subprocess.run(
+        [sys.executable, "-m", "distributed.cli", "test-env", "HalfCheetah-v5"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "HalfCheetah-v5: passed" in result.stdout
+    assert "mujoco" not in (result.stdout + result.stderr).lower()
+
+
 def test_eval_video_of_a_mujoco_run_draws_without_a_display(hopper_run, tmp_path):
     """``troupe eval RUN --video`` on a machine without a display (CI, a server, a container)
     ended in MuJoCo's "an OpenGL platform library has not been loaded": gymnasium tried GLFW.
