@@ -36,6 +36,7 @@ from distributed.deploy.commands import add_deploy_arguments, run_deploy
 from distributed.images.build import add_image_arguments, run_image
 from distributed.launch import eval_command
 from distributed.launch import run_commands as rc
+from distributed.launch.arguments import add_import_argument, at_least_one
 from distributed.ops import commands as ops
 from system.console import Console
 
@@ -60,7 +61,7 @@ class Subcommand:
 # --------------------------------------------------------------------- troupe list
 def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
     """``troupe list [--import FILE]``: what your files register shows too."""
-    rc.add_import_argument(parser)
+    add_import_argument(parser)
 
 
 def _run_list(args: argparse.Namespace, console: Console) -> int:
@@ -111,11 +112,9 @@ def _add_test_env_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check reset() only (for action spaces that cannot sample random actions)",
     )
-    parser.add_argument(
-        "--steps", type=eval_command.at_least_one, default=200, help="random steps to take"
-    )
+    parser.add_argument("--steps", type=at_least_one, default=200, help="random steps to take")
     parser.add_argument("--seed", type=int, default=0, help="seed for the determinism check")
-    rc.add_import_argument(parser)
+    add_import_argument(parser)
 
 
 def _run_test_env(args: argparse.Namespace, console: Console) -> int:

@@ -19,7 +19,8 @@ from distributed.deploy.sizing import add_sizing_arguments, needs_from
 from distributed.errors import DeployError
 from distributed.images.build import DEFAULT_TAG
 from distributed.images.pinning import image_reference
-from distributed.launch.run_commands import EXPERIMENT_HELP, add_import_argument
+from distributed.launch.arguments import add_import_argument
+from distributed.launch.run_commands import EXPERIMENT_HELP
 from distributed.ops.record import DEFAULT_RUNS_DIR, LaunchRecord, point
 from distributed.ops.record import write as write_record
 

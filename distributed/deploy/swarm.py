@@ -51,9 +51,9 @@ from distributed.images.build import DEFAULT_TAG, connect
 from distributed.images.code_check import check_image_imports
 from distributed.images.pinning import image_reference
 from distributed.launch import docker_run as dl
+from distributed.launch.arguments import add_import_argument
 from distributed.launch.docker_engine import Engine
 from distributed.launch.docker_output import RETRY_S, engine_gone
-from distributed.launch.run_commands import add_import_argument
 from distributed.launch.signals import (
     EXIT_ABANDONED,
     EXIT_INTERRUPTED,

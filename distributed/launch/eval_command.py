@@ -8,31 +8,11 @@ import json
 from rich.console import Console
 
 from api.errors import UserError
+from distributed.launch.arguments import add_import_argument, at_least_one, at_least_zero
 
 VIDEO_MAX_EPISODES = 10
 """What ``troupe eval --video`` records by default at most (every frame is kept in memory
 until the file is written: ten CartPole episodes are 5,000 frames)."""
-
-
-def at_least_one(text: str) -> int:
-    """A whole number of at least 1 (``--episodes 0`` ended in a numpy traceback; ``troupe
-    test-env --steps -5`` passed, having stepped nothing)."""
-    return _whole(text, 1)
-
-
-def at_least_zero(text: str) -> int:
-    """A whole number of at least 0 (a seed)."""
-    return _whole(text, 0)
-
-
-def _whole(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,13 +39,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUT.mp4",
         help="also record greedy episodes to a video (.mp4 or .gif; needs the 'video' extra)",
     )
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="FILE_OR_MODULE",
-        help="your own .py file or module, imported first; a file of the run's code that has "
+    add_import_argument(
+        parser,
+        help_text="your own .py file or module, imported first; a file of the run's code that has "
         "moved since (another checkout, another machine) is found as the one of its name "
         "given here; repeatable",
     )

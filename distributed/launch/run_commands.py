@@ -6,32 +6,17 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
+from distributed.launch.arguments import add_import_argument, at_least_one
 from system import run_folder
-
-if TYPE_CHECKING:
-    pass
 
 EXPERIMENT_HELP = (
     "registered experiment (cartpole-ppo), experiment file (exp.py, exp.yaml, exp.toml) or "
     "environment id (Acrobot-v1: the ppo experiment on it)"
 )
-
-
-def add_import_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="FILE_OR_MODULE",
-        help="your own .py file or module, imported here and in every worker before anything "
-        "is built (it registers your environments, policies, ...); repeatable",
-    )
 
 
 # --------------------------------------------------------------------- troupe test-pipeline
@@ -44,7 +29,6 @@ def add_test_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
         help="config overrides, e.g. policies.default.trainer.args.lr=0.001",
     )
     add_import_argument(parser)
-    from distributed.launch.eval_command import at_least_one
 
     parser.add_argument(
         "--trainer-steps", type=at_least_one, default=3, help="trainer steps to run, at least"
