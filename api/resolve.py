@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import json
@@ -61,9 +62,11 @@ def load_experiment(
         config = _from_declarative(Path(target))
     else:
         config, overrides = _from_registry(target, overrides)
-    config.code, moved = relocated(config.code)
+    code, moved = relocated(config.code)
+    if moved:  # a config the caller built is not changed under them
+        config = dataclasses.replace(config, code=code)
     for old, new in moved.items():
-        logger.warning("user code %s is not there any more: %s (given with --import) is", old, new)
+        logger.warning("user code %s is no longer there: using %s, given with --import", old, new)
     if extra_imports:
         code = config.code
         code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]

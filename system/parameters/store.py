@@ -354,10 +354,10 @@ class ParameterStore:
     def trainer_state(self, policy: str) -> tuple[int, Any] | None:
         """``(version, state)``: the trainer's own state saved with the newest persisted
         version that carried one; None when there is none (no root_dir, or nothing saved yet).
-        An unreadable file is logged and taken for none: the trainer then starts afresh. So is
-        a state newer than the parameters in memory: it was saved with parameters that could not
-        be read back (a damaged ``v*.ckpt``), and the optimiser moments and step count of
-        version 47 went with version 17's weights."""
+        An unreadable file is logged and taken for none: the trainer then starts afresh. A
+        state newer than the parameters in memory is skipped too: it was saved with parameters
+        that could not be read back (a damaged ``v*.ckpt``); handed over, version 47's optimiser
+        moments and step count went with version 17's weights."""
         check_policy_name(policy)
         if self.root_dir is None:
             return None
