@@ -57,12 +57,22 @@ class PipelineReport:
         for name, steps in self.trainer_steps.items():
             versions = self.versions.get(name, [])
             trainer = f" ({self.trainers[name]})" if name in self.trainers else ""
-            lines.append(f"  policy '{name}'{trainer}: {steps} trainer steps, versions {versions}")
+            lines.append(
+                f"  policy '{name}'{trainer}: {steps} trainer steps, versions {_span(versions)}"
+            )
             stats = self.last_stats.get(name, {})
             parts = [f"{k}={v:.4g}" for k, v in stats.items() if _shown(k)]
             if parts:
                 lines.append("    " + " ".join(parts))
         return "\n".join(lines)
+
+
+def _span(versions: list[int]) -> str:
+    """The versions a policy went through, a long run of consecutive ones as its ends: an
+    off-policy trainer makes one a step, and SAC's 87 filled five lines of the report."""
+    if len(versions) > 5 and versions == list(range(versions[0], versions[-1] + 1)):
+        return f"{versions[0]} to {versions[-1]}"
+    return str(versions)
 
 
 SHOWN_STATS = ("entropy", "approx_kl", "clip_fraction", "q_mean", "alpha")

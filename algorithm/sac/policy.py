@@ -4,8 +4,10 @@
   without its MLP: a Box flattened, a Discrete or MultiDiscrete one-hot, a MultiBinary as it
   is, a Dict (a goal-conditioned task's ``observation``, ``desired_goal``, ...) key by key side
   by side. That step has no weights, so the actor and critics below see the same features and
-  a Box observation's checkpoints are as before. Images are refused: a CNN would need its own
-  training (SAC from pixels is another recipe).
+  a Box observation's checkpoints are as before. Observations holding images go through a
+  trained encoder instead, as SAC from pixels needs one (:mod:`algorithm.sac.pixels`: CNNs to
+  ``feature_dim`` features trained by the critics alone, a target copy, random shifts of the
+  training images by up to ``shift_pad`` pixels).
 * The actor maps the features to the mean and log-std of a diagonal Gaussian
   over ``u``; the action is ``tanh(u)`` rescaled from ``[-1, 1]`` to the Box's bounds, so every
   action is legal. Its log-probability takes the change of variables into account::
@@ -39,10 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algorithm.modules.encoders import ObservationEncoder, is_image_space, mlp
+from algorithm.modules.encoders import ObservationEncoder, mlp
 from algorithm.modules.exploration import CountsExploration
 from algorithm.modules.init import orthogonal_init
 from algorithm.policy import SingleModelPytorchPolicy
+from algorithm.sac.pixels import PixelFeatures, has_image, polyak, shift_images
 from algorithm.sac.trainer import SACAnalyzedResult
 from api.namedarray import namedarray
 from api.policy import RolloutRequest, RolloutResult
@@ -72,7 +75,8 @@ class LossInputs(NamedTuple):
 
     action: torch.Tensor
     """The taken actions, normalised to ``[-1, 1]``."""
-    next_obs: torch.Tensor
+    next_obs: Any
+    """The observations after the transitions (a NamedArray for a Dict), as ``obs``."""
     noise: torch.Tensor
     """Standard normal noise of the fresh action at ``obs``."""
     next_noise: torch.Tensor
@@ -102,10 +106,16 @@ class SACNetworks(nn.Module):
         act_dim: int,
         hidden_sizes: Sequence[int],
         activation: str,
+        feature_dim: int = 50,
     ):
         super().__init__()
-        self.features = ObservationEncoder(observation_space, (), activation)
-        """Observation to features, weightless (see the module docstring)."""
+        self.pixels = has_image(observation_space)
+        self.features: nn.Module = ObservationEncoder(observation_space, (), activation)
+        """Observation to features: weightless, or with images a trained encoder (see the
+        module docstring)."""
+        if self.pixels:
+            self.features = PixelFeatures(observation_space, feature_dim)
+            self.features_target = copy.deepcopy(self.features).requires_grad_(False)
         obs_dim = self.features.out_features
         width = hidden_sizes[-1] if hidden_sizes else obs_dim
         self.actor = mlp(obs_dim, hidden_sizes, activation)
@@ -117,12 +127,14 @@ class SACNetworks(nn.Module):
         self.q2_target = copy.deepcopy(self.q2).requires_grad_(False)
 
     def forward(
-        self, obs: torch.Tensor, losses: LossInputs | None = None
+        self, obs: Any, losses: LossInputs | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | LossTerms:
-        """The actor, ``(mean, log_std)`` at ``obs``; or, given ``losses``, every network output
-        the SAC losses need, in this one call. Training calls it through the policy's ``net``:
-        under data-parallel training that is the DDP wrapper, whose gradient averaging covers
-        what one forward through it computes (so the critics must not be called on the side)."""
+        """The actor, ``(mean, log_std)`` at features ``obs`` (:attr:`features` of an
+        observation); or, given ``losses``, every network output the SAC losses need at the
+        observations ``obs`` and ``losses.next_obs``, in this one call. Training calls it
+        through the policy's ``net``: under data-parallel training that is the DDP wrapper,
+        whose gradient averaging covers what one forward through it computes (so neither the
+        critics nor the encoder may be called on the side)."""
         if losses is None:
             return self._actor(obs)
         return self._loss_terms(obs, losses)
@@ -134,18 +146,22 @@ class SACNetworks(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
         return self.mean(features), log_std
 
-    def _loss_terms(self, obs: torch.Tensor, x: LossInputs) -> LossTerms:
+    def _loss_terms(self, obs: Any, x: LossInputs) -> LossTerms:
+        features = self.features(obs)  # with images: trained here, by the critics' loss alone
+        seen = features.detach()  # what the actor reads
         with torch.no_grad():
-            next_mean, next_log_std = self._actor(x.next_obs)
+            next_features = self.features(x.next_obs)
+            target_features = self.features_target(x.next_obs) if self.pixels else next_features
+            next_mean, next_log_std = self._actor(next_features)
             next_u = next_mean + next_log_std.exp() * x.next_noise
-            pair = torch.cat([x.next_obs, torch.tanh(next_u)], -1)
+            pair = torch.cat([target_features, torch.tanh(next_u)], -1)
             next_q = torch.min(self.q1_target(pair), self.q2_target(pair))
-        mean, log_std = self._actor(obs)
+        mean, log_std = self._actor(seen)
         u = mean + log_std.exp() * x.noise
         with _frozen(self.q1, self.q2):  # the actor's loss must not move the critics
-            fresh = torch.cat([obs, torch.tanh(u)], -1)
+            fresh = torch.cat([seen, torch.tanh(u)], -1)
             q_new = torch.min(self.q1(fresh), self.q2(fresh))
-        taken = torch.cat([obs, x.action], -1)
+        taken = torch.cat([features, x.action], -1)
         return LossTerms(
             q1=self.q1(taken),
             q2=self.q2(taken),
@@ -176,21 +192,24 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
     """Soft actor-critic networks for Box actions; see the module docstring.
 
     Args:
-        observation_space: the agent's observation space: a Box, Discrete, MultiDiscrete,
-            MultiBinary or a Dict of them, no image (filled in by the runtime).
+        observation_space: the agent's observation space: a Box (an image too), Discrete,
+            MultiDiscrete, MultiBinary or a Dict of them (filled in by the runtime).
         action_space: the agent's action space, a bounded Box (filled in by the runtime).
         hidden_sizes: widths of the actor's and each critic's MLP.
         activation: ``relu``, ``tanh``, ``elu`` or ``gelu``.
         warmup_frames: training rows acted uniformly at random before the actor takes over.
         warmup_hold: steps each warm-up action is held for an agent (its request's client id:
             the environment and agent number), 1: a new one every step.
+        feature_dim: with images, the width of the trained encoder's features.
+        shift_pad: with images, the most pixels a training image is shifted by at random, each
+            way (0: no shifts).
         device: ``cpu`` or ``cuda`` (falls back to the CPU when no GPU is available).
-        seed: seeds parameter initialisation and action sampling.
+        seed: seeds parameter initialisation, action sampling and the shifts.
     """
 
     arg_ranges = {
         "hidden_sizes": "[1, inf)", "warmup_frames": "[0, inf)", "warmup_hold": "[1, inf)",
-        "seed": "[0, inf)",
+        "feature_dim": "[1, inf)", "shift_pad": "[0, inf)", "seed": "[0, inf)",
     }  # fmt: skip
 
     def __init__(
@@ -201,16 +220,20 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         activation: str = "relu",
         warmup_frames: int = 0,
         warmup_hold: int = 1,
+        feature_dim: int = 50,
+        shift_pad: int = 4,
         device: str = "cpu",
         seed: int | None = None,
     ):
-        _check_spaces(observation_space, action_space)
+        _check_actions(action_space)
         self.observation_space, self.action_space = observation_space, action_space
         self.act_dim = int(np.prod(action_space.shape))
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            net = SACNetworks(observation_space, self.act_dim, tuple(hidden_sizes), activation)
+            net = SACNetworks(
+                observation_space, self.act_dim, tuple(hidden_sizes), activation, feature_dim
+            )
         super().__init__(net, device=device)
         low = np.asarray(action_space.low, np.float32).reshape(-1)
         high = np.asarray(action_space.high, np.float32).reshape(-1)
@@ -225,6 +248,9 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         self.explore_frames = 0
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed if seed is not None else torch.initial_seed())
+        self.shift_pad = shift_pad if net.pixels else 0
+        self._shifts = torch.Generator().manual_seed(self._generator.initial_seed() + 1)
+        """Draws the training images' shifts (on the CPU: a few numbers a batch)."""
 
     # ----------------------------------------------------------------- the actor
     def sample(self, obs: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,7 +284,8 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
 
     # ----------------------------------------------------------------- acting
     def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
-        obs = self.module.features(self.to_tensor(request.obs))
+        with torch.no_grad():
+            obs = self.module.features(self.to_tensor(request.obs))
         greedy = torch.zeros(len(obs), 1, dtype=torch.bool, device=self.device)
         if request.is_evaluation is not None:
             greedy = self.to_tensor(request.is_evaluation).bool().reshape(-1, 1)
@@ -299,9 +326,11 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
         if target != "sac":
             raise ValueError(f"SACPolicy analyzes for target 'sac' only, got '{target}'")
         require_transitions(sample, "SACPolicy")
-        obs = self.module.features(self.to_tensor(sample.obs))
-        next_obs = self.module.features(self.to_tensor(sample.next_obs))
-        shape = (len(obs), self.act_dim)
+        obs, next_obs = (
+            shift_images(self.to_tensor(o), self.observation_space, self.shift_pad, self._shifts)
+            for o in (sample.obs, sample.next_obs)
+        )
+        shape = (len(sample.action), self.act_dim)
         next_noise = torch.randn(shape, device=self.device)
         inputs = LossInputs(
             action=self.from_env(self.to_tensor(sample.action).float()),
@@ -325,8 +354,11 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
             yield from part.parameters()
 
     def critic_parameters(self) -> Iterator[nn.Parameter]:
+        """The critics', and with images the encoder's: the critics' loss alone trains it."""
         yield from self.module.q1.parameters()
         yield from self.module.q2.parameters()
+        if self.module.pixels:
+            yield from self.module.features.parameters()
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Actor and critics: everything an optimiser updates (the targets are not)."""
@@ -335,19 +367,15 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
 
     @torch.no_grad()
     def update_target(self, tau: float) -> None:
-        """``target <- tau * critic + (1 - tau) * target`` for both critics."""
+        """``target <- tau * critic + (1 - tau) * target`` for both critics (and the encoder)."""
         net = self.module
         targets = [*net.q1_target.parameters(), *net.q2_target.parameters()]
-        torch._foreach_lerp_(targets, list(self.critic_parameters()), tau)
+        if net.pixels:
+            targets += net.features_target.parameters()
+        polyak(targets, self.critic_parameters(), tau)
 
 
-def _check_spaces(observation_space: gym.Space, action_space: gym.Space) -> None:
-    images = [k for k, s in _leaves(observation_space, "observation") if is_image_space(s)]
-    if images:
-        raise TypeError(
-            f"sac-policy reads vectors, boards, discrete values and Dicts of them; "
-            f"{', '.join(images)} is an image ({observation_space}): use actor-critic (PPO)"
-        )
+def _check_actions(action_space: gym.Space) -> None:
     if not isinstance(action_space, gym.spaces.Box) or isinstance(action_space, HybridBox):
         raise TypeError(
             f"sac-policy needs a Box action space, got {action_space}; for Discrete actions "
@@ -359,12 +387,3 @@ def _check_spaces(observation_space: gym.Space, action_space: gym.Space) -> None
             "sac-policy squashes actions into the Box's bounds, so they must be finite; got "
             f"low={action_space.low}, high={action_space.high}"
         )
-
-
-def _leaves(space: gym.Space, where: str) -> Iterator[tuple[str, gym.Space]]:
-    """Every space in a (nested) Dict, named by its keys."""
-    if isinstance(space, gym.spaces.Dict):
-        for key, sub in space.spaces.items():
-            yield from _leaves(sub, f"{where}[{key!r}]")
-    else:
-        yield where, space

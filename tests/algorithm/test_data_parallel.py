@@ -18,31 +18,43 @@ STEPS = 3
 BATCH = 32
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
+IMAGE = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
 
 
-def _transitions(rng: np.random.Generator, action: np.ndarray):
+def _observations(rng: np.random.Generator, space: gym.Space) -> np.ndarray:
+    if space is IMAGE:
+        return rng.integers(0, 256, (BATCH, *IMAGE.shape), dtype=np.uint8)
+    return rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32)
+
+
+def _transitions(rng: np.random.Generator, action: np.ndarray, space: gym.Space = OBS):
     from api.replay import TransitionBatch
 
     return TransitionBatch(
-        obs=rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32),
+        obs=_observations(rng, space),
         action=action,
         reward=rng.normal(size=(BATCH, 1)).astype(np.float32),
         discount=np.where(rng.random((BATCH, 1)) < 0.1, 0.0, 0.99).astype(np.float32),
-        next_obs=rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32),
+        next_obs=_observations(rng, space),
     )
 
 
-def _sac(rank: int):
+def _sac(rank: int, space: gym.Space = OBS):
     from algorithm.sac.policy import SACPolicy
     from algorithm.sac.trainer import SACTrainer
 
-    policy = SACPolicy(OBS, BOX, hidden_sizes=(16, 16), seed=rank)
+    policy = SACPolicy(space, BOX, hidden_sizes=(16, 16), feature_dim=8, seed=rank)
     rng = np.random.default_rng(100 + rank)
     batches = [
-        _transitions(rng, rng.uniform(BOX.low, BOX.high, (BATCH, 2)).astype(np.float32))
+        _transitions(rng, rng.uniform(BOX.low, BOX.high, (BATCH, 2)).astype(np.float32), space)
         for _ in range(STEPS)
     ]
     return policy, lambda: SACTrainer(policy), batches
+
+
+def _sac_pixels(rank: int):
+    """SAC from images: the encoder, trained by the critics' loss, and its target copy too."""
+    return _sac(rank, IMAGE)
 
 
 def _dqn(rank: int):
@@ -62,13 +74,14 @@ def _rank(algorithm: str, rank: int, init_file: str, results) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        policy, make_trainer, batches = {"sac": _sac, "dqn": _dqn}[algorithm](rank)
+        cases = {"sac": _sac, "sac-pixels": _sac_pixels, "dqn": _dqn}
+        policy, make_trainer, batches = cases[algorithm](rank)
         trainer = make_trainer()
         policy.distributed_setup()  # as GroupTrainerWorker.join does, once the trainer is built
         for batch in batches:
             trainer.step(batch)
         state = {k: v.detach().numpy().copy() for k, v in policy.module.state_dict().items()}
-        alpha = float(trainer.log_alpha.detach()) if algorithm == "sac" else None
+        alpha = float(trainer.log_alpha.detach()) if algorithm != "dqn" else None
         results.put((rank, state, alpha))
     except BaseException as e:
         results.put((rank, repr(e), None))
@@ -78,7 +91,7 @@ def _rank(algorithm: str, rank: int, init_file: str, results) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("algorithm", ["sac", "dqn"])
+@pytest.mark.parametrize("algorithm", ["sac", "sac-pixels", "dqn"])
 def test_two_ranks_on_different_data_end_with_equal_parameters(algorithm, tmp_path):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -100,4 +113,6 @@ def test_two_ranks_on_different_data_end_with_equal_parameters(algorithm, tmp_pa
     assert isinstance(state0, dict) and isinstance(state1, dict), (state0, state1)
     different = [k for k in state0 if not np.array_equal(state0[k], state1[k])]
     assert different == [], f"{algorithm}: ranks diverged in {different}"
+    if algorithm == "sac-pixels":  # the encoder and its target are compared, not left out
+        assert any(k.startswith("features_target.") for k in state0), sorted(state0)
     assert alpha0 == alpha1

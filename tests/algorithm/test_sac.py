@@ -216,9 +216,6 @@ def test_a_dict_observation_is_read_key_by_key_as_its_flat_box_would_be():
     reference = by_box.analyze(TransitionBatch(obs=flat_obs, next_obs=next_flat, **common))
     torch.testing.assert_close(out.q1, reference.q1)
     torch.testing.assert_close(out.next_q_target, reference.next_q_target)
-    image = gym.spaces.Dict({"frame": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)})
-    with pytest.raises(TypeError, match=r"observation\['frame'\] is an image"):
-        SACPolicy(image, action)
 
 
 def test_the_target_entropy_of_a_narrow_box_is_one_it_can_reach():

@@ -221,15 +221,20 @@ def test_sac_refuses_unbounded_actions_before_launch():
     assert by_algo.sac("test-auto-box").policies["default"].trainer.type == "sac"
 
 
-def test_sac_takes_a_dict_observation_and_refuses_an_image_before_launch():
+def test_sac_takes_a_dict_observation_and_an_image():
     """A goal-conditioned task (Dict observation, Box actions) was refused by the sac
-    experiment ("vector observations"), though sac-policy reads Dicts key by key."""
+    experiment ("vector observations"), though sac-policy reads Dicts key by key; an image
+    was refused too ("not images: use --algo ppo"). An image gets SAC-from-pixels settings."""
     from legacy.experiments import by_algo
 
     config = by_algo.sac("test-auto-dict-box")
     assert config.policies["default"].policy.type == "sac-policy" and validate(config) == []
-    with pytest.raises(UserError, match=r"not images: use --algo ppo"):
-        by_algo.sac("test-auto-image-box")
+    assert "shift_pad" not in config.policies["default"].policy.args
+    pixels = by_algo.sac("test-auto-image-box")
+    assert validate(pixels) == []
+    default = pixels.policies["default"]
+    assert default.policy.args["feature_dim"] == 50 and default.policy.args["shift_pad"] == 4
+    assert default.trainer.args["tau"] == 0.01
 
 
 class Counted(Spaces):

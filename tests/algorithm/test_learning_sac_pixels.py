@@ -1,0 +1,53 @@
+"""Learning check of SAC from pixels: ``troupe train DotOffset-v0 --algo sac``, as a user runs it
+on an image task of their own (every role a process), must read the dots: a greedy return of
+-1 (a mean error of 0.1 a step) where the best blind action scores -3.6. Run alone with
+``pytest -m learning -s tests/algorithm/test_learning_sac_pixels.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.learning, pytest.mark.multiprocess]
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = Path(__file__).with_name("dot_offset.py")
+
+
+def test_sac_reads_the_dots_of_an_image_task_within_20k_frames(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "distributed.cli", "train", "DotOffset-v0", "--algo", "sac"]
+    command += ["--import", str(TASK), "target=-1", "frames=20000"]
+    command += ["--run-dir", str(run_dir), "--no-display"]
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"DotOffset-v0 did not finish in 900s:\n{out[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(
+        f"DotOffset-v0 sac: solved={summary['solved']} at {summary['frames_to_target']} frames, "
+        f"eval {summary['eval_window_means']}, {summary['wall_s']:.0f}s",
+        flush=True,
+    )
+    assert summary["solved"], out[-3000:]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["policies"]["default"]["policy"]["args"]["shift_pad"] == 4
+    workers = json.loads((run_dir / "workers.json").read_text())
+    assert all(w["restarts"] == 0 for w in workers.values()), workers
