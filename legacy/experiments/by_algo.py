@@ -296,11 +296,9 @@ def _instead(action: gym.Space) -> str:
 
 
 def _has_image(space: gym.Space) -> bool:
-    from algorithm.modules.encoders import is_image_space  # torch: only once it is needed
+    from algorithm.sac.pixels import has_image  # torch: only once it is needed
 
-    if isinstance(space, gym.spaces.Dict):
-        return any(_has_image(sub) for sub in space.spaces.values())
-    return is_image_space(space)
+    return has_image(space)
 
 
 def _is_vector(space: gym.Space) -> bool:

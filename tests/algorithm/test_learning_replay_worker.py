@@ -6,37 +6,17 @@ greedy return above -250 within 20k environment frames. Run alone with ``pytest 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_run import run_troupe
 
 pytestmark = [pytest.mark.learning, pytest.mark.multiprocess]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pendulum_sac_through_the_replay_worker_beats_minus_250_within_20k_frames(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "distributed.cli", "run", "pendulum-sac"]
-    command += ["stop.env_frames=20000", "--run-dir", str(run_dir), "--no-display"]
-    proc = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"pendulum-sac did not finish in 900s:\n{out[-3000:]}")
+    arguments = ["run", "pendulum-sac", "stop.env_frames=20000"]
+    out = run_troupe([*arguments, "--run-dir", str(run_dir), "--no-display"], "pendulum-sac")
     summary = json.loads((run_dir / "summary.json").read_text())
     print(
         f"pendulum-sac: solved={summary['solved']} at {summary['frames_to_target']} frames, "

@@ -7,39 +7,21 @@ on an image task of their own (every role a process), must read the dots: a gree
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_troupe
 
 pytestmark = [pytest.mark.learning, pytest.mark.multiprocess]
 
-ROOT = Path(__file__).resolve().parents[2]
 TASK = Path(__file__).with_name("dot_offset.py")
 
 
 def test_sac_reads_the_dots_of_an_image_task_within_20k_frames(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "distributed.cli", "train", "DotOffset-v0", "--algo", "sac"]
-    command += ["--import", str(TASK), "target=-1", "frames=20000"]
-    command += ["--run-dir", str(run_dir), "--no-display"]
-    proc = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"DotOffset-v0 did not finish in 900s:\n{out[-3000:]}")
+    arguments = ["train", "DotOffset-v0", "--algo", "sac", "--import", str(TASK)]
+    arguments += ["target=-1", "frames=20000", "--run-dir", str(run_dir), "--no-display"]
+    out = run_troupe(arguments, "DotOffset-v0")
     summary = json.loads((run_dir / "summary.json").read_text())
     print(
         f"DotOffset-v0 sac: solved={summary['solved']} at {summary['frames_to_target']} frames, "
