@@ -1,9 +1,12 @@
 """Shared fixtures for the algorithm tests: one torch thread, and sample batches that follow the
-runtime's data conventions (built by rolling a policy out on random observations)."""
+runtime's data conventions (built by rolling a policy out on random observations). The learning
+checks start ``troupe`` with the end-to-end helpers of tests/system."""
 
 from __future__ import annotations
 
 import gc
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,9 @@ import torch
 
 from api.namedarray import NamedArray, concatenate, stack
 from api.policy import RolloutRequest, SampleBatch
+
+# pytest puts each test's own folder on the path; the shared helpers live in a sibling one.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
 
 
 @pytest.fixture(autouse=True)

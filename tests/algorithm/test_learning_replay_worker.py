@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_run import run_troupe
+from e2e_support import finish, start
 
 pytestmark = [pytest.mark.learning, pytest.mark.multiprocess]
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.learning, pytest.mark.multiprocess]
 def test_pendulum_sac_through_the_replay_worker_beats_minus_250_within_20k_frames(tmp_path):
     run_dir = tmp_path / "run"
     arguments = ["run", "pendulum-sac", "stop.env_frames=20000"]
-    out = run_troupe([*arguments, "--run-dir", str(run_dir), "--no-display"], "pendulum-sac")
+    out = finish(start([*arguments, "--run-dir", str(run_dir), "--no-display"]), 900)
     summary = json.loads((run_dir / "summary.json").read_text())
     print(
         f"pendulum-sac: solved={summary['solved']} at {summary['frames_to_target']} frames, "

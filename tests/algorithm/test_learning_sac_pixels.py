@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_run import run_troupe
+from e2e_support import finish, start
 
 pytestmark = [pytest.mark.learning, pytest.mark.multiprocess]
 
@@ -21,7 +21,7 @@ def test_sac_reads_the_dots_of_an_image_task_within_20k_frames(tmp_path):
     run_dir = tmp_path / "run"
     arguments = ["train", "DotOffset-v0", "--algo", "sac", "--import", str(TASK)]
     arguments += ["target=-1", "frames=20000", "--run-dir", str(run_dir), "--no-display"]
-    out = run_troupe(arguments, "DotOffset-v0")
+    out = finish(start(arguments), 900)
     summary = json.loads((run_dir / "summary.json").read_text())
     print(
         f"DotOffset-v0 sac: solved={summary['solved']} at {summary['frames_to_target']} frames, "
