@@ -67,9 +67,10 @@ def load_experiment(
         config = dataclasses.replace(config, code=code)
     for old, new in moved.items():
         logger.warning("user code %s is no longer there: using %s, given with --import", old, new)
-    if extra_imports:
-        code = config.code
-        code.imports = [*code.imports, *(i for i in extra_imports if i not in code.imports)]
+    if extra_imports:  # a new CodeConfig: the caller's keeps its imports
+        imports = [*config.code.imports]
+        imports += [i for i in extra_imports if i not in imports]
+        config = dataclasses.replace(config, code=dataclasses.replace(config.code, imports=imports))
     overrides = experiment_arguments.stop_shorthands(overrides)
     if overrides:
         config = apply_overrides(config, overrides)

@@ -372,6 +372,20 @@ def test_budgets_written_as_1e6_are_whole_numbers():
         load_experiment("CartPole-v1", ["frames=1500.5"])
 
 
+def test_imports_given_with_a_config_leave_the_callers_config_as_it_was():
+    """``load_experiment(config, imports=[...])`` appended the imports to the ``code`` of the
+    config the caller passed in: a config built once and launched twice with other imports
+    carried the first launch's into the second."""
+    from api.resolve import load_experiment
+
+    config = make_experiment("cartpole-ppo")
+    before = list(config.code.imports)
+    loaded = load_experiment(config, imports=["colorsys"])
+    assert config.code.imports == before
+    assert loaded.code.imports == [*before, "colorsys"]
+    assert load_experiment(config, imports=["sched"]).code.imports == [*before, "sched"]
+
+
 def test_frames_and_target_stand_for_the_stop_keys_of_any_experiment():
     """``troupe.train("cartpole-ppo", frames=30000)`` was refused ("frames: unknown key; did
     you mean 'name'?"): ``frames=`` and ``target=`` worked only where the experiment's function
