@@ -286,10 +286,9 @@ class SACPolicy(CountsExploration, SingleModelPytorchPolicy):
     def rollout(self, request: RolloutRequest, **kwargs: Any) -> RolloutResult:
         with torch.no_grad():
             obs = self.module.features(self.to_tensor(request.obs))
-        greedy = torch.zeros(len(obs), 1, dtype=torch.bool, device=self.device)
-        if request.is_evaluation is not None:
-            greedy = self.to_tensor(request.is_evaluation).bool().reshape(-1, 1)
-        with torch.no_grad():
+            greedy = torch.zeros(len(obs), 1, dtype=torch.bool, device=self.device)
+            if request.is_evaluation is not None:
+                greedy = self.to_tensor(request.is_evaluation).bool().reshape(-1, 1)
             action, log_prob = self.sample(obs, self._generator)
             action = torch.where(greedy, torch.tanh(self.module(obs)[0]), action)
             if self.explore_frames < self.warmup_frames:
