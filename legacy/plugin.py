@@ -54,7 +54,7 @@ def _register_environments() -> None:
 def _register_pettingzoo() -> None:
     """PettingZoo games through the adapter (building one needs the 'multiagent' extra): three
     by name, and any by its module path as ``pettingzoo:<family>/<game>``."""
-    from legacy.environment.pettingzoo_adapter import PREFIX, spec_of_id
+    from legacy.environment.pettingzoo_ids import PREFIX, spec_of_id
 
     registry.environments.add_family(PREFIX, spec_of_id)
     module = "legacy.environment.pettingzoo_adapter"

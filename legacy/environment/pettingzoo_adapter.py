@@ -29,9 +29,13 @@ PettingZoo's registry, or in a PettingZoo without one the module under ``petting
 ``pettingzoo:classic/rps_v2``, ``pettingzoo:butterfly/knights_archers_zombies_v11``), played
 through its parallel API where the game has one and is not a classic (turn-based) game, else its
 AEC one; ``#aec`` or ``#parallel`` after the id chooses. ``troupe test-env
-pettingzoo:classic/rps_v2``, ``environment.type=pettingzoo:...``.
+pettingzoo:classic/rps_v2``, ``environment.type=pettingzoo:...`` (resolved by
+:mod:`legacy.environment.pettingzoo_ids`). The particle games keep
+their ids (``pettingzoo:mpe/simple_spread_v3``) where PettingZoo 1.25 on moved them to the
+``mpe2`` package: they are made from there.
 
-PettingZoo is an optional dependency: ``pip install 'troupe-rl[multiagent]'``.
+PettingZoo is an optional dependency: ``pip install 'troupe-rl[multiagent]'``; MPE's games need
+``pip install 'troupe-rl[mpe]'``.
 """
 
 from __future__ import annotations
@@ -51,131 +55,6 @@ INSTALL_HINT = (
     "install it with: pip install 'troupe-rl[multiagent]' "
     "(a worker image: troupe image build --extras multiagent)"
 )
-PREFIX = "pettingzoo:"
-
-
-def spec_of_id(name: str):
-    """The environment spec of ``pettingzoo:<family>/<game>[#aec|#parallel]``."""
-    from api.errors import RegistryError
-    from api.registry import Spec
-
-    path, _, api = name[len(PREFIX) :].partition("#")
-    if api not in ("", "aec", "parallel") or not path or "." in path:
-        raise RegistryError(
-            f"'{name}' is no PettingZoo id: write pettingzoo:<family>/<game>, e.g. "
-            "pettingzoo:classic/rps_v2, optionally ending in #aec or #parallel"
-        )
-    try:
-        import pettingzoo
-    except ImportError as e:
-        raise RegistryError(f"'{name}': PettingZoo is not installed; {INSTALL_HINT}") from e
-    find = _by_registry if hasattr(pettingzoo, "spec") else _by_module
-    api, entry_point, defaults = find(name, path, api)
-    cls = "PettingZooParallelEnvironment" if api == "parallel" else "PettingZooAECEnvironment"
-    return Spec(
-        "environment",
-        name,
-        f"{__name__}:{cls}",
-        {"env": entry_point, **defaults},
-        f"PettingZoo {path} ({api} API)",
-    )
-
-
-def _default_apis(path: str, api: str) -> list[str]:
-    """The APIs to try: the one asked for; else a game's parallel one, unless it is a classic
-    (turn-based) game, then its AEC one."""
-    if api:
-        return [api]
-    return ["aec"] if path.startswith("classic/") else ["parallel", "aec"]
-
-
-def _by_registry(name: str, path: str, api: str) -> tuple[str, str, dict[str, Any]]:
-    """A PettingZoo with a registry (``pettingzoo.spec``; 1.27.0 here): the game's spec in it.
-    1.27.0 deprecates importing the game's module by its path, as was done before, and warns.
-    Imports nothing of the game: a missing dependency is said when a worker makes it."""
-    import pettingzoo
-    from pettingzoo.env_registry.exceptions import NameNotFound, PettingZooRegistryError
-
-    from api.errors import RegistryError
-
-    for kind in _default_apis(path, api):
-        try:
-            spec = pettingzoo.spec(kind, path)
-        except NameNotFound as e:
-            error = e
-            continue
-        except PettingZooRegistryError as e:
-            moved = _family_import_error(path)
-            if moved:  # the registry no longer knows a family that went to a package of its own
-                raise RegistryError(f"'{name}': {moved}") from e
-            raise RegistryError(
-                f"'{name}': {_said(e)}; check the family and game with PettingZoo's "
-                f"documentation, or {INSTALL_HINT}"
-            ) from e
-        defaults = dict(spec.kwargs)
-        if spec.max_cycles is not None and spec.max_cycles != -1:
-            defaults.setdefault("max_cycles", spec.max_cycles)
-        return kind, spec.entry_point, defaults
-    other = "aec" if api == "parallel" else "parallel"
-    if api and _registered(other, path):
-        raise RegistryError(f"'{name}': PettingZoo's {path} has no {api} API (it has the {other} "
-                            f"one: #{other})")  # fmt: skip
-    raise RegistryError(f"'{name}': {_said(error)}; check the family and game with PettingZoo's "
-                        f"documentation, or {INSTALL_HINT}") from error  # fmt: skip
-
-
-def _family_import_error(path: str) -> str | None:
-    """What importing the game's family says, where it fails: PettingZoo 1.27 moved MPE into a
-    package of its own, and its registry only answered "Namespace 'mpe' not found"."""
-    import importlib
-
-    family = "pettingzoo." + path.split("/")[0]
-    try:
-        importlib.import_module(family)
-    except ImportError as e:
-        return None if e.name == family else _said(e)  # no such family: the registry's word
-    return None
-
-
-def _said(error: Exception) -> str:
-    """PettingZoo's message without its closing full stop (ours goes on after a ';')."""
-    return str(error).rstrip(". ")
-
-
-def _registered(kind: str, path: str) -> bool:
-    import pettingzoo
-    from pettingzoo.env_registry.exceptions import PettingZooRegistryError
-
-    try:
-        pettingzoo.spec(kind, path)
-    except PettingZooRegistryError:
-        return False
-    return True
-
-
-def _by_module(name: str, path: str, api: str) -> tuple[str, str, dict[str, Any]]:
-    """A PettingZoo without a registry: the game's module, ``pettingzoo.<family>.<game>``, and
-    its ``env`` or ``parallel_env``."""
-    import importlib
-
-    from api.errors import RegistryError
-
-    module_name = "pettingzoo." + path.replace("/", ".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RegistryError(
-            f"'{name}': cannot import {module_name} ({e}); check the family and game with "
-            f"PettingZoo's documentation, or {INSTALL_HINT}"
-        ) from e
-    kinds = _default_apis(path, api)
-    kind = next((k for k in kinds if hasattr(module, _FACTORY[k])), kinds[-1])
-    if not hasattr(module, _FACTORY[kind]):
-        raise RegistryError(f"'{name}': {module_name} has no {_FACTORY[kind]}() (no {kind} API)")
-    return kind, f"{module_name}:{_FACTORY[kind]}", {}
-
-
-_FACTORY = {"aec": "env", "parallel": "parallel_env"}
 
 
 def _make_pettingzoo_env(entry_point: str, env_kwargs: dict[str, Any]) -> Any:

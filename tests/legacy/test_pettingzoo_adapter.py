@@ -206,7 +206,7 @@ def test_any_game_is_an_environment_by_its_id(name, adapter, factory):
 def test_an_id_is_found_in_pettingzoo_s_registry_without_the_deprecated_module_path():
     """PettingZoo 1.27.0 deprecates importing ``pettingzoo.classic.rps_v2``, and says it will
     remove it: an id resolves through its registry, to the game's own module."""
-    from legacy.environment.pettingzoo_adapter import spec_of_id
+    from legacy.environment.pettingzoo_ids import spec_of_id
 
     spec = spec_of_id("pettingzoo:classic/rps_v2")
     assert spec.kwargs == {"env": "pettingzoo.classic.rps.rps:env"}
@@ -219,7 +219,7 @@ def test_a_pettingzoo_without_a_registry_finds_the_game_by_its_module(monkeypatc
     """A PettingZoo without a registry: the game's module names its factories."""
     import pettingzoo
 
-    from legacy.environment.pettingzoo_adapter import spec_of_id
+    from legacy.environment.pettingzoo_ids import spec_of_id
 
     monkeypatch.delattr(pettingzoo, "spec")
     with pytest.warns(DeprecationWarning):  # what 1.27 says of the old path
@@ -277,6 +277,53 @@ def test_a_family_that_left_pettingzoo_is_said_as_its_import_says(tmp_path, monk
         "'pettingzoo:gonefamily/game_v1': gonefamily has been moved into its own package: pip "
         "install gone2"
     )
+
+
+def test_mpe_games_keep_their_pettingzoo_ids_and_are_made_from_mpe2():
+    """PettingZoo 1.25 moved MPE into the mpe2 package, and its registry forgot the family:
+    `troupe train pettingzoo:mpe/simple_spread_v3` said "install mpe2", and said it again
+    with mpe2 installed. The id now makes mpe2's game (its parallel API; #aec the other)."""
+    pytest.importorskip("mpe2", reason="needs the 'mpe' extra")
+    from legacy.environment.pettingzoo_ids import spec_of_id
+
+    spec = spec_of_id("pettingzoo:mpe/simple_spread_v3")
+    assert spec.kwargs == {"env": "mpe2.simple_spread_v3:parallel_env"}
+    aec = spec_of_id("pettingzoo:mpe/simple_spread_v3#aec")
+    assert aec.kwargs == {"env": "mpe2.simple_spread_v3:env"}
+    env = environment.make("pettingzoo:mpe/simple_spread_v3", N=2, max_cycles=4)
+    try:
+        assert isinstance(env, PettingZooParallelEnvironment) and env.agent_count == 2
+        assert env.action_spaces == [gym.spaces.Discrete(5)] * 2
+        env.seed(0)
+        env.reset()
+        steps = [env.step([1, 4]) for _ in range(4)]
+        assert [r[0].truncated for r in steps] == [False, False, False, True]  # max_cycles
+        assert steps[0][0].reward == steps[0][1].reward < 0  # local_ratio 0.5: no collisions
+    finally:
+        env.close()
+    moving = environment.make("pettingzoo:mpe/simple_spread_v3", continuous_actions=True)
+    assert moving.action_spaces[0] == gym.spaces.Box(0.0, 1.0, (5,), np.float32)
+    moving.close()
+    report = testing.test_environment("pettingzoo:mpe/simple_tag_v3", steps=60)
+    assert report.agent_count == 4 and report.episodes > 0  # three chasers and a runner
+
+
+def test_an_mpe_game_misspelt_or_without_mpe2_is_one_clear_error(monkeypatch):
+    pytest.importorskip("mpe2", reason="needs the 'mpe' extra")
+    import sys
+
+    from legacy.environment.pettingzoo_ids import spec_of_id
+
+    with pytest.raises(RegistryError) as caught:
+        spec_of_id("pettingzoo:mpe/simple_sprad_v3")
+    assert str(caught.value) == (
+        "'pettingzoo:mpe/simple_sprad_v3': mpe2 has no game mpe/simple_sprad_v3; did you mean "
+        "pettingzoo:mpe/simple_spread_v3?"
+    )
+    monkeypatch.setitem(sys.modules, "mpe2.all_modules", None)  # as if not installed
+    with pytest.raises(RegistryError, match=r"mpe2 package now, which is not installed .*"
+                       r"pip install 'troupe-rl\[mpe\]'"):  # fmt: skip
+        spec_of_id("pettingzoo:mpe/simple_spread_v3")
 
 
 def test_a_wrong_id_where_an_experiment_is_named_gives_pettingzoos_reason():
