@@ -97,7 +97,15 @@ def ppo(
 
 PER_STEP = 1024
 """Transitions a PPO trainer step takes, in both recipes: 16 segments of 64 discrete, 8 of 128
-continuous (with continuous actors, a discrete kind's 1,024 are 8 segments of 128)."""
+continuous (with continuous actors, a discrete kind's 1,024 are 8 segments of 128), times the
+agents that share the policy (:data:`MAX_SHARED_BATCHES`)."""
+MAX_SHARED_BATCHES = 8
+"""A policy its kind's N agents share takes ``min(N, 8) * PER_STEP`` transitions a trainer step:
+a step then covers as many environment steps as a one-agent task's, which the recipes were
+tuned for. At 1,024 a step the three agents of MPE's ``simple_spread_v3`` had their trainer step
+every 341 environment steps, 10 versions of policy lag behind; their training return was -21.2
+after 180 s, and -18.5 at 3,072 a step (BENCHMARKS.md). Capped: a game of many agents would
+otherwise wait for a whole round of every lane's segments."""
 
 
 def _actors(continuous: bool) -> ActorConfig:
@@ -112,10 +120,12 @@ def _ppo_policy(kind: AgentKind, actors: ActorConfig, frames: int) -> PolicyConf
     batches, few minibatches, lr 2e-3), continuous ones ten epochs of small minibatches, no
     entropy bonus, a linear learning-rate decay over the run, and normalised observations and
     returns. The decay runs to the trainer step of the run's last frame: each of the kind's
-    agents adds a transition a step (it ran out at 1/N of a run of N agents sharing a policy)."""
+    agents adds a transition a step (it ran out at 1/N of a run of N agents sharing a policy).
+    A step takes ``PER_STEP`` transitions for each agent sharing the policy (up to 8)."""
     continuous = isinstance(kind.action, gym.spaces.Box)
+    per_step = PER_STEP * min(len(kind.agents), MAX_SHARED_BATCHES)
     if continuous:
-        total_steps = max(1, frames * len(kind.agents) // PER_STEP)
+        total_steps = max(1, frames * len(kind.agents) // per_step)
         trainer = dict(lr=1e-3, epochs=10, minibatches=16, gamma=0.95, gae_lambda=0.95,
                        entropy_coef=0.0, clip=0.2, lr_schedule="linear",
                        total_steps=total_steps)  # fmt: skip
@@ -128,7 +138,7 @@ def _ppo_policy(kind: AgentKind, actors: ActorConfig, frames: int) -> PolicyConf
     return PolicyConfig(
         policy=ComponentConfig("actor-critic", policy_args),
         trainer=ComponentConfig("ppo", trainer),
-        batch_segments=PER_STEP // actors.segment_length,
+        batch_segments=per_step // actors.segment_length,
     )
 
 

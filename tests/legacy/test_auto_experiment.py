@@ -314,7 +314,23 @@ def test_a_linear_decay_lasts_the_run_when_agents_share_a_policy():
     """Two agents in a Box sharing a policy give it two transitions a step: its learning rate
     reached zero half-way through the run."""
     config = ppo("test-auto-box", env_args={"agents": 2}, frames=102_400)
-    assert config.policies["default"].trainer.args["total_steps"] == 2 * 100
+    default = config.policies["default"]
+    per_step = default.batch_segments * config.actors.segment_length
+    assert default.trainer.args["total_steps"] * per_step == 2 * 102_400
+
+
+def test_a_policy_shared_by_n_agents_takes_n_times_the_transitions_a_step():
+    """1,024 transitions a step whatever the agents: a policy three agents share stepped every
+    341 environment steps (MPE's simple_spread_v3 learnt at a third of the pace, 10 versions
+    of lag). Now a step covers 1,024 environment steps, up to 8 agents."""
+    from legacy.experiments.auto import MAX_SHARED_BATCHES, PER_STEP
+
+    for agents, batches in ((1, 1), (3, 3), (2 * MAX_SHARED_BATCHES, MAX_SHARED_BATCHES)):
+        for env in ("test-auto-box", "test-auto-discrete"):
+            config = ppo(env, env_args={"agents": agents}, frames=102_400)
+            default = config.policies["default"]
+            per_step = default.batch_segments * config.actors.segment_length
+            assert per_step == batches * PER_STEP, (env, agents)
 
 
 def test_kinds_are_named_after_the_agents_names_where_the_environment_has_them():
