@@ -2,7 +2,8 @@
 one (:func:`spec_of_id`, the registry's family resolver for the ``pettingzoo:`` prefix), found in
 PettingZoo's registry, in a PettingZoo without one by the game's module, and for MPE's games in
 ``mpe2``, the package PettingZoo 1.25 moved them to. The game is made by
-:mod:`legacy.environment.pettingzoo_adapter`; resolving imports nothing of the game itself."""
+:mod:`legacy.environment.pettingzoo_adapter`; found in PettingZoo's registry, it is resolved
+without importing the game."""
 
 from __future__ import annotations
 
