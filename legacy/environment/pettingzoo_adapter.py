@@ -31,7 +31,7 @@ through its parallel API where the game has one and is not a classic (turn-based
 AEC one; ``#aec`` or ``#parallel`` after the id chooses. ``troupe test-env
 pettingzoo:classic/rps_v2``, ``environment.type=pettingzoo:...`` (resolved by
 :mod:`legacy.environment.pettingzoo_ids`). The particle games keep
-their ids (``pettingzoo:mpe/simple_spread_v3``) where PettingZoo 1.25 on moved them to the
+their ids (``pettingzoo:mpe/simple_spread_v3``) where PettingZoo (1.27) moved them to the
 ``mpe2`` package: they are made from there.
 
 PettingZoo is an optional dependency: ``pip install 'troupe-rl[multiagent]'``; MPE's games need

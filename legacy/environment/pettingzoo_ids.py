@@ -1,7 +1,7 @@
 """PettingZoo games by id, ``pettingzoo:<family>/<game>[#aec|#parallel]``: the spec that makes
 one (:func:`spec_of_id`, the registry's family resolver for the ``pettingzoo:`` prefix), found in
 PettingZoo's registry, in a PettingZoo without one by the game's module, and for MPE's games in
-``mpe2``, the package PettingZoo 1.25 moved them to. The game is made by
+``mpe2``, the package they moved to from PettingZoo (1.27 no longer has them). The game is made by
 :mod:`legacy.environment.pettingzoo_adapter`; found in PettingZoo's registry, it is resolved
 without importing the game."""
 
@@ -145,8 +145,8 @@ _FACTORY = {"aec": "env", "parallel": "parallel_env"}
 
 
 def _mpe_moved() -> bool:
-    """Whether this PettingZoo's MPE family is gone to the ``mpe2`` package (PettingZoo 1.25
-    on: importing ``pettingzoo.mpe`` only says so)."""
+    """Whether this PettingZoo's MPE family is gone to the ``mpe2`` package (as in PettingZoo
+    1.27, where importing ``pettingzoo.mpe`` only says so)."""
     import importlib
 
     try:
