@@ -40,7 +40,7 @@ from distributed.errors import (
     ImagePushError,
     WheelhouseError,
 )
-from distributed.images import pinning, source
+from distributed.images import pinning, project, source
 from distributed.images.wheelhouse import (
     CPU_TORCH_INDEX,
     DEFAULT_EXTRAS,
@@ -59,7 +59,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["ImageError", "WheelhouseError", "build_image", "build_wheelhouse", "push_image"]
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
-DOCKER_DIR = PROJECT_DIR / "docker"
+DOCKER_DIR = project.docker_dir()
+"""The checkout's ``docker/``, or the copy a wheel installed (:mod:`.project`)."""
 DEFAULT_TAG = "troupe-worker:latest"
 DEFAULT_GPU_TAG = "troupe-worker:latest-gpu"
 LOCAL_BASE = "troupe-base:bookworm-py311"
@@ -68,11 +69,19 @@ MAKE_BASE_SCRIPT = DOCKER_DIR / "make-base-image.sh"
 DEPS_STAGE_LABEL = "org.troupe.stage=deps"
 PROJECT_STAGE_LABEL = "org.troupe.stage=project"
 DEPS_KEY_LABEL = "org.troupe.deps"
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a hint names it: from the checkout's root there (the README's commands run
+    in it), whole where a wheel installed it."""
+    return str(path.relative_to(PROJECT_DIR) if project.is_checkout(PROJECT_DIR) else path)
+
+
 _AS_ROOT = "" if os.geteuid() == 0 else "sudo "
 """A root shell has no sudo to run (often not even installed): the hints say it where needed."""
 MAKE_BASE_HINT = (
     f"make {LOCAL_BASE} offline (root, debootstrap from a Debian mirror, about a minute) with "
-    f"`{_AS_ROOT}{MAKE_BASE_SCRIPT.relative_to(PROJECT_DIR)}` and build again, or pass "
+    f"`{_AS_ROOT}{_shown(MAKE_BASE_SCRIPT)}` and build again, or pass "
     "--make-base-image to do both now, or --base-image IMAGE"
 )
 

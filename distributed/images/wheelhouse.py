@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distributed.errors import WheelhouseError
+from distributed.images import project
+from distributed.images.project import project_dependencies
 
 logger = logging.getLogger(__name__)
 
@@ -182,36 +184,6 @@ the core dependencies alone failed them in every container, for want of ale-py o
 they add some 230 MB to its 1.1 GB."""
 
 
-def project_dependencies(project_dir: Path = PROJECT_DIR, extras: Sequence[str] = ()) -> list[str]:
-    """``[project].dependencies`` of ``pyproject.toml``, and the requirements of each of
-    ``extras`` (``atari``, ``multiagent``: its ``[project.optional-dependencies]``, an extra that
-    names others, ``troupe-rl[video]``, with theirs): what the image installs besides us. The
-    image held the first alone, so ``pong-ppo`` failed in every container for want of ale-py.
-    Raises :class:`WheelhouseError` for an extra the project does not have."""
-    import tomllib  # Python 3.11+, as every image build is (see _check_python)
-
-    with open(project_dir / "pyproject.toml", "rb") as f:
-        project = tomllib.load(f)["project"]
-    optional = project.get("optional-dependencies", {})
-    requirements, pending, seen = list(project["dependencies"]), list(extras), set()
-    while pending:
-        extra = pending.pop(0)
-        if extra in seen:
-            continue
-        if extra not in optional:
-            raise WheelhouseError(
-                f"troupe-rl has no extra '{extra}'; it has {', '.join(sorted(optional))}"
-            )
-        seen.add(extra)
-        for requirement in optional[extra]:
-            own = re.fullmatch(rf"{re.escape(project['name'])}\[([^\]]+)\]", requirement.strip())
-            if own:  # an extra made of others of ours
-                pending += [e.strip() for e in own.group(1).split(",")]
-            elif requirement not in requirements:
-                requirements.append(requirement)
-    return requirements
-
-
 def dependency_key(requirements: list[str], *, gpu: bool, torch_index: str | None) -> str:
     """Names the cached dependency folder: anything that changes which wheels pip picks."""
     described = {
@@ -270,6 +242,8 @@ ZIP_EPOCH = "315532800"
 
 def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
     """Build the troupe-rl wheel from a copy of the source: the checkout stays as it was."""
+    if project_dir == PROJECT_DIR and not project.is_checkout(project_dir):
+        return project.installed_wheel(out_dir)  # installed from a wheel: its files, packed
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="troupe-source-") as tmp:
         source = Path(tmp) / "src"
@@ -279,6 +253,9 @@ def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
             ignore=shutil.ignore_patterns(*_NOT_SOURCE, *_NOT_SOURCE_GLOBS),
             symlinks=True,
         )
+        # docker/'s files ride in the wheel (project.py); not a by-hand build's wheels
+        skip = shutil.ignore_patterns("deps", "project")
+        shutil.copytree(project_dir / "docker", source / "docker", ignore=skip, symlinks=True)
         command = [*_pip("wheel"), "--no-deps", "--wheel-dir", str(out_dir), str(source)]
         if _has_build_backend():  # no isolated build env: no index, a second instead of ten
             command.insert(-1, "--no-build-isolation")

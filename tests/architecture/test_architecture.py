@@ -166,17 +166,17 @@ def test_long_files_say_why():
 
 
 def test_every_package_folder_is_installed():
-    """pyproject.toml lists the packages (the ``troupe`` name maps to ``distributed/troupe``): a
-    new folder missing from the list would work in this checkout and vanish from a wheel."""
+    """pyproject.toml lists the packages (``troupe`` maps to ``distributed/troupe``): a new
+    folder missing from the list would work in this checkout and vanish from a wheel."""
     import tomllib
 
-    listed = set(
-        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    )
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
     folders = {
         ".".join(p.parent.relative_to(ROOT).parts)
         for pkg in PACKAGES
         for p in (ROOT / pkg).rglob("__init__.py")
         if "troupe" not in p.parent.relative_to(ROOT).parts[1:]
     }
-    assert listed == folders | {"troupe"}
+    # and the folders mapped by name: troupe, and docker/ as distributed.images.dockerfiles
+    assert listed == folders | set(setuptools["package-dir"])
