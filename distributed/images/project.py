@@ -122,14 +122,27 @@ def installed_wheel(out_dir: Path) -> Path:
     """Pack the installed distribution's files into a wheel in ``out_dir``; returns it."""
     dist = _distribution()
     root = Path(dist.locate_file(""))
-    info = f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info"
+    listed = dist.files or []
+    info = next(
+        (
+            f.parts[0]
+            for f in listed
+            if f.parts[1:] == ("METADATA",) and f.parts[0].endswith(".dist-info")
+        ),
+        None,
+    )
+    packages = set((dist.read_text("top_level.txt") or "").split())
+    if info is None or not packages:  # no RECORD or top_level.txt: not installed by pip
+        raise WheelhouseError(
+            f"the installed {PROJECT} at {root} does not list its files and packages (RECORD, "
+            "top_level.txt): install it with pip, or build the image from a Troupe checkout"
+        )
     tag = next(
         (line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "").splitlines()
          if line.startswith("Tag:")),
         "py3-none-any",
     )  # fmt: skip
-    packages = set((dist.read_text("top_level.txt") or "").split())
-    files = sorted({str(f) for f in dist.files or [] if _belongs_in_wheel(f.parts, info, packages)})
+    files = sorted({str(f) for f in listed if _belongs_in_wheel(f.parts, info, packages)})
     out_dir.mkdir(parents=True, exist_ok=True)
     wheel = out_dir / f"{info.removesuffix('.dist-info')}-{tag}.whl"
     record = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distributed.images import wheelhouse
+from distributed.images import project, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target"]
@@ -145,3 +145,21 @@ def test_the_packed_wheel_installs(installed, tmp_path):
     )
     assert (tmp_path / "distributed" / "images" / "dockerfiles" / "Dockerfile").is_file()
     assert (tmp_path / "troupe" / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        ("numpy>=1.24", ("numpy>=1.24", None)),
+        ('ale-py>=0.9; extra == "atari"', ("ale-py>=0.9", "atari")),
+        (
+            "foo>=1; python_version < \"3.12\" and extra == 'x'",
+            ('foo>=1; python_version < "3.12"', "x"),
+        ),
+        ('bar; extra == "y" and sys_platform == "linux"', ('bar; sys_platform == "linux"', "y")),
+        ('qux; os_name == "nt"', ('qux; os_name == "nt"', None)),
+    ],
+)
+def test_a_requirement_is_read_with_its_extra_apart(written, read):
+    """Requires-Dist as setuptools writes it: the extra is a clause of the marker."""
+    assert project._split(written) == read
