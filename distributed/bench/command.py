@@ -221,7 +221,8 @@ def markdown_table(rows: list[Row], machine: dict[str, Any]) -> str:
         f"Machine: {machine['cores']} cores, {machine['cpu_model']}; Python {machine['python']}, "
         f"torch {machine['torch']}, numpy {machine['numpy']}, pyzmq {machine['pyzmq']} "
         f"(libzmq {machine['libzmq']}); load average at start "
-        f"{machine['load_average_start'][0]:.1f}; {machine['date']}; commit {machine['commit']}.",
+        f"{machine['load_average_start'][0]:.1f}; {machine['date']}; "
+        f"troupe-rl {machine.get('troupe', '?')}, commit {machine['commit']}.",
         "",
         "| suite | figure | measured | target | met |",
         "|---|---|---|---|---|",
@@ -247,7 +248,8 @@ def machine_info() -> dict[str, Any]:
         "libzmq": _libzmq(),
         "gymnasium": _version("gymnasium"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": _commit(),  # "unknown" where Troupe was installed without its checkout
+        "troupe": _version("troupe-rl"),
         "load_average_start": list(os.getloadavg()),
     }
 
