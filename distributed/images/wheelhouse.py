@@ -40,7 +40,8 @@ IMAGE_PYTHON = (3, 11)
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 COMPLETE = ".complete"
 """Written last into a cached dependency folder: a folder without it was cut short."""
-# Never part of the project wheel; copying them would only slow the out-of-tree build down.
+# Never part of the project wheel; copying them would only slow the out-of-tree build down
+# (docker/ is copied apart, without a by-hand build's wheel folders).
 _NOT_SOURCE = (".git", ".venv", "build", "dist", "runs", "wheelhouse", "tests", "docker")
 _NOT_SOURCE_GLOBS = ("*.egg-info", "__pycache__", ".*_cache", "*.pyc")
 
@@ -253,7 +254,7 @@ def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
             ignore=shutil.ignore_patterns(*_NOT_SOURCE, *_NOT_SOURCE_GLOBS),
             symlinks=True,
         )
-        # docker/'s files ride in the wheel (project.py); not a by-hand build's wheels
+        # docker/'s files ride in the wheel (project.py); deps/ and project/ are a GB of wheels
         skip = shutil.ignore_patterns("deps", "project")
         shutil.copytree(project_dir / "docker", source / "docker", ignore=skip, symlinks=True)
         command = [*_pip("wheel"), "--no-deps", "--wheel-dir", str(out_dir), str(source)]
