@@ -187,10 +187,12 @@ def build_image(
     make_base: bool = False,
     refresh_deps: bool = False,
     extras: Sequence[str] | None = None,
+    requirements: Sequence[str] = (),
 ) -> str:
     """Build the worker image ``tag`` on ``base_image``; returns the image id. ``extras``: the
     project's extras whose packages the image holds too (None: :data:`DEFAULT_EXTRAS`, or what
-    ``wheelhouse`` holds).
+    ``wheelhouse`` holds); ``requirements``: pip requirements of the user's own, installed
+    with them (:mod:`.user_requirements`).
 
     ``base_image`` None: see :func:`resolve_base_image`; it must have Python 3.11. The wheels
     come from ``wheelhouse`` when given, otherwise the dependency wheels from the cache (made on
@@ -202,6 +204,11 @@ def build_image(
         raise ImageError(
             "--extras chooses the wheels a build makes; a --wheelhouse holds its own: make it "
             f"with them (troupe image wheelhouse DIR --extras {','.join(extras)})"
+        )
+    if requirements and wheelhouse is not None:
+        raise ImageError(
+            "--pip and --requirements choose the wheels a build makes; a --wheelhouse holds its "
+            "own: make it with them (troupe image wheelhouse DIR --pip ...)"
         )
     dockerfile = DOCKER_DIR / ("Dockerfile.gpu" if gpu else "Dockerfile")
     client = client or connect()
@@ -216,6 +223,7 @@ def build_image(
             torch_index=torch_index,
             refresh=refresh_deps,
             extras=DEFAULT_EXTRAS if extras is None else extras,
+            requirements=requirements,
         )
         deps_key = _stage_context(context, dockerfile, wheels)
         logger.info("building %s on %s from %s", tag, base, dockerfile.name)
@@ -444,6 +452,7 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument("--gpu", action="store_true", help="build docker/Dockerfile.gpu (CUDA)")
     _add_extras_argument(build, None)
+    _add_requirements_arguments(build)
     build.add_argument("--push", action="store_true", help="push the image after building it")
     build.add_argument(
         "--wheelhouse",
@@ -468,6 +477,7 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     wheelhouse.add_argument("out_dir", type=Path, metavar="DIR", help="directory for the wheels")
     wheelhouse.add_argument("--gpu", action="store_true", help="wheels for the GPU image")
     _add_extras_argument(wheelhouse, DEFAULT_EXTRAS)
+    _add_requirements_arguments(wheelhouse)
     _add_torch_index_argument(wheelhouse)
 
     push = actions.add_parser("push", help="push a built image to its registry")
@@ -484,6 +494,32 @@ def _add_extras_argument(parser: argparse.ArgumentParser, default: tuple[str, ..
         f"{','.join(DEFAULT_EXTRAS)}, what the registered experiments need: the Atari recipes, "
         "PettingZoo games; also mujoco, box2d, video; '' for none)",
     )
+
+
+def _add_requirements_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pip",
+        action="append",
+        default=[],
+        metavar="REQUIREMENT",
+        help="a package your environments need, installed in the image too: a name with its "
+        "version range (minigrid>=2.3), a folder (./my_pkg) or a wheel (repeatable)",
+    )
+    parser.add_argument(
+        "--requirements",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="the same for every requirement of a requirements file, one a line (repeatable)",
+    )
+
+
+def _user_requirements(args: argparse.Namespace) -> list[str]:
+    """``--pip``'s requirements, then each ``--requirements`` file's."""
+    from distributed.images.user_requirements import read_requirements
+
+    return [*args.pip, *(r for path in args.requirements for r in read_requirements(path))]
 
 
 def _extras(value: str) -> tuple[str, ...]:
@@ -515,6 +551,7 @@ def run_image(args: argparse.Namespace, console: Console) -> int:
             make_base=args.make_base_image,
             refresh_deps=args.refresh_deps,
             extras=args.extras,
+            requirements=_user_requirements(args),
         )
         if args.add:  # user code: a thin layer on top (distributed/images/user_layer.py)
             from distributed.images.user_layer import add_user_code
@@ -523,7 +560,11 @@ def run_image(args: argparse.Namespace, console: Console) -> int:
         console.print(Text(f"built {tag} ({image_id})", style="green"), highlight=False)
     elif args.image_action == "wheelhouse":
         wheels = build_wheelhouse(
-            args.out_dir, gpu=args.gpu, torch_index=args.torch_index, extras=args.extras
+            args.out_dir,
+            gpu=args.gpu,
+            torch_index=args.torch_index,
+            extras=args.extras,
+            requirements=_user_requirements(args),
         )
         console.print(Text(f"{len(wheels)} wheels in {args.out_dir}", style="green"))
     else:

@@ -30,6 +30,7 @@ from pathlib import Path
 from distributed.errors import WheelhouseError
 from distributed.images import project
 from distributed.images.project import project_dependencies
+from distributed.images.user_requirements import local_paths, with_user_requirements
 
 logger = logging.getLogger(__name__)
 
@@ -204,32 +205,34 @@ def dependency_wheels(
     torch_index: str | None = None,
     refresh: bool = False,
     extras: Sequence[str] = (),
+    requirements: Sequence[str] = (),
 ) -> list[Path]:
     """The dependency wheels, from the cache when they are there (``refresh``: made again);
-    ``extras``: those of the project's extras too (:func:`project_dependencies`).
+    ``extras``: those of the project's extras too (:func:`project_dependencies`);
+    ``requirements``: the user's own (``--pip``), with theirs.
 
     Made with this interpreter's pip (the project's venv), so its configuration applies: a
     ``find-links`` directory with a ``+cpu`` torch wheel is preferred over PyPI's CUDA build,
     because a local version label sorts above the plain release.
     """
     _check_python()
-    requirements = project_dependencies(project_dir, extras)
-    key = dependency_key(requirements, gpu=gpu, torch_index=torch_index)
+    wanted = with_user_requirements(project_dependencies(project_dir, extras), requirements)
+    key = dependency_key(wanted, gpu=gpu, torch_index=torch_index)
     folder = cache_root() / "wheels" / key
-    if (folder / COMPLETE).exists() and not refresh:
+    if (folder / COMPLETE).exists() and not refresh and not local_paths(requirements):
         logger.info("dependency wheels from the cache %s", folder)
         return sorted(folder.glob("*.whl"))
     folder.parent.mkdir(parents=True, exist_ok=True)
     making = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
     try:
         listed = making / "requirements.txt"
-        listed.write_text("\n".join(requirements) + "\n")
+        listed.write_text("\n".join(wanted) + "\n")
         command = [*_pip("wheel"), "--wheel-dir", str(making), "-r", str(listed)]
         if torch_index:
             command += ["--extra-index-url", torch_index]
         logger.info("making the dependency wheels in %s (once per dependency set)", folder)
         _run_logged(command, what="pip wheel")
-        (making / COMPLETE).write_text(json.dumps(requirements) + "\n")
+        (making / COMPLETE).write_text(json.dumps(wanted) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         making.rename(folder)
     finally:
@@ -276,6 +279,7 @@ def build_wheelhouse(
     gpu: bool = False,
     torch_index: str | None = None,
     extras: Sequence[str] = DEFAULT_EXTRAS,
+    requirements: Sequence[str] = (),
 ) -> list[Path]:
     """Every wheel an image needs in one folder (``troupe image wheelhouse``, to carry to an
     air-gapped machine); returns them. Raises :class:`WheelhouseError` if pip fails or
@@ -284,7 +288,13 @@ def build_wheelhouse(
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("troupe_rl-*.whl"):
         stale.unlink()
-    deps = dependency_wheels(Path(project_dir), gpu=gpu, torch_index=torch_index, extras=extras)
+    deps = dependency_wheels(
+        Path(project_dir),
+        gpu=gpu,
+        torch_index=torch_index,
+        extras=extras,
+        requirements=requirements,
+    )
     for wheel in deps:
         link_or_copy(wheel, out / wheel.name)
     project_wheel(out, Path(project_dir))
@@ -303,10 +313,11 @@ def make_wheelhouse(
     torch_index: str | None = None,
     refresh: bool = False,
     extras: Sequence[str] = DEFAULT_EXTRAS,
+    requirements: Sequence[str] = (),
 ) -> Wheelhouse:
     """The wheels of one image build: from ``wheelhouse`` (a folder the user made) when given,
-    else the cached dependencies (with those of ``extras``) and a fresh project wheel built
-    into ``scratch``."""
+    else the cached dependencies (with those of ``extras`` and ``requirements``) and a fresh
+    project wheel built into ``scratch``."""
     if wheelhouse is not None:
         wheels = sorted(Path(wheelhouse).glob("*.whl"))
         if not wheels:
@@ -316,7 +327,13 @@ def make_wheelhouse(
             )
         check_wheels(wheels, gpu=gpu, where=Path(wheelhouse))
     else:
-        deps = dependency_wheels(gpu=gpu, torch_index=torch_index, refresh=refresh, extras=extras)
+        deps = dependency_wheels(
+            gpu=gpu,
+            torch_index=torch_index,
+            refresh=refresh,
+            extras=extras,
+            requirements=requirements,
+        )
         wheels = [*deps, project_wheel(scratch)]
         check_wheels(wheels, gpu=gpu, where=scratch)
     [project] = [w for w in wheels if is_project_wheel(w)]

@@ -189,6 +189,7 @@ def test_image_build_arguments_reach_build_image(monkeypatch):
                 "make_base": False,
                 "refresh_deps": False,
                 "extras": None,
+                "requirements": [],
             },
         )
     ]

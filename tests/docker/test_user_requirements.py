@@ -1,0 +1,130 @@
+"""Packages of the user's own in a worker image (``troupe image build --pip``,
+distributed/images/user_requirements.py): read, refused where wrong, and made into wheels by
+pip with the image's other dependencies."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from distributed.errors import WheelhouseError
+from distributed.images import build as images
+from distributed.images import wheelhouse
+from distributed.images.user_requirements import (
+    local_paths,
+    read_requirements,
+    with_user_requirements,
+)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="troupe image")
+    images.add_image_arguments(parser)
+    return parser.parse_args(argv)
+
+
+class _QuietConsole:
+    def print(self, *args, **kwargs):
+        pass
+
+
+def test_pip_and_requirements_files_reach_the_build_and_the_wheelhouse(tmp_path, monkeypatch):
+    listed = tmp_path / "requirements.txt"
+    listed.write_text("# my environments\nminigrid>=2.3  # the grid worlds\n\nhighway-env\n")
+    calls = []
+    monkeypatch.setattr(images, "build_image", lambda *a, **kw: calls.append(kw) or "sha")
+    monkeypatch.setattr(images, "build_wheelhouse", lambda *a, **kw: calls.append(kw) or [])
+    argv = ["--pip", "procgen", "--requirements", str(listed), "--pip", "./my_pkg"]
+    assert images.run_image(parse("build", *argv), console=_QuietConsole()) == 0
+    assert images.run_image(parse("wheelhouse", "out", *argv), console=_QuietConsole()) == 0
+    wanted = ["procgen", "./my_pkg", "minigrid>=2.3", "highway-env"]
+    assert [c["requirements"] for c in calls] == [wanted, wanted]
+
+
+def test_a_requirements_file_holds_requirements_only(tmp_path):
+    listed = tmp_path / "req.txt"
+    listed.write_text("minigrid\n--index-url https://example.org/simple\n")
+    with pytest.raises(WheelhouseError) as e:
+        read_requirements(listed)
+    assert str(e.value) == (
+        f"{listed}:2: '--index-url https://example.org/simple': only requirements, one a line "
+        "(pip's options belong in its configuration, pip config or PIP_* variables)"
+    )
+    with pytest.raises(WheelhouseError, match=r"cannot read the requirements file .*nowhere"):
+        read_requirements(tmp_path / "nowhere.txt")
+
+
+def test_troupe_itself_is_refused_and_its_extras_named():
+    with pytest.raises(WheelhouseError) as e:
+        with_user_requirements([], ["troupe-rl[mujoco,box2d]"])
+    assert str(e.value) == (
+        "--pip troupe-rl[mujoco,box2d]: the image holds this Troupe already; its extras are "
+        "chosen with --extras mujoco,box2d"
+    )
+
+
+def test_a_local_path_is_made_absolute_and_a_name_is_left_alone(tmp_path, monkeypatch):
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "minigrid").mkdir()  # a folder of that name: pip would still take the name
+    monkeypatch.chdir(tmp_path)
+    user = ["./my_pkg[extra]", "minigrid", "numpy>=1.24"]
+    assert with_user_requirements(["numpy>=1.24"], user) == [
+        "numpy>=1.24",
+        f"{tmp_path}/my_pkg[extra]",
+        "minigrid",
+    ]
+    assert local_paths(user) == ["./my_pkg[extra]"]
+
+
+def test_a_build_with_the_pip_option_is_refused_with_a_wheelhouse():
+    with pytest.raises(images.ImageError, match="make it with them"):
+        images.build_image(None, "t", wheelhouse="/nowhere", requirements=["minigrid"])
+
+
+def _wheel(folder: Path, name: str, version: str, value: int) -> Path:
+    """A pure-Python wheel of one module, made by hand: pip takes it with no build, no index."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": f"VALUE = {value}\n".encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = [f"{n},sha256={_digest(d)},{len(d)}" for n, d in files.items()]
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, d in files.items():
+            zf.writestr(n, d)
+    return path
+
+
+def _digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_pip_makes_the_users_wheels_with_the_others_and_remakes_a_local_one(tmp_path, monkeypatch):
+    """A project with no dependencies of its own, so that pip makes only the user's wheel."""
+    monkeypatch.setenv("TROUPE_CACHE_DIR", str(tmp_path / "cache"))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "troupe-rl"\nversion = "0"\ndependencies = []\n'
+    )
+    user = _wheel(tmp_path, "my_envs", "1.0", value=1)
+    wheels = wheelhouse.dependency_wheels(project, requirements=[str(user)])
+    assert [w.name for w in wheels] == [user.name]
+    folder = wheels[0].parent
+    assert json.loads((folder / wheelhouse.COMPLETE).read_text()) == [str(user)]
+    assert folder.name != wheelhouse.dependency_key([], gpu=False, torch_index=None)
+
+    _wheel(tmp_path, "my_envs", "1.0", value=2)  # changed code under the same name
+    [again] = wheelhouse.dependency_wheels(project, requirements=[str(user)])
+    with zipfile.ZipFile(again) as zf:
+        assert zf.read("my_envs.py") == b"VALUE = 2\n"
