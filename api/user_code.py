@@ -181,10 +181,7 @@ def import_file(path: str | Path, name: str | None = None) -> ModuleType:
             spec.loader.exec_module(module)
         except Exception as e:
             sys.modules.pop(name, None)
-            raise RegistryError(
-                f"importing {path} failed: {type(e).__name__}: {e} (fix the file; every worker "
-                "imports it to build your components)"
-            ) from e
+            raise _import_failed(path, e) from e
         _by_file[key] = module
         return module
 
@@ -205,11 +202,22 @@ def _import_from_package(path: Path) -> ModuleType | None:
     except Exception as e:
         if isinstance(e, ModuleNotFoundError) and _is_missing(e, name):
             return None
-        raise RegistryError(
-            f"importing {path} failed: {type(e).__name__}: {e} (fix the file; every worker "
-            "imports it to build your components)"
-        ) from e
+        raise _import_failed(path, e) from e
     return module if _same_file(getattr(module, "__file__", None), str(path)) else None
+
+
+def _import_failed(path: Path, e: BaseException) -> RegistryError:
+    """What a failed import of the user's file says to do: a module it imports that is not
+    installed is no fault of the file (in a worker image, the package was not put there)."""
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        top = e.name.split(".")[0]
+        advice = (
+            f"'{top}' is not installed here: pip install the package that provides it (a worker "
+            "image: troupe image build --pip PACKAGE, or --add the file if it is your own)"
+        )
+    else:
+        advice = "fix the file; every worker imports it to build your components"
+    return RegistryError(f"importing {path} failed: {type(e).__name__}: {e} ({advice})")
 
 
 _local_roots: list[str] = []
@@ -257,7 +265,7 @@ def import_code(item: str, source: str = "") -> ModuleType:
     except ImportError as e:
         raise RegistryError(
             f"code.imports: cannot import module '{item}' ({e}); name an installed module or "
-            "a .py file"
+            "a .py file (a worker image: troupe image build --pip PACKAGE or --add FOLDER)"
         ) from e
 
 

@@ -182,6 +182,12 @@ class GymnasiumEnvironment(Environment):
         self._env.close()
 
 
+IMAGE_HINT = (
+    "a worker image gets it with troupe image build --pip PACKAGE; MuJoCo and Box2D tasks "
+    "with --extras mujoco or --extras box2d"
+)
+
+
 def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
     """``gymnasium.make`` with errors that say which id failed and what to install."""
     _quiet_mujoco(gym_id)
@@ -189,7 +195,8 @@ def _make_gym_env(gym_id: str, gym_kwargs: dict[str, Any]) -> gym.Env:
         return gym.make(gym_id, **gym_kwargs)
     except (gym.error.DependencyNotInstalled, ImportError) as e:  # jax, shimmy, mujoco-py, ...
         raise UserError(
-            f"gymnasium environment '{gym_id}' needs a package that is not installed: {e}"
+            f"gymnasium environment '{gym_id}' needs a package that is not installed: {e} "
+            f"({IMAGE_HINT})"
         ) from e
     except gym.error.Error as e:
         raise UserError(f"gymnasium could not make '{gym_id}': {e}") from e

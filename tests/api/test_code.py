@@ -162,6 +162,27 @@ def test_a_file_of_a_package_is_imported_by_its_dotted_name(tmp_path, isolated):
         user_code.import_file(broken)
 
 
+def test_a_file_importing_a_package_not_installed_says_to_install_it(tmp_path, isolated):
+    """The file is not at fault, and "fix the file" sent a user of a worker image without the
+    package the wrong way: they need it installed where the workers run."""
+    path = tmp_path / "grid_envs.py"
+    path.write_text("import troupe_test_not_installed.envs\n")
+    with pytest.raises(RegistryError) as e:
+        user_code.import_file(path)
+    assert str(e.value) == (
+        f"importing {path} failed: ModuleNotFoundError: No module named "
+        "'troupe_test_not_installed' ('troupe_test_not_installed' is not installed here: pip "
+        "install the package that provides it (a worker image: troupe image build --pip "
+        "PACKAGE, or --add the file if it is your own))"
+    )
+    with pytest.raises(RegistryError) as e:  # --import by module name, as a package installs it
+        user_code.import_code("troupe_test_not_installed")
+    assert str(e.value).endswith(
+        "name an installed module or a .py file (a worker image: troupe image build --pip "
+        "PACKAGE or --add FOLDER)"
+    )
+
+
 def test_a_module_of_the_working_directory_travels_as_its_file(tmp_path, isolated, monkeypatch):
     """``troupe run --import my_package.corridors`` where ``my_package/`` is in the folder the
     command runs in: importable here (as ``python -m`` would have it), its file recorded beside

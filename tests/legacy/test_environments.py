@@ -158,8 +158,12 @@ def test_an_environment_whose_module_cannot_be_imported_names_it():
     gym.register("TroupeTestMissing-v0", entry_point="troupe_no_such_module:Env")
     try:
         with pytest.raises(UserError, match="needs a package that is not installed: No module "
-                           "named 'troupe_no_such_module'"):  # fmt: skip
+                           "named 'troupe_no_such_module'") as e:  # fmt: skip
             GymnasiumEnvironment("TroupeTestMissing-v0")
+        assert str(e.value).endswith(  # where the workers run in containers, too
+            "(a worker image gets it with troupe image build --pip PACKAGE; MuJoCo and Box2D "
+            "tasks with --extras mujoco or --extras box2d)"
+        )
     finally:
         del gym.registry["TroupeTestMissing-v0"]
 
