@@ -104,8 +104,9 @@ MAX_SHARED_BATCHES = 8
 a step then covers as many environment steps as a one-agent task's, which the recipes were
 tuned for. At 1,024 a step the three agents of MPE's ``simple_spread_v3`` had their trainer step
 every 341 environment steps, their samples 6.8 versions old on average; their training return
-was -21.2 after 180 s, and -18.5 at 3,072 a step (BENCHMARKS.md). Capped, so that a game of
-dozens of agents does not make a trainer step of tens of thousands of transitions."""
+was -21.9 after 270 s, and -15.1 at 3,072 a step (BENCHMARKS.md, one run each). Capped, so
+that a game of dozens of agents does not make a trainer step of tens of thousands of
+transitions."""
 
 
 def _actors(continuous: bool) -> ActorConfig:

@@ -280,7 +280,8 @@ def test_a_family_that_left_pettingzoo_is_said_as_its_import_says(tmp_path, monk
 
 
 def test_mpe_games_keep_their_pettingzoo_ids_and_are_made_from_mpe2():
-    """PettingZoo 1.27 moved MPE into the mpe2 package, and its registry forgot the family:
+    """PettingZoo (1.27 here) no longer has MPE, which moved to the mpe2 package, and its
+    registry forgot the family:
     `troupe train pettingzoo:mpe/simple_spread_v3` said "install mpe2", and said it again
     with mpe2 installed. The id now makes mpe2's game (its parallel API; #aec the other)."""
     pytest.importorskip("mpe2", reason="needs the 'mpe' extra")
