@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ImageError", "WheelhouseError", "build_image", "build_wheelhouse", "push_image"]
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+PROJECT_DIR = project.CHECKOUT_DIR
 DOCKER_DIR = project.docker_dir()
 """The checkout's ``docker/``, or the copy a wheel installed (:mod:`.project`)."""
 DEFAULT_TAG = "troupe-worker:latest"

@@ -19,10 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from distributed.images import project
+
 LABEL = "org.troupe.source"
 PACKAGES = ("api", "algorithm", "legacy", "system", "distributed")
 """Troupe's top-level packages (``pyproject.toml``); ``troupe`` is inside ``distributed``."""
-HOME = Path(__file__).resolve().parents[2]
+HOME = project.CHECKOUT_DIR
 """Where they are: the checkout, or site-packages. Not found by importing them: in a test
 session ``tests/api`` and the like can stand for the real ones as namespace packages."""
 

@@ -34,7 +34,7 @@ from distributed.images.user_requirements import local_paths, with_user_requirem
 
 logger = logging.getLogger(__name__)
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+PROJECT_DIR = project.CHECKOUT_DIR
 PROJECT = "troupe-rl"
 IMAGE_PYTHON = (3, 11)
 """The Python of every base image the Dockerfiles accept; the wheelhouse must be built for it."""
