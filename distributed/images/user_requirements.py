@@ -2,11 +2,11 @@
 
 An environment that needs a package Troupe does not bring (``minigrid``, ``highway-env``, a
 package of the user's own) could not be built in any worker image: ``--extras`` names only
-troupe-rl's own extras, ``--add`` adds Python files, not installed packages, and the only other
-way was a wheelhouse made by hand. The requirements given with ``--pip`` (or a file of them,
-``--requirements``) now join the image's dependencies: pip makes their wheels on this machine
-with the others (cached under a key that names them), and the image's dependency stage installs
-them with the rest, offline.
+troupe-rl's own extras, ``--add`` adds Python files, not installed packages; only a wheelhouse
+made by hand or a Dockerfile of one's own on top of the image could. The requirements given
+with ``--pip`` (or a file of them, ``--requirements``) now join the image's dependencies: pip
+makes their wheels on this machine with the others (cached under a key that names them), and
+the image's dependency stage installs them with the rest, offline.
 """
 
 from __future__ import annotations
