@@ -268,14 +268,16 @@ def _tag_content(client: docker.DockerClient, tag: str, image_id: str) -> str:
 
 
 def _stage_context(context: Path, dockerfile: Path, wheels: Wheelhouse) -> str:
-    """Dockerfile, ``deps/`` and ``project/`` in ``context``; returns the dependency set's key
-    (a digest of the dependency wheels' names and sizes: the same wheels, the same key)."""
+    """Dockerfile, ``deps/`` and ``project/`` (the user's own wheels in ``project/user/``) in
+    ``context``; returns the dependency set's key (a digest of the dependency wheels' names and
+    sizes: the same wheels, the same key)."""
     import hashlib
 
     shutil.copy2(dockerfile, context / dockerfile.name)
     shutil.copy2(DOCKER_DIR / ".dockerignore", context / ".dockerignore")
     digest = hashlib.sha256()
-    for folder, files in (("deps", wheels.dependencies), ("project", [wheels.project])):
+    staged = [("deps", wheels.dependencies), ("project", [wheels.project])]
+    for folder, files in [*staged, *([("project/user", wheels.user)] if wheels.user else [])]:
         (context / folder).mkdir()
         for wheel in files:
             link_or_copy(wheel, context / folder / wheel.name)

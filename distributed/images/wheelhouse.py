@@ -1,4 +1,4 @@
-"""The wheels a worker image is made of, in two parts that change at different speeds.
+"""The wheels a worker image is made of, in parts that change at different speeds.
 
 - **Dependencies** (torch, numpy, gymnasium... about 1 GB): made once by ``pip wheel`` of the
   project's ``[project].dependencies`` and kept in a cache folder keyed by those requirements,
@@ -6,6 +6,8 @@
   them there, and the image build finds its dependency layer in Docker's cache.
 - **The project** (troupe-rl, a few hundred kB): built again every time, from a copy of the
   source in a temporary folder, so the checkout gets no ``build/`` or ``*.egg-info``.
+- **The user's own packages** (``--pip``): the wheels they add to those two, installed in the
+  project's layer (:mod:`.user_requirements`).
 
 :func:`wheelhouse_problems` checks a set of wheels: a CPU image must carry no CUDA (PyPI's torch
 for Linux x86_64 is the CUDA build and drags in several GB of ``nvidia-*`` wheels).
@@ -19,18 +21,17 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from distributed.errors import WheelhouseError
 from distributed.images import project
+from distributed.images.pip_calls import COMPLETE, cache_root, pip, reproducible_env, run_logged
 from distributed.images.project import project_dependencies
-from distributed.images.user_requirements import local_paths, with_user_requirements
+from distributed.images.user_requirements import local_paths, user_wheels, with_user_requirements
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ PROJECT = "troupe-rl"
 IMAGE_PYTHON = (3, 11)
 """The Python of every base image the Dockerfiles accept; the wheelhouse must be built for it."""
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-COMPLETE = ".complete"
-"""Written last into a cached dependency folder: a folder without it was cut short."""
 # Never part of the project wheel; copying them would only slow the out-of-tree build down
 # (docker/ is copied apart, without a by-hand build's wheel folders).
 _NOT_SOURCE = (".git", ".venv", "build", "dist", "runs", "wheelhouse", "tests", "docker")
@@ -161,22 +160,16 @@ def check_wheels(wheels: list[Path], *, gpu: bool, where: Path) -> None:
 # --------------------------------------------------------------------- the two parts
 @dataclass(frozen=True)
 class Wheelhouse:
-    """The wheels of one image: the cached dependencies and this build's project wheel."""
+    """The wheels of one image: the cached dependencies, this build's project wheel, and the
+    wheels the user's own packages (``--pip``) add to them, which go in the project's layer."""
 
     dependencies: list[Path]
     project: Path
+    user: list[Path] = field(default_factory=list)
 
     @property
     def all(self) -> list[Path]:
-        return [*self.dependencies, self.project]
-
-
-def cache_root() -> Path:
-    """``$TROUPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/troupe``, else ``~/.cache/troupe``."""
-    if os.environ.get("TROUPE_CACHE_DIR"):
-        return Path(os.environ["TROUPE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "troupe"
+        return [*self.dependencies, *self.user, self.project]
 
 
 DEFAULT_EXTRAS = ("atari", "multiagent")
@@ -227,21 +220,17 @@ def dependency_wheels(
     try:
         listed = making / "requirements.txt"
         listed.write_text("\n".join(wanted) + "\n")
-        command = [*_pip("wheel"), "--wheel-dir", str(making), "-r", str(listed)]
+        command = [*pip("wheel"), "--wheel-dir", str(making), "-r", str(listed)]
         if torch_index:
             command += ["--extra-index-url", torch_index]
         logger.info("making the dependency wheels in %s (once per dependency set)", folder)
-        _run_logged(command, what="pip wheel")
+        run_logged(command, what="pip wheel")
         (making / COMPLETE).write_text(json.dumps(wanted) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         making.rename(folder)
     finally:
         shutil.rmtree(making, ignore_errors=True)
     return sorted(folder.glob("*.whl"))
-
-
-ZIP_EPOCH = "315532800"
-"""1980-01-01, the earliest time a zip entry can hold."""
 
 
 def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
@@ -260,14 +249,12 @@ def project_wheel(out_dir: Path, project_dir: Path = PROJECT_DIR) -> Path:
         # docker/'s files ride in the wheel (project.py); deps/ and project/ are a GB of wheels
         skip = shutil.ignore_patterns("deps", "project")
         shutil.copytree(project_dir / "docker", source / "docker", ignore=skip, symlinks=True)
-        command = [*_pip("wheel"), "--no-deps", "--wheel-dir", str(out_dir), str(source)]
+        command = [*pip("wheel"), "--no-deps", "--wheel-dir", str(out_dir), str(source)]
         if _has_build_backend():  # no isolated build env: no index, a second instead of ten
             command.insert(-1, "--no-build-isolation")
-        # Every entry of the zip stamped with one fixed time: the same source makes the same
-        # wheel byte for byte, so Docker's cache keeps the image's project layer and a build
-        # with nothing changed gives the same image ID (SOURCE_DATE_EPOCH, which wheel honours).
-        env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", ZIP_EPOCH)}
-        _run_logged(command, what="pip wheel (troupe-rl)", env=env)
+        # The same source, the same wheel byte for byte: a build with nothing changed gives
+        # the same image ID.
+        run_logged(command, what="pip wheel (troupe-rl)", env=reproducible_env())
     [wheel] = [w for w in out_dir.glob("*.whl") if is_project_wheel(w)]
     return wheel
 
@@ -288,21 +275,57 @@ def build_wheelhouse(
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("troupe_rl-*.whl"):
         stale.unlink()
-    deps = dependency_wheels(
+    made = fresh_wheels(
+        out,
         Path(project_dir),
         gpu=gpu,
         torch_index=torch_index,
         extras=extras,
         requirements=requirements,
     )
-    for wheel in deps:
+    for wheel in [*made.dependencies, *made.user]:
         link_or_copy(wheel, out / wheel.name)
-    project_wheel(out, Path(project_dir))
     wheels = sorted(out.glob("*.whl"))
     check_wheels(wheels, gpu=gpu, where=out)
     size = sum(w.stat().st_size for w in wheels) / 2**20
     logger.info("wheelhouse ready: %d wheels, %.0f MiB", len(wheels), size)
     return wheels
+
+
+def fresh_wheels(
+    out_dir: Path,
+    project_dir: Path = PROJECT_DIR,
+    *,
+    gpu: bool,
+    torch_index: str | None = None,
+    refresh: bool = False,
+    extras: Sequence[str] = DEFAULT_EXTRAS,
+    requirements: Sequence[str] = (),
+) -> Wheelhouse:
+    """The cached dependencies (with those of ``extras``), a project wheel built into
+    ``out_dir``, and the wheels ``requirements`` add to both. Those are resolved with the
+    dependencies pinned (:func:`.user_requirements.user_wheels`); where they need other
+    versions of them, everything is resolved in one set and the dependency layer rebuilt."""
+    deps = dependency_wheels(
+        project_dir, gpu=gpu, torch_index=torch_index, refresh=refresh, extras=extras
+    )
+    ours = project_wheel(out_dir, project_dir)
+    user = user_wheels(requirements, image=[*deps, ours])
+    if user is None:
+        logger.info(
+            "the --pip packages need other versions of the image's own dependencies: they are "
+            "resolved together, and the dependency layer is built again (minutes)"
+        )
+        user = []
+        deps = dependency_wheels(
+            project_dir,
+            gpu=gpu,
+            torch_index=torch_index,
+            refresh=refresh,
+            extras=extras,
+            requirements=requirements,
+        )
+    return Wheelhouse(deps, ours, user)
 
 
 def make_wheelhouse(
@@ -316,26 +339,24 @@ def make_wheelhouse(
     requirements: Sequence[str] = (),
 ) -> Wheelhouse:
     """The wheels of one image build: from ``wheelhouse`` (a folder the user made) when given,
-    else the cached dependencies (with those of ``extras`` and ``requirements``) and a fresh
-    project wheel built into ``scratch``."""
-    if wheelhouse is not None:
-        wheels = sorted(Path(wheelhouse).glob("*.whl"))
-        if not wheels:
-            raise WheelhouseError(
-                f"{wheelhouse} holds no wheels: make them with `troupe image wheelhouse "
-                f"{wheelhouse}`"
-            )
-        check_wheels(wheels, gpu=gpu, where=Path(wheelhouse))
-    else:
-        deps = dependency_wheels(
+    else :func:`fresh_wheels` made into ``scratch``."""
+    if wheelhouse is None:
+        made = fresh_wheels(
+            scratch,
             gpu=gpu,
             torch_index=torch_index,
             refresh=refresh,
             extras=extras,
             requirements=requirements,
         )
-        wheels = [*deps, project_wheel(scratch)]
-        check_wheels(wheels, gpu=gpu, where=scratch)
+        check_wheels(made.all, gpu=gpu, where=scratch)
+        return made
+    wheels = sorted(Path(wheelhouse).glob("*.whl"))
+    if not wheels:
+        raise WheelhouseError(
+            f"{wheelhouse} holds no wheels: make them with `troupe image wheelhouse {wheelhouse}`"
+        )
+    check_wheels(wheels, gpu=gpu, where=Path(wheelhouse))
     [project] = [w for w in wheels if is_project_wheel(w)]
     return Wheelhouse([w for w in wheels if w is not project], project)
 
@@ -359,10 +380,6 @@ def _check_python() -> None:
         )
 
 
-def _pip(action: str) -> list[str]:
-    return [sys.executable, "-m", "pip", action, "--disable-pip-version-check"]
-
-
 def _has_build_backend() -> bool:
     """setuptools >= 68 in this interpreter, as ``[build-system]`` asks for."""
     try:
@@ -371,20 +388,3 @@ def _has_build_backend() -> bool:
         return int(version("setuptools").split(".")[0]) >= 68
     except Exception:  # not installed, or an unusual version string: let pip isolate the build
         return False
-
-
-def _run_logged(command: list[str], *, what: str, env: dict[str, str] | None = None) -> None:
-    """Run ``command``, its output to the debug log; on failure raise with the last lines."""
-    tail: deque[str] = deque(maxlen=25)
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    ) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            tail.append(line.rstrip())
-            logger.debug("%s: %s", what, line.rstrip())
-    if process.returncode != 0:
-        raise WheelhouseError(
-            f"{what} failed with exit code {process.returncode}; its last lines:\n"
-            + "\n".join(tail)
-        )

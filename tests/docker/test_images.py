@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import docker
+import numpy
 import pytest
 from rich.console import Console
 
@@ -282,3 +283,50 @@ def test_a_deployment_names_the_build_by_a_tag_no_rebuild_moves(client, image, t
     assert run_k8s(args, Console(file=sys.stderr)) == 0
     manifests = "".join(p.read_text() for p in out.rglob("*.yaml"))
     assert f'image: "{content}"' in manifests and f'image: "{IMAGE}"' not in manifests
+
+
+def _package(folder: Path, value: int) -> Path:
+    """A package of the user's own, ``troupe_test_pkg``, needing numpy (which the image has)."""
+    (folder / "troupe_test_pkg").mkdir(parents=True, exist_ok=True)
+    (folder / "troupe_test_pkg" / "__init__.py").write_text(f"VALUE = {value}\n")
+    (folder / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "troupe-test-pkg"\nversion = "1.0"\ndependencies = ["numpy"]\n'
+    )
+    return folder
+
+
+def test_a_pip_package_goes_in_the_project_layer_and_a_change_rebuilds_only_it(
+    client, image, tmp_path
+):
+    """`troupe image build --pip ./pkg`: the package is importable in the image's venv, the
+    dependency layers are the default image's (numpy is not installed again), and a change to
+    the package makes only the top layer again. It first went into the dependency set, so each
+    change rebuilt the gigabyte layer."""
+    base = next(b for b in BASE_IMAGES if client.images.list(name=b))
+    package = tmp_path / "pkg"
+    tags = "troupe-test-pip:one", "troupe-test-pip:two"
+    probe = "import numpy, troupe_test_pkg as p; print(p.VALUE, p.__file__, numpy.__file__)"
+    try:
+        for tag, value in zip(tags, (1, 2)):
+            _package(package, value)
+            images.build_image(base, tag, client=client, requirements=[str(package)])
+            printed = run(client, client.images.get(tag), "-c", probe, entrypoint="python")
+            site = "/opt/venv/lib/python3.11/site-packages"
+            assert printed.split() == [
+                str(value),
+                f"{site}/troupe_test_pkg/__init__.py",
+                f"{site}/numpy/__init__.py",
+            ]
+        built = [image, *(client.images.get(t) for t in tags)]
+        layers = [i.attrs["RootFS"]["Layers"] for i in built]
+        assert layers[0][:-1] == layers[1][:-1] == layers[2][:-1]
+        assert len({layer[-1] for layer in layers}) == 3  # the top layer differs, each time
+        [top, *_] = [h["Size"] for h in built[2].history() if "COPY dir:" in h["CreatedBy"]]
+        numpy_files = Path(numpy.__file__).parent.rglob("*")
+        assert top < sum(f.stat().st_size for f in numpy_files) / 2  # numpy not installed again
+    finally:
+        for i in client.images.list(name="troupe-test-pip"):
+            for t in i.tags:
+                if t.startswith("troupe-test-pip:"):
+                    client.images.remove(t)

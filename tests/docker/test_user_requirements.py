@@ -16,9 +16,11 @@ import pytest
 from distributed.errors import WheelhouseError
 from distributed.images import build as images
 from distributed.images import wheelhouse
+from distributed.images.pip_calls import COMPLETE
 from distributed.images.user_requirements import (
     local_paths,
     read_requirements,
+    user_wheels,
     with_user_requirements,
 )
 
@@ -87,17 +89,22 @@ def test_a_build_with_the_pip_option_is_refused_with_a_wheelhouse():
         images.build_image(None, "t", wheelhouse="/nowhere", requirements=["minigrid"])
 
 
-def _wheel(folder: Path, name: str, version: str, value: int) -> Path:
+def _wheel(
+    folder: Path, name: str, version: str, value: int, requires: tuple[str, ...] = ()
+) -> Path:
     """A pure-Python wheel of one module, made by hand: pip takes it with no build, no index."""
     info = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
         f"{name}.py": f"VALUE = {value}\n".encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/METADATA": metadata.encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
     }
     record = [f"{n},sha256={_digest(d)},{len(d)}" for n, d in files.items()]
     files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
         for n, d in files.items():
@@ -109,8 +116,96 @@ def _digest(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def _project(folder: Path, *requires: str) -> Path:
+    """A stand-in checkout of troupe-rl with these requirements and no code: pip builds its
+    wheel in a second, as it builds the real one."""
+    (folder / "docker").mkdir(parents=True)
+    dependencies = ", ".join(f'"{r}"' for r in requires)
+    (folder / "pyproject.toml").write_text(
+        f'[project]\nname = "troupe-rl"\nversion = "0"\ndependencies = [{dependencies}]\n'
+        "[tool.setuptools]\npackages = []\n"
+    )
+    return folder
+
+
+@pytest.fixture
+def links(tmp_path, monkeypatch) -> Path:
+    """A folder of hand-made wheels, pip's only source (an empty cache of our own, no index)."""
+    monkeypatch.setenv("TROUPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONSTRAINT", "")
+    return tmp_path / "links"
+
+
+def test_the_users_wheels_are_what_they_add_with_the_dependencies_pinned(tmp_path, links):
+    """``my_envs`` needs ``my_base``, which the image holds at 1.0 though 2.0 is there: the
+    user's wheels are ``my_envs`` and ``my_extra`` only, made to go on the image's 1.0."""
+    _wheel(links, "my_base", "1.0", value=1)
+    _wheel(links, "my_base", "2.0", value=2)
+    _wheel(links, "my_extra", "1.0", value=3)
+    user = _wheel(tmp_path / "mine", "my_envs", "1.0", value=4, requires=("my_base", "my_extra"))
+    made = wheelhouse.fresh_wheels(
+        tmp_path / "out",
+        _project(tmp_path / "p", "my_base<2"),
+        gpu=False,
+        extras=(),
+        requirements=[str(user)],
+    )
+    assert [w.name for w in made.dependencies] == ["my_base-1.0-py3-none-any.whl"]
+    assert [w.name for w in made.user] == [
+        "my_envs-1.0-py3-none-any.whl",
+        "my_extra-1.0-py3-none-any.whl",
+    ]
+    assert made.project.name.startswith("troupe_rl-0-")
+    assert made.dependencies[0].parent != made.user[0].parent  # the dependency set is not new
+
+
+def test_a_package_that_needs_other_versions_joins_the_dependency_set(tmp_path, links):
+    """``my_envs`` needs ``my_base<2`` where the image would hold 2.0: resolved together, the
+    image's dependencies are the other version, and the user's wheel is among them."""
+    _wheel(links, "my_base", "1.0", value=1)
+    _wheel(links, "my_base", "2.0", value=2)
+    user = _wheel(tmp_path / "mine", "my_envs", "1.0", value=4, requires=("my_base<2",))
+    project = _project(tmp_path / "p", "my_base")
+    alone = wheelhouse.fresh_wheels(tmp_path / "out", project, gpu=False, extras=())
+    assert [w.name for w in alone.dependencies] == ["my_base-2.0-py3-none-any.whl"]
+    made = wheelhouse.fresh_wheels(
+        tmp_path / "out", project, gpu=False, extras=(), requirements=[str(user)]
+    )
+    assert made.user == []
+    assert [w.name for w in made.dependencies] == [
+        "my_base-1.0-py3-none-any.whl",
+        "my_envs-1.0-py3-none-any.whl",
+    ]
+
+
+def test_a_local_wheel_is_made_again_and_a_named_package_is_cached(tmp_path, links):
+    _wheel(links, "my_extra", "1.0", value=3)
+    user = _wheel(tmp_path / "mine", "my_envs", "1.0", value=1)
+    project = _project(tmp_path / "p")
+    made = wheelhouse.fresh_wheels(
+        tmp_path / "out", project, gpu=False, extras=(), requirements=[str(user), "my_extra"]
+    )
+    folder = made.user[0].parent
+    assert json.loads((folder / COMPLETE).read_text())[0] == [str(user), "my_extra"]
+
+    _wheel(tmp_path / "mine", "my_envs", "1.0", value=2)  # changed code under the same name
+    made = wheelhouse.fresh_wheels(
+        tmp_path / "out", project, gpu=False, extras=(), requirements=[str(user), "my_extra"]
+    )
+    with zipfile.ZipFile(made.user[0]) as zf:
+        assert zf.read("my_envs.py") == b"VALUE = 2\n"
+
+    first = user_wheels(["my_extra"], image=[made.project])
+    (links / "my_extra-1.0-py3-none-any.whl").unlink()  # a name alone: from the cache
+    assert user_wheels(["my_extra"], image=[made.project]) == first
+    assert [w.name for w in first] == ["my_extra-1.0-py3-none-any.whl"]
+
+
 def test_pip_makes_the_users_wheels_with_the_others_and_remakes_a_local_one(tmp_path, monkeypatch):
-    """A project with no dependencies of its own, so that pip makes only the user's wheel."""
+    """The joint set (where the pins do not hold): a project with no dependencies of its own,
+    so that pip makes only the user's wheel."""
     monkeypatch.setenv("TROUPE_CACHE_DIR", str(tmp_path / "cache"))
     project = tmp_path / "project"
     project.mkdir()
