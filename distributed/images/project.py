@@ -74,6 +74,27 @@ def _split(requirement: str) -> tuple[str, str | None]:
     return (f"{spec.strip()}; {rest}" if rest else spec.strip()), found.group(1)
 
 
+_REQUIREMENT = re.compile(
+    r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?\s*([^;@]*?)\s*(?:;\s*(.*?))?\s*"
+)
+
+
+def canonical_requirement(requirement: str) -> str:
+    """``requirement`` written one way (the name normalised, extras and version clauses sorted,
+    no spaces, one kind of quote), for the cache key alone: a checkout's ``pyproject.toml`` says
+    ``torch>=2.2,<2.14`` where an installed Troupe's metadata says ``torch<2.14,>=2.2``, and the
+    same wheels were made twice under two keys. A path or URL is kept as written."""
+    match = _REQUIREMENT.fullmatch(requirement)
+    if match is None:
+        return requirement
+    name, extras, versions, marker = match.groups()
+    name = re.sub(r"[-_.]+", "-", name).lower()
+    extras = ",".join(sorted(e.strip().lower() for e in (extras or "").split(",") if e.strip()))
+    versions = ",".join(sorted(re.sub(r"\s+", "", v) for v in versions.split(",") if v.strip()))
+    marker = re.sub(r"\s+", "", (marker or "").replace("'", '"'))
+    return name + (f"[{extras}]" if extras else "") + versions + (f";{marker}" if marker else "")
+
+
 def project_dependencies(project_dir: Path = CHECKOUT_DIR, extras: Sequence[str] = ()) -> list[str]:
     """``[project].dependencies`` of ``pyproject.toml``, and the requirements of each of
     ``extras`` (``atari``, ``multiagent``: its ``[project.optional-dependencies]``, an extra that

@@ -8,7 +8,7 @@ with ``--pip`` (or a file of them, ``--requirements``) now make wheels on this m
 (:func:`user_wheels`), resolved with the image's dependencies pinned to the versions it holds,
 and the image installs the wheels they add in its small project layer, offline. They first
 joined the dependency set itself, so each change to a package of one's own rebuilt the
-dependency layer of a gigabyte (2 min 40 s here); now it rebuilds the project layer (seconds).
+dependency layer of a gigabyte (minutes); now it rebuilds the project layer (seconds).
 A package that needs other versions of the image's dependencies (``--pip 'numpy<2'``) still
 joins the set: the dependency layer must then change anyway.
 """

@@ -30,7 +30,7 @@ from pathlib import Path
 from distributed.errors import WheelhouseError
 from distributed.images import project
 from distributed.images.pip_calls import COMPLETE, cache_root, pip, reproducible_env, run_logged
-from distributed.images.project import project_dependencies
+from distributed.images.project import canonical_requirement, project_dependencies
 from distributed.images.user_requirements import local_paths, user_wheels, with_user_requirements
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ they add some 230 MB to its 1.1 GB."""
 def dependency_key(requirements: list[str], *, gpu: bool, torch_index: str | None) -> str:
     """Names the cached dependency folder: anything that changes which wheels pip picks."""
     described = {
-        "requirements": sorted(requirements),
+        "requirements": sorted(canonical_requirement(r) for r in requirements),
         "gpu": gpu,
         "torch_index": torch_index,
         "python": list(IMAGE_PYTHON),

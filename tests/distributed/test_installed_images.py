@@ -102,6 +102,11 @@ def test_the_requirements_are_the_checkouts(installed, extras):
     from_metadata = installed["requirements"][extras]
     from_pyproject = wheelhouse.project_dependencies(ROOT, extras.split(",") if extras else [])
     assert _normalised(from_metadata) == _normalised(from_pyproject)
+    keys = [
+        wheelhouse.dependency_key(r, gpu=False, torch_index=None)
+        for r in (from_metadata, from_pyproject)
+    ]
+    assert keys[0] == keys[1]  # the same cached wheels, however the bounds are ordered
     assert not any(r.startswith("troupe-rl") for r in from_metadata)
 
 

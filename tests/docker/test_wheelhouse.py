@@ -11,7 +11,7 @@ import pytest
 
 from distributed.errors import BaseImageMissingError, DockerUnavailableError, WheelhouseError
 from distributed.images import build as images
-from distributed.images import wheelhouse
+from distributed.images import project, wheelhouse
 from distributed.images.wheelhouse import WheelName, wheelhouse_problems
 
 TROUPE = "troupe_rl-0.1.0-py3-none-any.whl"
@@ -247,5 +247,25 @@ def test_the_dependency_cache_key_follows_what_picks_the_wheels(monkeypatch):
         wheelhouse.dependency_key([*reqs, "scipy"], gpu=False, torch_index=None),
     }
     assert key not in others and len(others) == 3
+    written_otherwise = [  # as an installed Troupe's metadata, or a hand, writes them
+        "torch<2.14,>=2.2" if r == "torch>=2.2,<2.14" else r.replace(">=", " >= ").upper()
+        for r in reqs
+    ]
+    assert key == wheelhouse.dependency_key(written_otherwise, gpu=False, torch_index=None)
     monkeypatch.setenv("TROUPE_CACHE_DIR", "/somewhere")
     assert wheelhouse.cache_root() == Path("/somewhere")
+
+
+@pytest.mark.parametrize(
+    "written, canonical",
+    [
+        ("torch<2.14,>=2.2", "torch<2.14,>=2.2"),
+        (" Torch >= 2.2 , < 2.14 ", "torch<2.14,>=2.2"),
+        ("ale_py[B, a]>=0.9; python_version < '3.13'", 'ale-py[a,b]>=0.9;python_version<"3.13"'),
+        ("./my_envs[extra]", "./my_envs[extra]"),
+        ("/abs/my_envs", "/abs/my_envs"),
+        ("pkg @ https://example.org/pkg.whl", "pkg @ https://example.org/pkg.whl"),
+    ],
+)
+def test_a_requirement_is_keyed_however_it_is_written(written, canonical):
+    assert project.canonical_requirement(written) == canonical
