@@ -41,8 +41,8 @@ from distributed.errors import (
     WheelhouseError,
 )
 from distributed.images import pinning, project, source
+from distributed.images.wheel_checks import CPU_TORCH_INDEX
 from distributed.images.wheelhouse import (
-    CPU_TORCH_INDEX,
     DEFAULT_EXTRAS,
     Wheelhouse,
     build_wheelhouse,

@@ -9,8 +9,8 @@
 - **The user's own packages** (``--pip``): the wheels they add to those two, installed in the
   project's layer (:mod:`.user_requirements`).
 
-:func:`wheelhouse_problems` checks a set of wheels: a CPU image must carry no CUDA (PyPI's torch
-for Linux x86_64 is the CUDA build and drags in several GB of ``nvidia-*`` wheels).
+:mod:`.wheel_checks` checks a set of wheels: a CPU image must carry no CUDA (PyPI's torch for
+Linux x86_64 is the CUDA build and drags in several GB of ``nvidia-*`` wheels).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,129 +31,15 @@ from distributed.images import project
 from distributed.images.pip_calls import COMPLETE, cache_root, pip, reproducible_env, run_logged
 from distributed.images.project import canonical_requirement, project_dependencies
 from distributed.images.user_requirements import local_paths, user_wheels, with_user_requirements
+from distributed.images.wheel_checks import IMAGE_PYTHON, check_wheels, is_project_wheel
 
 logger = logging.getLogger(__name__)
 
 PROJECT_DIR = project.CHECKOUT_DIR
-PROJECT = "troupe-rl"
-IMAGE_PYTHON = (3, 11)
-"""The Python of every base image the Dockerfiles accept; the wheelhouse must be built for it."""
-CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 # Never part of the project wheel; copying them would only slow the out-of-tree build down
 # (docker/ is copied apart, without a by-hand build's wheel folders).
 _NOT_SOURCE = (".git", ".venv", "build", "dist", "runs", "wheelhouse", "tests", "docker")
 _NOT_SOURCE_GLOBS = ("*.egg-info", "__pycache__", ".*_cache", "*.pyc")
-
-
-# --------------------------------------------------------------------- wheel names
-@dataclass(frozen=True)
-class WheelName:
-    """The fields of a wheel's file name (PEP 427), e.g. ``torch-2.13.0+cpu-cp311-cp311-...``."""
-
-    filename: str
-    project: str
-    """Normalised project name (PEP 503): lower case, runs of ``-_.`` as one ``-``."""
-    version: str
-    python_tags: tuple[str, ...]
-    abi_tags: tuple[str, ...]
-    platform_tags: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, filename: str) -> WheelName:
-        parts = filename.removesuffix(".whl").split("-")
-        if not filename.endswith(".whl") or len(parts) not in (5, 6):
-            raise WheelhouseError(f"{filename} is not a wheel file name (name-version-py-abi-plat)")
-        project, version, python, abi, platform = parts[0], parts[1], *parts[-3:]
-        return cls(
-            filename=filename,
-            project=re.sub(r"[-_.]+", "-", project).lower(),
-            version=version,
-            python_tags=tuple(python.split(".")),
-            abi_tags=tuple(abi.split(".")),
-            platform_tags=tuple(platform.split(".")),
-        )
-
-    @property
-    def local_version(self) -> str:
-        """The part after ``+`` (``cpu``, ``cu124``), or ``""``."""
-        return self.version.partition("+")[2]
-
-
-def _is_cuda_library(wheel: WheelName) -> bool:
-    return wheel.project.startswith("nvidia-") or wheel.project in ("triton", "pytorch-triton")
-
-
-def _runs_on_python(wheel: WheelName, python: tuple[int, int]) -> bool:
-    """Whether an installer for CPython ``python`` accepts this wheel's interpreter tags."""
-    major, minor = python
-    for tag in wheel.python_tags:
-        if tag in (f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"):
-            return True
-        # A stable-ABI wheel (cp38-abi3) runs on its CPython and every later one.
-        match = re.fullmatch(rf"cp{major}(\d+)", tag)
-        if match and "abi3" in wheel.abi_tags and int(match.group(1)) <= minor:
-            return True
-    return False
-
-
-def is_project_wheel(path: Path | str) -> bool:
-    return WheelName.parse(Path(path).name).project == PROJECT
-
-
-def wheelhouse_problems(
-    filenames: Iterable[str], *, gpu: bool, python: tuple[int, int] = IMAGE_PYTHON
-) -> list[str]:
-    """Everything that keeps these wheels from making a working image; empty when they can.
-
-    Checked: a troupe-rl wheel is there; every wheel installs on CPython ``python`` on Linux; a
-    CPU wheelhouse (``gpu=False``) holds no CUDA build of torch and no ``nvidia-*``/triton
-    wheels; a GPU wheelhouse holds a torch that is not a ``+cpu`` build.
-    """
-    wheels = [WheelName.parse(name) for name in sorted(filenames)]
-    problems = []
-    if not any(w.project == PROJECT for w in wheels):
-        problems.append("there is no troupe-rl wheel")
-    version = f"{python[0]}.{python[1]}"
-    for w in wheels:
-        if not _runs_on_python(w, python):
-            problems.append(
-                f"{w.filename} is built for {'.'.join(w.python_tags)}, not Python {version} "
-                f"(the image's): build the wheelhouse with a Python {version} interpreter"
-            )
-        if not any(p == "any" or "linux" in p for p in w.platform_tags):
-            problems.append(
-                f"{w.filename} is built for {'.'.join(w.platform_tags)}, not Linux: build the "
-                "wheelhouse on Linux"
-            )
-    torch = [w for w in wheels if w.project == "torch"]
-    if gpu:
-        problems += [
-            f"{w.filename} is a CPU build of torch: a GPU image needs a CUDA build (pass "
-            "--torch-index https://download.pytorch.org/whl/cu124 and keep +cpu wheels out of "
-            "pip's find-links)"
-            for w in torch
-            if w.local_version == "cpu"
-        ]
-    else:
-        cuda = [w.filename for w in wheels if _is_cuda_library(w)]
-        cuda += [w.filename for w in torch if w.local_version.startswith(("cu", "rocm"))]
-        if cuda:
-            problems.append(
-                f"CUDA wheels in a CPU wheelhouse: {', '.join(cuda)}. PyPI's torch for Linux is "
-                f"the CUDA build: pass --torch-index {CPU_TORCH_INDEX} (or a --find-links "
-                "directory holding a +cpu torch wheel), and empty the wheelhouse directory first"
-            )
-    return problems
-
-
-def check_wheels(wheels: list[Path], *, gpu: bool, where: Path) -> None:
-    """Raise :class:`WheelhouseError` listing every :func:`wheelhouse_problems`."""
-    problems = wheelhouse_problems([w.name for w in wheels], gpu=gpu)
-    if problems:
-        kind = "GPU" if gpu else "CPU"
-        raise WheelhouseError(
-            f"the wheelhouse {where} cannot make a {kind} image:\n  - " + "\n  - ".join(problems)
-        )
 
 
 # --------------------------------------------------------------------- the two parts
@@ -171,6 +56,12 @@ class Wheelhouse:
     def all(self) -> list[Path]:
         return [*self.dependencies, *self.user, self.project]
 
+
+USER_WHEELS = "user-wheels.txt"
+"""Written by ``troupe image wheelhouse`` beside the wheels: those of the ``--pip`` packages, one a
+line, which an image build from that folder installs in its project layer, as it would have
+made them: a wheelhouse made again after a change to one's own package then rebuilds that layer
+alone, not the dependency layer of a gigabyte."""
 
 DEFAULT_EXTRAS = ("atari", "multiagent")
 """The extras a worker image holds unless told otherwise: what the registered experiments need
@@ -270,7 +161,7 @@ def build_wheelhouse(
 ) -> list[Path]:
     """Every wheel an image needs in one folder (``troupe image wheelhouse``, to carry to an
     air-gapped machine); returns them. Raises :class:`WheelhouseError` if pip fails or
-    :func:`wheelhouse_problems` finds anything."""
+    :func:`.wheel_checks.wheelhouse_problems` finds anything."""
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("troupe_rl-*.whl"):
@@ -285,6 +176,7 @@ def build_wheelhouse(
     )
     for wheel in [*made.dependencies, *made.user]:
         link_or_copy(wheel, out / wheel.name)
+    (out / USER_WHEELS).write_text("".join(f"{w.name}\n" for w in made.user))
     wheels = sorted(out.glob("*.whl"))
     check_wheels(wheels, gpu=gpu, where=out)
     size = sum(w.stat().st_size for w in wheels) / 2**20
@@ -358,7 +250,25 @@ def make_wheelhouse(
         )
     check_wheels(wheels, gpu=gpu, where=Path(wheelhouse))
     [project] = [w for w in wheels if is_project_wheel(w)]
-    return Wheelhouse([w for w in wheels if w is not project], project)
+    user = _listed_user_wheels(Path(wheelhouse))
+    rest = [w for w in wheels if w is not project and w not in user]
+    return Wheelhouse(rest, project, user)
+
+
+def _listed_user_wheels(wheelhouse: Path) -> list[Path]:
+    """The wheels :data:`USER_WHEELS` names in ``wheelhouse`` (none where it has no such file:
+    one made by hand, or before the file was written)."""
+    listed = wheelhouse / USER_WHEELS
+    if not listed.exists():
+        return []
+    names = listed.read_text().split()
+    missing = [n for n in names if not (wheelhouse / n).is_file()]
+    if missing:
+        raise WheelhouseError(
+            f"{listed} names wheels the folder does not hold ({', '.join(missing)}): make it "
+            f"again with `troupe image wheelhouse {wheelhouse} --pip ...`"
+        )
+    return [wheelhouse / n for n in names]
 
 
 # --------------------------------------------------------------------- helpers

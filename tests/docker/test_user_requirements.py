@@ -223,3 +223,24 @@ def test_pip_makes_the_users_wheels_with_the_others_and_remakes_a_local_one(tmp_
     [again] = wheelhouse.dependency_wheels(project, requirements=[str(user)])
     with zipfile.ZipFile(again) as zf:
         assert zf.read("my_envs.py") == b"VALUE = 2\n"
+
+
+def test_a_wheelhouse_names_the_users_wheels_and_a_build_from_it_keeps_them_apart(tmp_path, links):
+    """`troupe image wheelhouse DIR --pip ...` carried to another machine: a build from it puts
+    the user's wheels in the project layer, as a build that made them would."""
+    _wheel(links, "my_base", "1.0", value=1)
+    user = _wheel(tmp_path / "mine", "my_envs", "1.0", value=4, requires=("my_base",))
+    out = tmp_path / "wheelhouse"
+    project = _project(tmp_path / "p", "my_base")
+    wheelhouse.build_wheelhouse(out, project, extras=(), requirements=[str(user)])
+    assert (out / wheelhouse.USER_WHEELS).read_text() == "my_envs-1.0-py3-none-any.whl\n"
+    taken = wheelhouse.make_wheelhouse(tmp_path / "scratch", wheelhouse=out, gpu=False)
+    assert [w.name for w in taken.user] == ["my_envs-1.0-py3-none-any.whl"]
+    assert [w.name for w in taken.dependencies] == ["my_base-1.0-py3-none-any.whl"]
+
+    (out / "my_envs-1.0-py3-none-any.whl").unlink()
+    with pytest.raises(WheelhouseError, match=r"names wheels the folder does not hold \(my_envs"):
+        wheelhouse.make_wheelhouse(tmp_path / "scratch", wheelhouse=out, gpu=False)
+    (out / wheelhouse.USER_WHEELS).unlink()  # a wheelhouse made by hand: every wheel below
+    taken = wheelhouse.make_wheelhouse(tmp_path / "scratch", wheelhouse=out, gpu=False)
+    assert taken.user == [] and len(taken.dependencies) == 1

@@ -12,7 +12,7 @@ import pytest
 from distributed.errors import BaseImageMissingError, DockerUnavailableError, WheelhouseError
 from distributed.images import build as images
 from distributed.images import project, wheelhouse
-from distributed.images.wheelhouse import WheelName, wheelhouse_problems
+from distributed.images.wheel_checks import WheelName, wheelhouse_problems
 
 TROUPE = "troupe_rl-0.1.0-py3-none-any.whl"
 CPU_TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
