@@ -52,8 +52,17 @@ def read_requirements(path: Path) -> list[str]:
 
 
 def with_user_requirements(project: Sequence[str], user: Sequence[str]) -> list[str]:
-    """``project``'s requirements, then each of ``user`` not among them. Troupe itself is
-    refused: the image's troupe-rl is the one this command builds, its extras are ``--extras``."""
+    """``project``'s requirements, then each of ``user`` (:func:`check_requirements`) not among
+    them, a local path made absolute (pip would take it from its working folder)."""
+    check_requirements(user)
+    user = [_absolute(r) for r in user]
+    return [*project, *(r for r in user if r not in project)]
+
+
+def check_requirements(user: Sequence[str]) -> None:
+    """Refuse Troupe itself (the image's troupe-rl is the one this command builds, its extras
+    are ``--extras``) and a path that names nothing (before pip, whose words are of a
+    requirements file the user never wrote)."""
     for requirement in user:
         ours = _OURS.fullmatch(requirement)
         if ours:
@@ -62,8 +71,11 @@ def with_user_requirements(project: Sequence[str], user: Sequence[str]) -> list[
                 f"--pip {requirement}: the image holds this Troupe already"
                 + (f"; its extras are chosen with --extras {extras}" if extras else "")
             )
-    user = [_absolute(r) for r in user]  # pip would take them from its working folder
-    return [*project, *(r for r in user if r not in project)]
+        path = requirement.strip().partition("[")[0].strip()
+        if path.startswith(("./", "../", "/")) and not Path(path).exists():
+            raise WheelhouseError(
+                f"--pip {requirement}: there is no folder or file {Path(path).resolve()}"
+            )
 
 
 def local_paths(user: Sequence[str]) -> list[str]:
@@ -102,6 +114,7 @@ def user_wheels(requirements: Sequence[str], *, image: Sequence[Path]) -> list[P
     folder or file is made again at every build (the same path may hold changed code)."""
     if not requirements:
         return []
+    check_requirements(requirements)
     wanted = [_absolute(r) for r in requirements]
     described = json.dumps([wanted, sorted(w.name for w in image)])
     folder = cache_root() / "user-wheels" / hashlib.sha256(described.encode()).hexdigest()[:16]

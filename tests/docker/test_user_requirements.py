@@ -62,13 +62,29 @@ def test_a_requirements_file_holds_requirements_only(tmp_path):
         read_requirements(tmp_path / "nowhere.txt")
 
 
-def test_troupe_itself_is_refused_and_its_extras_named():
+@pytest.mark.parametrize("resolve", [with_user_requirements, user_wheels], ids=["joint", "apart"])
+def test_troupe_itself_is_refused_and_its_extras_named(resolve):
     with pytest.raises(WheelhouseError) as e:
-        with_user_requirements([], ["troupe-rl[mujoco,box2d]"])
+        if resolve is user_wheels:
+            user_wheels(["troupe-rl[mujoco,box2d]"], image=[])
+        else:
+            with_user_requirements([], ["troupe-rl[mujoco,box2d]"])
     assert str(e.value) == (
         "--pip troupe-rl[mujoco,box2d]: the image holds this Troupe already; its extras are "
         "chosen with --extras mujoco,box2d"
     )
+
+
+def test_a_path_that_names_nothing_is_refused(tmp_path, monkeypatch, links):
+    """Refused where a build resolves the user's requirements, before pip says `Invalid
+    requirement ... (from line 1 of .../requirements.txt)` of a file the user never wrote."""
+    monkeypatch.chdir(tmp_path)
+    project = _project(tmp_path / "p")
+    with pytest.raises(WheelhouseError) as e:
+        wheelhouse.fresh_wheels(
+            tmp_path / "out", project, gpu=False, extras=(), requirements=["./my_envs[extra]"]
+        )
+    assert str(e.value) == f"--pip ./my_envs[extra]: there is no folder or file {tmp_path}/my_envs"
 
 
 def test_a_local_path_is_made_absolute_and_a_name_is_left_alone(tmp_path, monkeypatch):
