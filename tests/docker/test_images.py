@@ -286,12 +286,13 @@ def test_a_deployment_names_the_build_by_a_tag_no_rebuild_moves(client, image, t
 
 
 def _package(folder: Path, value: int) -> Path:
-    """A package of the user's own, ``troupe_test_pkg``, needing numpy (which the image has)."""
+    """A package of the user's own, ``troupe_test_pkg``, needing numpy (which the image has) and
+    six (which it has not)."""
     (folder / "troupe_test_pkg").mkdir(parents=True, exist_ok=True)
     (folder / "troupe_test_pkg" / "__init__.py").write_text(f"VALUE = {value}\n")
     (folder / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "troupe-test-pkg"\nversion = "1.0"\ndependencies = ["numpy"]\n'
+        '[project]\nname = "troupe-test-pkg"\nversion = "1.0"\ndependencies = ["numpy", "six"]\n'
     )
     return folder
 
@@ -306,7 +307,7 @@ def test_a_pip_package_goes_in_the_project_layer_and_a_change_rebuilds_only_it(
     base = next(b for b in BASE_IMAGES if client.images.list(name=b))
     package = tmp_path / "pkg"
     tags = "troupe-test-pip:one", "troupe-test-pip:two"
-    probe = "import numpy, troupe_test_pkg as p; print(p.VALUE, p.__file__, numpy.__file__)"
+    probe = "import numpy, six, troupe_test_pkg as p; print(p.VALUE, p.__file__, numpy.__file__)"
     try:
         for tag, value in zip(tags, (1, 2)):
             _package(package, value)
