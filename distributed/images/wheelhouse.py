@@ -42,7 +42,7 @@ _NOT_SOURCE = (".git", ".venv", "build", "dist", "runs", "wheelhouse", "tests", 
 _NOT_SOURCE_GLOBS = ("*.egg-info", "__pycache__", ".*_cache", "*.pyc")
 
 
-# --------------------------------------------------------------------- the two parts
+# --------------------------------------------------------------------- the parts
 @dataclass(frozen=True)
 class Wheelhouse:
     """The wheels of one image: the cached dependencies, this build's project wheel, and the
