@@ -12,7 +12,7 @@ from typing import Any
 from api import registry
 from api.errors import UserError
 
-ALGORITHMS = ("auto", "ppo", "impala", "dqn", "sac")
+ALGORITHMS = ("auto", "ppo", "impala", "dqn", "sac", "mappo")
 """What ``--algo`` (``troupe train``, ``show-config``, ``test-pipeline``) and ``algo=``
 (``troupe.train``, ``troupe.test_pipeline``) take: each the registered experiment of that name,
 which takes ``env=`` (``legacy.experiments.auto``, ``legacy.experiments.by_algo``)."""

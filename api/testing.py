@@ -104,15 +104,15 @@ def test_pipeline(
     Give either the three components (registered names, or ``ComponentConfig(type, args)`` for
     arguments), the environment alone (the ``ppo`` experiment set up from its spaces, as
     ``troupe test-pipeline ENV`` and ``troupe.train(ENV)`` do; ``algo`` another algorithm, as
-    ``--algo``: ``auto``, ``ppo``, ``impala``, ``dqn``, ``sac``) or an ``experiment`` (what
-    ``troupe.train`` takes: a registered name, a file, an environment id, an ExperimentConfig),
-    which is shrunk to one actor of ``envs`` environments. The runtime's own actor, policy and
-    trainer workers run wired together in this process (serial mode), so what passes here is
-    what a distributed run executes. Before the first trainer step the first sample batch and
-    what ``policy.analyze`` returns are checked against the trainer's declared
-    ``AnalyzedResult``; every action against the action space; after the run, that versions went
-    up, the policy workers loaded them and losses stayed finite. Any problem raises
-    :class:`~api.errors.PipelineCheckError`.
+    ``--algo``: ``auto``, ``ppo``, ``impala``, ``dqn``, ``sac``, ``mappo``) or an
+    ``experiment`` (what ``troupe.train`` takes: a registered name, a file, an environment id,
+    an ExperimentConfig), which is shrunk to one actor of ``envs`` environments. The runtime's
+    own actor, policy and trainer workers run wired together in this process (serial mode), so
+    what passes here is what a distributed run executes. Before the first trainer step the
+    first sample batch and what ``policy.analyze`` returns are checked against the trainer's
+    declared ``AnalyzedResult``; every action against the action space; after the run, that
+    versions went up, the policy workers loaded them and losses stayed finite. Any problem
+    raises :class:`~api.errors.PipelineCheckError`.
     """
     arguments = dict(locals())  # every parameter, by name: nothing to forget when one is added
     user_code.refuse_while_importing("test_pipeline()")

@@ -157,7 +157,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("run", "run an experiment: every role in its own process",
                rc.add_run_arguments, rc.run_run),
     Subcommand("train", "train on any environment or gymnasium id, set up from its spaces "
-               "(--algo ppo|impala|dqn|sac)",
+               "(--algo ppo|impala|dqn|sac|mappo)",
                rc.add_train_arguments, rc.run_train),
     Subcommand("show-config", "the resolved config: every key, its type, default and doc",
                rc.add_show_config_arguments, rc.run_show_config),

@@ -178,6 +178,7 @@ def _register_experiments() -> None:
         ("impala", "IMPALA"),
         ("dqn", "DQN, with a replay worker,"),
         ("sac", "SAC, with a replay worker,"),
+        ("mappo", "PPO with a centralised critic (a PettingZoo game with a global state)"),
     ):
         registry.register_experiment(
             name,

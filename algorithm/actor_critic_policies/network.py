@@ -7,6 +7,7 @@ module docstring there explains backbones, memory and normalisation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -14,9 +15,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithm.modules.encoders import ObservationEncoder
+from algorithm.modules.encoders import ACTION_MASK_KEY, ObservationEncoder
 from algorithm.modules.init import orthogonal_init
 from algorithm.modules.mirror import Mirror
+from algorithm.modules.normalization import RunningMeanStd
 from api.namedarray import NamedArray, namedarray
 from api.spaces import HybridBox
 
@@ -38,7 +40,7 @@ class PolicyState:
 
 class _Body(nn.Module):
     """Encoder, then an optional GRU: observations ``[T*B, ...]`` (time and batch flattened) to
-    features ``[T*B, F]``."""
+    features ``[T*B, F]``. The encoder reads only ``space``'s keys of a Dict observation."""
 
     def __init__(self, space, hidden_sizes, activation, rnn_hidden, rnn_layers, grid_channels=()):
         super().__init__()
@@ -83,13 +85,14 @@ class ActorCriticNet(nn.Module):
         activation,
         grid_channels=(),
         mirror: Mirror | None = None,
+        actor_keys: Sequence[str] = (),
     ):
         super().__init__()
         self.rnn_layers = rnn_layers
         self.mirror = mirror  # no parameters: checkpoints load with or without it
-        body = (observation_space, hidden_sizes, activation, rnn_hidden, rnn_layers, grid_channels)
-        self.actor_body = _Body(*body)
-        self.critic_body = None if shared_backbone else _Body(*body)
+        body = (hidden_sizes, activation, rnn_hidden, rnn_layers, grid_channels)
+        self.actor_body = _Body(actor_space(observation_space, actor_keys, shared_backbone), *body)
+        self.critic_body = None if shared_backbone else _Body(observation_space, *body)
         width = self.actor_body.out_features
         self.policy_head = orthogonal_init(nn.Linear(width, _param_count(action_space)), 0.01)
         self.value_head = orthogonal_init(nn.Linear(width, 1), 1.0)
@@ -132,6 +135,58 @@ class ActorCriticNet(nn.Module):
             return self.policy_head(features), self.value_head(value_features)
         with torch.autocast(device_type, enabled=False):
             return self.policy_head(features.float()), self.value_head(value_features.float())
+
+
+def mirror_for(
+    obs_space, action_space, actions, rnn_hidden, normalize_obs, actor_keys=()
+) -> Mirror | None:
+    """The mirror of a symmetric network (``mirror_actions``), or None for none."""
+    if not len(actions):
+        return None
+    if len(actor_keys):
+        raise ValueError(
+            "actor_keys and mirror_actions: one or the other (a mirror reflects the whole "
+            "observation)"
+        )
+    if rnn_hidden > 0 or normalize_obs:
+        raise ValueError(
+            "mirror_actions needs a feed-forward policy (rnn_hidden=0) without normalize_obs: a "
+            "GRU's memory and per-cell running statistics have no reflection"
+        )
+    return Mirror(obs_space, action_space, actions)
+
+
+def add_normalizers(
+    net: nn.Module, observation_space: gym.Space, observations: bool, returns: bool
+) -> None:
+    """Running statistics as submodules of ``net``: the state dict (checkpoints) holds them."""
+    if observations and not (
+        isinstance(observation_space, gym.spaces.Box) and observation_space.dtype != np.uint8
+    ):
+        raise ValueError(
+            f"normalize_obs needs a Box observation space of numbers (not images), got "
+            f"{observation_space}; set normalize_obs=False"
+        )
+    net.obs_norm = RunningMeanStd(tuple(observation_space.shape)) if observations else None
+    net.return_norm = RunningMeanStd(()) if returns else None
+
+
+def actor_space(space: gym.Space, keys: Sequence[str], shared_backbone: bool) -> gym.Space:
+    """What the actor reads of ``space``: all of it, or only ``keys`` of a Dict (the critic
+    reads all: a centralised critic sees the game's global state that the actor, acting from
+    its own observation, does not)."""
+    if not keys:
+        return space
+    if shared_backbone:
+        raise ValueError("actor_keys needs shared_backbone=False: one backbone reads one input")
+    if not isinstance(space, gym.spaces.Dict):
+        raise ValueError(f"actor_keys names keys of a Dict observation; this one is {space}")
+    unknown = [k for k in keys if k not in space.spaces or k == ACTION_MASK_KEY]
+    if unknown:
+        known = ", ".join(k for k in space.spaces if k != ACTION_MASK_KEY)
+        raise ValueError(f"actor_keys: the observation has no input {unknown}; it has {known}")
+    mask = {ACTION_MASK_KEY: space[ACTION_MASK_KEY]} if ACTION_MASK_KEY in space.spaces else {}
+    return gym.spaces.Dict({**{k: space[k] for k in keys}, **mask})
 
 
 def _autocast_on(device_type: str) -> bool:

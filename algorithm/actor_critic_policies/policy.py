@@ -32,12 +32,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from algorithm.actor_critic_policies.network import (
     ActorCriticNet,
     ActorCriticOutput,
     PolicyState,
+    add_normalizers,
+    mirror_for,
 )
 from algorithm.impala.trainer import ImpalaAnalyzedResult
 from algorithm.modules import cuda_graphs
@@ -51,8 +52,7 @@ from algorithm.modules.distributions import (
     as_choices,
 )
 from algorithm.modules.encoders import ACTION_MASK_KEY
-from algorithm.modules.mirror import Mirror
-from algorithm.modules.normalization import RunningMeanStd, discounted_returns
+from algorithm.modules.normalization import discounted_returns
 from algorithm.policy import SingleModelPytorchPolicy
 from algorithm.ppo.trainer import PPOAnalyzedResult
 from api.namedarray import NamedArray
@@ -92,6 +92,11 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
             a batch instead of some thirty; :mod:`algorithm.modules.cuda_graphs`). For a
             feed-forward network with one Discrete action and one observation array; ignored
             on the CPU. Training always goes through torch.
+        actor_keys: the keys of a Dict observation the actor reads; the critic reads every
+            key. Empty: both read all. A centralised critic (MAPPO's): a PettingZoo game made
+            with ``global_state=True`` gives each agent ``{"obs": own, "state": the game's}``,
+            and ``actor_keys=["obs"]`` acts from the agent's own observation alone while the
+            value is learned from the whole state (``--algo mappo`` sets both).
     """
 
     arg_ranges = {
@@ -116,10 +121,13 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
         grid_channels: Sequence[int] = (),
         mirror_actions: Sequence[int] = (),
         cuda_graphs: bool = False,
+        actor_keys: Sequence[str] = (),
     ):
         action_space = as_choices(action_space)
         self.observation_space, self.action_space = observation_space, action_space
-        mirror = _mirror(observation_space, action_space, mirror_actions, rnn_hidden, normalize_obs)
+        mirror = mirror_for(
+            observation_space, action_space, mirror_actions, rnn_hidden, normalize_obs, actor_keys
+        )
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -133,8 +141,9 @@ class ActorCriticPolicy(SingleModelPytorchPolicy):
                 activation,
                 tuple(grid_channels),
                 mirror,
+                tuple(actor_keys),
             )
-        _add_normalizers(net, observation_space, normalize_obs, normalize_returns)
+        add_normalizers(net, observation_space, normalize_obs, normalize_returns)
         super().__init__(net, device=device)
         self._generator = None
         if seed is not None:
@@ -351,32 +360,6 @@ def _graphed_rollout(net, observation_space, action_space, device):
     if device.type != "cuda":
         return None  # no GPU (a "cuda" policy falls back to the CPU): the eager way
     return cuda_graphs.GraphedRollout(net, observation_space, int(action_space.n), device)
-
-
-def _mirror(obs_space, action_space, actions, rnn_hidden, normalize_obs) -> Mirror | None:
-    if not len(actions):
-        return None
-    if rnn_hidden > 0 or normalize_obs:
-        raise ValueError(
-            "mirror_actions needs a feed-forward policy (rnn_hidden=0) without normalize_obs: a "
-            "GRU's memory and per-cell running statistics have no reflection"
-        )
-    return Mirror(obs_space, action_space, actions)
-
-
-def _add_normalizers(
-    net: nn.Module, observation_space: gym.Space, observations: bool, returns: bool
-) -> None:
-    """Running statistics as submodules of ``net``: the state dict (checkpoints) holds them."""
-    if observations and not (
-        isinstance(observation_space, gym.spaces.Box) and observation_space.dtype != np.uint8
-    ):
-        raise ValueError(
-            f"normalize_obs needs a Box observation space of numbers (not images), got "
-            f"{observation_space}; set normalize_obs=False"
-        )
-    net.obs_norm = RunningMeanStd(tuple(observation_space.shape)) if observations else None
-    net.return_norm = RunningMeanStd(()) if returns else None
 
 
 def _action_start(space: gym.Space) -> np.ndarray | int:

@@ -49,7 +49,13 @@ from api.environment import Environment, StepResult, one_number
 from api.errors import UserError
 from api.registry import load_entry_point
 from legacy.environment.flat_actions import flat_or_none
-from legacy.environment.pettingzoo_spaces import troupe_obs, troupe_space, zero_obs
+from legacy.environment.pettingzoo_spaces import (
+    obs_with_state,
+    troupe_obs,
+    troupe_space,
+    with_state,
+    zero_obs,
+)
 
 INSTALL_HINT = (
     "install it with: pip install 'troupe-rl[multiagent]' "
@@ -75,6 +81,21 @@ def _make_pettingzoo_env(entry_point: str, env_kwargs: dict[str, Any]) -> Any:
         ) from e
 
 
+def _state_space(env: Any, entry_point: str) -> gym.Space:
+    """The game's global state space (``global_state=True``), or a UserError naming the games
+    that have one."""
+    try:
+        space = env.state_space
+    except (AttributeError, NotImplementedError):
+        space = None
+    if space is None or not callable(getattr(env, "state", None)):
+        raise UserError(
+            f"global_state: PettingZoo environment '{entry_point}' has no global state "
+            "(state_space and state()); MPE's games have one"
+        )
+    return troupe_space(space)
+
+
 class _PettingZooBase(Environment):
     """What both APIs share: agents, spaces, seeding, action conversion, closing."""
 
@@ -83,14 +104,21 @@ class _PettingZooBase(Environment):
     """What makes it draw frames (``troupe eval --video``): a PettingZoo game draws only when
     made to."""
 
-    def __init__(self, env: str, **env_kwargs: Any):
+    def __init__(self, env: str, global_state: bool = False, **env_kwargs: Any):
         self.entry_point = env
         self._env = _make_pettingzoo_env(env, env_kwargs)
         self.agent_names: list[str] = list(self._env.possible_agents)
         if not self.agent_names:
             raise UserError(f"PettingZoo environment '{env}' has no possible_agents")
         self._index = {name: i for i, name in enumerate(self.agent_names)}
-        self._obs_spaces = [troupe_space(self._env.observation_space(a)) for a in self.agent_names]
+        self._own_spaces = [troupe_space(self._env.observation_space(a)) for a in self.agent_names]
+        """Each agent's own observation space; :attr:`_obs_spaces` adds the state to it."""
+        self._state_space = _state_space(self._env, env) if global_state else None
+        self._state: Any = None
+        """The game's global state since the last reset or step (None: not read yet)."""
+        self._obs_spaces = self._own_spaces
+        if self._state_space is not None:
+            self._obs_spaces = [with_state(s, self._state_space) for s in self._own_spaces]
         self._flat = [flat_or_none(self._env.action_space(a)) for a in self.agent_names]
         """Each agent's Dict or Tuple action space flattened for its policy (None: as it is)."""
         self._act_spaces = [
@@ -140,7 +168,11 @@ class _PettingZooBase(Environment):
         return seed
 
     def _observation(self, i: int, obs: Any) -> Any:
-        obs = troupe_obs(obs, self._obs_spaces[i])
+        obs = troupe_obs(obs, self._own_spaces[i])
+        if self._state_space is not None:
+            if self._state is None:  # read once a step, whatever the number of agents
+                self._state = troupe_obs(self._env.state(), self._state_space)
+            obs = obs_with_state(obs, self._state)
         self._last_obs[i] = obs
         return obs
 
@@ -190,6 +222,7 @@ class PettingZooAECEnvironment(_PettingZooBase):
 
     def reset(self) -> list[StepResult | None]:
         self._env.reset(seed=self._take_seed())
+        self._state = None
         self._pending[:] = 0.0
         self._finished = [False] * self.agent_count
         self._last_obs = [None] * self.agent_count
@@ -200,6 +233,7 @@ class PettingZooAECEnvironment(_PettingZooBase):
         self._check_running(actions)
         i = self._index[self._env.agent_selection]
         self._env.step(self._action(i, actions[i]))
+        self._state = None
         self._collect_rewards()
         return self._advance()
 
@@ -223,6 +257,7 @@ class PettingZooAECEnvironment(_PettingZooBase):
             results[i] = self._result(i, obs, done, truncated and not done, env.infos.get(name))
             self._finished[i] = True
             env.step(None)  # PettingZoo's dead step: removes the finished agent
+            self._state = None
         self._running = False
         for i, finished in enumerate(self._finished):
             if not finished:  # left without a dead step: close its episode all the same
@@ -249,6 +284,7 @@ class PettingZooParallelEnvironment(_PettingZooBase):
 
     def reset(self) -> list[StepResult | None]:
         observations, infos = self._env.reset(seed=self._take_seed())
+        self._state = None
         self._last_obs = [None] * self.agent_count
         self._running = True
         results: list[StepResult | None] = [None] * self.agent_count
@@ -262,6 +298,7 @@ class PettingZooParallelEnvironment(_PettingZooBase):
         live = list(self._env.agents)
         act = {name: self._action(self._index[name], actions[self._index[name]]) for name in live}
         observations, rewards, terminations, truncations, infos = self._env.step(act)
+        self._state = None
         results: list[StepResult | None] = [None] * self.agent_count
         arrived = [name for name in self._env.agents if name not in live]
         for name in live + arrived:  # an agent that joined mid-episode gets its first result

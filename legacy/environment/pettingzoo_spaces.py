@@ -47,3 +47,30 @@ def zero_obs(space: gym.Space) -> Any:
     if isinstance(space, gym.spaces.Discrete):
         return np.int64(space.start)
     raise UserError(f"PettingZoo adapter: no placeholder observation for space {space}")
+
+
+STATE_KEY = "state"
+"""The key of the game's global state in each agent's observation (``global_state=True``)."""
+OWN_KEY = "obs"
+"""The key of an agent's own observation beside it, where that observation is no Dict."""
+
+
+def with_state(space: gym.Space, state: gym.Space) -> gym.spaces.Dict:
+    """An agent's observation space with the game's global state beside it: a Dict's keys and
+    :data:`STATE_KEY`, or :data:`OWN_KEY` and :data:`STATE_KEY`."""
+    if not isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({OWN_KEY: space, STATE_KEY: state})
+    if STATE_KEY in space.spaces:
+        raise UserError(
+            f"global_state: the agents' observations have a '{STATE_KEY}' key already, where "
+            "the game's global state would go"
+        )
+    return gym.spaces.Dict({**space.spaces, STATE_KEY: state})
+
+
+def obs_with_state(obs: Any, state: Any) -> dict[str, Any]:
+    """An agent's observation (as :func:`troupe_obs` gives it) with the global state beside it,
+    as :func:`with_state` declares it."""
+    if isinstance(obs, dict):
+        return {**obs, STATE_KEY: state}
+    return {OWN_KEY: obs, STATE_KEY: state}

@@ -24,6 +24,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from algorithm.modules.encoders import ACTION_MASK_KEY
 from api.config import (
     ActorConfig,
     CheckpointConfig,
@@ -34,6 +35,7 @@ from api.config import (
     StopConfig,
 )
 from api.errors import UserError
+from legacy.environment.pettingzoo_spaces import STATE_KEY
 from legacy.experiments.agent_kinds import AgentKind, agent_kinds, declared, seats
 
 DEFAULT_TARGETS: dict[str, float] = {
@@ -74,12 +76,26 @@ def ppo(
     recipe. A two-seat board game with action masks (``pettingzoo:classic/tictactoe_v3``) is
     trained by self-play against its past instead (:func:`legacy.experiments.selfplay.selfplay`).
     """
+    return ppo_experiment(env, env_args, target, frames)
+
+
+def ppo_experiment(
+    env: str,
+    env_args: dict[str, Any] | None,
+    target: float | None,
+    frames: int | None,
+    *,
+    centralised_critic: bool = False,
+) -> ExperimentConfig:
+    """:func:`ppo`; with ``centralised_critic`` (``--algo mappo``), each policy's critic reads
+    the whole observation, the game's global state included, and its actor only the agent's own
+    part (``actor_keys``), in an experiment named ``<env>-mappo``."""
     from legacy.experiments.selfplay import is_board_game, selfplay
 
     env_args = dict(env_args or {})
     known = declared(env, env_args)  # one environment made: it may take minutes to make
-    if is_board_game(*map(list, zip(*known.spaces, strict=True))):  # self-play against its past
-        return selfplay(env, env_args, target=target, frames=frames)
+    if is_board_game(*map(list, zip(*known.spaces, strict=True))) and not centralised_critic:
+        return selfplay(env, env_args, target=target, frames=frames)  # against its past
     kinds = agent_kinds(env, env_args, known)
     for kind in kinds:
         if not isinstance(kind.action, ACTOR_CRITIC_ACTIONS):
@@ -92,7 +108,21 @@ def ppo(
     frames = frames or (500_000 if continuous else 1_000_000)
     actors = _actors(continuous)
     policies = {kind.name: _ppo_policy(kind, actors, frames) for kind in kinds}
-    return named_experiment(env, env_args, "ppo", policies, actors, seats(kinds), target, frames)
+    if centralised_critic:
+        for kind in kinds:
+            policies[kind.name].policy.args["actor_keys"] = own_keys(kind.observation)
+    algo = "mappo" if centralised_critic else "ppo"
+    return named_experiment(env, env_args, algo, policies, actors, seats(kinds), target, frames)
+
+
+def own_keys(observation: gym.Space) -> list[str]:
+    """The keys of an observation with the game's state beside it that are the agent's own."""
+    if not isinstance(observation, gym.spaces.Dict) or STATE_KEY not in observation.spaces:
+        raise UserError(
+            f"a centralised critic reads the game's global state, and this observation has "
+            f"none ({observation}): make the game with global_state=True"
+        )
+    return [k for k in observation.spaces if k not in (STATE_KEY, ACTION_MASK_KEY)]
 
 
 PER_STEP = 1024

@@ -1,5 +1,5 @@
-"""``impala``, ``dqn`` and ``sac`` on any environment, set up from its spaces: what
-``troupe train ENV --algo ppo|impala|dqn|sac`` runs (``ppo`` dispatches to
+"""``impala``, ``dqn``, ``sac`` and ``mappo`` on any environment, set up from its spaces: what
+``troupe train ENV --algo ppo|impala|dqn|sac|mappo`` runs (``ppo`` dispatches to
 :func:`legacy.experiments.auto.ppo` or, on MuJoCo and Atari, :mod:`legacy.experiments.mujoco` and
 :func:`legacy.experiments.atari.atari_ppo`; ``impala`` and ``dqn`` on an Atari game dispatch to
 :mod:`legacy.experiments.atari_algos`).
@@ -16,7 +16,9 @@ and names the one that can.
 * ``dqn``: ``cartpole-dqn``'s double, dueling DQN with 3-step returns and prioritised replay;
   epsilon decays over the first 10% of the budget (default 500k frames, CleanRL's DQN budget);
 * ``sac``: ``pendulum-sac``'s twin-Q SAC with a learned temperature, one update a frame; default
-  budget 100k frames; an agent that sees images gets a trained encoder and DrQ's random shifts.
+  budget 100k frames; an agent that sees images gets a trained encoder and DrQ's random shifts;
+* ``mappo``: ``ppo`` with a centralised critic on a PettingZoo game that has a global state
+  (MPE's): the critic reads the state, the actor the agent's own observation.
 
 Presets (:data:`PRESETS`) are what ``troupe train ENV`` picks without ``--algo`` where PPO's
 defaults are known to fail: ``mountaincar-dqn`` for MountainCar-v0 and
@@ -37,7 +39,7 @@ from legacy.environment.gym_adapter import is_mujoco
 from legacy.experiments.agent_kinds import AgentKind, agent_kinds, seats
 from legacy.experiments.atari import atari_ppo, is_atari_pixels
 from legacy.experiments.atari_algos import atari_dqn, atari_impala
-from legacy.experiments.auto import ACTOR_CRITIC_ACTIONS, named_experiment
+from legacy.experiments.auto import ACTOR_CRITIC_ACTIONS, named_experiment, ppo_experiment
 from legacy.experiments.auto import ppo as ppo_from_spaces
 from legacy.experiments.examples import cartpole_impala
 from legacy.experiments.mujoco import mujoco_ppo, mujoco_sac
@@ -59,6 +61,26 @@ def ppo(
     if is_atari_pixels(env, env_args):
         return atari_ppo(env, env_args, target, frames)
     return ppo_from_spaces(env, env_args, target, frames)
+
+
+def mappo(
+    env: str = "pettingzoo:mpe/simple_spread_v3",
+    env_args: dict[str, Any] | None = None,
+    target: float | None = None,
+    frames: int | None = None,
+) -> ExperimentConfig:
+    """PPO with a centralised critic (MAPPO) on a PettingZoo game that has a global state
+    (MPE's): the game is made with ``global_state=True``, so each agent observes its own
+    observation and the state beside it; each policy's critic reads both, its actor its own
+    alone (``actor_keys``), so the agents act as under ``ppo`` and are judged by a value that
+    sees the whole game. Everything else is :func:`ppo`'s recipe."""
+    if not env.startswith("pettingzoo:"):
+        raise UserError(
+            f"--algo mappo trains a PettingZoo game that has a global state (such as "
+            f"pettingzoo:mpe/simple_spread_v3); '{env}' is none: --algo ppo trains it"
+        )
+    env_args = {**(env_args or {}), "global_state": True}
+    return ppo_experiment(env, env_args, target, frames, centralised_critic=True)
 
 
 def impala(

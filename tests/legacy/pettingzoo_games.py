@@ -121,3 +121,56 @@ class ChoiceGame(ParallelEnv):
 
     def _obs(self):
         return np.array([self.count / self.moves], dtype=np.float32)
+
+
+class MaskedWalk(ParallelEnv):
+    """A parallel game with a global state: two walkers on a line of 5 cells, each observing a
+    Dict of its own cell and an action mask (no step off the line), the state both cells as
+    float64 (cast to float32 by the adapter). Moves: 0 left, 1 stay, 2 right (a masked one
+    stays); 6 moves an episode, rewarded by the walkers' distance apart."""
+
+    metadata = {"name": "masked_walk_v0", "render_modes": []}
+    state_space = spaces.Box(0.0, 4.0, (2,), np.float64)
+
+    def __init__(self):
+        self.possible_agents = ["a", "b"]
+        self.cells, self.count = np.array([1.0, 3.0]), 0
+
+    def observation_space(self, agent):
+        return spaces.Dict(
+            {"cell": spaces.Box(0.0, 4.0, (1,), np.float32), "action_mask": spaces.MultiBinary(3)}
+        )
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def state(self):
+        return self.cells.copy()
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.count = self.possible_agents[:], 0
+        self.cells = np.random.default_rng(seed).integers(0, 5, 2).astype(np.float64)
+        return {a: self._obs(i) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.count += 1
+        for i, agent in enumerate(self.possible_agents):  # a masked move: no move
+            self.cells[i] = np.clip(self.cells[i] + actions[agent] - 1, 0, 4)
+        distance = float(abs(self.cells[0] - self.cells[1]))
+        over = self.count >= 6
+        obs = {a: self._obs(i) for i, a in enumerate(self.possible_agents)}
+        ends = dict.fromkeys(self.possible_agents, over)
+        if over:
+            self.agents = []
+        return (
+            obs,
+            dict.fromkeys(ends, distance),
+            dict.fromkeys(ends, False),
+            ends,
+            {a: {} for a in ends},
+        )
+
+    def _obs(self, i):
+        cell = self.cells[i]
+        mask = np.array([cell > 0, True, cell < 4], dtype=np.int8)
+        return {"cell": np.array([cell], dtype=np.float32), "action_mask": mask}

@@ -429,3 +429,42 @@ def test_choices_with_values_train_with_ppo_or_impala_and_other_algorithms_say_s
     with pytest.raises(UserError, match="HybridBox actions; dqn acts in Discrete action spaces: "
                        "use --algo ppo \\(or impala\\)"):  # fmt: skip
         by_algo.dqn("test-auto-hybrid")
+
+
+def test_mappo_gives_each_policy_a_critic_of_the_whole_state():
+    """`troupe train pettingzoo:mpe/simple_spread_v3 --algo mappo`: the game made with its
+    global state beside each agent's observation, the actor reading the agent's own part; the
+    rest is ppo's recipe."""
+    pytest.importorskip("mpe2", reason="needs the 'mpe' extra")
+    from legacy.experiments.by_algo import mappo
+
+    config = mappo("pettingzoo:mpe/simple_spread_v3", frames=102_400)
+    plain = ppo("pettingzoo:mpe/simple_spread_v3", frames=102_400)
+    assert config.name == "pettingzoo-mpe-simple_spread_v3-mappo"
+    assert config.environment.args["global_state"] is True
+    policy, trainer = _args(config)
+    assert policy == {**_args(plain)[0], "actor_keys": ["obs"]} and trainer == _args(plain)[1]
+    assert config.policies["default"].batch_segments == plain.policies["default"].batch_segments
+    validate(config)
+
+
+def test_mappo_on_an_environment_without_a_global_state_says_what_trains_it():
+    from legacy.experiments.by_algo import mappo
+
+    with pytest.raises(UserError, match="'test-auto-discrete' is none: --algo ppo trains it"):
+        mappo("test-auto-discrete")
+    pytest.importorskip("pettingzoo", reason="needs the 'multiagent' extra")
+    with pytest.raises(UserError, match=r"has no global state .*MPE's games have one"):
+        mappo("pettingzoo:classic/rps_v2")
+
+
+def test_mappo_runs_through_the_runtimes_workers():
+    """`troupe test-pipeline ... --algo mappo`: the runtime's actor, policy and trainer workers
+    wired together (serial mode) step the game with its state, act and train."""
+    pytest.importorskip("mpe2", reason="needs the 'mpe' extra")
+    from api.testing import test_pipeline as check_pipeline
+
+    report = check_pipeline("pettingzoo:mpe/simple_spread_v3", algo="mappo")
+    assert report.experiment == "pettingzoo-mpe-simple_spread_v3-mappo"
+    assert report.trainer_steps == {"default": 3} and report.versions["default"] == [1, 2, 3]
+    assert report.batch_shapes["default"]["obs"]["state"][-1] == 54

@@ -354,3 +354,46 @@ def test_a_games_tuple_observation_is_a_dict_keyed_by_position():
     obs = troupe_obs((np.array([0.5, -0.25]), 2), space)
     assert obs["item0"].dtype == np.float32 and obs["item1"] == 2
     assert space.contains(obs)
+
+
+def test_the_global_state_goes_beside_each_agents_observation():
+    """MAPPO's critic input (``global_state=True``): each agent's observation becomes its own
+    and the game's state, read once a step (MPE's state is the agents' observations side by
+    side)."""
+    pytest.importorskip("mpe2", reason="needs the 'mpe' extra")
+    env = PettingZooParallelEnvironment("mpe2.simple_spread_v3:parallel_env", global_state=True)
+    space = env.observation_spaces[0]
+    assert list(space.spaces) == ["obs", "state"] and space["state"].shape == (54,)
+    results = env.reset()
+    for _ in range(3):
+        for i, result in enumerate(results):
+            assert space.contains(result.obs)
+            assert np.array_equal(result.obs["state"][18 * i : 18 * (i + 1)], result.obs["obs"])
+            assert result.obs["state"] is results[0].obs["state"]  # one read for all
+        results = env.step([0, 1, 2])
+    report = testing.test_environment(env, steps=60)
+    assert report.observation_spaces[0].startswith(
+        "Dict(obs: Box(-inf, inf, (18,), float32), state"
+    )
+
+
+def test_a_dict_observation_keeps_its_keys_and_its_mask_beside_the_state():
+    env = PettingZooParallelEnvironment("pettingzoo_games:MaskedWalk", global_state=True)
+    space = env.observation_spaces[1]
+    assert list(space.spaces) == ["action_mask", "cell", "state"]  # gymnasium sorts them
+    assert space["state"].dtype == np.float32  # the game's float64, as every box here
+    env.seed(3)
+    [_, b] = env.reset()
+    assert b.obs["state"][1] == b.obs["cell"][0] and space.contains(b.obs)
+    assert testing.test_environment(env, steps=50).episodes > 0
+
+
+def test_a_game_without_a_global_state_is_refused_by_its_name():
+    with pytest.raises(UserError) as e:
+        PettingZooAECEnvironment(GIFT, global_state=True)
+    assert str(e.value) == (
+        f"global_state: PettingZoo environment '{GIFT}' has no global state (state_space and "
+        "state()); MPE's games have one"
+    )
+    plain = PettingZooParallelEnvironment("pettingzoo_games:MaskedWalk")
+    assert list(plain.observation_spaces[0].spaces) == ["action_mask", "cell"]  # as before
